@@ -1,0 +1,7 @@
+"""`python -m gateway` runs the adk-gateway command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The aiohttp application: routes, middleware and the lifecycle of long-lived parts.
+
+`create_app(config)` builds everything and hangs it off the Application (see state.py). The
+`cleanup_ctx` starts the upstream client and the background duties (upstream health probe, idle
+chat sweeper) and stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+from aiohttp import web
+
+from .auth import Authenticator
+from .chats import ChatService
+from .config import GatewayConfig
+from .errors import Handler, error_middleware
+from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from .registry import Registry
+from .state import GATEWAY, Gateway
+from .transports import sse
+from .upstream import AdkClient
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger("adk_gateway.app")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind ids for every log line of this request, then write one access line and count it."""
+    incoming = request.headers.get("X-Request-Id", "")
+    request_id = incoming if _REQUEST_ID.match(incoming) else secrets.token_hex(8)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers.setdefault("X-Request-Id", request_id)
+        return response
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        request.app[GATEWAY].metrics.http_requests.labels(route, request.method, str(status)).inc()
+        log.info(
+            "http_request", method=request.method, path=request.path, route=route, status=status,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    if gateway.draining:
+        return web.json_response({"status": "draining"}, status=503)
+    if not gateway.upstream_up:
+        return web.json_response({"status": "upstream_unreachable"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _probe_upstream(gateway: Gateway) -> None:
+    while True:
+        up = await gateway.upstream.ping()
+        if up != gateway.upstream_up:
+            log.info("upstream_health_changed", up=up)
+        gateway.upstream_up = up
+        gateway.metrics.upstream_up.set(1 if up else 0)
+        await asyncio.sleep(gateway.config.upstream.health_interval)
+
+
+async def _sweep_idle_chats(gateway: Gateway) -> None:
+    ttl = gateway.config.chat.idle_chat_ttl
+    while True:
+        await asyncio.sleep(min(ttl, 60.0))
+        forgotten = gateway.chats.forget_idle(time.monotonic() - ttl)
+        if forgotten:
+            log.info("idle_chats_forgotten", count=forgotten)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    gateway = app[GATEWAY]
+    await gateway.upstream.start()
+    duties = [
+        asyncio.create_task(_probe_upstream(gateway), name="upstream-probe"),
+        asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
+    ]
+    yield
+    for task in duties:
+        task.cancel()
+    await asyncio.gather(*duties, return_exceptions=True)
+    await gateway.chats.close()
+    await gateway.upstream.close()
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    metrics_ = GatewayMetrics()
+    registry = Registry()
+    upstream = AdkClient(config.upstream)
+    chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config.chat)
+    gateway = Gateway(
+        config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
+        upstream=upstream, chats=chats,
+    )
+    app = web.Application(
+        middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
+    )
+    app[GATEWAY] = gateway
+    app.cleanup_ctx.append(_lifecycle)
+    app.add_routes(sse.routes())
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    if config.metrics.enabled:
+        app.add_routes([web.get(config.metrics.path, metrics)])
+    return app

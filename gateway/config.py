@@ -1,0 +1,215 @@
+"""The gateway's configuration: the YAML schema, its defaults, and loading with clear errors.
+
+One YAML file is the ops interface (DESIGN.md decision 2). Loading is strict: an unknown key, a wrong
+type, a bad URL or duration is refused with one line per problem naming the file, the key path and
+the reason, so a typo never silently falls back to a default. `${VAR}` and `${VAR:-default}` are
+substituted in string values after parsing, so secrets come from the environment and never need to
+be written into the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
+
+__all__ = ["ConfigError", "GatewayConfig", "load_config", "parse_config", "parse_duration"]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `problems` holds one human-readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `30s`, `5m`, `250ms`, `1.5h` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 5m or 250ms")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"invalid duration {value!r}: use a number with ms, s, m, h or d (e.g. 30s)")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from `1MiB`, `64KiB`, `500KB` or a bare number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 1MiB")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"invalid size {value!r}: use bytes or a unit such as 64KiB, 1MiB")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class _Section(BaseModel):
+    # Strict about keys (a typo must not silently become a default), lax about "8080" vs 8080,
+    # because ${PORT:-8080} substitution always produces strings.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class UpstreamConfig(_Section):
+    url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
+    app_name: str = Field("demo_agent", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    connect_timeout: Duration = 5.0
+    # Longest silence tolerated on a running stream. There is deliberately no total timeout:
+    # a run may legitimately stream for a long time.
+    idle_timeout: Duration = 300.0
+    # Pooled connections to the upstream; every streaming run holds one for its whole length.
+    max_connections: int = Field(1000, ge=1)
+    # How often /readyz may probe the upstream; between probes the last answer is reused.
+    health_interval: Duration = 5.0
+
+
+class ChatConfig(_Section):
+    # The AI SDK major version assumed when a client does not say (ai 7 extras only on request).
+    default_protocol: Literal[6, 7] = 6
+    max_body_bytes: Size = 4 * 1024 * 1024
+    # Chunks kept per run for resume; older ones are dropped and a late resume gets an error.
+    run_buffer_chunks: int = Field(10_000, ge=100)
+    # How long a finished run stays available to `GET /api/chat/{id}/stream`.
+    run_retention: Duration = 60.0
+    # A chat untouched this long is forgotten (its ADK session stays in ADK); approvals it still
+    # waited on count as cancelled.
+    idle_chat_ttl: Duration = 3600.0
+
+
+class AuthConfig(_Section):
+    mode: Literal["none"] = "none"
+    # With mode "none" every browser is this one user; chats are still namespaced by it.
+    anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # auto: JSON when stderr is not a terminal (containers, CI), console renderer on a TTY.
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class MetricsConfig(_Section):
+    enabled: bool = True
+    path: str = Field("/metrics", pattern=r"^/")
+
+
+class GatewayConfig(_Section):
+    listen: ListenConfig = ListenConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    chat: ChatConfig = ChatConfig()
+    auth: AuthConfig = AuthConfig()
+    logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @property
+    def upstream_base(self) -> str:
+        return str(self.upstream.url).rstrip("/")
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _substitute(node: Any, path: str, env: dict[str, str], problems: list[str]) -> Any:
+    if isinstance(node, dict):
+        return {k: _substitute(v, f"{path}.{k}" if path else str(k), env, problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_substitute(v, f"{path}[{i}]", env, problems) for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        problems.append(f"{path}: environment variable {name} is not set and has no default")
+        return ""
+
+    return _VAR.sub(replace, node)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def parse_config(text: str, *, source: str = "<config>", env: dict[str, str] | None = None) -> GatewayConfig:
+    """Validate YAML text into a config, raising ConfigError with every problem found."""
+    env = dict(os.environ) if env is None else env
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{source}: (top level): expected a mapping of sections, got {type(raw).__name__}"])
+    problems: list[str] = []
+    raw = _substitute(raw, "", env, problems)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    try:
+        return GatewayConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            reason = err["msg"]
+            if err["type"] == "extra_forbidden":
+                reason = "unknown key"
+            reason = reason.removeprefix("Value error, ")
+            lines.append(f"{source}: {_format_loc(err['loc'])}: {reason}")
+        raise ConfigError(lines) from None
+
+
+def load_config(path: str | Path, *, env: dict[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a config file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    return parse_config(text, source=str(path), env=env)

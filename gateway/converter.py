@@ -1,0 +1,318 @@
+"""ADK events in, AI SDK UI message chunks out: the sans-IO heart of the gateway.
+
+A `Converter` turns the events of ADK runs into the chunks of ONE assistant message. It owns the
+rules the AI SDK client enforces on a stream (DESIGN.md section 2): a text or reasoning block is
+opened before its deltas and closed before `finish-step`; a tool part exists before any chunk that
+names its `toolCallId`; ADK's streamed `partial` text is not repeated when the aggregated final
+event arrives; ADK's confirmation machinery (`adk_request_confirmation` and its placeholder
+response) never reaches the browser as tool parts of its own.
+
+It does no I/O and reads no clock: events are plain dicts straight from the upstream JSON (the
+upstream is trusted, so nothing is validated chunk by chunk on this hot path), chunks are plain
+dicts ready to encode. Callers feed events and decide when a response ends:
+`finish()` when the run is over or waits for a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .protocol import ClientVersion, finish_reason_for
+
+__all__ = ["CONFIRMATION_TOOL", "ApprovalRequested", "Converter", "map_finish_reason"]
+
+Chunk = dict[str, Any]
+
+CONFIRMATION_TOOL: Final = "adk_request_confirmation"
+
+# google.genai FinishReason names -> AI SDK finish reasons.
+_FINISH_REASONS: Final = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content-filter",
+    "RECITATION": "content-filter",
+    "BLOCKLIST": "content-filter",
+    "PROHIBITED_CONTENT": "content-filter",
+    "SPII": "content-filter",
+    "IMAGE_SAFETY": "content-filter",
+    "IMAGE_PROHIBITED_CONTENT": "content-filter",
+    "IMAGE_RECITATION": "content-filter",
+    "MALFORMED_FUNCTION_CALL": "error",
+}
+
+# Usage fields as Gemini reports them -> the names the AI SDK uses for LanguageModelUsage.
+_USAGE_FIELDS: Final = (
+    ("promptTokenCount", "inputTokens"),
+    ("candidatesTokenCount", "outputTokens"),
+    ("totalTokenCount", "totalTokens"),
+    ("thoughtsTokenCount", "reasoningTokens"),
+    ("cachedContentTokenCount", "cachedInputTokens"),
+)
+
+
+def map_finish_reason(adk_reason: str | None) -> str:
+    if not adk_reason:
+        return "stop"
+    return _FINISH_REASONS.get(adk_reason, "other")
+
+
+@dataclass(frozen=True)
+class ApprovalRequested:
+    """ADK paused a tool call for a person's decision (native `require_confirmation`)."""
+
+    approval_id: str
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, Any]
+    hint: str | None = None
+
+
+@dataclass
+class _Block:
+    kind: str  # "text" or "reasoning"
+    id: str
+
+
+@dataclass
+class Converter:
+    """Chunks for one assistant message, possibly spread over several ADK runs and responses.
+
+    `known_tool_calls` are tool call ids the client already holds in this message (a continuation
+    after an approval): their outputs need no new tool part. `denied_tool_calls` are calls the
+    person rejected: ADK reports them as an error response, the client wants `tool-output-denied`.
+    """
+
+    message_id: str
+    version: ClientVersion = 6
+    known_tool_calls: Iterable[str] = ()
+    denied_tool_calls: Iterable[str] = ()
+
+    approvals: list[ApprovalRequested] = field(default_factory=list, init=False)
+    """Approvals requested during the current response; read by the caller at `finish()`."""
+    failed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._tools_shown: set[str] = set(self.known_tool_calls)
+        self._denied: set[str] = set(self.denied_tool_calls)
+        self._awaiting_confirmation: set[str] = set()
+        self._blocks: dict[str, _Block] = {}
+        self._block_seq = 0
+        self._step_open = False
+        # After tool outputs, the model's next words belong to a new step (a new model call).
+        self._step_needs_break = False
+        # Text already streamed as partials; the aggregated final event must not repeat it.
+        self._streamed_partials = False
+        self._finish_reason: str | None = None
+        self._usage: dict[str, int] = {}
+
+    # ---- response boundaries -------------------------------------------------------------
+
+    def start(self) -> list[Chunk]:
+        """The first chunk of a response; reusing the message id continues the same message."""
+        self.approvals = []
+        return [{"type": "start", "messageId": self.message_id}]
+
+    def finish(self) -> list[Chunk]:
+        """Close everything open and end the response.
+
+        The finish reason is `tool-calls` when the message now waits for a person, which is what
+        lets the AI SDK hand the answer back (the seeds' deadlock came from not closing here).
+        """
+        out = self._close_blocks()
+        if self._step_open:
+            out.append({"type": "finish-step"})
+            self._step_open = False
+        self._step_needs_break = False
+        if self.failed:
+            reason = "error"
+        elif self.approvals or self._awaiting_confirmation:
+            reason = "tool-calls"
+        else:
+            reason = self._finish_reason or "stop"
+        finish: Chunk = {"type": "finish", "finishReason": finish_reason_for(reason, self.version)}
+        if self._usage:
+            finish["messageMetadata"] = {"usage": dict(self._usage)}
+        out.append(finish)
+        return out
+
+    def error(self, text: str) -> list[Chunk]:
+        """An error the person should see; the message can still be finished afterwards."""
+        out = self._close_blocks()
+        if not self.failed:
+            # A crashing ADK run reports itself twice (an errorCode event, then the run error).
+            out.append({"type": "error", "errorText": text})
+        self.failed = True
+        return out
+
+    # ---- events --------------------------------------------------------------------------
+
+    def feed(self, event: dict[str, Any]) -> list[Chunk]:
+        """The chunks one ADK event produces (often none)."""
+        if "error" in event and "content" not in event and "author" not in event:
+            # /run_sse reports a failed run as {"error": ..., "error_details": ...}.
+            return self.error(str(event.get("error") or "the agent run failed"))
+
+        out: list[Chunk] = []
+        content = event.get("content")
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if parts:
+            if event.get("partial"):
+                for part in parts:
+                    text = part.get("text")
+                    if text:
+                        self._streamed_partials = True
+                        self._delta(out, "reasoning" if part.get("thought") else "text", text)
+            else:
+                self._final_parts(out, parts, event)
+        if not event.get("partial"):
+            reason = event.get("finishReason")
+            if reason:
+                self._finish_reason = map_finish_reason(reason)
+            usage = event.get("usageMetadata")
+            if usage:
+                self._add_usage(usage)
+        error_code = event.get("errorCode")
+        error_message = event.get("errorMessage")
+        if error_code or error_message:
+            text = f"{error_code}: {error_message}" if error_code and error_message else str(error_message or error_code)
+            out.extend(self.error(text))
+        return out
+
+    def _final_parts(self, out: list[Chunk], parts: list[dict[str, Any]], event: dict[str, Any]) -> None:
+        streamed, self._streamed_partials = self._streamed_partials, False
+        for part in parts:
+            text = part.get("text")
+            if text is not None:
+                if not streamed and text:
+                    kind = "reasoning" if part.get("thought") else "text"
+                    self._delta(out, kind, text)
+                    out.extend(self._close_block(kind))
+                continue
+            call = part.get("functionCall")
+            if call is not None:
+                self._function_call(out, call)
+                continue
+            response = part.get("functionResponse")
+            if response is not None:
+                self._function_response(out, response)
+                continue
+            inline = part.get("inlineData")
+            if inline is not None:
+                self._model_output(out)
+                mime = inline.get("mimeType") or "application/octet-stream"
+                out.append({"type": "file", "mediaType": mime, "url": f"data:{mime};base64,{inline.get('data', '')}"})
+                continue
+            file_data = part.get("fileData")
+            if file_data is not None and file_data.get("fileUri"):
+                self._model_output(out)
+                out.append(
+                    {
+                        "type": "file",
+                        "mediaType": file_data.get("mimeType") or "application/octet-stream",
+                        "url": file_data["fileUri"],
+                    }
+                )
+            # executableCode / codeExecutionResult and future part kinds have no UI chunk yet.
+        # The aggregated final event closes whatever its partials opened.
+        if streamed:
+            out.extend(self._close_blocks())
+
+    def _function_call(self, out: list[Chunk], call: dict[str, Any]) -> None:
+        call_id = call.get("id") or ""
+        name = call.get("name") or ""
+        args = call.get("args") or {}
+        if name == CONFIRMATION_TOOL:
+            self._confirmation_call(out, call_id, args)
+            return
+        self._show_tool(out, call_id, name, args)
+
+    def _confirmation_call(self, out: list[Chunk], approval_id: str, args: dict[str, Any]) -> None:
+        original = args.get("originalFunctionCall") or {}
+        tool_call_id = original.get("id")
+        if not tool_call_id or not approval_id:
+            return
+        name = original.get("name") or ""
+        tool_args = original.get("args") or {}
+        self._show_tool(out, tool_call_id, name, tool_args)
+        self._awaiting_confirmation.add(tool_call_id)
+        confirmation = args.get("toolConfirmation") or {}
+        self.approvals.append(
+            ApprovalRequested(approval_id, tool_call_id, name, tool_args, confirmation.get("hint"))
+        )
+        out.append({"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": tool_call_id})
+
+    def _show_tool(self, out: list[Chunk], call_id: str, name: str, args: Any) -> None:
+        if call_id in self._tools_shown:
+            return
+        self._model_output(out)
+        self._tools_shown.add(call_id)
+        out.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": name})
+        out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args})
+
+    def _function_response(self, out: list[Chunk], response: dict[str, Any]) -> None:
+        call_id = response.get("id") or ""
+        name = response.get("name") or ""
+        if name == CONFIRMATION_TOOL or call_id in self._awaiting_confirmation:
+            # ADK's own bookkeeping: the answer echo, or the "requires confirmation" placeholder.
+            return
+        if call_id not in self._tools_shown:
+            # The client rejects a tool chunk for a call it has never seen: introduce it first.
+            self._show_tool(out, call_id, name, {})
+        # Outputs belong to the step that made the call; in a continuation no step is open and,
+        # like the AI SDK's own streamText, none is opened just for them.
+        self._step_needs_break = self._step_open
+        result = response.get("response")
+        if call_id in self._denied:
+            out.append({"type": "tool-output-denied", "toolCallId": call_id})
+        elif isinstance(result, dict) and len(result) == 1 and isinstance(result.get("error"), str):
+            # ADK's convention for a failed tool: {"error": "..."}.
+            out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": result["error"]})
+        else:
+            out.append({"type": "tool-output-available", "toolCallId": call_id, "output": result})
+
+    # ---- blocks and steps ----------------------------------------------------------------
+
+    def _model_output(self, out: list[Chunk]) -> None:
+        """The model is speaking: open a step, or start a new one after tool results."""
+        if self._step_needs_break and self._step_open:
+            out.extend(self._close_blocks())
+            out.append({"type": "finish-step"})
+            self._step_open = False
+        self._step_needs_break = False
+        self._ensure_step(out)
+
+    def _ensure_step(self, out: list[Chunk]) -> None:
+        if not self._step_open:
+            out.append({"type": "start-step"})
+            self._step_open = True
+
+    def _delta(self, out: list[Chunk], kind: str, text: str) -> None:
+        block = self._blocks.get(kind)
+        if block is None:
+            self._model_output(out)
+            # Thinking comes before speaking; the client renders parts in the order they open.
+            out.extend(self._close_block("reasoning" if kind == "text" else "text"))
+            self._block_seq += 1
+            block = _Block(kind, f"{kind[0]}{self._block_seq}")
+            self._blocks[kind] = block
+            out.append({"type": f"{kind}-start", "id": block.id})
+        out.append({"type": f"{kind}-delta", "id": block.id, "delta": text})
+
+    def _close_block(self, kind: str) -> list[Chunk]:
+        block = self._blocks.pop(kind, None)
+        return [{"type": f"{kind}-end", "id": block.id}] if block else []
+
+    def _close_blocks(self) -> list[Chunk]:
+        if not self._blocks:
+            return []
+        out = [{"type": f"{b.kind}-end", "id": b.id} for b in self._blocks.values()]
+        self._blocks.clear()
+        return out
+
+    def _add_usage(self, usage: dict[str, Any]) -> None:
+        for adk_name, sdk_name in _USAGE_FIELDS:
+            value = usage.get(adk_name)
+            if isinstance(value, int):
+                self._usage[sdk_name] = self._usage.get(sdk_name, 0) + value

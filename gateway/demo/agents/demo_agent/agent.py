@@ -1,0 +1,62 @@
+"""Defines ``root_agent``, the demo agent the stock ADK API server loads.
+
+ADK's loader imports this folder as the top-level package ``demo_agent`` (it puts
+the agents folder on ``sys.path``), looks for ``app`` then ``root_agent``, and
+names the app after the folder.
+
+The model is the offline `ScriptedLlm` unless ``GOOGLE_API_KEY`` is set, in which
+case it is the Gemini model named by ``DEMO_MODEL`` (default gemini-2.5-flash).
+``DEMO_MODEL=scripted`` forces the offline model even with a key, which is what
+the fixture recorder and the tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+try:
+    import gateway.demo  # noqa: F401
+except ImportError:
+    # The loader imports us by file location, not as part of the gateway package:
+    # when the server was not started through gateway.demo.api_server_command
+    # (e.g. a bare `adk api_server gateway/demo/agents`), make the checkout importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+from google.adk.agents import LlmAgent
+from google.adk.models.base_llm import BaseLlm
+
+from gateway.demo.model import ScriptedLlm
+from gateway.demo.tools import build_tools
+
+SCRIPTED = "scripted"
+DEFAULT_GEMINI_MODEL = "gemini-2.5-flash"
+
+INSTRUCTION = """\
+You are the demo assistant of adk-gateway. Be brief.
+- To pay someone, call process_payment(amount, recipient, currency="USD") once per payment;
+  "pay 10 to Alice and 20 to Bob" is two calls in one turn. The user confirms each payment;
+  after the result, say whom you paid and the transaction id, or that the payment was not made.
+- For the weather, call get_weather(city) and report the condition and temperature.
+- When the user asks where they are, call get_location() and repeat the coordinates.
+- When the user asks to play a track, call change_bgm(track).
+- Otherwise answer briefly and quote the user's message.
+"""
+
+
+def choose_model() -> BaseLlm | str:
+    """The scripted model, or a Gemini model name when an API key is configured."""
+    name = os.environ.get("DEMO_MODEL", "").strip()
+    if name.lower() == SCRIPTED or not os.environ.get("GOOGLE_API_KEY"):
+        return ScriptedLlm()
+    return name or DEFAULT_GEMINI_MODEL
+
+
+root_agent = LlmAgent(
+    name="demo_agent",
+    description="Offline demo agent: payments with confirmation, weather, browser tools.",
+    model=choose_model(),
+    instruction=INSTRUCTION,
+    tools=build_tools(),
+)

@@ -1,0 +1,340 @@
+"""The offline, deterministic scripted model behind the demo agent.
+
+`ScriptedLlm` is an ADK `BaseLlm` that needs no network and no API key. It reads
+the latest turn of the request (the user's text, or function responses coming
+back from tools) and answers from a fixed script (DESIGN.md section 4):
+
+==================================  ==========================================
+user says                           model answers
+==================================  ==========================================
+``pay 50 to Hanako``                ``process_payment(amount=50, recipient="Hanako", currency="USD")``
+``pay 10 to Alice and 20 to Bob``   two ``process_payment`` calls in one response
+``weather in Tokyo``                ``get_weather(city="Tokyo")``
+``where am I``                      ``get_location()``
+``play track 2``                    ``change_bgm(track=2)``
+``trigger error``                   an ``LlmResponse`` with ``error_code="DEMO_ERROR"``
+``crash``                           raises `DemoCrash` inside the model call
+anything else                       streamed text quoting the user
+==================================  ==========================================
+
+After the tools answer, the model writes one text that reports each result
+(names the recipient and the transaction, says a refused payment was not made).
+
+Streaming mirrors what Gemini looks like through ADK 2.13 with progressive SSE
+(the default): every chunk is ``partial=True``, then one aggregated
+``partial=False`` response carries all parts plus ``finish_reason=STOP`` and
+usage metadata. Function calls streamed that way get their ids from ADK's own
+id generator, so the partial and the final response name the same call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.adk.flows.llm_flows import functions as adk_functions
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.genai import types
+
+DEMO_ERROR_CODE = "DEMO_ERROR"
+DEMO_ERROR_MESSAGE = "The demo model was asked to fail (trigger error)."
+CRASH_MESSAGE = "The demo model crashed on purpose (crash)."
+DEFAULT_CURRENCY = "USD"
+
+_TRIGGER_ERROR_RE = re.compile(r"\btrigger(?:\s+an?)?\s+error\b", re.IGNORECASE)
+_CRASH_RE = re.compile(r"\bcrash\b", re.IGNORECASE)
+_PAY_RE = re.compile(r"\b(?:pay|send|transfer)\b", re.IGNORECASE)
+# One "<amount> [currency] to <recipient>" clause; "pay 10 to Alice and 20 to Bob"
+# holds two. The currency must be exactly three letters, so "to" is never one.
+_PAYMENT_CLAUSE_RE = re.compile(
+    r"[$€£¥]?\s*(?P<amount>\d+(?:[.,]\d+)?)\s*(?:(?P<currency>[a-z]{3})\s+)?to\s+"
+    r"(?P<recipient>[^\W\d_][\w'-]*)",
+    re.IGNORECASE,
+)
+_WEATHER_RE = re.compile(
+    r"\bweather\b.*?\b(?:in|for|at)\s+(?P<city>[^\W\d_][\w .'-]*?)\s*[?.!]*\s*$",
+    re.IGNORECASE,
+)
+_LOCATION_RE = re.compile(r"\bwhere\s+am\s+i\b", re.IGNORECASE)
+_TRACK_RE = re.compile(r"\bplay\s+(?:track|song|bgm)\s*#?\s*(?P<track>\d+)\b", re.IGNORECASE)
+
+# Short enough that a text turn always splits into several deltas.
+_WORDS_PER_CHUNK = 4
+_MIN_CHUNKS = 3
+
+
+class DemoCrash(RuntimeError):
+    """Raised by the model for the ``crash`` row, to exercise ADK's run-error path."""
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One function call the script makes."""
+
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One tool response, with the arguments of the call it answers (if found)."""
+
+    name: str
+    args: dict[str, Any]
+    response: dict[str, Any]
+
+
+def plan_calls(text: str) -> list[PlannedCall]:
+    """Returns the function calls the script makes for one user text (empty: no tool row)."""
+    if _PAY_RE.search(text):
+        calls = [
+            PlannedCall(
+                "process_payment",
+                {
+                    "amount": _number(match["amount"]),
+                    "recipient": match["recipient"],
+                    "currency": (match["currency"] or DEFAULT_CURRENCY).upper(),
+                },
+            )
+            for match in _PAYMENT_CLAUSE_RE.finditer(text)
+        ]
+        if calls:
+            return calls
+    if weather := _WEATHER_RE.search(text):
+        city = " ".join(word[:1].upper() + word[1:] for word in weather["city"].split())
+        return [PlannedCall("get_weather", {"city": city})]
+    if _LOCATION_RE.search(text):
+        return [PlannedCall("get_location", {})]
+    if track := _TRACK_RE.search(text):
+        return [PlannedCall("change_bgm", {"track": int(track["track"])})]
+    return []
+
+
+def echo_text(user_text: str) -> str:
+    """The reply to anything the script does not recognise: it quotes the user."""
+    quoted = " ".join(user_text.split()) or "(nothing)"
+    return (
+        f'You said: "{quoted}". I am the offline demo agent. '
+        'Try "pay 50 to Hanako", "pay 10 to Alice and 20 to Bob", '
+        '"weather in Tokyo", "trigger error" or "crash".'
+    )
+
+
+def summarize_results(results: Sequence[ToolResult]) -> str:
+    """The text the model writes once every tool of its last call round has answered."""
+    if not results:
+        return "There is nothing to report."
+    payments = [r for r in results if r.name == "process_payment"]
+    lines = [_describe(r) for r in results]
+    if len(results) == 1:
+        return lines[0]
+    heading = "Payments:" if len(payments) == len(results) else "Results:"
+    return heading + "\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def _describe(result: ToolResult) -> str:
+    response, args = result.response, result.args
+    error = _error_of(response)
+    if result.name == "process_payment":
+        amount = _format_amount(response.get("amount", args.get("amount")))
+        currency = response.get("currency", args.get("currency", DEFAULT_CURRENCY))
+        recipient = response.get("recipient", args.get("recipient", "the recipient"))
+        if error is None:
+            txn = response.get("transaction_id", "unknown")
+            return f"Done: sent {amount} {currency} to {recipient} (transaction {txn})."
+        return f"The payment of {amount} {currency} to {recipient} was not made: {error}"
+    if result.name == "get_weather":
+        city = response.get("city", args.get("city", "that city"))
+        if error is None:
+            return (
+                f"The weather in {city} is {response.get('condition', 'unknown')}, "
+                f"{response.get('temperature_c', '?')}°C."
+            )
+        return f"I could not get the weather in {city}: {error}"
+    if result.name == "get_location":
+        if error is None:
+            return (
+                f"You are at latitude {response.get('latitude', '?')}, "
+                f"longitude {response.get('longitude', '?')}."
+            )
+        return f"I could not get your location: {error}"
+    if result.name == "change_bgm":
+        track = response.get("track", args.get("track", "?"))
+        if error is None:
+            return f"Now playing track {track}."
+        return f"I could not change the music to track {track}: {error}"
+    return f"{result.name} returned {json.dumps(response, sort_keys=True, default=str)}."
+
+
+def _error_of(response: dict[str, Any]) -> str | None:
+    """The failure a tool response reports, or None when it succeeded."""
+    if "error" in response:
+        return str(response["error"])
+    if response.get("success") is False:
+        return str(response.get("reason") or response.get("message") or "it was refused.")
+    return None
+
+
+def _number(raw: str) -> int | float:
+    value = float(raw.replace(",", "."))
+    # Keep "50" an integer in the call args, as a model would write it.
+    return int(value) if value.is_integer() else value
+
+
+def _format_amount(amount: Any) -> str:
+    if isinstance(amount, float) and amount.is_integer():
+        return str(int(amount))
+    return str(amount)
+
+
+def _chunk_text(text: str) -> list[str]:
+    """Splits text into deltas that concatenate back to exactly ``text``."""
+    pieces = re.findall(r"\S+\s*|\s+", text)
+    per_chunk = max(1, min(_WORDS_PER_CHUNK, len(pieces) // _MIN_CHUNKS))
+    chunks = ["".join(pieces[i : i + per_chunk]) for i in range(0, len(pieces), per_chunk)]
+    return chunks or [text]
+
+
+def _content_text(content: types.Content) -> str:
+    return "".join(p.text for p in content.parts or () if p.text and not p.thought)
+
+
+def _function_responses(content: types.Content) -> list[types.FunctionResponse]:
+    return [p.function_response for p in content.parts or () if p.function_response]
+
+
+def _function_calls(content: types.Content) -> list[types.FunctionCall]:
+    return [p.function_call for p in content.parts or () if p.function_call]
+
+
+def _latest_results(contents: Sequence[types.Content]) -> list[ToolResult] | None:
+    """The tool results of the trailing function-response turn, or None if the turn is text.
+
+    ADK strips its own ``adk-`` ids before the request reaches a model, so the
+    responses are matched to the model's last calls by name, in order.
+    """
+    responses: list[types.FunctionResponse] = []
+    index = len(contents) - 1
+    while index >= 0 and contents[index].role != "model" and _function_responses(contents[index]):
+        responses[:0] = _function_responses(contents[index])
+        index -= 1
+    if not responses:
+        return None
+    calls = _function_calls(contents[index]) if index >= 0 else []
+    unmatched = list(calls)
+    results = []
+    for response in responses:
+        call = next(
+            (c for c in unmatched if (response.id and c.id == response.id) or c.name == response.name),
+            None,
+        )
+        if call is not None:
+            unmatched.remove(call)
+        results.append(
+            ToolResult(
+                name=response.name or "tool",
+                args=dict(call.args or {}) if call else {},
+                response=dict(response.response or {}),
+            )
+        )
+    return results
+
+
+class ScriptedLlm(BaseLlm):
+    """A deterministic offline model for the demo agent and the tests.
+
+    ``chunk_delay`` spaces streamed chunks out (seconds); even at 0 the model
+    yields control between chunks, as a network stream would.
+    """
+
+    model: str = "demo-scripted"
+    chunk_delay: float = 0.0
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        contents = list(llm_request.contents or ())
+        results = _latest_results(contents)
+        if results is not None:
+            async for response in self._text(summarize_results(results), stream):
+                yield response
+            return
+
+        user_text = next(
+            (_content_text(c) for c in reversed(contents) if c.role == "user" and _content_text(c)),
+            "",
+        )
+        if _TRIGGER_ERROR_RE.search(user_text):
+            yield LlmResponse(
+                error_code=DEMO_ERROR_CODE,
+                error_message=DEMO_ERROR_MESSAGE,
+                model_version=self.model,
+            )
+            return
+        if _CRASH_RE.search(user_text):
+            raise DemoCrash(CRASH_MESSAGE)
+
+        calls = plan_calls(user_text)
+        if calls:
+            async for response in self._calls(calls, stream):
+                yield response
+            return
+        async for response in self._text(echo_text(user_text), stream):
+            yield response
+
+    async def _text(self, text: str, stream: bool) -> AsyncGenerator[LlmResponse, None]:
+        if stream:
+            for chunk in _chunk_text(text):
+                await asyncio.sleep(self.chunk_delay)
+                yield LlmResponse(
+                    content=types.ModelContent(parts=[types.Part.from_text(text=chunk)]),
+                    partial=True,
+                    model_version=self.model,
+                )
+        await asyncio.sleep(self.chunk_delay)
+        yield self._final([types.Part.from_text(text=text)], output_words=len(text.split()))
+
+    async def _calls(self, calls: Sequence[PlannedCall], stream: bool) -> AsyncGenerator[LlmResponse, None]:
+        def part(call: PlannedCall, call_id: str | None) -> types.Part:
+            return types.Part(
+                function_call=types.FunctionCall(id=call_id, name=call.name, args=dict(call.args))
+            )
+
+        if not stream:
+            # Empty ids: ADK assigns "adk-<uuid>" ids itself when it builds the event.
+            yield self._final([part(c, None) for c in calls], output_words=len(calls) * 8)
+            return
+        # Gemini's streaming aggregator names each call once, from ADK's generator
+        # (looked up through the module so tests can patch it), and reuses that id
+        # in the aggregated response; two separately built responses would
+        # otherwise each get a fresh id.
+        ids = [adk_functions.generate_client_function_call_id() for _ in calls]
+        for call, call_id in zip(calls, ids):
+            await asyncio.sleep(self.chunk_delay)
+            yield LlmResponse(
+                content=types.ModelContent(parts=[part(call, call_id)]),
+                partial=True,
+                model_version=self.model,
+            )
+        await asyncio.sleep(self.chunk_delay)
+        yield self._final([part(c, i) for c, i in zip(calls, ids)], output_words=len(calls) * 8)
+
+    def _final(self, parts: list[types.Part], output_words: int) -> LlmResponse:
+        return LlmResponse(
+            content=types.ModelContent(parts=parts),
+            partial=False,
+            finish_reason=types.FinishReason.STOP,
+            # Fake but plausible counts, so consumers see the field as Gemini sends it.
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=16,
+                candidates_token_count=output_words,
+                total_token_count=16 + output_words,
+            ),
+            model_version=self.model,
+        )

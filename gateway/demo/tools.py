@@ -1,0 +1,77 @@
+"""The demo agent's tools: fake, deterministic, offline.
+
+`process_payment` and `get_weather` run in the agent process. `get_location` and
+`change_bgm` stand for tools that run in the browser: the gateway's ADK plugin
+answers them with the browser's output before ADK would call them, so their
+bodies only run when no gateway plugin is installed, and then report that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from google.adk.tools.function_tool import FunctionTool
+
+_CONDITIONS = ("sunny", "partly cloudy", "cloudy", "light rain", "clear")
+
+
+def _digest(*values: object) -> str:
+    return hashlib.sha256("|".join(str(v) for v in values).encode()).hexdigest()
+
+
+def process_payment(amount: float, recipient: str, currency: str = "USD") -> dict[str, Any]:
+    """Sends a payment of `amount` in `currency` to `recipient`.
+
+    Args:
+      amount: How much to pay, in units of `currency`.
+      recipient: Who receives the payment.
+      currency: ISO 4217 currency code, USD by default.
+    """
+    # Derived from the arguments so recorded fixtures stay stable across runs.
+    transaction_id = "txn-" + _digest(amount, recipient, currency)[:12]
+    return {
+        "success": True,
+        "transaction_id": transaction_id,
+        "amount": amount,
+        "recipient": recipient,
+        "currency": currency,
+    }
+
+
+def get_weather(city: str) -> dict[str, Any]:
+    """Returns the current weather in `city` (a deterministic fake).
+
+    Args:
+      city: The city to report on, e.g. "Tokyo".
+    """
+    seed = int(_digest(city.strip().lower())[:8], 16)
+    return {
+        "city": city,
+        "condition": _CONDITIONS[seed % len(_CONDITIONS)],
+        "temperature_c": 10 + seed % 20,
+    }
+
+
+def get_location() -> dict[str, Any]:
+    """Returns the user's current coordinates; runs in the user's browser."""
+    return {"error": "get_location runs in the browser, and no gateway plugin answered it."}
+
+
+def change_bgm(track: int) -> dict[str, Any]:
+    """Switches the background music to `track`; runs in the user's browser.
+
+    Args:
+      track: The track number to play.
+    """
+    return {"error": "change_bgm runs in the browser, and no gateway plugin answered it."}
+
+
+def build_tools() -> list[FunctionTool]:
+    """Fresh tool instances for one agent: payments need the user's confirmation."""
+    return [
+        FunctionTool(process_payment, require_confirmation=True),
+        FunctionTool(get_weather),
+        FunctionTool(get_location),
+        FunctionTool(change_bgm),
+    ]

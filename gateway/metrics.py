@@ -1,0 +1,71 @@
+"""Prometheus metrics: every series the gateway exports, in one registry per application.
+
+The registry hangs off the application rather than prometheus_client's global default, so two
+gateways in one process (the tests run several) never share counters. Names and labels here are
+the contract with dashboards and alerts; docs/metrics.md documents each one.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
+
+# Approvals wait for people: from seconds to an hour.
+_APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
+_FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter(
+            "adk_gateway_http_requests_total", "HTTP requests answered, by route, method and status.",
+            ["route", "method", "status"], registry=r,
+        )
+        self.active_streams = Gauge(
+            "adk_gateway_active_streams", "Browser responses being streamed right now, by transport.",
+            ["transport"], registry=r,
+        )
+        self.chunks = Counter(
+            "adk_gateway_chunks_total", "UI message chunks emitted, by chunk type.", ["type"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "adk_gateway_upstream_errors_total",
+            "Failed upstream interactions, by kind (connect, timeout, reset, http, protocol, session_missing, run_error).",
+            ["kind"], registry=r,
+        )
+        self.upstream_first_event = Histogram(
+            "adk_gateway_upstream_first_event_seconds", "From sending a run upstream to its first event.",
+            buckets=_FIRST_EVENT_BUCKETS, registry=r,
+        )
+        self.upstream_up = Gauge(
+            "adk_gateway_upstream_up", "1 when the last upstream health probe succeeded.", registry=r
+        )
+        self.runs = Counter(
+            "adk_gateway_runs_total", "Upstream runs finished, by outcome (completed, waiting, error).",
+            ["outcome"], registry=r,
+        )
+        self.approvals_pending = Gauge(
+            "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision.", registry=r
+        )
+        self.approval_wait = Histogram(
+            "adk_gateway_approval_wait_seconds",
+            "From an approval request reaching the browser to the decision, by tool and outcome "
+            "(approved, denied, timeout, cancelled).",
+            ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+        )
+        # Label children are cached: a labels() lookup per chunk would be a needless hot-path cost.
+        self._chunk_counters: dict[str, Counter] = {}
+
+    def count_chunk(self, chunk_type: str) -> None:
+        counter = self._chunk_counters.get(chunk_type)
+        if counter is None:
+            counter = self._chunk_counters[chunk_type] = self.chunks.labels(chunk_type)
+        counter.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

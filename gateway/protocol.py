@@ -1,0 +1,77 @@
+"""The AI SDK UI message stream as the browser sees it: versions, finish reasons and SSE framing.
+
+This module owns what differs between client versions. An ai 6 client treats any chunk type it does
+not know as fatal, so everything ai 7 added is only ever sent to a client that said it speaks v7
+(request header `x-ai-sdk-version: 7`, or `"aiSdkVersion": 7` in the request body).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import orjson
+
+__all__ = [
+    "DONE_FRAME",
+    "SSE_HEADERS",
+    "V7_ONLY_CHUNK_TYPES",
+    "ClientVersion",
+    "client_version",
+    "encode_chunk",
+    "sse_frame",
+    "finish_reason_for",
+]
+
+ClientVersion = Literal[6, 7]
+
+# Chunk types and finish reasons that ai 7 accepts and ai 6 rejects (DESIGN.md section 2).
+V7_ONLY_CHUNK_TYPES: Final = frozenset(
+    {"tool-approval-response", "custom", "reasoning-file", "steering-message", "reset-step"}
+)
+_V7_ONLY_FINISH_REASONS: Final = frozenset({"interrupted"})
+
+SSE_HEADERS: Final = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "x-vercel-ai-ui-message-stream": "v1",
+    # Stops nginx and similar proxies from buffering the stream into one late burst.
+    "x-accel-buffering": "no",
+}
+
+DONE_FRAME: Final = b"data: [DONE]\n\n"
+
+VERSION_HEADER: Final = "x-ai-sdk-version"
+
+
+def client_version(header: str | None, body_field: Any, default: ClientVersion) -> ClientVersion:
+    """The AI SDK major version a request declares, or the configured default.
+
+    Anything that is not clearly 7 is treated as 6: sending ai 6's subset to an ai 7 client is
+    harmless, while the reverse breaks the client.
+    """
+    for value in (header, body_field):
+        if value is None:
+            continue
+        text = str(value).strip().lower().removeprefix("v")
+        if text.split(".")[0] == "7":
+            return 7
+        if text.split(".")[0] == "6":
+            return 6
+    return default
+
+
+def finish_reason_for(reason: str, version: ClientVersion) -> str:
+    """A finish reason the client's version accepts."""
+    if version == 6 and reason in _V7_ONLY_FINISH_REASONS:
+        return "other"
+    return reason
+
+
+def encode_chunk(chunk: dict[str, Any]) -> bytes:
+    """A chunk's JSON, encoded once and shared by every transport that frames it."""
+    return orjson.dumps(chunk)
+
+
+def sse_frame(encoded_chunk: bytes) -> bytes:
+    return b"data: " + encoded_chunk + b"\n\n"

@@ -1,0 +1,152 @@
+"""The client side of the gateway: talking to an ADK API server over HTTP.
+
+One long-lived aiohttp `ClientSession` per gateway (it pools connections). Requests carry only
+what ADK needs: the browser's Host, Origin, Cookie and Authorization never travel upstream (ADK on
+loopback rejects a foreign Host or Origin with 403, and credentials are not the agent's business).
+Streams have a connect timeout and an idle-read timeout but no total timeout, because a run may
+stream for as long as it likes while it keeps talking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Final
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from .config import UpstreamConfig
+from .eventstream import EventStreamDecoder, EventStreamError
+
+__all__ = ["AdkClient", "UpstreamError"]
+
+_JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
+_SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+class UpstreamError(Exception):
+    """The ADK server could not be used. `kind` labels the metric and the log line."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+class AdkClient:
+    """Calls to one ADK API server. `start()` and `close()` bracket its life inside the event loop."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._max_connections = config.max_connections
+        self._base = str(config.url).rstrip("/")
+        self._app = config.app_name
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.idle_timeout
+        )
+        self._call_timeout = aiohttp.ClientTimeout(
+            total=config.connect_timeout + 30, sock_connect=config.connect_timeout
+        )
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections)
+        # No cookie jar: nothing from one browser's run may ride along on another's.
+        self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("AdkClient.start() was not awaited")
+        return self._session
+
+    @property
+    def app_name(self) -> str:
+        return self._app
+
+    def _session_url(self, user_id: str, session_id: str | None = None) -> str:
+        # User ids come from auth (e.g. a JWT `sub`), so they are quoted into the path.
+        url = f"{self._base}/apps/{self._app}/users/{quote(user_id, safe='')}/sessions"
+        return f"{url}/{quote(session_id, safe='')}" if session_id else url
+
+    async def ensure_session(self, user_id: str, session_id: str) -> None:
+        """Make sure the ADK session exists, creating it on first use."""
+        try:
+            async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
+                if resp.status == 200:
+                    return
+                if resp.status != 404:
+                    raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
+            body = orjson.dumps({"sessionId": session_id})
+            async with self._http.post(
+                self._session_url(user_id), data=body, headers=_JSON_HEADERS, timeout=self._call_timeout
+            ) as resp:
+                # 409: another request created it between our lookup and create; that is fine.
+                if resp.status not in (200, 409):
+                    raise UpstreamError("http", f"session create answered HTTP {resp.status}", resp.status)
+        except aiohttp.ClientError as exc:
+            raise _client_error(exc) from None
+        except TimeoutError:
+            raise UpstreamError("timeout", "the agent service did not answer in time") from None
+
+    async def run_sse(
+        self, *, user_id: str, session_id: str, new_message: dict[str, Any], state_delta: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Start a run and yield its events as parsed JSON dicts until the upstream closes the stream."""
+        payload: dict[str, Any] = {
+            "appName": self._app,
+            "userId": user_id,
+            "sessionId": session_id,
+            "newMessage": new_message,
+            "streaming": True,
+        }
+        if state_delta:
+            payload["stateDelta"] = state_delta
+        decoder = EventStreamDecoder()
+        try:
+            async with self._http.post(
+                f"{self._base}/run_sse", data=orjson.dumps(payload), headers=_SSE_HEADERS, timeout=self._stream_timeout
+            ) as resp:
+                if resp.status == 404:
+                    raise UpstreamError("session_missing", "the agent service does not know this session", 404)
+                if resp.status != 200:
+                    detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
+                    raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
+                async for data in resp.content.iter_any():
+                    for raw in decoder.feed(data):
+                        try:
+                            event = orjson.loads(raw)
+                        except orjson.JSONDecodeError:
+                            raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
+                        if not isinstance(event, dict):
+                            raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+                        yield event
+        except aiohttp.ClientError as exc:
+            raise _client_error(exc) from None
+        except EventStreamError as exc:
+            raise UpstreamError("protocol", str(exc)) from None
+        except TimeoutError:
+            raise UpstreamError("timeout", "the agent service stopped sending events (idle timeout)") from None
+
+    async def ping(self) -> bool:
+        """True when the ADK server answers its app listing."""
+        try:
+            async with self._http.get(f"{self._base}/list-apps", timeout=self._call_timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+
+def _client_error(exc: aiohttp.ClientError) -> UpstreamError:
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return UpstreamError("timeout", "the agent service stopped sending events (idle timeout)")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamError("connect", "the agent service is unreachable")
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+        return UpstreamError("reset", "the agent service closed the connection mid-stream")
+    return UpstreamError("http", f"upstream request failed: {type(exc).__name__}")

@@ -1,0 +1,241 @@
+"""The gateway over HTTP in front of the real ADK API server running the demo agent."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import GatewayProcess, Reply, free_port, gateway_process, metric_value, request
+
+pytestmark = pytest.mark.integration
+
+
+def new_chat() -> str:
+    return "chat-" + secrets.token_hex(6)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"id": "u-" + secrets.token_hex(4), "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def post(gw: GatewayProcess, chat_id: str, messages: list[dict[str, Any]], **extra: Any) -> Reply:
+    return request(gw.base, "POST", "/api/chat", {"id": chat_id, "messages": messages, "trigger": "submit-message", **extra})
+
+
+def assistant_from(reply: Reply, decisions: list[bool] | None = None) -> dict[str, Any]:
+    """The assistant message a Chat would hold after `reply`, with approvals answered."""
+    chunks = reply.chunks
+    message_id = chunks[0]["messageId"]
+    parts: list[dict[str, Any]] = [{"type": "step-start"}]
+    tools: dict[str, dict[str, Any]] = {}
+    for chunk in chunks:
+        if chunk["type"] == "tool-input-available":
+            tools[chunk["toolCallId"]] = part = {
+                "type": f"tool-{chunk['toolName']}", "toolCallId": chunk["toolCallId"],
+                "state": "input-available", "input": chunk["input"],
+            }
+            parts.append(part)
+        elif chunk["type"] == "tool-approval-request":
+            tools[chunk["toolCallId"]].update(state="approval-requested", approval={"id": chunk["approvalId"]})
+    for part, approved in zip([p for p in parts if p.get("state") == "approval-requested"], decisions or []):
+        part["state"] = "approval-responded"
+        part["approval"]["approved"] = approved
+    return {"id": message_id, "role": "assistant", "parts": parts}
+
+
+def types(reply: Reply) -> list[str]:
+    return [c["type"] for c in reply.chunks]
+
+
+def test_plain_text(gateway: GatewayProcess) -> None:
+    reply = post(gateway, new_chat(), [user("hello there")])
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    assert reply.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    assert reply.payloads[-1] == "[DONE]"
+    assert types(reply)[:3] == ["start", "start-step", "text-start"]
+    assert types(reply)[-1] == "finish"
+    text = "".join(c["delta"] for c in reply.chunks if c["type"] == "text-delta")
+    assert '"hello there"' in text
+    assert types(reply).count("text-delta") >= 3
+
+
+def test_server_tool(gateway: GatewayProcess) -> None:
+    reply = post(gateway, new_chat(), [user("weather in Tokyo")])
+    chunks = reply.chunks
+    call = next(c for c in chunks if c["type"] == "tool-input-available")
+    assert call["toolName"] == "get_weather" and call["input"] == {"city": "Tokyo"}
+    output = next(c for c in chunks if c["type"] == "tool-output-available")
+    assert output["toolCallId"] == call["toolCallId"]
+    assert "Tokyo" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert chunks[-1]["finishReason"] == "stop"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_native_approval_round_trip(gateway: GatewayProcess, approved: bool) -> None:
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    outcome = "approved" if approved else "denied"
+    before = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": outcome})
+    first = post(gateway, chat, [first_message])
+    assert types(first) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
+    ]
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    assert "requires confirmation" not in first.body.decode()
+
+    answer = assistant_from(first, [approved])
+    second = post(gateway, chat, [first_message, answer], messageId=answer["id"])
+    chunks = second.chunks
+    assert chunks[0] == {"type": "start", "messageId": answer["id"]}
+    call_id = answer["parts"][1]["toolCallId"]
+    if approved:
+        assert chunks[1]["type"] == "tool-output-available" and chunks[1]["toolCallId"] == call_id
+        assert chunks[1]["output"]["success"] is True
+        assert "Hanako" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    else:
+        assert chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
+        assert "not made" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert chunks[-1]["finishReason"] == "stop"
+    after = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": outcome})
+    assert after == before + 1
+
+
+def test_two_approvals_in_one_turn(gateway: GatewayProcess) -> None:
+    chat, first_message = new_chat(), user("pay 10 to Alice and 20 to Bob")
+    first = post(gateway, chat, [first_message])
+    assert types(first).count("tool-approval-request") == 2
+    answer = assistant_from(first, [True, False])
+    second = post(gateway, chat, [first_message, answer], messageId=answer["id"])
+    outputs = [(c["type"], c["toolCallId"]) for c in second.chunks if c["type"].startswith("tool-output")]
+    calls = [p["toolCallId"] for p in answer["parts"][1:]]
+    assert outputs == [("tool-output-available", calls[0]), ("tool-output-denied", calls[1])]
+    text = "".join(c["delta"] for c in second.chunks if c["type"] == "text-delta")
+    assert "Alice" in text and "Bob" in text
+
+
+def test_typing_instead_of_answering_rejects_the_pending_call(gateway: GatewayProcess) -> None:
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    before = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "cancelled"})
+    first = post(gateway, chat, [first_message])
+    pending = assistant_from(first)
+    second = post(gateway, chat, [first_message, pending, user("hello again")])
+    assert second.status == 200
+    assert second.chunks[0]["messageId"] != pending["id"]
+    assert '"hello again"' in "".join(c["delta"] for c in second.chunks if c["type"] == "text-delta")
+    after = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "cancelled"})
+    assert after == before + 1
+    # The rejected call is settled in ADK: answering it now changes nothing (the payment never runs).
+    late = post(gateway, chat, [first_message, assistant_from(first, [True])], messageId=pending["id"])
+    assert "tool-output-available" not in types(late)
+
+
+def test_adk_error_event_then_the_chat_still_works(gateway: GatewayProcess) -> None:
+    chat = new_chat()
+    reply = post(gateway, chat, [user("trigger error")])
+    assert reply.status == 200
+    assert types(reply) == ["start", "error", "finish"]
+    assert reply.chunks[1]["errorText"].startswith("DEMO_ERROR")
+    assert reply.chunks[-1]["finishReason"] == "error"
+    again = post(gateway, chat, [user("trigger error"), user("hello there")])
+    assert again.chunks[-1]["finishReason"] == "stop"
+
+
+def test_crashing_run_gives_one_error_chunk(gateway: GatewayProcess) -> None:
+    reply = post(gateway, new_chat(), [user("crash")])
+    assert types(reply) == ["start", "error", "finish"]
+    assert "Traceback" not in reply.body.decode()
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{oops", "not valid JSON"),
+        (json.dumps({"messages": []}).encode(), "id"),
+        (json.dumps({"id": "c1", "messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": 1}]}]}).encode(), "messages[0].parts[0].text"),
+        (json.dumps({"id": "c1", "messages": [{"id": "a", "role": "assistant", "parts": []}]}).encode(), "answer an approval"),
+    ],
+)
+def test_malformed_requests_get_400_json_and_the_chat_stays_usable(gateway: GatewayProcess, body: bytes, needle: str) -> None:
+    reply = request(gateway.base, "POST", "/api/chat", body)
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_request" and needle in error["message"]
+    assert post(gateway, "c1", [user("hello there")]).status == 200
+
+
+def test_oversized_body_is_413_json(gateway: GatewayProcess) -> None:
+    reply = request(gateway.base, "POST", "/api/chat", b'{"id": "c", "pad": "' + b"x" * (5 * 1024 * 1024) + b'"}')
+    assert reply.status == 413
+    assert reply.json()["error"]["code"]
+
+
+def test_concurrent_requests_for_one_chat_are_not_interleaved(gateway: GatewayProcess) -> None:
+    chat = new_chat()
+    post(gateway, chat, [user("hello there")])  # the ADK session exists, so both reach admission at once
+    replies: list[Reply] = []
+    barrier = threading.Barrier(4)
+
+    def send() -> None:
+        barrier.wait()
+        replies.append(post(gateway, chat, [user("hello there")]))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    statuses = sorted(r.status for r in replies)
+    assert statuses[0] == 200
+    assert set(statuses) <= {200, 409}
+    for reply in replies:
+        if reply.status == 409:
+            assert reply.json()["error"]["code"] == "chat_busy" and reply.headers["retry-after"]
+        else:
+            assert reply.payloads[-1] == "[DONE]"
+
+
+def test_resume_without_an_active_stream_is_204(gateway: GatewayProcess) -> None:
+    assert request(gateway.base, "GET", f"/api/chat/{new_chat()}/stream").status == 204
+    assert request(gateway.base, "GET", "/api/chat/bad%2Fid/stream").status == 404
+
+
+def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:
+    assert request(gateway.base, "GET", "/healthz").json() == {"status": "ok"}
+    assert request(gateway.base, "GET", "/readyz").json() == {"status": "ready"}
+    missing = request(gateway.base, "GET", "/nope")
+    assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = request(gateway.base, "GET", "/api/chat")
+    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+    text = request(gateway.base, "GET", "/metrics").body.decode()
+    for name in (
+        "adk_gateway_http_requests_total", "adk_gateway_active_streams", "adk_gateway_chunks_total",
+        "adk_gateway_upstream_errors_total", "adk_gateway_upstream_first_event_seconds",
+        "adk_gateway_approvals_pending", "adk_gateway_approval_wait_seconds", "adk_gateway_upstream_up",
+    ):
+        assert f"# TYPE {name}" in text, name
+
+
+def test_logs_are_json_with_ids_bound_and_no_tracebacks(gateway: GatewayProcess) -> None:
+    chat = new_chat()
+    post(gateway, chat, [user("hello there")], )
+    lines = [line for line in gateway.log_lines() if line.get("chat_id") == chat]
+    assert any(line.get("event") == "run_finished" for line in lines)
+    finished = next(line for line in lines if line.get("event") == "run_finished")
+    assert finished["session_id"] == chat and finished["request_id"] and finished["message_id"]
+    assert "Traceback" not in gateway.log_text()
+
+
+def test_upstream_down(tmp: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with gateway_process(tmp, dead) as gw:
+        reply = post(gw, new_chat(), [user("hello there")])
+        assert reply.status == 502
+        assert reply.json()["error"]["code"] == "upstream_unavailable"
+        ready = request(gw.base, "GET", "/readyz")
+        assert ready.status == 503 and ready.json()["status"] == "upstream_unreachable"
+        assert metric_value(gw.base, "adk_gateway_upstream_errors_total", {"kind": "connect"}) >= 1

@@ -1,0 +1,97 @@
+// Drives the stock AI SDK Chat (ai 6 or ai 7) against a server and reports what a browser would see.
+// stdin: {version, api, chatId?, headers?, body?, timeoutMs?, settleMs?, steps: [{send, approvals?, toolOutputs?}]}
+// stdout: one JSON report. Exit code 0 whenever a report was produced; the caller asserts on `ok`.
+// stdin may also be an array of such objects: they run concurrently in this one process (loading
+// the SDK dominates a run's cost) and stdout is the array of reports in the same order.
+import { createChat, createTeeFetch, describeChatError, loadSdk, pendingApprovals, waitForIdle } from './lib/chat.mjs';
+
+async function readStdin() {
+  let text = '';
+  for await (const piece of process.stdin) text += piece;
+  return JSON.parse(text);
+}
+
+function decisions(approvals) {
+  if (approvals == null) return () => undefined;
+  if (typeof approvals === 'string') return () => approvals;
+  const queue = [...approvals];
+  return () => queue.shift();
+}
+
+async function run(input) {
+  const { version, api, chatId, headers, body, timeoutMs = 20000, settleMs = 150, steps = [] } = input;
+  const deadline = Date.now() + timeoutMs;
+  const sdk = await loadSdk(version);
+  const tee = createTeeFetch({ sdk });
+  const toolCalls = [];
+  let toolOutputs = {};
+
+  const { chat } = await createChat({
+    version,
+    api,
+    chatId,
+    headers,
+    body,
+    fetch: tee.fetch,
+    onToolCall: (chat, { toolCall }) => {
+      toolCalls.push(toolCall);
+      if (!(toolCall.toolName in toolOutputs)) return;
+      // Not awaited: onToolCall runs inside the SDK's serial job queue and addToolOutput queues
+      // another job, so awaiting it here would deadlock (ai docs: 04-ai-sdk-ui/03-chatbot-tool-usage).
+      const output = toolOutputs[toolCall.toolName];
+      void chat.addToolOutput({ tool: toolCall.toolName, toolCallId: toolCall.toolCallId, output });
+    },
+  });
+
+  let timedOut = false;
+  const idle = async () => {
+    if (!(await waitForIdle(chat, tee, { settleMs, deadline }))) timedOut = true;
+    return !timedOut;
+  };
+
+  for (const step of steps) {
+    toolOutputs = step.toolOutputs ?? {};
+    const next = decisions(step.approvals);
+    // Not awaited directly: sendMessage also awaits any automatic continuation, which must not
+    // outlive the deadline unobserved.
+    const sent = chat.sendMessage({ text: step.send }).catch((err) => err);
+    if (!(await idle())) break;
+    await sent;
+    // Answer like a person would: after the turn has ended and the buttons are on screen.
+    // Each answer may trigger the SDK's automatic continuation, whose reply may ask again.
+    for (let parts = pendingApprovals(chat); parts.length && !timedOut; parts = pendingApprovals(chat)) {
+      let answered = 0;
+      for (const part of parts) {
+        const decision = next();
+        if (decision == null) break;
+        await chat.addToolApprovalResponse({ id: part.approval.id, approved: decision === 'approve' });
+        answered++;
+      }
+      if (!answered || !(await idle())) break;
+    }
+    if (timedOut || chat.status === 'error') break;
+  }
+
+  await tee.settled(timedOut ? 100 : 2000);
+  const { record } = tee;
+  const error = describeChatError(sdk, chat.error);
+  return {
+    ok: !timedOut && chat.status !== 'error' && !error && record.schemaErrors.length === 0,
+    version,
+    chatId: chat.id,
+    status: chat.status,
+    error,
+    timedOut,
+    messages: chat.messages,
+    toolCalls,
+    chunks: record.chunks,
+    schemaErrors: record.schemaErrors,
+    requests: record.requests,
+    doneMarkers: record.doneMarkers,
+  };
+}
+
+const input = await readStdin();
+const report = Array.isArray(input) ? await Promise.all(input.map(run)) : await run(input);
+// Exit explicitly: a server that never closes a stream would otherwise keep node alive.
+process.stdout.write(JSON.stringify(report) + '\n', () => process.exit(0));

@@ -1,0 +1,115 @@
+"""Runs tests/js/chat-driver.mjs: the stock AI SDK Chat (ai 6 or ai 7) talking to a server under test.
+
+The driver is the browser stand-in for conformance tests: it validates every chunk with the SDK's own
+schema and runs the SDK's own automatic continuation logic, so a pass means a real useChat would work.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+JS_DIR = Path(__file__).parent / "js"
+DRIVER = JS_DIR / "chat-driver.mjs"
+
+
+def _driver_request(
+    version: int,
+    api: str,
+    steps: list[dict],
+    *,
+    chat_id: str | None = None,
+    headers: dict | None = None,
+    body: dict | None = None,
+    timeout: float = 30,
+) -> dict:
+    request = {"version": version, "api": api, "steps": steps, "timeoutMs": int(timeout * 1000)}
+    for key, value in (("chatId", chat_id), ("headers", headers), ("body", body)):
+        if value is not None:
+            request[key] = value
+    return request
+
+
+def _run_driver(request: dict | list[dict], timeout: float) -> dict | list[dict]:
+    node = shutil.which("node")
+    if node is None:
+        raise AssertionError("node is not on PATH; the JS conformance driver needs Node 20+")
+    if not (JS_DIR / "node_modules").is_dir():
+        raise AssertionError(f"run `npm ci` in {JS_DIR} first")
+    # The driver enforces each run's timeout itself and still reports; the margin covers node start-up.
+    limit = timeout + 15
+    try:
+        proc = subprocess.run(
+            [node, str(DRIVER)], cwd=JS_DIR, input=json.dumps(request), capture_output=True, text=True, timeout=limit
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"chat driver hung past {limit}s; stderr:\n{exc.stderr}") from exc
+    if proc.returncode != 0:
+        raise AssertionError(f"chat driver crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(
+            f"chat driver printed no JSON report; stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        ) from exc
+
+
+def run_chat(
+    version: int,
+    api: str,
+    steps: list[dict],
+    *,
+    chat_id: str | None = None,
+    headers: dict | None = None,
+    body: dict | None = None,
+    timeout: float = 30,
+) -> dict:
+    """Send each step's text through a real Chat and return the driver's report.
+
+    A step is {"send": str, "approvals"?: "approve" | "deny" | [..], "toolOutputs"?: {tool_name: output}}.
+    Approvals are answered once the turn has ended, in order, one decision per approval-requested part.
+    The report holds ok, status, error, messages, toolCalls, chunks ([request_index, chunk]), schemaErrors,
+    requests ({method, url, body, status, contentType, headers}) and doneMarkers (per request).
+    """
+    request = _driver_request(version, api, steps, chat_id=chat_id, headers=headers, body=body, timeout=timeout)
+    return _run_driver(request, timeout)
+
+
+def run_chats(runs: list[dict], *, timeout: float = 30) -> list[dict]:
+    """Like run_chat for each dict of run_chat's keyword arguments, concurrently in one node process."""
+    requests = [_driver_request(**{"timeout": timeout, **run}) for run in runs]
+    return _run_driver(requests, max(r["timeoutMs"] for r in requests) / 1000 if requests else timeout)
+
+
+def assert_clean(result: dict) -> None:
+    """Assert the run is what a browser would accept without a hitch."""
+    summary = {k: result.get(k) for k in ("version", "status", "error", "timedOut", "schemaErrors")}
+    assert result["ok"], f"chat run not ok: {json.dumps(summary, indent=2)}"
+    assert not result["schemaErrors"], f"schema errors: {result['schemaErrors']}"
+    assistant_ids = Counter(m["id"] for m in result["messages"] if m["role"] == "assistant")
+    duplicated = [i for i, n in assistant_ids.items() if n > 1]
+    assert not duplicated, f"duplicate assistant message ids {duplicated}"
+    for index, (req, done) in enumerate(zip(result["requests"], result["doneMarkers"])):
+        if "text/event-stream" in (req.get("contentType") or ""):
+            assert done == 1, f"response {index} ({req['method']} {req['url']}) had {done} [DONE] markers"
+
+
+def check_streams(cases: list[dict]) -> list[dict]:
+    """Run chunk sequences through the SDK's own schema and message assembler (tests/js/check-stream.mjs).
+
+    Each case is `{"version": 6|7, "chunks": [...], "message"?: <assistant UIMessage to continue>}`;
+    each result is `{"schemaErrors": [...], "streamError": str | None, "message": <final UIMessage>}`.
+    """
+    node = shutil.which("node")
+    if node is None:
+        raise AssertionError("node is not on PATH; the stream checker needs Node 20+")
+    proc = subprocess.run(
+        [node, str(JS_DIR / "check-stream.mjs")], cwd=JS_DIR, input=json.dumps(cases),
+        capture_output=True, text=True, timeout=120,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"stream checker crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
+    return json.loads(proc.stdout)

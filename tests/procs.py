@@ -1,0 +1,193 @@
+"""Real processes for integration tests: the stock ADK API server with the demo agent, and gateways.
+
+Both run as subprocesses on free loopback ports, the way they run in production, so that the
+Node-based AI SDK clients can talk to them while pytest blocks on the client.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.demo import api_server_command
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, *, timeout: float, proc: subprocess.Popen[Any] | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers, even if not 200
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout}s")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GOOGLE_API_KEY", "GEMINI_API_KEY")}
+    env["DEMO_MODEL"] = "scripted"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@contextmanager
+def adk_server(tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[str]:
+    port = free_port()
+    log = tmp / f"adk-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            api_server_command(port, extra_plugins=extra_plugins), stdout=out, stderr=subprocess.STDOUT,
+            env=_child_env(env), cwd=tmp,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/list-apps", timeout=90, proc=proc, log=log)
+        yield base
+    finally:
+        _stop(proc)
+
+
+@dataclass
+class GatewayProcess:
+    base: str
+    port: int
+    log: Path
+    proc: subprocess.Popen[Any]
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                lines.append({"raw": line})
+        return lines
+
+
+@contextmanager
+def gateway_process(tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+    """A gateway subprocess. `config` is extra YAML merged under the test defaults."""
+    port = free_port()
+    path = tmp / f"gateway-{port}.yaml"
+    path.write_text(
+        f"listen:\n  host: 127.0.0.1\n  port: {port}\n"
+        f"logging:\n  level: debug\n  format: json\n" + config
+        + ("" if "upstream:" in config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n")
+    )
+    log = tmp / f"gateway-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+            stdout=out, stderr=subprocess.STDOUT, env=_child_env(env), cwd=ROOT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", timeout=30, proc=proc, log=log)
+        yield GatewayProcess(base, port, log, proc)
+    finally:
+        _stop(proc)
+
+
+# ---- a tiny synchronous HTTP client for the tests --------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        """The SSE data payloads, parsed, without [DONE]."""
+        return [json.loads(p) for p in self.payloads if p != "[DONE]"]
+
+    @property
+    def payloads(self) -> list[str]:
+        out = []
+        for block in self.body.decode().split("\n\n"):
+            data = [line[5:].lstrip(" ") for line in block.split("\n") if line.startswith("data:")]
+            if data:
+                out.append("\n".join(data))
+        return out
+
+
+def request(
+    base: str, method: str, path: str, body: bytes | dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None, timeout: float = 30,
+) -> Reply:
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    try:
+        conn.request(method, path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def metric_value(base: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample's value from /metrics (0 when absent)."""
+    text = request(base, "GET", "/metrics").body.decode()
+    want = labels or {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        metric, _, value = line.rpartition(" ")
+        if metric.split("{")[0] != name:
+            continue
+        found = {}
+        if "{" in metric:
+            for pair in metric[metric.index("{") + 1 : -1].split('",'):
+                key, _, val = pair.partition("=")
+                found[key] = val.strip('"')
+        if all(found.get(k) == v for k, v in want.items()):
+            return float(value)
+    return 0.0

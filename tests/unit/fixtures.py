@@ -1,0 +1,71 @@
+"""Recorded ADK event sequences and the stream invariants every converted response must keep."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gateway.converter import Converter
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "adk"
+
+
+@cache
+def _load(name: str) -> tuple[str, ...]:
+    return tuple((FIXTURES / f"{name}.jsonl").read_text().splitlines())
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _load(name) if line.strip()]
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.stem for p in FIXTURES.glob("*.jsonl") if p.stat().st_size)
+
+
+def convert(name: str, converter: Converter | None = None) -> list[dict[str, Any]]:
+    converter = converter or Converter("m1")
+    out = converter.start()
+    for event in events(name):
+        out += converter.feed(event)
+    return out + converter.finish()
+
+
+def types(chunks: list[dict[str, Any]]) -> list[str]:
+    return [c["type"] for c in chunks]
+
+
+def check_stream_rules(chunks: list[dict[str, Any]], known: Iterable[str] = ()) -> None:
+    """The ordering rules the AI SDK client enforces (its schema check runs in tests/js)."""
+    assert chunks[0]["type"] == "start" and chunks[-1]["type"] == "finish"
+    open_blocks: set[str] = set()
+    tools = set(known)
+    step_open = False
+    for i, chunk in enumerate(chunks):
+        kind = chunk["type"]
+        where = f"chunk {i} {chunk}"
+        if kind in ("text-start", "reasoning-start"):
+            assert chunk["id"] not in open_blocks, where
+            open_blocks.add(chunk["id"])
+        elif kind in ("text-delta", "reasoning-delta"):
+            assert chunk["id"] in open_blocks, f"delta outside its block: {where}"
+        elif kind in ("text-end", "reasoning-end"):
+            assert chunk["id"] in open_blocks, where
+            open_blocks.discard(chunk["id"])
+        elif kind == "start-step":
+            assert not step_open, f"step opened twice: {where}"
+            step_open = True
+        elif kind in ("finish-step", "finish"):
+            assert not open_blocks, f"{kind} with open blocks {open_blocks}"
+            if kind == "finish-step":
+                assert step_open, f"finish-step without start-step: {where}"
+                step_open = False
+            else:
+                assert not step_open, "finish with a step still open"
+        elif kind in ("tool-input-start", "tool-input-available"):
+            tools.add(chunk["toolCallId"])
+        elif kind.startswith("tool-"):
+            assert chunk["toolCallId"] in tools, f"tool chunk for an unknown call: {where}"

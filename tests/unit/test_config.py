@@ -1,0 +1,84 @@
+"""Config loading: defaults, substitution, and one clear line per problem."""
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config, parse_duration, parse_size
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reference_file_loads_with_defaults() -> None:
+    config = load_config(ROOT / "config" / "gateway.yaml", env={})
+    assert config.listen.port == 8080
+    assert config.upstream_base == "http://127.0.0.1:8000"
+    assert config.upstream.idle_timeout == 300
+    assert config.chat.max_body_bytes == 4 * 1024 * 1024
+
+
+def test_environment_substitution() -> None:
+    config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000"})
+    assert config.listen.port == 9001
+    assert config.upstream_base == "http://agent:8000"
+
+
+def test_empty_file_is_all_defaults() -> None:
+    assert parse_config("", env={}).listen.host == "127.0.0.1"
+
+
+def test_every_problem_is_reported_with_file_and_key_path() -> None:
+    text = "listen:\n  port: abc\n  hots: x\nupstream:\n  url: notaurl\n  idle_timeout: soon\nextra: 1\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="gw.yaml", env={})
+    problems = info.value.problems
+    assert len(problems) == 5
+    assert all(p.startswith("gw.yaml: ") for p in problems)
+    keys = {p.split(": ")[1] for p in problems}
+    assert keys == {"listen.port", "listen.hots", "upstream.url", "upstream.idle_timeout", "extra"}
+    assert any("unknown key" in p for p in problems)
+    assert any("invalid duration 'soon'" in p for p in problems)
+
+
+def test_missing_variable_without_default_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("upstream:\n  url: ${NOPE}\n", source="gw.yaml", env={})
+    assert info.value.problems == ["gw.yaml: upstream.url: environment variable NOPE is not set and has no default"]
+
+
+def test_yaml_syntax_error_names_the_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("listen:\n  port: [1,\n", source="gw.yaml", env={})
+    assert info.value.problems[0].startswith("gw.yaml:3: not valid YAML")
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    with pytest.raises(ConfigError):
+        parse_config("- a\n- b\n", env={})
+
+
+def test_unreadable_file() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("/nonexistent/gateway.yaml")
+    assert "cannot read" in info.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("5m", 300), ("250ms", 0.25), ("1.5h", 5400), (12, 12), ("2d", 172800)]
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "s", True])
+def test_bad_durations(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_sizes() -> None:
+    assert parse_size("1MiB") == 1024 * 1024
+    assert parse_size("64kib") == 65536
+    assert parse_size(10) == 10
+    with pytest.raises(ValueError):
+        parse_size("lots")

@@ -1,0 +1,216 @@
+"""The converter on event sequences recorded from the real ADK API server (tests/fixtures/adk)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.converter import Converter, map_finish_reason
+from tests.unit.fixtures import check_stream_rules, convert, events, types
+
+
+def test_plain_text_streams_partials_once() -> None:
+    chunks = convert("hello_there")
+    assert types(chunks)[:3] == ["start", "start-step", "text-start"]
+    assert types(chunks)[-3:] == ["text-end", "finish-step", "finish"]
+    deltas = [c["delta"] for c in chunks if c["type"] == "text-delta"]
+    assert len(deltas) == 8  # one per partial; the aggregated final adds nothing
+    final_text = next(
+        p["text"] for e in events("hello_there") if not e.get("partial") for p in e["content"]["parts"]
+    )
+    assert "".join(deltas) == final_text
+    assert chunks[-1] == {
+        "type": "finish",
+        "finishReason": "stop",
+        "messageMetadata": {"usage": {"inputTokens": 16, "outputTokens": 30, "totalTokens": 46}},
+    }
+    check_stream_rules(chunks)
+
+
+def test_server_tool_gets_its_own_step_then_text() -> None:
+    chunks = convert("weather_tokyo")
+    assert types(chunks) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-output-available",
+        "finish-step", "start-step", "text-start", *["text-delta"] * types(chunks).count("text-delta"),
+        "text-end", "finish-step", "finish",
+    ]
+    call = chunks[3]
+    assert call["toolName"] == "get_weather" and call["input"] == {"city": "Tokyo"}
+    assert chunks[4]["toolCallId"] == call["toolCallId"]
+    check_stream_rules(chunks)
+
+
+def test_confirmation_becomes_an_approval_request_and_the_placeholder_is_hidden() -> None:
+    converter = Converter("m1")
+    chunks = convert("pay_hanako", converter=converter)
+    assert types(chunks) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request",
+        "finish-step", "finish",
+    ]
+    original = next(
+        p["functionCall"] for e in events("pay_hanako") for p in e["content"]["parts"]
+        if p.get("functionCall", {}).get("name") == "process_payment"
+    )
+    confirmation = next(
+        p["functionCall"] for e in events("pay_hanako") for p in e["content"]["parts"]
+        if p.get("functionCall", {}).get("name") == "adk_request_confirmation"
+    )
+    assert chunks[4] == {"type": "tool-approval-request", "approvalId": confirmation["id"], "toolCallId": original["id"]}
+    assert chunks[-1]["finishReason"] == "tool-calls"
+    assert "requires confirmation" not in str(chunks)
+    assert [a.tool_name for a in converter.approvals] == ["process_payment"]
+    assert converter.approvals[0].args == {"amount": 50, "recipient": "Hanako", "currency": "USD"}
+    check_stream_rules(chunks)
+
+
+def test_two_approvals_in_one_turn() -> None:
+    converter = Converter("m1")
+    chunks = convert("pay_two", converter=converter)
+    requests = [c for c in chunks if c["type"] == "tool-approval-request"]
+    inputs = [c for c in chunks if c["type"] == "tool-input-available"]
+    assert len(requests) == 2 and len(inputs) == 2
+    assert {r["toolCallId"] for r in requests} == {i["toolCallId"] for i in inputs}
+    assert [i["input"]["recipient"] for i in inputs] == ["Alice", "Bob"]
+    assert chunks[-1]["finishReason"] == "tool-calls"
+    check_stream_rules(chunks)
+
+
+def _original_call_id(fixture: str) -> str:
+    return next(
+        p["functionCall"]["id"] for e in events(fixture) for p in e["content"]["parts"]
+        if p.get("functionCall", {}).get("name") == "process_payment"
+    )
+
+
+def test_approved_continuation_keeps_the_message_and_puts_the_output_first() -> None:
+    call_id = _original_call_id("pay_hanako")
+    chunks = convert("pay_hanako_approve", converter=Converter("m1", known_tool_calls=[call_id]))
+    assert chunks[0] == {"type": "start", "messageId": "m1"}
+    # Like the AI SDK's own streamText: the tool output comes before any new step.
+    assert chunks[1]["type"] == "tool-output-available" and chunks[1]["toolCallId"] == call_id
+    assert chunks[1]["output"]["success"] is True
+    assert types(chunks)[2:4] == ["start-step", "text-start"]
+    text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert "Hanako" in text
+    assert chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[call_id])
+
+
+def test_denied_continuation_reports_output_denied() -> None:
+    call_id = _original_call_id("pay_hanako_deny_setup")
+    chunks = convert(
+        "pay_hanako_deny", converter=Converter("m1", known_tool_calls=[call_id], denied_tool_calls=[call_id])
+    )
+    assert chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
+    assert "rejected" not in str(chunks[:2])
+    check_stream_rules(chunks, known=[call_id])
+
+
+def test_approve_one_deny_the_other() -> None:
+    calls = [
+        p["functionCall"]["id"] for e in events("pay_two") if not e.get("partial") for p in e["content"]["parts"]
+        if p.get("functionCall", {}).get("name") == "process_payment"
+    ]
+    chunks = convert(
+        "pay_two_approve_one_deny_other",
+        converter=Converter("m1", known_tool_calls=calls, denied_tool_calls=[calls[1]]),
+    )
+    outputs = [c for c in chunks if c["type"].startswith("tool-output")]
+    assert [(c["type"], c["toolCallId"]) for c in outputs] == [
+        ("tool-output-available", calls[0]), ("tool-output-denied", calls[1]),
+    ]
+    check_stream_rules(chunks, known=calls)
+
+
+def test_error_event_becomes_one_error_chunk_and_finish_error() -> None:
+    chunks = convert("trigger_error")
+    assert types(chunks) == ["start", "error", "finish"]
+    assert chunks[1]["errorText"].startswith("DEMO_ERROR: ")
+    assert chunks[-1]["finishReason"] == "error"
+
+
+def test_crash_reported_twice_by_adk_gives_one_error_chunk() -> None:
+    chunks = convert("crash")
+    assert types(chunks) == ["start", "error", "finish"]
+    assert "crashed on purpose" in chunks[1]["errorText"]
+
+
+def test_unknown_confirmation_id_run_error() -> None:
+    chunks = convert("confirm_unknown_id", converter=Converter("m1"))
+    assert types(chunks) == ["start", "error", "finish"]
+
+
+def test_error_mid_text_closes_the_open_block_first() -> None:
+    converter = Converter("m1")
+    out = converter.start()
+    out += converter.feed({"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": "Hel"}]}})
+    out += converter.feed({"error": "boom"})
+    out += converter.finish()
+    assert types(out) == ["start", "start-step", "text-start", "text-delta", "text-end", "error", "finish-step", "finish"]
+    check_stream_rules(out)
+
+
+def test_reasoning_then_text_from_partials() -> None:
+    converter = Converter("m1")
+    out = converter.start()
+    for part in ({"text": "thinking", "thought": True}, {"text": " more", "thought": True}, {"text": "Answer"}):
+        out += converter.feed({"author": "a", "partial": True, "content": {"role": "model", "parts": [part]}})
+    out += converter.feed(
+        {"author": "a", "content": {"role": "model", "parts": [{"text": "thinking more", "thought": True}, {"text": "Answer"}]}}
+    )
+    out += converter.finish()
+    assert types(out) == [
+        "start", "start-step", "reasoning-start", "reasoning-delta", "reasoning-delta", "reasoning-end",
+        "text-start", "text-delta", "text-end", "finish-step", "finish",
+    ]
+    check_stream_rules(out)
+
+
+def test_non_streamed_final_text_is_sent_whole() -> None:
+    converter = Converter("m1")
+    out = converter.start() + converter.feed(
+        {"author": "a", "content": {"role": "model", "parts": [{"text": "Hi"}]}, "finishReason": "MAX_TOKENS"}
+    ) + converter.finish()
+    assert types(out) == ["start", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    assert out[-1]["finishReason"] == "length"
+
+
+def test_inline_data_becomes_a_file_chunk() -> None:
+    converter = Converter("m1")
+    out = converter.feed(
+        {"author": "a", "content": {"role": "model", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]}}
+    )
+    assert out[-1] == {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"}
+
+
+def test_output_for_a_call_the_client_never_saw_introduces_the_call() -> None:
+    converter = Converter("m1")
+    out = converter.feed(
+        {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "x", "name": "t", "response": {"ok": 1}}}]}}
+    )
+    assert types(out) == ["start-step", "tool-input-start", "tool-input-available", "tool-output-available"]
+
+
+def test_tool_error_convention_becomes_output_error() -> None:
+    converter = Converter("m1", known_tool_calls=["x"])
+    out = converter.feed(
+        {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "x", "name": "t", "response": {"error": "no"}}}]}}
+    )
+    assert out == [{"type": "tool-output-error", "toolCallId": "x", "errorText": "no"}]
+
+
+@pytest.mark.parametrize(
+    ("adk", "sdk"),
+    [("STOP", "stop"), ("MAX_TOKENS", "length"), ("SAFETY", "content-filter"), ("RECITATION", "content-filter"),
+     ("MALFORMED_FUNCTION_CALL", "error"), ("OTHER", "other"), ("LANGUAGE", "other"), (None, "stop")],
+)
+def test_finish_reason_mapping(adk: Any, sdk: str) -> None:
+    assert map_finish_reason(adk) == sdk
+
+
+def test_v7_only_finish_reason_is_downgraded_for_v6() -> None:
+    from gateway.protocol import finish_reason_for
+
+    assert finish_reason_for("interrupted", 6) == "other"
+    assert finish_reason_for("interrupted", 7) == "interrupted"
