@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import signal
 import time
 from collections.abc import AsyncIterator
 
@@ -23,10 +24,11 @@ from .errors import Handler, error_middleware
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
+from .internal import create_internal_app
 from .transports import sse
 from .upstream import AdkClient
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "serve"]
 
 log = structlog.get_logger("adk_gateway.app")
 
@@ -86,6 +88,15 @@ async def _probe_upstream(gateway: Gateway) -> None:
         await asyncio.sleep(gateway.config.upstream.health_interval)
 
 
+async def _enforce_deadlines(gateway: Gateway) -> None:
+    # Deadlines are minutes long in practice; a quarter-second tick keeps tests with 1 s timeouts fast.
+    while True:
+        await asyncio.sleep(0.25)
+        expired = gateway.chats.expire_due()
+        if expired:
+            log.info("gates_timed_out", count=expired)
+
+
 async def _sweep_idle_chats(gateway: Gateway) -> None:
     ttl = gateway.config.chat.idle_chat_ttl
     while True:
@@ -101,6 +112,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     duties = [
         asyncio.create_task(_probe_upstream(gateway), name="upstream-probe"),
         asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
+        asyncio.create_task(_enforce_deadlines(gateway), name="deadline-sweeper"),
     ]
     yield
     for task in duties:
@@ -114,7 +126,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     registry = Registry()
     upstream = AdkClient(config.upstream)
-    chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config.chat)
+    chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
         upstream=upstream, chats=chats,
@@ -129,3 +141,30 @@ def create_app(config: GatewayConfig) -> web.Application:
     if config.metrics.enabled:
         app.add_routes([web.get(config.metrics.path, metrics)])
     return app
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Serve the public listener (and the internal one, when a secret is configured) until SIGINT/SIGTERM."""
+    app = create_app(config)
+    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)]
+    sites = [(runners[0], config.listen.host, config.listen.port)]
+    if config.internal.secret is not None:
+        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False)
+        runners.append(internal)
+        sites.append((internal, config.internal.host, config.internal.port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for runner in runners:
+            await runner.setup()
+        for runner, host, port in sites:
+            await web.TCPSite(runner, host, port).start()
+            log.info("listening", url=f"http://{host}:{port}", internal=runner is not runners[0])
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        # The internal listener goes last: runs being cancelled still release their plugin waits.
+        for runner in runners:
+            await runner.cleanup()

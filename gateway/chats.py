@@ -1,51 +1,143 @@
 """Chat turns: from a validated browser request to a running upstream run, and back as chunks.
 
-`ChatService` is the glue between the sans-IO core (messages, converter, runs) and the upstream
-client. It admits one streaming response per chat at a time, makes sure the ADK session exists,
-starts the run as its own task (so it outlives the browser request), feeds upstream events through
-the converter into the run's log, and keeps the approval bookkeeping and metrics.
-Transports (SSE now, WebSocket later) only parse requests and follow runs.
+`ChatService` is the glue between the sans-IO core (messages, converter, approvals, runs) and the
+upstream client. It admits one streaming response per chat at a time, makes sure the ADK session
+exists, and starts each upstream run as a `RunDriver` task, so the run outlives the browser request.
+
+Two kinds of approval meet here (DESIGN.md decision 3):
+- native ADK confirmations end the ADK run; the person's answer starts a new run that continues
+  the same assistant message;
+- gateway-gated calls (tool policy, enforced by the ADK plugin) pause the run while it stays open
+  upstream; the driver ends the browser's response so the AI SDK can answer, and the answering
+  request re-attaches to the same run, which then carries on.
+Transports only parse requests and follow runs; internal.py hands plugin requests to `open_gate`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from .config import ChatConfig
+from .approvals import APPROVAL_ID_PREFIX, RUN, CallState, GatedCall, Outcome, Verdict
+from .config import GatewayConfig
 from .converter import Converter
-from .messages import ChatRequest, TurnPlan, confirmation_message, plan_turn
+from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, confirmation_message, plan_turn
 from .metrics import GatewayMetrics
 from .protocol import encode_chunk
 from .registry import Chat, PendingApproval, Registry
-from .runs import Run
+from .runs import Response, Run
 from .upstream import AdkClient, UpstreamError
 
-__all__ = ["Attachment", "ChatBusy", "ChatService"]
+__all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone", "RunDriver"]
 
 log = structlog.get_logger("adk_gateway.chats")
+
+# How long a new message waits for the previous run to wind down after its calls were cancelled.
+_SETTLE_SECONDS = 10.0
 
 
 class ChatBusy(Exception):
     """The chat already has a response streaming; the client should wait for it to end."""
 
 
+class Forbidden(Exception):
+    """The request touches an approval that belongs to another chat."""
+
+
+class Gone(Exception):
+    """The request answers an approval that is no longer pending (expired, or the gateway restarted)."""
+
+
 @dataclass(frozen=True)
 class Attachment:
-    """Where a browser request reads its response: run `run`, response `index`."""
+    """What a browser request reads: `response` of `run`."""
 
     run: Run
-    index: int
+    response: Response
 
 
 def new_message_id() -> str:
     return "msg-" + secrets.token_urlsafe(12)
+
+
+class RunDriver:
+    """One upstream run: events in through the converter, chunks out into the run's log.
+
+    It ends the browser's response whenever the converter says the run waits for a person, and
+    opens the next response when the run has more to say (the person answered, or a deadline
+    passed while nobody was attached).
+    """
+
+    def __init__(self, service: ChatService, chat: Chat, converter: Converter, run: Run) -> None:
+        self._service = service
+        self.chat = chat
+        self.converter = converter
+        self.run = run
+        self.task: asyncio.Task[None] | None = None
+        self._count = service.metrics.count_chunk
+        self._holding = False
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def _write(self, chunks: list[dict[str, Any]]) -> None:
+        for chunk in chunks:
+            self._count(chunk["type"])
+        self.run.publish([encode_chunk(c) for c in chunks])
+
+    def publish(self, chunks: list[dict[str, Any]]) -> None:
+        """Write chunks into the current response (opening one if needed); pause if the run now waits."""
+        if chunks:
+            if not self.run.response_open:
+                self._open_response()
+            self._write(chunks)
+        if self.converter.bypassed:
+            for tool in self.converter.bypassed:
+                self._service.metrics.policy_bypassed.labels(tool).inc()
+                log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
+            self.converter.bypassed.clear()
+        self.pause_if_waiting()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Apply several answers as one: the response must not pause between the first and the last."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            self.pause_if_waiting()
+
+    def pause_if_waiting(self) -> None:
+        """End the browser's response when the run waits for a person, so the AI SDK can answer."""
+        if not self._holding and self.run.response_open and self.converter.waiting_for_person:
+            self._write(self.converter.finish())
+            self.run.end_response(waiting=True)
+
+    def _open_response(self) -> None:
+        self.run.next_response()
+        self._write(self.converter.start())
+
+    def attach(self) -> Attachment:
+        """The response an answering request should read: a fresh one, or one nobody read yet."""
+        response = self.run.resumable()
+        if response is None:
+            self._open_response()
+            response = self.run.current
+        return Attachment(self.run, response)
+
+    def finish(self) -> None:
+        if self.run.response_open:
+            self._write(self.converter.finish())
+        self.run.end_response(waiting=False)
 
 
 class ChatService:
@@ -55,14 +147,14 @@ class ChatService:
         upstream: AdkClient,
         registry: Registry,
         metrics: GatewayMetrics,
-        config: ChatConfig,
+        config: GatewayConfig,
         clock: Callable[[], float] = time.monotonic,
         new_id: Callable[[], str] = new_message_id,
     ) -> None:
         self._upstream = upstream
         self._registry = registry
-        self._metrics = metrics
-        self._config = config
+        self.metrics = metrics
+        self.config = config
         self._clock = clock
         self._new_id = new_id
         self._tasks: set[asyncio.Task[None]] = set()
@@ -70,45 +162,60 @@ class ChatService:
     # ---- admission -----------------------------------------------------------------------
 
     async def submit(self, user_id: str, request: ChatRequest) -> Attachment:
-        """Start the run a request asks for.
+        """Start or continue the run a request asks for.
 
-        Raises InvalidRequest (400), ChatBusy (409) or UpstreamError (502) before anything streams.
+        Raises InvalidRequest (400), Forbidden (403), ChatBusy (409), Gone (410) or
+        UpstreamError (502) before anything streams.
         """
         plan = plan_turn(request)
         chat = self._registry.get(user_id, request.chat_id, now=self._clock())
+        structlog.contextvars.bind_contextvars(session_id=chat.session_id)
+        gated, native = self._split_answers(chat, plan.answers, strict=plan.new_message is None)
+        outputs = self._pending_outputs(chat, plan.outputs)
+        if plan.new_message is None and (gated or outputs):
+            return self._continue_gated_run(chat, gated, outputs)
+        if plan.new_message is None and not native:
+            raise InvalidRequest("nothing in the last assistant message is waiting for an answer")
+
         if chat.run is not None and chat.run.streaming:
             raise ChatBusy("a response is already streaming for this chat")
-        run = Run(plan.continue_message_id or self._new_id(), limit=self._config.run_buffer_chunks)
+        if chat.driver is not None and chat.driver.alive:
+            # The person typed instead of answering: release what the old run waits for, let it end.
+            await self._settle(chat, gated)
+        run = Run(plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks)
         # Claimed before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
-        structlog.contextvars.bind_contextvars(session_id=chat.session_id, message_id=run.message_id)
+        structlog.contextvars.bind_contextvars(message_id=run.message_id)
         try:
             if not chat.session_ready:
                 await self._upstream.ensure_session(user_id, chat.session_id)
                 chat.session_ready = True
         except UpstreamError as exc:
-            self._metrics.upstream_errors.labels(exc.kind).inc()
+            self.metrics.upstream_errors.labels(exc.kind).inc()
             chat.run = None
             raise
-        self._record_answers(chat, plan)
+        self._record_native_answers(chat, native)
         converter = Converter(
             run.message_id,
             version=request.version,
             known_tool_calls=plan.known_tool_calls,
-            denied_tool_calls=plan.denied_tool_calls,
+            denied_tool_calls=frozenset(a.tool_call_id for a in native if not a.approved),
+            policy=self.config.tool_policy,
         )
-        task = asyncio.create_task(self._drive(chat, run, converter, plan))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return Attachment(run, run.response_index)
+        driver = RunDriver(self, chat, converter, run)
+        chat.driver = driver
+        driver.task = asyncio.create_task(self._drive(driver, plan, native))
+        self._tasks.add(driver.task)
+        driver.task.add_done_callback(self._tasks.discard)
+        return Attachment(run, run.current)
 
     def resume(self, user_id: str, chat_id: str) -> Attachment | None:
-        """The response still being written for this chat, to replay and follow; None if idle."""
+        """The response to replay and follow for a reconnecting browser; None if there is none."""
         chat = self._registry.find(user_id, chat_id)
         if chat is None or chat.run is None:
             return None
-        index = chat.run.resumable()
-        return None if index is None else Attachment(chat.run, index)
+        response = chat.run.resumable()
+        return None if response is None else Attachment(chat.run, response)
 
     async def close(self) -> None:
         """Cancel every run still going (shutdown)."""
@@ -116,46 +223,190 @@ class ChatService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def _split_answers(
+        self, chat: Chat, answers: tuple[ApprovalAnswer, ...], *, strict: bool
+    ) -> tuple[list[tuple[ApprovalAnswer, GatedCall]], list[ApprovalAnswer]]:
+        """Answers to gateway-gated calls (with their call) and to native ADK confirmations.
+
+        `strict`: the request only answers, so an answer to an unknown gateway approval is an error;
+        alongside a new message such leftovers in the history are simply stale.
+        """
+        gated: list[tuple[ApprovalAnswer, GatedCall]] = []
+        native: list[ApprovalAnswer] = []
+        for answer in answers:
+            call = self._registry.call(answer.approval_id)
+            if call is None:
+                if answer.approval_id.startswith(APPROVAL_ID_PREFIX):
+                    if not strict:
+                        continue
+                    raise Gone(
+                        "this approval is no longer pending (it expired or the gateway restarted); "
+                        "send a new message to try again"
+                    )
+                native.append(answer)
+                continue
+            if call.user_id != chat.user_id or call.chat_id != chat.chat_id:
+                log.warning("approval_of_another_chat", approval_id=answer.approval_id, owner_chat=call.chat_id)
+                raise Forbidden("this approval belongs to another chat")
+            gated.append((answer, call))
+        return gated, native
+
+    def _pending_outputs(self, chat: Chat, outputs: tuple[ToolOutput, ...]) -> list[tuple[ToolOutput, GatedCall]]:
+        found = []
+        for output in outputs:
+            call = self._registry.call_for_tool_call(chat.user_id, chat.session_id, output.tool_call_id)
+            # Outputs of server tools ride along in the history too; only browser delegates count.
+            if call is not None and call.runs_in_browser and (
+                call.state is CallState.AWAITING_OUTPUT or call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR)
+            ):
+                found.append((output, call))
+        return found
+
+    def _continue_gated_run(
+        self,
+        chat: Chat,
+        answers: list[tuple[ApprovalAnswer, GatedCall]],
+        outputs: list[tuple[ToolOutput, GatedCall]],
+    ) -> Attachment:
+        driver = chat.driver
+        if driver is None:
+            raise Gone("these calls were already answered and the run has ended")
+        if driver.alive:
+            attachment = driver.attach()
+        else:
+            # The run ended while nobody was attached (a deadline passed): its last words are kept.
+            unread = driver.run.resumable()
+            if unread is None:
+                raise Gone("these calls were already answered and the run has ended")
+            attachment = Attachment(driver.run, unread)
+        structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
+        now = self._clock()
+        # Holding also covers a replayed answer, which changes nothing: if the run still waits for
+        # a person, the response it opened is closed rather than left empty and open.
+        with driver.holding():
+            for answer, call in answers:
+                self._transition(call, lambda c: c.decide(answer.approved, now, answer.reason))
+            for output, call in outputs:
+                self._transition(call, lambda c: c.deliver_output(output.output, output.error_text))
+        return attachment
+
+    async def _settle(self, chat: Chat, answers: list[tuple[ApprovalAnswer, GatedCall]]) -> None:
+        for call in self._registry.calls_of(chat.user_id, chat.chat_id):
+            self._transition(call, lambda c: c.cancel("the user sent a new message instead of answering"))
+        driver = chat.driver
+        if driver is None or driver.task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(driver.task), _SETTLE_SECONDS)
+        except TimeoutError:
+            log.warning("previous_run_cancelled", reason="it did not end after its calls were cancelled")
+            driver.task.cancel()
+            await asyncio.gather(driver.task, return_exceptions=True)
+
+    # ---- gated calls (the plugin's side) ---------------------------------------------------
+
+    def open_gate(self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]) -> GatedCall | Verdict:
+        """The plugin asks about a call: a stored call to wait on, or an immediate verdict."""
+        policy = self.config.tool_policy(tool)
+        if not policy.gated:
+            return RUN
+        existing = self._registry.call_for_tool_call(user_id, session_id, tool_call_id)
+        if existing is not None:
+            return existing
+        chat = self._registry.find(user_id, session_id)
+        if chat is None or chat.driver is None or not chat.driver.alive:
+            return Verdict(run=False, response={"error": "No browser is attached to this session, so nobody can answer; the call was not run."})
+        call = self._registry.add_call(
+            GatedCall.open(
+                user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
+                tool=tool, args=args, policy=policy, now=self._clock(),
+            )
+        )
+        if call.state is CallState.AWAITING_APPROVAL:
+            self.metrics.approvals_pending.inc()
+        log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
+        chat.driver.publish(chat.driver.converter.gate_opened(call))
+        return call
+
+    async def wait(self, call: GatedCall) -> Verdict:
+        return await self._registry.wait(call)
+
+    def expire_due(self) -> int:
+        """Apply deadlines (the sweeper calls this); returns how many calls timed out."""
+        now = self._clock()
+        expired = 0
+        for call in self._registry.open_calls():
+            if now >= call.deadline:
+                expired += self._transition(call, lambda c: c.expire(now))
+        return expired
+
+    def _transition(self, call: GatedCall, change: Callable[[GatedCall], bool]) -> bool:
+        """Apply one change to a call and carry out its consequences: metrics, chunks, verdict."""
+        before, since = call.state, call.waiting_since
+        if not change(call):
+            return False
+        now = self._clock()
+        waited = now - since
+        tool = call.tool
+        if before is CallState.AWAITING_APPROVAL:
+            self.metrics.approvals_pending.dec()
+            outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
+            self.metrics.approval_wait.labels(tool, outcome).observe(waited)
+            if call.outcome is Outcome.TIMEOUT:
+                self.metrics.approval_timeouts.labels(tool).inc()
+        elif before is CallState.AWAITING_OUTPUT and call.released:
+            outcome = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}.get(call.outcome, call.outcome.value)  # type: ignore[union-attr,arg-type]
+            self.metrics.browser_tool_wait.labels(tool, outcome).observe(waited)
+        log.info(
+            "gate_changed", approval_id=call.id, tool=tool, state=call.state.value,
+            outcome=call.outcome.value if call.outcome else None, waited_s=round(waited, 3),
+        )
+        chat = self._registry.find(call.user_id, call.chat_id)
+        if chat is not None and chat.driver is not None and chat.driver.alive:
+            chat.driver.publish(chat.driver.converter.gate_changed(call))
+        if call.released:
+            self._registry.release(call)
+        return True
+
     # ---- the run task --------------------------------------------------------------------
 
-    async def _drive(self, chat: Chat, run: Run, converter: Converter, plan: TurnPlan) -> None:
-        publish = self._publisher(run)
-        publish(converter.start())
+    async def _drive(self, driver: RunDriver, plan: TurnPlan, native: list[ApprovalAnswer]) -> None:
+        chat, converter = driver.chat, driver.converter
+        driver.publish(converter.start())
         outcome = "completed"
         try:
-            if plan.answers and plan.new_message is not None:
+            if native and plan.new_message is not None:
                 # The person typed instead of answering: settle ADK's paused calls first, out of sight.
-                await self._drain(chat, confirmation_message(plan.answers))
-            message = plan.new_message if plan.new_message is not None else confirmation_message(plan.answers)
+                await self._drain(chat, confirmation_message(native))
+            message = plan.new_message if plan.new_message is not None else confirmation_message(native)
             async for event in self._events(chat, message):
-                publish(converter.feed(event))
+                driver.publish(converter.feed(event))
             if converter.failed:
-                self._metrics.upstream_errors.labels("run_error").inc()
+                self.metrics.upstream_errors.labels("run_error").inc()
         except UpstreamError as exc:
-            self._metrics.upstream_errors.labels(exc.kind).inc()
+            self.metrics.upstream_errors.labels(exc.kind).inc()
             log.warning("upstream_failed", kind=exc.kind, status=exc.status, reason=str(exc))
-            publish(converter.error(f"The agent service failed: {exc}"))
+            driver.publish(converter.error(f"The agent service failed: {exc}"))
         except asyncio.CancelledError:
             outcome = "cancelled"
-            publish(converter.error("The gateway is shutting down."))
+            driver.publish(converter.error("This response was cancelled."))
             raise
         except Exception:
             # A bug here must not leave the browser hanging on an open stream.
             log.exception("run_crashed")
-            publish(converter.error("The gateway failed while streaming this response."))
+            driver.publish(converter.error("The gateway failed while streaming this response."))
         finally:
-            publish(converter.finish())
-            waiting = bool(converter.approvals)
-            self._remember_approvals(chat, converter)
-            if converter.failed:
+            for call in self._registry.calls_of(chat.user_id, chat.chat_id):
+                self._transition(call, lambda c: c.cancel("the agent run ended"))
+            driver.finish()
+            self._remember_native_approvals(chat, converter)
+            if converter.failed and outcome != "cancelled":
                 outcome = "error"
-            elif waiting:
+            elif converter.approvals:
                 outcome = "waiting"
-            self._metrics.runs.labels(outcome).inc()
-            # A native confirmation ends ADK's run: the answer starts a new run, so this one is done.
-            run.end_response(waiting=False)
-            run.finished_at = self._clock()
-            log.info("run_finished", outcome=outcome, approvals=len(converter.approvals))
+            self.metrics.runs.labels(outcome).inc()
+            driver.run.finished_at = self._clock()
+            log.info("run_finished", outcome=outcome)
 
     async def _events(self, chat: Chat, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The run's events, re-creating the ADK session once if the upstream lost it (a restart)."""
@@ -167,14 +418,14 @@ class ChatService:
                     user_id=chat.user_id, session_id=chat.session_id, new_message=message
                 ):
                     if first:
-                        self._metrics.upstream_first_event.observe(self._clock() - started)
+                        self.metrics.upstream_first_event.observe(self._clock() - started)
                         first = False
                     yield event
                 return
             except UpstreamError as exc:
                 if exc.kind != "session_missing" or attempt == 2:
                     raise
-                self._metrics.upstream_errors.labels(exc.kind).inc()
+                self.metrics.upstream_errors.labels(exc.kind).inc()
                 log.info("session_recreated", reason="upstream lost the session")
                 chat.session_ready = False
                 await self._upstream.ensure_session(chat.user_id, chat.session_id)
@@ -185,33 +436,22 @@ class ChatService:
             if "error" in event and "author" not in event:
                 log.warning("implicit_rejection_failed", reason=str(event.get("error")))
 
-    def _publisher(self, run: Run) -> Callable[[list[dict[str, Any]]], None]:
-        count = self._metrics.count_chunk
+    # ---- native approval bookkeeping -----------------------------------------------------
 
-        def publish(chunks: list[dict[str, Any]]) -> None:
-            if chunks:
-                for chunk in chunks:
-                    count(chunk["type"])
-                run.publish([encode_chunk(c) for c in chunks])
-
-        return publish
-
-    # ---- approval bookkeeping ------------------------------------------------------------
-
-    def _record_answers(self, chat: Chat, plan: TurnPlan) -> None:
+    def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
-        for answer in plan.answers:
+        for answer in answers:
             pending = chat.pending.pop(answer.approval_id, None)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
             outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
-            self._metrics.approvals_pending.dec()
-            self._metrics.approval_wait.labels(pending.tool_name, outcome).observe(now - pending.requested_at)
+            self.metrics.approvals_pending.dec()
+            self.metrics.approval_wait.labels(pending.tool_name, outcome).observe(now - pending.requested_at)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool_name, outcome=outcome)
 
-    def _remember_approvals(self, chat: Chat, converter: Converter) -> None:
+    def _remember_native_approvals(self, chat: Chat, converter: Converter) -> None:
         now = self._clock()
         for request in converter.approvals:
             if request.approval_id in chat.pending:
@@ -219,7 +459,7 @@ class ChatService:
             chat.pending[request.approval_id] = PendingApproval(
                 request.approval_id, request.tool_call_id, request.tool_name, now
             )
-            self._metrics.approvals_pending.inc()
+            self.metrics.approvals_pending.inc()
             log.info("approval_requested", approval_id=request.approval_id, tool=request.tool_name)
 
     def forget_idle(self, idle_before: float) -> int:
@@ -228,6 +468,6 @@ class ChatService:
         now = self._clock()
         for chat in gone:
             for pending in chat.pending.values():
-                self._metrics.approvals_pending.dec()
-                self._metrics.approval_wait.labels(pending.tool_name, "cancelled").observe(now - pending.requested_at)
+                self.metrics.approvals_pending.dec()
+                self.metrics.approval_wait.labels(pending.tool_name, "cancelled").observe(now - pending.requested_at)
         return len(gone)

@@ -9,9 +9,11 @@ and SIGTERM, and the kernel kills it should the gateway die without cleaning up 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,15 +23,18 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from aiohttp import web
+import structlog
 
-from .app import create_app
+from .app import serve
+from pydantic import SecretStr
+
 from .config import ConfigError, GatewayConfig, load_config
 from .logs import configure_logging
 
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
+PLUGIN = "gateway.agent_plugin.GatewayPlugin"
 DEFAULT_CONFIG = Path("config/gateway.yaml")
 
 
@@ -56,15 +61,8 @@ def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: s
 
 def _serve(config: GatewayConfig) -> None:
     configure_logging(config.logging.level, config.logging.format)
-    import structlog
-
-    structlog.get_logger("adk_gateway").info(
-        "gateway_starting", listen=f"http://{config.listen.host}:{config.listen.port}", upstream=config.upstream_base
-    )
-    web.run_app(
-        create_app(config), host=config.listen.host, port=config.listen.port, access_log=None, print=None,
-        handle_signals=True, shutdown_timeout=10,
-    )
+    structlog.get_logger("adk_gateway").info("gateway_starting", upstream=config.upstream_base)
+    asyncio.run(serve(config))
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -80,12 +78,16 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def demo_agent(port: int, log_level: str = "WARNING", extra_plugins: tuple[str, ...] = ()) -> Iterator[str]:
+def demo_agent(
+    port: int, *, env: dict[str, str] | None = None, extra_plugins: tuple[str, ...] = (), log_level: str = "WARNING"
+) -> Iterator[str]:
     """Run the demo agent's ADK API server; yields its base URL once it answers."""
     from .demo import api_server_command
 
     argv = api_server_command(port, extra_plugins=extra_plugins, log_level=log_level)
-    child = subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    child = subprocess.Popen(
+        argv, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -118,16 +120,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    # The plugin in the agent process and the gateway share this secret; a fresh one per demo run
+    # unless the operator set one.
+    os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
     config = _load(args.config)
     # SIGTERM becomes SystemExit so the `finally` that stops the child runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    internal = config.internal.model_copy(
+        update={"port": _free_port(), "secret": SecretStr(os.environ["ADK_GATEWAY_SECRET"])}
+    )
+    config = config.model_copy(update={"internal": internal})
     port = _free_port()
-    print(f"adk-gateway demo: starting the demo agent (ADK API server) on 127.0.0.1:{port} ...", file=sys.stderr)
-    with demo_agent(port) as upstream:
+    print(f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin) on 127.0.0.1:{port} ...", file=sys.stderr)
+    plugin_env = {
+        "ADK_GATEWAY_URL": f"http://{internal.host}:{internal.port}",
+        "ADK_GATEWAY_SECRET": os.environ["ADK_GATEWAY_SECRET"],
+    }
+    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,)) as upstream:
         config = _with_overrides(config, args, upstream=upstream)
         print(
             f"adk-gateway demo: ready on http://{config.listen.host}:{config.listen.port} "
-            f"(POST /api/chat). Try: 'pay 50 to Hanako', 'weather in Tokyo', 'hello there'.",
+            "(POST /api/chat). Try: 'pay 50 to Hanako', 'weather in Tokyo', 'where am I', 'hello there'.",
             file=sys.stderr,
         )
         with contextlib.suppress(KeyboardInterrupt):

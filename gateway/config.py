@@ -21,7 +21,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
+    model_validator,
 )
 
 __all__ = ["ConfigError", "GatewayConfig", "load_config", "parse_config", "parse_duration"]
@@ -118,6 +120,38 @@ class AuthConfig(_Section):
     anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
 
 
+class ToolPolicy(_Section):
+    """What the gateway does with calls to one tool (enforced by the ADK plugin in the agent)."""
+
+    # A person must approve each call before it runs.
+    approval: bool = False
+    # `browser`: the call is answered by the browser (the AI SDK's onToolCall + addToolOutput).
+    runs_in: Literal["server", "browser"] = "server"
+    # How long to wait for the person (approval) or the browser (output).
+    timeout: Duration = 300.0
+    # What a timeout means for the call: `deny` (the tool does not run, the model is told it was
+    # rejected; the browser sees tool-output-denied) or `error` (tool-output-error).
+    on_timeout: Literal["deny", "error"] = "deny"
+    # Shown to the person next to the approval request.
+    hint: str | None = None
+
+    @property
+    def gated(self) -> bool:
+        """The plugin must ask the gateway before the call may proceed."""
+        return self.approval or self.runs_in == "browser"
+
+
+class InternalConfig(_Section):
+    """The listener the gateway's ADK plugin calls; never exposed to browsers."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8081, ge=0, le=65535)
+    # Shared with the plugin (ADK_GATEWAY_SECRET). Required as soon as a tool policy gates a tool.
+    secret: SecretStr | None = None
+    # How often the plugin re-reads the tool policy.
+    policy_refresh: Duration = 30.0
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # auto: JSON when stderr is not a terminal (containers, CI), console renderer on a TTY.
@@ -136,11 +170,28 @@ class GatewayConfig(_Section):
     auth: AuthConfig = AuthConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
+    internal: InternalConfig = InternalConfig()
+    # Per-tool policy; the key `default` applies to every tool not listed.
+    tools: dict[str, ToolPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _secret_when_gating(self) -> GatewayConfig:
+        if any(p.gated for p in self.tools.values()) and self.internal.secret is None:
+            raise ValueError(
+                "internal.secret is required when a tool needs approval or runs in the browser "
+                "(the ADK plugin authenticates with it)"
+            )
+        return self
+
+    def tool_policy(self, name: str) -> ToolPolicy:
+        return self.tools.get(name) or self.tools.get("default") or _NO_POLICY
 
     @property
     def upstream_base(self) -> str:
         return str(self.upstream.url).rstrip("/")
 
+
+_NO_POLICY = ToolPolicy()
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

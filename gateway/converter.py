@@ -15,10 +15,14 @@ dicts ready to encode. Callers feed events and decide when a response ends:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
+from .approvals import CallState, GatedCall, Outcome
+from .config import ToolPolicy
 from .protocol import ClientVersion, finish_reason_for
 
 __all__ = ["CONFIRMATION_TOOL", "ApprovalRequested", "Converter", "map_finish_reason"]
@@ -58,6 +62,19 @@ def map_finish_reason(adk_reason: str | None) -> str:
     return _FINISH_REASONS.get(adk_reason, "other")
 
 
+def _approval_request(approval_id: str, tool_call_id: str, hint: str | None) -> Chunk:
+    chunk: Chunk = {"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": tool_call_id}
+    if hint:
+        # ai 6 and ai 7 keep this as the tool part's `approval.descriptor`, for the UI to show.
+        chunk["approvalDescriptor"] = {"hint": hint}
+    return chunk
+
+
+def _is_default_hint(hint: Any) -> bool:
+    # ADK's generated hint instructs the model, not the person; a tool's own hint is worth showing.
+    return not isinstance(hint, str) or hint.startswith("Please approve or reject the tool call ")
+
+
 @dataclass(frozen=True)
 class ApprovalRequested:
     """ADK paused a tool call for a person's decision (native `require_confirmation`)."""
@@ -82,16 +99,21 @@ class Converter:
     `known_tool_calls` are tool call ids the client already holds in this message (a continuation
     after an approval): their outputs need no new tool part. `denied_tool_calls` are calls the
     person rejected: ADK reports them as an error response, the client wants `tool-output-denied`.
+    `policy` says which tools the gateway gates (approval, browser): their calls are expected to
+    be announced by the plugin through `gate_opened`, and the message waits until they are.
     """
 
     message_id: str
     version: ClientVersion = 6
     known_tool_calls: Iterable[str] = ()
     denied_tool_calls: Iterable[str] = ()
+    policy: Callable[[str], ToolPolicy] | None = None
 
     approvals: list[ApprovalRequested] = field(default_factory=list, init=False)
     """Approvals requested during the current response; read by the caller at `finish()`."""
     failed: bool = field(default=False, init=False)
+    bypassed: list[str] = field(default_factory=list, init=False)
+    """Gated tools that answered without the plugin asking (it is not installed?); read and cleared by the caller."""
 
     def __post_init__(self) -> None:
         self._tools_shown: set[str] = set(self.known_tool_calls)
@@ -106,6 +128,19 @@ class Converter:
         self._streamed_partials = False
         self._finish_reason: str | None = None
         self._usage: dict[str, int] = {}
+        # Gateway-gated calls: seen in the model's output but not yet announced by the plugin,
+        # announced and waiting for a person, and held back from the browser until approved.
+        self._gates_expected: set[str] = set()
+        self._gates_open: set[str] = set()
+        self._gates_seen: set[str] = set()
+        self._held_inputs: set[str] = set()
+        # Calls whose output the browser produced itself: ADK's echo of it is not news to the client.
+        self._answered_in_browser: set[str] = set()
+
+    @property
+    def waiting_for_person(self) -> bool:
+        """Every gated call of the turn is announced and at least one waits for a person."""
+        return bool(self._gates_open) and not self._gates_expected
 
     # ---- response boundaries -------------------------------------------------------------
 
@@ -127,7 +162,7 @@ class Converter:
         self._step_needs_break = False
         if self.failed:
             reason = "error"
-        elif self.approvals or self._awaiting_confirmation:
+        elif self.approvals or self._awaiting_confirmation or self._gates_open:
             reason = "tool-calls"
         else:
             reason = self._finish_reason or "stop"
@@ -241,15 +276,60 @@ class Converter:
         self.approvals.append(
             ApprovalRequested(approval_id, tool_call_id, name, tool_args, confirmation.get("hint"))
         )
-        out.append({"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": tool_call_id})
+        hint = confirmation.get("hint")
+        out.append(_approval_request(approval_id, tool_call_id, None if _is_default_hint(hint) else hint))
 
     def _show_tool(self, out: list[Chunk], call_id: str, name: str, args: Any) -> None:
+        policy = self.policy(name) if self.policy is not None else None
+        if policy is not None and policy.gated and call_id not in self._gates_seen:
+            self._gates_seen.add(call_id)
+            self._gates_expected.add(call_id)
         if call_id in self._tools_shown:
             return
         self._model_output(out)
         self._tools_shown.add(call_id)
         out.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": name})
-        out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args})
+        if policy is not None and policy.approval and policy.runs_in == "browser":
+            # The AI SDK runs a browser tool (onToolCall) on tool-input-available: before the person
+            # approved, the input travels as a delta, which shows it without running it.
+            self._held_inputs.add(call_id)
+            out.append({"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": orjson.dumps(args).decode()})
+        else:
+            out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args})
+
+    # ---- gateway-gated calls (the plugin path) ---------------------------------------------
+
+    def gate_opened(self, call: GatedCall) -> list[Chunk]:
+        """The plugin announced a gated call: show it and, if it needs one, ask for approval."""
+        out: list[Chunk] = []
+        self._show_tool(out, call.tool_call_id, call.tool, call.args)
+        self._gates_seen.add(call.tool_call_id)
+        self._gates_expected.discard(call.tool_call_id)
+        self._gates_open.add(call.tool_call_id)
+        if call.state is CallState.AWAITING_APPROVAL:
+            out.append(_approval_request(call.id, call.tool_call_id, call.policy.hint))
+        if call.released:
+            out += self.gate_changed(call)
+        return out
+
+    def gate_changed(self, call: GatedCall) -> list[Chunk]:
+        """A gated call moved on (decided, answered, timed out); returns what the browser must see now."""
+        call_id = call.tool_call_id
+        if not call.released:
+            if call.state is CallState.AWAITING_OUTPUT and call_id in self._held_inputs:
+                # Approved: hand the call to the browser. No new step: the chunk updates the tool
+                # part where it stands (a new step would make the client add a second part).
+                self._held_inputs.discard(call_id)
+                return [{"type": "tool-input-available", "toolCallId": call_id, "toolName": call.tool, "input": call.args}]
+            return []
+        self._gates_open.discard(call_id)
+        self._gates_expected.discard(call_id)
+        self._held_inputs.discard(call_id)
+        if call.shown_as_denied:
+            self._denied.add(call_id)
+        elif call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR):
+            self._answered_in_browser.add(call_id)
+        return []
 
     def _function_response(self, out: list[Chunk], response: dict[str, Any]) -> None:
         call_id = response.get("id") or ""
@@ -257,9 +337,15 @@ class Converter:
         if name == CONFIRMATION_TOOL or call_id in self._awaiting_confirmation:
             # ADK's own bookkeeping: the answer echo, or the "requires confirmation" placeholder.
             return
+        if call_id in self._answered_in_browser:
+            return
         if call_id not in self._tools_shown:
             # The client rejects a tool chunk for a call it has never seen: introduce it first.
             self._show_tool(out, call_id, name, {})
+        if call_id in self._gates_expected:
+            # A gated tool produced a result without the plugin asking the gateway first.
+            self._gates_expected.discard(call_id)
+            self.bypassed.append(name)
         # Outputs belong to the step that made the call; in a continuation no step is open and,
         # like the AI SDK's own streamText, none is opened just for them.
         self._step_needs_break = self._step_open

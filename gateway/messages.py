@@ -26,6 +26,7 @@ __all__ = [
     "ApprovalAnswer",
     "ChatRequest",
     "InvalidRequest",
+    "ToolOutput",
     "TurnPlan",
     "confirmation_message",
     "parse_chat_request",
@@ -79,6 +80,8 @@ class _ToolPart(_Edge):
     toolCallId: str = Field(min_length=1, max_length=256)
     state: str
     approval: _Approval | None = None
+    output: Any = None
+    errorText: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,16 @@ class ApprovalAnswer:
 
 
 @dataclass(frozen=True)
+class ToolOutput:
+    """What the browser produced for a tool call (the AI SDK's addToolOutput)."""
+
+    tool_call_id: str
+    tool_name: str
+    output: Any
+    error_text: str | None = None
+
+
+@dataclass(frozen=True)
 class TurnPlan:
     """What one browser request asks of ADK."""
 
@@ -108,6 +121,8 @@ class TurnPlan:
     new_message: dict[str, Any] | None
     # Answers to approvals. Sent before `new_message` when both are present.
     answers: tuple[ApprovalAnswer, ...]
+    # Tool outputs the continued message holds (browser tools, but server tools' too).
+    outputs: tuple[ToolOutput, ...]
     # Set when the request continues an assistant message rather than starting a new one.
     continue_message_id: str | None
     # Tool calls the client already shows in the continued message.
@@ -221,6 +236,17 @@ def _answers(message: UIMessage, where: str, *, implicit: bool) -> list[Approval
     return answers
 
 
+def _outputs(message: UIMessage, where: str) -> list[ToolOutput]:
+    outputs = []
+    for i, part in enumerate(message.parts):
+        if not _is_tool_part(part) or part.get("state") not in ("output-available", "output-error"):
+            continue
+        tool = _parse_part(_ToolPart, part, f"{where}.parts[{i}]")
+        error = (tool.errorText or "the browser tool failed") if tool.state == "output-error" else None
+        outputs.append(ToolOutput(tool.toolCallId, _tool_name(part), tool.output, error))
+    return outputs
+
+
 def plan_turn(request: ChatRequest) -> TurnPlan:
     """What ADK must receive for this request; raises InvalidRequest when there is nothing to do."""
     messages = request.messages
@@ -231,15 +257,16 @@ def plan_turn(request: ChatRequest) -> TurnPlan:
         answers: list[ApprovalAnswer] = []
         if len(messages) >= 2 and messages[-2].role == "assistant":
             answers = _answers(messages[-2], f"messages[{last_index - 1}]", implicit=True)
-        return TurnPlan(_user_content(last, where), tuple(answers), None, frozenset())
+        return TurnPlan(_user_content(last, where), tuple(answers), (), None, frozenset())
     if last.role == "assistant":
         answers = _answers(last, where, implicit=False)
-        if not answers:
-            raise InvalidRequest(f"{where}: an assistant message is only sent back to answer an approval")
+        outputs = _outputs(last, where)
+        if not answers and not outputs:
+            raise InvalidRequest(f"{where}: an assistant message is only sent back to answer an approval or a tool call")
         known = frozenset(
             str(p["toolCallId"]) for p in last.parts if _is_tool_part(p) and isinstance(p.get("toolCallId"), str)
         )
-        return TurnPlan(None, tuple(answers), last.id, known)
+        return TurnPlan(None, tuple(answers), tuple(outputs), last.id, known)
     raise InvalidRequest(f"{where}.role: the last message must come from the user or answer an approval")
 
 

@@ -58,6 +58,27 @@ class GatewayMetrics:
             "(approved, denied, timeout, cancelled).",
             ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
+        self.approval_timeouts = Counter(
+            "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by tool.",
+            ["tool"], registry=r,
+        )
+        self.browser_tool_wait = Histogram(
+            "adk_gateway_browser_tool_wait_seconds",
+            "From a browser tool call being handed to the browser to its output, by tool and outcome "
+            "(output, error, timeout, cancelled).",
+            ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+        )
+        self.plugin_requests = Counter(
+            "adk_gateway_plugin_requests_total",
+            "Decision requests from the ADK plugin, by result (run, respond, not_gated, no_browser, "
+            "unauthorized, invalid).",
+            ["result"], registry=r,
+        )
+        self.policy_bypassed = Counter(
+            "adk_gateway_policy_bypassed_total",
+            "Gated tools that returned a result without the plugin asking first (plugin not installed?), by tool.",
+            ["tool"], registry=r,
+        )
         # Label children are cached: a labels() lookup per chunk would be a needless hot-path cost.
         self._chunk_counters: dict[str, Counter] = {}
 

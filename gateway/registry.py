@@ -3,7 +3,11 @@
 A chat is keyed by (user id, AI SDK chat id), so a browser can only ever reach chats of its own
 user: the same chat id under another user is a different chat with a different ADK session. Each
 chat remembers its ADK session, its current run (for serialising requests and for resume) and
-the approvals it is waiting on (for latency metrics).
+the native ADK approvals it is waiting on (for latency metrics).
+
+The registry also holds the gateway-gated tool calls (approval queues and browser-tool delegates)
+and the waiters for their verdicts: the plugin's request waits here until a person, the browser
+or the deadline releases the call.
 
 Everything here is in-process memory. Callers use only the `Registry` methods, so a shared backend
 for several replicas can take its place without touching them.
@@ -11,9 +15,15 @@ for several replicas can take its place without touching them.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from .approvals import GatedCall, Verdict
 from .runs import Run
+
+if TYPE_CHECKING:
+    from .chats import RunDriver
 
 __all__ = ["Chat", "PendingApproval", "Registry"]
 
@@ -34,12 +44,17 @@ class Chat:
     last_active: float
     session_ready: bool = False
     run: Run | None = None
+    # The task driving `run` while its upstream stream is open.
+    driver: RunDriver | None = None
     pending: dict[str, PendingApproval] = field(default_factory=dict)
 
 
 class Registry:
     def __init__(self) -> None:
         self._chats: dict[tuple[str, str], Chat] = {}
+        self._calls: dict[str, GatedCall] = {}
+        self._calls_by_tool_call: dict[tuple[str, str, str], GatedCall] = {}
+        self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
 
     def __len__(self) -> int:
         return len(self._chats)
@@ -60,11 +75,67 @@ class Registry:
         gone = [
             chat
             for chat in self._chats.values()
-            if chat.last_active < idle_before and (chat.run is None or not chat.run.streaming)
+            if chat.last_active < idle_before
+            and (chat.run is None or not chat.run.streaming)
+            and (chat.driver is None or not chat.driver.alive)
         ]
         for chat in gone:
             del self._chats[(chat.user_id, chat.chat_id)]
+            for call in self.calls_of(chat.user_id, chat.chat_id):
+                self._forget_call(call)
         return gone
 
     def chats(self) -> list[Chat]:
         return list(self._chats.values())
+
+    # ---- gated tool calls ------------------------------------------------------------------
+
+    def add_call(self, call: GatedCall) -> GatedCall:
+        """Store a new gated call, or return the one already stored for the same tool call."""
+        key = (call.user_id, call.session_id, call.tool_call_id)
+        existing = self._calls_by_tool_call.get(key)
+        if existing is not None:
+            return existing
+        self._calls[call.id] = call
+        self._calls_by_tool_call[key] = call
+        return call
+
+    def call(self, approval_id: str) -> GatedCall | None:
+        return self._calls.get(approval_id)
+
+    def call_for_tool_call(self, user_id: str, session_id: str, tool_call_id: str) -> GatedCall | None:
+        return self._calls_by_tool_call.get((user_id, session_id, tool_call_id))
+
+    def calls_of(self, user_id: str, chat_id: str) -> list[GatedCall]:
+        return [c for c in self._calls.values() if c.user_id == user_id and c.chat_id == chat_id]
+
+    def open_calls(self) -> list[GatedCall]:
+        return [c for c in self._calls.values() if not c.released]
+
+    async def wait(self, call: GatedCall) -> Verdict:
+        """The call's verdict, once it is released."""
+        if call.verdict is not None:
+            return call.verdict
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(call.id, []).append(future)
+        try:
+            return await future
+        finally:
+            waiters = self._waiters.get(call.id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+
+    def release(self, call: GatedCall) -> None:
+        """Deliver a released call's verdict to everyone waiting for it."""
+        assert call.verdict is not None
+        for future in self._waiters.pop(call.id, []):
+            if not future.done():
+                future.set_result(call.verdict)
+
+    def _forget_call(self, call: GatedCall) -> None:
+        self._calls.pop(call.id, None)
+        self._calls_by_tool_call.pop((call.user_id, call.session_id, call.tool_call_id), None)
+        self._waiters.pop(call.id, None)
+
+    def stats(self) -> dict[str, Any]:
+        return {"chats": len(self._chats), "calls": len(self._calls), "open_calls": len(self.open_calls())}

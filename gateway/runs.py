@@ -6,9 +6,11 @@ encoded chunks into the log, and any number of followers (the POST that started 
 carries on; a reconnecting browser replays the response from its first chunk.
 
 The log is split into responses: a response is what one browser request receives, from `start`
-to `finish`. A run that waits for a person ends its response there; the answer opens the next.
-The log is bounded: past `limit` chunks the oldest half is dropped, and a follower that falls
-that far behind is told so instead of being handed a stream with a hole in it.
+to `finish`. A run that waits for a person ends its response there; what comes next goes into a
+new one. Followers hold the `Response` itself, so a response opened meanwhile never changes what
+an attached request reads. Each response is bounded: past `limit` chunks the oldest half is
+dropped, and a follower that falls that far behind is told so rather than handed a stream with a
+hole in it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from enum import Enum
 
-__all__ = ["FollowerLagged", "Run", "RunState"]
+__all__ = ["FollowerLagged", "Response", "Run", "RunState"]
 
 
 class RunState(Enum):
@@ -30,79 +32,52 @@ class FollowerLagged(Exception):
     """A follower fell behind the bounded log; the chunks it needed are gone."""
 
 
-class _Response:
-    __slots__ = ("closed", "frames", "offset")
+class Response:
+    """The chunks of one browser response, in order."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_waiters", "closed", "delivered", "frames", "limit", "offset")
+
+    def __init__(self, limit: int) -> None:
         self.frames: list[bytes] = []
+        self.limit = limit
         self.offset = 0  # frames dropped from the front
         self.closed = False
-
-
-class Run:
-    def __init__(self, message_id: str, *, limit: int = 10_000) -> None:
-        self.message_id = message_id
-        self.state = RunState.STREAMING
-        self._limit = limit
-        self._responses: list[_Response] = [_Response()]
+        # Some follower started reading it. A response nobody read (written while the browser was
+        # away, e.g. after an approval timed out) is handed to the next request that attaches.
+        self.delivered = False
         self._waiters: list[asyncio.Future[None]] = []
-        self.finished_at: float | None = None
 
-    @property
-    def response_index(self) -> int:
-        return len(self._responses) - 1
-
-    @property
-    def streaming(self) -> bool:
-        """A response is being written: a second request for the chat must wait its turn."""
-        return self.state is RunState.STREAMING
-
-    def publish(self, frames: list[bytes]) -> None:
-        """Append encoded chunks to the current response and wake its followers."""
-        if not frames:
-            return
-        response = self._responses[-1]
-        response.frames.extend(frames)
-        if len(response.frames) > self._limit:
-            drop = len(response.frames) // 2
-            del response.frames[:drop]
-            response.offset += drop
+    def append(self, frames: list[bytes]) -> None:
+        self.frames.extend(frames)
+        if len(self.frames) > self.limit:
+            drop = len(self.frames) // 2
+            del self.frames[:drop]
+            self.offset += drop
         self._wake()
 
-    def end_response(self, *, waiting: bool) -> None:
-        """The current response is complete; `waiting` says the run now waits for a person."""
-        self._responses[-1].closed = True
-        self.state = RunState.WAITING if waiting else RunState.DONE
+    def close(self) -> None:
+        self.closed = True
         self._wake()
 
-    def next_response(self) -> int:
-        """Open the response that continues a waiting run; returns its index."""
-        # Only the latest response can be followed or resumed, so older ones are released.
-        self._responses = [_Response()]
-        self.state = RunState.STREAMING
-        return 0
+    @property
+    def complete(self) -> bool:
+        """Every frame since `start` is still held, so the response can be replayed whole."""
+        return self.offset == 0
 
-    def resumable(self) -> int | None:
-        """The index of a response still being written, for a resume, or None."""
-        response = self._responses[-1]
-        if response.closed or response.offset:
-            return None
-        return self.response_index
-
-    async def follow(self, index: int, start: int = 0) -> AsyncIterator[list[bytes]]:
-        """Batches of frames of response `index` from position `start` until it is complete."""
-        response = self._responses[index]
+    async def follow(self, start: int = 0) -> AsyncIterator[list[bytes]]:
+        """Batches of frames from position `start` until the response is complete."""
+        self.delivered = True
         position = start
         while True:
-            if position < response.offset:
-                raise FollowerLagged(f"missed {response.offset - position} chunks")
-            available = response.offset + len(response.frames)
+            if position < self.offset:
+                raise FollowerLagged(f"missed {self.offset - position} chunks")
+            available = self.offset + len(self.frames)
             if position < available:
-                batch = response.frames[position - response.offset :]
+                batch = self.frames[position - self.offset :]
                 position = available
                 yield batch
                 continue
-            if response.closed:
+            if self.closed:
                 return
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -113,3 +88,46 @@ class Run:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+class Run:
+    def __init__(self, message_id: str, *, limit: int = 10_000) -> None:
+        self.message_id = message_id
+        self.state = RunState.STREAMING
+        self._limit = limit
+        self.current = Response(limit)
+        self.finished_at: float | None = None
+
+    @property
+    def streaming(self) -> bool:
+        """A response is being written: a second request for the chat must wait its turn."""
+        return self.state is RunState.STREAMING
+
+    @property
+    def response_open(self) -> bool:
+        return not self.current.closed
+
+    def publish(self, frames: list[bytes]) -> None:
+        """Append encoded chunks to the current response and wake its followers."""
+        if frames:
+            self.current.append(frames)
+
+    def end_response(self, *, waiting: bool) -> None:
+        """The current response is complete; `waiting` says the run now waits for a person."""
+        self.current.close()
+        self.state = RunState.WAITING if waiting else RunState.DONE
+
+    def next_response(self) -> Response:
+        """Open the response that continues a waiting run."""
+        # Only the latest response is kept: a follower of an older one holds it itself.
+        self.current = Response(self._limit)
+        self.state = RunState.STREAMING
+        return self.current
+
+    def resumable(self) -> Response | None:
+        """The response a reconnecting browser should read: one still being written, or one
+        complete but never delivered. None when there is none (or it no longer fits the log)."""
+        response = self.current
+        if not response.complete or (response.closed and (response.delivered or not response.frames)):
+            return None
+        return response

@@ -1,4 +1,9 @@
-"""Shared fixtures: one real ADK API server (demo agent, scripted model) and one gateway per session."""
+"""Shared fixtures: real ADK API servers (demo agent, scripted model) and gateways, one of each per session.
+
+- `gateway`: ADK's native confirmation flow (process_payment declares `require_confirmation`),
+  gateway without a tool policy.
+- `stack`: the demo's topology: the gateway's tool policy enforced by its plugin in the ADK server.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import GatewayProcess, adk_server, gateway_process
+from tests.procs import GatewayProcess, PluginStack, adk_server, gateway_process, plugin_stack
 
 
 @pytest.fixture(scope="session")
 def adk_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with adk_server(tmp_path_factory.mktemp("adk")) as base:
+    with adk_server(tmp_path_factory.mktemp("adk"), env={"DEMO_NATIVE_CONFIRMATION": "1"}) as base:
         yield base
 
 
@@ -20,6 +25,12 @@ def adk_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def gateway(adk_base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     with gateway_process(tmp_path_factory.mktemp("gw"), adk_base) as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+    with plugin_stack(tmp_path_factory.mktemp("stack")) as s:
+        yield s
 
 
 @pytest.fixture

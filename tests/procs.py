@@ -91,6 +91,7 @@ class GatewayProcess:
     port: int
     log: Path
     proc: subprocess.Popen[Any]
+    config_path: Path
 
     def log_text(self) -> str:
         return self.log.read_text()
@@ -106,9 +107,11 @@ class GatewayProcess:
 
 
 @contextmanager
-def gateway_process(tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+def gateway_process(
+    tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML merged under the test defaults."""
-    port = free_port()
+    port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(
         f"listen:\n  host: 127.0.0.1\n  port: {port}\n"
@@ -124,9 +127,55 @@ def gateway_process(tmp: Path, upstream: str, config: str = "", env: dict[str, s
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/healthz", timeout=30, proc=proc, log=log)
-        yield GatewayProcess(base, port, log, proc)
+        yield GatewayProcess(base, port, log, proc, path)
     finally:
         _stop(proc)
+
+
+DEMO_TOOLS = """
+tools:
+  process_payment:
+    approval: true
+    timeout: {payment_timeout}
+    on_timeout: {on_timeout}
+    hint: Money leaves the account when you approve.
+  get_location:
+    approval: true
+    runs_in: browser
+    timeout: 30s
+  change_bgm:
+    runs_in: browser
+    timeout: 30s
+"""
+
+PLUGIN = "gateway.agent_plugin.GatewayPlugin"
+
+
+@dataclass
+class PluginStack:
+    gateway: GatewayProcess
+    adk: str
+    internal: str
+    secret: str
+    config_path: Path
+
+
+@contextmanager
+def plugin_stack(
+    tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
+    internal_port: int | None = None, adk_env: dict[str, str] | None = None,
+) -> Iterator[PluginStack]:
+    """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy."""
+    internal_port = internal_port or free_port()
+    secret = "test-secret-" + os.urandom(6).hex()
+    internal = f"http://127.0.0.1:{internal_port}"
+    config = (
+        DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
+        + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
+    )
+    env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
+    with adk_server(tmp, extra_plugins=(PLUGIN,), env=env) as adk, gateway_process(tmp, adk, config) as gw:
+        yield PluginStack(gw, adk, internal, secret, gw.config_path)
 
 
 # ---- a tiny synchronous HTTP client for the tests --------------------------------------------

@@ -262,6 +262,8 @@ def load_root_agent(monkeypatch: pytest.MonkeyPatch) -> Any:
     import importlib
 
     monkeypatch.setenv("DEMO_MODEL", "scripted")
+    # This test drives ADK's native confirmation flow, which the demo only declares on request.
+    monkeypatch.setenv("DEMO_NATIVE_CONFIRMATION", "1")
     module = importlib.import_module("gateway.demo.agents.demo_agent.agent")
     return importlib.reload(module).root_agent
 

@@ -122,7 +122,7 @@ def echo_text(user_text: str) -> str:
     return (
         f'You said: "{quoted}". I am the offline demo agent. '
         'Try "pay 50 to Hanako", "pay 10 to Alice and 20 to Bob", '
-        '"weather in Tokyo", "trigger error" or "crash".'
+        '"weather in Tokyo", "where am I" or "play track 2".'
     )
 
 

@@ -67,10 +67,15 @@ def change_bgm(track: int) -> dict[str, Any]:
     return {"error": "change_bgm runs in the browser, and no gateway plugin answered it."}
 
 
-def build_tools() -> list[FunctionTool]:
-    """Fresh tool instances for one agent: payments need the user's confirmation."""
+def build_tools(native_confirmation: bool = False) -> list[FunctionTool]:
+    """Fresh tool instances for one agent.
+
+    Which calls need a person is the gateway's tool policy (config/gateway.yaml), enforced by its
+    plugin. `native_confirmation` makes process_payment declare ADK's own `require_confirmation`
+    instead, for agents (and tests) that use ADK's native confirmation flow.
+    """
     return [
-        FunctionTool(process_payment, require_confirmation=True),
+        FunctionTool(process_payment, require_confirmation=native_confirmation),
         FunctionTool(get_weather),
         FunctionTool(get_location),
         FunctionTool(change_bgm),

@@ -12,7 +12,7 @@ from typing import Final
 import structlog
 from aiohttp import web
 
-from ..chats import Attachment, ChatBusy
+from ..chats import Attachment, ChatBusy, Forbidden, Gone
 from ..errors import HttpError
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
 from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame
@@ -42,8 +42,12 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         attachment = await gateway.chats.submit(user_id, chat_request)
     except InvalidRequest as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
+    except Forbidden as exc:
+        raise HttpError(403, "forbidden", str(exc)) from None
     except ChatBusy as exc:
         raise HttpError(409, "chat_busy", str(exc), {"Retry-After": "1"}) from None
+    except Gone as exc:
+        raise HttpError(410, "approval_gone", str(exc)) from None
     except UpstreamError as exc:
         raise HttpError(502, "upstream_unavailable", str(exc)) from None
     return await _stream(request, attachment)
@@ -66,7 +70,7 @@ async def _stream(request: web.Request, attachment: Attachment) -> web.StreamRes
     await response.prepare(request)
     gauge.inc()
     try:
-        async for batch in attachment.run.follow(attachment.index):
+        async for batch in attachment.response.follow():
             await response.write(b"".join(map(sse_frame, batch)))
         await response.write(DONE_FRAME)
     except FollowerLagged as exc:

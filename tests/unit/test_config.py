@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reference_file_loads_with_defaults() -> None:
-    config = load_config(ROOT / "config" / "gateway.yaml", env={})
+    config = load_config(ROOT / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 8080
     assert config.upstream_base == "http://127.0.0.1:8000"
     assert config.upstream.idle_timeout == 300
@@ -18,7 +18,7 @@ def test_reference_file_loads_with_defaults() -> None:
 
 
 def test_environment_substitution() -> None:
-    config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000"})
+    config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000", "ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 9001
     assert config.upstream_base == "http://agent:8000"
 

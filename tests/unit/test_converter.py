@@ -214,3 +214,104 @@ def test_v7_only_finish_reason_is_downgraded_for_v6() -> None:
 
     assert finish_reason_for("interrupted", 6) == "other"
     assert finish_reason_for("interrupted", 7) == "interrupted"
+
+
+# ---- gateway-gated calls ---------------------------------------------------------------------
+
+def _policy(name: str):
+    from gateway.config import ToolPolicy
+
+    return {
+        "pay": ToolPolicy(approval=True),
+        "where": ToolPolicy(approval=True, runs_in="browser"),
+        "bgm": ToolPolicy(runs_in="browser"),
+    }.get(name, ToolPolicy())
+
+
+def _call_event(*calls: tuple[str, str, dict]) -> dict:
+    return {
+        "author": "a",
+        "content": {"role": "model", "parts": [{"functionCall": {"id": i, "name": n, "args": a}} for i, n, a in calls]},
+    }
+
+
+def _gate(tool: str, call_id: str, args: dict | None = None):
+    from gateway.approvals import GatedCall
+
+    return GatedCall.open(
+        user_id="u", chat_id="c", session_id="c", tool_call_id=call_id, tool=tool, args=args or {},
+        policy=_policy(tool), now=0.0,
+    )
+
+
+def test_a_gated_call_waits_until_the_plugin_announces_it() -> None:
+    converter = Converter("m1", policy=_policy)
+    out = converter.start() + converter.feed(_call_event(("c1", "pay", {"amount": 5})))
+    assert not converter.waiting_for_person  # seen, not yet announced
+    gate = _gate("pay", "c1", {"amount": 5})
+    out += converter.gate_opened(gate)
+    assert converter.waiting_for_person
+    assert out[-1] == {"type": "tool-approval-request", "approvalId": gate.id, "toolCallId": "c1"}
+    out += converter.finish()
+    assert out[-1]["finishReason"] == "tool-calls"
+    check_stream_rules(out)
+
+
+def test_parallel_gated_calls_wait_for_every_announcement() -> None:
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {}), ("c2", "pay", {})))
+    converter.gate_opened(_gate("pay", "c1"))
+    assert not converter.waiting_for_person
+    converter.gate_opened(_gate("pay", "c2"))
+    assert converter.waiting_for_person
+
+
+def test_announcement_before_the_event_shows_the_call_once() -> None:
+    converter = Converter("m1", policy=_policy)
+    out = converter.start() + converter.gate_opened(_gate("pay", "c1", {"x": 1}))
+    out += converter.feed(_call_event(("c1", "pay", {"x": 1})))
+    assert types(out).count("tool-input-available") == 1
+    assert converter.waiting_for_person
+
+
+def test_browser_tool_needing_approval_is_held_until_approved() -> None:
+    converter = Converter("m1", policy=_policy)
+    out = converter.start() + converter.feed(_call_event(("c1", "where", {"precise": True})))
+    gate = _gate("where", "c1", {"precise": True})
+    out += converter.gate_opened(gate)
+    out += converter.finish()
+    assert "tool-input-available" not in types(out)
+    assert out[3] == {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"precise":true}'}
+    check_stream_rules(out)
+    # Approved: the continuation hands the call to the browser without opening a new step.
+    gate.decide(True, now=1)
+    cont = converter.start() + converter.gate_changed(gate)
+    assert types(cont) == ["start", "tool-input-available"]
+    assert converter.waiting_for_person  # now for the browser's output
+    gate.deliver_output({"lat": 1})
+    assert converter.gate_changed(gate) == [] and not converter.waiting_for_person
+    # ADK's echo of the browser's own output is not news to the client.
+    echo = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "where", "response": {"lat": 1}}}]}}
+    assert converter.feed(echo) == []
+
+
+def test_denied_and_timed_out_gates_render_as_the_policy_says() -> None:
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    gate = _gate("pay", "c1")
+    converter.gate_opened(gate)
+    gate.decide(False, now=1)
+    converter.gate_changed(gate)
+    response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": gate.verdict.response}}]}}
+    assert converter.feed(response) == [{"type": "tool-output-denied", "toolCallId": "c1"}]
+
+
+def test_a_gated_tool_answering_without_the_plugin_is_reported() -> None:
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": {"ok": 1}}}]}}
+    converter.feed(response)
+    assert converter.bypassed == ["pay"] and not converter.waiting_for_person

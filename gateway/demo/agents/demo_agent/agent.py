@@ -7,7 +7,9 @@ names the app after the folder.
 The model is the offline `ScriptedLlm` unless ``GOOGLE_API_KEY`` is set, in which
 case it is the Gemini model named by ``DEMO_MODEL`` (default gemini-2.5-flash).
 ``DEMO_MODEL=scripted`` forces the offline model even with a key, which is what
-the fixture recorder and the tests use.
+the fixture recorder and the tests use. ``DEMO_NATIVE_CONFIRMATION=1`` makes
+process_payment use ADK's own ``require_confirmation`` instead of the gateway's
+tool policy.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def choose_model() -> BaseLlm | str:
     """The scripted model, or a Gemini model name when an API key is configured."""
     name = os.environ.get("DEMO_MODEL", "").strip()
     if name.lower() == SCRIPTED or not os.environ.get("GOOGLE_API_KEY"):
-        return ScriptedLlm()
+        # DEMO_CHUNK_DELAY (seconds between streamed chunks) lets tests catch a stream mid-way.
+        return ScriptedLlm(chunk_delay=float(os.environ.get("DEMO_CHUNK_DELAY", "0")))
     return name or DEFAULT_GEMINI_MODEL
 
 
@@ -58,5 +61,5 @@ root_agent = LlmAgent(
     description="Offline demo agent: payments with confirmation, weather, browser tools.",
     model=choose_model(),
     instruction=INSTRUCTION,
-    tools=build_tools(),
+    tools=build_tools(native_confirmation=os.environ.get("DEMO_NATIVE_CONFIRMATION") == "1"),
 )

@@ -1,0 +1,92 @@
+"""The internal listener: where the gateway's ADK plugin asks what to do with a gated tool call.
+
+It is a separate aiohttp Application on its own host and port (loopback by default), so nothing
+here is reachable through the browser-facing routes. Every request carries the shared secret as a
+bearer token, compared in constant time.
+
+- `GET /internal/v1/policy`: the tool policy, so the plugin only calls back for gated tools.
+- `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
+  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .approvals import Verdict
+from .errors import HttpError, error_middleware
+from .state import GATEWAY
+
+__all__ = ["create_internal_app"]
+
+log = structlog.get_logger("adk_gateway.internal")
+
+
+class ToolCallRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    app_name: str = Field(min_length=1, max_length=256)
+    user_id: str = Field(min_length=1, max_length=256)
+    session_id: str = Field(min_length=1, max_length=256)
+    function_call_id: str = Field(min_length=1, max_length=256)
+    tool: str = Field(min_length=1, max_length=256)
+    args: dict = Field(default_factory=dict)
+    invocation_id: str | None = None
+
+
+@web.middleware
+async def require_secret(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    gateway = request.app[GATEWAY]
+    secret = gateway.config.internal.secret
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if secret is None or not hmac.compare_digest(given.encode(), secret.get_secret_value().encode()):
+        gateway.metrics.plugin_requests.labels("unauthorized").inc()
+        log.warning("internal_unauthorized", path=request.path)
+        raise HttpError(401, "unauthorized", "missing or wrong internal secret")
+    return await handler(request)
+
+
+async def policy(request: web.Request) -> web.Response:
+    config = request.app[GATEWAY].config
+    tools = {
+        name: {"approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated}
+        for name, p in config.tools.items()
+    }
+    return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
+
+
+async def tool_call(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        body = ToolCallRequest.model_validate_json(await request.read())
+    except ValidationError as exc:
+        gateway.metrics.plugin_requests.labels("invalid").inc()
+        first = exc.errors()[0]
+        raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    structlog.contextvars.bind_contextvars(
+        session_id=body.session_id, tool_call_id=body.function_call_id, tool=body.tool
+    )
+    gate = gateway.chats.open_gate(
+        user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
+        tool=body.tool, args=body.args,
+    )
+    if isinstance(gate, Verdict):
+        result = "not_gated" if gate.run else "no_browser"
+        verdict = gate
+    else:
+        verdict = await gateway.chats.wait(gate)
+        result = "run" if verdict.run else "respond"
+    gateway.metrics.plugin_requests.labels(result).inc()
+    return web.json_response(verdict.as_json())
+
+
+def create_internal_app(public: web.Application) -> web.Application:
+    """The internal Application, sharing the public one's state."""
+    app = web.Application(middlewares=[error_middleware, require_secret], client_max_size=1024 * 1024)
+    app[GATEWAY] = public[GATEWAY]
+    app.add_routes([web.get("/internal/v1/policy", policy), web.post("/internal/v1/tool-calls", tool_call)])
+    return app

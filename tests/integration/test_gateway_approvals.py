@@ -1,0 +1,249 @@
+"""Gateway-owned approvals and browser tools: the tool policy enforced by the plugin in the real ADK server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.jsdriver import assert_clean, run_chats
+from tests.procs import (
+    PLUGIN, PluginStack, adk_server, free_port, gateway_process, metric_value, plugin_stack, request,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def wait_count(stack: PluginStack, tool: str, outcome: str) -> float:
+    return metric_value(stack.gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": tool, "outcome": outcome})
+
+
+def text(reply) -> str:
+    return "".join(c["delta"] for c in reply.chunks if c["type"] == "text-delta")
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_policy_approval_round_trip(stack: PluginStack, approved: bool) -> None:
+    gw = stack.gateway
+    outcome = "approved" if approved else "denied"
+    before = wait_count(stack, "process_payment", outcome)
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gw, chat, [first_message])
+    assert types(first) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
+    ]
+    request_chunk = first.chunks[4]
+    assert request_chunk["approvalId"].startswith("gw-")
+    assert request_chunk["approvalDescriptor"] == {"hint": "Money leaves the account when you approve."}
+    assert metric_value(gw.base, "adk_gateway_approvals_pending") >= 1
+
+    answer = assistant_from(first, [approved])
+    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert second.chunks[0] == {"type": "start", "messageId": answer["id"]}
+    call_id = request_chunk["toolCallId"]
+    if approved:
+        assert second.chunks[1]["type"] == "tool-output-available" and second.chunks[1]["output"]["success"] is True
+        assert "Hanako" in text(second)
+    else:
+        assert second.chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
+        assert "not made" in text(second)
+    assert second.chunks[-1]["finishReason"] == "stop"
+    assert wait_count(stack, "process_payment", outcome) == before + 1
+
+
+def test_approval_after_a_pause(stack: PluginStack) -> None:
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(stack.gateway, chat, [first_message])
+    time.sleep(2)
+    answer = assistant_from(first, [True])
+    second = post(stack.gateway, chat, [first_message, answer], messageId=answer["id"])
+    assert "tool-output-available" in types(second)
+
+
+def test_duplicate_approval_changes_nothing(stack: PluginStack) -> None:
+    gw = stack.gateway
+    before = wait_count(stack, "process_payment", "approved")
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gw, chat, [first_message])
+    answer = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert types(second).count("tool-output-available") == 1
+    replay = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert replay.status == 410 and replay.json()["error"]["code"] == "approval_gone"
+    assert wait_count(stack, "process_payment", "approved") == before + 1
+
+
+def test_approval_of_another_chat_is_refused_and_stays_pending(stack: PluginStack) -> None:
+    gw = stack.gateway
+    victim, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gw, victim, [first_message])
+    forged = assistant_from(first, [True])
+    attacker = new_chat()
+    post(gw, attacker, [user("hello there")])
+    refused = post(gw, attacker, [user("hello there"), forged], messageId=forged["id"])
+    assert refused.status == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert any(line.get("event") == "approval_of_another_chat" for line in gw.log_lines())
+    # The real owner can still answer it.
+    own = post(gw, victim, [first_message, forged], messageId=forged["id"])
+    assert own.status == 200 and "tool-output-available" in types(own)
+
+
+def test_two_parallel_approvals_approve_one_deny_the_other(stack: PluginStack) -> None:
+    chat, first_message = new_chat(), user("pay 10 to Alice and 20 to Bob")
+    first = post(stack.gateway, chat, [first_message])
+    assert types(first).count("tool-approval-request") == 2
+    assert types(first)[-1] == "finish"
+    answer = assistant_from(first, [True, False])
+    second = post(stack.gateway, chat, [first_message, answer], messageId=answer["id"])
+    outputs = sorted(c["type"] for c in second.chunks if c["type"].startswith("tool-output"))
+    assert outputs == ["tool-output-available", "tool-output-denied"]
+    assert "Alice" in text(second) and "Bob" in text(second)
+
+
+def test_browser_tool_with_approval_is_not_handed_over_before_approval(stack: PluginStack) -> None:
+    chat, first_message = new_chat(), user("where am I")
+    first = post(stack.gateway, chat, [first_message])
+    assert types(first) == [
+        "start", "start-step", "tool-input-start", "tool-input-delta", "tool-approval-request", "finish-step", "finish",
+    ]
+    denied = assistant_from(first, [False])
+    second = post(stack.gateway, chat, [first_message, denied], messageId=denied["id"])
+    assert "tool-input-available" not in types(second)
+    assert second.chunks[1]["type"] == "tool-output-denied"
+
+
+def test_every_demo_row_with_stock_chats(stack: PluginStack) -> None:
+    api = f"{stack.gateway.base}/api/chat"
+    location = {"latitude": 35.6812, "longitude": 139.7671}
+    scenarios = {
+        "hello": [{"send": "hello there"}],
+        "weather": [{"send": "weather in Tokyo"}],
+        "approve": [{"send": "pay 50 to Hanako", "approvals": "approve"}],
+        "deny": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
+        "two": [{"send": "pay 10 to Alice and 20 to Bob", "approvals": ["approve", "deny"]}],
+        "location": [{"send": "where am I", "approvals": "approve", "toolOutputs": {"get_location": location}}],
+        "location_denied": [{"send": "where am I", "approvals": "deny", "toolOutputs": {"get_location": location}}],
+        "bgm": [{"send": "play track 2", "toolOutputs": {"change_bgm": {"playing": 2}}}],
+        "moved_on": [{"send": "pay 50 to Hanako"}, {"send": "hello there"}],
+    }
+    for version in (6, 7):
+        names = list(scenarios)
+        results = dict(zip(names, run_chats(
+            [{"version": version, "api": api, "steps": scenarios[n]} for n in names], timeout=40
+        )))
+        for name, result in results.items():
+            assert_clean(result)
+            assert result["status"] == "ready", (version, name)
+
+        def parts(name: str) -> list[dict]:
+            return [p for m in results[name]["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+
+        def said(name: str) -> str:
+            return "".join(p.get("text", "") for m in results[name]["messages"] if m["role"] == "assistant" for p in m["parts"])
+
+        assert [p["state"] for p in parts("approve")] == ["output-available"]
+        assert [p["state"] for p in parts("deny")] == ["output-denied"]
+        assert sorted(p["state"] for p in parts("two")) == ["output-available", "output-denied"]
+        assert [p["state"] for p in parts("location")] == ["output-available"]
+        assert "35.6812" in said("location") and "139.7671" in said("location")
+        assert [p["state"] for p in parts("location_denied")] == ["output-denied"]
+        assert results["location_denied"]["toolCalls"] == [], "the browser ran a tool the person denied"
+        assert "track 2" in said("bgm")
+        assert [m["role"] for m in results["moved_on"]["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert [p["state"] for p in parts("moved_on")] != ["output-available"]
+        for result in results.values():
+            ids = [m["id"] for m in result["messages"] if m["role"] == "assistant"]
+            assert len(ids) == len(set(ids))
+    gw = stack.gateway.base
+    assert metric_value(gw, "adk_gateway_browser_tool_wait_seconds_count", {"tool": "get_location", "outcome": "output"}) >= 2
+    assert metric_value(gw, "adk_gateway_browser_tool_wait_seconds_count", {"tool": "change_bgm", "outcome": "output"}) >= 2
+    assert metric_value(gw, "adk_gateway_plugin_requests_total", {"result": "run"}) >= 1
+    assert metric_value(gw, "adk_gateway_policy_bypassed_total") == 0
+
+
+def test_timeouts_resume_and_late_answers(tmp: Path) -> None:
+    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as stack:
+        gw = stack.gateway
+        chat, first_message = new_chat(), user("pay 50 to Hanako")
+        first = post(gw, chat, [first_message])
+        assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
+        deadline = time.monotonic() + 10
+        while metric_value(gw.base, "adk_gateway_approval_timeouts_total", {"tool": "process_payment"}) < 1:
+            assert time.monotonic() < deadline, "the approval never timed out"
+            time.sleep(0.2)
+        assert wait_count(stack, "process_payment", "timeout") == 1
+        # The browser, attaching late, sees what happened meanwhile, in the same message.
+        answer = assistant_from(first, [True])
+        late = post(gw, chat, [first_message, answer], messageId=answer["id"])
+        assert late.chunks[0] == {"type": "start", "messageId": answer["id"]}
+        error = next(c for c in late.chunks if c["type"] == "tool-output-error")
+        assert "Timed out" in error["errorText"]
+        assert "not made" in text(late)
+
+        # Resume: drop a stream mid-way, then the AI SDK's resume route replays it and follows it.
+        resumed_chat = new_chat()
+        host, port = gw.base.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        body = {"id": resumed_chat, "messages": [user("hello there")], "trigger": "submit-message"}
+        conn.request("POST", "/api/chat", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.fp.readline()  # the first frame's line, then hang up
+        conn.close()
+        replay = request(gw.base, "GET", f"/api/chat/{resumed_chat}/stream")
+        assert replay.status == 200
+        assert types(replay)[0] == "start" and types(replay)[-1] == "finish"
+        assert replay.payloads[-1] == "[DONE]"
+        assert '"hello there"' in text(replay)
+        assert request(gw.base, "GET", f"/api/chat/{resumed_chat}/stream").status == 204
+
+
+def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with adk_server(tmp, extra_plugins=(PLUGIN,), env={"ADK_GATEWAY_URL": dead, "ADK_GATEWAY_SECRET": "x"}) as adk:
+        session = "s-" + new_chat()
+        created = request(adk, "POST", f"/apps/demo_agent/users/u1/sessions", {"sessionId": session})
+        assert created.status == 200
+        run = request(adk, "POST", "/run_sse", {
+            "appName": "demo_agent", "userId": "u1", "sessionId": session, "streaming": True,
+            "newMessage": {"role": "user", "parts": [{"text": "pay 50 to Hanako"}]},
+        })
+        assert run.status == 200
+        events = [json.loads(p) for p in run.payloads]
+        responses = [
+            part["functionResponse"] for e in events for part in (e.get("content") or {}).get("parts", [])
+            if "functionResponse" in part
+        ]
+        assert responses and "unreachable" in responses[0]["response"]["error"]
+        assert "not made" in "".join(
+            part.get("text", "") for e in events if not e.get("partial") for part in (e.get("content") or {}).get("parts", [])
+        )
+
+
+def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path) -> None:
+    with plugin_stack(tmp) as stack:
+        gw = stack.gateway
+        chat, first_message = new_chat(), user("pay 50 to Hanako")
+        first = post(gw, chat, [first_message])
+        assert "tool-approval-request" in types(first)
+        gw.proc.terminate()
+        gw.proc.wait(timeout=15)
+        # Same ports, same policy: a restarted gateway that lost its memory.
+        with gateway_process(tmp, stack.adk, _policy_and_internal(stack), port=gw.port) as again:
+            answer = assistant_from(first, [True])
+            reply = post(again, chat, [first_message, answer], messageId=answer["id"])
+            assert reply.status == 410
+            assert "no longer pending" in reply.json()["error"]["message"]
+            # Typing a new message is the way forward, and it works.
+            fresh = post(again, chat, [first_message, answer, user("hello there")])
+            assert fresh.status == 200 and fresh.chunks[-1]["finishReason"] == "stop"
+
+
+def _policy_and_internal(stack: PluginStack) -> str:
+    """The stack's tool policy and internal listener sections of its config."""
+    text = stack.config_path.read_text()
+    return "tools:" + text.split("tools:", 1)[1].split("upstream:", 1)[0]
