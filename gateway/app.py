@@ -13,6 +13,7 @@ import secrets
 import signal
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -25,12 +26,14 @@ from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
 from .internal import create_internal_app
-from .transports import sse
+from .transports import sse, ws
 from .upstream import AdkClient
 
 __all__ = ["create_app", "serve"]
 
 log = structlog.get_logger("adk_gateway.app")
+
+STATIC_DIR = Path(__file__).parent / "static"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -101,7 +104,7 @@ async def _sweep_idle_chats(gateway: Gateway) -> None:
     ttl = gateway.config.chat.idle_chat_ttl
     while True:
         await asyncio.sleep(min(ttl, 60.0))
-        forgotten = gateway.chats.forget_idle(time.monotonic() - ttl)
+        forgotten = await gateway.chats.forget_idle(time.monotonic() - ttl)
         if forgotten:
             log.info("idle_chats_forgotten", count=forgotten)
 
@@ -137,6 +140,9 @@ def create_app(config: GatewayConfig) -> web.Application:
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(_lifecycle)
     app.add_routes(sse.routes())
+    app.add_routes(ws.routes())
+    # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
+    app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     if config.metrics.enabled:
         app.add_routes([web.get(config.metrics.path, metrics)])

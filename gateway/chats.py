@@ -32,6 +32,8 @@ from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, T
 from .metrics import GatewayMetrics
 from .protocol import encode_chunk
 from .registry import Chat, PendingApproval, Registry
+from .live import LiveLink
+from .protocol import ClientVersion
 from .runs import Response, Run
 from .upstream import AdkClient, UpstreamError
 
@@ -83,6 +85,8 @@ class RunDriver:
         self.task: asyncio.Task[None] | None = None
         self._count = service.metrics.count_chunk
         self._holding = False
+        # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
+        self.aborting = False
 
     @property
     def alive(self) -> bool:
@@ -90,7 +94,10 @@ class RunDriver:
 
     def _write(self, chunks: list[dict[str, Any]]) -> None:
         for chunk in chunks:
-            self._count(chunk["type"])
+            kind = chunk["type"]
+            self._count(kind)
+            if kind == "data-pcm":
+                self._service.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
         self.run.publish([encode_chunk(c) for c in chunks])
 
     def publish(self, chunks: list[dict[str, Any]]) -> None:
@@ -120,7 +127,7 @@ class RunDriver:
         """End the browser's response when the run waits for a person, so the AI SDK can answer."""
         if not self._holding and self.run.response_open and self.converter.waiting_for_person:
             self._write(self.converter.finish())
-            self.run.end_response(waiting=True)
+            self.run.end_response(waiting=True, now=self._service.now())
 
     def _open_response(self) -> None:
         self.run.next_response()
@@ -128,7 +135,7 @@ class RunDriver:
 
     def attach(self) -> Attachment:
         """The response an answering request should read: a fresh one, or one nobody read yet."""
-        response = self.run.resumable()
+        response = self.run.unread()
         if response is None:
             self._open_response()
             response = self.run.current
@@ -137,7 +144,7 @@ class RunDriver:
     def finish(self) -> None:
         if self.run.response_open:
             self._write(self.converter.finish())
-        self.run.end_response(waiting=False)
+        self.run.end_response(waiting=False, now=self._service.now())
 
 
 class ChatService:
@@ -214,14 +221,77 @@ class ChatService:
         chat = self._registry.find(user_id, chat_id)
         if chat is None or chat.run is None:
             return None
-        response = chat.run.resumable()
+        response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if response is None else Attachment(chat.run, response)
 
+    def now(self) -> float:
+        return self._clock()
+
+    def abort(self, user_id: str, chat_id: str) -> bool:
+        """The browser stopped the response: cancel the agent run behind it. True if one was running."""
+        chat = self._registry.find(user_id, chat_id)
+        if chat is None or chat.driver is None or not chat.driver.alive:
+            return False
+        chat.driver.aborting = True
+        assert chat.driver.task is not None
+        chat.driver.task.cancel()
+        log.info("run_aborted", chat_id=chat_id)
+        return True
+
+    @property
+    def _live(self) -> bool:
+        return self.config.upstream.mode == "live"
+
+    async def send_audio(self, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion) -> Attachment | None:
+        """Realtime audio for the chat's live session.
+
+        Audio may start a turn by itself (the person just speaks): then the answer streams into a
+        new assistant message, returned here for the caller to follow. During a turn, audio is
+        only relayed and None is returned.
+        """
+        if not self._live:
+            raise InvalidRequest("audio needs an agent in live mode (upstream.mode: live)")
+        chat = self._registry.get(user_id, chat_id, now=self._clock())
+        link = await self._live_link(chat)
+        blob = {"blob": {"mimeType": mime_type, "data": data}}
+        if link.in_turn or (chat.driver is not None and chat.driver.alive):
+            await link.send(blob)
+            return None
+        run = Run(self._new_id(), limit=self.config.chat.run_buffer_chunks)
+        chat.run = run
+        converter = Converter(run.message_id, version=version, policy=self.config.tool_policy)
+        driver = RunDriver(self, chat, converter, run)
+        chat.driver = driver
+        driver.task = asyncio.create_task(self._drive_audio_turn(driver, blob))
+        self._tasks.add(driver.task)
+        driver.task.add_done_callback(self._tasks.discard)
+        return Attachment(run, run.current)
+
+    async def _drive_audio_turn(self, driver: RunDriver, blob: dict[str, Any]) -> None:
+        driver.publish(driver.converter.start())
+        try:
+            link = await self._live_link(driver.chat)
+            async for event in link.turn(blob):
+                driver.publish(driver.converter.feed(event))
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.kind).inc()
+            driver.publish(driver.converter.error(f"The agent service failed: {exc}"))
+        finally:
+            driver.finish()
+
+    async def socket_closed(self, user_id: str, chat_id: str) -> None:
+        """The browser socket that drove this chat went away: its live session goes with it."""
+        chat = self._registry.find(user_id, chat_id)
+        if chat is not None:
+            await self._close_live(chat)
+
     async def close(self) -> None:
-        """Cancel every run still going (shutdown)."""
+        """Cancel every run still going and close live sessions (shutdown)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for chat in self._registry.chats():
+            await self._close_live(chat)
 
     def _split_answers(
         self, chat: Chat, answers: tuple[ApprovalAnswer, ...], *, strict: bool
@@ -275,7 +345,7 @@ class ChatService:
             attachment = driver.attach()
         else:
             # The run ended while nobody was attached (a deadline passed): its last words are kept.
-            unread = driver.run.resumable()
+            unread = driver.run.unread()
             if unread is None:
                 raise Gone("these calls were already answered and the run has ended")
             attachment = Attachment(driver.run, unread)
@@ -379,7 +449,8 @@ class ChatService:
                 # The person typed instead of answering: settle ADK's paused calls first, out of sight.
                 await self._drain(chat, confirmation_message(native))
             message = plan.new_message if plan.new_message is not None else confirmation_message(native)
-            async for event in self._events(chat, message):
+            events = self._live_events(chat, message) if self._live else self._events(chat, message)
+            async for event in events:
                 driver.publish(converter.feed(event))
             if converter.failed:
                 self.metrics.upstream_errors.labels("run_error").inc()
@@ -389,7 +460,7 @@ class ChatService:
             driver.publish(converter.error(f"The agent service failed: {exc}"))
         except asyncio.CancelledError:
             outcome = "cancelled"
-            driver.publish(converter.error("This response was cancelled."))
+            driver.publish(converter.abort() if driver.aborting else converter.error("This response was cancelled."))
             raise
         except Exception:
             # A bug here must not leave the browser hanging on an open stream.
@@ -431,6 +502,37 @@ class ChatService:
                 await self._upstream.ensure_session(chat.user_id, chat.session_id)
                 chat.session_ready = True
 
+    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> AsyncIterator[dict[str, Any]]:
+        """One live turn's events; `message` is the user's content (None: the turn is already under way)."""
+        link = await self._live_link(chat)
+        started = self._clock()
+        first = True
+        async for event in link.turn({"content": message} if message is not None else None):
+            if first:
+                self.metrics.upstream_first_event.observe(self._clock() - started)
+                first = False
+            yield event
+
+    async def _live_link(self, chat: Chat) -> LiveLink:
+        if chat.live is not None and chat.live.alive:
+            return chat.live
+        if not chat.session_ready:
+            await self._upstream.ensure_session(chat.user_id, chat.session_id)
+            chat.session_ready = True
+        connection = await self._upstream.open_live(
+            user_id=chat.user_id, session_id=chat.session_id, modalities=list(self.config.upstream.live_modalities)
+        )
+        self.metrics.live_sessions.inc()
+        chat.live = LiveLink(connection, on_closed=self.metrics.live_sessions.dec)
+        log.info("live_session_opened")
+        return chat.live
+
+    async def _close_live(self, chat: Chat) -> None:
+        link, chat.live = chat.live, None
+        if link is not None:
+            await link.close()
+            log.info("live_session_closed", dropped_events=link.dropped)
+
     async def _drain(self, chat: Chat, message: dict[str, Any]) -> None:
         async for event in self._events(chat, message):
             if "error" in event and "author" not in event:
@@ -462,11 +564,12 @@ class ChatService:
             self.metrics.approvals_pending.inc()
             log.info("approval_requested", approval_id=request.approval_id, tool=request.tool_name)
 
-    def forget_idle(self, idle_before: float) -> int:
+    async def forget_idle(self, idle_before: float) -> int:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""
         gone = self._registry.expire(idle_before=idle_before)
         now = self._clock()
         for chat in gone:
+            await self._close_live(chat)
             for pending in chat.pending.values():
                 self.metrics.approvals_pending.dec()
                 self.metrics.approval_wait.labels(pending.tool_name, "cancelled").observe(now - pending.requested_at)

@@ -91,6 +91,11 @@ class ListenConfig(_Section):
 class UpstreamConfig(_Section):
     url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
     app_name: str = Field("demo_agent", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    # sse: one `/run_sse` request per turn. live: one `/run_live` session per chat, kept across turns
+    # (Gemini Live models; audio). Approvals and browser tools work in both through the plugin.
+    mode: Literal["sse", "live"] = "sse"
+    # Response modalities asked of a live session.
+    live_modalities: list[Literal["TEXT", "AUDIO"]] = Field(default_factory=lambda: ["TEXT"], min_length=1)
     connect_timeout: Duration = 5.0
     # Longest silence tolerated on a running stream. There is deliberately no total timeout:
     # a run may legitimately stream for a long time.
@@ -107,11 +112,25 @@ class ChatConfig(_Section):
     max_body_bytes: Size = 4 * 1024 * 1024
     # Chunks kept per run for resume; older ones are dropped and a late resume gets an error.
     run_buffer_chunks: int = Field(10_000, ge=100)
-    # How long a finished run stays available to `GET /api/chat/{id}/stream`.
+    # How long a finished response can still be replayed by a resume (`GET /api/chat/{id}/stream`,
+    # WebSocket `resume`): a browser that lost its connection cannot say what reached it.
     run_retention: Duration = 60.0
     # A chat untouched this long is forgotten (its ADK session stays in ADK); approvals it still
     # waited on count as cancelled.
     idle_chat_ttl: Duration = 3600.0
+
+
+class WebSocketConfig(_Section):
+    """`/api/chat/ws`: the AI SDK WebSocket transport."""
+
+    # Ping interval; a peer that does not answer a ping within half of it is closed.
+    heartbeat: Duration = 30.0
+    # Larger frames close the socket with 1009 (message too big).
+    max_frame_bytes: Size = 4 * 1024 * 1024
+    # A socket with no request in flight and no frame from the browser for this long is closed.
+    idle_timeout: Duration = 600.0
+    # Requests one socket may have in flight at once.
+    max_requests: int = Field(16, ge=1)
 
 
 class AuthConfig(_Section):
@@ -167,6 +186,7 @@ class GatewayConfig(_Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     chat: ChatConfig = ChatConfig()
+    websocket: WebSocketConfig = WebSocketConfig()
     auth: AuthConfig = AuthConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()

@@ -112,6 +112,7 @@ class Converter:
     approvals: list[ApprovalRequested] = field(default_factory=list, init=False)
     """Approvals requested during the current response; read by the caller at `finish()`."""
     failed: bool = field(default=False, init=False)
+    aborted: bool = field(default=False, init=False)
     bypassed: list[str] = field(default_factory=list, init=False)
     """Gated tools that answered without the plugin asking (it is not installed?); read and cleared by the caller."""
 
@@ -155,6 +156,8 @@ class Converter:
         The finish reason is `tool-calls` when the message now waits for a person, which is what
         lets the AI SDK hand the answer back (the seeds' deadlock came from not closing here).
         """
+        if self.aborted:
+            return []
         out = self._close_blocks()
         if self._step_open:
             out.append({"type": "finish-step"})
@@ -170,6 +173,16 @@ class Converter:
         if self._usage:
             finish["messageMetadata"] = {"usage": dict(self._usage)}
         out.append(finish)
+        return out
+
+    def abort(self) -> list[Chunk]:
+        """The browser stopped the response: close what is open and say so; no `finish` follows."""
+        out = self._close_blocks()
+        if self._step_open:
+            out.append({"type": "finish-step"})
+            self._step_open = False
+        out.append({"type": "abort"})
+        self.aborted = True
         return out
 
     def error(self, text: str) -> list[Chunk]:

@@ -29,12 +29,18 @@ __all__ = [
     "ToolOutput",
     "TurnPlan",
     "confirmation_message",
+    "is_chat_id",
+    "parse_chat_body",
     "parse_chat_request",
     "plan_turn",
 ]
 
 CHAT_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,128}$"
 _CHAT_ID = re.compile(CHAT_ID_PATTERN)
+
+
+def is_chat_id(value: str) -> bool:
+    return _CHAT_ID.match(value) is not None
 
 
 class InvalidRequest(Exception):
@@ -149,6 +155,11 @@ def parse_chat_request(raw: bytes, *, version_header: str | None, default_versio
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+    return parse_chat_body(data, version_header=version_header, default_version=default_version)
+
+
+def parse_chat_body(data: Any, *, version_header: str | None, default_version: ClientVersion) -> ChatRequest:
+    """Validate a chat request already decoded from JSON (a POST body, or a WebSocket `send` frame)."""
     if not isinstance(data, dict):
         raise InvalidRequest("body must be a JSON object with `id` and `messages`")
     try:

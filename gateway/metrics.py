@@ -79,6 +79,20 @@ class GatewayMetrics:
             "Gated tools that returned a result without the plugin asking first (plugin not installed?), by tool.",
             ["tool"], registry=r,
         )
+        self.ws_connections = Gauge(
+            "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
+        )
+        self.ws_frames = Counter(
+            "adk_gateway_ws_frames_total", "WebSocket frames, by direction (in, out) and frame type.",
+            ["direction", "type"], registry=r,
+        )
+        self.live_sessions = Gauge(
+            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions.", registry=r
+        )
+        self.audio_bytes = Counter(
+            "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
+            ["direction"], registry=r,
+        )
         # Label children are cached: a labels() lookup per chunk would be a needless hot-path cost.
         self._chunk_counters: dict[str, Counter] = {}
 

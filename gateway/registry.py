@@ -24,6 +24,7 @@ from .runs import Run
 
 if TYPE_CHECKING:
     from .chats import RunDriver
+    from .live import LiveLink
 
 __all__ = ["Chat", "PendingApproval", "Registry"]
 
@@ -46,6 +47,8 @@ class Chat:
     run: Run | None = None
     # The task driving `run` while its upstream stream is open.
     driver: RunDriver | None = None
+    # The chat's ADK live session, in live upstream mode.
+    live: LiveLink | None = None
     pending: dict[str, PendingApproval] = field(default_factory=dict)
 
 

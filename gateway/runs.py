@@ -35,15 +35,17 @@ class FollowerLagged(Exception):
 class Response:
     """The chunks of one browser response, in order."""
 
-    __slots__ = ("_waiters", "closed", "delivered", "frames", "limit", "offset")
+    __slots__ = ("_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
 
     def __init__(self, limit: int) -> None:
         self.frames: list[bytes] = []
         self.limit = limit
         self.offset = 0  # frames dropped from the front
         self.closed = False
-        # Some follower started reading it. A response nobody read (written while the browser was
-        # away, e.g. after an approval timed out) is handed to the next request that attaches.
+        self.closed_at: float | None = None
+        # Some follower read it to the end. A response nobody read whole (written while the
+        # browser was away, e.g. after an approval timed out, or cut off by a dropped socket) is
+        # handed to the next request that attaches or resumes.
         self.delivered = False
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -55,8 +57,9 @@ class Response:
             self.offset += drop
         self._wake()
 
-    def close(self) -> None:
+    def close(self, now: float) -> None:
         self.closed = True
+        self.closed_at = now
         self._wake()
 
     @property
@@ -66,7 +69,6 @@ class Response:
 
     async def follow(self, start: int = 0) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` until the response is complete."""
-        self.delivered = True
         position = start
         while True:
             if position < self.offset:
@@ -78,6 +80,7 @@ class Response:
                 yield batch
                 continue
             if self.closed:
+                self.delivered = True
                 return
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -112,9 +115,9 @@ class Run:
         if frames:
             self.current.append(frames)
 
-    def end_response(self, *, waiting: bool) -> None:
+    def end_response(self, *, waiting: bool, now: float) -> None:
         """The current response is complete; `waiting` says the run now waits for a person."""
-        self.current.close()
+        self.current.close(now)
         self.state = RunState.WAITING if waiting else RunState.DONE
 
     def next_response(self) -> Response:
@@ -124,10 +127,21 @@ class Run:
         self.state = RunState.STREAMING
         return self.current
 
-    def resumable(self) -> Response | None:
-        """The response a reconnecting browser should read: one still being written, or one
-        complete but never delivered. None when there is none (or it no longer fits the log)."""
+    def unread(self) -> Response | None:
+        """The response an answering request should read if it has not been read whole yet:
+        still being written, or written while nobody was attached (e.g. after a deadline)."""
         response = self.current
         if not response.complete or (response.closed and (response.delivered or not response.frames)):
             return None
         return response
+
+    def resumable(self, now: float, retention: float) -> Response | None:
+        """The response a reconnecting browser should replay: one not read whole yet, or one that
+        ended less than `retention` seconds ago (the client cannot tell us what reached it)."""
+        unread = self.unread()
+        if unread is not None:
+            return unread
+        response = self.current
+        if response.complete and response.closed_at is not None and now - response.closed_at <= retention:
+            return response
+        return None

@@ -19,7 +19,7 @@ import orjson
 from .config import UpstreamConfig
 from .eventstream import EventStreamDecoder, EventStreamError
 
-__all__ = ["AdkClient", "UpstreamError"]
+__all__ = ["AdkClient", "LiveConnection", "UpstreamError"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -133,6 +133,22 @@ class AdkClient:
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service stopped sending events (idle timeout)") from None
 
+    async def open_live(self, *, user_id: str, session_id: str, modalities: list[str]) -> LiveConnection:
+        """Open ADK's `/run_live` socket for a session (it must exist: see ensure_session)."""
+        params = [("app_name", self._app), ("user_id", user_id), ("session_id", session_id)]
+        params += [("modalities", m) for m in modalities]
+        url = self._base.replace("http", "ws", 1) + "/run_live"
+        try:
+            ws = await self._http.ws_connect(
+                url, params=params, timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5),
+                heartbeat=None, max_msg_size=64 * 1024 * 1024,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise UpstreamError("http", f"the agent service refused the live session: HTTP {exc.status}", exc.status) from None
+        except aiohttp.ClientError as exc:
+            raise _client_error(exc) from None
+        return LiveConnection(ws)
+
     async def ping(self) -> bool:
         """True when the ADK server answers its app listing."""
         try:
@@ -150,3 +166,59 @@ def _client_error(exc: aiohttp.ClientError) -> UpstreamError:
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
         return UpstreamError("reset", "the agent service closed the connection mid-stream")
     return UpstreamError("http", f"upstream request failed: {type(exc).__name__}")
+
+
+class LiveConnection:
+    """One ADK `/run_live` socket.
+
+    ADK stops reading a live socket for good after one frame it cannot validate, and says nothing.
+    So every frame is checked against ADK's own `LiveRequest` model before it is sent, and a frame
+    that would fail is refused here instead.
+    """
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        from google.adk.agents.live_request_queue import LiveRequest  # ADK's types, not its runtime
+
+        self._validate = LiveRequest.model_validate_json
+
+    @property
+    def closed(self) -> bool:
+        return self._ws.closed
+
+    async def send(self, request: dict[str, Any]) -> None:
+        text = orjson.dumps(request).decode()
+        try:
+            self._validate(text)
+        except ValueError as exc:
+            raise UpstreamError("protocol", f"refusing to send an invalid live frame: {exc}") from None
+        try:
+            await self._ws.send_str(text)
+        except (ConnectionError, aiohttp.ClientError):
+            raise UpstreamError("reset", "the live session with the agent service is closed") from None
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Events until the socket closes."""
+        async for msg in self._ws:
+            if msg.type is not aiohttp.WSMsgType.TEXT:
+                continue
+            try:
+                event = orjson.loads(msg.data)
+            except orjson.JSONDecodeError:
+                raise UpstreamError("protocol", "the agent service sent a live event that is not JSON") from None
+            if isinstance(event, dict):
+                yield event
+
+    @property
+    def close_reason(self) -> str:
+        code = self._ws.close_code
+        return f"closed by the agent service (code {code})" if code else "closed"
+
+    async def close(self) -> None:
+        """Ask ADK to end the session, then close the socket ourselves (ADK will not)."""
+        if not self._ws.closed:
+            try:
+                await self._ws.send_str('{"close": true}')
+            except (ConnectionError, aiohttp.ClientError):
+                pass
+            await self._ws.close()

@@ -25,11 +25,18 @@ def _driver_request(
     headers: dict | None = None,
     body: dict | None = None,
     timeout: float = 30,
+    transport: str = "sse",
+    ws_url: str | None = None,
 ) -> dict:
+    if transport not in ("sse", "ws"):
+        raise ValueError(f"transport must be 'sse' or 'ws', not {transport!r}")
     request = {"version": version, "api": api, "steps": steps, "timeoutMs": int(timeout * 1000)}
     for key, value in (("chatId", chat_id), ("headers", headers), ("body", body)):
         if value is not None:
             request[key] = value
+    if transport == "ws":
+        request["transport"] = "ws"
+        request["wsUrl"] = ws_url or api
     return request
 
 
@@ -66,15 +73,32 @@ def run_chat(
     headers: dict | None = None,
     body: dict | None = None,
     timeout: float = 30,
+    transport: str = "sse",
+    ws_url: str | None = None,
 ) -> dict:
     """Send each step's text through a real Chat and return the driver's report.
 
-    A step is {"send": str, "approvals"?: "approve" | "deny" | [..], "toolOutputs"?: {tool_name: output}}.
+    A step is {"send": str, "approvals"?: "approve" | "deny" | [..], "toolOutputs"?: {tool_name: output},
+    "abortAfterChunks"?: n, "dropSocketAfterChunks"?: n (ws only)} or {"resume": True} (chat.resumeStream()).
     Approvals are answered once the turn has ended, in order, one decision per approval-requested part.
-    The report holds ok, status, error, messages, toolCalls, chunks ([request_index, chunk]), schemaErrors,
-    requests ({method, url, body, status, contentType, headers}) and doneMarkers (per request).
+    `abortAfterChunks` calls chat.stop() after n chunks of the step's first response; `dropSocketAfterChunks`
+    closes the WebSocket after n chunk frames of it and then calls chat.resumeStream() (a `resume` frame).
+    The report holds ok, transport, status, error, messages, toolCalls, chunks ([request_index, chunk]),
+    schemaErrors and requests. For SSE: requests are {method, url, body, status, contentType, headers} and
+    doneMarkers counts [DONE] per request.
+
+    transport="ws" talks to `ws_url` (default: `api`) with ai 7's WebSocketChatTransport, or for ai 6 with
+    gateway/static/ws-transport.js. Then requests are one per send/resume frame: {type, requestId, url,
+    body: <the frame>, started, chunkFrames, firstSequence, lastSequence, gapless, duplicates, terminal,
+    errorText, aborted, dropped, closedWithSocket}; terminals lists each request's terminal frame type
+    ("end" | "error" | "no-active" | None); frames is {"in", "out"}; sequenceErrors lists frame protocol
+    violations (gaps, a first sequence other than 0, frames after the terminal, malformed frames); sockets
+    lists each socket opened ({url, opened, close: {code, reason}, droppedByDriver}).
     """
-    request = _driver_request(version, api, steps, chat_id=chat_id, headers=headers, body=body, timeout=timeout)
+    request = _driver_request(
+        version, api, steps, chat_id=chat_id, headers=headers, body=body, timeout=timeout,
+        transport=transport, ws_url=ws_url,
+    )
     return _run_driver(request, timeout)
 
 
@@ -92,6 +116,18 @@ def assert_clean(result: dict) -> None:
     assistant_ids = Counter(m["id"] for m in result["messages"] if m["role"] == "assistant")
     duplicated = [i for i, n in assistant_ids.items() if n > 1]
     assert not duplicated, f"duplicate assistant message ids {duplicated}"
+    if result.get("transport") == "ws":
+        assert not result["sequenceErrors"], f"frame protocol errors: {result['sequenceErrors']}"
+        for index, req in enumerate(result["requests"]):
+            if req["aborted"] or req["dropped"]:  # the driver itself cut these short
+                continue
+            expected = ("end", "no-active") if req["type"] == "resume" else ("end",)
+            assert req["terminal"] in expected, (
+                f"{req['type']} request {index} ({req['requestId']}) ended with {req['terminal']!r}"
+                + (f" ({req['errorText']})" if req.get("errorText") else "")
+                + (", its socket closed first" if req["closedWithSocket"] else "")
+            )
+        return
     for index, (req, done) in enumerate(zip(result["requests"], result["doneMarkers"])):
         if "text/event-stream" in (req.get("contentType") or ""):
             assert done == 1, f"response {index} ({req['method']} {req['url']}) had {done} [DONE] markers"
@@ -112,4 +148,19 @@ def check_streams(cases: list[dict]) -> list[dict]:
     )
     if proc.returncode != 0:
         raise AssertionError(f"stream checker crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def check_ws_transport_parity() -> dict:
+    """Run tests/js/ws-transport-parity.mjs: scripted exchanges over an in-memory socket through ai 7's
+    WebSocketChatTransport ("7") and gateway/static/ws-transport.js ("6"); returns {"6": {...}, "7": {...}}
+    with one outcome per scenario (frames sent, sockets opened/closed, what the reader got)."""
+    node = shutil.which("node")
+    if node is None:
+        raise AssertionError("node is not on PATH; the parity check needs Node 20+")
+    proc = subprocess.run(
+        [node, str(JS_DIR / "ws-transport-parity.mjs")], cwd=JS_DIR, capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"parity check crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
     return json.loads(proc.stdout)

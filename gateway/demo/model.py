@@ -25,19 +25,25 @@ Streaming mirrors what Gemini looks like through ADK 2.13 with progressive SSE
 ``partial=False`` response carries all parts plus ``finish_reason=STOP`` and
 usage metadata. Function calls streamed that way get their ids from ADK's own
 id generator, so the partial and the final response name the same call.
+
+Live mode (``/run_live``) plays the same script over a `BaseLlmConnection`
+opened by `ScriptedLlm.connect`; the connection, its audio rows and its
+live-only ``interrupt me`` row live in `gateway.demo.live`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from google.adk.flows.llm_flows import functions as adk_functions
 from google.adk.models.base_llm import BaseLlm
+from google.adk.models.base_llm_connection import BaseLlmConnection
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
@@ -88,6 +94,27 @@ class ToolResult:
     name: str
     args: dict[str, Any]
     response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the script answers to one user text, in text and live mode alike."""
+
+    kind: Literal["error", "crash", "calls", "text"]
+    calls: tuple[PlannedCall, ...] = ()
+    text: str = ""
+
+
+def reply_to(user_text: str) -> Reply:
+    """The script's answer to one user text (DESIGN.md section 4)."""
+    if _TRIGGER_ERROR_RE.search(user_text):
+        return Reply("error")
+    if _CRASH_RE.search(user_text):
+        return Reply("crash")
+    calls = plan_calls(user_text)
+    if calls:
+        return Reply("calls", calls=tuple(calls))
+    return Reply("text", text=echo_text(user_text))
 
 
 def plan_calls(text: str) -> list[PlannedCall]:
@@ -193,7 +220,7 @@ def _format_amount(amount: Any) -> str:
     return str(amount)
 
 
-def _chunk_text(text: str) -> list[str]:
+def chunk_text(text: str) -> list[str]:
     """Splits text into deltas that concatenate back to exactly ``text``."""
     pieces = re.findall(r"\S+\s*|\s+", text)
     per_chunk = max(1, min(_WORDS_PER_CHUNK, len(pieces) // _MIN_CHUNKS))
@@ -201,7 +228,8 @@ def _chunk_text(text: str) -> list[str]:
     return chunks or [text]
 
 
-def _content_text(content: types.Content) -> str:
+def content_text(content: types.Content) -> str:
+    """The visible (non-thought) text of a content."""
     return "".join(p.text for p in content.parts or () if p.text and not p.thought)
 
 
@@ -213,7 +241,7 @@ def _function_calls(content: types.Content) -> list[types.FunctionCall]:
     return [p.function_call for p in content.parts or () if p.function_call]
 
 
-def _latest_results(contents: Sequence[types.Content]) -> list[ToolResult] | None:
+def latest_results(contents: Sequence[types.Content]) -> list[ToolResult] | None:
     """The tool results of the trailing function-response turn, or None if the turn is text.
 
     ADK strips its own ``adk-`` ids before the request reaches a model, so the
@@ -260,37 +288,55 @@ class ScriptedLlm(BaseLlm):
         self, llm_request: LlmRequest, stream: bool = False
     ) -> AsyncGenerator[LlmResponse, None]:
         contents = list(llm_request.contents or ())
-        results = _latest_results(contents)
+        results = latest_results(contents)
         if results is not None:
             async for response in self._text(summarize_results(results), stream):
                 yield response
             return
 
         user_text = next(
-            (_content_text(c) for c in reversed(contents) if c.role == "user" and _content_text(c)),
+            (content_text(c) for c in reversed(contents) if c.role == "user" and content_text(c)),
             "",
         )
-        if _TRIGGER_ERROR_RE.search(user_text):
+        reply = reply_to(user_text)
+        if reply.kind == "error":
             yield LlmResponse(
                 error_code=DEMO_ERROR_CODE,
                 error_message=DEMO_ERROR_MESSAGE,
                 model_version=self.model,
             )
             return
-        if _CRASH_RE.search(user_text):
+        if reply.kind == "crash":
             raise DemoCrash(CRASH_MESSAGE)
-
-        calls = plan_calls(user_text)
-        if calls:
-            async for response in self._calls(calls, stream):
+        if reply.kind == "calls":
+            async for response in self._calls(reply.calls, stream):
                 yield response
             return
-        async for response in self._text(echo_text(user_text), stream):
+        async for response in self._text(reply.text, stream):
             yield response
+
+    @contextlib.asynccontextmanager
+    async def connect(self, llm_request: LlmRequest) -> AsyncIterator[BaseLlmConnection]:
+        """Opens a live connection that plays the script (see `gateway.demo.live`).
+
+        ADK's live flow enters this once per ``/run_live`` session (and again after
+        an agent transfer); leaving it closes the connection, so ``receive()`` ends.
+        The request's response modalities do not change the script: typed text is
+        answered in text and audio in audio, whatever the session asked for.
+        """
+        del llm_request  # history arrives through send_history
+        # Imported here: the live module builds on this one's script.
+        from gateway.demo.live import ScriptedLiveConnection
+
+        connection = ScriptedLiveConnection(model=self.model, chunk_delay=self.chunk_delay)
+        try:
+            yield connection
+        finally:
+            await connection.close()
 
     async def _text(self, text: str, stream: bool) -> AsyncGenerator[LlmResponse, None]:
         if stream:
-            for chunk in _chunk_text(text):
+            for chunk in chunk_text(text):
                 await asyncio.sleep(self.chunk_delay)
                 yield LlmResponse(
                     content=types.ModelContent(parts=[types.Part.from_text(text=chunk)]),

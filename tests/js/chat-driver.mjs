@@ -1,9 +1,16 @@
 // Drives the stock AI SDK Chat (ai 6 or ai 7) against a server and reports what a browser would see.
-// stdin: {version, api, chatId?, headers?, body?, timeoutMs?, settleMs?, steps: [{send, approvals?, toolOutputs?}]}
+// stdin: {version, api, chatId?, headers?, body?, timeoutMs?, settleMs?, transport?: 'sse'|'ws', wsUrl?,
+//         steps: [{send, approvals?, toolOutputs?, dropSocketAfterChunks?, abortAfterChunks?} | {resume: true}]}
+// transport 'ws' (wsUrl, default api): ai 7 uses its own WebSocketChatTransport, ai 6 the gateway's
+// gateway/static/ws-transport.js; both over a WebSocket that records and checks every frame (lib/ws.mjs).
+// Step options: `resume` calls chat.resumeStream() instead of sending. ws only: `abortAfterChunks: N` calls
+// chat.stop() after N chunk frames of the step's first response (an `abort` frame); `dropSocketAfterChunks: N`
+// closes the socket after N chunk frames of it, then calls chat.resumeStream() (a `resume` on a new socket).
 // stdout: one JSON report. Exit code 0 whenever a report was produced; the caller asserts on `ok`.
 // stdin may also be an array of such objects: they run concurrently in this one process (loading
 // the SDK dominates a run's cost) and stdout is the array of reports in the same order.
 import { createChat, createTeeFetch, describeChatError, loadSdk, pendingApprovals, waitForIdle } from './lib/chat.mjs';
+import { baseWebSocket, createWsRecorder, loadFrameValidator, loadWebSocketTransport } from './lib/ws.mjs';
 
 async function readStdin() {
   let text = '';
@@ -20,9 +27,24 @@ function decisions(approvals) {
 
 async function run(input) {
   const { version, api, chatId, headers, body, timeoutMs = 20000, settleMs = 150, steps = [] } = input;
+  const { transport: transportKind = 'sse', wsUrl = api } = input;
+  if (transportKind !== 'sse' && transportKind !== 'ws') throw new Error(`unknown transport ${transportKind}`);
+  const ws = transportKind === 'ws';
+  for (const option of ['dropSocketAfterChunks', 'abortAfterChunks']) {
+    if (!ws && steps.some((s) => s[option] != null)) throw new Error(`${option} needs transport "ws"`);
+  }
   const deadline = Date.now() + timeoutMs;
   const sdk = await loadSdk(version);
-  const tee = createTeeFetch({ sdk });
+  // `tee` records the wire: the teeing fetch for SSE, the recording WebSocket for ws.
+  let tee;
+  let transport;
+  if (ws) {
+    tee = createWsRecorder({ sdk, WebSocket: await baseWebSocket(), validateFrame: await loadFrameValidator() });
+    const WebSocketChatTransport = await loadWebSocketTransport(version, sdk);
+    transport = new WebSocketChatTransport({ url: wsUrl, headers, body, webSocket: tee.webSocket });
+  } else {
+    tee = createTeeFetch({ sdk });
+  }
   const toolCalls = [];
   let toolOutputs = {};
 
@@ -33,6 +55,7 @@ async function run(input) {
     headers,
     body,
     fetch: tee.fetch,
+    transport,
     onToolCall: (chat, { toolCall }) => {
       toolCalls.push(toolCall);
       if (!(toolCall.toolName in toolOutputs)) return;
@@ -52,11 +75,27 @@ async function run(input) {
   for (const step of steps) {
     toolOutputs = step.toolOutputs ?? {};
     const next = decisions(step.approvals);
-    // Not awaited directly: sendMessage also awaits any automatic continuation, which must not
-    // outlive the deadline unobserved.
-    const sent = chat.sendMessage({ text: step.send }).catch((err) => err);
+    let armed = null;
+    if (step.dropSocketAfterChunks != null || step.abortAfterChunks != null) {
+      armed = tee.arm({
+        dropAfter: step.dropSocketAfterChunks,
+        abortAfter: step.abortAfterChunks,
+        onAbort: () => void chat.stop(),
+      });
+    }
+    // Not awaited directly: sendMessage (and resumeStream) also await any automatic continuation,
+    // which must not outlive the deadline unobserved.
+    const sent = (step.resume ? chat.resumeStream() : chat.sendMessage({ text: step.send })).catch((err) => err);
     if (!(await idle())) break;
     await sent;
+    if (armed?.dropped) {
+      // The Chat saw a network disconnect (status 'error'); a page would now resume the stream.
+      tee.disarm();
+      const resumed = chat.resumeStream().catch((err) => err);
+      if (!(await idle())) break;
+      await resumed;
+    }
+    if (ws) tee.disarm();
     // Answer like a person would: after the turn has ended and the buttons are on screen.
     // Each answer may trigger the SDK's automatic continuation, whose reply may ask again.
     for (let parts = pendingApprovals(chat); parts.length && !timedOut; parts = pendingApprovals(chat)) {
@@ -75,9 +114,10 @@ async function run(input) {
   await tee.settled(timedOut ? 100 : 2000);
   const { record } = tee;
   const error = describeChatError(sdk, chat.error);
-  return {
+  const report = {
     ok: !timedOut && chat.status !== 'error' && !error && record.schemaErrors.length === 0,
     version,
+    transport: transportKind,
     chatId: chat.id,
     status: chat.status,
     error,
@@ -87,7 +127,15 @@ async function run(input) {
     chunks: record.chunks,
     schemaErrors: record.schemaErrors,
     requests: record.requests,
-    doneMarkers: record.doneMarkers,
+  };
+  if (!ws) return { ...report, doneMarkers: record.doneMarkers };
+  return {
+    ...report,
+    ok: report.ok && record.sequenceErrors.length === 0,
+    terminals: record.terminals,
+    frames: record.frames,
+    sequenceErrors: record.sequenceErrors,
+    sockets: record.sockets,
   };
 }
 

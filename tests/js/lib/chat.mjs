@@ -204,7 +204,18 @@ export function createTeeFetch({ sdk, baseFetch = globalThis.fetch }) {
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-export async function createChat({ version, api, chatId, headers, body, fetch, onToolCall, chatOptions = {} }) {
+// `transport` replaces the default DefaultChatTransport({api, headers, body, fetch}).
+export async function createChat({
+  version,
+  api,
+  chatId,
+  headers,
+  body,
+  fetch,
+  transport,
+  onToolCall,
+  chatOptions = {},
+}) {
   const sdk = await loadSdk(version);
   const state = new MemoryChatState();
   // The same shape as @ai-sdk/react's Chat: AbstractChat plus a framework-specific state.
@@ -215,7 +226,7 @@ export async function createChat({ version, api, chatId, headers, body, fetch, o
   }
   const chat = new HeadlessChat({
     id: chatId,
-    transport: new sdk.DefaultChatTransport({ api, headers, body, fetch }),
+    transport: transport ?? new sdk.DefaultChatTransport({ api, headers, body, fetch }),
     sendAutomaticallyWhen: (o) =>
       sdk.lastAssistantMessageIsCompleteWithApprovalResponses(o) || sdk.lastAssistantMessageIsCompleteWithToolCalls(o),
     onToolCall: (arg) => onToolCall?.(chat, arg),

@@ -1,0 +1,86 @@
+"""A chat's live session with ADK (`/run_live`): one socket kept across turns, and its turns.
+
+In live mode the agent keeps one bidirectional session per chat. The gateway opens it on the
+chat's first turn and keeps it until the browser socket closes or the chat goes idle. A reader
+task takes every event off the socket and hands it to the turn in progress, which ends at ADK's
+`turnComplete`. Events that arrive with no turn in progress (the model speaking up by itself)
+are dropped and counted: the AI SDK has no request to carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+
+from .upstream import LiveConnection, UpstreamError
+
+__all__ = ["LiveLink"]
+
+log = structlog.get_logger("adk_gateway.live")
+
+# What a turn's queue receives when the socket is gone.
+_CLOSED: dict[str, Any] = {}
+
+
+class LiveLink:
+    def __init__(self, connection: LiveConnection, on_closed: Callable[[], None] = lambda: None) -> None:
+        self.connection = connection
+        self._on_closed = on_closed
+        self._turn: asyncio.Queue[dict[str, Any]] | None = None
+        self._reader = asyncio.create_task(self._read(), name="live-reader")
+        self.dropped = 0
+
+    @property
+    def alive(self) -> bool:
+        return not self._reader.done()
+
+    @property
+    def in_turn(self) -> bool:
+        return self._turn is not None
+
+    async def _read(self) -> None:
+        try:
+            async for event in self.connection.events():
+                if self._turn is not None:
+                    self._turn.put_nowait(event)
+                else:
+                    self.dropped += 1
+                    log.debug("live_event_dropped", reason="no turn in progress")
+        except UpstreamError as exc:
+            log.warning("live_read_failed", reason=str(exc))
+        finally:
+            if self._turn is not None:
+                self._turn.put_nowait(_CLOSED)
+            self._on_closed()
+
+    async def turn(self, request: dict[str, Any] | None) -> AsyncIterator[dict[str, Any]]:
+        """Send `request` (if any) and yield this turn's events, `turnComplete` included."""
+        if self._turn is not None:
+            raise UpstreamError("protocol", "a live turn is already in progress for this chat")
+        if not self.alive:
+            raise UpstreamError("reset", f"the live session is {self.connection.close_reason}")
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._turn = queue
+        try:
+            if request is not None:
+                await self.connection.send(request)
+            while True:
+                event = await queue.get()
+                if event is _CLOSED:
+                    raise UpstreamError("reset", f"the live session was {self.connection.close_reason} mid-turn")
+                yield event
+                if event.get("turnComplete"):
+                    return
+        finally:
+            self._turn = None
+
+    async def send(self, request: dict[str, Any]) -> None:
+        await self.connection.send(request)
+
+    async def close(self) -> None:
+        await self.connection.close()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)

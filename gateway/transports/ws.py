@@ -1,0 +1,290 @@
+"""The WebSocket transport: `/api/chat/ws`, speaking the frames of ai 7's `WebSocketChatTransport`.
+
+One socket carries many requests, each correlated by `requestId`:
+in: `send` (a chat turn, same body as the SSE POST), `resume {id, lastSequence?}`, `abort`, and
+`audio` (realtime audio for a live-mode agent, see docs/websocket.md);
+out: `start` (a resume found something), `chunk {sequence}` (0, 1, 2... per request, no gaps), `end`,
+`error {errorText}`, `no-active`.
+
+Requests attach to the same runs as SSE requests do (chats.py), so a run that waits for a person
+ends the request with `end`, the answering `send` re-attaches, and `resume` replays from the
+run's log. A malformed frame gets an `error` frame naming the problem and the socket stays up;
+frames over the size limit close it with 1009. Closing the socket stops the requests' followers
+(runs go on, unless aborted) and closes the chat's live session, if any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any, Final
+
+import orjson
+import structlog
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from ..chats import Attachment, ChatBusy, Forbidden, Gone
+from ..messages import InvalidRequest, is_chat_id, parse_chat_body
+from ..protocol import VERSION_HEADER, client_version
+from ..runs import FollowerLagged
+from ..state import GATEWAY, Gateway
+from ..upstream import UpstreamError
+
+__all__ = ["routes"]
+
+log = structlog.get_logger("adk_gateway.ws")
+
+_TRANSPORT: Final = "ws"
+_MAX_REQUEST_ID = 128
+_AUDIO_MIME_PREFIX = "audio/pcm"
+
+
+class FrameError(Exception):
+    """A frame the gateway cannot act on; the text is sent back in an `error` frame."""
+
+
+class Connection:
+    """One browser socket: its requests in flight and the frames it sends."""
+
+    def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, user_id: str) -> None:
+        self.ws = ws
+        self.gateway = gateway
+        self.user_id = user_id
+        self.requests: dict[str, asyncio.Task[None]] = {}
+        # The chat each `send` request drives, for `abort`; and every chat seen, for closing.
+        self.request_chats: dict[str, str] = {}
+        self.chats: set[str] = set()
+        self.default_version = gateway.config.chat.default_protocol
+        self._frames_out = gateway.metrics.ws_frames
+
+    # ---- frames out ------------------------------------------------------------------------
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self._frames_out.labels("out", frame["type"]).inc()
+        await self.ws.send_str(orjson.dumps(frame).decode())
+
+    async def error(self, request_id: str, text: str) -> None:
+        await self.send({"type": "error", "requestId": request_id, "errorText": text})
+
+    # ---- frames in -------------------------------------------------------------------------
+
+    async def on_text(self, text: str) -> None:
+        try:
+            frame = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            self.gateway.metrics.ws_frames.labels("in", "invalid").inc()
+            await self.error("", "frame is not valid JSON")
+            return
+        kind = frame.get("type") if isinstance(frame, dict) else None
+        request_id = frame.get("requestId") if isinstance(frame, dict) else None
+        self.gateway.metrics.ws_frames.labels("in", kind if kind in _HANDLERS else "invalid").inc()
+        if not isinstance(request_id, str) or not 0 < len(request_id) <= _MAX_REQUEST_ID:
+            await self.error(request_id if isinstance(request_id, str) else "", "requestId: a string of 1-128 characters is required")
+            return
+        handler = _HANDLERS.get(kind)  # type: ignore[arg-type]
+        if handler is None:
+            await self.error(request_id, f"type: unknown frame type {kind!r} (expected send, resume, abort or audio)")
+            return
+        try:
+            await handler(self, request_id, frame)
+        except FrameError as exc:
+            await self.error(request_id, str(exc))
+
+    def start_request(self, request_id: str, work: Any) -> None:
+        if request_id in self.requests:
+            raise FrameError("requestId: a request with this id is already in flight")
+        if len(self.requests) >= self.gateway.config.websocket.max_requests:
+            raise FrameError("too many requests in flight on this socket")
+        task = asyncio.create_task(self._guard(request_id, work))
+        self.requests[request_id] = task
+        task.add_done_callback(lambda _t: self._forget(request_id))
+
+    def _forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self.request_chats.pop(request_id, None)
+
+    async def _guard(self, request_id: str, work: Any) -> None:
+        try:
+            await work
+        except FrameError as exc:
+            await self._try(self.error(request_id, str(exc)))
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("ws_request_crashed", request_id=request_id)
+            await self._try(self.error(request_id, "the gateway failed to handle this request"))
+
+    @staticmethod
+    async def _try(send: Any) -> None:
+        try:
+            await send
+        except ConnectionError:
+            pass
+
+    async def close(self) -> None:
+        for task in list(self.requests.values()):
+            task.cancel()
+        await asyncio.gather(*self.requests.values(), return_exceptions=True)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def pump(self, request_id: str, attachment: Attachment, *, first_sequence: int = 0) -> None:
+        """Send a response's chunks as `chunk` frames from `first_sequence`, then `end`."""
+        gauge = self.gateway.metrics.active_streams.labels(_TRANSPORT)
+        gauge.inc()
+        chunk_frames = self._frames_out.labels("out", "chunk")
+        prefix = b'{"type":"chunk","requestId":' + orjson.dumps(request_id) + b',"sequence":'
+        sequence = first_sequence
+        try:
+            async for batch in attachment.response.follow(first_sequence):
+                for encoded in batch:
+                    await self.ws.send_str((prefix + str(sequence).encode() + b',"chunk":' + encoded + b"}").decode())
+                    sequence += 1
+                chunk_frames.inc(len(batch))
+            await self.send({"type": "end", "requestId": request_id})
+        except FollowerLagged as exc:
+            log.warning("follower_lagged", reason=str(exc))
+            await self.error(request_id, "This response fell too far behind and cannot continue; reload the chat.")
+        finally:
+            gauge.dec()
+
+
+async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
+    extras = frame.get("body") if isinstance(frame.get("body"), dict) else {}
+    body = {**extras, "id": frame.get("id"), "messages": frame.get("messages"), "trigger": frame.get("trigger", "submit-message")}
+    if frame.get("messageId") is not None:
+        body["messageId"] = frame["messageId"]
+    try:
+        chat_request = parse_chat_body(
+            body, version_header=_version_header(frame), default_version=conn.default_version
+        )
+    except InvalidRequest as exc:
+        raise FrameError(str(exc)) from None
+    conn.start_request(request_id, _run_send(conn, request_id, chat_request))
+
+
+async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
+    structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
+    try:
+        attachment = await conn.gateway.chats.submit(conn.user_id, chat_request)
+    except (InvalidRequest, Forbidden, ChatBusy, Gone) as exc:
+        raise FrameError(str(exc)) from None
+    except UpstreamError as exc:
+        raise FrameError(f"The agent service is unavailable: {exc}") from None
+    conn.chats.add(chat_request.chat_id)
+    conn.request_chats[request_id] = chat_request.chat_id
+    await conn.pump(request_id, attachment)
+
+
+async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
+    chat_id = frame.get("id")
+    if not isinstance(chat_id, str) or not is_chat_id(chat_id):
+        raise FrameError("id: a chat id is 1-128 letters, digits, '_' or '-'")
+    last = frame.get("lastSequence")
+    if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < -1):
+        raise FrameError("lastSequence: a non-negative integer, or absent to replay from the start")
+    conn.start_request(request_id, _run_resume(conn, request_id, chat_id, -1 if last is None else last))
+
+
+async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int) -> None:
+    structlog.contextvars.bind_contextvars(chat_id=chat_id, ws_request_id=request_id)
+    attachment = conn.gateway.chats.resume(conn.user_id, chat_id)
+    if attachment is None:
+        await conn.send({"type": "no-active", "requestId": request_id})
+        return
+    await conn.send({"type": "start", "requestId": request_id})
+    await conn.pump(request_id, attachment, first_sequence=last + 1)
+
+
+async def _on_abort(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
+    task = conn.requests.get(request_id)
+    if task is None:
+        return  # already over: nothing to abort
+    chat_id = conn.request_chats.get(request_id)
+    task.cancel()
+    if chat_id is not None:
+        # The browser stopped the answer: stop the agent run behind it too, it is what costs money.
+        conn.gateway.chats.abort(conn.user_id, chat_id)
+
+
+async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
+    chat_id = frame.get("id")
+    if not isinstance(chat_id, str) or not is_chat_id(chat_id):
+        raise FrameError("id: a chat id is 1-128 letters, digits, '_' or '-'")
+    mime = frame.get("mimeType")
+    if not isinstance(mime, str) or not mime.startswith(_AUDIO_MIME_PREFIX):
+        raise FrameError(f"mimeType: audio must be {_AUDIO_MIME_PREFIX} (e.g. audio/pcm;rate=16000)")
+    data = frame.get("data")
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else None
+    except (binascii.Error, ValueError):
+        raw = None
+    if not raw:
+        raise FrameError("data: base64-encoded audio is required")
+    version = client_version(_version_header(frame), None, conn.default_version)
+    try:
+        attachment = await conn.gateway.chats.send_audio(conn.user_id, chat_id, mime, data, version)
+    except (InvalidRequest, UpstreamError) as exc:
+        raise FrameError(str(exc)) from None
+    conn.gateway.metrics.audio_bytes.labels("in").inc(len(raw))
+    conn.chats.add(chat_id)
+    if attachment is not None:
+        # This audio started a turn: its answer streams back under this frame's requestId.
+        conn.request_chats[request_id] = chat_id
+        conn.start_request(request_id, conn.pump(request_id, attachment))
+
+
+def _version_header(frame: dict[str, Any]) -> str | None:
+    """The client's `x-ai-sdk-version`, which the WebSocket transport carries in the frame's headers."""
+    headers = frame.get("headers")
+    if not isinstance(headers, dict):
+        return None
+    return next((str(v) for k, v in headers.items() if k.lower() == VERSION_HEADER), None)
+
+
+_HANDLERS = {"send": _on_send, "resume": _on_resume, "abort": _on_abort, "audio": _on_audio}
+
+
+async def chat_socket(request: web.Request) -> web.WebSocketResponse:
+    gateway = request.app[GATEWAY]
+    user_id = gateway.auth.user_id(request)
+    settings = gateway.config.websocket
+    ws = web.WebSocketResponse(heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes)
+    await ws.prepare(request)
+    conn = Connection(ws, gateway, user_id)
+    # Browsers cannot set headers on the handshake, and the stock transports send no version:
+    # an app may say `?aiSdkVersion=7` in the URL (or per frame, in headers/body).
+    conn.default_version = client_version(request.query.get("aiSdkVersion"), None, gateway.config.chat.default_protocol)
+    gateway.metrics.ws_connections.inc()
+    log.info("ws_connected")
+    try:
+        while not ws.closed:
+            idle = None if conn.requests else settings.idle_timeout
+            try:
+                # Not receive(timeout=...): heartbeat pongs restart that timer, so it never fires.
+                msg = await asyncio.wait_for(ws.receive(), idle)
+            except TimeoutError:
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"idle timeout")
+                break
+            if msg.type is WSMsgType.TEXT:
+                await conn.on_text(msg.data)
+            elif msg.type is WSMsgType.BINARY:
+                gateway.metrics.ws_frames.labels("in", "invalid").inc()
+                await conn.error("", "binary frames are not supported: send JSON text frames")
+            elif msg.type is WSMsgType.ERROR:
+                log.info("ws_error", reason=str(ws.exception()))
+                break
+            else:  # CLOSE, CLOSING, CLOSED
+                break
+    finally:
+        await conn.close()
+        for chat_id in conn.chats:
+            await gateway.chats.socket_closed(user_id, chat_id)
+        gateway.metrics.ws_connections.dec()
+        log.info("ws_disconnected", close_code=ws.close_code)
+    return ws
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.get("/api/chat/ws", chat_socket)]

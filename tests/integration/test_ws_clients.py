@@ -1,0 +1,81 @@
+"""Stock AI SDK Chats over the WebSocket transport: ai 7's WebSocketChatTransport and, for ai 6,
+the module the gateway ships (gateway/static/ws-transport.js), against the real ADK server."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.jsdriver import assert_clean, run_chats
+from tests.procs import PluginStack, metric_value, request
+
+pytestmark = [pytest.mark.integration, pytest.mark.js]
+
+LOCATION = {"latitude": 35.6812, "longitude": 139.7671}
+
+SCENARIOS = {
+    "hello": [{"send": "hello there"}],
+    "weather": [{"send": "weather in Tokyo"}],
+    "approve": [{"send": "pay 50 to Hanako", "approvals": "approve"}],
+    "deny": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
+    "two": [{"send": "pay 10 to Alice and 20 to Bob", "approvals": ["approve", "deny"]}],
+    "location": [{"send": "where am I", "approvals": "approve", "toolOutputs": {"get_location": LOCATION}}],
+    "bgm": [{"send": "play track 2", "toolOutputs": {"change_bgm": {"playing": 2}}}],
+    "moved_on": [{"send": "pay 50 to Hanako"}, {"send": "hello there"}],
+    "multi_turn": [{"send": "hello there"}, {"send": "weather in Tokyo"}],
+}
+
+
+def tool_states(result: dict) -> list[str]:
+    return [p["state"] for m in result["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+
+
+def said(result: dict) -> str:
+    return "".join(p.get("text", "") for m in result["messages"] if m["role"] == "assistant" for p in m["parts"])
+
+
+def check_rows(results: dict[str, dict]) -> None:
+    for name, result in results.items():
+        assert_clean(result)
+        assert result["status"] == "ready", name
+    assert '"hello there"' in said(results["hello"])
+    assert "Tokyo" in said(results["weather"])
+    assert tool_states(results["approve"]) == ["output-available"] and "Hanako" in said(results["approve"])
+    assert tool_states(results["deny"]) == ["output-denied"]
+    assert sorted(tool_states(results["two"])) == ["output-available", "output-denied"]
+    assert tool_states(results["location"]) == ["output-available"] and "35.6812" in said(results["location"])
+    assert "track 2" in said(results["bgm"])
+    assert [m["role"] for m in results["moved_on"]["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in results["multi_turn"]["messages"]] == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_every_demo_row_over_websocket(stack: PluginStack, version: int) -> None:
+    ws_url = stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
+    names = list(SCENARIOS)
+    runs = [{"version": version, "api": ws_url, "transport": "ws", "steps": SCENARIOS[n]} for n in names]
+    check_rows(dict(zip(names, run_chats(runs, timeout=40))))
+    assert metric_value(stack.gateway.base, "adk_gateway_ws_frames_total", {"direction": "in", "type": "send"}) >= len(names)
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_resume_after_a_dropped_socket_and_abort(stack: PluginStack, version: int) -> None:
+    ws_url = stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
+    runs = [
+        {"version": version, "api": ws_url, "transport": "ws",
+         "steps": [{"send": "hello there, this is a longer message", "dropSocketAfterChunks": 3}]},
+        {"version": version, "api": ws_url, "transport": "ws",
+         "steps": [{"send": "pay 50 to Hanako", "approvals": "approve", "dropSocketAfterChunks": 2}]},
+    ]
+    dropped, approval = run_chats(runs, timeout=40)
+    for result in (dropped, approval):
+        assert_clean(result)
+        assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    assert "longer message" in said(dropped)
+    assert tool_states(approval) == ["output-available"]
+
+
+def test_ai6_transport_module_is_served(stack: PluginStack) -> None:
+    reply = request(stack.gateway.base, "GET", "/static/ws-transport.js")
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith(("text/javascript", "application/javascript"))
+    assert b"export class WebSocketChatTransport" in reply.body
