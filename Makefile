@@ -8,10 +8,14 @@ STAMP := $(VENV)/.installed-stamp
 JS_STAMP := tests/js/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test venv js check-config clean
+.PHONY: run run-live test venv js check-config clean
 
 run: $(STAMP)
 	$(VENV)/bin/adk-gateway demo
+
+# The same demo with the agent in ADK live mode (/run_live): a session per chat, audio-capable.
+run-live: $(STAMP)
+	$(VENV)/bin/adk-gateway demo --upstream-mode live
 
 test: $(STAMP) $(JS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

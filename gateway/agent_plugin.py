@@ -29,10 +29,12 @@ import time
 from typing import Any
 
 import aiohttp
+from google.adk.agents.callback_context import CallbackContext
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.adk.tools.tool_context import ToolContext
+from google.genai import types
 
 __all__ = ["GatewayPlugin"]
 
@@ -67,7 +69,22 @@ class GatewayPlugin(BasePlugin):
         if not self._secret:
             logger.error("ADK_GATEWAY_SECRET is not set: every gated tool call will be refused")
 
-    # ---- ADK hook --------------------------------------------------------------------------
+    # ---- ADK hooks -------------------------------------------------------------------------
+
+    async def before_agent_callback(self, *, agent: Any, callback_context: CallbackContext) -> None:
+        """Apply `non_blocking` from the policy to the agent's tools (read by ADK's live flow)."""
+        try:
+            for tool in getattr(agent, "tools", None) or []:
+                if not isinstance(tool, BaseTool):
+                    continue
+                entry = await self._tool_policy(tool.name)
+                if entry and entry.get("non_blocking") and tool.behavior is not types.Behavior.NON_BLOCKING:
+                    tool.behavior = types.Behavior.NON_BLOCKING
+                    logger.info("tool %s declared NON_BLOCKING by the gateway's policy", tool.name)
+        except Exception:  # noqa: BLE001 - never abort a run over a declaration detail
+            logger.exception("could not apply the gateway's non_blocking policy")
+        return None
+
 
     async def before_tool_callback(
         self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
@@ -75,7 +92,7 @@ class GatewayPlugin(BasePlugin):
         try:
             policy = await self._tool_policy(tool.name)
             if policy is None:
-                return _refuse("The approval gateway is unreachable, so this call cannot be checked; it was not run.")
+                return _refuse("The approval gateway's tool policy is unavailable (gateway unreachable or refusing this plugin), so this call cannot be checked; it was not run.")
             if not policy.get("gated"):
                 return None
             verdict = await self._ask(tool.name, tool_args, tool_context)

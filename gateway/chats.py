@@ -183,6 +183,12 @@ class ChatService:
             return self._continue_gated_run(chat, gated, outputs)
         if plan.new_message is None and not native:
             raise InvalidRequest("nothing in the last assistant message is waiting for an answer")
+        if native and self._live:
+            # ADK has no confirmations in live mode, and answers sent as function responses would
+            # reach the model as tool results: never forward them.
+            if plan.new_message is None:
+                raise InvalidRequest("this approval is not pending (ADK confirmations do not exist in live mode)")
+            native = []
 
         if chat.run is not None and chat.run.streaming:
             raise ChatBusy("a response is already streaming for this chat")

@@ -54,8 +54,13 @@ def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: s
     if port is not None:
         listen = listen.model_copy(update={"port": int(port)})
     update: dict[str, object] = {"listen": listen}
+    upstream_update: dict[str, object] = {}
     if upstream:
-        update["upstream"] = config.upstream.model_copy(update={"url": upstream})
+        upstream_update["url"] = upstream
+    if args.upstream_mode:
+        upstream_update["mode"] = args.upstream_mode
+    if upstream_update:
+        update["upstream"] = config.upstream.model_copy(update=upstream_update)
     return config.model_copy(update=update)
 
 
@@ -162,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", type=Path, help=f"YAML config (default: {DEFAULT_CONFIG} if present)")
         p.add_argument("--host", help="listen address (overrides listen.host)")
         p.add_argument("--port", type=int, help="listen port (overrides listen.port and $PORT)")
+        p.add_argument(
+            "--upstream-mode", choices=("sse", "live"),
+            help="talk to the agent over /run_sse (a run per turn) or /run_live (a session per chat)",
+        )
         p.set_defaults(func=_cmd_serve if name == "serve" else _cmd_demo)
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path", type=Path)

@@ -153,6 +153,10 @@ class ToolPolicy(_Section):
     on_timeout: Literal["deny", "error"] = "deny"
     # Shown to the person next to the approval request.
     hint: str | None = None
+    # Live mode only: declare the tool NON_BLOCKING to the model (ADK `types.Behavior`), so the
+    # conversation goes on while the call waits for a person; the result reaches the model later.
+    # Default (blocking): the model's output stalls until the decision, though input keeps flowing.
+    non_blocking: bool = False
 
     @property
     def gated(self) -> bool:

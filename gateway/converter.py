@@ -56,6 +56,10 @@ _USAGE_FIELDS: Final = (
 )
 
 
+# ADK serialises bytes as URL-safe base64; browsers (atob, data: URLs) want the standard alphabet.
+_STANDARD_BASE64 = str.maketrans("-_", "+/")
+
+
 def map_finish_reason(adk_reason: str | None) -> str:
     if not adk_reason:
         return "stop"
@@ -137,6 +141,10 @@ class Converter:
         self._held_inputs: set[str] = set()
         # Calls whose output the browser produced itself: ADK's echo of it is not news to the client.
         self._answered_in_browser: set[str] = set()
+        # Live transcriptions: the model's (streamed as text) and the person's (a data part).
+        self._streamed_transcript = False
+        self._heard_text = ""
+        self._heard_seq = 0
 
     @property
     def waiting_for_person(self) -> bool:
@@ -221,6 +229,16 @@ class Converter:
             usage = event.get("usageMetadata")
             if usage:
                 self._add_usage(usage)
+        if event.get("interrupted"):
+            # Live mode: the person spoke over the model. What was said so far stands.
+            out.extend(self._close_blocks())
+            self._finish_reason = "interrupted"
+        transcript = event.get("outputTranscription")
+        if transcript:
+            self._transcript(out, transcript, bool(event.get("partial")))
+        heard = event.get("inputTranscription")
+        if heard:
+            out.append(self._heard(heard, bool(event.get("partial"))))
         error_code = event.get("errorCode")
         error_message = event.get("errorMessage")
         if error_code or error_message:
@@ -250,7 +268,12 @@ class Converter:
             if inline is not None:
                 self._model_output(out)
                 mime = inline.get("mimeType") or "application/octet-stream"
-                out.append({"type": "file", "mediaType": mime, "url": f"data:{mime};base64,{inline.get('data', '')}"})
+                data = (inline.get("data") or "").translate(_STANDARD_BASE64)
+                if mime.startswith("audio/pcm"):
+                    # Live audio: many small pieces to play as they come, not files to keep.
+                    out.append({"type": "data-pcm", "data": {"mimeType": mime, "data": data}, "transient": True})
+                else:
+                    out.append({"type": "file", "mediaType": mime, "url": f"data:{mime};base64,{data}"})
                 continue
             file_data = part.get("fileData")
             if file_data is not None and file_data.get("fileUri"):
@@ -370,6 +393,38 @@ class Converter:
             out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": result["error"]})
         else:
             out.append({"type": "tool-output-available", "toolCallId": call_id, "output": result})
+
+    # ---- live-mode transcriptions ----------------------------------------------------------
+
+    def _transcript(self, out: list[Chunk], transcript: dict[str, Any], partial: bool) -> None:
+        """What the model said aloud, as the message's text: partials stream, the final closes."""
+        text = transcript.get("text") or ""
+        if partial:
+            if text:
+                self._streamed_transcript = True
+                self._delta(out, "text", text)
+            return
+        if not self._streamed_transcript and text:
+            self._delta(out, "text", text)
+        self._streamed_transcript = False
+        out.extend(self._close_block("text"))
+
+    def _heard(self, transcript: dict[str, Any], partial: bool) -> Chunk:
+        """What the person said aloud: one data part, updated in place (same id) as it grows."""
+        text = transcript.get("text") or ""
+        if partial:
+            self._heard_text += text
+        else:
+            self._heard_text = text
+        chunk: Chunk = {
+            "type": "data-transcription",
+            "id": f"heard-{self._heard_seq}",
+            "data": {"role": "user", "text": self._heard_text, "finished": not partial},
+        }
+        if not partial:
+            self._heard_seq += 1
+            self._heard_text = ""
+        return chunk
 
     # ---- blocks and steps ----------------------------------------------------------------
 

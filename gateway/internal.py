@@ -53,7 +53,10 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
 async def policy(request: web.Request) -> web.Response:
     config = request.app[GATEWAY].config
     tools = {
-        name: {"approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated}
+        name: {
+            "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated,
+            "non_blocking": p.non_blocking,
+        }
         for name, p in config.tools.items()
     }
     return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})

@@ -64,6 +64,10 @@ class LiveLink:
             raise UpstreamError("reset", f"the live session is {self.connection.close_reason}")
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._turn = queue
+        # Some Live models (Gemini 2.x, per ADK) complete a turn right after a tool call and then
+        # answer the tool's result in another turn: a turn that ends with tool results and no word
+        # from the model since is not over yet.
+        answered_since_tools = True
         try:
             if request is not None:
                 await self.connection.send(request)
@@ -72,7 +76,8 @@ class LiveLink:
                 if event is _CLOSED:
                     raise UpstreamError("reset", f"the live session was {self.connection.close_reason} mid-turn")
                 yield event
-                if event.get("turnComplete"):
+                answered_since_tools = _after_tools(event, answered_since_tools)
+                if event.get("turnComplete") and answered_since_tools:
                     return
         finally:
             self._turn = None
@@ -84,3 +89,16 @@ class LiveLink:
         await self.connection.close()
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def _after_tools(event: dict[str, Any], answered: bool) -> bool:
+    """Whether the model has spoken since the last tool results, after this event."""
+    content = event.get("content")
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not parts:
+        return answered
+    if any("functionResponse" in p for p in parts):
+        return False
+    if content.get("role") == "model":
+        return True
+    return answered

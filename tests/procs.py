@@ -108,7 +108,8 @@ class GatewayProcess:
 
 @contextmanager
 def gateway_process(
-    tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None
+    tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
+    upstream_mode: str = "sse",
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML merged under the test defaults."""
     port = port or free_port()
@@ -116,7 +117,7 @@ def gateway_process(
     path.write_text(
         f"listen:\n  host: 127.0.0.1\n  port: {port}\n"
         f"logging:\n  level: debug\n  format: json\n" + config
-        + ("" if "upstream:" in config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n")
+        + f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
     )
     log = tmp / f"gateway-{port}.log"
     with log.open("w") as out:
@@ -163,7 +164,7 @@ class PluginStack:
 @contextmanager
 def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
-    internal_port: int | None = None, adk_env: dict[str, str] | None = None,
+    internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy."""
     internal_port = internal_port or free_port()
@@ -174,7 +175,9 @@ def plugin_stack(
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
-    with adk_server(tmp, extra_plugins=(PLUGIN,), env=env) as adk, gateway_process(tmp, adk, config) as gw:
+    with adk_server(tmp, extra_plugins=(PLUGIN,), env=env) as adk, gateway_process(
+        tmp, adk, config, upstream_mode=upstream_mode
+    ) as gw:
         yield PluginStack(gw, adk, internal, secret, gw.config_path)
 
 

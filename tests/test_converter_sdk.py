@@ -12,7 +12,7 @@ import pytest
 
 from gateway.converter import Converter
 from tests.jsdriver import check_streams
-from tests.unit.fixtures import convert, fixture_names
+from tests.unit.fixtures import LIVE, convert, fixture_names
 
 pytestmark = pytest.mark.js
 
@@ -60,3 +60,15 @@ def test_all_recorded_runs_pass_the_sdk(version: int) -> None:
         states = [p.get("state") for p in result["message"]["parts"] if "toolCallId" in p]
         assert "approval-requested" not in states and "approval-responded" not in states, (name, states)
         assert result["message"]["id"] == "m1"
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_recorded_live_sessions_pass_the_sdk(version: int) -> None:
+    names = fixture_names(LIVE)
+    converted = {n: convert(n, Converter("m1", version=version), folder=LIVE) for n in names}
+    for name, result in zip(names, check_streams([{"version": version, "chunks": converted[n]} for n in names])):
+        assert result["schemaErrors"] == [], (name, result["schemaErrors"])
+        errors = [c["errorText"] for c in converted[name] if c["type"] == "error"]
+        assert result["streamError"] == (errors[0] if errors else None), (name, result["streamError"])
+    finish = converted["interrupt"][-1]
+    assert finish["finishReason"] == ("interrupted" if version == 7 else "other")

@@ -37,6 +37,7 @@ import asyncio
 import math
 import re
 import struct
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 
 from google.adk.models.base_llm_connection import BaseLlmConnection, RealtimeInput
@@ -118,10 +119,13 @@ class ScriptedLiveConnection(BaseLlmConnection):
         # None, queued by close(), wakes a receive() that waits for the next turn.
         self._turns: asyncio.Queue[_Turn | None] = asyncio.Queue()
         self._closed = False
-        # The last round of function calls, and the responses received for it so far:
-        # ADK sends responses back in one content per round, but a non-blocking tool
-        # answers on its own, so the summary waits until every call has an answer.
-        self._calls: list[types.FunctionCall] = []
+        # Set by close(): ends a receive() that is pacing chunks at once.
+        self._closing = asyncio.Event()
+        # Rounds of function calls still unanswered, oldest first, and the responses
+        # received so far for the oldest. ADK answers rounds in order (a blocked tool
+        # holds back the next round's calls) and a round in one content, except that a
+        # non-blocking tool answers on its own: a summary waits for the whole round.
+        self._rounds: deque[list[types.FunctionCall]] = deque()
         self._responses: list[types.FunctionResponse] = []
         # Text sent as partial turn updates (LiveRequest.partial), prepended to the next full turn.
         self._partial_text: list[str] = []
@@ -138,11 +142,11 @@ class ScriptedLiveConnection(BaseLlmConnection):
         last = history[-1]
         if last.role == "model":
             # Calls still running when the previous connection ended: their responses come next.
-            self._calls = [p.function_call for p in last.parts or () if p.function_call]
+            if calls := [p.function_call for p in last.parts or () if p.function_call]:
+                self._rounds.append(calls)
             return
         results = latest_results(history)
         if results is not None:
-            self._calls, self._responses = [], []
             self._queue(self._text_turn(summarize_results(results)))
         elif text := content_text(last):
             self._answer(text)
@@ -193,8 +197,7 @@ class ScriptedLiveConnection(BaseLlmConnection):
             if turn is None:
                 return
             for item in turn:
-                # Even at 0 this yields control, as a network stream would.
-                await asyncio.sleep(self._chunk_delay)
+                await self._pause()
                 if self._closed:
                     return
                 if isinstance(item, BaseException):
@@ -205,6 +208,7 @@ class ScriptedLiveConnection(BaseLlmConnection):
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         self._cancel_audio_timer()
         self._turns.put_nowait(None)
 
@@ -222,22 +226,25 @@ class ScriptedLiveConnection(BaseLlmConnection):
             self._queue([DemoCrash(CRASH_MESSAGE)])
         elif reply.kind == "calls":
             # No ids: ADK's live flow gives each call an "adk-" id, as it does for Gemini's.
-            self._calls = [types.FunctionCall(name=c.name, args=dict(c.args)) for c in reply.calls]
-            self._responses = []
-            parts = [types.Part(function_call=call) for call in self._calls]
+            calls = [types.FunctionCall(name=c.name, args=dict(c.args)) for c in reply.calls]
+            self._rounds.append(calls)
+            parts = [types.Part(function_call=call) for call in calls]
             self._queue([LlmResponse(content=types.ModelContent(parts=parts), model_version=self._model)])
         else:
             self._queue(self._text_turn(reply.text))
 
     def _on_function_responses(self, responses: Sequence[types.FunctionResponse]) -> None:
         self._responses.extend(responses)
-        if len(self._responses) < len(self._calls):
+        calls = self._rounds[0] if self._rounds else []
+        if len(self._responses) < len(calls):
             return
+        if self._rounds:
+            self._rounds.popleft()
         history = [
-            types.ModelContent(parts=[types.Part(function_call=c) for c in self._calls]),
+            types.ModelContent(parts=[types.Part(function_call=c) for c in calls]),
             types.UserContent(parts=[types.Part(function_response=r) for r in self._responses]),
         ]
-        self._calls, self._responses = [], []
+        self._responses = []
         self._queue(self._text_turn(summarize_results(latest_results(history) or [])))
 
     def _text_turn(self, text: str) -> _Turn:
@@ -281,6 +288,16 @@ class ScriptedLiveConnection(BaseLlmConnection):
         ]
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    async def _pause(self) -> None:
+        """Waits ``chunk_delay`` between chunks, or less if the connection closes."""
+        if self._chunk_delay <= 0:
+            await asyncio.sleep(0)  # still yield control, as a network stream would
+            return
+        try:
+            await asyncio.wait_for(self._closing.wait(), self._chunk_delay)
+        except TimeoutError:
+            pass
 
     def _queue(self, turn: _Turn) -> None:
         if not self._closed:

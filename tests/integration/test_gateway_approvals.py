@@ -221,7 +221,7 @@ def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
             part["functionResponse"] for e in events for part in (e.get("content") or {}).get("parts", [])
             if "functionResponse" in part
         ]
-        assert responses and "unreachable" in responses[0]["response"]["error"]
+        assert responses and "unavailable" in responses[0]["response"]["error"]
         assert "not made" in "".join(
             part.get("text", "") for e in events if not e.get("partial") for part in (e.get("content") or {}).get("parts", [])
         )

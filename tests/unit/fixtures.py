@@ -10,26 +10,29 @@ from typing import Any
 
 from gateway.converter import Converter
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "adk"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+# Recorded from `/run_sse` (tests/fixtures/adk) and from `/run_live` (tests/fixtures/adk_live).
+FIXTURES = ROOT / "adk"
+LIVE = "adk_live"
 
 
 @cache
-def _load(name: str) -> tuple[str, ...]:
-    return tuple((FIXTURES / f"{name}.jsonl").read_text().splitlines())
+def _load(name: str, folder: str) -> tuple[str, ...]:
+    return tuple((ROOT / folder / f"{name}.jsonl").read_text().splitlines())
 
 
-def events(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in _load(name) if line.strip()]
+def events(name: str, folder: str = "adk") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _load(name, folder) if line.strip()]
 
 
-def fixture_names() -> list[str]:
-    return sorted(p.stem for p in FIXTURES.glob("*.jsonl") if p.stat().st_size)
+def fixture_names(folder: str = "adk") -> list[str]:
+    return sorted(p.stem for p in (ROOT / folder).glob("*.jsonl") if p.stat().st_size)
 
 
-def convert(name: str, converter: Converter | None = None) -> list[dict[str, Any]]:
+def convert(name: str, converter: Converter | None = None, folder: str = "adk") -> list[dict[str, Any]]:
     converter = converter or Converter("m1")
     out = converter.start()
-    for event in events(name):
+    for event in events(name, folder):
         out += converter.feed(event)
     return out + converter.finish()
 

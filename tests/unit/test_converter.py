@@ -315,3 +315,37 @@ def test_a_gated_tool_answering_without_the_plugin_is_reported() -> None:
     response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": {"ok": 1}}}]}}
     converter.feed(response)
     assert converter.bypassed == ["pay"] and not converter.waiting_for_person
+
+
+# ---- live mode -------------------------------------------------------------------------------
+
+def test_live_text_turn_streams_once() -> None:
+    from tests.unit.fixtures import LIVE
+
+    chunks = convert("hello_there", folder=LIVE)
+    text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert text.startswith('You said: "hello there"') and types(chunks).count("text-start") == 1
+    check_stream_rules(chunks)
+
+
+def test_live_interruption_keeps_what_was_said_and_ends_interrupted() -> None:
+    from tests.unit.fixtures import LIVE
+
+    chunks = convert("interrupt", converter=Converter("m1", version=7), folder=LIVE)
+    assert chunks[-1]["finishReason"] == "interrupted"
+    assert types(chunks)[-3:] == ["text-end", "finish-step", "finish"]
+    check_stream_rules(chunks)
+
+
+def test_live_audio_becomes_pcm_data_and_transcripts() -> None:
+    from tests.unit.fixtures import LIVE
+
+    chunks = convert("audio", folder=LIVE)
+    pcm = [c for c in chunks if c["type"] == "data-pcm"]
+    assert pcm and all(c["transient"] and c["data"]["mimeType"].startswith("audio/pcm") for c in pcm)
+    heard = [c for c in chunks if c["type"] == "data-transcription"]
+    assert {c["id"] for c in heard} == {"heard-0"}
+    assert heard[-1]["data"] == {"role": "user", "text": "(heard 3200 bytes of audio)", "finished": True}
+    said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert said == "I heard 3200 bytes of audio, but I only understand typed text."
+    check_stream_rules(chunks)
