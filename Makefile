@@ -6,19 +6,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 JS_STAMP := tests/js/node_modules/.installed-stamp
+DEMO_BUNDLE := gateway/static/demo/app.js
 PYTEST_ARGS ?=
 
-.PHONY: run run-live test venv js check-config clean
+.PHONY: run run-live test venv js check-config clean chromium
 
-run: $(STAMP)
+run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
 
 # The same demo with the agent in ADK live mode (/run_live): a session per chat, audio-capable.
-run-live: $(STAMP)
+run-live: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo --upstream-mode live
 
-test: $(STAMP) $(JS_STAMP)
+test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
+.PHONY: fuzz
+fuzz: $(STAMP) $(JS_STAMP)
+	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q
 
 venv: $(STAMP)
 
@@ -33,6 +39,16 @@ js: $(JS_STAMP)
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The demo page served at / (web/, see docs/demo.md): the AI SDK bundled by esbuild into
+# gateway/static/demo/ (git-ignored), rebuilt when its sources or pinned packages change.
+$(DEMO_BUNDLE): $(wildcard web/src/*) web/build.mjs web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error && node build.mjs
+	touch $@
+
+# tests/browser drive Debian's chromium (CI runs as root, so apt-get works there).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 check-config: $(STAMP)
 	$(VENV)/bin/adk-gateway check-config config/gateway.yaml

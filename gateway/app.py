@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +20,8 @@ from aiohttp import web
 from .auth import Authenticator
 from .chats import ChatService
 from .config import GatewayConfig
-from .errors import Handler, error_middleware
+from .errors import Handler, HttpError, error_middleware
+from .limits import Admission
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
@@ -29,7 +29,7 @@ from .internal import create_internal_app
 from .transports import sse, ws
 from .upstream import AdkClient
 
-__all__ = ["create_app", "serve"]
+__all__ = ["STATIC_DIR", "create_app"]
 
 log = structlog.get_logger("adk_gateway.app")
 
@@ -52,6 +52,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         status = response.status
         if not response.prepared:
             response.headers.setdefault("X-Request-Id", request_id)
+            # Error answers too: a cross-origin page must be able to read why it was refused.
+            response.headers.update(request.app[GATEWAY].auth.cors_headers(request))
         return response
     finally:
         resource = request.match_info.route.resource
@@ -61,6 +63,13 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             "http_request", method=request.method, path=request.path, route=route, status=status,
             duration_ms=round((time.perf_counter() - started) * 1000, 1),
         )
+
+
+async def demo_page(request: web.Request) -> web.StreamResponse:
+    page = STATIC_DIR / "demo" / "index.html"
+    if not page.is_file():
+        raise HttpError(404, "demo_not_built", "the demo page is not built: run `make run` (it builds it)")
+    return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -101,10 +110,12 @@ async def _enforce_deadlines(gateway: Gateway) -> None:
 
 
 async def _sweep_idle_chats(gateway: Gateway) -> None:
-    ttl = gateway.config.chat.idle_chat_ttl
     while True:
+        ttl = gateway.config.chat.idle_chat_ttl  # read each time: a reload may change it
         await asyncio.sleep(min(ttl, 60.0))
-        forgotten = await gateway.chats.forget_idle(time.monotonic() - ttl)
+        now = gateway.clock()
+        forgotten = await gateway.chats.forget_idle(now - ttl)
+        gateway.admission.forget_idle_buckets(now)
         if forgotten:
             log.info("idle_chats_forgotten", count=forgotten)
 
@@ -127,12 +138,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
-    registry = Registry()
+    registry = Registry(config.limits.max_chats_per_user)
     upstream = AdkClient(config.upstream)
     chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
-        upstream=upstream, chats=chats,
+        upstream=upstream, chats=chats, admission=Admission(config.limits),
     )
     app = web.Application(
         middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
@@ -143,34 +154,10 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.add_routes(ws.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
+    if config.demo.page:
+        app.add_routes([web.get("/", demo_page)])
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     if config.metrics.enabled:
         app.add_routes([web.get(config.metrics.path, metrics)])
     return app
 
-
-async def serve(config: GatewayConfig) -> None:
-    """Serve the public listener (and the internal one, when a secret is configured) until SIGINT/SIGTERM."""
-    app = create_app(config)
-    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)]
-    sites = [(runners[0], config.listen.host, config.listen.port)]
-    if config.internal.secret is not None:
-        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False)
-        runners.append(internal)
-        sites.append((internal, config.internal.host, config.internal.port))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        for runner in runners:
-            await runner.setup()
-        for runner, host, port in sites:
-            await web.TCPSite(runner, host, port).start()
-            log.info("listening", url=f"http://{host}:{port}", internal=runner is not runners[0])
-        await stop.wait()
-        log.info("stopping")
-    finally:
-        # The internal listener goes last: runs being cancelled still release their plugin waits.
-        for runner in runners:
-            await runner.cleanup()

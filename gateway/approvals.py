@@ -49,6 +49,8 @@ class Verdict:
 
     run: bool
     response: dict[str, Any] | None = None
+    # Why the gateway answered at once rather than asking a person (a metrics label).
+    reason: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"verdict": "run"} if self.run else {"verdict": "respond", "response": self.response}

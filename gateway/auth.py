@@ -1,23 +1,119 @@
-"""Who is calling: the browser-facing identity that every chat is scoped to.
+"""Who is calling, and from which page: the browser-facing identity every chat is scoped to.
 
-Mode `none` (the demo, loopback only) makes every caller the configured anonymous user. The
-returned user id namespaces chats and ADK sessions, which is what keeps one user out of another's
-chats once real authentication modes are configured.
+- `none`: every caller is the configured anonymous user (allowed only on a loopback listener).
+- `api_key`: `Authorization: Bearer <key>` or `x-api-key: <key>`; keys are held as SHA-256
+  digests, so the config may carry digests instead of keys and no key sits in memory in clear.
+- `jwt`: `Authorization: Bearer <token>`, checked with PyJWT (signature, exp, nbf, aud, iss);
+  its `sub` is the user id.
+WebSocket upgrades may pass the credential as `?access_token=`, because browsers cannot set
+headers on them (the access log records the path without its query string).
+
+The returned user id namespaces chats and ADK sessions: one user never reaches another's chats.
+`check_origin` guards WebSocket upgrades and CORS against pages that are not allowed.
 """
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
+import jwt
 from aiohttp import web
 
 from .config import AuthConfig
+from .errors import HttpError
 
 __all__ = ["Authenticator"]
+
+_USER_ID_MAX = 128
+
+
+def _unauthorized(message: str) -> HttpError:
+    return HttpError(401, "unauthorized", message, {"WWW-Authenticate": 'Bearer realm="adk-gateway"'})
 
 
 class Authenticator:
     def __init__(self, config: AuthConfig) -> None:
         self._config = config
+        self._keys: dict[str, str] = {}
+        for entry in config.api_keys:
+            if entry.key is not None and entry.key.get_secret_value():
+                self._keys[hashlib.sha256(entry.key.get_secret_value().encode()).hexdigest()] = entry.id
+            elif entry.sha256:
+                self._keys[entry.sha256.lower()] = entry.id
+        self._jwt_key: Any = None
+        if config.mode == "jwt" and config.jwt is not None:
+            if config.jwt.public_key_file is not None:
+                self._jwt_key = config.jwt.public_key_file.read_bytes()
+            elif config.jwt.secret is not None:
+                self._jwt_key = config.jwt.secret.get_secret_value()
+        self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
 
     def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
-        return self._config.anonymous_user
+        mode = self._config.mode
+        if mode == "none":
+            return self._config.anonymous_user
+        credential = _credential(request)
+        if not credential:
+            raise _unauthorized("credentials required: Authorization: Bearer <token>")
+        if mode == "api_key":
+            user = self._keys.get(hashlib.sha256(credential.encode()).hexdigest())
+            if user is None:
+                raise _unauthorized("unknown API key")
+            return user
+        return self._jwt_subject(credential)
+
+    def _jwt_subject(self, token: str) -> str:
+        settings = self._config.jwt
+        assert settings is not None
+        try:
+            claims = jwt.decode(
+                token,
+                self._jwt_key,
+                algorithms=list(settings.algorithms),
+                audience=settings.audience,
+                issuer=settings.issuer,
+                leeway=settings.leeway,
+                options={"require": ["sub", "exp"], "verify_aud": settings.audience is not None},
+            )
+        except jwt.ExpiredSignatureError:
+            raise _unauthorized("token expired") from None
+        except jwt.InvalidTokenError as exc:
+            raise _unauthorized(f"invalid token: {exc}") from None
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:
+            raise _unauthorized("invalid token: sub must be a non-empty string")
+        return subject
+
+    def origin_allowed(self, origin: str | None, host: str | None) -> bool:
+        """An Origin may open a socket or read a response: same-origin, or listed."""
+        if origin is None:
+            return True  # not a browser, so no page to protect against
+        origin = origin.rstrip("/")
+        if "*" in self._origins or origin in self._origins:
+            return True
+        return host is not None and origin.split("://", 1)[-1] == host
+
+    def check_origin(self, request: web.Request) -> None:
+        if not self.origin_allowed(request.headers.get("Origin"), request.host):
+            raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
+
+    def cors_headers(self, request: web.Request) -> dict[str, str]:
+        """CORS headers for a cross-origin browser request from an allowed origin (else none)."""
+        origin = request.headers.get("Origin")
+        if origin is None or not self._origins or not self.origin_allowed(origin, None):
+            return {}
+        return {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Credentials": "true",
+            "Access-Control-Expose-Headers": "x-vercel-ai-ui-message-stream, X-Request-Id, Retry-After",
+            "Vary": "Origin",
+        }
+
+
+def _credential(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return request.headers.get("x-api-key", "").strip() or request.query.get("access_token", "").strip()

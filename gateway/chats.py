@@ -31,7 +31,8 @@ from .converter import Converter
 from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, confirmation_message, plan_turn
 from .metrics import GatewayMetrics
 from .protocol import encode_chunk
-from .registry import Chat, PendingApproval, Registry
+from .limits import Limited
+from .registry import Chat, PendingApproval, Registry, TooManyChats
 from .live import LiveLink
 from .protocol import ClientVersion
 from .runs import Response, Run
@@ -165,17 +166,28 @@ class ChatService:
         self._clock = clock
         self._new_id = new_id
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing_reason = "This response was cancelled."
+
+    def reconfigure(self, config: GatewayConfig) -> None:
+        """New requests follow the new config; runs under way keep the policy they started with."""
+        self.config = config
+        self._registry.max_chats_per_user = config.limits.max_chats_per_user
 
     # ---- admission -----------------------------------------------------------------------
 
     async def submit(self, user_id: str, request: ChatRequest) -> Attachment:
         """Start or continue the run a request asks for.
 
-        Raises InvalidRequest (400), Forbidden (403), ChatBusy (409), Gone (410) or
-        UpstreamError (502) before anything streams.
+        Raises InvalidRequest (400), Forbidden (403), ChatNotFound (404), ChatBusy (409), Gone (410),
+        Limited (413, 429) or UpstreamError (502) before anything streams.
         """
+        if len(request.messages) > self.config.limits.max_messages:
+            raise Limited(413, "too_many_messages", f"at most {self.config.limits.max_messages} messages per request")
         plan = plan_turn(request)
-        chat = self._registry.get(user_id, request.chat_id, now=self._clock())
+        try:
+            chat = self._registry.get(user_id, request.chat_id, now=self._clock())
+        except TooManyChats:
+            raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = self._split_answers(chat, plan.answers, strict=plan.new_message is None)
         outputs = self._pending_outputs(chat, plan.outputs)
@@ -235,7 +247,7 @@ class ChatService:
 
     def abort(self, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
-        chat = self._registry.find(user_id, chat_id)
+        chat = self._registry.find_session(user_id, chat_id)
         if chat is None or chat.driver is None or not chat.driver.alive:
             return False
         chat.driver.aborting = True
@@ -287,12 +299,13 @@ class ChatService:
 
     async def socket_closed(self, user_id: str, chat_id: str) -> None:
         """The browser socket that drove this chat went away: its live session goes with it."""
-        chat = self._registry.find(user_id, chat_id)
+        chat = self._registry.find_session(user_id, chat_id)
         if chat is not None:
             await self._close_live(chat)
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "The gateway is shutting down.") -> None:
         """Cancel every run still going and close live sessions (shutdown)."""
+        self._closing_reason = reason
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -367,6 +380,11 @@ class ChatService:
         return attachment
 
     async def _settle(self, chat: Chat, answers: list[tuple[ApprovalAnswer, GatedCall]]) -> None:
+        now = self._clock()
+        for answer, call in answers:
+            if not answer.implicit:
+                # The person did decide; the message carrying it just never went out on its own.
+                self._transition(call, lambda c: c.decide(answer.approved, now, answer.reason))
         for call in self._registry.calls_of(chat.user_id, chat.chat_id):
             self._transition(call, lambda c: c.cancel("the user sent a new message instead of answering"))
         driver = chat.driver
@@ -389,9 +407,18 @@ class ChatService:
         existing = self._registry.call_for_tool_call(user_id, session_id, tool_call_id)
         if existing is not None:
             return existing
-        chat = self._registry.find(user_id, session_id)
+        chat = self._registry.find_session(user_id, session_id)
         if chat is None or chat.driver is None or not chat.driver.alive:
-            return Verdict(run=False, response={"error": "No browser is attached to this session, so nobody can answer; the call was not run."})
+            return Verdict(
+                run=False, reason="no_browser",
+                response={"error": "No browser is attached to this session, so nobody can answer; the call was not run."},
+            )
+        waiting = sum(1 for c in self._registry.calls_of(user_id, chat.chat_id) if not c.released)
+        if waiting >= self.config.limits.max_pending_approvals_per_chat:
+            return Verdict(
+                run=False, reason="too_many_pending",
+                response={"error": "Too many tool calls are already waiting for the user in this chat; the call was not run."},
+            )
         call = self._registry.add_call(
             GatedCall.open(
                 user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
@@ -437,7 +464,7 @@ class ChatService:
             "gate_changed", approval_id=call.id, tool=tool, state=call.state.value,
             outcome=call.outcome.value if call.outcome else None, waited_s=round(waited, 3),
         )
-        chat = self._registry.find(call.user_id, call.chat_id)
+        chat = self._registry.find_session(call.user_id, call.session_id)
         if chat is not None and chat.driver is not None and chat.driver.alive:
             chat.driver.publish(chat.driver.converter.gate_changed(call))
         if call.released:
@@ -466,7 +493,7 @@ class ChatService:
             driver.publish(converter.error(f"The agent service failed: {exc}"))
         except asyncio.CancelledError:
             outcome = "cancelled"
-            driver.publish(converter.abort() if driver.aborting else converter.error("This response was cancelled."))
+            driver.publish(converter.abort() if driver.aborting else converter.error(self._closing_reason))
             raise
         except Exception:
             # A bug here must not leave the browser hanging on an open stream.
@@ -492,7 +519,8 @@ class ChatService:
         for attempt in (1, 2):
             try:
                 async for event in self._upstream.run_sse(
-                    user_id=chat.user_id, session_id=chat.session_id, new_message=message
+                    user_id=chat.user_id, session_id=chat.session_id, new_message=message,
+                    waiting=lambda: chat.driver is not None and chat.driver.converter.waiting_for_person,
                 ):
                     if first:
                         self.metrics.upstream_first_event.observe(self._clock() - started)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import structlog
 
-from .app import serve
-from pydantic import SecretStr
+from .server import serve
+from pydantic import SecretStr, ValidationError
 
 from .config import ConfigError, GatewayConfig, load_config
 from .logs import configure_logging
@@ -36,38 +36,51 @@ __all__ = ["main"]
 EXIT_CONFIG = 2
 PLUGIN = "gateway.agent_plugin.GatewayPlugin"
 DEFAULT_CONFIG = Path("config/gateway.yaml")
+# The reference config of a source checkout, so `adk-gateway demo` works from any directory.
+CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "gateway.yaml"
+
+
+def _config_path(path: Path | None) -> Path | None:
+    """The config file to use: the one given, else config/gateway.yaml here, else the checkout's."""
+    if path is not None:
+        return path
+    for candidate in (DEFAULT_CONFIG, CHECKOUT_CONFIG):
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def _load(path: Path | None) -> GatewayConfig:
-    if path is None:
-        path = DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
-    if path is None:
-        return GatewayConfig()
-    return load_config(path)
+    return GatewayConfig() if path is None else load_config(path)
 
 
 def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: str | None = None) -> GatewayConfig:
-    listen = config.listen
+    """The config with command-line overrides applied, validated like the file itself."""
+    data = config.model_dump()
+    listen, upstream_section = data["listen"], data["upstream"]
     if args.host:
-        listen = listen.model_copy(update={"host": args.host})
+        listen["host"] = args.host
     port = args.port if args.port is not None else os.environ.get("PORT")
     if port is not None:
-        listen = listen.model_copy(update={"port": int(port)})
-    update: dict[str, object] = {"listen": listen}
-    upstream_update: dict[str, object] = {}
+        listen["port"] = port
     if upstream:
-        upstream_update["url"] = upstream
+        upstream_section["url"] = upstream
     if args.upstream_mode:
-        upstream_update["mode"] = args.upstream_mode
-    if upstream_update:
-        update["upstream"] = config.upstream.model_copy(update=upstream_update)
-    return config.model_copy(update=update)
+        upstream_section["mode"] = args.upstream_mode
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([f"command line / $PORT: {problem}" for problem in _problems(exc)]) from None
 
 
-def _serve(config: GatewayConfig) -> None:
+def _problems(exc: ValidationError) -> list[str]:
+    return [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
+
+
+def _serve(config: GatewayConfig, path: Path | None) -> None:
     configure_logging(config.logging.level, config.logging.format)
     structlog.get_logger("adk_gateway").info("gateway_starting", upstream=config.upstream_base)
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, path))
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -120,7 +133,8 @@ def demo_agent(
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    _serve(_with_overrides(_load(args.config), args))
+    path = _config_path(args.config)
+    _serve(_with_overrides(_load(path), args), path)
     return 0
 
 
@@ -128,13 +142,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # The plugin in the agent process and the gateway share this secret; a fresh one per demo run
     # unless the operator set one.
     os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
-    config = _load(args.config)
+    path = _config_path(args.config)
+    config = _load(path)
     # SIGTERM becomes SystemExit so the `finally` that stops the child runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     internal = config.internal.model_copy(
         update={"port": _free_port(), "secret": SecretStr(os.environ["ADK_GATEWAY_SECRET"])}
     )
-    config = config.model_copy(update={"internal": internal})
+    config = config.model_copy(update={"internal": internal, "demo": config.demo.model_copy(update={"page": True})})
     port = _free_port()
     print(f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin) on 127.0.0.1:{port} ...", file=sys.stderr)
     plugin_env = {
@@ -149,7 +164,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         with contextlib.suppress(KeyboardInterrupt):
-            _serve(config)
+            # No reload in the demo: its ports and secret are made up at start, not in the file.
+            _serve(config, None)
     return 0
 
 
@@ -164,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (("serve", "serve the gateway"), ("demo", "serve the gateway in front of the demo agent")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--config", type=Path, help=f"YAML config (default: {DEFAULT_CONFIG} if present)")
+        p.add_argument("--config", type=Path, help=f"YAML config (default: {DEFAULT_CONFIG}, or the checkout's)")
         p.add_argument("--host", help="listen address (overrides listen.host)")
         p.add_argument("--port", type=int, help="listen port (overrides listen.port and $PORT)")
         p.add_argument(

@@ -9,6 +9,7 @@ be written into the file.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -86,6 +87,19 @@ class _Section(BaseModel):
 class ListenConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    # On SIGTERM: /readyz turns 503, new chats are refused, running responses get this long to
+    # finish before they are ended with an error (SSE) or closed with 1001 (WebSocket).
+    drain_timeout: Duration = 20.0
+
+    @property
+    def loopback(self) -> bool:
+        host = self.host.strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
 
 
 class UpstreamConfig(_Section):
@@ -110,11 +124,18 @@ class ChatConfig(_Section):
     # The AI SDK major version assumed when a client does not say (ai 7 extras only on request).
     default_protocol: Literal[6, 7] = 6
     max_body_bytes: Size = 4 * 1024 * 1024
-    # Chunks kept per run for resume; older ones are dropped and a late resume gets an error.
+    # Chunks kept per response for resume; past this the oldest half is dropped, and a resume of
+    # that response answers 204 (a follower that fell that far behind gets an error chunk).
     run_buffer_chunks: int = Field(10_000, ge=100)
     # How long a finished response can still be replayed by a resume (`GET /api/chat/{id}/stream`,
     # WebSocket `resume`): a browser that lost its connection cannot say what reached it.
     run_retention: Duration = 60.0
+    # Idle SSE responses get a `: keep-alive` comment line this often, so proxies with idle
+    # timeouts (often 60 s) do not cut a response that waits on a slow model.
+    keepalive_interval: Duration = 15.0
+    # When the browser drops mid-response: `continue` (the run goes on; resume replays it) or
+    # `cancel` (the agent run is cancelled too). Pending approvals stay answerable either way.
+    on_disconnect: Literal["continue", "cancel"] = "continue"
     # A chat untouched this long is forgotten (its ADK session stays in ADK); approvals it still
     # waited on count as cancelled.
     idle_chat_ttl: Duration = 3600.0
@@ -133,10 +154,79 @@ class WebSocketConfig(_Section):
     max_requests: int = Field(16, ge=1)
 
 
+class ApiKey(_Section):
+    """One browser API key: the key itself (from the environment) or its SHA-256 hex digest."""
+
+    # The user id requests with this key act as: chats belong to it.
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+    key: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class JwtConfig(_Section):
+    """Bearer JWTs whose `sub` is the user id."""
+
+    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(default_factory=lambda: ["HS256"], min_length=1)
+    # HS256: the shared secret (from the environment).
+    secret: SecretStr | None = None
+    # RS256 / ES256: a PEM file with the issuer's public key.
+    public_key_file: Path | None = None
+    audience: str | None = None
+    issuer: str | None = None
+    # Clock skew tolerated on exp / nbf.
+    leeway: Duration = 30.0
+
+
 class AuthConfig(_Section):
-    mode: Literal["none"] = "none"
-    # With mode "none" every browser is this one user; chats are still namespaced by it.
+    # none: every caller is `anonymous_user`; only allowed on a loopback listener (demos).
+    # api_key: `Authorization: Bearer <key>` (or `x-api-key`). jwt: `Authorization: Bearer <jwt>`.
+    # WebSocket upgrades may pass the credential as `?access_token=` (browsers cannot set headers).
+    mode: Literal["none", "api_key", "jwt"] = "none"
     anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    jwt: JwtConfig | None = None
+    # Browser origins allowed to open the WebSocket and to call the SSE routes cross-origin (CORS).
+    # Empty: same-origin pages and non-browser clients only. "*" allows any origin.
+    allowed_origins: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _credentials_for_mode(self) -> AuthConfig:
+        if self.mode == "api_key":
+            usable = [k for k in self.api_keys if (k.key and k.key.get_secret_value()) or k.sha256]
+            if not usable:
+                raise ValueError("auth.mode api_key needs at least one entry in auth.api_keys with a key or sha256")
+            for entry in self.api_keys:
+                if entry.key is not None and entry.sha256 is not None:
+                    raise ValueError(f"auth.api_keys[{entry.id}]: give key or sha256, not both")
+        if self.mode == "jwt":
+            jwt = self.jwt
+            if jwt is None:
+                raise ValueError("auth.mode jwt needs an auth.jwt section")
+            if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
+                raise ValueError("auth.jwt.secret is required for HS256")
+            if {"RS256", "ES256"} & set(jwt.algorithms):
+                if jwt.public_key_file is None:
+                    raise ValueError("auth.jwt.public_key_file is required for RS256/ES256")
+                if not jwt.public_key_file.is_file():
+                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
+        return self
+
+
+class LimitsConfig(_Section):
+    """Per-user and global caps; each is answered with a JSON reason and the fitting status."""
+
+    # Messages in one request's history (413 beyond).
+    max_messages: int = Field(500, ge=1)
+    # Responses one user may be streaming at once (429), and all users together (503).
+    max_streams_per_user: int = Field(8, ge=1)
+    max_streams_total: int = Field(2000, ge=1)
+    # Chats one user may have in the gateway's memory at once (429).
+    max_chats_per_user: int = Field(200, ge=1)
+    # Tool calls of one chat waiting for a person at once; more are refused to the agent.
+    max_pending_approvals_per_chat: int = Field(16, ge=1)
+    # Requests per second per user (token bucket; 429 with Retry-After), and the burst allowed.
+    rate_per_user: float = Field(20.0, gt=0)
+    burst_per_user: int = Field(40, ge=1)
 
 
 class ToolPolicy(_Section):
@@ -175,6 +265,12 @@ class InternalConfig(_Section):
     policy_refresh: Duration = 30.0
 
 
+class DemoConfig(_Section):
+    # Serve the demo chat page at `/` (gateway/static/demo). Off in production configs;
+    # `adk-gateway demo` turns it on.
+    page: bool = False
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # auto: JSON when stderr is not a terminal (containers, CI), console renderer on a TTY.
@@ -192,15 +288,27 @@ class GatewayConfig(_Section):
     chat: ChatConfig = ChatConfig()
     websocket: WebSocketConfig = WebSocketConfig()
     auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
     internal: InternalConfig = InternalConfig()
+    demo: DemoConfig = DemoConfig()
     # Per-tool policy; the key `default` applies to every tool not listed.
     tools: dict[str, ToolPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")
+    def _anonymous_only_on_loopback(self) -> GatewayConfig:
+        if self.auth.mode == "none" and not self.listen.loopback:
+            raise ValueError(
+                f"auth.mode none is only allowed on a loopback listener, not {self.listen.host}: "
+                "configure api_key or jwt"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _secret_when_gating(self) -> GatewayConfig:
-        if any(p.gated for p in self.tools.values()) and self.internal.secret is None:
+        secret = self.internal.secret.get_secret_value() if self.internal.secret is not None else ""
+        if any(p.gated for p in self.tools.values()) and not secret:
             raise ValueError(
                 "internal.secret is required when a tool needs approval or runs in the browser "
                 "(the ADK plugin authenticates with it)"

@@ -7,6 +7,8 @@ bearer token, compared in constant time.
 - `GET /internal/v1/policy`: the tool policy, so the plugin only calls back for gated tools.
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
   `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
+- `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
+  when the new file is bad (the old config stays).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
     gateway = request.app[GATEWAY]
     secret = gateway.config.internal.secret
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if secret is None or not hmac.compare_digest(given.encode(), secret.get_secret_value().encode()):
+    expected = secret.get_secret_value() if secret is not None else ""
+    # An empty secret authenticates nobody (an unset ${VAR:-} must not open the listener).
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
         gateway.metrics.plugin_requests.labels("unauthorized").inc()
         log.warning("internal_unauthorized", path=request.path)
         raise HttpError(401, "unauthorized", "missing or wrong internal secret")
@@ -78,7 +82,7 @@ async def tool_call(request: web.Request) -> web.Response:
         tool=body.tool, args=body.args,
     )
     if isinstance(gate, Verdict):
-        result = "not_gated" if gate.run else "no_browser"
+        result = "not_gated" if gate.run else (gate.reason or "respond")
         verdict = gate
     else:
         verdict = await gateway.chats.wait(gate)
@@ -87,9 +91,23 @@ async def tool_call(request: web.Request) -> web.Response:
     return web.json_response(verdict.as_json())
 
 
+async def reload(request: web.Request) -> web.Response:
+    from .server import reload_config
+
+    gateway = request.app[GATEWAY]
+    if gateway.config_path is None:
+        raise HttpError(409, "no_config_file", "this gateway was not started from a config file")
+    result = reload_config(gateway, gateway.config_path)
+    return web.json_response(result.as_json(), status=200 if result.ok else 422)
+
+
 def create_internal_app(public: web.Application) -> web.Application:
     """The internal Application, sharing the public one's state."""
     app = web.Application(middlewares=[error_middleware, require_secret], client_max_size=1024 * 1024)
     app[GATEWAY] = public[GATEWAY]
-    app.add_routes([web.get("/internal/v1/policy", policy), web.post("/internal/v1/tool-calls", tool_call)])
+    app.add_routes([
+        web.get("/internal/v1/policy", policy),
+        web.post("/internal/v1/tool-calls", tool_call),
+        web.post("/internal/v1/reload", reload),
+    ])
     return app

@@ -46,7 +46,7 @@ class GatewayMetrics:
             "adk_gateway_upstream_up", "1 when the last upstream health probe succeeded.", registry=r
         )
         self.runs = Counter(
-            "adk_gateway_runs_total", "Upstream runs finished, by outcome (completed, waiting, error).",
+            "adk_gateway_runs_total", "Upstream runs finished, by outcome (completed, waiting, error, cancelled).",
             ["outcome"], registry=r,
         )
         self.approvals_pending = Gauge(
@@ -71,7 +71,7 @@ class GatewayMetrics:
         self.plugin_requests = Counter(
             "adk_gateway_plugin_requests_total",
             "Decision requests from the ADK plugin, by result (run, respond, not_gated, no_browser, "
-            "unauthorized, invalid).",
+            "too_many_pending, unauthorized, invalid).",
             ["result"], registry=r,
         )
         self.policy_bypassed = Counter(
@@ -93,6 +93,20 @@ class GatewayMetrics:
             "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
             ["direction"], registry=r,
         )
+        self.limited = Counter(
+            "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
+            "gateway_busy, too_many_chats, too_many_messages, body_too_large, draining, unauthorized, origin_not_allowed).",
+            ["reason"], registry=r,
+        )
+        self.config_reloads = Counter(
+            "adk_gateway_config_reloads_total", "Configuration reloads, by result (success, failure).",
+            ["result"], registry=r,
+        )
+        self.config_last_reload = Gauge(
+            "adk_gateway_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful configuration load.", registry=r,
+        )
+        self.draining = Gauge("adk_gateway_draining", "1 while the gateway drains before stopping.", registry=r)
         # Label children are cached: a labels() lookup per chunk would be a needless hot-path cost.
         self._chunk_counters: dict[str, Counter] = {}
 

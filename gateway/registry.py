@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .chats import RunDriver
     from .live import LiveLink
 
-__all__ = ["Chat", "PendingApproval", "Registry"]
+__all__ = ["Chat", "ChatNotFound", "PendingApproval", "Registry", "TooManyChats"]
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,21 @@ class Chat:
     pending: dict[str, PendingApproval] = field(default_factory=dict)
 
 
+class ChatNotFound(Exception):
+    """The chat id belongs to another user: to this caller it does not exist."""
+
+
+class TooManyChats(Exception):
+    """The user already has as many chats as the gateway keeps per user."""
+
+
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, max_chats_per_user: int = 1_000_000) -> None:
+        self.max_chats_per_user = max_chats_per_user
         self._chats: dict[tuple[str, str], Chat] = {}
+        # Chat ids are global to the browser side: the first user to use one owns it.
+        self._owners: dict[str, str] = {}
+        self._per_user: dict[str, int] = {}
         self._calls: dict[str, GatedCall] = {}
         self._calls_by_tool_call: dict[tuple[str, str, str], GatedCall] = {}
         self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
@@ -63,15 +75,33 @@ class Registry:
         return len(self._chats)
 
     def get(self, user_id: str, chat_id: str, *, now: float) -> Chat:
-        """The chat, created on first use. The ADK session id is the chat id (scoped by user in ADK)."""
+        """The chat, created on first use. The ADK session id is the chat id (scoped by user in ADK).
+
+        Raises ChatNotFound when another user owns the id, TooManyChats at the per-user cap.
+        """
         chat = self._chats.get((user_id, chat_id))
         if chat is None:
+            owner = self._owners.get(chat_id)
+            if owner is not None and owner != user_id:
+                raise ChatNotFound(chat_id)
+            if self._per_user.get(user_id, 0) >= self.max_chats_per_user:
+                raise TooManyChats(user_id)
             chat = self._chats[(user_id, chat_id)] = Chat(user_id, chat_id, chat_id, now)
+            self._owners[chat_id] = user_id
+            self._per_user[user_id] = self._per_user.get(user_id, 0) + 1
         chat.last_active = now
         return chat
 
     def find(self, user_id: str, chat_id: str) -> Chat | None:
+        """The caller's chat, or None; raises ChatNotFound when another user owns the id."""
+        owner = self._owners.get(chat_id)
+        if owner is not None and owner != user_id:
+            raise ChatNotFound(chat_id)
         return self._chats.get((user_id, chat_id))
+
+    def find_session(self, user_id: str, session_id: str) -> Chat | None:
+        """The chat behind an ADK session (the plugin's view: no ownership question)."""
+        return self._chats.get((user_id, session_id))
 
     def expire(self, *, idle_before: float) -> list[Chat]:
         """Forget chats idle since before `idle_before` that have nothing streaming; returns them."""
@@ -84,6 +114,12 @@ class Registry:
         ]
         for chat in gone:
             del self._chats[(chat.user_id, chat.chat_id)]
+            self._owners.pop(chat.chat_id, None)
+            left = self._per_user.get(chat.user_id, 1) - 1
+            if left > 0:
+                self._per_user[chat.user_id] = left
+            else:
+                self._per_user.pop(chat.user_id, None)
             for call in self.calls_of(chat.user_id, chat.chat_id):
                 self._forget_call(call)
         return gone

@@ -67,8 +67,12 @@ class Response:
         """Every frame since `start` is still held, so the response can be replayed whole."""
         return self.offset == 0
 
-    async def follow(self, start: int = 0) -> AsyncIterator[list[bytes]]:
-        """Batches of frames from position `start` until the response is complete."""
+    async def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
+        """Batches of frames from position `start` until the response is complete.
+
+        With `idle`, an empty batch comes after that many seconds without frames, so the
+        transport can send a keep-alive.
+        """
         position = start
         while True:
             if position < self.offset:
@@ -84,7 +88,14 @@ class Response:
                 return
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-            await waiter
+            if idle is None:
+                await waiter
+                continue
+            try:
+                # Our own future: cancelling it on timeout leaves this generator intact.
+                await asyncio.wait_for(waiter, idle)
+            except TimeoutError:
+                yield []
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []

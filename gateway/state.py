@@ -6,13 +6,17 @@ the chat service) is reached through `request.app[GATEWAY]`; nothing is module-g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
 from .auth import Authenticator
 from .chats import ChatService
 from .config import GatewayConfig
+from .limits import Admission
 from .metrics import GatewayMetrics
 from .registry import Registry
 from .upstream import AdkClient
@@ -28,8 +32,14 @@ class Gateway:
     auth: Authenticator
     upstream: AdkClient
     chats: ChatService
+    admission: Admission
+    clock: Callable[[], float] = time.monotonic
     upstream_up: bool = False
     draining: bool = False
+    # Open browser WebSockets, so a drain can close them with 1001.
+    sockets: set[web.WebSocketResponse] = field(default_factory=set)
+    # The file the config came from, for reloads (None: built in code, nothing to reload).
+    config_path: Path | None = None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

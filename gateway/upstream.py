@@ -9,7 +9,8 @@ stream for as long as it likes while it keeps talking.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -42,9 +43,10 @@ class AdkClient:
         self._max_connections = config.max_connections
         self._base = str(config.url).rstrip("/")
         self._app = config.app_name
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout, sock_read=config.idle_timeout
-        )
+        # No sock_read here: the idle limit is applied per read in run_sse, because a run that
+        # waits for a person is silent for as long as the person takes, and that is not idleness.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
+        self._idle_timeout = config.idle_timeout
         self._call_timeout = aiohttp.ClientTimeout(
             total=config.connect_timeout + 30, sock_connect=config.connect_timeout
         )
@@ -95,9 +97,14 @@ class AdkClient:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
 
     async def run_sse(
-        self, *, user_id: str, session_id: str, new_message: dict[str, Any], state_delta: dict[str, Any] | None = None
+        self, *, user_id: str, session_id: str, new_message: dict[str, Any],
+        waiting: Callable[[], bool] = lambda: False,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Start a run and yield its events as parsed JSON dicts until the upstream closes the stream."""
+        """Start a run and yield its events as parsed JSON dicts until the upstream closes the stream.
+
+        The stream may be silent for `upstream.idle_timeout` at most, except while `waiting()`
+        says the run waits for a person (its own deadline bounds that wait).
+        """
         payload: dict[str, Any] = {
             "appName": self._app,
             "userId": user_id,
@@ -105,19 +112,24 @@ class AdkClient:
             "newMessage": new_message,
             "streaming": True,
         }
-        if state_delta:
-            payload["stateDelta"] = state_delta
         decoder = EventStreamDecoder()
         try:
-            async with self._http.post(
-                f"{self._base}/run_sse", data=orjson.dumps(payload), headers=_SSE_HEADERS, timeout=self._stream_timeout
-            ) as resp:
+            async with asyncio.timeout(self._idle_timeout):
+                request = self._http.post(
+                    f"{self._base}/run_sse", data=orjson.dumps(payload), headers=_SSE_HEADERS,
+                    timeout=self._stream_timeout,
+                )
+                resp = await request
+            async with resp:
                 if resp.status == 404:
                     raise UpstreamError("session_missing", "the agent service does not know this session", 404)
                 if resp.status != 200:
                     detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
                     raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
-                async for data in resp.content.iter_any():
+                while True:
+                    data = await self._read(resp, waiting)
+                    if not data:
+                        break
                     for raw in decoder.feed(data):
                         try:
                             event = orjson.loads(raw)
@@ -148,6 +160,17 @@ class AdkClient:
         except aiohttp.ClientError as exc:
             raise _client_error(exc) from None
         return LiveConnection(ws)
+
+    async def _read(self, resp: aiohttp.ClientResponse, waiting: Callable[[], bool]) -> bytes:
+        """The next bytes of a stream ("" at its end), within the idle limit unless the run waits."""
+        while True:
+            try:
+                # A timer per read (cheaper than wait_for's task); cancelling readany() loses no data.
+                async with asyncio.timeout(self._idle_timeout):
+                    return await resp.content.readany()
+            except TimeoutError:
+                if not waiting():
+                    raise
 
     async def ping(self) -> bool:
         """True when the ADK server answers its app listing."""

@@ -109,14 +109,16 @@ class GatewayProcess:
 @contextmanager
 def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
-    upstream_mode: str = "sse",
+    upstream_mode: str = "sse", drain_timeout: str = "20s",
 ) -> Iterator[GatewayProcess]:
-    """A gateway subprocess. `config` is extra YAML merged under the test defaults."""
+    """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults."""
     port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(
-        f"listen:\n  host: 127.0.0.1\n  port: {port}\n"
+        f"listen:\n  host: 127.0.0.1\n  port: {port}\n  drain_timeout: {drain_timeout}\n"
         f"logging:\n  level: debug\n  format: json\n" + config
+        # The tests run many chats at once as one anonymous user: the production caps would bite.
+        + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n")
         + f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
     )
     log = tmp / f"gateway-{port}.log"

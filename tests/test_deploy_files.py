@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gateway.config import load_config
+from gateway.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -432,9 +432,22 @@ def image_env(final: Stage, gateway_service: dict[str, Any]) -> dict[str, str]:
     """The image's own ENV, plus only what any deployment must supply (config variables without a
     default, such as secrets), taken from compose."""
     required = {name for name, default in config_references().items() if default is None}
+    # The image listens on 0.0.0.0, where anonymous access is refused: every deployment configures
+    # auth (test_image_alone_refuses_anonymous_access checks the refusal).
+    required |= AUTH_ENV
     env = {k: v for k, v in container_env(final, gateway_service).items() if k in required}
     env.update(final.env())
     return env
+
+
+AUTH_ENV = {"AUTH_MODE", "GATEWAY_API_KEY"}
+
+
+def test_image_alone_refuses_anonymous_access(final: Stage, gateway_service: dict[str, Any]) -> None:
+    env = {k: v for k, v in image_env(final, gateway_service).items() if k not in AUTH_ENV}
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, env=env)
+    assert any("auth.mode none is only allowed on a loopback listener" in p for p in info.value.problems)
 
 
 def default_port(final: Stage, gateway_service: dict[str, Any]) -> int:

@@ -1,8 +1,10 @@
 """The SSE transport: the AI SDK's `DefaultChatTransport` over HTTP.
 
 `POST /api/chat` starts (or continues) a chat turn and streams it; `GET /api/chat/{id}/stream` is
-the AI SDK's `resume: true` route: it replays the response still being written and follows it, or
-answers 204 when nothing is active. Handlers only parse, admit and follow; chats.py does the rest.
+the AI SDK's `resume: true` route: it replays the chat's latest response and follows it, or
+answers 204 when there is none. Handlers only admit, parse and follow; chats.py does the rest.
+Responses idle for `chat.keepalive_interval` get a `: keep-alive` comment line, which the AI SDK
+ignores and which keeps proxies with idle timeouts from cutting the stream.
 """
 
 from __future__ import annotations
@@ -12,25 +14,31 @@ from typing import Final
 import structlog
 from aiohttp import web
 
-from ..chats import Attachment, ChatBusy, Forbidden, Gone
-from ..errors import HttpError
+from ..chats import Attachment
+from ..errors import HttpError, refusal
+from ..limits import Limited
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
 from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame
 from ..runs import FollowerLagged
 from ..state import GATEWAY
-from ..upstream import UpstreamError
+from .admit import admit, count_refusal
 
 __all__ = ["routes"]
 
 log = structlog.get_logger("adk_gateway.sse")
 
 _TRANSPORT: Final = "sse"
+_KEEPALIVE: Final = b": keep-alive\n\n"
 
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    user_id = gateway.auth.user_id(request)
-    raw = await request.read()
+    user_id = admit(request)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        count_refusal(request, "body_too_large")
+        raise
     try:
         chat_request = parse_chat_request(
             raw, version_header=request.headers.get(VERSION_HEADER), default_version=gateway.config.chat.default_protocol
@@ -38,55 +46,101 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     except InvalidRequest as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id)
+    slot = _open_stream(request, user_id)
     try:
         attachment = await gateway.chats.submit(user_id, chat_request)
-    except InvalidRequest as exc:
-        raise HttpError(400, "invalid_request", str(exc)) from None
-    except Forbidden as exc:
-        raise HttpError(403, "forbidden", str(exc)) from None
-    except ChatBusy as exc:
-        raise HttpError(409, "chat_busy", str(exc), {"Retry-After": "1"}) from None
-    except Gone as exc:
-        raise HttpError(410, "approval_gone", str(exc)) from None
-    except UpstreamError as exc:
-        raise HttpError(502, "upstream_unavailable", str(exc)) from None
-    return await _stream(request, attachment)
+    except Exception as exc:
+        slot.release()
+        answer = refusal(exc)
+        if answer is None:
+            raise
+        if isinstance(exc, Limited):
+            count_refusal(request, exc.code)
+        raise answer from None
+    try:
+        return await _stream(request, attachment, user_id, chat_request.chat_id)
+    finally:
+        slot.release()
 
 
 async def resume_stream(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    user_id = gateway.auth.user_id(request)
+    user_id = admit(request, new_work=False)
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
-    attachment = gateway.chats.resume(user_id, chat_id)
+    try:
+        attachment = gateway.chats.resume(user_id, chat_id)
+    except Exception as exc:
+        answer = refusal(exc)
+        if answer is None:
+            raise
+        raise answer from None
     if attachment is None:
-        return web.Response(status=204)
-    return await _stream(request, attachment)
+        return web.Response(status=204, headers=gateway.auth.cors_headers(request))
+    slot = _open_stream(request, user_id)
+    try:
+        return await _stream(request, attachment, user_id, chat_id)
+    finally:
+        slot.release()
 
 
-async def _stream(request: web.Request, attachment: Attachment) -> web.StreamResponse:
-    gauge = request.app[GATEWAY].metrics.active_streams.labels(_TRANSPORT)
-    response = web.StreamResponse(headers=SSE_HEADERS)
+def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped-def]
+    try:
+        return request.app[GATEWAY].admission.open_stream(user_id)
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+
+
+async def _stream(request: web.Request, attachment: Attachment, user_id: str, chat_id: str) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
+    request_id = structlog.contextvars.get_contextvars().get("request_id", "")
+    response = web.StreamResponse(
+        headers={**SSE_HEADERS, **gateway.auth.cors_headers(request), "X-Request-Id": request_id}
+    )
     await response.prepare(request)
     gauge.inc()
+    completed = False
     try:
-        async for batch in attachment.response.follow():
-            await response.write(b"".join(map(sse_frame, batch)))
+        async for batch in attachment.response.follow(idle=gateway.config.chat.keepalive_interval):
+            await response.write(b"".join(map(sse_frame, batch)) if batch else _KEEPALIVE)
         await response.write(DONE_FRAME)
+        completed = True
     except FollowerLagged as exc:
         log.warning("follower_lagged", reason=str(exc))
         error = {"type": "error", "errorText": "This response fell too far behind and cannot continue; reload the chat."}
         await response.write(sse_frame(encode_chunk(error)) + DONE_FRAME)
+        completed = True
     except ConnectionError:
-        # The browser left. The run goes on; the browser may resume it.
         log.info("client_disconnected")
     finally:
         gauge.dec()
+        if not completed and gateway.config.chat.on_disconnect == "cancel":
+            gateway.chats.abort(user_id, chat_id)
     return response
 
 
+async def preflight(request: web.Request) -> web.Response:
+    """CORS preflight for cross-origin pages on the allowlist."""
+    gateway = request.app[GATEWAY]
+    headers = gateway.auth.cors_headers(request)
+    if not headers:
+        count_refusal(request, "origin_not_allowed")
+        raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
+    headers.update({
+        "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+        "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "content-type, authorization"),
+        "Access-Control-Max-Age": "600",
+    })
+    return web.Response(status=204, headers=headers)
+
+
 def routes() -> list[web.RouteDef]:
+    stream_path = "/api/chat/{chat_id:" + CHAT_ID_PATTERN.strip("^$") + "}/stream"
     return [
         web.post("/api/chat", post_chat),
-        web.get("/api/chat/{chat_id:" + CHAT_ID_PATTERN.strip("^$") + "}/stream", resume_stream),
+        web.options("/api/chat", preflight),
+        web.get(stream_path, resume_stream),
+        web.options(stream_path, preflight),
     ]

@@ -24,12 +24,14 @@ import orjson
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from ..chats import Attachment, ChatBusy, Forbidden, Gone
+from ..chats import Attachment
+from ..errors import refusal
+from ..limits import Limited
 from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
 from ..runs import FollowerLagged
 from ..state import GATEWAY, Gateway
-from ..upstream import UpstreamError
+from .admit import admit
 
 __all__ = ["routes"]
 
@@ -87,16 +89,36 @@ class Connection:
             await self.error(request_id, f"type: unknown frame type {kind!r} (expected send, resume, abort or audio)")
             return
         try:
+            if kind in ("send", "audio"):
+                self._admit_new_work()
             await handler(self, request_id, frame)
         except FrameError as exc:
             await self.error(request_id, str(exc))
 
+    def _admit_new_work(self) -> None:
+        gateway = self.gateway
+        if gateway.draining:
+            gateway.metrics.limited.labels("draining").inc()
+            raise FrameError("the gateway is shutting down; reconnect to try another instance")
+        try:
+            gateway.admission.check_rate(self.user_id, gateway.clock())
+        except Limited as exc:
+            raise _refused(self, exc) from None
+
     def start_request(self, request_id: str, work: Any) -> None:
         if request_id in self.requests:
+            work.close()
             raise FrameError("requestId: a request with this id is already in flight")
         if len(self.requests) >= self.gateway.config.websocket.max_requests:
+            work.close()
             raise FrameError("too many requests in flight on this socket")
+        try:
+            slot = self.gateway.admission.open_stream(self.user_id)
+        except Limited as exc:
+            work.close()
+            raise _refused(self, exc) from None
         task = asyncio.create_task(self._guard(request_id, work))
+        task.add_done_callback(lambda _t: slot.release())
         self.requests[request_id] = task
         task.add_done_callback(lambda _t: self._forget(request_id))
 
@@ -168,13 +190,21 @@ async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> Non
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
     try:
         attachment = await conn.gateway.chats.submit(conn.user_id, chat_request)
-    except (InvalidRequest, Forbidden, ChatBusy, Gone) as exc:
-        raise FrameError(str(exc)) from None
-    except UpstreamError as exc:
-        raise FrameError(f"The agent service is unavailable: {exc}") from None
+    except Exception as exc:
+        raise _refused(conn, exc) from None
     conn.chats.add(chat_request.chat_id)
     conn.request_chats[request_id] = chat_request.chat_id
     await conn.pump(request_id, attachment)
+
+
+def _refused(conn: Connection, exc: Exception) -> Exception:
+    """The `error` frame for a refused request (the same table SSE answers with), or the bug itself."""
+    answer = refusal(exc)
+    if answer is None:
+        return exc
+    if isinstance(exc, Limited):
+        conn.gateway.metrics.limited.labels(exc.code).inc()
+    return FrameError(answer.message)
 
 
 async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
@@ -189,7 +219,10 @@ async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -
 
 async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_id, ws_request_id=request_id)
-    attachment = conn.gateway.chats.resume(conn.user_id, chat_id)
+    try:
+        attachment = conn.gateway.chats.resume(conn.user_id, chat_id)
+    except Exception as exc:
+        raise _refused(conn, exc) from None
     if attachment is None:
         await conn.send({"type": "no-active", "requestId": request_id})
         return
@@ -225,8 +258,8 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     version = client_version(_version_header(frame), None, conn.default_version)
     try:
         attachment = await conn.gateway.chats.send_audio(conn.user_id, chat_id, mime, data, version)
-    except (InvalidRequest, UpstreamError) as exc:
-        raise FrameError(str(exc)) from None
+    except Exception as exc:
+        raise _refused(conn, exc) from None
     conn.gateway.metrics.audio_bytes.labels("in").inc(len(raw))
     conn.chats.add(chat_id)
     if attachment is not None:
@@ -248,7 +281,7 @@ _HANDLERS = {"send": _on_send, "resume": _on_resume, "abort": _on_abort, "audio"
 
 async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
-    user_id = gateway.auth.user_id(request)
+    user_id = admit(request)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes)
     await ws.prepare(request)
@@ -257,6 +290,7 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     # an app may say `?aiSdkVersion=7` in the URL (or per frame, in headers/body).
     conn.default_version = client_version(request.query.get("aiSdkVersion"), None, gateway.config.chat.default_protocol)
     gateway.metrics.ws_connections.inc()
+    gateway.sockets.add(ws)
     log.info("ws_connected")
     try:
         while not ws.closed:
@@ -282,6 +316,7 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
         for chat_id in conn.chats:
             await gateway.chats.socket_closed(user_id, chat_id)
         gateway.metrics.ws_connections.dec()
+        gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)
     return ws
 

@@ -174,7 +174,7 @@ def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:
     missing = request(gateway.base, "GET", "/nope")
     assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
     wrong = request(gateway.base, "GET", "/api/chat")
-    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.status == 405 and "POST" in wrong.headers["allow"]
     text = request(gateway.base, "GET", "/metrics").body.decode()
     for name in (
         "adk_gateway_http_requests_total", "adk_gateway_active_streams", "adk_gateway_chunks_total",

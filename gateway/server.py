@@ -1,0 +1,127 @@
+"""The gateway process: its listeners, its signals, graceful drain and configuration reload.
+
+- SIGTERM / SIGINT: drain. `/readyz` answers 503 at once and new work is refused; responses
+  still streaming get `listen.drain_timeout` to finish; then runs are cancelled (the browser gets
+  a final `error` chunk, WebSockets close with 1001 "going away", waiting approvals are recorded
+  as cancelled) and the process exits 0.
+- SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file. The new
+  file is validated first; a bad one changes nothing (logged, counted as a failed reload). A good
+  one applies to new requests: tool policies, limits, auth, chat and WebSocket settings. Runs
+  under way keep what they started with. Listen addresses, the upstream, metrics, logging,
+  chat.max_body_bytes, the demo page and turning the internal listener on or off need a
+  restart; a reload that changes them says so in `restart_required`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiohttp import WSCloseCode, web
+
+from .app import create_app
+from .auth import Authenticator
+from .config import ConfigError, GatewayConfig, load_config
+from .internal import create_internal_app
+from .state import GATEWAY, Gateway
+
+__all__ = ["ReloadResult", "reload_config", "serve"]
+
+log = structlog.get_logger("adk_gateway.server")
+
+_RESTART_ONLY = ("listen", "upstream", "metrics", "logging")
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    problems: list[str]
+    restart_required: list[str]
+
+    def as_json(self) -> dict[str, object]:
+        return {"result": "success" if self.ok else "failure", "problems": self.problems,
+                "restart_required": self.restart_required}
+
+
+def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
+    """Validate `path` and, if it is good, apply it to new requests."""
+    try:
+        new = load_config(path)
+    except ConfigError as exc:
+        gateway.metrics.config_reloads.labels("failure").inc()
+        log.error("config_reload_failed", path=str(path), problems=exc.problems)
+        return ReloadResult(False, exc.problems, [])
+    old = gateway.config
+    restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
+    if (new.internal.host, new.internal.port) != (old.internal.host, old.internal.port):
+        restart.append("internal.host/port")
+    if bool(new.internal.secret) != bool(old.internal.secret):
+        restart.append("internal.secret (the listener starts or stops only at start)")
+    if new.chat.max_body_bytes != old.chat.max_body_bytes:
+        restart.append("chat.max_body_bytes")
+    if new.demo != old.demo:
+        restart.append("demo")
+    kept = {key: getattr(old, key) for key in _RESTART_ONLY}
+    kept["internal"] = new.internal.model_copy(update={"host": old.internal.host, "port": old.internal.port})
+    applied = new.model_copy(update=kept)
+    gateway.config = applied
+    gateway.auth = Authenticator(applied.auth)
+    gateway.admission.config = applied.limits
+    gateway.chats.reconfigure(applied)
+    gateway.metrics.config_reloads.labels("success").inc()
+    gateway.metrics.config_last_reload.set(time.time())
+    log.info("config_reloaded", path=str(path), restart_required=restart)
+    return ReloadResult(True, [], restart)
+
+
+async def drain(gateway: Gateway) -> None:
+    """Stop taking work, give running responses their time, then end what is left."""
+    gateway.draining = True
+    gateway.metrics.draining.set(1)
+    deadline = time.monotonic() + gateway.config.listen.drain_timeout
+    log.info("draining", streams=gateway.admission.streams_total, timeout_s=gateway.config.listen.drain_timeout)
+    while gateway.admission.streams_total > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    left = gateway.admission.streams_total
+    await gateway.chats.close("The gateway is shutting down; please send your message again.")
+    for ws in list(gateway.sockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"going away")
+    log.info("drained", cut_short=left)
+
+
+async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and return."""
+    app = create_app(config)
+    gateway = app[GATEWAY]
+    gateway.config_path = config_path
+    if config_path is not None:
+        gateway.metrics.config_last_reload.set(time.time())
+    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)]
+    sites = [(runners[0], config.listen.host, config.listen.port)]
+    if config.internal.secret is not None and config.internal.secret.get_secret_value():
+        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False, shutdown_timeout=5)
+        runners.append(internal)
+        sites.append((internal, config.internal.host, config.internal.port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_config, gateway, config_path)
+    try:
+        for runner in runners:
+            await runner.setup()
+        for runner, host, port in sites:
+            await web.TCPSite(runner, host, port).start()
+            log.info("listening", url=f"http://{host}:{port}", internal=runner is not runners[0])
+        await stop.wait()
+        await drain(gateway)
+    finally:
+        # The internal listener goes last: runs being cancelled still release their plugin waits.
+        for runner in runners:
+            await runner.cleanup()
+        log.info("stopped")

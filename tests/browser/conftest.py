@@ -1,0 +1,82 @@
+"""Headless Chromium (Debian's `chromium`, driven by Playwright for Python) against the demo page.
+
+One real stack for the whole suite (the stock ADK API server with the gateway plugin, and a gateway
+serving the demo page), one browser; each test gets a fresh browser context (own permissions, own
+geolocation) and so a fresh chat. Every test saves a screenshot to artifacts/browser/<test>.png.
+Playwright never downloads a browser here: it launches the system Chromium by path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import sync_playwright  # the `test` extra: pip install -e '.[test]'
+
+from tests.browser.demopage import DemoPage
+from tests.procs import ROOT, PluginStack, plugin_stack
+
+ARTIFACTS = ROOT / "artifacts" / "browser"
+BUNDLE = ROOT / "gateway" / "static" / "demo" / "app.js"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        raise AssertionError("no chromium on PATH: `make test` installs it (apt-get install -y chromium)")
+    return path
+
+
+# Package scope, not session: Playwright's sync API keeps an event loop running while it is open,
+# which would break every asyncio test collected after this package.
+@pytest.fixture(scope="package")
+def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+    if not BUNDLE.is_file():
+        raise AssertionError(f"{BUNDLE.relative_to(ROOT)} is not built: run `make {BUNDLE.relative_to(ROOT)}`")
+    with plugin_stack(tmp_path_factory.mktemp("browser"), extra="demo:\n  page: true\n") as stack:
+        yield stack
+
+
+@pytest.fixture(scope="package")
+def browser() -> Iterator[Any]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def artifact(request: pytest.FixtureRequest) -> Path:
+    """Where this test's screenshot goes: artifacts/browser/<test name>.png."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / (re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name).strip("_") + ".png")
+
+
+@pytest.fixture
+def demo(browser: Any, demo_stack: PluginStack, artifact: Path) -> Iterator[DemoPage]:
+    """A fresh browser context (so a fresh chat); its screenshot is saved whether the test passed or not."""
+    context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
+    try:
+        page = DemoPage(context, demo_stack.gateway, artifact)
+        yield page
+        page.screenshot()
+    finally:
+        context.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "browser: drives the demo page in headless Chromium (Playwright)")

@@ -1,0 +1,140 @@
+// The demo page: wires the AI SDK Chat (chat.js), the browser tools (browser-tools.js) and the
+// rendering (render.js) to the page's controls.
+import { generateId, getToolName, isToolUIPart } from 'ai';
+import { BROWSER_TOOLS, runBrowserTool } from './browser-tools.js';
+import { TRANSPORTS, createChat } from './chat.js';
+import { createMessageList } from './render.js';
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  list: $('message-list'),
+  empty: $('empty'),
+  form: $('composer'),
+  input: $('input'),
+  send: $('send'),
+  stop: $('stop'),
+  status: $('status'),
+  banner: $('error-banner'),
+  bannerText: $('error-text'),
+  endpoint: $('endpoint'),
+  nowPlaying: $('now-playing'),
+  toggle: [...document.querySelectorAll('[data-transport]')],
+  examples: [...document.querySelectorAll('.example')],
+};
+
+// ?transport=ws opens the page on the WebSocket transport; the toggle switches at any time.
+let transport = new URLSearchParams(location.search).get('transport') === 'ws' ? 'ws' : 'sse';
+let chat = newChat(generateId(), []);
+
+function newChat(id, messages) {
+  return createChat({
+    id,
+    messages,
+    transport,
+    onChange: scheduleRender,
+    onToolCall: ({ toolCall }) => {
+      // Not awaited, and answered on whichever Chat is current when the tool finishes (the
+      // person may switch transport while the browser asks for the position).
+      runBrowserTool(
+        toolCall,
+        (result) => void chat.addToolOutput({ tool: toolCall.toolName, toolCallId: toolCall.toolCallId, ...result }),
+        { onPlaying: showNowPlaying },
+      );
+    },
+  });
+}
+
+const busy = () => chat.status === 'submitted' || chat.status === 'streaming';
+
+function send(text) {
+  text = text.trim();
+  if (!text || busy()) return;
+  ui.input.value = '';
+  chat.sendMessage({ text }).catch(() => {}); // failures land in chat.error (the banner)
+}
+
+// Switching transport keeps the conversation: a new Chat with the same id and messages, on the
+// other transport. The gateway does not care which transport answers an approval.
+function switchTransport(kind) {
+  if (kind === transport || busy()) return;
+  transport = kind;
+  const old = chat;
+  chat = newChat(old.id, old.messages);
+  void old.dispose(); // closes the WebSocket, if that was the old transport
+  const url = new URL(location.href);
+  url.searchParams.set('transport', kind);
+  history.replaceState(null, '', url);
+  scheduleRender();
+}
+
+const actions = {
+  approve: (part, approved) => void chat.addToolApprovalResponse({ id: part.approval.id, approved }),
+};
+const renderMessages = createMessageList(ui.list, actions);
+
+let nowPlayingTimer;
+function showNowPlaying(title, description) {
+  ui.nowPlaying.textContent = `♪ ${title}`;
+  ui.nowPlaying.title = description;
+  ui.nowPlaying.hidden = false;
+  clearTimeout(nowPlayingTimer);
+  nowPlayingTimer = setTimeout(() => (ui.nowPlaying.hidden = true), 4000);
+}
+
+// What the chat is waiting for, in words.
+function statusText() {
+  if (chat.status === 'submitted') return 'Sending…';
+  if (chat.status === 'streaming') return 'The agent is answering…';
+  if (chat.status === 'error') return '';
+  const last = chat.messages.at(-1);
+  const tools = last?.role === 'assistant' ? last.parts.filter(isToolUIPart) : [];
+  const waiting = tools.filter((part) => part.state === 'approval-requested');
+  if (waiting.length) return `Waiting for you: Approve or Deny ${waiting.length > 1 ? `the ${waiting.length} calls` : 'the call'} above.`;
+  const running = tools.find((part) => part.state === 'input-available' && BROWSER_TOOLS.has(getToolName(part)));
+  if (running) return `Running ${getToolName(running)} in your browser…`;
+  return '';
+}
+
+let frame = 0;
+function scheduleRender() {
+  frame ||= requestAnimationFrame(render);
+}
+
+function render() {
+  frame = 0;
+  const atBottom = innerHeight + scrollY >= document.body.scrollHeight - 40;
+  renderMessages(chat.messages);
+  ui.empty.hidden = chat.messages.length > 0;
+  ui.status.textContent = statusText();
+  ui.send.disabled = busy();
+  ui.stop.hidden = !busy();
+  ui.banner.hidden = !chat.error;
+  ui.bannerText.textContent = chat.error?.message ?? '';
+  ui.endpoint.textContent = TRANSPORTS[transport].label;
+  for (const button of ui.examples) button.disabled = busy();
+  for (const button of ui.toggle) {
+    button.setAttribute('aria-checked', String(button.dataset.transport === transport));
+    button.disabled = busy();
+  }
+  document.body.dataset.status = chat.status; // for tests and styling
+  document.body.dataset.transport = transport;
+  if (atBottom) scrollTo(0, document.body.scrollHeight);
+}
+
+ui.form.addEventListener('submit', (event) => {
+  event.preventDefault();
+  send(ui.input.value);
+});
+ui.stop.addEventListener('click', () => void chat.stop());
+$('error-dismiss').addEventListener('click', () => chat.clearError());
+$('new-chat').addEventListener('click', () => {
+  const old = chat;
+  chat = newChat(generateId(), []);
+  void old.dispose();
+  scheduleRender();
+});
+for (const button of ui.examples) button.addEventListener('click', () => send(button.textContent));
+for (const button of ui.toggle) button.addEventListener('click', () => switchTransport(button.dataset.transport));
+
+window.demo = { get chat() { return chat; } }; // for the console: demo.chat.messages
+render();
