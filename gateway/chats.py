@@ -28,13 +28,12 @@ import structlog
 from .approvals import APPROVAL_ID_PREFIX, RUN, CallState, GatedCall, Outcome, Verdict
 from .config import GatewayConfig
 from .converter import Converter
+from .limits import Limited
+from .live import LiveLink
 from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, confirmation_message, plan_turn
 from .metrics import GatewayMetrics
-from .protocol import encode_chunk
-from .limits import Limited
+from .protocol import ClientVersion, encode_chunk
 from .registry import Chat, PendingApproval, Registry, TooManyChats
-from .live import LiveLink
-from .protocol import ClientVersion
 from .runs import Response, Run
 from .upstream import AdkClient, UpstreamError
 
@@ -184,10 +183,7 @@ class ChatService:
         if len(request.messages) > self.config.limits.max_messages:
             raise Limited(413, "too_many_messages", f"at most {self.config.limits.max_messages} messages per request")
         plan = plan_turn(request)
-        try:
-            chat = self._registry.get(user_id, request.chat_id, now=self._clock())
-        except TooManyChats:
-            raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
+        chat = self._chat(user_id, request.chat_id)
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = self._split_answers(chat, plan.answers, strict=plan.new_message is None)
         outputs = self._pending_outputs(chat, plan.outputs)
@@ -227,12 +223,22 @@ class ChatService:
             denied_tool_calls=frozenset(a.tool_call_id for a in native if not a.approved),
             policy=self.config.tool_policy,
         )
-        driver = RunDriver(self, chat, converter, run)
-        chat.driver = driver
-        driver.task = asyncio.create_task(self._drive(driver, plan, native))
+        return self._launch(RunDriver(self, chat, converter, run), lambda d: self._drive(d, plan, native))
+
+    def _chat(self, user_id: str, chat_id: str) -> Chat:
+        try:
+            return self._registry.get(user_id, chat_id, now=self._clock())
+        except TooManyChats:
+            raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
+
+    def _launch(self, driver: RunDriver, work: Callable[[RunDriver], Any]) -> Attachment:
+        """Make `driver` the chat's run and start its task; the run outlives the request."""
+        driver.chat.run = driver.run
+        driver.chat.driver = driver
+        driver.task = asyncio.create_task(work(driver))
         self._tasks.add(driver.task)
         driver.task.add_done_callback(self._tasks.discard)
-        return Attachment(run, run.current)
+        return Attachment(driver.run, driver.run.current)
 
     def resume(self, user_id: str, chat_id: str) -> Attachment | None:
         """The response to replay and follow for a reconnecting browser; None if there is none."""
@@ -269,21 +275,15 @@ class ChatService:
         """
         if not self._live:
             raise InvalidRequest("audio needs an agent in live mode (upstream.mode: live)")
-        chat = self._registry.get(user_id, chat_id, now=self._clock())
+        chat = self._chat(user_id, chat_id)
         link = await self._live_link(chat)
         blob = {"blob": {"mimeType": mime_type, "data": data}}
         if link.in_turn or (chat.driver is not None and chat.driver.alive):
             await link.send(blob)
             return None
         run = Run(self._new_id(), limit=self.config.chat.run_buffer_chunks)
-        chat.run = run
         converter = Converter(run.message_id, version=version, policy=self.config.tool_policy)
-        driver = RunDriver(self, chat, converter, run)
-        chat.driver = driver
-        driver.task = asyncio.create_task(self._drive_audio_turn(driver, blob))
-        self._tasks.add(driver.task)
-        driver.task.add_done_callback(self._tasks.discard)
-        return Attachment(run, run.current)
+        return self._launch(RunDriver(self, chat, converter, run), lambda d: self._drive_audio_turn(d, blob))
 
     async def _drive_audio_turn(self, driver: RunDriver, blob: dict[str, Any]) -> None:
         driver.publish(driver.converter.start())

@@ -114,6 +114,14 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
         completed = True
     except ConnectionError:
         log.info("client_disconnected")
+    except Exception:
+        # Headers are gone already: no JSON 500 can follow. End the stream as the AI SDK expects.
+        log.exception("stream_failed")
+        error = {"type": "error", "errorText": "The gateway failed while streaming this response."}
+        try:
+            await response.write(sse_frame(encode_chunk(error)) + DONE_FRAME)
+        except ConnectionError:
+            pass
     finally:
         gauge.dec()
         if not completed and gateway.config.chat.on_disconnect == "cancel":

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
-from tests.jsdriver import assert_clean, run_chats
+from tests.demo_rows import SCENARIOS, check_rows
+from tests.jsdriver import run_chats
 from tests.procs import (
     PLUGIN, PluginStack, adk_server, free_port, gateway_process, metric_value, plugin_stack, request,
 )
@@ -118,46 +119,11 @@ def test_browser_tool_with_approval_is_not_handed_over_before_approval(stack: Pl
 
 def test_every_demo_row_with_stock_chats(stack: PluginStack) -> None:
     api = f"{stack.gateway.base}/api/chat"
-    location = {"latitude": 35.6812, "longitude": 139.7671}
-    scenarios = {
-        "hello": [{"send": "hello there"}],
-        "weather": [{"send": "weather in Tokyo"}],
-        "approve": [{"send": "pay 50 to Hanako", "approvals": "approve"}],
-        "deny": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
-        "two": [{"send": "pay 10 to Alice and 20 to Bob", "approvals": ["approve", "deny"]}],
-        "location": [{"send": "where am I", "approvals": "approve", "toolOutputs": {"get_location": location}}],
-        "location_denied": [{"send": "where am I", "approvals": "deny", "toolOutputs": {"get_location": location}}],
-        "bgm": [{"send": "play track 2", "toolOutputs": {"change_bgm": {"playing": 2}}}],
-        "moved_on": [{"send": "pay 50 to Hanako"}, {"send": "hello there"}],
-    }
     for version in (6, 7):
-        names = list(scenarios)
-        results = dict(zip(names, run_chats(
-            [{"version": version, "api": api, "steps": scenarios[n]} for n in names], timeout=40
-        )))
-        for name, result in results.items():
-            assert_clean(result)
-            assert result["status"] == "ready", (version, name)
-
-        def parts(name: str) -> list[dict]:
-            return [p for m in results[name]["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
-
-        def said(name: str) -> str:
-            return "".join(p.get("text", "") for m in results[name]["messages"] if m["role"] == "assistant" for p in m["parts"])
-
-        assert [p["state"] for p in parts("approve")] == ["output-available"]
-        assert [p["state"] for p in parts("deny")] == ["output-denied"]
-        assert sorted(p["state"] for p in parts("two")) == ["output-available", "output-denied"]
-        assert [p["state"] for p in parts("location")] == ["output-available"]
-        assert "35.6812" in said("location") and "139.7671" in said("location")
-        assert [p["state"] for p in parts("location_denied")] == ["output-denied"]
-        assert results["location_denied"]["toolCalls"] == [], "the browser ran a tool the person denied"
-        assert "track 2" in said("bgm")
-        assert [m["role"] for m in results["moved_on"]["messages"]] == ["user", "assistant", "user", "assistant"]
-        assert [p["state"] for p in parts("moved_on")] != ["output-available"]
-        for result in results.values():
-            ids = [m["id"] for m in result["messages"] if m["role"] == "assistant"]
-            assert len(ids) == len(set(ids))
+        names = list(SCENARIOS)
+        check_rows(dict(zip(names, run_chats(
+            [{"version": version, "api": api, "steps": SCENARIOS[n]} for n in names], timeout=40
+        ))))
     gw = stack.gateway.base
     assert metric_value(gw, "adk_gateway_browser_tool_wait_seconds_count", {"tool": "get_location", "outcome": "output"}) >= 2
     assert metric_value(gw, "adk_gateway_browser_tool_wait_seconds_count", {"tool": "change_bgm", "outcome": "output"}) >= 2

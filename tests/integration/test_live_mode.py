@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.chatflow import new_chat, post, types, user
-from tests.integration.test_ws_clients import SCENARIOS, check_rows
+from tests.demo_rows import SCENARIOS, check_rows
 from tests.jsdriver import assert_clean, run_chats
 from tests.procs import PluginStack, metric_value, plugin_stack
 
