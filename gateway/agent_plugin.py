@@ -67,7 +67,7 @@ class GatewayPlugin(BasePlugin):
         self._policy_lock: asyncio.Lock | None = None
         self._http: aiohttp.ClientSession | None = None
         if not self._secret:
-            logger.error("ADK_GATEWAY_SECRET is not set: every gated tool call will be refused")
+            logger.error("ADK_GATEWAY_SECRET is not set: the policy cannot be read, so every tool call will be refused")
 
     # ---- ADK hooks -------------------------------------------------------------------------
 

@@ -79,7 +79,9 @@ class Authenticator:
             )
         except jwt.ExpiredSignatureError:
             raise _unauthorized("token expired") from None
-        except jwt.InvalidTokenError as exc:
+        except jwt.PyJWTError as exc:
+            # Every PyJWT failure is the token's fault as far as the caller is concerned (a key that
+            # does not fit the token's algorithm included), never a 500.
             raise _unauthorized(f"invalid token: {exc}") from None
         subject = claims.get("sub")
         if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:

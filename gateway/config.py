@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from cryptography.hazmat.primitives import serialization
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
@@ -110,20 +111,20 @@ class UpstreamConfig(_Section):
     mode: Literal["sse", "live"] = "sse"
     # Response modalities asked of a live session.
     live_modalities: list[Literal["TEXT", "AUDIO"]] = Field(default_factory=lambda: ["TEXT"], min_length=1)
-    connect_timeout: Duration = 5.0
+    connect_timeout: Duration = Field(5.0, gt=0)
     # Longest silence tolerated on a running stream. There is deliberately no total timeout:
     # a run may legitimately stream for a long time.
-    idle_timeout: Duration = 300.0
+    idle_timeout: Duration = Field(300.0, gt=0)
     # Pooled connections to the upstream; every streaming run holds one for its whole length.
     max_connections: int = Field(1000, ge=1)
     # How often /readyz may probe the upstream; between probes the last answer is reused.
-    health_interval: Duration = 5.0
+    health_interval: Duration = Field(5.0, gt=0)
 
 
 class ChatConfig(_Section):
     # The AI SDK major version assumed when a client does not say (ai 7 extras only on request).
     default_protocol: Literal[6, 7] = 6
-    max_body_bytes: Size = 4 * 1024 * 1024
+    max_body_bytes: Size = Field(4 * 1024 * 1024, ge=1024)
     # Chunks kept per response for resume; past this the oldest half is dropped, and a resume of
     # that response answers 204 (a follower that fell that far behind gets an error chunk).
     run_buffer_chunks: int = Field(10_000, ge=100)
@@ -132,24 +133,24 @@ class ChatConfig(_Section):
     run_retention: Duration = 60.0
     # Idle SSE responses get a `: keep-alive` comment line this often, so proxies with idle
     # timeouts (often 60 s) do not cut a response that waits on a slow model.
-    keepalive_interval: Duration = 15.0
+    keepalive_interval: Duration = Field(15.0, gt=0)
     # When the browser drops mid-response: `continue` (the run goes on; resume replays it) or
     # `cancel` (the agent run is cancelled too). Pending approvals stay answerable either way.
     on_disconnect: Literal["continue", "cancel"] = "continue"
     # A chat untouched this long is forgotten (its ADK session stays in ADK); approvals it still
     # waited on count as cancelled.
-    idle_chat_ttl: Duration = 3600.0
+    idle_chat_ttl: Duration = Field(3600.0, gt=0)
 
 
 class WebSocketConfig(_Section):
     """`/api/chat/ws`: the AI SDK WebSocket transport."""
 
     # Ping interval; a peer that does not answer a ping within half of it is closed.
-    heartbeat: Duration = 30.0
+    heartbeat: Duration = Field(30.0, gt=0)
     # Larger frames close the socket with 1009 (message too big).
-    max_frame_bytes: Size = 4 * 1024 * 1024
+    max_frame_bytes: Size = Field(4 * 1024 * 1024, ge=1024)
     # A socket with no request in flight and no frame from the browser for this long is closed.
-    idle_timeout: Duration = 600.0
+    idle_timeout: Duration = Field(600.0, gt=0)
     # Requests one socket may have in flight at once.
     max_requests: int = Field(16, ge=1)
 
@@ -205,10 +206,17 @@ class AuthConfig(_Section):
             if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
                 raise ValueError("auth.jwt.secret is required for HS256")
             if {"RS256", "ES256"} & set(jwt.algorithms):
+                if "HS256" in jwt.algorithms:
+                    # One key for both would let a public key be used as an HMAC secret.
+                    raise ValueError("auth.jwt.algorithms: HS256 cannot be combined with RS256/ES256")
                 if jwt.public_key_file is None:
                     raise ValueError("auth.jwt.public_key_file is required for RS256/ES256")
                 if not jwt.public_key_file.is_file():
                     raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
+                try:
+                    serialization.load_pem_public_key(jwt.public_key_file.read_bytes())
+                except ValueError:
+                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} is not a PEM public key") from None
         return self
 
 
@@ -237,7 +245,7 @@ class ToolPolicy(_Section):
     # `browser`: the call is answered by the browser (the AI SDK's onToolCall + addToolOutput).
     runs_in: Literal["server", "browser"] = "server"
     # How long to wait for the person (approval) or the browser (output).
-    timeout: Duration = 300.0
+    timeout: Duration = Field(300.0, gt=0)
     # What a timeout means for the call: `deny` (the tool does not run, the model is told it was
     # rejected; the browser sees tool-output-denied) or `error` (tool-output-error).
     on_timeout: Literal["deny", "error"] = "deny"
@@ -262,7 +270,7 @@ class InternalConfig(_Section):
     # Shared with the plugin (ADK_GATEWAY_SECRET). Required as soon as a tool policy gates a tool.
     secret: SecretStr | None = None
     # How often the plugin re-reads the tool policy.
-    policy_refresh: Duration = 30.0
+    policy_refresh: Duration = Field(30.0, gt=0)
 
 
 class DemoConfig(_Section):

@@ -55,18 +55,28 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
         gateway.metrics.config_reloads.labels("failure").inc()
         log.error("config_reload_failed", path=str(path), problems=exc.problems)
         return ReloadResult(False, exc.problems, [])
-    old = gateway.config
-    restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
-    if (new.internal.host, new.internal.port) != (old.internal.host, old.internal.port):
+    running = gateway.config
+    # What needs a restart is judged against the file the process started from (the running
+    # config may differ from any file by command-line overrides), and is kept as it runs.
+    started = gateway.started_from or running
+    restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(started, key)]
+    if (new.internal.host, new.internal.port) != (started.internal.host, started.internal.port):
         restart.append("internal.host/port")
-    if bool(new.internal.secret) != bool(old.internal.secret):
+    if bool(new.internal.secret) != bool(started.internal.secret):
         restart.append("internal.secret (the listener starts or stops only at start)")
-    if new.chat.max_body_bytes != old.chat.max_body_bytes:
+    if new.chat.max_body_bytes != started.chat.max_body_bytes:
         restart.append("chat.max_body_bytes")
-    if new.demo != old.demo:
+    if new.demo != started.demo:
         restart.append("demo")
-    kept = {key: getattr(old, key) for key in _RESTART_ONLY}
-    kept["internal"] = new.internal.model_copy(update={"host": old.internal.host, "port": old.internal.port})
+    kept: dict[str, object] = {key: getattr(running, key) for key in _RESTART_ONLY}
+    kept["internal"] = new.internal.model_copy(update={
+        "host": running.internal.host,
+        "port": running.internal.port,
+        # A listener that runs keeps a secret; one that does not run has none to check.
+        "secret": new.internal.secret if bool(new.internal.secret) == bool(running.internal.secret) else running.internal.secret,
+    })
+    kept["chat"] = new.chat.model_copy(update={"max_body_bytes": running.chat.max_body_bytes})
+    kept["demo"] = running.demo
     applied = new.model_copy(update=kept)
     gateway.config = applied
     gateway.auth = Authenticator(applied.auth)
@@ -99,6 +109,10 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
     gateway = app[GATEWAY]
     gateway.config_path = config_path
     if config_path is not None:
+        try:
+            gateway.started_from = load_config(config_path)
+        except ConfigError:
+            gateway.started_from = None  # the file changed since the caller read it; compare to what runs
         gateway.metrics.config_last_reload.set(time.time())
     runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)]
     sites = [(runners[0], config.listen.host, config.listen.port)]
@@ -112,6 +126,9 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_config, gateway, config_path)
+    else:
+        # SIGHUP's default would kill the process; without a file there is nothing to reload.
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("reload_unavailable", reason="not started from a config file"))
     try:
         for runner in runners:
             await runner.setup()

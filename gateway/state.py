@@ -38,8 +38,10 @@ class Gateway:
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.
     sockets: set[web.WebSocketResponse] = field(default_factory=set)
-    # The file the config came from, for reloads (None: built in code, nothing to reload).
+    # The file the config came from, for reloads (None: built in code, nothing to reload), and
+    # that file as it was at start (reloads compare against it to say what needs a restart).
     config_path: Path | None = None
+    started_from: GatewayConfig | None = None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -46,6 +46,7 @@ class AdkClient:
         # No sock_read here: the idle limit is applied per read in run_sse, because a run that
         # waits for a person is silent for as long as the person takes, and that is not idleness.
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
+        self._connect_timeout = config.connect_timeout
         self._idle_timeout = config.idle_timeout
         self._call_timeout = aiohttp.ClientTimeout(
             total=config.connect_timeout + 30, sock_connect=config.connect_timeout
@@ -151,14 +152,17 @@ class AdkClient:
         params += [("modalities", m) for m in modalities]
         url = self._base.replace("http", "ws", 1) + "/run_live"
         try:
-            ws = await self._http.ws_connect(
-                url, params=params, timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5),
-                heartbeat=None, max_msg_size=64 * 1024 * 1024,
-            )
+            async with asyncio.timeout(self._connect_timeout):
+                ws = await self._http.ws_connect(
+                    url, params=params, timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5),
+                    heartbeat=None, max_msg_size=64 * 1024 * 1024,
+                )
         except aiohttp.WSServerHandshakeError as exc:
             raise UpstreamError("http", f"the agent service refused the live session: HTTP {exc.status}", exc.status) from None
         except aiohttp.ClientError as exc:
             raise _client_error(exc) from None
+        except TimeoutError:
+            raise UpstreamError("timeout", "the agent service did not open the live session in time") from None
         return LiveConnection(ws)
 
     async def _read(self, resp: aiohttp.ClientResponse, waiting: Callable[[], bool]) -> bytes:

@@ -6,6 +6,7 @@ each refused with its own status and JSON reason and counted in `adk_gateway_lim
 
 from __future__ import annotations
 
+import structlog
 from aiohttp import web
 
 from ..errors import HttpError
@@ -28,6 +29,7 @@ def admit(request: web.Request, *, new_work: bool = True) -> str:
     except HttpError as exc:
         count_refusal(request, exc.code if exc.status == 403 else "unauthorized")
         raise
+    structlog.contextvars.bind_contextvars(user_id=user_id)
     if new_work and gateway.draining:
         count_refusal(request, "draining")
         raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": "5"})

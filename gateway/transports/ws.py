@@ -134,7 +134,7 @@ class Connection:
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:
-            log.exception("ws_request_crashed", request_id=request_id)
+            log.exception("ws_request_crashed", ws_request_id=request_id)
             await self._try(self.error(request_id, "the gateway failed to handle this request"))
 
     @staticmethod

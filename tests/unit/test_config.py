@@ -82,3 +82,29 @@ def test_sizes() -> None:
     assert parse_size(10) == 10
     with pytest.raises(ValueError):
         parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "chat:\n  keepalive_interval: 0s\n",
+        "chat:\n  idle_chat_ttl: 0\n",
+        "chat:\n  max_body_bytes: 10\n",
+        "websocket:\n  max_frame_bytes: 0\n",
+        "upstream:\n  idle_timeout: 0s\n",
+    ],
+)
+def test_zero_values_that_would_spin_or_disable_a_safeguard_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(text, env={})
+
+
+def test_jwt_key_settings_are_checked_at_load(tmp_path: Path) -> None:
+    (tmp_path / "bad.pem").write_text("not a key")
+    with pytest.raises(ConfigError, match="not a PEM public key"):
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    public_key_file: {tmp_path / 'bad.pem'}\n", env={})
+    with pytest.raises(ConfigError, match="HS256 cannot be combined"):
+        parse_config(
+            f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [HS256, RS256]\n    secret: s\n    public_key_file: {tmp_path / 'bad.pem'}\n",
+            env={},
+        )
