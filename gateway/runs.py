@@ -47,7 +47,7 @@ class Response:
         # browser was away, e.g. after an approval timed out, or cut off by a dropped socket) is
         # handed to the next request that attaches or resumes.
         self.delivered = False
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[object]] = []
 
     def append(self, frames: list[bytes]) -> None:
         self.frames.extend(frames)
@@ -86,15 +86,22 @@ class Response:
             if self.closed:
                 self.delivered = True
                 return
-            waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
             self._waiters.append(waiter)
             if idle is None:
                 await waiter
                 continue
+            # A timer that resolves the same future, not wait_for: wait_for costs a task per wait,
+            # which is most of the price of an isolated event.
+            timer = loop.call_later(idle, _resolve, waiter, _IDLE)
             try:
-                # Our own future: cancelling it on timeout leaves this generator intact.
-                await asyncio.wait_for(waiter, idle)
-            except TimeoutError:
+                woke = await waiter
+            finally:
+                timer.cancel()
+            if woke is _IDLE:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
                 yield []
 
     def _wake(self) -> None:
@@ -102,6 +109,14 @@ class Response:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+_IDLE = object()
+
+
+def _resolve(waiter: asyncio.Future[object], value: object) -> None:
+    if not waiter.done():
+        waiter.set_result(value)
 
 
 class Run:

@@ -127,18 +127,19 @@ class AdkClient:
                 if resp.status != 200:
                     detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
                     raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
-                while True:
-                    data = await self._read(resp, waiting)
-                    if not data:
-                        break
-                    for raw in decoder.feed(data):
-                        try:
-                            event = orjson.loads(raw)
-                        except orjson.JSONDecodeError:
-                            raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
-                        if not isinstance(event, dict):
-                            raise UpstreamError("protocol", "the agent service sent an event that is not an object")
-                        yield event
+                reader = _IdleReader(resp.content, self._idle_timeout, waiting)
+                try:
+                    while data := await reader.read():
+                        for raw in decoder.feed(data):
+                            try:
+                                event = orjson.loads(raw)
+                            except orjson.JSONDecodeError:
+                                raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
+                            if not isinstance(event, dict):
+                                raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+                            yield event
+                finally:
+                    reader.close()
         except aiohttp.ClientError as exc:
             raise _client_error(exc) from None
         except EventStreamError as exc:
@@ -165,17 +166,6 @@ class AdkClient:
             raise UpstreamError("timeout", "the agent service did not open the live session in time") from None
         return LiveConnection(ws)
 
-    async def _read(self, resp: aiohttp.ClientResponse, waiting: Callable[[], bool]) -> bytes:
-        """The next bytes of a stream ("" at its end), within the idle limit unless the run waits."""
-        while True:
-            try:
-                # A timer per read (cheaper than wait_for's task); cancelling readany() loses no data.
-                async with asyncio.timeout(self._idle_timeout):
-                    return await resp.content.readany()
-            except TimeoutError:
-                if not waiting():
-                    raise
-
     async def ping(self) -> bool:
         """True when the ADK server answers its app listing."""
         try:
@@ -193,6 +183,50 @@ def _client_error(exc: aiohttp.ClientError) -> UpstreamError:
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
         return UpstreamError("reset", "the agent service closed the connection mid-stream")
     return UpstreamError("http", f"upstream request failed: {type(exc).__name__}")
+
+
+class _IdleReader:
+    """Reads a stream, failing with TimeoutError after `idle` seconds without data unless `waiting()`.
+
+    One timer per stream, re-armed only when it fires: a timer per read (asyncio.timeout) costs a
+    heap insertion and removal for every event on the hot path. `close()` must be called when the
+    stream is left, so the timer never fires into whatever the task does next.
+    """
+
+    def __init__(self, content: aiohttp.StreamReader, idle: float, waiting: Callable[[], bool]) -> None:
+        self._content = content
+        self._idle = idle
+        self._waiting = waiting
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._last = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle, self._check)
+        self._expired = False
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._content.readany()
+        except asyncio.CancelledError:
+            if self._expired and self._task is not None:
+                self._task.uncancel()
+                raise TimeoutError from None
+            raise
+        self._last = self._loop.time()
+        return data
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now - self._last >= self._idle and not self._waiting() and self._task is not None:
+            self._expired = True
+            self._timer = None
+            self._task.cancel()
+            return
+        self._timer = self._loop.call_at(max(self._last + self._idle, now + 0.05), self._check)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class LiveConnection:
