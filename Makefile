@@ -26,6 +26,13 @@ test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium
 fuzz: $(STAMP) $(JS_STAMP)
 	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q
 
+# Benchmarks against nginx and a bare aiohttp proxy (docs/performance.md): a table, and
+# bench/results.json. A few minutes on 2 cores. BENCH_ARGS='--only sse,idle' narrows a run.
+.PHONY: bench
+bench: $(STAMP)
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y nginx)
+	$(PY) -m bench $(BENCH_ARGS)
+
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml

@@ -137,6 +137,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(config: GatewayConfig) -> web.Application:
+    if config.upstream.mode == "live":
+        # Importing google-adk takes seconds: do it now, not inside the event loop on the first
+        # live session, where it would stall every stream.
+        import google.adk.agents.live_request_queue  # noqa: F401
+
     metrics_ = GatewayMetrics()
     registry = Registry(config.limits.max_chats_per_user)
     upstream = AdkClient(config.upstream)

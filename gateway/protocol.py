@@ -69,8 +69,12 @@ def finish_reason_for(reason: str, version: ClientVersion) -> str:
 
 
 def encode_chunk(chunk: dict[str, Any]) -> bytes:
-    """A chunk's JSON, encoded once and shared by every transport that frames it."""
-    return orjson.dumps(chunk)
+    """A chunk's JSON, encoded once and shared by every transport that frames it.
+
+    Copied to an exact-size object: orjson's result keeps its whole output buffer (4 KiB), and
+    runs keep their chunks for resume, so without the copy a 60-byte chunk held 4 KiB of memory.
+    """
+    return bytes(memoryview(orjson.dumps(chunk)))
 
 
 def sse_frame(encoded_chunk: bytes) -> bytes:

@@ -64,7 +64,7 @@ class Connection:
 
     async def send(self, frame: dict[str, Any]) -> None:
         self._frames_out.labels("out", frame["type"]).inc()
-        await self.ws.send_str(orjson.dumps(frame).decode())
+        await self.ws.send_frame(orjson.dumps(frame), WSMsgType.TEXT)
 
     async def error(self, request_id: str, text: str) -> None:
         await self.send({"type": "error", "requestId": request_id, "errorText": text})
@@ -161,7 +161,8 @@ class Connection:
         try:
             async for batch in attachment.response.follow(first_sequence):
                 for encoded in batch:
-                    await self.ws.send_str((prefix + str(sequence).encode() + b',"chunk":' + encoded + b"}").decode())
+                    # Bytes straight into a text frame: send_str would decode them only to encode again.
+                    await self.ws.send_frame(prefix + str(sequence).encode() + b',"chunk":' + encoded + b"}", WSMsgType.TEXT)
                     sequence += 1
                 chunk_frames.inc(len(batch))
             await self.send({"type": "end", "requestId": request_id})
@@ -283,7 +284,9 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
     user_id = admit(request)
     settings = gateway.config.websocket
-    ws = web.WebSocketResponse(heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes)
+    ws = web.WebSocketResponse(
+        heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress
+    )
     await ws.prepare(request)
     conn = Connection(ws, gateway, user_id)
     # Browsers cannot set headers on the handshake, and the stock transports send no version:

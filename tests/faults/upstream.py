@@ -299,6 +299,12 @@ class FaultUpstream:
             await asyncio.sleep(arg if arg is not None else 2.0)
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            return await self._stream(request, resp, name, arg)
+        except ConnectionError:
+            return resp  # the gateway hung up (its idle timeout, or the browser left): nothing to do
+
+    async def _stream(self, request: web.Request, resp: web.StreamResponse, name: str, arg: float | None) -> web.StreamResponse:
         await resp.prepare(request)
         if name == "slow_first_event":
             await asyncio.sleep(arg if arg is not None else 2.0)
@@ -323,10 +329,7 @@ class FaultUpstream:
                 await asyncio.sleep(0.05)
             if request.transport is None or request.transport.is_closing():
                 return resp
-        try:
-            await resp.write_eof()
-        except ConnectionError:
-            pass
+        await resp.write_eof()
         return resp
 
     @staticmethod

@@ -1,0 +1,189 @@
+"""ADK event streams for the benchmarks, built from events recorded from the real API server.
+
+Everything here is bytes exactly as ADK sends them (compact JSON, one event per `data:` line on
+`/run_sse`, one per text frame on `/run_live`), taken from tests/fixtures/adk (run_sse) and
+tests/fixtures/adk_live (run_live), which tests/fixtures/*/record.py recorded from the stock ADK
+API server running the demo agent.
+
+A benchmark stream of n events repeats two recorded turns: a streamed text answer ("hello there":
+partial text deltas, then the aggregated final event with usage) and a tool turn ("weather in
+Tokyo": the function call streamed and final, its function response, then streamed text). Each
+repetition gets fresh function call ids, so the converter sees a new tool call every time, as it
+would in a long conversation. `size` pads the text of text events so each event's JSON is about
+that many bytes (0 keeps the recorded sizes, about 400-700 bytes).
+
+The fake upstream learns what to stream from the user's message text: `StreamSpec.text()`
+("bench mode=burst n=500 ..."), which the gateway forwards upstream unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+# Paced events carry the upstream's send time (CLOCK_MONOTONIC, shared by every process on the
+# machine) in their text: "@T<19 digits>@". It survives the gateway's conversion (it is in the
+# text delta) and the passthroughs (bytes unchanged), so the client computes each event's latency.
+MARK_PLACEHOLDER = b"@T" + b"0" * 19 + b"@"
+MARK_PATTERN = rb"@T(\d{19})@"
+
+_FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What the fake upstream streams for one run (or one live turn)."""
+
+    mode: str = "burst"  # burst: n events at full speed; paced: n events interval_ms apart;
+    # hold: one event, then the stream stays open hold_s seconds; gate: a function call to
+    # `tool`, held until /bench/release, then its response and text.
+    n: int = 500
+    size: int = 0
+    batch: int = 1  # burst: events per write (ADK writes each event on its own)
+    interval_ms: float = 0.0
+    hold_s: float = 0.0
+    tool: str = "process_payment"
+
+    def text(self) -> str:
+        return "bench " + " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    @classmethod
+    def parse(cls, text: str) -> StreamSpec:
+        if not text.startswith("bench"):
+            return cls(mode="burst", n=9)
+        kinds = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for item in text.split()[1:]:
+            key, _, value = item.partition("=")
+            if key in kinds:
+                default = getattr(cls, key)
+                values[key] = type(default)(value)
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@cache
+def recorded(name: str, folder: str = "adk") -> tuple[bytes, ...]:
+    """One recorded run (or live session) as its raw event payloads."""
+    path = FIXTURES / folder / f"{name}.jsonl"
+    return tuple(line for line in path.read_bytes().splitlines() if line.strip())
+
+
+def recorded_runs(folder: str = "adk") -> list[tuple[str, tuple[bytes, ...]]]:
+    """Every non-empty recording of a folder: the 'recorded event mix'."""
+    names = sorted(p.stem for p in (FIXTURES / folder).glob("*.jsonl") if p.stat().st_size)
+    return [(name, recorded(name, folder)) for name in names]
+
+
+def _call_ids(events: tuple[bytes, ...]) -> list[bytes]:
+    ids: list[bytes] = []
+    for raw in events:
+        for part in (orjson.loads(raw).get("content") or {}).get("parts") or ():
+            for key in ("functionCall", "functionResponse"):
+                if key in part and part[key].get("id"):
+                    call_id = part[key]["id"].encode()
+                    if call_id not in ids:
+                        ids.append(call_id)
+    return ids
+
+
+def _instance(segment: tuple[bytes, ...], k: int) -> list[bytes]:
+    """A segment with fresh function call ids (repetition k)."""
+    out = list(segment)
+    for i, call_id in enumerate(_call_ids(segment)):
+        fresh = b"bench-call-%d-%d" % (k, i)
+        out = [raw.replace(call_id, fresh) for raw in out]
+    return out
+
+
+def _pad(raw: bytes, size: int) -> bytes:
+    """Grow the text of a text event until its JSON is about `size` bytes."""
+    missing = size - len(raw)
+    if missing <= 0:
+        return raw
+    event = orjson.loads(raw)
+    for part in (event.get("content") or {}).get("parts") or ():
+        if "text" in part:
+            part["text"] += (_FILLER * (missing // len(_FILLER) + 1))[:missing]
+            return orjson.dumps(event)
+    return raw
+
+
+def _segments(live: bool) -> tuple[tuple[bytes, ...], tuple[bytes, ...], bytes | None]:
+    if not live:
+        return recorded("hello_there"), recorded("weather_tokyo"), None
+    text = recorded("hello_there", "adk_live")
+    tool = recorded("weather_tokyo", "adk_live")
+    complete = b'"turnComplete":true'
+    return (
+        tuple(e for e in text if complete not in e),
+        tuple(e for e in tool if complete not in e),
+        next(e for e in text if complete in e),
+    )
+
+
+@cache
+def burst_events(n: int, size: int = 0, live: bool = False) -> tuple[bytes, ...]:
+    """n events of the recorded mix (live: the last one is `turnComplete`)."""
+    text, tool, complete = _segments(live)
+    room = n - (1 if complete else 0)
+    out: list[bytes] = []
+    k = 0
+    while True:
+        segment = (text, tool)[k % 2]
+        if len(out) + len(segment) > room:
+            break
+        out += _instance(segment, k)
+        k += 1
+    # The rest: streamed text and its final event, so a stream always ends with the model speaking.
+    rest = room - len(out)
+    partials, final = text[:-1], text[-1]
+    if rest > 0:
+        out += [partials[i % len(partials)] for i in range(rest - 1)] + [final]
+    if size:
+        out = [_pad(raw, size) for raw in out]
+    if complete:
+        out.append(complete)
+    return tuple(out)
+
+
+@cache
+def paced_template(size: int = 0, live: bool = False) -> tuple[bytes, bytes, bytes, bytes | None]:
+    """(prefix, suffix, final, complete): a paced event is prefix + b"%019d" % send_ns + suffix."""
+    text, _tool, complete = _segments(live)
+    event = orjson.loads(text[0])
+    event["content"]["parts"][0]["text"] = MARK_PLACEHOLDER.decode() + " " + event["content"]["parts"][0]["text"]
+    raw = _pad(orjson.dumps(event), size) if size else orjson.dumps(event)
+    start = raw.index(MARK_PLACEHOLDER) + 2
+    return raw[:start], raw[start + 19 :], text[-1], complete
+
+
+def hold_events(live: bool = False) -> tuple[bytes, ...]:
+    text, _tool, _complete = _segments(live)
+    return (text[0],)
+
+
+def gate_events(call_id: str, tool: str) -> tuple[list[bytes], list[bytes]]:
+    """A gated tool turn: (before the plugin's verdict, after it), from the recorded tool turn."""
+    fc_partial, fc_final, fr, *after = recorded("weather_tokyo")
+    original = _call_ids(recorded("weather_tokyo"))[0]
+
+    def rename(raw: bytes) -> bytes:
+        event = orjson.loads(raw.replace(original, call_id.encode()))
+        for part in event["content"]["parts"]:
+            if "functionCall" in part:
+                part["functionCall"].update(name=tool, args={"amount": 50, "recipient": "Hanako", "currency": "USD"})
+            if "functionResponse" in part:
+                part["functionResponse"].update(name=tool, response={"success": True, "transaction_id": "tx-1"})
+        return orjson.dumps(event)
+
+    return [rename(fc_partial), rename(fc_final)], [rename(fr), *after]

@@ -1,0 +1,56 @@
+"""The benchmark suite's machinery, at tiny sizes: every phase runs and reports, timings unchecked.
+
+`make bench` measures; this only keeps bench/ working as the gateway changes (its config keys,
+routes, the plugin's internal API). No timing is asserted: numbers at these sizes mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--quiet", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(out.read_text())
+    results = document["results"]
+    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval"}
+
+    for mix in ("recorded_run_sse", "recorded_run_live", "stream_mix"):
+        assert {"floor_us_per_event", "converter_us_per_event", "ratio_to_floor"} <= set(results["converter"][mix])
+    assert "ratio_16x_to_1x" in results["converter"]["growth"]
+    assert {"parse_us", "convert_us", "publish_us"} <= set(results["converter"]["breakdown"])
+
+    for transport in ("sse", "ws"):
+        for kind in ("throughput", "latency"):
+            for level in results[transport][kind].values():
+                assert {"direct", "passthrough", "gateway"} <= set(level)
+                for row in level.values():
+                    assert row["failed"] == 0 and row["errors"] == 0, row
+        for level in results[transport]["throughput"].values():
+            assert all(row["streams"] >= 1 and "cpu_us_per_event_proxy" in row for row in level.values())
+        for level in results[transport]["latency"].values():
+            assert all(row["events"] >= 1 for row in level.values())
+
+    assert all("rss_growth_kib_per_stream" in row for row in results["growth"].values())
+    assert set(results["idle"]["sse"]) >= {"passthrough", "gateway"}
+    assert set(results["idle"]["ws"]) >= {"passthrough", "gateway", "gateway_sse_upstream"}
+    for rows in results["idle"].values():
+        assert all(row["ready"] == row["connections"] for row in rows.values())
+    assert results["approval"]["iterations"] >= 1 and results["approval"]["failures"] == 0
+
+    targets = {row["target"]: row["status"] for row in document["targets"]}
+    assert len(targets) >= 10 and set(targets.values()) <= {"PASS", "MISS", "n/a"}
