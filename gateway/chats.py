@@ -191,6 +191,10 @@ class ChatService:
             return self._continue_gated_run(chat, gated, outputs)
         if plan.new_message is None and not native:
             raise InvalidRequest("nothing in the last assistant message is waiting for an answer")
+        if plan.new_message is None and chat.driver is not None and chat.driver.alive:
+            # A run in progress here is not paused on an ADK confirmation (those end their run), so
+            # these answers match nothing; they must not disturb what the run does wait for.
+            raise Gone("this approval is not pending; the chat's current run waits for something else")
         if native and self._live:
             # ADK has no confirmations in live mode, and answers sent as function responses would
             # reach the model as tool results: never forward them.

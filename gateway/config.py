@@ -125,6 +125,8 @@ class ChatConfig(_Section):
     # The AI SDK major version assumed when a client does not say (ai 7 extras only on request).
     default_protocol: Literal[6, 7] = 6
     max_body_bytes: Size = Field(4 * 1024 * 1024, ge=1024)
+    # The longest a request body may take to arrive (408 after): a slow body holds a connection.
+    body_timeout: Duration = Field(30.0, gt=0)
     # Chunks kept per response for resume; past this the oldest half is dropped, and a resume of
     # that response answers 204 (a follower that fell that far behind gets an error chunk).
     run_buffer_chunks: int = Field(10_000, ge=100)

@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 __all__ = ["configure_logging", "redact_secrets"]
 
@@ -26,6 +28,24 @@ def redact_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str,
         if _SECRET_KEY.search(key):
             event[key] = "[redacted]"
     return event
+
+
+class _ClientFaultFilter(logging.Filter):
+    """aiohttp logs a malformed request (bad HTTP, an undecodable body) as an error with a traceback.
+
+    The fault is the client's, not the gateway's: keep the line, as a warning without the traceback,
+    so error-level lines and tracebacks keep meaning "a bug here".
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None and not isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            exc = exc.__cause__ or exc.__context__
+        if exc is not None:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "malformed_request: %s", (str(exc).replace("\n", " ").strip(),)
+            record.exc_info = record.exc_text = None
+        return True
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -55,5 +75,6 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
+    logging.getLogger("aiohttp.server").addFilter(_ClientFaultFilter())
     # One access line per request is already written by our middleware.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -9,6 +9,7 @@ ignores and which keeps proxies with idle timeouts from cutting the stream.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 import structlog
@@ -34,11 +35,25 @@ _KEEPALIVE: Final = b": keep-alive\n\n"
 async def post_chat(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     user_id = admit(request)
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Browsers never compress request bodies; aiohttp's decoders can wait forever on a
+        # truncated deflate stream and answer unsupported ones in plain text.
+        raise HttpError(415, "unsupported_encoding", "compressed request bodies are not accepted")
     try:
-        raw = await request.read()
+        async with asyncio.timeout(gateway.config.chat.body_timeout):
+            raw = await request.read()
+    except TimeoutError:
+        count_refusal(request, "body_timeout")
+        raise HttpError(408, "body_timeout", "the request body did not arrive in time") from None
     except web.HTTPRequestEntityTooLarge:
         count_refusal(request, "body_too_large")
         raise
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        # A body that does not decode (e.g. Content-Encoding: gzip over bytes that are not gzip).
+        raise HttpError(400, "invalid_body", f"the request body could not be read: {type(exc).__name__}") from None
     try:
         chat_request = parse_chat_request(
             raw, version_header=request.headers.get(VERSION_HEADER), default_version=gateway.config.chat.default_protocol

@@ -79,6 +79,8 @@ class Connection:
             await self.error("", "frame is not valid JSON")
             return
         kind = frame.get("type") if isinstance(frame, dict) else None
+        if not isinstance(kind, str):
+            kind = None  # a list or an object would not even be a valid dict key below
         request_id = frame.get("requestId") if isinstance(frame, dict) else None
         self.gateway.metrics.ws_frames.labels("in", kind if kind in _HANDLERS else "invalid").inc()
         if not isinstance(request_id, str) or not 0 < len(request_id) <= _MAX_REQUEST_ID:
