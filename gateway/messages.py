@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from .converter import CONFIRMATION_TOOL
 from .protocol import ClientVersion, client_version
@@ -78,7 +78,8 @@ class _FilePart(_Edge):
 
 class _Approval(_Edge):
     id: str = Field(min_length=1, max_length=256)
-    approved: bool | None = None
+    # Strict: "yes", "on" or 1 are not an approval; only JSON true is.
+    approved: StrictBool | None = None
     reason: str | None = None
 
 

@@ -114,7 +114,9 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
         except ConfigError:
             gateway.started_from = None  # the file changed since the caller read it; compare to what runs
         gateway.metrics.config_last_reload.set(time.time())
-    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)]
+    # auto_decompress off: aiohttp would otherwise decode (or refuse in plain text) compressed
+    # bodies before the handler runs; the handler answers every Content-Encoding with a JSON 415.
+    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5, auto_decompress=False)]
     sites = [(runners[0], config.listen.host, config.listen.port)]
     if config.internal.secret is not None and config.internal.secret.get_secret_value():
         internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False, shutdown_timeout=5)

@@ -130,3 +130,9 @@ def test_client_version(header: str | None, field: Any, expected: int) -> None:
     extra = {"aiSdkVersion": field} if field is not None else {}
     request = parse_chat_request(body(user("x"), **extra), version_header=header, default_version=6)
     assert request.version == expected
+
+
+@pytest.mark.parametrize("value", ["yes", "on", 1, "true"])
+def test_only_json_true_or_false_is_an_answer(value: Any) -> None:
+    with pytest.raises(InvalidRequest, match="approved"):
+        plan(body(user("pay"), assistant(tool("approval-responded", "c1", {"id": "a1", "approved": value}))))
