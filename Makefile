@@ -9,7 +9,7 @@ JS_STAMP := tests/js/node_modules/.installed-stamp
 DEMO_BUNDLE := gateway/static/demo/app.js
 PYTEST_ARGS ?=
 
-.PHONY: run run-live test venv js check-config clean chromium
+.PHONY: run run-live test venv js check-config clean chromium redis-server
 
 run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
@@ -18,7 +18,7 @@ run: $(STAMP) $(DEMO_BUNDLE)
 run-live: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo --upstream-mode live
 
-test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium
+test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
@@ -56,6 +56,10 @@ $(DEMO_BUNDLE): $(wildcard web/src/*) web/build.mjs web/package.json web/package
 # tests/browser drive Debian's chromium (CI runs as root, so apt-get works there).
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+# The multi-replica tests and the Redis backend's contract tests start real redis-servers.
+redis-server:
+	command -v redis-server >/dev/null || test -x /usr/bin/redis-server || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y redis-server)
 
 check-config: $(STAMP)
 	$(VENV)/bin/adk-gateway check-config config/gateway.yaml

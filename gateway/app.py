@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,9 @@ from aiohttp import web
 
 from .auth import Authenticator
 from .chats import ChatService
+from .cluster.memory import MemoryState
+from .cluster.router import Cluster
+from .cluster.shared import SharedState
 from .config import GatewayConfig
 from .errors import Handler, HttpError, error_middleware
 from .limits import Admission
@@ -82,6 +86,8 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "draining"}, status=503)
     if not gateway.upstream_up:
         return web.json_response({"status": "upstream_unreachable"}, status=503)
+    if not gateway.cluster.available:
+        return web.json_response({"status": "sessions_unavailable"}, status=503)
     return web.json_response({"status": "ready"})
 
 
@@ -114,7 +120,7 @@ async def _sweep_idle_chats(gateway: Gateway) -> None:
         ttl = gateway.config.chat.idle_chat_ttl  # read each time: a reload may change it
         await asyncio.sleep(min(ttl, 60.0))
         now = gateway.clock()
-        forgotten = await gateway.chats.forget_idle(now - ttl)
+        forgotten = await gateway.cluster.forget_idle(now - ttl)
         gateway.admission.forget_idle_buckets(now)
         if forgotten:
             log.info("idle_chats_forgotten", count=forgotten)
@@ -123,6 +129,8 @@ async def _sweep_idle_chats(gateway: Gateway) -> None:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     await gateway.upstream.start()
+    await gateway.cluster.start()
+    log.info("replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend)
     duties = [
         asyncio.create_task(_probe_upstream(gateway), name="upstream-probe"),
         asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
@@ -133,7 +141,23 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     await asyncio.gather(*duties, return_exceptions=True)
     await gateway.chats.close()
+    await gateway.cluster.close()
     await gateway.upstream.close()
+
+
+def shared_state(config: GatewayConfig) -> SharedState:
+    """The configured backend for what replicas share, as this replica's view of it."""
+    replica_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
+    sessions = config.sessions
+    if sessions.backend == "memory":
+        return MemoryState(replica_id)
+    from .cluster.redis import RedisState
+
+    assert sessions.redis_url is not None  # the config requires it with backend redis
+    return RedisState(
+        replica_id, sessions.redis_url.get_secret_value(), prefix=sessions.key_prefix,
+        heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
+    )
 
 
 def create_app(config: GatewayConfig) -> web.Application:
@@ -148,8 +172,10 @@ def create_app(config: GatewayConfig) -> web.Application:
     chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
-        upstream=upstream, chats=chats, admission=Admission(config.limits),
+        upstream=upstream, chats=chats, cluster=Cluster(shared_state(config), chats, metrics_),
+        admission=Admission(config.limits),
     )
+    metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     app = web.Application(
         middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
     )

@@ -34,7 +34,7 @@ from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, T
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion, encode_chunk
 from .registry import Chat, PendingApproval, Registry, TooManyChats
-from .runs import Response, Run
+from .runs import Feed, Response, Run
 from .upstream import AdkClient, UpstreamError
 
 __all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone", "RunDriver"]
@@ -59,10 +59,10 @@ class Gone(Exception):
 
 @dataclass(frozen=True)
 class Attachment:
-    """What a browser request reads: `response` of `run`."""
+    """What a browser request reads: `response` of `run` (no run here: it runs on another replica)."""
 
-    run: Run
-    response: Response
+    run: Run | None
+    response: Feed
 
 
 def new_message_id() -> str:
@@ -145,6 +145,7 @@ class RunDriver:
         if self.run.response_open:
             self._write(self.converter.finish())
         self.run.end_response(waiting=False, now=self._service.now())
+        self._service.run_changed(self.chat, "")
 
 
 class ChatService:
@@ -166,6 +167,13 @@ class ChatService:
         self._new_id = new_id
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing_reason = "This response was cancelled."
+        # Told when a chat's run starts (its message id) and ends (""): the cluster router
+        # records it in the shared chat directory.
+        self.on_run: Callable[[Chat, str], None] | None = None
+
+    def run_changed(self, chat: Chat, message_id: str) -> None:
+        if self.on_run is not None:
+            self.on_run(chat, message_id)
 
     def reconfigure(self, config: GatewayConfig) -> None:
         """New requests follow the new config; runs under way keep the policy they started with."""
@@ -242,6 +250,7 @@ class ChatService:
         driver.task = asyncio.create_task(work(driver))
         self._tasks.add(driver.task)
         driver.task.add_done_callback(self._tasks.discard)
+        self.run_changed(driver.chat, driver.run.message_id)
         return Attachment(driver.run, driver.run.current)
 
     def resume(self, user_id: str, chat_id: str) -> Attachment | None:
@@ -403,8 +412,22 @@ class ChatService:
 
     # ---- gated calls (the plugin's side) ---------------------------------------------------
 
-    def open_gate(self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]) -> GatedCall | Verdict:
-        """The plugin asks about a call: a stored call to wait on, or an immediate verdict."""
+    def local_chats(self) -> list[Chat]:
+        return self._registry.chats()
+
+    def runs_here(self, user_id: str, session_id: str) -> bool:
+        """Whether this process is running the chat behind an ADK session right now."""
+        chat = self._registry.find_session(user_id, session_id)
+        return chat is not None and chat.driver is not None and chat.driver.alive
+
+    def open_gate(
+        self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any], announce: bool = True
+    ) -> GatedCall | Verdict:
+        """The plugin asks about a call: a stored call to wait on, or an immediate verdict.
+
+        With `announce` false the browser is not told yet: the caller records the call somewhere
+        first, then calls `announce`.
+        """
         policy = self.config.tool_policy(tool)
         if not policy.gated:
             return RUN
@@ -432,8 +455,21 @@ class ChatService:
         if call.state is CallState.AWAITING_APPROVAL:
             self.metrics.approvals_pending.inc()
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
-        chat.driver.publish(chat.driver.converter.gate_opened(call))
+        if announce:
+            self.announce(call)
         return call
+
+    def announce(self, call: GatedCall) -> None:
+        """Show the call to the browser (once), asking for approval if it needs one."""
+        chat = self._registry.find_session(call.user_id, call.session_id)
+        if chat is None or chat.driver is None or not chat.driver.alive or call.released:
+            return
+        if chat.driver.converter.gate_announced(call.tool_call_id):
+            return
+        chat.driver.publish(chat.driver.converter.gate_opened(call))
+
+    def cancel_call(self, call: GatedCall, why: str) -> None:
+        self._transition(call, lambda c: c.cancel(why))
 
     async def wait(self, call: GatedCall) -> Verdict:
         return await self._registry.wait(call)
@@ -602,7 +638,7 @@ class ChatService:
             self.metrics.approvals_pending.inc()
             log.info("approval_requested", approval_id=request.approval_id, tool=request.tool_name)
 
-    async def forget_idle(self, idle_before: float) -> int:
+    async def forget_idle(self, idle_before: float) -> list[Chat]:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""
         gone = self._registry.expire(idle_before=idle_before)
         now = self._clock()
@@ -611,4 +647,4 @@ class ChatService:
             for pending in chat.pending.values():
                 self.metrics.approvals_pending.dec()
                 self.metrics.approval_wait.labels(pending.tool_name, "cancelled").observe(now - pending.requested_at)
-        return len(gone)
+        return gone

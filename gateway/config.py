@@ -278,6 +278,32 @@ class InternalConfig(_Section):
     policy_refresh: Duration = Field(30.0, gt=0)
 
 
+class SessionsConfig(_Section):
+    """Where chat state that several replicas must share lives (docs/scaling.md)."""
+
+    # memory: this process only (one replica). redis: replicas behind one load balancer share
+    # the chat directory, replica heartbeats, gated-call records and relays in Redis.
+    backend: Literal["memory", "redis"] = "memory"
+    # redis://[:password@]host:port/db; a secret, because it may carry the password.
+    redis_url: SecretStr | None = None
+    # Every Redis key starts with this, so several gateways can share one Redis.
+    key_prefix: str = Field("adk-gateway", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    # How often a replica tells Redis it is alive; a replica silent for `owner_timeout` is dead
+    # and other replicas take over its chats (its runs are lost with it).
+    heartbeat_interval: Duration = Field(1.0, gt=0)
+    owner_timeout: Duration = Field(3.0, gt=0)
+    # How long a replica waits for another to take a forwarded request (not the run itself).
+    forward_timeout: Duration = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> SessionsConfig:
+        if self.backend == "redis" and (self.redis_url is None or not self.redis_url.get_secret_value()):
+            raise ValueError("sessions.redis_url is required with backend redis")
+        if self.owner_timeout < 2 * self.heartbeat_interval:
+            raise ValueError("sessions.owner_timeout must be at least twice sessions.heartbeat_interval")
+        return self
+
+
 class DemoConfig(_Section):
     # Serve the demo chat page at `/` (gateway/static/demo). Off in production configs;
     # `adk-gateway demo` turns it on.
@@ -306,6 +332,7 @@ class GatewayConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
     internal: InternalConfig = InternalConfig()
     demo: DemoConfig = DemoConfig()
+    sessions: SessionsConfig = SessionsConfig()
     # Per-tool policy; the key `default` applies to every tool not listed.
     tools: dict[str, ToolPolicy] = Field(default_factory=dict)
 

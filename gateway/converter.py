@@ -348,6 +348,9 @@ class Converter:
             out += self.gate_changed(call)
         return out
 
+    def gate_announced(self, tool_call_id: str) -> bool:
+        return tool_call_id in self._gates_open
+
     def gate_changed(self, call: GatedCall) -> list[Chunk]:
         """A gated call moved on (decided, answered, timed out); returns what the browser must see now."""
         call_id = call.tool_call_id

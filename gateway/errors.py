@@ -36,10 +36,13 @@ def refusal(exc: Exception) -> HttpError | None:
     One table for every transport: SSE answers it as JSON, WebSocket as an `error` frame.
     """
     from .chats import ChatBusy, Forbidden, Gone
+    from .cluster.shared import SharedStateDown
     from .messages import InvalidRequest
     from .registry import ChatNotFound
     from .upstream import UpstreamError
 
+    if isinstance(exc, HttpError):
+        return exc  # already decided, e.g. by the replica a request was forwarded to
     if isinstance(exc, InvalidRequest):
         return HttpError(400, "invalid_request", str(exc))
     if isinstance(exc, Forbidden):
@@ -54,6 +57,8 @@ def refusal(exc: Exception) -> HttpError | None:
         return HttpError(exc.status, exc.code, exc.message, {"Retry-After": str(exc.retry_after)} if exc.retry_after else None)
     if isinstance(exc, UpstreamError):
         return HttpError(502, "upstream_unavailable", str(exc))
+    if isinstance(exc, SharedStateDown):
+        return HttpError(503, "sessions_unavailable", str(exc), {"Retry-After": "1"})
     return None
 
 

@@ -19,7 +19,6 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .approvals import Verdict
 from .errors import HttpError, error_middleware
 from .state import GATEWAY
 
@@ -77,16 +76,10 @@ async def tool_call(request: web.Request) -> web.Response:
     structlog.contextvars.bind_contextvars(
         session_id=body.session_id, tool_call_id=body.function_call_id, tool=body.tool
     )
-    gate = gateway.chats.open_gate(
+    verdict, result = await gateway.cluster.gate(
         user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
         tool=body.tool, args=body.args,
     )
-    if isinstance(gate, Verdict):
-        result = "not_gated" if gate.run else (gate.reason or "respond")
-        verdict = gate
-    else:
-        verdict = await gateway.chats.wait(gate)
-        result = "run" if verdict.run else "respond"
     gateway.metrics.plugin_requests.labels(result).inc()
     return web.json_response(verdict.as_json())
 

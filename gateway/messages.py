@@ -98,6 +98,13 @@ class ChatRequest:
     messages: list[UIMessage]
     version: ClientVersion
 
+    def as_body(self) -> dict[str, Any]:
+        """The request as a body `parse_chat_body` reads back the same (to forward it to another replica)."""
+        return {
+            "id": self.chat_id, "trigger": self.trigger, "aiSdkVersion": self.version,
+            "messages": [m.model_dump(mode="json") for m in self.messages],
+        }
+
 
 @dataclass(frozen=True)
 class ApprovalAnswer:

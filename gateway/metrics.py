@@ -112,6 +112,22 @@ class GatewayMetrics:
             "Unix time of the last successful configuration load.", registry=r,
         )
         self.draining = Gauge("adk_gateway_draining", "1 while the gateway drains before stopping.", registry=r)
+        self.sessions_up = Gauge(
+            "adk_gateway_sessions_backend_up",
+            "1 when the shared session store (sessions.backend) is reachable; always 1 for memory.", registry=r,
+        )
+        self.forwarded = Counter(
+            "adk_gateway_forwarded_total",
+            "Requests forwarded between replicas, by direction (out: sent to the chat's owner, in: served for another replica).",
+            ["direction"], registry=r,
+        )
+        self.owner_lost = Counter(
+            "adk_gateway_owner_lost_total",
+            "Work lost with a dead replica, by what (run: a chat taken over mid-run, approval: an answer to one "
+            "of its calls, gated_call: a plugin request released fail-closed, stream: a relayed response cut).",
+            ["what"], registry=r,
+        )
+
     def count_chunk(self, chunk_type: str) -> None:
         counts = self._chunk_counts
         counts[chunk_type] = counts.get(chunk_type, 0) + 1

@@ -18,14 +18,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from enum import Enum
+from typing import Protocol
 
-__all__ = ["FollowerLagged", "Response", "Run", "RunState"]
+__all__ = ["Feed", "FollowerLagged", "Response", "Run", "RunState"]
 
 
 class RunState(Enum):
     STREAMING = "streaming"
     WAITING = "waiting"  # for a person: an approval or a browser tool
     DONE = "done"
+
+
+class Feed(Protocol):
+    """What a transport follows: a `Response` here, or one relayed from another replica."""
+
+    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]: ...
 
 
 class FollowerLagged(Exception):

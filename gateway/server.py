@@ -9,7 +9,7 @@
   one applies to new requests: tool policies, limits, auth, chat and WebSocket settings. Runs
   under way keep what they started with. Listen addresses, the upstream, metrics, logging,
   chat.max_body_bytes, the demo page and turning the internal listener on or off need a
-  restart; a reload that changes them says so in `restart_required`.
+  restart (so do the sessions backend settings); a reload that changes them says so in `restart_required`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = ["ReloadResult", "reload_config", "serve"]
 
 log = structlog.get_logger("adk_gateway.server")
 
-_RESTART_ONLY = ("listen", "upstream", "metrics", "logging")
+_RESTART_ONLY = ("listen", "upstream", "metrics", "logging", "sessions")
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
 async def drain(gateway: Gateway) -> None:
     """Stop taking work, give running responses their time, then end what is left."""
     gateway.draining = True
+    gateway.cluster.draining = True
     gateway.metrics.draining.set(1)
     deadline = time.monotonic() + gateway.config.listen.drain_timeout
     log.info("draining", streams=gateway.admission.streams_total, timeout_s=gateway.config.listen.drain_timeout)

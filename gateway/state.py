@@ -15,6 +15,7 @@ from aiohttp import web
 
 from .auth import Authenticator
 from .chats import ChatService
+from .cluster.router import Cluster
 from .config import GatewayConfig
 from .limits import Admission
 from .metrics import GatewayMetrics
@@ -32,6 +33,8 @@ class Gateway:
     auth: Authenticator
     upstream: AdkClient
     chats: ChatService
+    # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
+    cluster: Cluster
     admission: Admission
     clock: Callable[[], float] = time.monotonic
     upstream_up: bool = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -245,3 +246,61 @@ def metric_value(base: str, name: str, labels: dict[str, str] | None = None) -> 
         if all(found.get(k) == v for k, v in want.items()):
             return float(value)
     return 0.0
+
+
+# ---- a real redis-server -------------------------------------------------------------------------
+
+
+class RedisServer:
+    """A redis-server on a free loopback port, without persistence (a restart loses everything,
+    which is the harshest restart the gateway must survive). `restart()` keeps the port."""
+
+    def __init__(self, tmp: Path) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        if not Path(binary).exists():
+            raise RuntimeError("redis-server is not installed: `make test` installs it (apt-get install -y redis-server)")
+        self.binary = binary
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.tmp), "--logfile", str(self.tmp / f"redis-{self.port}.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self, down_for: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+
+@contextmanager
+def redis_server(tmp: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

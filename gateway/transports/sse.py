@@ -63,7 +63,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id)
     slot = _open_stream(request, user_id)
     try:
-        attachment = await gateway.chats.submit(user_id, chat_request)
+        attachment = await gateway.cluster.submit(user_id, chat_request)
     except Exception as exc:
         slot.release()
         answer = refusal(exc)
@@ -84,7 +84,7 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     try:
-        attachment = gateway.chats.resume(user_id, chat_id)
+        attachment = await gateway.cluster.resume(user_id, chat_id)
     except Exception as exc:
         answer = refusal(exc)
         if answer is None:
@@ -140,7 +140,7 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     finally:
         gauge.dec()
         if not completed and gateway.config.chat.on_disconnect == "cancel":
-            gateway.chats.abort(user_id, chat_id)
+            await gateway.cluster.abort(user_id, chat_id)
     return response
 
 

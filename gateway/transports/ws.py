@@ -192,7 +192,7 @@ async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> 
 async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
     try:
-        attachment = await conn.gateway.chats.submit(conn.user_id, chat_request)
+        attachment = await conn.gateway.cluster.submit(conn.user_id, chat_request)
     except Exception as exc:
         raise _refused(conn, exc) from None
     conn.chats.add(chat_request.chat_id)
@@ -223,7 +223,7 @@ async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -
 async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_id, ws_request_id=request_id)
     try:
-        attachment = conn.gateway.chats.resume(conn.user_id, chat_id)
+        attachment = await conn.gateway.cluster.resume(conn.user_id, chat_id)
     except Exception as exc:
         raise _refused(conn, exc) from None
     if attachment is None:
@@ -241,7 +241,7 @@ async def _on_abort(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     task.cancel()
     if chat_id is not None:
         # The browser stopped the answer: stop the agent run behind it too, it is what costs money.
-        conn.gateway.chats.abort(conn.user_id, chat_id)
+        await conn.gateway.cluster.abort(conn.user_id, chat_id)
 
 
 async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
@@ -260,7 +260,7 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
         raise FrameError("data: base64-encoded audio is required")
     version = client_version(_version_header(frame), None, conn.default_version)
     try:
-        attachment = await conn.gateway.chats.send_audio(conn.user_id, chat_id, mime, data, version)
+        attachment = await conn.gateway.cluster.send_audio(conn.user_id, chat_id, mime, data, version)
     except Exception as exc:
         raise _refused(conn, exc) from None
     conn.gateway.metrics.audio_bytes.labels("in").inc(len(raw))
@@ -319,7 +319,7 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     finally:
         await conn.close()
         for chat_id in conn.chats:
-            await gateway.chats.socket_closed(user_id, chat_id)
+            await gateway.cluster.socket_closed(user_id, chat_id)
         gateway.metrics.ws_connections.dec()
         gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)

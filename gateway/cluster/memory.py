@@ -1,0 +1,137 @@
+"""Shared state in this process: the default backend (`sessions.backend: memory`).
+
+A `MemoryHub` is what replicas would share; each `MemoryState` is one replica's view of it. In
+production there is one replica and one hub per process, so every chat is local and nothing is
+ever forwarded. Tests put several replicas on one hub to run the same contract as the Redis
+backend (tests/unit/test_cluster_state.py) and to drive the router without a network.
+Chat records expire `ttl` after their last claim, as in Redis; call records after theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..registry import ChatNotFound
+from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
+
+__all__ = ["MemoryHub", "MemoryState"]
+
+
+@dataclass
+class _ChatRecord:
+    user_id: str
+    owner: str
+    expires: float
+    run: str = ""
+
+
+@dataclass
+class _Relay:
+    entries: list[RelayEntry] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class MemoryHub:
+    """What the replicas of one process share."""
+
+    chats: dict[str, _ChatRecord] = field(default_factory=dict)
+    inboxes: dict[str, Inbox] = field(default_factory=dict)
+    relays: dict[str, _Relay] = field(default_factory=dict)
+    calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    next_sweep: float = 0.0
+
+
+class MemoryState(SharedState):
+    def __init__(self, replica_id: str, hub: MemoryHub | None = None) -> None:
+        super().__init__(replica_id)
+        self.hub = hub if hub is not None else MemoryHub()
+
+    async def start(self, inbox: Inbox, reassert: Reassert) -> None:
+        self.hub.inboxes[self.replica_id] = inbox
+
+    async def close(self) -> None:
+        self.hub.inboxes.pop(self.replica_id, None)
+
+    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+        now = asyncio.get_running_loop().time()
+        self._expire(now)
+        record = self.hub.chats.get(chat_id)
+        if record is None:
+            if create:
+                self.hub.chats[chat_id] = _ChatRecord(user_id, self.replica_id, now + ttl)
+            return Claim(self.replica_id, local=True)
+        if record.user_id != user_id:
+            raise ChatNotFound(chat_id)
+        record.expires = now + ttl
+        if record.owner == self.replica_id:
+            return Claim(self.replica_id, local=True)
+        if record.owner in self.hub.inboxes:
+            return Claim(record.owner, local=False)
+        orphaned = record.run or None
+        record.owner, record.run = self.replica_id, ""
+        return Claim(self.replica_id, local=True, orphaned_run=orphaned)
+
+    def _expire(self, now: float) -> None:
+        # As Redis expires keys: a record outlives its last claim by `ttl`. Swept at most once a
+        # second, so claims stay O(1) on average.
+        if now < self.hub.next_sweep:
+            return
+        self.hub.next_sweep = now + 1.0
+        for chat_id in [c for c, r in self.hub.chats.items() if r.expires <= now]:
+            del self.hub.chats[chat_id]
+
+    async def owner(self, user_id: str, chat_id: str) -> str | None:
+        record = self.hub.chats.get(chat_id)
+        if record is None or record.user_id != user_id or record.owner not in self.hub.inboxes:
+            return None
+        return record.owner
+
+    async def mark_run(self, user_id: str, chat_id: str, message_id: str) -> None:
+        record = self.hub.chats.get(chat_id)
+        if record is not None and record.user_id == user_id and record.owner == self.replica_id:
+            record.run = message_id
+
+    async def release(self, user_id: str, chat_id: str) -> None:
+        record = self.hub.chats.get(chat_id)
+        if record is not None and record.user_id == user_id and record.owner == self.replica_id:
+            del self.hub.chats[chat_id]
+
+    async def alive(self, replica_id: str) -> bool:
+        return replica_id in self.hub.inboxes
+
+    async def send(self, replica_id: str, message: dict[str, Any]) -> None:
+        inbox = self.hub.inboxes.get(replica_id)
+        if inbox is not None:
+            # As over a network: delivered later, never inside the sender's call.
+            asyncio.get_running_loop().call_soon(inbox, message)
+
+    async def relay_append(self, key: str, entry: RelayEntry) -> None:
+        relay = self.hub.relays.setdefault(key, _Relay())
+        relay.entries.append(entry)
+        relay.changed.set()
+        if entry.end is not None:
+            # Readers hold their position; the relay is gone once the last one finished reading.
+            asyncio.get_running_loop().call_later(60, self.hub.relays.pop, key, None)
+
+    async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
+        position = int(after or 0)
+        relay = self.hub.relays.setdefault(key, _Relay())
+        if position >= len(relay.entries):
+            relay.changed.clear()
+            try:
+                await asyncio.wait_for(relay.changed.wait(), timeout)
+            except TimeoutError:
+                return after, []
+        entries = relay.entries[position:]
+        return str(position + len(entries)), entries
+
+    async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
+        self.hub.calls.setdefault(call_id, {}).update(record)
+        asyncio.get_running_loop().call_later(ttl, self.hub.calls.pop, call_id, None)
+
+    async def get_call(self, call_id: str) -> dict[str, str] | None:
+        record = self.hub.calls.get(call_id)
+        return dict(record) if record is not None else None

@@ -1,0 +1,355 @@
+"""Shared state in Redis (`sessions.backend: redis`): what lets several replicas serve one chat.
+
+Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
+- `{p}:epoch`: an id for the Redis dataset, "token|reset_ms". A replica that finds it missing or
+  changed knows Redis lost its data (a restart without persistence) and writes its chats back;
+  for `owner_timeout` after such a reset, claims of unknown chats answer "settling" (503, retry),
+  so a chat is not taken by one replica before its owner has written it back.
+- `{p}:replica:{id}`: a replica's heartbeat, expiring after `owner_timeout`.
+- `{p}:chat:{chat id}`: hash {user, owner, run}, expiring `chat.idle_chat_ttl` after its last use.
+- `{p}:inbox:{replica}`: a pub/sub channel per replica.
+- `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
+- `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
+
+Claims run as one Lua script, so two replicas racing for a chat cannot both win. Every Redis error
+becomes SharedStateDown; the heartbeat loop notices recovery and marks the backend available again.
+Redis Cluster is not supported (the claim script touches keys it is not given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from ..registry import ChatNotFound
+from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
+
+__all__ = ["RedisState"]
+
+log = structlog.get_logger("adk_gateway.cluster")
+
+# ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0).  KEYS: chat, epoch.
+_CLAIM = """
+local epoch = redis.call('GET', KEYS[2])
+if epoch ~= ARGV[5] then return {'reset'} end
+local rec = redis.call('HMGET', KEYS[1], 'user', 'owner', 'run')
+local ttl = tonumber(ARGV[3])
+if rec[1] then
+  if rec[1] ~= ARGV[1] then return {'foreign'} end
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if rec[2] == ARGV[2] then return {'local'} end
+  if redis.call('EXISTS', ARGV[4] .. rec[2]) == 1 then return {'remote', rec[2]} end
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'run', '')
+  return {'took_over', rec[2], rec[3] or ''}
+end
+local sep = string.find(epoch, '|', 1, true)
+local reset_ms = tonumber(string.sub(epoch, sep + 1))
+if reset_ms > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - reset_ms < tonumber(ARGV[6]) then
+    return {'settling'}
+  end
+end
+if ARGV[7] ~= '1' then return {'local'} end
+redis.call('HSET', KEYS[1], 'user', ARGV[1], 'owner', ARGV[2], 'run', '')
+redis.call('PEXPIRE', KEYS[1], ttl)
+return {'local'}
+"""
+
+# Only the owner writes its chat's fields. ARGV: user, me, field, value.  KEYS: chat.
+_OWNER_SET = """
+local rec = redis.call('HMGET', KEYS[1], 'user', 'owner')
+if rec[1] == ARGV[1] and rec[2] == ARGV[2] then
+  if ARGV[3] == '' then return redis.call('DEL', KEYS[1]) end
+  return redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+end
+return 0
+"""
+
+# A new epoch when none exists; reset_ms is Redis's clock when the dataset was lost (0 at first start).
+_NEW_EPOCH = """
+local t = redis.call('TIME')
+local ms = 0
+if ARGV[1] == '1' then ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end
+redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ms, 'NX')
+return redis.call('GET', KEYS[1])
+"""
+
+_RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
+_RELAY_TTL_MS = 300_000
+
+
+class RedisState(SharedState):
+    def __init__(
+        self,
+        replica_id: str,
+        url: str,
+        *,
+        prefix: str,
+        heartbeat_interval: float,
+        owner_timeout: float,
+    ) -> None:
+        super().__init__(replica_id)
+        self.available = False
+        self._prefix = prefix
+        self._interval = heartbeat_interval
+        self._owner_timeout = owner_timeout
+        # One immediate retry: after Redis restarts, every pooled connection fails once before
+        # reconnecting, and that must not lose a write. No backoff: a Redis that is down answers
+        # 503 now. Reads that block (relays) pass their own deadline, well under socket_timeout.
+        self._redis = aioredis.Redis.from_url(
+            url, socket_connect_timeout=2, socket_timeout=5, retry=Retry(NoBackoff(), 1), health_check_interval=0
+        )
+        self._epoch: str | None = None
+        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._claim = self._redis.register_script(_CLAIM)
+        self._owner_set = self._redis.register_script(_OWNER_SET)
+        self._new_epoch = self._redis.register_script(_NEW_EPOCH)
+        self._beat_now = asyncio.Event()
+        # The chat record lifetime last asked for (chat.idle_chat_ttl may change on reload).
+        self._chat_ttl = 3600.0
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, inbox: Inbox, reassert: Reassert) -> None:
+        self._inbox = inbox
+        self._reassert = reassert
+        # The first beat before serving, so /readyz is true as soon as Redis is; a Redis that is
+        # down at start is not fatal (the loop keeps trying and /readyz says why).
+        await self._beat()
+        self._tasks = [
+            asyncio.create_task(self._heartbeats(), name="redis-heartbeat"),
+            asyncio.create_task(self._listen(), name="redis-inbox"),
+        ]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.available = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.delete(self._key("replica", self.replica_id))
+        await self._redis.aclose()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self._interval)
+            self._beat_now.clear()
+            await self._beat()
+
+    async def _beat(self) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(self._key("replica", self.replica_id), b"1", px=int(self._owner_timeout * 1000))
+                pipe.get(self._key("epoch"))
+                _, epoch = await pipe.execute()
+            epoch = epoch.decode() if epoch is not None else None
+            if epoch is None or epoch != self._epoch:
+                await self._adopt_epoch(epoch)
+        except (RedisError, OSError) as exc:
+            if self.available:
+                log.warning("shared_state_down", reason=_reason(exc))
+            self.available = False
+            return
+        if not self.available:
+            log.info("shared_state_up", replica=self.replica_id)
+        self.available = True
+
+    async def _adopt_epoch(self, seen: str | None) -> None:
+        lost = self._epoch is not None
+        if seen is None:
+            token = secrets.token_hex(8)
+            raw = await self._new_epoch(keys=[self._key("epoch")], args=["1" if lost else "0", token])
+            seen = raw.decode()
+        if lost:
+            # Redis lost what we had written: write our chats back before serving again.
+            chats = self._reassert()
+            log.warning("shared_state_reset", chats_restored=len(chats))
+            ttl_ms = int(self._chat_ttl * 1000)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for user_id, chat_id, run in chats:
+                    key = self._key("chat", chat_id)
+                    pipe.hset(key, mapping={"user": user_id, "owner": self.replica_id, "run": run})
+                    pipe.pexpire(key, ttl_ms)
+                await pipe.execute()
+        self._epoch = seen
+
+    async def _listen(self) -> None:
+        channel = self._key("inbox", self.replica_id)
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        try:
+                            body = orjson.loads(message["data"])
+                        except orjson.JSONDecodeError:
+                            log.warning("inbox_message_malformed")
+                            continue
+                        self._inbox(body)
+            except (RedisError, OSError) as exc:
+                log.info("inbox_reconnecting", reason=_reason(exc))
+                self._beat_now.set()
+                await asyncio.sleep(self._interval / 2)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+
+    # ---- calls into Redis ------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if not self.available:
+            raise SharedStateDown("the shared session store (Redis) is unreachable")
+
+    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+        self._check()
+        self._chat_ttl = ttl
+        try:
+            result = await self._claim(
+                keys=[self._key("chat", chat_id), self._key("epoch")],
+                args=[user_id, self.replica_id, int(ttl * 1000), self._key("replica", ""), self._epoch or "",
+                      int(self._owner_timeout * 1000), "1" if create else "0"],
+            )
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+        kind = result[0].decode()
+        if kind == "local":
+            return Claim(self.replica_id, local=True)
+        if kind == "remote":
+            return Claim(result[1].decode(), local=False)
+        if kind == "took_over":
+            run = result[2].decode()
+            return Claim(self.replica_id, local=True, orphaned_run=run or None)
+        if kind == "foreign":
+            raise ChatNotFound(chat_id)
+        if kind == "reset":
+            self._beat_now.set()
+            raise SharedStateDown("the shared session store (Redis) lost its data and the replicas are restoring it; retry")
+        raise SharedStateDown("the replicas are restoring the shared session store; retry in a moment")
+
+    async def owner(self, user_id: str, chat_id: str) -> str | None:
+        self._check()
+        try:
+            user, owner = await self._redis.hmget(self._key("chat", chat_id), ["user", "owner"])
+            if user is None or user.decode() != user_id:
+                return None
+            owner_id = owner.decode()
+            if owner_id == self.replica_id or await self._redis.exists(self._key("replica", owner_id)):
+                return owner_id
+            return None
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def mark_run(self, user_id: str, chat_id: str, message_id: str) -> None:
+        await self._owner_write(user_id, chat_id, "run", message_id)
+
+    async def release(self, user_id: str, chat_id: str) -> None:
+        await self._owner_write(user_id, chat_id, "", "")
+
+    async def _owner_write(self, user_id: str, chat_id: str, field: str, value: str) -> None:
+        self._check()
+        try:
+            await self._owner_set(keys=[self._key("chat", chat_id)], args=[user_id, self.replica_id, field, value])
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def alive(self, replica_id: str) -> bool:
+        if replica_id == self.replica_id:
+            return True
+        self._check()
+        try:
+            return bool(await self._redis.exists(self._key("replica", replica_id)))
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def send(self, replica_id: str, message: dict[str, Any]) -> None:
+        self._check()
+        try:
+            await self._redis.publish(self._key("inbox", replica_id), orjson.dumps(message))
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def relay_append(self, key: str, entry: RelayEntry) -> None:
+        self._check()
+        fields: dict[str, Any] = {"n": entry.seq, "f": b"\n".join(entry.frames)}
+        if entry.end is not None:
+            fields["e"] = entry.end
+        name = self._key("relay", key)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(name, fields, maxlen=_RELAY_CAP, approximate=True)
+                pipe.pexpire(name, _RELAY_TTL_MS)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
+        self._check()
+        try:
+            answer = await self._redis.xread(
+                {self._key("relay", key): after or "0-0"}, block=max(1, int(timeout * 1000)), count=500
+            )
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+        if not answer:
+            return after, []
+        entries = []
+        position = after
+        for entry_id, fields in answer[0][1]:
+            position = entry_id.decode()
+            frames = fields.get(b"f", b"")
+            end = fields.get(b"e")
+            entries.append(RelayEntry(
+                int(fields[b"n"]), frames.split(b"\n") if frames else [], end.decode() if end is not None else None
+            ))
+        return position, entries
+
+    async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
+        self._check()
+        name = self._key("call", call_id)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hset(name, mapping=record)
+                pipe.pexpire(name, int(ttl * 1000))
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def get_call(self, call_id: str) -> dict[str, str] | None:
+        self._check()
+        try:
+            raw = await self._redis.hgetall(self._key("call", call_id))
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+        return {k.decode(): v.decode() for k, v in raw.items()} or None
+
+    def _down(self, exc: BaseException) -> SharedStateDown:
+        if self.available:
+            log.warning("shared_state_down", reason=_reason(exc))
+        self.available = False
+        self._beat_now.set()
+        return SharedStateDown("the shared session store (Redis) is unreachable")
+
+
+def _reason(exc: BaseException) -> str:
+    # Not str(exc) alone: redis-py's messages can include the URL, and with it the password.
+    return type(exc).__name__

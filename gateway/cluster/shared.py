@@ -1,0 +1,130 @@
+"""The contract of the state that gateway replicas share, and what every backend raises.
+
+A backend owns five things, and nothing about runs, chunks or HTTP (router.py does that):
+
+- the chat directory: which user a chat id belongs to, which replica runs the chat, and which
+  run (message id) is going on there, if any;
+- replica liveness: each replica's heartbeat; a replica silent for `owner_timeout` is dead, and
+  the next request for one of its chats moves the chat to the replica that received it;
+- inboxes: one-way messages from a replica to another (forwarded requests and their replies);
+- relays: the chunks of one response, appended by the replica running it and read by the
+  replica holding the browser's connection;
+- gated-call records: every gated call with its chat, owner and (once released) verdict, kept
+  for the call's deadline.
+
+`MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
+(several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
+hosts. tests/unit/test_cluster_state.py holds both to this contract.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Claim", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
+
+# A message from another replica: a JSON object.
+Inbox = Callable[[dict[str, Any]], None]
+# After the shared state was lost (Redis restarted empty): the local chats to write back, as
+# (user id, chat id, running message id or "").
+Reassert = Callable[[], list[tuple[str, str, str]]]
+
+
+class SharedStateDown(Exception):
+    """The shared state cannot be reached (or is recovering): the request is answered 503."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Where a chat runs, as seen by the replica that asked."""
+
+    owner: str
+    local: bool
+    # The chat was taken from a dead replica that was running this message: that run is lost.
+    orphaned_run: str | None = None
+
+
+@dataclass(frozen=True)
+class RelayEntry:
+    """One append to a relay: `frames` (encoded chunks) numbered from `seq`, or its end."""
+
+    seq: int
+    frames: list[bytes] = field(default_factory=list)
+    # None while the response goes on; "done" at its end, "lagged" if the writer fell behind the
+    # response's bounded log.
+    end: str | None = None
+
+
+class SharedState(abc.ABC):
+    """What replicas share. Every method may raise SharedStateDown."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        # False while the backend cannot reach its store; /readyz reports it.
+        self.available = True
+
+    @abc.abstractmethod
+    async def start(self, inbox: Inbox, reassert: Reassert) -> None:
+        """Join: start heartbeats and deliver messages for this replica to `inbox`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Leave: stop heartbeats (other replicas will see this one as dead)."""
+
+    # ---- the chat directory ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+        """The chat's owner; this replica becomes it if nobody (alive) is.
+
+        Raises ChatNotFound (registry.py) when the chat id belongs to another user. The record lives
+        `ttl` seconds after the last claim. With `create` false an unknown chat is answered as local
+        without being recorded (a resume of a chat that never ran must not take its id).
+        """
+
+    @abc.abstractmethod
+    async def owner(self, user_id: str, chat_id: str) -> str | None:
+        """The live replica that owns the chat, or None (unknown chat, another user's, or a dead owner)."""
+
+    @abc.abstractmethod
+    async def mark_run(self, user_id: str, chat_id: str, message_id: str) -> None:
+        """Record the run going on in a chat this replica owns ("" once it ended)."""
+
+    @abc.abstractmethod
+    async def release(self, user_id: str, chat_id: str) -> None:
+        """Forget a chat this replica owns (it went idle)."""
+
+    # ---- replicas --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def alive(self, replica_id: str) -> bool:
+        """Whether the replica's heartbeat is current."""
+
+    @abc.abstractmethod
+    async def send(self, replica_id: str, message: dict[str, Any]) -> None:
+        """Deliver a message to a replica's inbox (lost if that replica is gone)."""
+
+    # ---- relays ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def relay_append(self, key: str, entry: RelayEntry) -> None:
+        """Append to a relay (created on first append; dropped a while after its last)."""
+
+    @abc.abstractmethod
+    async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
+        """Entries after position `after` ("" for the start), waiting up to `timeout` seconds
+        for the first; returns the new position and the entries (none on timeout)."""
+
+    # ---- gated calls -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
+        """Store (or update fields of) a gated call's record for `ttl` seconds."""
+
+    @abc.abstractmethod
+    async def get_call(self, call_id: str) -> dict[str, str] | None:
+        """A gated call's record, or None."""
+

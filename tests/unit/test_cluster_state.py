@@ -1,0 +1,277 @@
+"""The shared-state contract (gateway/cluster/shared.py), held against both backends.
+
+Every test gets two replicas, `a` and `b`, on one store: a `MemoryHub`, or a real redis-server
+(tests/procs.py). What replicas may rely on must hold for both; the Redis-only tests at the end
+cover what only a network store can do (go away, come back empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.redis import RedisState
+from gateway.cluster.shared import RelayEntry, SharedState, SharedStateDown
+from gateway.registry import ChatNotFound
+from tests.procs import RedisServer, redis_server
+
+HEARTBEAT = 0.1
+OWNER_TIMEOUT = 0.4
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+class Replica:
+    """A backend plus what it received in its inbox."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.local: list[tuple[str, str, str]] = []
+
+    async def start(self) -> None:
+        await self.state.start(self.inbox.put_nowait, lambda: list(self.local))
+
+
+def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
+    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, Replica]]:
+    if request.param == "memory":
+        hub = MemoryHub()
+        a, b = Replica(MemoryState("a", hub)), Replica(MemoryState("b", hub))
+    else:
+        server = request.getfixturevalue("redis")
+        prefix = "t" + secrets.token_hex(4)  # each test its own keys in the shared server
+        a, b = Replica(_redis_state(server, "a", prefix)), Replica(_redis_state(server, "b", prefix))
+    await a.start()
+    await b.start()
+    try:
+        yield a, b
+    finally:
+        for replica in (a, b):
+            await replica.state.close()
+
+
+def chat_id() -> str:
+    return "chat-" + secrets.token_hex(4)
+
+
+async def test_the_first_replica_to_claim_a_chat_owns_it(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    first = await a.state.claim("alice", chat, ttl=60)
+    assert (first.owner, first.local, first.orphaned_run) == ("a", True, None)
+    seen_from_b = await b.state.claim("alice", chat, ttl=60)
+    assert (seen_from_b.owner, seen_from_b.local) == ("a", False)
+    assert await b.state.owner("alice", chat) == "a"
+    assert await a.state.owner("alice", chat) == "a"
+
+
+async def test_a_chat_id_belongs_to_its_first_user_on_every_replica(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.claim("alice", chat, ttl=60)
+    for replica in (a, b):
+        with pytest.raises(ChatNotFound):
+            await replica.state.claim("mallory", chat, ttl=60)
+        assert await replica.state.owner("mallory", chat) is None
+    assert await b.state.owner("alice", "never-claimed") is None
+
+
+async def test_looking_without_creating_leaves_no_record(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    looked = await a.state.claim("alice", chat, ttl=60, create=False)
+    assert (looked.owner, looked.local) == ("a", True)
+    assert await b.state.owner("alice", chat) is None
+    # The id is still free for anyone, on any replica.
+    assert (await b.state.claim("bob", chat, ttl=60)).owner == "b"
+    # A known chat is answered as usual.
+    assert (await a.state.claim("bob", chat, ttl=60, create=False)).owner == "b"
+
+
+async def test_a_chat_record_expires_ttl_after_its_last_claim(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat, kept = chat_id(), chat_id()
+    await a.state.claim("alice", chat, ttl=1.0)
+    await a.state.claim("alice", kept, ttl=1.0)
+    await asyncio.sleep(0.6)
+    await b.state.claim("alice", kept, ttl=1.0)  # used again: lives on
+    await asyncio.sleep(0.6)
+    await a.state.claim("carol", chat_id(), ttl=60)  # any claim lets the memory hub sweep
+    assert await b.state.owner("alice", chat) is None
+    assert await b.state.owner("alice", kept) == "a"
+
+
+async def test_a_dead_owners_chat_moves_to_the_next_replica_asked_and_names_the_lost_run(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat, quiet = chat_id(), chat_id()
+    await a.state.claim("alice", chat, ttl=60)
+    await a.state.claim("alice", quiet, ttl=60)
+    await a.state.mark_run("alice", chat, "msg-1")
+    assert await b.state.alive("a")
+    await a.state.close()
+    assert not await b.state.alive("a")
+    assert await b.state.owner("alice", chat) is None  # a dead owner owns nothing
+    taken = await b.state.claim("alice", chat, ttl=60)
+    assert (taken.owner, taken.local, taken.orphaned_run) == ("b", True, "msg-1")
+    again = await b.state.claim("alice", chat, ttl=60)
+    assert again.orphaned_run is None  # said once
+    idle = await b.state.claim("alice", quiet, ttl=60)
+    assert (idle.local, idle.orphaned_run) == (True, None)  # nothing was running there
+
+
+async def test_only_the_owner_marks_runs_and_releases(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.claim("alice", chat, ttl=60)
+    await b.state.mark_run("alice", chat, "msg-from-b")  # not the owner: ignored
+    await b.state.release("alice", chat)  # not the owner: ignored
+    assert await b.state.owner("alice", chat) == "a"
+    await a.state.mark_run("alice", chat, "msg-1")
+    await a.state.mark_run("alice", chat, "")  # the run ended
+    await a.state.release("alice", chat)
+    assert await a.state.owner("alice", chat) is None
+    # Forgotten everywhere: the id is free again, even for another user.
+    claimed = await b.state.claim("bob", chat, ttl=60)
+    assert (claimed.owner, claimed.local, claimed.orphaned_run) == ("b", True, None)
+
+
+async def test_messages_reach_the_named_replica_only(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    await a.state.send("b", {"op": "ping", "n": 1})
+    await b.state.send("a", {"reply": "x", "ok": True})
+    assert await asyncio.wait_for(b.inbox.get(), 5) == {"op": "ping", "n": 1}
+    assert await asyncio.wait_for(a.inbox.get(), 5) == {"reply": "x", "ok": True}
+    await asyncio.sleep(0.05)
+    assert a.inbox.empty() and b.inbox.empty()
+
+
+async def test_a_relay_delivers_every_entry_in_order_then_its_end(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    key = secrets.token_hex(6)
+    position, entries = await b.state.relay_read(key, "", timeout=0.05)
+    assert entries == []  # nothing yet: the read times out empty
+
+    async def writer() -> None:
+        await a.state.relay_append(key, RelayEntry(0, [b'{"type":"start"}', b'{"type":"text-delta","delta":"a\\nb"}']))
+        await asyncio.sleep(0.05)
+        await a.state.relay_append(key, RelayEntry(2, [b'{"type":"finish"}']))
+        await a.state.relay_append(key, RelayEntry(3, end="done"))
+
+    task = asyncio.create_task(writer())
+    got: list[RelayEntry] = []
+    while not got or got[-1].end is None:
+        position, entries = await b.state.relay_read(key, position, timeout=2)
+        got += entries
+    await task
+    assert [e.seq for e in got] == [0, 2, 3]
+    assert [f for e in got for f in e.frames] == [
+        b'{"type":"start"}', b'{"type":"text-delta","delta":"a\\nb"}', b'{"type":"finish"}',
+    ]
+    assert got[-1] == RelayEntry(3, [], "done")
+    # A second reader from the start sees the same.
+    _, again = await a.state.relay_read(key, "", timeout=1)
+    assert [e.seq for e in again] == [0, 2, 3]
+
+
+async def test_gated_call_records_merge_and_expire(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    call = "gw-" + secrets.token_hex(6)
+    assert await b.state.get_call(call) is None
+    await a.state.put_call(call, {"user": "alice", "chat": "c1", "owner": "a", "tool": "pay"}, ttl=60)
+    await a.state.put_call(call, {"verdict": '{"verdict":"run"}'}, ttl=0.3)
+    assert await b.state.get_call(call) == {
+        "user": "alice", "chat": "c1", "owner": "a", "tool": "pay", "verdict": '{"verdict":"run"}',
+    }
+    await asyncio.sleep(0.5)
+    assert await b.state.get_call(call) is None
+
+
+# ---- Redis only: the store goes away, or comes back empty ---------------------------------------
+
+
+async def _until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_redis_down_is_reported_and_recovers_without_restart(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    replica = Replica(_redis_state(server, "a", "down"))
+    try:
+        await replica.start()
+        assert replica.state.available
+        chat = chat_id()
+        await replica.state.claim("alice", chat, ttl=60)
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(SharedStateDown):
+            await replica.state.claim("alice", chat, ttl=60)
+        assert not replica.state.available
+        with pytest.raises(SharedStateDown):
+            await replica.state.owner("alice", chat)
+        # Back, empty: the replica writes its chats back, then serves claims again.
+        replica.local = [("alice", chat, "msg-7")]
+        await asyncio.to_thread(server.start)
+        await _until(lambda: replica.state.available)
+        claim = await replica.state.claim("alice", chat, ttl=60)
+        assert (claim.local, claim.orphaned_run) == (True, None)
+    finally:
+        await replica.state.close()
+        server.stop()
+
+
+async def test_after_redis_lost_its_data_owners_write_their_chats_back_before_others_claim(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    a, b = Replica(_redis_state(server, "a", "reset")), Replica(_redis_state(server, "b", "reset"))
+    try:
+        await a.start()
+        await b.start()
+        chat = chat_id()
+        await a.state.claim("alice", chat, ttl=60)
+        a.local = [("alice", chat, "msg-9")]
+        await asyncio.to_thread(server.restart)
+        # Whatever b sees first, it is never handed a's chat: an error to retry, then a's ownership.
+        seen: list[str] = []
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            try:
+                claim = await b.state.claim("alice", chat, ttl=60)
+            except SharedStateDown:
+                seen.append("retry")
+            else:
+                assert (claim.owner, claim.local) == ("a", False), "b took a chat its live owner still runs"
+                break
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        assert "retry" in seen
+        # A chat nobody had is claimable once the settling window is over.
+        fresh = chat_id()
+        while True:
+            try:
+                assert (await b.state.claim("bob", fresh, ttl=60)).local
+                break
+            except SharedStateDown:
+                assert asyncio.get_running_loop().time() < deadline + OWNER_TIMEOUT * 3
+                await asyncio.sleep(0.05)
+    finally:
+        for replica in (a, b):
+            await replica.state.close()
+        server.stop()
