@@ -26,6 +26,28 @@ class EventStreamDecoder:
     def feed(self, chunk: bytes) -> list[bytes]:
         """The payloads of every event completed by `chunk`, in order."""
         buf = self._tail + chunk if self._tail else chunk
+        if self._data or b"\r" in buf or len(buf) > self._max:
+            return self._feed_lines(buf)
+        # Fast path for ADK's framing: every event one `data: <json>` line, then a blank line.
+        # Anything else in this read (comments, other fields, multi-line data, CR line ends, a
+        # `data:` without its space) goes through the line parser, with nothing consumed yet.
+        blocks = buf.split(b"\n\n")
+        rest = blocks.pop()
+        events: list[bytes] = []
+        for block in blocks:
+            if not block.startswith(b"data: ") or b"\n" in block:
+                return self._feed_lines(buf)
+            events.append(block[6:])
+        if b"\n" in rest:
+            # Complete lines of an event still open: the line parser keeps them in `_data`.
+            self._tail = b""
+            events += self._feed_lines(rest)
+        else:
+            self._tail = rest
+        return events
+
+    def _feed_lines(self, buf: bytes) -> list[bytes]:
+        """The general parser: `buf` (the tail already prepended), line by line."""
         held_cr = b""
         if b"\r" in buf:
             # A CR at the very end may be the first half of a CRLF split across two reads.
