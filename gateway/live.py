@@ -29,7 +29,7 @@ class LiveLink:
     def __init__(self, connection: LiveConnection, on_closed: Callable[[], None] = lambda: None) -> None:
         self.connection = connection
         self._on_closed = on_closed
-        self._turn: asyncio.Queue[dict[str, Any]] | None = None
+        self._turn: _Inbox | None = None
         self._reader = asyncio.create_task(self._read(), name="live-reader")
         self.dropped = 0
 
@@ -45,7 +45,7 @@ class LiveLink:
         try:
             async for event in self.connection.events():
                 if self._turn is not None:
-                    self._turn.put_nowait(event)
+                    self._turn.put(event)
                 else:
                     self.dropped += 1
                     log.debug("live_event_dropped", reason="no turn in progress")
@@ -53,17 +53,23 @@ class LiveLink:
             log.warning("live_read_failed", reason=str(exc))
         finally:
             if self._turn is not None:
-                self._turn.put_nowait(_CLOSED)
+                self._turn.put(_CLOSED)
             self._on_closed()
 
     async def turn(self, request: dict[str, Any] | None) -> AsyncIterator[dict[str, Any]]:
         """Send `request` (if any) and yield this turn's events, `turnComplete` included."""
+        async for batch in self.turn_batches(request):
+            for event in batch:
+                yield event
+
+    async def turn_batches(self, request: dict[str, Any] | None) -> AsyncIterator[list[dict[str, Any]]]:
+        """`turn`, as lists: every event that arrived while the turn's reader slept (never empty)."""
         if self._turn is not None:
             raise UpstreamError("protocol", "a live turn is already in progress for this chat")
         if not self.alive:
             raise UpstreamError("reset", f"the live session is {self.connection.close_reason}")
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._turn = queue
+        inbox = _Inbox()
+        self._turn = inbox
         # Some Live models (Gemini 2.x, per ADK) complete a turn right after a tool call and then
         # answer the tool's result in another turn: a turn that ends with tool results and no word
         # from the model since is not over yet.
@@ -72,13 +78,22 @@ class LiveLink:
             if request is not None:
                 await self.connection.send(request)
             while True:
-                event = await queue.get()
-                if event is _CLOSED:
-                    raise UpstreamError("reset", f"the live session was {self.connection.close_reason} mid-turn")
-                yield event
-                answered_since_tools = _after_tools(event, answered_since_tools)
-                if event.get("turnComplete") and answered_since_tools:
-                    return
+                arrived = await inbox.take()
+                batch: list[dict[str, Any]] = []
+                for event in arrived:
+                    if event is _CLOSED:
+                        if batch:
+                            yield batch
+                        raise UpstreamError("reset", f"the live session was {self.connection.close_reason} mid-turn")
+                    batch.append(event)
+                    answered_since_tools = _after_tools(event, answered_since_tools)
+                    if event.get("turnComplete") and answered_since_tools:
+                        # What arrived after the turn's end is not this turn's (dropped, as before).
+                        yield batch
+                        return
+                del arrived
+                yield batch
+                del batch
         finally:
             self._turn = None
 
@@ -89,6 +104,32 @@ class LiveLink:
         await self.connection.close()
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
+
+
+class _Inbox:
+    """A turn's events from the reader task: a list handed over whole, one wake-up per batch."""
+
+    __slots__ = ("events", "waiter")
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[dict[str, Any]]:
+        while not self.events:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        events, self.events = self.events, []
+        return events
 
 
 def _after_tools(event: dict[str, Any], answered: bool) -> bool:
