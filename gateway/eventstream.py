@@ -29,15 +29,29 @@ class EventStreamDecoder:
         if self._data or b"\r" in buf or len(buf) > self._max:
             return self._feed_lines(buf)
         # Fast path for ADK's framing: every event one `data: <json>` line, then a blank line.
-        # Anything else in this read (comments, other fields, multi-line data, CR line ends, a
-        # `data:` without its space) goes through the line parser, with nothing consumed yet.
-        blocks = buf.split(b"\n\n")
-        rest = blocks.pop()
-        events: list[bytes] = []
-        for block in blocks:
-            if not block.startswith(b"data: ") or b"\n" in block:
+        # The complete events of the read are split once (on LF, the fast single-byte search);
+        # if any of them is anything else (comments, other fields, multi-line data, `data:`
+        # without its space), the whole read goes through the line parser, nothing consumed yet.
+        size = len(buf)
+        if buf.find(b"\n") == size - 2 and buf.startswith(b"data: ") and buf.endswith(b"\n\n"):
+            self._tail = b""
+            return [buf[6:-2]]  # one whole event (ADK writes each on its own: an idle stream's read)
+        end = size if buf.endswith(b"\n\n") else buf.rfind(b"\n\n") + 2
+        if end < 2:
+            if b"\n" in buf:
                 return self._feed_lines(buf)
-            events.append(block[6:])
+            self._tail = buf  # the start of an event, no line complete yet
+            return []
+        lines = (buf if end == size else buf[:end]).split(b"\n")
+        last = len(lines) - 1  # lines: event, "", event, "", ..., event, "", "" (after the last LF)
+        if any(lines[1:last:2]):
+            return self._feed_lines(buf)
+        events: list[bytes] = []
+        for line in lines[0:last:2]:
+            if not line.startswith(b"data: "):
+                return self._feed_lines(buf)
+            events.append(line[6:])
+        rest = buf[end:]
         if b"\n" in rest:
             # Complete lines of an event still open: the line parser keeps them in `_data`.
             self._tail = b""
