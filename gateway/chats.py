@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -493,10 +493,12 @@ class ChatService:
             async for batch in batches:
                 # One publish per upstream read: one encode list, one wake-up of the followers.
                 chunks: list[dict[str, Any]] = []
+                # Only an open gate lets an event make the run wait (feed opens none): else no check.
+                gated = converter.gates_open
                 try:
                     for event in batch:
                         chunks += feed(event)
-                        if converter.waiting_for_person:
+                        if gated and converter.waiting_for_person:
                             # The response ends right after this event's chunks, as if fed alone.
                             done, chunks = chunks, []
                             publish(done)
@@ -531,7 +533,7 @@ class ChatService:
             driver.run.finished_at = self._clock()
             log.info("run_finished", outcome=outcome)
 
-    async def _events(self, chat: Chat, message: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    async def _events(self, chat: Chat, message: dict[str, Any]) -> AsyncIterator[Iterable[dict[str, Any]]]:
         """The run's events, a list per upstream read, re-creating the ADK session once if the
         upstream lost it (a restart)."""
         started = self._clock()
@@ -557,7 +559,7 @@ class ChatService:
                 await self._upstream.ensure_session(chat.user_id, chat.session_id)
                 chat.session_ready = True
 
-    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> AsyncIterator[list[dict[str, Any]]]:
+    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> AsyncIterator[Iterable[dict[str, Any]]]:
         """One live turn's events, a list per wake-up; `message` is the user's content (None: the
         turn is already under way)."""
         link = await self._live_link(chat)

@@ -183,6 +183,12 @@ class Converter:
             found.discard(item)
 
     @property
+    def gates_open(self) -> bool:
+        """Some gated call was announced and is not released yet. `feed` never opens one (only
+        `gate_opened` does), so while this is false no event can make the message wait."""
+        return bool(self._gates_open)
+
+    @property
     def waiting_for_person(self) -> bool:
         """Every gated call of the turn is announced and at least one waits for a person."""
         return bool(self._gates_open) and not self._gates_expected
