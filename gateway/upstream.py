@@ -20,7 +20,7 @@ import orjson
 from .config import UpstreamConfig
 from .eventstream import EventStreamDecoder, EventStreamError
 
-__all__ = ["AdkClient", "LiveConnection", "UpstreamError"]
+__all__ = ["AdkClient", "LiveConnection", "UpstreamError", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -288,15 +288,16 @@ class LiveConnection:
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Events until the socket closes."""
-        async for msg in self._ws:
-            if msg.type is not aiohttp.WSMsgType.TEXT:
-                continue
-            try:
-                event = orjson.loads(msg.data)
-            except orjson.JSONDecodeError:
-                raise UpstreamError("protocol", "the agent service sent a live event that is not JSON") from None
-            if isinstance(event, dict):
+        async for data in self.messages():
+            event = parse_live_event(data)
+            if event is not None:
                 yield event
+
+    async def messages(self) -> AsyncIterator[str]:
+        """The events' JSON text, unparsed, until the socket closes (see parse_live_event)."""
+        async for msg in self._ws:
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                yield msg.data
 
     @property
     def close_reason(self) -> str:
@@ -311,3 +312,12 @@ class LiveConnection:
             except (ConnectionError, aiohttp.ClientError):
                 pass
             await self._ws.close()
+
+
+def parse_live_event(data: str | bytes) -> dict[str, Any] | None:
+    """A live event from its JSON text; None for JSON that is not an object (ignored)."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamError("protocol", "the agent service sent a live event that is not JSON") from None
+    return event if type(event) is dict else None

@@ -164,7 +164,7 @@ class Connection:
         try:
             async for batch in attachment.response.follow(first_sequence):
                 # Bytes straight into text frames: send_str would decode them only to encode again.
-                payloads = [prefix + str(sequence + i).encode() + b',"chunk":' + encoded + b"}" for i, encoded in enumerate(batch)]
+                payloads = [b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)]
                 sequence += len(batch)
                 if len(payloads) == 1 or not await _send_text_frames(self.ws, payloads):
                     for payload in payloads:
