@@ -505,7 +505,7 @@ class ChatService:
                 finally:
                     # Also when feed fails: the chunks of the events before still go out.
                     publish(chunks)
-                del batch, chunks
+                batch = chunks = event = None  # type: ignore[assignment]  # a held run keeps no event
             if converter.failed:
                 self.metrics.upstream_errors.labels("run_error").inc()
         except UpstreamError as exc:
