@@ -272,22 +272,30 @@ class Converter:
             usage = event.get("usageMetadata")
             if usage:
                 self._add_usage(usage)
+        if (
+            "interrupted" in event or "outputTranscription" in event or "inputTranscription" in event
+            or "errorCode" in event or "errorMessage" in event
+        ):
+            self._rare(out, event, bool(partial))  # most events have none of these keys
+        return out
+
+    def _rare(self, out: list[Chunk], event: dict[str, Any], partial: bool) -> None:
+        """Live mode's interruptions and transcriptions, and error codes."""
         if event.get("interrupted"):
             # Live mode: the person spoke over the model. What was said so far stands.
             out.extend(self._close_blocks())
             self._finish_reason = "interrupted"
         transcript = event.get("outputTranscription")
         if transcript:
-            self._transcript(out, transcript, bool(partial))
+            self._transcript(out, transcript, partial)
         heard = event.get("inputTranscription")
         if heard:
-            out.append(self._heard(heard, bool(partial)))
+            out.append(self._heard(heard, partial))
         error_code = event.get("errorCode")
         error_message = event.get("errorMessage")
         if error_code or error_message:
             text = f"{error_code}: {error_message}" if error_code and error_message else str(error_message or error_code)
             out.extend(self.error(text))
-        return out
 
     def _final_parts(self, out: list[Chunk], parts: list[dict[str, Any]], event: dict[str, Any]) -> None:
         streamed, self._streamed_partials = self._streamed_partials, False

@@ -75,11 +75,17 @@ def encode_chunk(chunk: dict[str, Any]) -> bytes:
     Copied to an exact-size object: orjson's result keeps its whole output buffer (4 KiB), and
     runs keep their chunks for resume, so without the copy a 60-byte chunk held 4 KiB of memory.
     """
-    return memoryview(orjson.dumps(chunk)).tobytes()  # the cheapest exact-size copy (~0.1 us)
+    # `encoded.join((b"", b""))` is b"" + encoded + b"" in one exact-size allocation: the
+    # cheapest copy measured (~10 ns, where bytes(memoryview(...)) costs ~250 ns).
+    return orjson.dumps(chunk).join(_EMPTY_PAIR)
+
+
+_EMPTY_PAIR: Final = (b"", b"")
+_SSE_AROUND: Final = (b"data: ", b"\n\n")
 
 
 def sse_frame(encoded_chunk: bytes) -> bytes:
-    return b"data: " + encoded_chunk + b"\n\n"
+    return encoded_chunk.join(_SSE_AROUND)  # b"data: " + chunk + b"\n\n", one allocation
 
 
 def sse_frames(encoded_chunks: list[bytes]) -> bytes:
