@@ -13,7 +13,7 @@ the same stages deterministically with the gateway's own objects, on the benchma
 - publish: RunDriver.publish with the chunks of each event (chunk metrics, encode_chunk, the run
   log, the pause check), and its parts: GatewayMetrics.count_chunk, encode_chunk;
 - follow: Response.follow waking its follower task once per event (isolated events): a plain
-  future, and with the SSE transport's keep-alive timer (asyncio.wait_for per wait);
+  future, and with the SSE transport's keep-alive interval (one timer per follower);
 - frame: the SSE transport's b"".join(map(sse_frame, batch)).
 
 Stages that the gateway's code no longer has (it is being changed) are reported as None.

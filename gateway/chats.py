@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -522,9 +522,26 @@ class ChatService:
                 # The person typed instead of answering: settle ADK's paused calls first, out of sight.
                 await self._drain(chat, confirmation_message(native))
             message = plan.new_message if plan.new_message is not None else confirmation_message(native)
-            events = self._live_events(chat, message) if self._live else self._events(chat, message)
-            async for event in events:
-                driver.publish(converter.feed(event))
+            del plan, native  # a held run keeps no request
+            batches = self._live_events(chat, message) if self._live else self._events(chat, message)
+            del message
+            feed, publish = converter.feed, driver.publish
+            async for batch in batches:
+                # One publish per upstream read: one encode list, one wake-up of the followers.
+                chunks: list[dict[str, Any]] = []
+                # Only an open gate lets an event make the run wait (feed opens none): else no check.
+                gated = converter.gates_open
+                try:
+                    for event in batch:
+                        chunks += feed(event)
+                        if gated and converter.waiting_for_person:
+                            # The response ends right after this event's chunks, as if fed alone.
+                            done, chunks = chunks, []
+                            publish(done)
+                finally:
+                    # Also when feed fails: the chunks of the events before still go out.
+                    publish(chunks)
+                batch = chunks = event = None  # type: ignore[assignment]  # a held run keeps no event
             if converter.failed:
                 self.metrics.upstream_errors.labels("run_error").inc()
         except UpstreamError as exc:
@@ -552,23 +569,25 @@ class ChatService:
             driver.run.finished_at = self._clock()
             log.info("run_finished", outcome=outcome)
 
-    async def _events(self, chat: Chat, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The run's events, re-creating the ADK session once if the upstream lost it (a restart)."""
+    async def _events(self, chat: Chat, message: dict[str, Any]) -> AsyncIterator[Iterable[dict[str, Any]]]:
+        """The run's events, a list per upstream read, re-creating the ADK session once if the
+        upstream lost it (a restart)."""
         started = self._clock()
         first = True
         for attempt in (1, 2):
             try:
-                async for event in self._upstream.run_sse(
+                async for batch in self._upstream.run_sse_batches(
                     user_id=chat.user_id, session_id=chat.session_id, new_message=message,
                     waiting=lambda: chat.driver is not None and chat.driver.converter.waiting_for_person,
                 ):
                     if first:
                         self.metrics.upstream_first_event.observe(self._clock() - started)
                         first = False
-                    yield event
+                        message = {}  # never sent again once events came: a held run keeps no message
+                    yield batch
                 return
             except UpstreamError as exc:
-                if exc.kind != "session_missing" or attempt == 2:
+                if exc.kind != "session_missing" or attempt == 2 or not first:
                     raise
                 self.metrics.upstream_errors.labels(exc.kind).inc()
                 log.info("session_recreated", reason="upstream lost the session")
@@ -576,16 +595,17 @@ class ChatService:
                 await self._upstream.ensure_session(chat.user_id, chat.session_id)
                 chat.session_ready = True
 
-    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> AsyncIterator[dict[str, Any]]:
-        """One live turn's events; `message` is the user's content (None: the turn is already under way)."""
+    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> AsyncIterator[Iterable[dict[str, Any]]]:
+        """One live turn's events, a list per wake-up; `message` is the user's content (None: the
+        turn is already under way)."""
         link = await self._live_link(chat)
         started = self._clock()
         first = True
-        async for event in link.turn({"content": message} if message is not None else None):
+        async for batch in link.turn_batches({"content": message} if message is not None else None):
             if first:
                 self.metrics.upstream_first_event.observe(self._clock() - started)
                 first = False
-            yield event
+            yield batch
 
     async def _live_link(self, chat: Chat) -> LiveLink:
         if chat.live is not None and chat.live.alive:
@@ -608,9 +628,10 @@ class ChatService:
             log.info("live_session_closed", dropped_events=link.dropped)
 
     async def _drain(self, chat: Chat, message: dict[str, Any]) -> None:
-        async for event in self._events(chat, message):
-            if "error" in event and "author" not in event:
-                log.warning("implicit_rejection_failed", reason=str(event.get("error")))
+        async for batch in self._events(chat, message):
+            for event in batch:
+                if "error" in event and "author" not in event:
+                    log.warning("implicit_rejection_failed", reason=str(event.get("error")))
 
     # ---- native approval bookkeeping -----------------------------------------------------
 

@@ -90,10 +90,23 @@ class ApprovalRequested:
     hint: str | None = None
 
 
-@dataclass
 class _Block:
-    kind: str  # "text" or "reasoning"
-    id: str
+    """An open text or reasoning block, with its chunk types spelled out once (not per delta)."""
+
+    __slots__ = ("delta", "end", "id")
+
+    def __init__(self, kind: str, block_id: str) -> None:
+        self.id = block_id
+        self.delta = _DELTA_TYPES[kind]
+        self.end = _END_TYPES[kind]
+
+
+_START_TYPES: Final = {"text": "text-start", "reasoning": "reasoning-start"}
+_DELTA_TYPES: Final = {"text": "text-delta", "reasoning": "reasoning-delta"}
+_END_TYPES: Final = {"text": "text-end", "reasoning": "reasoning-end"}
+
+# The read-only stand-in for a set nothing was added to yet (see Converter._grow).
+_NONE: Final[frozenset[str]] = frozenset()
 
 
 @dataclass
@@ -120,10 +133,24 @@ class Converter:
     bypassed: list[str] = field(default_factory=list, init=False)
     """Gated tools that answered without the plugin asking (it is not installed?); read and cleared by the caller."""
 
+    # Sets of tool call ids that most messages never touch. Until something is added they are the
+    # shared empty frozenset (reads work, `_grow` makes the set), as an empty set costs 216 bytes
+    # and a held or finished run keeps its converter. (Not annotated: they are no dataclass fields.)
+    _denied = _NONE
+    _awaiting_confirmation = _NONE
+    _gates_expected = _NONE
+    _gates_open = _NONE
+    _gates_seen = _NONE
+    _held_inputs = _NONE
+    _answered_in_browser = _NONE
+
+    _tools_shown = _NONE
+
     def __post_init__(self) -> None:
-        self._tools_shown: set[str] = set(self.known_tool_calls)
-        self._denied: set[str] = set(self.denied_tool_calls)
-        self._awaiting_confirmation: set[str] = set()
+        if self.known_tool_calls:
+            self._tools_shown = set(self.known_tool_calls)
+        if self.denied_tool_calls:
+            self._denied = set(self.denied_tool_calls)
         self._blocks: dict[str, _Block] = {}
         self._block_seq = 0
         self._step_open = False
@@ -133,18 +160,33 @@ class Converter:
         self._streamed_partials = False
         self._finish_reason: str | None = None
         self._usage: dict[str, int] = {}
-        # Gateway-gated calls: seen in the model's output but not yet announced by the plugin,
-        # announced and waiting for a person, and held back from the browser until approved.
-        self._gates_expected: set[str] = set()
-        self._gates_open: set[str] = set()
-        self._gates_seen: set[str] = set()
-        self._held_inputs: set[str] = set()
-        # Calls whose output the browser produced itself: ADK's echo of it is not news to the client.
-        self._answered_in_browser: set[str] = set()
+        # Gateway-gated calls (`_gates_expected`, `_gates_open`, `_gates_seen`, `_held_inputs`):
+        # seen in the model's output but not yet announced by the plugin, announced and waiting for
+        # a person, and held back from the browser until approved. `_answered_in_browser`: calls
+        # whose output the browser produced itself (ADK's echo of it is not news to the client).
         # Live transcriptions: the model's (streamed as text) and the person's (a data part).
         self._streamed_transcript = False
         self._heard_text = ""
         self._heard_seq = 0
+
+    def _grow(self, name: str) -> set[str]:
+        """The set attribute `name`, made a real set on first use."""
+        found = getattr(self, name)
+        if found is _NONE:
+            found = set()
+            setattr(self, name, found)
+        return found
+
+    def _drop(self, name: str, item: str) -> None:
+        found = getattr(self, name)
+        if item in found:  # never true of the empty stand-in
+            found.discard(item)
+
+    @property
+    def gates_open(self) -> bool:
+        """Some gated call was announced and is not released yet. `feed` never opens one (only
+        `gate_opened` does), so while this is false no event can make the message wait."""
+        return bool(self._gates_open)
 
     @property
     def waiting_for_person(self) -> bool:
@@ -211,10 +253,11 @@ class Converter:
             return self.error(str(event.get("error") or "the agent run failed"))
 
         out: list[Chunk] = []
+        partial = event.get("partial")
         content = event.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
         if parts:
-            if event.get("partial"):
+            if partial:
                 for part in parts:
                     text = part.get("text")
                     if text:
@@ -222,29 +265,37 @@ class Converter:
                         self._delta(out, "reasoning" if part.get("thought") else "text", text)
             else:
                 self._final_parts(out, parts, event)
-        if not event.get("partial"):
+        if not partial:
             reason = event.get("finishReason")
             if reason:
                 self._finish_reason = map_finish_reason(reason)
             usage = event.get("usageMetadata")
             if usage:
                 self._add_usage(usage)
+        if (
+            "interrupted" in event or "outputTranscription" in event or "inputTranscription" in event
+            or "errorCode" in event or "errorMessage" in event
+        ):
+            self._rare(out, event, bool(partial))  # most events have none of these keys
+        return out
+
+    def _rare(self, out: list[Chunk], event: dict[str, Any], partial: bool) -> None:
+        """Live mode's interruptions and transcriptions, and error codes."""
         if event.get("interrupted"):
             # Live mode: the person spoke over the model. What was said so far stands.
             out.extend(self._close_blocks())
             self._finish_reason = "interrupted"
         transcript = event.get("outputTranscription")
         if transcript:
-            self._transcript(out, transcript, bool(event.get("partial")))
+            self._transcript(out, transcript, partial)
         heard = event.get("inputTranscription")
         if heard:
-            out.append(self._heard(heard, bool(event.get("partial"))))
+            out.append(self._heard(heard, partial))
         error_code = event.get("errorCode")
         error_message = event.get("errorMessage")
         if error_code or error_message:
             text = f"{error_code}: {error_message}" if error_code and error_message else str(error_message or error_code)
             out.extend(self.error(text))
-        return out
 
     def _final_parts(self, out: list[Chunk], parts: list[dict[str, Any]], event: dict[str, Any]) -> None:
         streamed, self._streamed_partials = self._streamed_partials, False
@@ -307,7 +358,7 @@ class Converter:
         name = original.get("name") or ""
         tool_args = original.get("args") or {}
         self._show_tool(out, tool_call_id, name, tool_args)
-        self._awaiting_confirmation.add(tool_call_id)
+        self._grow("_awaiting_confirmation").add(tool_call_id)
         confirmation = args.get("toolConfirmation") or {}
         self.approvals.append(
             ApprovalRequested(approval_id, tool_call_id, name, tool_args, confirmation.get("hint"))
@@ -318,17 +369,17 @@ class Converter:
     def _show_tool(self, out: list[Chunk], call_id: str, name: str, args: Any) -> None:
         policy = self.policy(name) if self.policy is not None else None
         if policy is not None and policy.gated and call_id not in self._gates_seen:
-            self._gates_seen.add(call_id)
-            self._gates_expected.add(call_id)
+            self._grow("_gates_seen").add(call_id)
+            self._grow("_gates_expected").add(call_id)
         if call_id in self._tools_shown:
             return
         self._model_output(out)
-        self._tools_shown.add(call_id)
+        self._grow("_tools_shown").add(call_id)
         out.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": name})
         if policy is not None and policy.approval and policy.runs_in == "browser":
             # The AI SDK runs a browser tool (onToolCall) on tool-input-available: before the person
             # approved, the input travels as a delta, which shows it without running it.
-            self._held_inputs.add(call_id)
+            self._grow("_held_inputs").add(call_id)
             out.append({"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": orjson.dumps(args).decode()})
         else:
             out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args})
@@ -339,9 +390,9 @@ class Converter:
         """The plugin announced a gated call: show it and, if it needs one, ask for approval."""
         out: list[Chunk] = []
         self._show_tool(out, call.tool_call_id, call.tool, call.args)
-        self._gates_seen.add(call.tool_call_id)
-        self._gates_expected.discard(call.tool_call_id)
-        self._gates_open.add(call.tool_call_id)
+        self._grow("_gates_seen").add(call.tool_call_id)
+        self._drop("_gates_expected", call.tool_call_id)
+        self._grow("_gates_open").add(call.tool_call_id)
         if call.state is CallState.AWAITING_APPROVAL:
             out.append(_approval_request(call.id, call.tool_call_id, call.policy.hint))
         if call.released:
@@ -358,16 +409,16 @@ class Converter:
             if call.state is CallState.AWAITING_OUTPUT and call_id in self._held_inputs:
                 # Approved: hand the call to the browser. No new step: the chunk updates the tool
                 # part where it stands (a new step would make the client add a second part).
-                self._held_inputs.discard(call_id)
+                self._drop("_held_inputs", call_id)
                 return [{"type": "tool-input-available", "toolCallId": call_id, "toolName": call.tool, "input": call.args}]
             return []
-        self._gates_open.discard(call_id)
-        self._gates_expected.discard(call_id)
-        self._held_inputs.discard(call_id)
+        self._drop("_gates_open", call_id)
+        self._drop("_gates_expected", call_id)
+        self._drop("_held_inputs", call_id)
         if call.shown_as_denied:
-            self._denied.add(call_id)
+            self._grow("_denied").add(call_id)
         elif call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR):
-            self._answered_in_browser.add(call_id)
+            self._grow("_answered_in_browser").add(call_id)
         return []
 
     def _function_response(self, out: list[Chunk], response: dict[str, Any]) -> None:
@@ -383,7 +434,7 @@ class Converter:
             self._show_tool(out, call_id, name, {})
         if call_id in self._gates_expected:
             # A gated tool produced a result without the plugin asking the gateway first.
-            self._gates_expected.discard(call_id)
+            self._drop("_gates_expected", call_id)
             self.bypassed.append(name)
         # Outputs belong to the step that made the call; in a continuation no step is open and,
         # like the AI SDK's own streamText, none is opened just for them.
@@ -454,17 +505,17 @@ class Converter:
             self._block_seq += 1
             block = _Block(kind, f"{kind[0]}{self._block_seq}")
             self._blocks[kind] = block
-            out.append({"type": f"{kind}-start", "id": block.id})
-        out.append({"type": f"{kind}-delta", "id": block.id, "delta": text})
+            out.append({"type": _START_TYPES[kind], "id": block.id})
+        out.append({"type": block.delta, "id": block.id, "delta": text})
 
     def _close_block(self, kind: str) -> list[Chunk]:
         block = self._blocks.pop(kind, None)
-        return [{"type": f"{kind}-end", "id": block.id}] if block else []
+        return [{"type": block.end, "id": block.id}] if block else []
 
     def _close_blocks(self) -> list[Chunk]:
         if not self._blocks:
             return []
-        out = [{"type": f"{b.kind}-end", "id": b.id} for b in self._blocks.values()]
+        out = [{"type": b.end, "id": b.id} for b in self._blocks.values()]
         self._blocks.clear()
         return out
 

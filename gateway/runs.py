@@ -81,35 +81,43 @@ class Response:
         transport can send a keep-alive.
         """
         position = start
-        while True:
-            if position < self.offset:
-                raise FollowerLagged(f"missed {self.offset - position} chunks")
-            available = self.offset + len(self.frames)
-            if position < available:
-                batch = self.frames[position - self.offset :]
-                position = available
-                yield batch
-                continue
-            if self.closed:
-                self.delivered = True
-                return
-            loop = asyncio.get_running_loop()
-            waiter = loop.create_future()
-            self._waiters.append(waiter)
-            if idle is None:
-                await waiter
-                continue
-            # A timer that resolves the same future, not wait_for: wait_for costs a task per wait,
-            # which is most of the price of an isolated event.
-            timer = loop.call_later(idle, _resolve, waiter, _IDLE)
-            try:
-                woke = await waiter
-            finally:
-                timer.cancel()
-            if woke is _IDLE:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-                yield []
+        loop = asyncio.get_running_loop()
+        # One timer per follower, re-armed only when it fires, not one per wait: a timer per
+        # wait (call_later + cancel) costs about as much as the wake-up itself.
+        ticker = None if idle is None else _Ticker(loop, idle)
+        try:
+            while True:
+                if position < self.offset:
+                    raise FollowerLagged(f"missed {self.offset - position} chunks")
+                available = self.offset + len(self.frames)
+                if position < available:
+                    batch = self.frames[position - self.offset :]
+                    position = available
+                    yield batch
+                    if ticker is not None:
+                        ticker.touch()
+                    continue
+                if self.closed:
+                    self.delivered = True
+                    return
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+                if ticker is None:
+                    await waiter
+                    continue
+                ticker.park(waiter)
+                try:
+                    woke = await waiter
+                finally:
+                    ticker.waiter = None
+                if woke is _IDLE:
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)
+                    yield []
+                    ticker.touch()
+        finally:
+            if ticker is not None:
+                ticker.cancel()
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -119,6 +127,43 @@ class Response:
 
 
 _IDLE = object()
+
+
+class _Ticker:
+    """A follower's keep-alive clock: resolves the parked follower's waiter with _IDLE once
+    `idle` seconds passed since its last batch. Its one timer is re-armed when it fires early."""
+
+    __slots__ = ("handle", "idle", "last", "loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle: float) -> None:
+        self.loop = loop
+        self.idle = idle
+        self.last = loop.time()
+        self.waiter: asyncio.Future[object] | None = None
+        self.handle: asyncio.TimerHandle | None = None
+
+    def touch(self) -> None:
+        self.last = self.loop.time()
+
+    def park(self, waiter: asyncio.Future[object]) -> None:
+        self.waiter = waiter
+        if self.handle is None:
+            self.handle = self.loop.call_at(self.last + self.idle, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        if self.waiter is None:
+            return  # not parked: the next park arms the timer again
+        due = self.last + self.idle
+        if self.loop.time() >= due - 0.001:
+            _resolve(self.waiter, _IDLE)
+        else:
+            self.handle = self.loop.call_at(due, self._fire)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 def _resolve(waiter: asyncio.Future[object], value: object) -> None:

@@ -19,7 +19,7 @@ from ..chats import Attachment
 from ..errors import HttpError, refusal
 from ..limits import Limited
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
-from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame
+from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame, sse_frames
 from ..runs import FollowerLagged
 from ..state import GATEWAY
 from .admit import admit, count_refusal
@@ -119,7 +119,7 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     completed = False
     try:
         async for batch in attachment.response.follow(idle=gateway.config.chat.keepalive_interval):
-            await response.write(b"".join(map(sse_frame, batch)) if batch else _KEEPALIVE)
+            await response.write(sse_frames(batch) if batch else _KEEPALIVE)
         await response.write(DONE_FRAME)
         completed = True
     except FollowerLagged as exc:

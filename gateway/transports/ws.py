@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import struct
 from typing import Any, Final
 
 import orjson
@@ -162,10 +163,12 @@ class Connection:
         sequence = first_sequence
         try:
             async for batch in attachment.response.follow(first_sequence):
-                for encoded in batch:
-                    # Bytes straight into a text frame: send_str would decode them only to encode again.
-                    await self.ws.send_frame(prefix + str(sequence).encode() + b',"chunk":' + encoded + b"}", WSMsgType.TEXT)
-                    sequence += 1
+                # Bytes straight into text frames: send_str would decode them only to encode again.
+                payloads = [b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)]
+                sequence += len(batch)
+                if len(payloads) == 1 or not await _send_text_frames(self.ws, payloads):
+                    for payload in payloads:
+                        await self.ws.send_frame(payload, WSMsgType.TEXT)
                 chunk_frames.inc(len(batch))
             await self.send({"type": "end", "requestId": request_id})
         except FollowerLagged as exc:
@@ -173,6 +176,50 @@ class Connection:
             await self.error(request_id, "This response fell too far behind and cannot continue; reload the chat.")
         finally:
             gauge.dec()
+
+
+_FRAME_LEN2: Final = struct.Struct("!BBH").pack
+_FRAME_LEN3: Final = struct.Struct("!BBQ").pack
+
+
+async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) -> bool:
+    """Several text frames in one transport write (aiohttp writes each frame on its own).
+
+    Uses aiohttp's frame writer internals, the way its `send_frame` does for an uncompressed
+    server frame (no mask), including its flow control. Returns False, having sent nothing, when
+    they are not as expected (compression on, another aiohttp): the caller then sends frame by frame.
+    """
+    writer = ws._writer
+    try:
+        if writer is None or writer.compress or writer.use_mask or writer._closing:
+            return False
+        transport, protocol = writer.transport, writer.protocol
+        output_size, limit = writer._output_size, writer._limit
+    except AttributeError:
+        return False
+    if transport.is_closing():
+        raise ConnectionResetError("Cannot write to closing transport")
+    parts: list[bytes] = []
+    for payload in payloads:
+        size = len(payload)
+        if size < 126:
+            parts.append(bytes((0x81, size)))  # FIN + text opcode, unmasked
+        elif size < 65536:
+            parts.append(_FRAME_LEN2(0x81, 126, size))
+        else:
+            parts.append(_FRAME_LEN3(0x81, 127, size))
+        parts.append(payload)
+    data = b"".join(parts)
+    transport.write(data)
+    output_size += len(data)
+    if output_size > limit:
+        output_size = 0
+        writer._output_size = 0
+        if protocol._paused:
+            await protocol._drain_helper()
+    else:
+        writer._output_size = output_size
+    return True
 
 
 async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:

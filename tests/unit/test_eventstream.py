@@ -49,3 +49,31 @@ def test_event_over_limit_is_refused() -> None:
         decoder.feed(b"data: " + b"y" * 20 + b"\n")
     with pytest.raises(EventStreamError):
         EventStreamDecoder(max_event_bytes=10).feed(b"data: " + b"z" * 20)
+
+
+def _reference(data: bytes) -> list[bytes]:
+    """The line parser alone, whole stream at once: what the fast path must agree with."""
+    return EventStreamDecoder()._feed_lines(data)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_path_agrees_with_the_line_parser_on_any_mix_and_split(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    pieces = [
+        b'data: {"a": 1}\n\n', b'data: {"b": "x y"}\n\n', b"data:{\"c\":3}\n\n", b": keep-alive\n\n",
+        b"data: one\ndata: two\n\n", b"data: cr\r\n\r\n", b"id: 5\ndata: with-id\n\n", b"\n", b"data: \n\n",
+        b"data:  two-spaces\n\n", b"event: x\n\n",
+    ]
+    data = b"".join(rng.choice(pieces) for _ in range(30)) + b"data: unterminated"
+    expected = _reference(data)
+    for _ in range(5):
+        decoder = EventStreamDecoder()
+        got: list[bytes] = []
+        i = 0
+        while i < len(data):
+            step = rng.randint(1, 60)
+            got += decoder.feed(data[i : i + step])
+            i += step
+        assert got == expected

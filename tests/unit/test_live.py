@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,10 @@ class FakeConnection:
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         while (event := await self.inbox.get()) is not None:
             yield event
+
+    async def messages(self) -> AsyncIterator[str]:
+        async for event in self.events():
+            yield json.dumps(event)
 
     async def close(self) -> None:
         self.inbox.put_nowait(None)
