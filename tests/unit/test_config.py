@@ -108,3 +108,20 @@ def test_jwt_key_settings_are_checked_at_load(tmp_path: Path) -> None:
             f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [HS256, RS256]\n    secret: s\n    public_key_file: {tmp_path / 'bad.pem'}\n",
             env={},
         )
+
+
+def test_sessions_backend_settings() -> None:
+    assert parse_config("", env={}).sessions.backend == "memory"
+    config = parse_config(
+        "sessions:\n  backend: ${SESSIONS_BACKEND:-memory}\n  redis_url: ${REDIS_URL}\n",
+        env={"SESSIONS_BACKEND": "redis", "REDIS_URL": "redis://:pw@cache:6379/2"},
+    )
+    assert config.sessions.backend == "redis"
+    assert config.sessions.redis_url is not None and config.sessions.redis_url.get_secret_value() == "redis://:pw@cache:6379/2"
+    assert "pw" not in repr(config.sessions)  # a password in the URL is a secret
+    with pytest.raises(ConfigError) as missing:
+        parse_config("sessions:\n  backend: redis\n", env={})
+    assert any("sessions.redis_url is required" in p for p in missing.value.problems)
+    with pytest.raises(ConfigError) as tight:
+        parse_config("sessions:\n  heartbeat_interval: 2s\n  owner_timeout: 3s\n", env={})
+    assert any("owner_timeout must be at least twice" in p for p in tight.value.problems)
