@@ -122,7 +122,8 @@ class MemoryState(SharedState):
         if position >= len(relay.entries):
             relay.changed.clear()
             try:
-                await asyncio.wait_for(relay.changed.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see RedisState._heartbeats
+                    await relay.changed.wait()
             except TimeoutError:
                 return after, []
         entries = relay.entries[position:]

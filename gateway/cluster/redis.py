@@ -142,15 +142,20 @@ class RedisState(SharedState):
         self.available = False
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a cancellation swallowed inside a library must not hang shutdown (the loops
+        # also stop by themselves once they see _closed).
+        await asyncio.wait(self._tasks, timeout=2 * self._interval + 2)
         with contextlib.suppress(RedisError, OSError):
             await self._redis.delete(self._key("replica", self.replica_id))
         await self._redis.aclose()
 
     async def _heartbeats(self) -> None:
-        while True:
+        while not self._closed:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the cancellation
+            # that close() sends, and this loop would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_now.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._beat_now.wait()
             self._beat_now.clear()
             await self._beat()
 
@@ -193,11 +198,11 @@ class RedisState(SharedState):
 
     async def _listen(self) -> None:
         channel = self._key("inbox", self.replica_id)
-        while True:
+        while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
-                while True:
+                while not self._closed:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         try:

@@ -269,11 +269,9 @@ class Cluster:
                 if loop.time() > give_up:
                     log.warning("gated_call_verdict_lost", approval_id=call_id, owner=owner)
                     return _fail_closed("The gateway lost this call's answer; the call was not run."), "verdict_lost"
-                try:
-                    message = await asyncio.wait_for(asyncio.shield(future), interval)
+                if await _settled(future, interval):
+                    message = future.result()
                     return _verdict_from(message["verdict"]), message.get("result", "respond")
-                except TimeoutError:
-                    pass
                 try:
                     record = await self.state.get_call(call_id)
                     if record is not None and record.get("verdict"):
@@ -300,18 +298,15 @@ class Cluster:
         waited = 0.0
         try:
             await self.state.send(owner, {**message, "id": request_id, "from": self.replica_id})
-            while True:
-                try:
-                    reply = await asyncio.wait_for(asyncio.shield(future), interval)
-                    break
-                except TimeoutError:
-                    waited += interval
+            while not await _settled(future, interval):
+                waited += interval
                 if await self._dead(owner):
                     raise OwnerLost(503, "replica_unavailable", "the gateway replica running this chat stopped; retry", {"Retry-After": "1"})
                 if waited >= self._settings.forward_timeout:
                     raise HttpError(503, "replica_unavailable", "the gateway replica running this chat did not answer; retry", {"Retry-After": "1"})
         finally:
             self._pending.pop(request_id, None)
+        reply = future.result()
         error = reply.get("error")
         if error is not None:
             raise HttpError(error["status"], error["code"], error["message"], error.get("headers") or None)
@@ -509,6 +504,16 @@ class RelayFeed:
                     return
             if batch:
                 yield batch
+
+
+async def _settled(future: asyncio.Future[Any], timeout: float) -> bool:
+    """Whether `future` is done within `timeout`, leaving it alone either way.
+
+    Not wait_for: on Python 3.11 it can swallow a cancellation that arrives as the wait ends,
+    and a task that cannot be cancelled hangs shutdown.
+    """
+    await asyncio.wait((future,), timeout=timeout)
+    return future.done()
 
 
 def _error_frame(text: str) -> bytes:
