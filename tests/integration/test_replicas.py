@@ -58,6 +58,9 @@ def replicas(tmp: Path) -> Iterator[Replicas]:
                 + f"internal:\n  port: {internal[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
                 + f"sessions:\n  backend: redis\n  redis_url: {redis.url}\n  key_prefix: gw-test\n"
                 + f"  heartbeat_interval: {HEARTBEAT}\n  owner_timeout: {OWNER_TIMEOUT}\n  forward_timeout: 5s\n"
+                # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
+                # fails the test instead of hanging it.
+                + "chat:\n  keepalive_interval: 60s\n"
             )
 
         a = stack.enter_context(gateway_process(tmp, adk, config("a")))
