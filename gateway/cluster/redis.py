@@ -160,6 +160,8 @@ class RedisState(SharedState):
             await self._beat()
 
     async def _beat(self) -> None:
+        if self._closed:
+            return  # a beat after close() would bring the deleted heartbeat back
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.set(self._key("replica", self.replica_id), b"1", px=int(self._owner_timeout * 1000))
