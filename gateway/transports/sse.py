@@ -61,7 +61,9 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         )
     except InvalidRequest as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
-    structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id)
+    del raw  # a held stream keeps neither the body nor, once submitted, the parsed request
+    chat_id = chat_request.chat_id
+    structlog.contextvars.bind_contextvars(chat_id=chat_id)
     slot = _open_stream(request, user_id)
     try:
         attachment = await gateway.cluster.submit(user_id, chat_request)
@@ -73,8 +75,11 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         if isinstance(exc, Limited):
             count_refusal(request, exc.code)
         raise answer from None
+    finally:
+        del chat_request
+        request._read_bytes = None  # aiohttp's copy of the body; nothing reads it again
     try:
-        return await _stream(request, attachment, user_id, chat_request.chat_id)
+        return await _stream(request, attachment, user_id, chat_id)
     finally:
         slot.release()
 
