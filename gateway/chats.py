@@ -77,6 +77,9 @@ class RunDriver:
     passed while nobody was attached).
     """
 
+    # A held or finished run keeps its driver: no per-instance dict.
+    __slots__ = ("_count", "_holding", "_service", "aborting", "chat", "converter", "run", "task")
+
     def __init__(self, service: ChatService, chat: Chat, converter: Converter, run: Run) -> None:
         self._service = service
         self.chat = chat
@@ -585,6 +588,7 @@ class ChatService:
                         first = False
                         message = {}  # never sent again once events came: a held run keeps no message
                     yield batch
+                    batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
                 return
             except UpstreamError as exc:
                 if exc.kind != "session_missing" or attempt == 2 or not first:

@@ -151,6 +151,9 @@ class Converter:
             self._tools_shown = set(self.known_tool_calls)
         if self.denied_tool_calls:
             self._denied = set(self.denied_tool_calls)
+        # Copied into the sets above: a held run keeps neither the caller's collections nor
+        # (through them) its turn plan. An empty frozenset is a 216-byte object of its own.
+        self.known_tool_calls = self.denied_tool_calls = ()
         self._blocks: dict[str, _Block] = {}
         self._block_seq = 0
         self._step_open = False

@@ -16,7 +16,7 @@ hole in it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from enum import Enum
 from typing import Protocol
 
@@ -42,7 +42,7 @@ class FollowerLagged(Exception):
 class Response:
     """The chunks of one browser response, in order."""
 
-    __slots__ = ("_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
+    __slots__ = ("_sink", "_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
 
     def __init__(self, limit: int) -> None:
         self.frames: list[bytes] = []
@@ -55,18 +55,34 @@ class Response:
         # handed to the next request that attaches or resumes.
         self.delivered = False
         self._waiters: list[asyncio.Future[object]] = []
+        # A parked follower that can take frames synchronously (see `follow_direct`): one at most.
+        self._sink: _Sink | None = None
 
     def append(self, frames: list[bytes]) -> None:
+        sink = self._sink
+        caught_up = sink is not None and sink.position == self.offset + len(self.frames)
         self.frames.extend(frames)
         if len(self.frames) > self.limit:
             drop = len(self.frames) // 2
             del self.frames[:drop]
             self.offset += drop
+        if sink is not None:
+            if caught_up and sink.write_now(frames):
+                # Written by the publishing task itself: the follower stays parked, no task hop.
+                sink.position = self.offset + len(self.frames)
+                if sink.ticker is not None:
+                    sink.ticker.touch()
+            else:
+                self._sink = None
+                _resolve(sink.waiter, None)
         self._wake()
 
     def close(self, now: float) -> None:
         self.closed = True
         self.closed_at = now
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            _resolve(sink.waiter, None)
         self._wake()
 
     @property
@@ -74,17 +90,39 @@ class Response:
         """Every frame since `start` is still held, so the response can be replayed whole."""
         return self.offset == 0
 
-    async def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
+    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` until the response is complete.
 
         With `idle`, an empty batch comes after that many seconds without frames, so the
         transport can send a keep-alive.
         """
+        return self._follow(start, idle, None)
+
+    def follow_direct(
+        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        """`follow`, except that while the follower is parked (it wrote everything so far), the
+        publishing task calls `write_now(frames)` with new frames instead of waking it.
+
+        `write_now` must not raise and must not block: it writes the frames and returns True, or
+        returns False having written nothing (the transport has a backlog, say), and the frames
+        then come out of the iterator as usual. Order is kept: frames are only handed to
+        `write_now` when every frame before them was yielded and written. This saves the second
+        task hop per publish (a future, a task step, the generator and the transport's
+        coroutine), which is most of an isolated event's cost after the upstream read.
+        Only one follower of a response writes directly; others follow as usual.
+        """
+        return self._follow(start, idle, write_now)
+
+    async def _follow(
+        self, start: int, idle: float | None, write_now: Callable[[list[bytes]], bool] | None
+    ) -> AsyncIterator[list[bytes]]:
         position = start
         loop = asyncio.get_running_loop()
         # One timer per follower, re-armed only when it fires, not one per wait: a timer per
         # wait (call_later + cancel) costs about as much as the wake-up itself.
         ticker = None if idle is None else _Ticker(loop, idle)
+        sink: _Sink | None = None
         try:
             while True:
                 if position < self.offset:
@@ -101,15 +139,25 @@ class Response:
                     self.delivered = True
                     return
                 waiter = loop.create_future()
-                self._waiters.append(waiter)
+                if write_now is not None and self._sink is None:
+                    sink = self._sink = _Sink(position, write_now, waiter, ticker)
+                else:
+                    sink = None
+                    self._waiters.append(waiter)
                 if ticker is None:
-                    await waiter
+                    try:
+                        await waiter
+                    finally:
+                        if sink is not None:
+                            position = self._unpark(sink)
                     continue
                 ticker.park(waiter)
                 try:
                     woke = await waiter
                 finally:
                     ticker.waiter = None
+                    if sink is not None:
+                        position = self._unpark(sink)
                 if woke is _IDLE:
                     if waiter in self._waiters:
                         self._waiters.remove(waiter)
@@ -119,6 +167,12 @@ class Response:
             if ticker is not None:
                 ticker.cancel()
 
+    def _unpark(self, sink: _Sink) -> int:
+        """A direct follower woke: it takes frames through the iterator again, from its position."""
+        if self._sink is sink:
+            self._sink = None
+        return sink.position
+
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -127,6 +181,21 @@ class Response:
 
 
 _IDLE = object()
+
+
+class _Sink:
+    """A parked direct follower: where it is, how to write to it, and how to wake it."""
+
+    __slots__ = ("position", "ticker", "waiter", "write_now")
+
+    def __init__(
+        self, position: int, write_now: Callable[[list[bytes]], bool], waiter: asyncio.Future[object],
+        ticker: _Ticker | None,
+    ) -> None:
+        self.position = position
+        self.write_now = write_now
+        self.waiter = waiter
+        self.ticker = ticker
 
 
 class _Ticker:

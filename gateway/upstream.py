@@ -221,6 +221,8 @@ class _IdleReader:
     stream is left, so the timer never fires into whatever the task does next.
     """
 
+    __slots__ = ("_content", "_expired", "_idle", "_last", "_loop", "_task", "_timer", "_waiting")
+
     def __init__(self, content: aiohttp.StreamReader, idle: float, waiting: Callable[[], bool]) -> None:
         self._content = content
         self._idle = idle

@@ -10,6 +10,7 @@ ignores and which keeps proxies with idle timeouts from cutting the stream.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -20,7 +21,7 @@ from ..errors import HttpError, refusal
 from ..limits import Limited
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
 from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame, sse_frames
-from ..runs import FollowerLagged
+from ..runs import FollowerLagged, Response
 from ..state import GATEWAY
 from .admit import admit, count_refusal
 
@@ -60,7 +61,9 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         )
     except InvalidRequest as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
-    structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id)
+    del raw  # a held stream keeps neither the body nor, once submitted, the parsed request
+    chat_id = chat_request.chat_id
+    structlog.contextvars.bind_contextvars(chat_id=chat_id)
     slot = _open_stream(request, user_id)
     try:
         attachment = await gateway.cluster.submit(user_id, chat_request)
@@ -72,8 +75,11 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         if isinstance(exc, Limited):
             count_refusal(request, exc.code)
         raise answer from None
+    finally:
+        del chat_request
+        request._read_bytes = None  # aiohttp's copy of the body; nothing reads it again
     try:
-        return await _stream(request, attachment, user_id, chat_request.chat_id)
+        return await _stream(request, attachment, user_id, chat_id)
     finally:
         slot.release()
 
@@ -117,8 +123,12 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     await response.prepare(request)
     gauge.inc()
     completed = False
+    idle = gateway.config.chat.keepalive_interval
+    feed = attachment.response
+    write_now = _direct_writer(response) if isinstance(feed, Response) else None
     try:
-        async for batch in attachment.response.follow(idle=gateway.config.chat.keepalive_interval):
+        batches = feed.follow(idle=idle) if write_now is None else feed.follow_direct(write_now, idle=idle)
+        async for batch in batches:
             await response.write(sse_frames(batch) if batch else _KEEPALIVE)
         await response.write(DONE_FRAME)
         completed = True
@@ -142,6 +152,46 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
         if not completed and gateway.config.chat.on_disconnect == "cancel":
             await gateway.cluster.abort(user_id, chat_id)
     return response
+
+
+def _direct_writer(response: web.StreamResponse) -> Callable[[list[bytes]], bool] | None:
+    """Write a batch from the publishing task, without waking this request's task (see
+    `Response.follow_direct`): only when the transport has no backlog, so flow control holds.
+
+    `StreamResponse.write` is a coroutine; this does what it does for a plain chunked body (no
+    compression, no declared length, no send callbacks, headers already out) with aiohttp's
+    writer internals, and declines (False) whenever they are not as expected.
+    """
+    writer = response._payload_writer
+    try:
+        plain = (
+            writer is not None and writer.chunked and writer._compress is None and writer.length is None
+            and writer._on_chunk_sent is None and writer.on_body_write is None
+        )
+        writer.output_size  # noqa: B018  # the counter it keeps
+        writer._headers_buf  # noqa: B018
+    except AttributeError:
+        return None
+    if not plain:
+        return None
+
+    def write_now(frames: list[bytes]) -> bool:
+        try:
+            if writer._headers_buf or response._eof_sent:
+                return False  # headers still buffered (nothing written yet): the normal path sends them
+            transport = writer.transport
+            if transport is None or transport.is_closing() or transport.get_write_buffer_size():
+                return False
+            body = b"\n\ndata: ".join(frames)
+            # One HTTP chunk holding the SSE frames: size line, `data: ` ... `\n\n`, CRLF.
+            data = b"%x\r\ndata: %b\n\n\r\n" % (len(body) + 8, body)
+            transport.write(data)
+            writer.output_size += len(data)
+            return True
+        except Exception:  # never into the publishing task: the follower's own write will see it
+            return False
+
+    return write_now
 
 
 async def preflight(request: web.Request) -> web.Response:

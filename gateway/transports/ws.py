@@ -30,7 +30,7 @@ from ..errors import refusal
 from ..limits import Limited
 from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
-from ..runs import FollowerLagged
+from ..runs import FollowerLagged, Response
 from ..state import GATEWAY, Gateway
 from .admit import admit
 
@@ -161,8 +161,33 @@ class Connection:
         chunk_frames = self._frames_out.labels("out", "chunk")
         prefix = b'{"type":"chunk","requestId":' + orjson.dumps(request_id) + b',"sequence":'
         sequence = first_sequence
+        ws = self.ws
+
+        def write_now(batch: list[bytes]) -> bool:
+            """The publishing task writes the frames itself while this request waits (see
+            `Response.follow_direct`), when the socket has no backlog; else False, nothing sent."""
+            nonlocal sequence
+            try:
+                writer = ws._writer
+                if writer is None or writer.compress or writer.use_mask or writer._closing:
+                    return False
+                transport = writer.transport
+                if transport.is_closing() or transport.get_write_buffer_size():
+                    return False
+                data = _text_frames([b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)])
+                transport.write(data)
+                # aiohttp's count towards its next drain; the buffer was empty, so no drain is owed.
+                writer._output_size = 0 if writer._output_size + len(data) > writer._limit else writer._output_size + len(data)
+            except Exception:  # never into the publishing task: this request's own send will see it
+                return False
+            sequence += len(batch)
+            chunk_frames.inc(len(batch))
+            return True
+
+        feed = attachment.response
+        batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Response) else feed.follow(first_sequence)
         try:
-            async for batch in attachment.response.follow(first_sequence):
+            async for batch in batches:
                 # Bytes straight into text frames: send_str would decode them only to encode again.
                 payloads = [b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)]
                 sequence += len(batch)
@@ -199,17 +224,7 @@ async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) ->
         return False
     if transport.is_closing():
         raise ConnectionResetError("Cannot write to closing transport")
-    parts: list[bytes] = []
-    for payload in payloads:
-        size = len(payload)
-        if size < 126:
-            parts.append(bytes((0x81, size)))  # FIN + text opcode, unmasked
-        elif size < 65536:
-            parts.append(_FRAME_LEN2(0x81, 126, size))
-        else:
-            parts.append(_FRAME_LEN3(0x81, 127, size))
-        parts.append(payload)
-    data = b"".join(parts)
+    data = _text_frames(payloads)
     transport.write(data)
     output_size += len(data)
     if output_size > limit:
@@ -220,6 +235,21 @@ async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) ->
     else:
         writer._output_size = output_size
     return True
+
+
+def _text_frames(payloads: list[bytes]) -> bytes:
+    """Unmasked, uncompressed server text frames, back to back."""
+    parts: list[bytes] = []
+    for payload in payloads:
+        size = len(payload)
+        if size < 126:
+            parts.append(bytes((0x81, size)))  # FIN + text opcode, unmasked
+        elif size < 65536:
+            parts.append(_FRAME_LEN2(0x81, 126, size))
+        else:
+            parts.append(_FRAME_LEN3(0x81, 127, size))
+        parts.append(payload)
+    return b"".join(parts)
 
 
 async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:

@@ -80,3 +80,74 @@ async def test_cancelled_follower_does_not_break_publishing() -> None:
     run.publish([b"z"])
     run.end_response(waiting=False, now=0)
     assert await collect(run.current) == [b"z"]
+
+
+class _DirectSink:
+    """A transport for `follow_direct`: takes frames synchronously unless told it has a backlog."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.direct = 0
+        self.backlog = False
+
+    def write_now(self, frames: list[bytes]) -> bool:
+        if self.backlog:
+            return False
+        self.direct += 1
+        self.written.extend(frames)
+        return True
+
+
+async def _follow_direct(response: Response, sink: _DirectSink, *, idle: float | None = None, start: int = 0) -> int:
+    keepalives = 0
+    async for batch in response.follow_direct(sink.write_now, start, idle=idle):
+        if not batch:
+            keepalives += 1
+        sink.written.extend(batch)
+        await asyncio.sleep(0)  # an async transport write
+    return keepalives
+
+
+async def test_a_parked_direct_follower_is_written_by_the_publisher_in_order() -> None:
+    run = Run("m1")
+    run.publish([b"a"])
+    sink = _DirectSink()
+    task = asyncio.create_task(_follow_direct(run.current, sink))
+    await asyncio.sleep(0.01)  # it took `a` through the iterator and parked
+    run.publish([b"b", b"c"])
+    assert sink.written == [b"a", b"b", b"c"] and sink.direct == 1  # written by publish itself
+    sink.backlog = True
+    run.publish([b"d"])  # declined: the follower wakes and takes it through the iterator
+    run.publish([b"e"])  # not parked any more: queued for it
+    sink.backlog = False
+    await asyncio.sleep(0.01)
+    run.publish([b"f"])
+    other = asyncio.create_task(collect(run.current))  # a second follower: never direct
+    await asyncio.sleep(0.01)
+    run.end_response(waiting=False, now=0)
+    await task
+    assert sink.written == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert sink.direct == 2
+    assert await other == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert run.unread() is None  # read whole
+
+
+async def test_a_direct_follower_still_gets_keepalives_and_lags_like_any_other() -> None:
+    run = Run("m1", limit=4)
+    sink = _DirectSink()
+    task = asyncio.create_task(_follow_direct(run.current, sink, idle=0.02))
+    await asyncio.sleep(0.07)
+    run.publish([b"a"])
+    run.end_response(waiting=False, now=0)
+    assert await task >= 1 and sink.written == [b"a"]
+    # Past the bound while it is busy writing: told so, as with `follow`.
+    run = Run("m1", limit=4)
+    run.publish([b"x"])
+    sink = _DirectSink()
+    sink.backlog = True
+    task = asyncio.create_task(_follow_direct(run.current, sink))
+    await asyncio.sleep(0.01)
+    run.publish([b"%d" % i for i in range(9)])  # declined, then dropped before the follower reads it
+    run.end_response(waiting=False, now=0)
+    with pytest.raises(FollowerLagged):
+        await task

@@ -1,0 +1,82 @@
+"""Gateway variants side by side, interleaved with the passthrough: for changes too small to see
+between separate runs on a noisy machine.
+
+    python -m bench.variants --reps 4 --phases lat1,lat200,sat50 new= old=MY_SWITCH=1
+
+Each variant is `name=ENV=VALUE;ENV2=VALUE` (empty: the code as it is): a gateway in SSE mode
+started from this checkout with that environment added, so an experiment puts the old and the new
+behaviour behind a switch the code reads from the environment (removed before committing). Phases, as in `python -m bench`: `lat1` and `lat200` (isolated events at 1 and
+200 streams: p50, p99, gateway CPU per event), `sat50` (saturation at 50 streams: events/s, CPU
+per event). Every repetition runs each phase on every route in turn; the median per route is
+printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from . import procs
+from .clients import Route
+from .scenarios import latency, throughput
+
+
+def _measure(phase: str, route: Route, fake: procs.Proc, rep: int) -> tuple[float, ...]:
+    if phase in ("lat1", "lat200"):
+        row = asyncio.run(latency(route, concurrency=1 if phase == "lat1" else 200, seconds=2.0, tag=f"{phase}-{rep}"))
+        return row["latency_us_p50"], row["latency_us_p99"], row["cpu_us_per_event_proxy"]
+    row = asyncio.run(throughput(route, concurrency=50, n=500, seconds=3.0, measure={"proxy": route.proc, "upstream": fake}))
+    return row["events_per_s"], row["cpu_us_per_event_proxy"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--phases", default="lat1,lat200,sat50")
+    parser.add_argument("variants", nargs="+", help="name=ENV=VALUE;ENV2=VALUE (empty after = for none)")
+    args = parser.parse_args()
+    phases = [p for p in args.phases.split(",") if p]
+    if unknown := set(phases) - {"lat1", "lat200", "sat50"}:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-variants-"))
+    procs.raise_fd_limit()
+    fake = procs.start_fake(workdir)
+    started = [procs.start_passthrough(workdir, fake.base)]
+    routes = [Route("passthrough", "adk-sse", started[0].base, started[0])]
+    try:
+        for variant in args.variants:
+            name, _, spec = variant.partition("=")
+            env = dict(kv.partition("=")[::2] for kv in spec.split(";") if kv)
+            saved = dict(os.environ)
+            os.environ.update(env)
+            try:
+                gateway = procs.start_gateway(workdir, fake.base, mode="sse", name=name)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            started.append(gateway)
+            routes.append(Route(name, "gw-sse", gateway.base, gateway))
+        results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
+        for rep in range(args.reps):
+            for phase in phases:
+                for route in routes:
+                    values = _measure(phase, route, fake, rep)
+                    results.setdefault((phase, route.name), []).append(values)
+                    print(rep, phase, route.name, tuple(round(v, 1) for v in values), flush=True)
+    finally:
+        for proc in started:
+            proc.stop()
+        fake.stop()
+    print("\nmedians (lat: p50 us, p99 us, CPU us/event; sat: events/s, CPU us/event)")
+    for (phase, name), rows in results.items():
+        print(f"  {phase:7} {name:14}", [round(statistics.median(r[i] for r in rows), 1) for i in range(len(rows[0]))])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
