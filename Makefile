@@ -24,7 +24,7 @@ test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server
 # The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
 .PHONY: fuzz
 fuzz: $(STAMP) $(JS_STAMP)
-	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q
+	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q --timeout=3600
 
 # Benchmarks against nginx and a bare aiohttp proxy (docs/performance.md): a table, and
 # bench/results.json. A few minutes on 2 cores. BENCH_ARGS='--only sse,idle' narrows a run.
