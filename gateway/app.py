@@ -29,7 +29,6 @@ from .limits import Admission
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
-from .internal import create_internal_app
 from .transports import sse, ws
 from .upstream import AdkClient
 

@@ -34,7 +34,7 @@ from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, T
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion, encode_chunk
 from .registry import Chat, PendingApproval, Registry, TooManyChats
-from .runs import Feed, Response, Run
+from .runs import Feed, Run
 from .upstream import AdkClient, UpstreamError
 
 __all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone", "RunDriver"]
