@@ -55,13 +55,21 @@ class Verdict:
     def as_json(self) -> dict[str, Any]:
         return {"verdict": "run"} if self.run else {"verdict": "respond", "response": self.response}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        """The verdict `as_json` wrote (passed between replicas); anything else refuses the call."""
+        if data.get("verdict") == "run":
+            return RUN
+        response = data.get("response")
+        return cls(run=False, response=response) if isinstance(response, dict) else cls.refuse("The call was not run.")
+
+    @classmethod
+    def refuse(cls, text: str) -> Verdict:
+        # ADK's own convention for a call that did not run: {"error": ...}; the model reads it.
+        return cls(run=False, response={"error": text})
+
 
 RUN = Verdict(run=True)
-
-
-def _refusal(text: str) -> Verdict:
-    # ADK's own convention for a call that did not run: {"error": ...}; the model reads it.
-    return Verdict(run=False, response={"error": text})
 
 
 @dataclass(eq=False)
@@ -111,7 +119,7 @@ class GatedCall:
         self.approved = approved
         if not approved:
             text = "The user rejected this tool call; it was not run."
-            self._release(_refusal(f"{text} Reason: {reason}" if reason else text), Outcome.DENIED)
+            self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text), Outcome.DENIED)
         elif self.runs_in_browser:
             # Approved: now the browser runs it, with a fresh deadline for that wait.
             self.state = CallState.AWAITING_OUTPUT
@@ -126,7 +134,7 @@ class GatedCall:
         if self.state is not CallState.AWAITING_OUTPUT:
             return False
         if error_text is not None:
-            self._release(_refusal(error_text), Outcome.OUTPUT_ERROR)
+            self._release(Verdict.refuse(error_text), Outcome.OUTPUT_ERROR)
         else:
             response = output if isinstance(output, dict) else {"result": output}
             self._release(Verdict(run=False, response=response), Outcome.OUTPUT)
@@ -137,14 +145,14 @@ class GatedCall:
         if self.released or now < self.deadline:
             return False
         waited = "approval" if self.state is CallState.AWAITING_APPROVAL else "the browser"
-        self._release(_refusal(f"Timed out waiting for {waited}; the call was not run."), Outcome.TIMEOUT)
+        self._release(Verdict.refuse(f"Timed out waiting for {waited}; the call was not run."), Outcome.TIMEOUT)
         return True
 
     def cancel(self, why: str) -> bool:
         """Nobody will answer any more (the user moved on, the run or the gateway stopped)."""
         if self.released:
             return False
-        self._release(_refusal(f"The call was cancelled: {why}"), Outcome.CANCELLED)
+        self._release(Verdict.refuse(f"The call was cancelled: {why}"), Outcome.CANCELLED)
         return True
 
     def _release(self, verdict: Verdict, outcome: Outcome) -> None:

@@ -10,7 +10,9 @@ Two kinds of approval meet here (DESIGN.md decision 3):
 - gateway-gated calls (tool policy, enforced by the ADK plugin) pause the run while it stays open
   upstream; the driver ends the browser's response so the AI SDK can answer, and the answering
   request re-attaches to the same run, which then carries on.
-Transports only parse requests and follow runs; internal.py hands plugin requests to `open_gate`.
+Transports only parse requests and follow runs; they, and internal.py for plugin requests, reach
+this service through the cluster router (cluster/router.py), which sends work for a chat run by
+another replica there instead.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ The registry also holds the gateway-gated tool calls (approval queues and browse
 and the waiters for their verdicts: the plugin's request waits here until a person, the browser
 or the deadline releases the call.
 
-Everything here is in-process memory. Callers use only the `Registry` methods, so a shared backend
-for several replicas can take its place without touching them.
+Everything here is this process's memory: the chats this replica runs. With several replicas,
+what they share (which replica runs which chat) is gateway/cluster's, not this module's.
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ class Cluster:
             try:
                 owner = await self.state.owner(user_id, session_id)
             except SharedStateDown:
-                return _fail_closed("The gateway's shared session store is unreachable; the call was not run."), "sessions_unavailable"
+                return Verdict.refuse("The gateway's shared session store is unreachable; the call was not run."), "sessions_unavailable"
             if owner is not None and owner != self.replica_id:
                 return await self._gate_remote(owner, user_id, session_id, tool_call_id, tool, args)
         return await self._gate_here(user_id, session_id, tool_call_id, tool, args)
@@ -250,11 +250,11 @@ class Cluster:
         except OwnerLost:
             self.metrics.owner_lost.labels("gated_call").inc()
             log.warning("gated_call_owner_lost", owner=owner, tool_call_id=tool_call_id)
-            return _fail_closed(
+            return Verdict.refuse(
                 "The gateway replica running this chat stopped before anyone answered; the call was not run."
             ), "owner_lost"
         except HttpError as exc:
-            return _fail_closed(f"The gateway could not reach the replica running this chat ({exc.message}); the call was not run."), exc.code
+            return Verdict.refuse(f"The gateway could not reach the replica running this chat ({exc.message}); the call was not run."), exc.code
         if "verdict" in reply:
             return _verdict_from(reply["verdict"]), reply.get("result", "respond")
         call_id = reply["call"]
@@ -268,7 +268,7 @@ class Cluster:
             while True:
                 if loop.time() > give_up:
                     log.warning("gated_call_verdict_lost", approval_id=call_id, owner=owner)
-                    return _fail_closed("The gateway lost this call's answer; the call was not run."), "verdict_lost"
+                    return Verdict.refuse("The gateway lost this call's answer; the call was not run."), "verdict_lost"
                 if await _settled(future, interval):
                     message = future.result()
                     return _verdict_from(message["verdict"]), message.get("result", "respond")
@@ -280,7 +280,7 @@ class Cluster:
                     if await self._dead(owner):
                         self.metrics.owner_lost.labels("gated_call").inc()
                         log.warning("gated_call_owner_lost", approval_id=call_id, owner=owner)
-                        return _fail_closed(
+                        return Verdict.refuse(
                             "The gateway replica holding this call stopped before anyone answered; the call was not run."
                         ), "owner_lost"
                 except SharedStateDown:
@@ -520,16 +520,9 @@ def _error_frame(text: str) -> bytes:
     return encode_chunk({"type": "error", "errorText": text})
 
 
-def _fail_closed(text: str) -> Verdict:
-    return Verdict(run=False, response={"error": text})
-
-
 def _verdict_json(verdict: Verdict) -> str:
     return orjson.dumps(verdict.as_json()).decode()
 
 
-def _verdict_from(raw: Any) -> Verdict:
-    data = orjson.loads(raw) if isinstance(raw, str) else raw
-    if data.get("verdict") == "run":
-        return Verdict(run=True)
-    return Verdict(run=False, response=data.get("response") or {"error": "The call was not run."})
+def _verdict_from(raw: str) -> Verdict:
+    return Verdict.from_json(orjson.loads(raw))

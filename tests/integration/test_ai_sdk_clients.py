@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.demo_rows import SCENARIOS as DEMO_ROWS
 from tests.jsdriver import assert_clean, run_chats
 from tests.procs import GatewayProcess, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.js]
 
-SCENARIOS = {
-    "hello": [{"send": "hello there"}],
-    "weather": [{"send": "weather in Tokyo"}],
-    "approve": [{"send": "pay 50 to Hanako", "approvals": "approve"}],
-    "deny": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
-    "two": [{"send": "pay 10 to Alice and 20 to Bob", "approvals": ["approve", "deny"]}],
-    "moved_on": [{"send": "pay 50 to Hanako"}, {"send": "hello there"}],
-}
+# The rows a gateway with native ADK confirmations can serve (no gateway-gated browser tools).
+SCENARIOS = {name: DEMO_ROWS[name] for name in ("hello", "weather", "approve", "deny", "two", "moved_on")}
 
 
 def tool_parts(result: dict) -> list[dict]:
