@@ -127,6 +127,7 @@ async def _sweep_idle_chats(gateway: Gateway) -> None:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
+    gateway.metrics.watch_gc()
     await gateway.upstream.start()
     await gateway.cluster.start()
     log.info("replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend)
@@ -142,6 +143,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gateway.chats.close()
     await gateway.cluster.close()
     await gateway.upstream.close()
+    gateway.metrics.unwatch_gc()
 
 
 def shared_state(config: GatewayConfig) -> SharedState:

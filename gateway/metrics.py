@@ -7,7 +7,10 @@ the contract with dashboards and alerts; docs/metrics.md documents each one.
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -18,6 +21,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
 
 # Approvals wait for people: from seconds to an hour.
 _APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# Garbage collector pauses stall every stream at once: from a young collection (~1 ms) to a full one.
+_GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 # Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
 _FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -127,6 +132,29 @@ class GatewayMetrics:
             "of its calls, gated_call: a plugin request released fail-closed, stream: a relayed response cut).",
             ["what"], registry=r,
         )
+
+        self.gc_pause = Histogram(
+            "adk_gateway_gc_pause_seconds",
+            "Python garbage collector pauses (the event loop, and so every stream, stands still), by generation.",
+            ["generation"], buckets=_GC_PAUSE_BUCKETS, registry=r,
+        )
+        self._gc_started = 0.0
+        self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
+
+    def watch_gc(self) -> None:
+        """Time the collector's pauses into `adk_gateway_gc_pause_seconds` until `unwatch_gc`."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_pause_by_generation[info["generation"]].observe(time.perf_counter() - self._gc_started)
 
     def count_chunk(self, chunk_type: str) -> None:
         counts = self._chunk_counts

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -180,8 +178,17 @@ def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:
         "adk_gateway_http_requests_total", "adk_gateway_active_streams", "adk_gateway_chunks_total",
         "adk_gateway_upstream_errors_total", "adk_gateway_upstream_first_event_seconds",
         "adk_gateway_approvals_pending", "adk_gateway_approval_wait_seconds", "adk_gateway_upstream_up",
+        "adk_gateway_gc_pause_seconds",
     ):
         assert f"# TYPE {name}" in text, name
+    # The served process times its collector's pauses. A turn leaves only a few hundred objects
+    # behind (young collections count survivors), so it takes a few chats for one to happen.
+    for _ in range(40):
+        young = metric_value(gateway.base, "adk_gateway_gc_pause_seconds_count", {"generation": "0"})
+        if young:
+            break
+        post(gateway, new_chat(), [user("hello there")])
+    assert young >= 1
 
 
 def test_logs_are_json_with_ids_bound_and_no_tracebacks(gateway: GatewayProcess) -> None:
