@@ -154,29 +154,28 @@ async def _gc_pauses(gateway: Proc) -> dict[str, Any]:
     """The gateway's `adk_gateway_gc_pause_seconds` so far, by generation: how many pauses, their
     total, and the bucket the longest one fell in."""
     import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
 
     async with aiohttp.ClientSession() as http, http.get(gateway.base + "/metrics") as resp:
         text = await resp.text()
     out: dict[str, Any] = {}
     buckets: dict[str, list[tuple[float, float]]] = {}
-    for line in text.splitlines():
-        if not line.startswith("adk_gateway_gc_pause_seconds"):
+    for family in text_string_to_metric_families(text):
+        if family.name != "adk_gateway_gc_pause_seconds":
             continue
-        series, _, value = line.rpartition(" ")
-        labels = dict(pair.split("=", 1) for pair in series[series.index("{") + 1 : -1].split(","))
-        generation = labels["generation"].strip('"')
-        row = out.setdefault(generation, {})
-        if series.startswith("adk_gateway_gc_pause_seconds_count"):
-            row["count"] = float(value)
-        elif series.startswith("adk_gateway_gc_pause_seconds_sum"):
-            row["total_ms"] = float(value) * 1000
-        elif series.startswith("adk_gateway_gc_pause_seconds_bucket"):
-            buckets.setdefault(generation, []).append((float(labels["le"].strip('"')), float(value)))
+        for sample in family.samples:
+            generation = sample.labels["generation"]
+            row = out.setdefault(generation, {})
+            if sample.name.endswith("_count"):
+                row["count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                row["total_ms"] = sample.value * 1000
+            elif sample.name.endswith("_bucket"):
+                buckets.setdefault(generation, []).append((float(sample.labels["le"]), sample.value))
     for generation, row in out.items():
-        ordered = sorted(buckets.get(generation, []))
-        # Cumulative buckets: the first that holds every pause bounds the longest one.
         count = row.get("count", 0)
-        row["longest_ms_at_most"] = next((le * 1000 for le, n in ordered if n >= count), None) if count else None
+        # Cumulative buckets: the first that holds every pause bounds the longest one.
+        row["longest_ms_at_most"] = next((le * 1000 for le, n in sorted(buckets[generation]) if n >= count), None) if count else None
     return out
 
 

@@ -97,26 +97,15 @@ class AdkClient:
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
 
-    async def run_sse(
-        self, *, user_id: str, session_id: str, new_message: dict[str, Any],
-        waiting: Callable[[], bool] = lambda: False,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Start a run and yield its events as parsed JSON dicts until the upstream closes the stream.
-
-        The stream may be silent for `upstream.idle_timeout` at most, except while `waiting()`
-        says the run waits for a person (its own deadline bounds that wait).
-        """
-        async for batch in self.run_sse_batches(
-            user_id=user_id, session_id=session_id, new_message=new_message, waiting=waiting
-        ):
-            for event in batch:
-                yield event
-
     async def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
         waiting: Callable[[], bool] = lambda: False,
     ) -> AsyncIterator[Iterator[dict[str, Any]]]:
-        """`run_sse`, one batch per upstream read: the events that read completed (at least one).
+        """Start a run and yield its events until the upstream closes the stream, one batch per
+        upstream read: the events that read completed (at least one), as parsed JSON dicts.
+
+        The stream may be silent for `upstream.idle_timeout` at most, except while `waiting()`
+        says the run waits for a person (its own deadline bounds that wait).
 
         The hot path: whatever is done per event downstream (publishing, waking followers,
         writing) is then done once per read, and a busy stream's reads carry several events.
@@ -287,13 +276,6 @@ class LiveConnection:
             await self._ws.send_str(text)
         except (ConnectionError, aiohttp.ClientError):
             raise UpstreamError("reset", "the live session with the agent service is closed") from None
-
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Events until the socket closes."""
-        async for data in self.messages():
-            event = parse_live_event(data)
-            if event is not None:
-                yield event
 
     async def messages(self) -> AsyncIterator[str]:
         """The events' JSON text, unparsed, until the socket closes (see parse_live_event)."""

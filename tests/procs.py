@@ -51,7 +51,8 @@ def wait_http(url: str, *, timeout: float, proc: subprocess.Popen[Any] | None = 
         time.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 15 s."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -83,7 +84,7 @@ def adk_server(tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str,
         wait_http(f"{base}/list-apps", timeout=90, proc=proc, log=log)
         yield base
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @dataclass
@@ -133,7 +134,7 @@ def gateway_process(
         wait_http(f"{base}/healthz", timeout=30, proc=proc, log=log)
         yield GatewayProcess(base, port, log, proc, path)
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 DEMO_TOOLS = """

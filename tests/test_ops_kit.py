@@ -49,7 +49,7 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, GatewayConfig, load_config
-from tests.procs import free_port, gateway_process, metric_value
+from tests.procs import free_port, gateway_process, metric_value, stop_process
 from tests.test_deploy_files import (
     CONFIG,
     DOCKERFILE,
@@ -1411,12 +1411,7 @@ def lb_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LbStack]:
             _wait_port(public_port, proc, log)
             yield LbStack(f"http://127.0.0.1:{public_port}", f"http://127.0.0.1:{internal_port}", secret, bases)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def _get(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, bytes]:
