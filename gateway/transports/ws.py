@@ -24,6 +24,7 @@ from typing import Any, Final
 import orjson
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.http import WebSocketWriter
 
 from ..chats import Attachment
 from ..errors import refusal
@@ -163,18 +164,22 @@ class Connection:
         sequence = first_sequence
         ws = self.ws
 
+        def payloads(batch: list[bytes]) -> list[bytes]:
+            # Bytes straight into text frames: send_str would decode them only to encode again.
+            return [b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)]
+
         def write_now(batch: list[bytes]) -> bool:
             """The publishing task writes the frames itself while this request waits (see
             `Response.follow_direct`), when the socket has no backlog; else False, nothing sent."""
             nonlocal sequence
             try:
-                writer = ws._writer
-                if writer is None or writer.compress or writer.use_mask or writer._closing:
+                writer = _raw_writer(ws)
+                if writer is None:
                     return False
                 transport = writer.transport
                 if transport.is_closing() or transport.get_write_buffer_size():
                     return False
-                data = _text_frames([b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)])
+                data = _text_frames(payloads(batch))
                 transport.write(data)
                 # aiohttp's count towards its next drain; the buffer was empty, so no drain is owed.
                 writer._output_size = 0 if writer._output_size + len(data) > writer._limit else writer._output_size + len(data)
@@ -188,11 +193,10 @@ class Connection:
         batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Response) else feed.follow(first_sequence)
         try:
             async for batch in batches:
-                # Bytes straight into text frames: send_str would decode them only to encode again.
-                payloads = [b'%b%d,"chunk":%b}' % (prefix, sequence + i, encoded) for i, encoded in enumerate(batch)]
+                frames = payloads(batch)
                 sequence += len(batch)
-                if len(payloads) == 1 or not await _send_text_frames(self.ws, payloads):
-                    for payload in payloads:
+                if len(frames) == 1 or not await _send_text_frames(self.ws, frames):
+                    for payload in frames:
                         await self.ws.send_frame(payload, WSMsgType.TEXT)
                 chunk_frames.inc(len(batch))
             await self.send({"type": "end", "requestId": request_id})
@@ -214,10 +218,10 @@ async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) ->
     server frame (no mask), including its flow control. Returns False, having sent nothing, when
     they are not as expected (compression on, another aiohttp): the caller then sends frame by frame.
     """
-    writer = ws._writer
+    writer = _raw_writer(ws)
+    if writer is None:
+        return False
     try:
-        if writer is None or writer.compress or writer.use_mask or writer._closing:
-            return False
         transport, protocol = writer.transport, writer.protocol
         output_size, limit = writer._output_size, writer._limit
     except AttributeError:
@@ -235,6 +239,18 @@ async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) ->
     else:
         writer._output_size = output_size
     return True
+
+
+def _raw_writer(ws: web.WebSocketResponse) -> WebSocketWriter | None:
+    """aiohttp's frame writer, when frames may be written to its transport as plain bytes (no
+    compression, no mask, not closing); None otherwise, or when its internals look different."""
+    try:
+        writer = ws._writer
+        if writer is None or writer.compress or writer.use_mask or writer._closing:
+            return None
+    except AttributeError:
+        return None
+    return writer
 
 
 def _text_frames(payloads: list[bytes]) -> bytes:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from tests.chatflow import new_chat, user
-from tests.procs import PluginStack, metric_value, plugin_stack
+from tests.procs import PluginStack, gateway_process, metric_value, plugin_stack
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +183,17 @@ async def test_resume_after_a_dropped_socket_replays_from_the_last_sequence(slow
             assert sequences == list(range(3, 3 + len(sequences)))
             text = "".join(f["chunk"].get("delta", "") for f in frames if f["type"] == "chunk")
             assert "hello there" in text
+
+
+async def test_compressed_socket_gets_every_chunk_frame_in_order(adk_base: str, tmp: Path) -> None:
+    # With permessage-deflate on, the raw batch and direct writes step aside (aiohttp's writer
+    # compresses); frames still arrive whole, in sequence, then `end`.
+    with gateway_process(tmp, adk_base, config="websocket:\n  compress: true\n") as gateway:
+        async with aiohttp.ClientSession() as http, http.ws_connect(gateway.base + "/api/chat/ws", compress=15) as ws:
+            assert ws.compress == 15  # negotiated
+            await ws.send_str(send_frame("z", new_chat(), [user("hello there")]))
+            frames = await until_terminal(ws, "z")
+    assert frames[-1]["type"] == "end"
+    assert [f["sequence"] for f in frames[:-1]] == list(range(len(frames) - 1))
+    text = "".join(f["chunk"].get("delta", "") for f in frames[:-1] if f["chunk"]["type"] == "text-delta")
+    assert text.startswith('You said: "hello there".')
