@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["ConfigError", "GatewayConfig", "load_config", "parse_config", "parse_duration"]
+__all__ = ["ConfigError", "GatewayConfig", "load_config", "parse_config", "parse_duration", "revalidate"]
 
 
 class ConfigError(Exception):
@@ -415,6 +415,15 @@ def parse_config(text: str, *, source: str = "<config>", env: dict[str, str] | N
     raw = _substitute(raw, "", env, problems)
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
+    return _validate(raw, source)
+
+
+def revalidate(config: GatewayConfig, *, source: str) -> GatewayConfig:
+    """Run the validators start runs on a config assembled in code (a reload's effective config)."""
+    return _validate(config.model_dump(), source)
+
+
+def _validate(raw: dict[str, Any], source: str) -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(raw)
     except ValidationError as exc:

@@ -20,6 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import HttpError, error_middleware
+from .reload import reload_config
 from .state import GATEWAY
 
 __all__ = ["create_internal_app"]
@@ -85,8 +86,6 @@ async def tool_call(request: web.Request) -> web.Response:
 
 
 async def reload(request: web.Request) -> web.Response:
-    from .server import reload_config
-
     gateway = request.app[GATEWAY]
     if gateway.config_path is None:
         raise HttpError(409, "no_config_file", "this gateway was not started from a config file")

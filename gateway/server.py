@@ -4,12 +4,8 @@
   still streaming get `listen.drain_timeout` to finish; then runs are cancelled (the browser gets
   a final `error` chunk, WebSockets close with 1001 "going away", waiting approvals are recorded
   as cancelled) and the process exits 0.
-- SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file. The new
-  file is validated first; a bad one changes nothing (logged, counted as a failed reload). A good
-  one applies to new requests: tool policies, limits, auth, chat and WebSocket settings. Runs
-  under way keep what they started with. Listen addresses, the upstream, metrics, logging,
-  chat.max_body_bytes, the demo page and turning the internal listener on or off need a
-  restart (so do the sessions backend settings); a reload that changes them says so in `restart_required`.
+- SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file
+  (reload.py decides whether the new file may run, and applies it).
 """
 
 from __future__ import annotations
@@ -18,75 +14,20 @@ import asyncio
 import gc
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 from aiohttp import WSCloseCode, web
 
 from .app import create_app
-from .auth import Authenticator
 from .config import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
+from .reload import reload_config
 from .state import GATEWAY, Gateway
 
-__all__ = ["ReloadResult", "reload_config", "serve"]
+__all__ = ["drain", "serve"]
 
 log = structlog.get_logger("adk_gateway.server")
-
-_RESTART_ONLY = ("listen", "upstream", "metrics", "logging", "sessions")
-
-
-@dataclass(frozen=True)
-class ReloadResult:
-    ok: bool
-    problems: list[str]
-    restart_required: list[str]
-
-    def as_json(self) -> dict[str, object]:
-        return {"result": "success" if self.ok else "failure", "problems": self.problems,
-                "restart_required": self.restart_required}
-
-
-def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
-    """Validate `path` and, if it is good, apply it to new requests."""
-    try:
-        new = load_config(path)
-    except ConfigError as exc:
-        gateway.metrics.config_reloads.labels("failure").inc()
-        log.error("config_reload_failed", path=str(path), problems=exc.problems)
-        return ReloadResult(False, exc.problems, [])
-    running = gateway.config
-    # What needs a restart is judged against the file the process started from (the running
-    # config may differ from any file by command-line overrides), and is kept as it runs.
-    started = gateway.started_from or running
-    restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(started, key)]
-    if (new.internal.host, new.internal.port) != (started.internal.host, started.internal.port):
-        restart.append("internal.host/port")
-    if bool(new.internal.secret) != bool(started.internal.secret):
-        restart.append("internal.secret (the listener starts or stops only at start)")
-    if new.chat.max_body_bytes != started.chat.max_body_bytes:
-        restart.append("chat.max_body_bytes")
-    if new.demo != started.demo:
-        restart.append("demo")
-    kept: dict[str, object] = {key: getattr(running, key) for key in _RESTART_ONLY}
-    kept["internal"] = new.internal.model_copy(update={
-        "host": running.internal.host,
-        "port": running.internal.port,
-        # A listener that runs keeps a secret; one that does not run has none to check.
-        "secret": new.internal.secret if bool(new.internal.secret) == bool(running.internal.secret) else running.internal.secret,
-    })
-    kept["chat"] = new.chat.model_copy(update={"max_body_bytes": running.chat.max_body_bytes})
-    kept["demo"] = running.demo
-    applied = new.model_copy(update=kept)
-    gateway.config = applied
-    gateway.auth = Authenticator(applied.auth)
-    gateway.admission.config = applied.limits
-    gateway.chats.reconfigure(applied)
-    gateway.metrics.config_reloads.labels("success").inc()
-    gateway.metrics.config_last_reload.set(time.time())
-    log.info("config_reloaded", path=str(path), restart_required=restart)
-    return ReloadResult(True, [], restart)
 
 
 async def drain(gateway: Gateway) -> None:

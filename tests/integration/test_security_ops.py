@@ -209,6 +209,41 @@ def test_reload_applies_good_files_and_keeps_the_old_on_bad(slow_adk: str, tmp: 
         assert request(gw.base, "POST", "/api/chat", {"id": new_chat(), "messages": [user("a"), user("b")]}).status == 200
 
 
+def test_an_empty_or_truncated_file_never_opens_the_gateway(slow_adk: str, tmp: Path) -> None:
+    """Issue 13's repro: a public listener with keys and a gated tool; the file is emptied, then cut short."""
+    from tests.procs import free_port
+
+    port, internal_port = free_port(), free_port()
+    production = (
+        f"listen:\n  host: 0.0.0.0\n  port: {port}\n"
+        "auth:\n  mode: api_key\n  api_keys:\n    - id: web\n      key: key-web\n"
+        f"internal:\n  port: {internal_port}\n  secret: reload-secret\n"
+        "tools:\n  process_payment:\n    approval: true\n"
+    )
+    internal = f"http://127.0.0.1:{internal_port}"
+    secret = {"Authorization": "Bearer reload-secret"}
+    with gateway_process(tmp, slow_adk, production, port=port) as gw:
+        path = gw.config_path
+        written = path.read_text()
+        assert chat_post(gw, new_chat(), "hello there", None).status == 401
+        path.write_text("")
+        gw.proc.send_signal(signal.SIGHUP)
+        _wait_metric(gw, "adk_gateway_config_reloads_total", {"result": "failure"}, 1)
+        assert chat_post(gw, new_chat(), "hello there", None).status == 401
+        assert chat_post(gw, new_chat(), "hello there", "key-web").status == 200
+        policy = request(internal, "GET", "/internal/v1/policy", headers=secret).json()
+        assert policy["tools"]["process_payment"]["approval"] is True
+        # Cut after the first section the test harness wrote (a loopback listen): the effective
+        # config keeps the running 0.0.0.0 listener, so auth none is refused as start would.
+        path.write_text(written[: written.index("logging:")])
+        refused = request(internal, "POST", "/internal/v1/reload", headers=secret)
+        assert refused.status == 422 and refused.json()["result"] == "failure"
+        assert any("loopback listener, not 0.0.0.0" in p for p in refused.json()["problems"]), refused.json()
+        assert chat_post(gw, new_chat(), "hello there", None).status == 401
+        assert metric_value(gw.base, "adk_gateway_config_reloads_total", {"result": "failure"}) == 2
+        assert any(line.get("event") == "config_reload_failed" and line.get("level") == "error" for line in gw.log_lines())
+
+
 def test_on_disconnect_cancel_stops_the_agent_run(slow_adk: str, tmp: Path) -> None:
     with gateway_process(tmp, slow_adk, "chat:\n  on_disconnect: cancel\n") as gw:
         chat = new_chat()

@@ -1,0 +1,158 @@
+"""Configuration reload: deciding whether a new file may replace the running configuration, and applying it.
+
+A reload (SIGHUP, or `POST /internal/v1/reload`) must fail closed (DESIGN.md decision 11): a file
+that start would refuse, an empty or truncated file, or one that would loosen the gateway's
+security posture is refused, the running configuration is kept, and the refusal is logged and
+counted. `plan_reload` makes that decision without I/O; `reload_config` reads the file and carries
+the decision out on a running `Gateway`.
+
+What a reload may not do, on top of what start refuses (docs/configuration.md#reloading):
+- fall back to defaults because the file is empty: an empty file is refused outright;
+- turn authentication off (`auth.mode: none`) when it is on: that needs a restart, so that a
+  truncated file can never open the gateway;
+- stop gating a tool that is gated now (approval turned off, a browser tool moved to the server,
+  a tool or the `default` policy left out): a truncated `tools:` section would otherwise let
+  payments run without approval. Loosening the tool policy takes a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+import yaml
+
+from .auth import Authenticator
+from .config import ConfigError, GatewayConfig, parse_config, revalidate
+from .state import Gateway
+
+__all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config"]
+
+log = structlog.get_logger("adk_gateway.reload")
+
+# Sections whose running values stay until a restart: the listeners, the upstream client, the
+# metrics endpoint, logging and the shared session store are built once, at start.
+_RESTART_ONLY = ("listen", "upstream", "metrics", "logging", "sessions")
+
+
+@dataclass(frozen=True)
+class ReloadPlan:
+    """What a reload would do: the configuration to run (None when refused), why it was refused,
+    and what in the file waits for a restart."""
+
+    config: GatewayConfig | None
+    problems: list[str] = field(default_factory=list)
+    restart_required: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    problems: list[str]
+    restart_required: list[str]
+
+    def as_json(self) -> dict[str, object]:
+        return {"result": "success" if self.ok else "failure", "problems": self.problems,
+                "restart_required": self.restart_required}
+
+
+def plan_reload(
+    text: str, *, source: str, running: GatewayConfig, started: GatewayConfig | None = None,
+    env: dict[str, str] | None = None,
+) -> ReloadPlan:
+    """Decide whether the file `text` may replace `running`.
+
+    `started` is the file the process started from: what needs a restart is judged against it
+    (the running config may differ from any file by command-line overrides).
+    """
+    if _empty(text):
+        return ReloadPlan(None, [f"{source}: the file is empty; a reload never falls back to defaults"])
+    try:
+        new = parse_config(text, source=source, env=env)
+    except ConfigError as exc:
+        return ReloadPlan(None, exc.problems)
+    started = started or running
+    restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(started, key)]
+    if (new.internal.host, new.internal.port) != (started.internal.host, started.internal.port):
+        restart.append("internal.host/port")
+    if bool(new.internal.secret) != bool(started.internal.secret):
+        restart.append("internal.secret (the listener starts or stops only at start)")
+    if new.chat.max_body_bytes != started.chat.max_body_bytes:
+        restart.append("chat.max_body_bytes")
+    if new.demo != started.demo:
+        restart.append("demo")
+    try:
+        # The configuration that would run: the file, with what needs a restart kept as it runs.
+        # It passes the validator start uses, so (for one) `auth.mode: none` is judged against the
+        # listener that really runs, not the file's `listen.host`.
+        effective = revalidate(_effective(new, running), source=f"{source} (with the running listen, upstream, "
+                               "sessions and internal listener)")
+    except ConfigError as exc:
+        return ReloadPlan(None, exc.problems, restart)
+    loosened = _loosened(running, effective)
+    if loosened:
+        return ReloadPlan(None, [f"{source}: {why}" for why in loosened], restart)
+    return ReloadPlan(effective, [], restart)
+
+
+def _empty(text: str) -> bool:
+    try:
+        return yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        return False  # not empty: parse_config says what is wrong with it
+
+
+def _effective(new: GatewayConfig, running: GatewayConfig) -> GatewayConfig:
+    kept: dict[str, object] = {key: getattr(running, key) for key in _RESTART_ONLY}
+    kept["internal"] = new.internal.model_copy(update={
+        "host": running.internal.host,
+        "port": running.internal.port,
+        # A listener that runs keeps a secret; one that does not run has none to check.
+        "secret": new.internal.secret if bool(new.internal.secret) == bool(running.internal.secret) else running.internal.secret,
+    })
+    kept["chat"] = new.chat.model_copy(update={"max_body_bytes": running.chat.max_body_bytes})
+    kept["demo"] = running.demo
+    return new.model_copy(update=kept)
+
+
+def _loosened(running: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The ways `new` would open what `running` keeps closed; each needs a restart instead."""
+    problems = []
+    if running.auth.mode != "none" and new.auth.mode == "none":
+        problems.append(
+            f"auth.mode: a reload cannot turn authentication off (running: {running.auth.mode}); "
+            "restart the gateway to change that"
+        )
+    for name in sorted(set(running.tools) | {"default"}):
+        was, now = running.tool_policy(name), new.tool_policy(name)
+        label = "tools.default (every tool not listed)" if name == "default" else f"tools.{name}"
+        if was.approval and not now.approval:
+            problems.append(f"{label}: a reload cannot stop requiring approval; restart the gateway to change that")
+        elif was.gated and not now.gated:
+            problems.append(f"{label}: a reload cannot stop gating this tool; restart the gateway to change that")
+    return problems
+
+
+def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
+    """Re-read `path` and, if the plan allows it, apply it to new requests; else keep what runs."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        plan = ReloadPlan(None, [f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"])
+    else:
+        plan = plan_reload(text, source=str(path), running=gateway.config, started=gateway.started_from)
+    if plan.config is None:
+        gateway.metrics.config_reloads.labels("failure").inc()
+        log.error("config_reload_failed", path=str(path), problems=plan.problems)
+        return ReloadResult(False, plan.problems, plan.restart_required)
+    applied = plan.config
+    gateway.config = applied
+    gateway.auth = Authenticator(applied.auth)
+    gateway.admission.config = applied.limits
+    gateway.chats.reconfigure(applied)
+    gateway.metrics.config_reloads.labels("success").inc()
+    gateway.metrics.config_last_reload.set(time.time())
+    log.info("config_reloaded", path=str(path), restart_required=plan.restart_required)
+    return ReloadResult(True, [], plan.restart_required)
