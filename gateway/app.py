@@ -87,6 +87,9 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "upstream_unreachable"}, status=503)
     if not gateway.cluster.available:
         return web.json_response({"status": "sessions_unavailable"}, status=503)
+    if gateway.cluster.restoring:
+        # Redis came back empty: new chats are refused until every owner has written its chats back.
+        return web.json_response({"status": "sessions_restoring"}, status=503)
     return web.json_response({"status": "ready"})
 
 

@@ -1,9 +1,12 @@
-"""The gateway process: its listeners, its signals, graceful drain and configuration reload.
+"""The gateway process: its listeners, its signals, graceful drain and a bounded stop.
 
 - SIGTERM / SIGINT: drain. `/readyz` answers 503 at once and new work is refused; responses
-  still streaming get `listen.drain_timeout` to finish; then runs are cancelled (the browser gets
-  a final `error` chunk, WebSockets close with 1001 "going away", waiting approvals are recorded
-  as cancelled) and the process exits 0.
+  still streaming, here or relayed to another replica's browser, get `listen.drain_timeout` to
+  finish; then runs are cancelled (the browser gets a final `error` chunk, WebSockets close with
+  1001 "going away", waiting approvals are recorded as cancelled) and the process exits 0. The
+  whole stop is bounded: each step after the drain's wait has its own limit, and past
+  `drain_timeout` + STOP_GRACE (+2 s) a watchdog thread ends the process (exit 1) whatever its
+  tasks do.
 - SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file
   (reload.py decides whether the new file may run, and applies it).
 """
@@ -11,8 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
+import os
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,26 +31,86 @@ from .config import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
 from .reload import reload_config
 from .state import GATEWAY, Gateway
+from .stopping import within
 
-__all__ = ["drain", "serve"]
+__all__ = ["STOP_GRACE", "StopWatchdog", "drain", "serve", "stop_listeners"]
 
 log = structlog.get_logger("adk_gateway.server")
 
 
+# Once the drain's own time is up, how long the rest of the stop may take (ending runs, letting
+# relays write their ends, closing sockets, the listeners, Redis) before the process exits anyway.
+STOP_GRACE = 10.0
+# Each step of that rest gets at most this much, so one stuck step leaves time for the others.
+_STEP = 3.0
+_SHUTDOWN_REASON = "The gateway is shutting down; please send your message again."
+
+
 async def drain(gateway: Gateway) -> None:
-    """Stop taking work, give running responses their time, then end what is left."""
+    """Stop taking work, give running responses their time, then end what is left.
+
+    Responses count wherever their browser reads them: a local stream, or a relay that another
+    replica streams to its browser (docs/scaling.md). Every step after the wait is bounded.
+    """
     gateway.draining = True
     gateway.cluster.draining = True
     gateway.metrics.draining.set(1)
-    deadline = time.monotonic() + gateway.config.listen.drain_timeout
-    log.info("draining", streams=gateway.admission.streams_total, timeout_s=gateway.config.listen.drain_timeout)
-    while gateway.admission.streams_total > 0 and time.monotonic() < deadline:
+    timeout = gateway.config.listen.drain_timeout
+    deadline = time.monotonic() + timeout
+    log.info("draining", streams=gateway.admission.streams_total, relayed=gateway.cluster.relays_active, timeout_s=timeout)
+    while _in_flight(gateway) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    left = gateway.admission.streams_total
-    await gateway.chats.close("The gateway is shutting down; please send your message again.")
-    for ws in list(gateway.sockets):
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"going away")
-    log.info("drained", cut_short=left)
+    local, relayed = gateway.admission.streams_total, gateway.cluster.relays_active
+    # Ending the runs ends their responses (an error chunk); the relays then write their ends, so
+    # a browser reading through another replica gets that one terminal sequence and no more.
+    await within(gateway.chats.close(_SHUTDOWN_REASON), _STEP, what="runs")
+    await within(gateway.cluster.end_relays(), _STEP, what="relays")
+    await within(_close_sockets(gateway), _STEP, what="websockets")
+    log.info("drained", cut_short=local + relayed, relayed_cut_short=relayed)
+
+
+def _in_flight(gateway: Gateway) -> bool:
+    return gateway.admission.streams_total > 0 or gateway.cluster.relays_active > 0
+
+
+async def _close_sockets(gateway: Gateway) -> None:
+    await asyncio.gather(
+        *(ws.close(code=WSCloseCode.GOING_AWAY, message=b"going away") for ws in list(gateway.sockets)),
+        return_exceptions=True,
+    )
+
+
+class StopWatchdog:
+    """Ends the process when a stop overruns its bound, whatever its tasks do.
+
+    A thread, not a loop timer: the event loop may be the thing that is stuck. Exiting with
+    os._exit releases the ports at once and lets the Redis heartbeat lapse, so a restart binds
+    and the other replicas take the chats over.
+    """
+
+    def __init__(self, seconds: float, *, exit_code: int = 1) -> None:
+        self._timer = threading.Timer(seconds, self._expire, args=(seconds, exit_code))
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    @staticmethod
+    def _expire(seconds: float, exit_code: int) -> None:
+        log.error("stop_forced", reason=f"the stop took longer than {seconds:g}s; exiting without finishing it")
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+
+async def stop_listeners(runners: list[web.AppRunner], deadline: float) -> None:
+    """Clean up each runner in order, each within what is left of the bound."""
+    loop = asyncio.get_running_loop()
+    for runner in runners:
+        await within(runner.cleanup(), max(deadline - loop.time(), 0.5), what="listener")
 
 
 async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
@@ -74,6 +141,7 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
     else:
         # SIGHUP's default would kill the process; without a file there is nothing to reload.
         loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("reload_unavailable", reason="not started from a config file"))
+    stop_by: float | None = None  # set once a stop begins: when it must be over
     try:
         for runner in runners:
             await runner.setup()
@@ -85,9 +153,11 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
         # ~70 ms at 200 streams on a 2-core machine (docs/performance.md).
         gc.freeze()
         await stop.wait()
+        bound = config.listen.drain_timeout + STOP_GRACE
+        StopWatchdog(bound + 2.0).start()  # the backstop, should the bounded steps themselves hang
+        stop_by = loop.time() + bound
         await drain(gateway)
     finally:
         # The internal listener goes last: runs being cancelled still release their plugin waits.
-        for runner in runners:
-            await runner.cleanup()
+        await stop_listeners(runners, stop_by if stop_by is not None else loop.time() + STOP_GRACE)
         log.info("stopped")

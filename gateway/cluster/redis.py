@@ -4,7 +4,8 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:epoch`: an id for the Redis dataset, "token|reset_ms". A replica that finds it missing or
   changed knows Redis lost its data (a restart without persistence) and writes its chats back;
   for `owner_timeout` after such a reset, claims of unknown chats answer "settling" (503, retry),
-  so a chat is not taken by one replica before its owner has written it back.
+  so a chat is not taken by one replica before its owner has written it back. Every replica reads
+  the window from the epoch and Redis's clock at each heartbeat, and reports it (`restoring`).
 - `{p}:replica:{id}`: a replica's heartbeat, expiring after `owner_timeout`.
 - `{p}:chat:{chat id}`: hash {user, owner, run}, expiring `chat.idle_chat_ttl` after its last use.
 - `{p}:inbox:{replica}`: a pub/sub channel per replica.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from typing import Any
 
 import orjson
@@ -31,9 +33,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ..registry import ChatNotFound
+from ..stopping import cancel_and_wait
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
-__all__ = ["RedisState"]
+__all__ = ["Backoff", "RedisState"]
 
 log = structlog.get_logger("adk_gateway.cluster")
 
@@ -87,6 +90,41 @@ return redis.call('GET', KEYS[1])
 _RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
 _RELAY_TTL_MS = 300_000
 
+# close(), step by step. The loops were cancelled and also stop on their own once closed, so they
+# are given little time: more than that means something below lost the cancellation. The goodbye
+# (deleting the heartbeat) and closing the connections each get a second: a Redis that does not
+# answer must not hold up the process's exit (socket_timeout alone would allow 5 s per try).
+_STOP_GRACE = 1.0
+_GOODBYE_TIMEOUT = 1.0
+
+
+class Backoff:
+    """Delays between attempts at something that keeps failing: `first`, then twice the last,
+    up to `cap`; from `first` again after a success."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self._first = first
+        self._cap = cap
+        self._delay = first
+        self._failures = 0
+
+    @property
+    def failing(self) -> bool:
+        """Whether the last attempt failed."""
+        return self._failures > 0
+
+    def failed(self) -> float:
+        """Count a failed attempt; the delay before the next one."""
+        self._failures += 1
+        delay = self._delay
+        self._delay = min(self._delay * 2, self._cap)
+        return delay
+
+    def succeeded(self) -> int:
+        """Start over; how many attempts had failed in a row."""
+        failures, self._failures, self._delay = self._failures, 0, self._first
+        return failures
+
 
 class RedisState(SharedState):
     def __init__(
@@ -116,8 +154,17 @@ class RedisState(SharedState):
         self._owner_set = self._redis.register_script(_OWNER_SET)
         self._new_epoch = self._redis.register_script(_NEW_EPOCH)
         self._beat_now = asyncio.Event()
+        # Set by every heartbeat that reached Redis: a reconnecting inbox retries then, not only
+        # when its backoff runs out.
+        self._beat_ok = asyncio.Event()
+        # Until when (time.monotonic) claims of unknown chats are refused after Redis lost its data.
+        self._restored_at = 0.0
         # The chat record lifetime last asked for (chat.idle_chat_ttl may change on reload).
         self._chat_ttl = 3600.0
+
+    @property
+    def restoring(self) -> bool:
+        return time.monotonic() < self._restored_at
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -136,18 +183,27 @@ class RedisState(SharedState):
         ]
 
     async def close(self) -> None:
+        """Stop the loops, delete the heartbeat (the other replicas may take this one's chats at
+        once) and close the connections: each step bounded, each done even if the last failed."""
         if self._closed:
             return
         self._closed = True
         self.available = False
-        for task in self._tasks:
-            task.cancel()
-        # Bounded: a cancellation swallowed inside a library must not hang shutdown (the loops
-        # also stop by themselves once they see _closed).
-        await asyncio.wait(self._tasks, timeout=2 * self._interval + 2)
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.delete(self._key("replica", self.replica_id))
-        await self._redis.aclose()
+        self._beat_ok.set()  # a reconnecting inbox wakes and sees _closed
+        # Bounded: a cancellation lost inside redis-py (wait_for, on Python 3.11) must not hang
+        # shutdown; the loops also stop by themselves once they see _closed.
+        await cancel_and_wait(self._tasks, _STOP_GRACE, what="redis loops")
+        try:
+            async with asyncio.timeout(_GOODBYE_TIMEOUT):
+                await self._redis.delete(self._key("replica", self.replica_id))
+        except (RedisError, OSError, TimeoutError) as exc:
+            # The others take this replica's chats over once the heartbeat expires instead.
+            log.warning("heartbeat_not_deleted", reason=_reason(exc), expires_in_s=self._owner_timeout)
+        try:
+            async with asyncio.timeout(_GOODBYE_TIMEOUT):
+                await self._redis.aclose()
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("redis_connections_not_closed", reason=_reason(exc))
 
     async def _heartbeats(self) -> None:
         while not self._closed:
@@ -166,7 +222,8 @@ class RedisState(SharedState):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.set(self._key("replica", self.replica_id), b"1", px=int(self._owner_timeout * 1000))
                 pipe.get(self._key("epoch"))
-                _, epoch = await pipe.execute()
+                pipe.time()
+                _, epoch, (seconds, micros) = await pipe.execute()
             epoch = epoch.decode() if epoch is not None else None
             if epoch is None or epoch != self._epoch:
                 await self._adopt_epoch(epoch)
@@ -175,9 +232,19 @@ class RedisState(SharedState):
                 log.warning("shared_state_down", reason=_reason(exc))
             self.available = False
             return
+        # Before `available` turns true, so readiness never shows the restore window as ready.
+        self._note_restore(seconds * 1000 + micros // 1000)
         if not self.available:
             log.info("shared_state_up", replica=self.replica_id)
         self.available = True
+        self._beat_ok.set()
+
+    def _note_restore(self, redis_now_ms: int) -> None:
+        # The window the claim script applies (reset_ms + owner_timeout, on Redis's clock), moved
+        # to this process's clock. Measured after the reply, so it ends no earlier than Redis's.
+        reset_ms = int(self._epoch.rpartition("|")[2]) if self._epoch else 0
+        left = (reset_ms + self._owner_timeout * 1000 - redis_now_ms) / 1000 if reset_ms else 0.0
+        self._restored_at = time.monotonic() + max(left, 0.0)
 
     async def _adopt_epoch(self, seen: str | None) -> None:
         lost = self._epoch is not None
@@ -200,10 +267,16 @@ class RedisState(SharedState):
 
     async def _listen(self) -> None:
         channel = self._key("inbox", self.replica_id)
+        # Retries back off (Redis may be down for minutes) but start again at once when a
+        # heartbeat gets through; only the changes are logged, not every attempt.
+        backoff = Backoff(self._interval / 2, 5 * self._interval)
         while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
+                failed = backoff.succeeded()
+                if failed:
+                    log.info("inbox_reconnected", failed_attempts=failed)
                 while not self._closed:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
@@ -214,9 +287,14 @@ class RedisState(SharedState):
                             continue
                         self._inbox(body)
             except (RedisError, OSError) as exc:
-                log.info("inbox_reconnecting", reason=_reason(exc))
-                self._beat_now.set()
-                await asyncio.sleep(self._interval / 2)
+                if not backoff.failing:
+                    log.info("inbox_reconnecting", reason=_reason(exc))
+                delay = backoff.failed()
+                self._beat_ok.clear()
+                self._beat_now.set()  # is Redis there? The heartbeat finds out now
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._beat_ok.wait()
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
@@ -249,6 +327,9 @@ class RedisState(SharedState):
         if kind == "foreign":
             raise ChatNotFound(chat_id)
         if kind == "reset":
+            # Not yet seen by this replica's heartbeat (which runs now, and measures the window):
+            # restoring from here on, so readiness does not wait for it.
+            self._restored_at = max(self._restored_at, time.monotonic() + self._owner_timeout)
             self._beat_now.set()
             raise SharedStateDown("the shared session store (Redis) lost its data and the replicas are restoring it; retry")
         raise SharedStateDown("the replicas are restoring the shared session store; retry in a moment")

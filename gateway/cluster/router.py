@@ -41,6 +41,7 @@ from ..metrics import GatewayMetrics
 from ..protocol import ClientVersion, encode_chunk
 from ..registry import Chat
 from ..runs import FollowerLagged
+from ..stopping import cancel_and_wait
 from .shared import Claim, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["Cluster", "OwnerLost", "RelayFeed"]
@@ -57,6 +58,8 @@ _APPROVAL_LOST = (
 )
 _CONTACT_LOST = "The gateway lost contact with the replica running this response; reload the chat to resume it."
 _OWNER_STOPPED = "The gateway replica running this response stopped; send your message again."
+# How long close() waits for its cancelled tasks: they stop at once unless a cancellation was lost.
+_STOP_GRACE = 1.0
 
 
 class OwnerLost(HttpError):
@@ -71,9 +74,12 @@ class Cluster:
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._verdicts: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The relay pumps among them (see relays_active).
+        self._pumps: set[asyncio.Task[Any]] = set()
         # Run marks waiting to be written to the directory: only the latest per chat matters.
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()
+        self._closed = False
         # Set by the drain: new work forwarded here is refused, as the transports refuse their own.
         self.draining = False
         chats.on_run = self._on_run
@@ -87,6 +93,10 @@ class Cluster:
         return self.state.available
 
     @property
+    def restoring(self) -> bool:
+        return self.state.restoring
+
+    @property
     def _settings(self) -> SessionsConfig:
         return self.chats.config.sessions
 
@@ -95,13 +105,17 @@ class Cluster:
         self._spawn(self._write_marks())
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Stop this replica's tasks, then leave the shared state; bounded, whatever the tasks do."""
+        self._closed = True
+        self._marks_due.set()  # the mark writer wakes and sees _closed
+        # Bounded: a task that lost its cancellation inside a store call (wait_for, in redis-py on
+        # Python 3.11) would otherwise hold shutdown, and the heartbeat with it, forever.
+        await cancel_and_wait(self._tasks, _STOP_GRACE, what="cluster tasks")
         await self.state.close()
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.create_task(work)
+        # Named, so close() can say which task did not stop.
+        task = asyncio.create_task(work, name=f"cluster:{work.__qualname__}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -231,6 +245,8 @@ class Cluster:
 
     async def _record_verdict(self, call_id: str, verdict: Verdict) -> None:
         for _ in range(120):
+            if self._closed:
+                break
             try:
                 await self.state.put_call(call_id, {"verdict": _verdict_json(verdict)}, ttl=120)
                 return
@@ -266,6 +282,7 @@ class Cluster:
         give_up = loop.time() + self.chats.config.tool_policy(tool).timeout + 2 * self._settings.forward_timeout
         try:
             while True:
+                _resume_lost_cancellation()
                 if loop.time() > give_up:
                     log.warning("gated_call_verdict_lost", approval_id=call_id, owner=owner)
                     return Verdict.refuse("The gateway lost this call's answer; the call was not run."), "verdict_lost"
@@ -410,8 +427,22 @@ class Cluster:
         if attachment is None:
             return {"relay": None}
         key = secrets.token_urlsafe(12)
-        self._spawn(self._pump_relay(key, attachment))
+        pump = self._spawn(self._pump_relay(key, attachment))
+        self._pumps.add(pump)
+        pump.add_done_callback(self._pumps.discard)
         return {"relay": key}
+
+    @property
+    def relays_active(self) -> int:
+        """Responses run here that another replica streams to its browser: the drain waits for them
+        as for its own streams."""
+        return len(self._pumps)
+
+    async def end_relays(self, timeout: float = 2.0) -> None:
+        """Let the relays of responses that just ended write their ends (the drain, once runs are
+        cancelled), so a relayed browser gets its terminal chunks and the relay's end, not a cut."""
+        if self._pumps:
+            await asyncio.wait(set(self._pumps), timeout=timeout)
 
     async def _pump_relay(self, key: str, attachment: Attachment) -> None:
         seq = 0
@@ -434,11 +465,15 @@ class Cluster:
         self._marks_due.set()
 
     async def _write_marks(self) -> None:
-        while True:
+        # Ends on _closed as well as on cancellation: a cancellation lost inside mark_run would
+        # otherwise leave this loop waiting on _marks_due for ever.
+        while not self._closed:
             await self._marks_due.wait()
             self._marks_due.clear()
             marks, self._marks = self._marks, {}
             for (user_id, chat_id), message_id in marks.items():
+                if self._closed:
+                    return
                 try:
                     await self.state.mark_run(user_id, chat_id, message_id)
                 except SharedStateDown:
@@ -467,6 +502,10 @@ class RelayFeed:
         if idle is not None:
             step = min(step, idle)
         position, after, quiet = 0, "", 0.0
+        # Whether the last frame handed out ended the response (finish, error, abort): a relay that
+        # breaks after that has nothing left to say, and a second terminal chunk would reach the
+        # browser after its finish.
+        ended = False
         while True:
             try:
                 after, entries = await state.relay_read(self._key, after, timeout=step)
@@ -476,12 +515,14 @@ class RelayFeed:
                         quiet = 0.0
                         yield []
                     if await self._cluster._dead(self._owner):
-                        self._cluster.metrics.owner_lost.labels("stream").inc()
-                        yield [_error_frame(_OWNER_STOPPED)]
+                        if not ended:
+                            self._cluster.metrics.owner_lost.labels("stream").inc()
+                            yield [_error_frame(_OWNER_STOPPED)]
                         return
                     continue
             except SharedStateDown:
-                yield [_error_frame(_CONTACT_LOST)]
+                if not ended:
+                    yield [_error_frame(_CONTACT_LOST)]
                 return
             quiet = 0.0
             batch: list[bytes] = []
@@ -503,7 +544,21 @@ class RelayFeed:
                         yield batch
                     return
             if batch:
+                ended = batch[-1].startswith(_TERMINAL)
                 yield batch
+
+
+# How a chunk that ends a response starts, as encode_chunk writes it ("type" is always a chunk's first key).
+_TERMINAL = (b'{"type":"finish"', b'{"type":"error"', b'{"type":"abort"')
+
+
+def _resume_lost_cancellation() -> None:
+    """Raise the cancellation of this task if a call below lost it, for a loop that would otherwise
+    go on: on Python 3.11, wait_for (redis-py sends every command with it) returns a result that
+    arrived with the cancellation and drops the cancellation. The task still counts it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def _settled(future: asyncio.Future[Any], timeout: float) -> bool:

@@ -66,13 +66,21 @@ class SharedState(abc.ABC):
         # False while the backend cannot reach its store; /readyz reports it.
         self.available = True
 
+    @property
+    def restoring(self) -> bool:
+        """Whether the store lost its data and the replicas are writing their chats back: for that
+        while, claims of chats the store does not know are refused (503, retry) so that no replica
+        takes a chat before its owner has written it back. /readyz reports it."""
+        return False
+
     @abc.abstractmethod
     async def start(self, inbox: Inbox, reassert: Reassert) -> None:
         """Join: start heartbeats and deliver messages for this replica to `inbox`."""
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Leave: stop heartbeats (other replicas will see this one as dead)."""
+        """Leave: stop heartbeats, so other replicas see this one as dead (at once if the store
+        can be told). Returns within a bound whatever the store does: shutdown waits for it."""
 
     # ---- the chat directory ----------------------------------------------------------------
 
