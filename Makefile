@@ -9,7 +9,7 @@ JS_STAMP := tests/js/node_modules/.installed-stamp
 DEMO_BUNDLE := gateway/static/demo/app.js
 PYTEST_ARGS ?=
 
-.PHONY: run run-live test venv js check-config clean chromium redis-server
+.PHONY: run run-live test venv js check-config clean chromium redis-server promtool
 
 run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
@@ -18,13 +18,20 @@ run: $(STAMP) $(DEMO_BUNDLE)
 run-live: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo --upstream-mode live
 
-test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server
+test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
 .PHONY: fuzz
 fuzz: $(STAMP) $(JS_STAMP)
 	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q --timeout=3600
+
+# The operations fault suite alone (tests/ops, about a minute; `make test` runs it too): two
+# replicas on Redis, the ADK server with the plugin and a ledger of real tool executions, and each
+# row of docs/operations.md's "Failure modes" table proved.
+.PHONY: chaos
+chaos: $(STAMP) $(JS_STAMP) redis-server
+	$(PY) -m pytest tests/ops $(PYTEST_ARGS)
 
 # Benchmarks against nginx and a bare aiohttp proxy (docs/performance.md): a table, and
 # bench/results.json. A few minutes on 2 cores. BENCH_ARGS='--only sse,idle' narrows a run.
@@ -60,6 +67,11 @@ chromium:
 # The multi-replica tests and the Redis backend's contract tests start real redis-servers.
 redis-server:
 	command -v redis-server >/dev/null || test -x /usr/bin/redis-server || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y redis-server)
+
+# tests/test_alert_rules.py runs the alert rules' unit tests with promtool, which Debian ships in
+# its prometheus package.
+promtool:
+	command -v promtool >/dev/null || test -x /usr/bin/promtool || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends prometheus)
 
 check-config: $(STAMP)
 	$(VENV)/bin/adk-gateway check-config config/gateway.yaml

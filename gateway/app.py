@@ -171,6 +171,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         import google.adk.agents.live_request_queue  # noqa: F401
 
     metrics_ = GatewayMetrics()
+    metrics_.know_tools(config.tools)
     registry = Registry(config.limits.max_chats_per_user)
     upstream = AdkClient(config.upstream)
     chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config)

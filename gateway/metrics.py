@@ -2,22 +2,27 @@
 
 The registry hangs off the application rather than prometheus_client's global default, so two
 gateways in one process (the tests run several) never share counters. Names and labels here are
-the contract with dashboards and alerts; docs/metrics.md documents each one.
+the contract with dashboards and alerts; docs/metrics.md documents each one. So are the label
+values in `KNOWN_LABEL_VALUES` and `TOOL_OUTCOMES`: every one is exported at 0 from the start.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
+if TYPE_CHECKING:
+    from .config import ToolPolicy
+
+__all__ = ["CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "GatewayMetrics"]
 
 # Approvals wait for people: from seconds to an hour.
 _APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -25,6 +30,44 @@ _APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 _GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 # Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
 _FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def _each(*values: str) -> tuple[tuple[str, ...], ...]:
+    return tuple((v,) for v in values)
+
+
+# Every label-value tuple each labelled series is counted with, by GatewayMetrics attribute. All are
+# exported at 0 from construction: `increase()` needs a sample from before an event to see it, and a
+# series born at its first increment has none, so an alert on it would miss the first event after
+# every restart. tests/unit/test_metrics.py fails when gateway/ counts with a value missing here.
+# Not listed, so born at first use: http_requests (any status), chunks (any chunk type), and the
+# per-tool series, which `GatewayMetrics.know_tools` creates from the tool policy.
+KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
+    "active_streams": _each("sse", "ws"),
+    "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
+    "runs": _each("completed", "waiting", "error", "cancelled"),
+    "plugin_requests": _each(
+        "run", "respond", "not_gated", "no_browser", "too_many_pending", "unauthorized", "invalid",
+        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost",
+    ),
+    "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
+    + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
+    "audio_bytes": _each("in", "out"),
+    "limited": _each(
+        "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
+        "too_many_chats", "too_many_messages", "body_too_large", "body_timeout",
+    ),
+    "config_reloads": _each("success", "failure"),
+    "forwarded": _each("out", "in"),
+    "owner_lost": _each("run", "approval", "gated_call", "stream"),
+    "gc_pause": _each("0", "1", "2"),
+})
+
+# The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
+TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "approval_wait": ("approved", "denied", "timeout", "cancelled", "abandoned"),
+    "browser_tool_wait": ("output", "error", "timeout", "cancelled", "abandoned"),
+})
 
 
 class GatewayMetrics:
@@ -65,7 +108,7 @@ class GatewayMetrics:
         self.approval_wait = Histogram(
             "adk_gateway_approval_wait_seconds",
             "From an approval request reaching the browser to the decision, by tool and outcome "
-            "(approved, denied, timeout, cancelled).",
+            "(approved, denied, timeout, cancelled, abandoned).",
             ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
         self.approval_timeouts = Counter(
@@ -75,7 +118,7 @@ class GatewayMetrics:
         self.browser_tool_wait = Histogram(
             "adk_gateway_browser_tool_wait_seconds",
             "From a browser tool call being handed to the browser to its output, by tool and outcome "
-            "(output, error, timeout, cancelled).",
+            "(output, error, timeout, cancelled, abandoned).",
             ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
         self.plugin_requests = Counter(
@@ -140,6 +183,30 @@ class GatewayMetrics:
         )
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
+        for attribute, label_sets in KNOWN_LABEL_VALUES.items():
+            metric = getattr(self, attribute)
+            for values in label_sets:
+                metric.labels(*values)
+
+    def know_tools(self, tools: Mapping[str, ToolPolicy]) -> None:
+        """Export the per-tool series of each tool the policy names, at 0 until counted.
+
+        Only the series a tool's policy can move: a tool without approval never times out waiting
+        for a person. `default` names no tool (the tools it covers show up when first counted).
+        Idempotent, so a reload calls it again for the tools it adds; series of tools it drops stay.
+        """
+        for name, policy in tools.items():
+            if name == "default":
+                continue
+            if policy.gated:
+                self.policy_bypassed.labels(name)
+            if policy.approval:
+                self.approval_timeouts.labels(name)
+                for outcome in TOOL_OUTCOMES["approval_wait"]:
+                    self.approval_wait.labels(name, outcome)
+            if policy.runs_in == "browser":
+                for outcome in TOOL_OUTCOMES["browser_tool_wait"]:
+                    self.browser_tool_wait.labels(name, outcome)
 
     def watch_gc(self) -> None:
         """Time the collector's pauses into `adk_gateway_gc_pause_seconds` until `unwatch_gc`."""

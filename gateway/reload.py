@@ -152,6 +152,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     gateway.auth = Authenticator(applied.auth)
     gateway.admission.config = applied.limits
     gateway.chats.reconfigure(applied)
+    gateway.metrics.know_tools(applied.tools)  # new tools' series exist from now, at 0
     gateway.metrics.config_reloads.labels("success").inc()
     gateway.metrics.config_last_reload.set(time.time())
     log.info("config_reloaded", path=str(path), restart_required=plan.restart_required)
