@@ -13,7 +13,8 @@ alike, which ADK's own confirmation does not (DESIGN.md section 1).
 
 It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
 error saying why and the tool does not run. It never raises, because a plugin exception aborts the
-whole run.
+whole run. Each such refusal carries `REFUSAL_KEY` next to its `error`, naming why, so that the
+gateway never counts it as a gated tool that ran without asking.
 
 Environment: ADK_GATEWAY_URL (default http://127.0.0.1:8081), ADK_GATEWAY_SECRET (required),
 ADK_GATEWAY_CONNECT_TIMEOUT (seconds, default 5), ADK_GATEWAY_MAX_WAIT (seconds a call may wait,
@@ -36,15 +37,20 @@ from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
-__all__ = ["GatewayPlugin"]
+__all__ = ["REFUSAL_KEY", "GatewayPlugin"]
+
+# gateway.approvals.REFUSAL_KEY: the gateway recognises this plugin's refusals by it.
+REFUSAL_KEY = "adk_gateway_refusal"
 
 logger = logging.getLogger("adk_gateway.plugin")
 
 _DEFAULT_URL = "http://127.0.0.1:8081"
 
 
-def _refuse(text: str) -> dict[str, Any]:
-    return {"error": text}
+def _refuse(text: str, code: str) -> dict[str, Any]:
+    # ADK's convention for a call that did not run, marked so that the gateway can tell this
+    # refusal from a gated tool that ran without asking (docs/approvals.md, "Refusals").
+    return {"error": text, REFUSAL_KEY: code}
 
 
 class GatewayPlugin(BasePlugin):
@@ -92,13 +98,17 @@ class GatewayPlugin(BasePlugin):
         try:
             policy = await self._tool_policy(tool.name)
             if policy is None:
-                return _refuse("The approval gateway's tool policy is unavailable (gateway unreachable or refusing this plugin), so this call cannot be checked; it was not run.")
+                return _refuse(
+                    "The approval gateway's tool policy is unavailable (gateway unreachable or refusing this plugin), "
+                    "so this call cannot be checked; it was not run.",
+                    "policy_unavailable",
+                )
             if not policy.get("gated"):
                 return None
             verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # noqa: BLE001 - an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")
-            return _refuse("The approval gateway failed while checking this call; it was not run.")
+            return _refuse("The approval gateway failed while checking this call; it was not run.", "plugin_failed")
         if verdict.get("verdict") == "run":
             # A tool that also declares require_confirmation must not pause a second time.
             tool_context.tool_confirmation = ToolConfirmation(confirmed=True)
@@ -106,7 +116,7 @@ class GatewayPlugin(BasePlugin):
         response = verdict.get("response")
         if verdict.get("verdict") == "respond" and isinstance(response, dict):
             return response
-        return _refuse("The approval gateway answered something unexpected; the call was not run.")
+        return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
 
     # ---- gateway calls ---------------------------------------------------------------------
 
@@ -159,15 +169,25 @@ class GatewayPlugin(BasePlugin):
             async with self._session().post(f"{self._url}/internal/v1/tool-calls", json=payload, timeout=timeout) as resp:
                 if resp.status != 200:
                     logger.warning("gateway refused the decision request: HTTP %s", resp.status)
-                    return {"verdict": "respond", "response": _refuse(f"The approval gateway refused to decide (HTTP {resp.status}); the call was not run.")}
+                    return {"verdict": "respond", "response": _refuse(
+                        f"The approval gateway refused to decide (HTTP {resp.status}); the call was not run.",
+                        "gateway_refused",
+                    )}
                 verdict = await resp.json()
                 return verdict if isinstance(verdict, dict) else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except aiohttp.ClientError as exc:
+            # Also a connect timeout (aiohttp's ServerTimeoutError is a ClientError too).
             logger.warning("gateway unreachable while deciding %s: %s", tool, exc)
-            return {
-                "verdict": "respond",
-                "response": _refuse("The approval gateway went away before anyone decided; the call was not run."),
-            }
+            return {"verdict": "respond", "response": _refuse(
+                "The approval gateway went away before anyone decided; the call was not run.", "gateway_unreachable",
+            )}
+        except asyncio.TimeoutError:
+            logger.warning("no decision on %s within ADK_GATEWAY_MAX_WAIT (%s s)", tool, self._max_wait)
+            return {"verdict": "respond", "response": _refuse(
+                f"Nobody decided within the plugin's longest wait (ADK_GATEWAY_MAX_WAIT, {self._max_wait:g} s); "
+                "the call was not run.",
+                "max_wait",
+            )}
 
     async def close(self) -> None:
         if self._http is not None:

@@ -18,9 +18,26 @@ from typing import Any
 
 from .config import ToolPolicy
 
-__all__ = ["CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id"]
+__all__ = ["REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
 
 APPROVAL_ID_PREFIX = "gw-"
+
+# Marks a tool response that the plugin or the gateway wrote instead of running the tool, next to
+# ADK's `{"error": ...}`; its value says why. Without it a refusal looks like a tool that ran and
+# failed, and the converter would count a gated call the plugin refused before the gateway could
+# announce it as a bypass. ADK passes a before_tool_callback's dict through as the function
+# response unchanged. gateway/agent_plugin.py keeps its own copy (it is installed without the
+# gateway's modules); tests/unit/test_agent_plugin.py checks that the two agree.
+REFUSAL_KEY = "adk_gateway_refusal"
+
+
+def refusal_code(response: Any) -> str | None:
+    """Why the plugin or the gateway answered a call in place of the tool; None for a tool's own result."""
+    if isinstance(response, dict) and isinstance(response.get("error"), str):
+        code = response.get(REFUSAL_KEY)
+        if isinstance(code, str):
+            return code
+    return None
 
 
 def new_approval_id() -> str:
@@ -41,6 +58,9 @@ class Outcome(Enum):
     CANCELLED = "cancelled"
     OUTPUT = "output"
     OUTPUT_ERROR = "output_error"
+    # The plugin stopped waiting before any verdict (its ADK_GATEWAY_MAX_WAIT ran out, the replica
+    # holding its request died, a proxy cut it) and answered ADK itself: the tool did not run.
+    ABANDONED = "abandoned"
 
 
 @dataclass(frozen=True)
@@ -64,9 +84,10 @@ class Verdict:
         return cls(run=False, response=response) if isinstance(response, dict) else cls.refuse("The call was not run.")
 
     @classmethod
-    def refuse(cls, text: str) -> Verdict:
+    def refuse(cls, text: str, code: str = "refused") -> Verdict:
         # ADK's own convention for a call that did not run: {"error": ...}; the model reads it.
-        return cls(run=False, response={"error": text})
+        # The marker tells the converter that the tool did not run (see REFUSAL_KEY).
+        return cls(run=False, response={"error": text, REFUSAL_KEY: code})
 
 
 RUN = Verdict(run=True)
@@ -119,7 +140,7 @@ class GatedCall:
         self.approved = approved
         if not approved:
             text = "The user rejected this tool call; it was not run."
-            self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text), Outcome.DENIED)
+            self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text, "denied"), Outcome.DENIED)
         elif self.runs_in_browser:
             # Approved: now the browser runs it, with a fresh deadline for that wait.
             self.state = CallState.AWAITING_OUTPUT
@@ -134,7 +155,8 @@ class GatedCall:
         if self.state is not CallState.AWAITING_OUTPUT:
             return False
         if error_text is not None:
-            self._release(Verdict.refuse(error_text), Outcome.OUTPUT_ERROR)
+            # The tool did run, in the browser, and failed: a result, not a refusal.
+            self._release(Verdict(run=False, response={"error": error_text}), Outcome.OUTPUT_ERROR)
         else:
             response = output if isinstance(output, dict) else {"result": output}
             self._release(Verdict(run=False, response=response), Outcome.OUTPUT)
@@ -145,14 +167,25 @@ class GatedCall:
         if self.released or now < self.deadline:
             return False
         waited = "approval" if self.state is CallState.AWAITING_APPROVAL else "the browser"
-        self._release(Verdict.refuse(f"Timed out waiting for {waited}; the call was not run."), Outcome.TIMEOUT)
+        self._release(Verdict.refuse(f"Timed out waiting for {waited}; the call was not run.", "timeout"), Outcome.TIMEOUT)
         return True
 
     def cancel(self, why: str) -> bool:
         """Nobody will answer any more (the user moved on, the run or the gateway stopped)."""
         if self.released:
             return False
-        self._release(Verdict.refuse(f"The call was cancelled: {why}"), Outcome.CANCELLED)
+        self._release(Verdict.refuse(f"The call was cancelled: {why}", "cancelled"), Outcome.CANCELLED)
+        return True
+
+    def abandon(self, why: str | None) -> bool:
+        """The plugin answered ADK without waiting for a verdict (`why`: its refusal code, if it
+        gave one). Nobody takes a verdict any more; the later answer of a person changes nothing."""
+        if self.released:
+            return False
+        self._release(
+            Verdict.refuse(f"The plugin stopped waiting ({why or 'no reason given'}); the call was not run.", "abandoned"),
+            Outcome.ABANDONED,
+        )
         return True
 
     def _release(self, verdict: Verdict, outcome: Outcome) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from .approvals import APPROVAL_ID_PREFIX, RUN, CallState, GatedCall, Outcome, Verdict
+from .approvals import APPROVAL_ID_PREFIX, REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
 from .config import GatewayConfig
 from .converter import Converter
 from .limits import Limited
@@ -37,7 +37,8 @@ from .metrics import GatewayMetrics
 from .protocol import ClientVersion, encode_chunk
 from .registry import Chat, PendingApproval, Registry, TooManyChats
 from .runs import Feed, Run
-from .upstream import AdkClient, UpstreamError
+from .stopping import cancel_and_wait, within
+from .upstream import AdkClient, UpstreamError, WaitSignal
 
 __all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone", "RunDriver"]
 
@@ -45,6 +46,8 @@ log = structlog.get_logger("adk_gateway.chats")
 
 # How long a new message waits for the previous run to wind down after its calls were cancelled.
 _SETTLE_SECONDS = 10.0
+# How long a shutdown waits for cancelled runs to publish their last chunks, and for live sessions to close.
+_CLOSE_TIMEOUT = 2.0
 
 
 class ChatBusy(Exception):
@@ -80,7 +83,7 @@ class RunDriver:
     """
 
     # A held or finished run keeps its driver: no per-instance dict.
-    __slots__ = ("_count", "_holding", "_service", "aborting", "chat", "converter", "run", "task")
+    __slots__ = ("_count", "_holding", "_service", "aborting", "chat", "converter", "run", "task", "upstream_wait")
 
     def __init__(self, service: ChatService, chat: Chat, converter: Converter, run: Run) -> None:
         self._service = service
@@ -92,6 +95,8 @@ class RunDriver:
         self._holding = False
         # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
         self.aborting = False
+        # Tells the upstream stream's idle timer when the run waits for a person.
+        self.upstream_wait = WaitSignal()
 
     @property
     def alive(self) -> bool:
@@ -116,6 +121,11 @@ class RunDriver:
                 self._service.metrics.policy_bypassed.labels(tool).inc()
                 log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
             self.converter.bypassed.clear()
+        if self.converter.abandoned:
+            # Taken before acting: ending a call publishes again, which must find the list empty.
+            abandoned, self.converter.abandoned = self.converter.abandoned, []
+            for tool_call_id, code in abandoned:
+                self._service.abandon(self.chat, tool_call_id, code)
         self.pause_if_waiting()
 
     @contextlib.contextmanager
@@ -129,8 +139,12 @@ class RunDriver:
             self.pause_if_waiting()
 
     def pause_if_waiting(self) -> None:
-        """End the browser's response when the run waits for a person, so the AI SDK can answer."""
-        if not self._holding and self.run.response_open and self.converter.waiting_for_person:
+        """End the browser's response when the run waits for a person, so the AI SDK can answer.
+
+        Called after every change to the converter, so it also keeps `upstream_wait` current."""
+        waiting = self.converter.waiting_for_person
+        self.upstream_wait.set(waiting)
+        if waiting and not self._holding and self.run.response_open:
             self._write(self.converter.finish())
             self.run.end_response(waiting=True, now=self._service.now())
 
@@ -324,11 +338,10 @@ class ChatService:
     async def close(self, reason: str = "The gateway is shutting down.") -> None:
         """Cancel every run still going and close live sessions (shutdown)."""
         self._closing_reason = reason
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for chat in self._registry.chats():
-            await self._close_live(chat)
+        await cancel_and_wait(self._tasks, _CLOSE_TIMEOUT, what="runs")
+        live = [self._close_live(chat) for chat in self._registry.chats()]
+        if live:
+            await within(asyncio.gather(*live, return_exceptions=True), _CLOSE_TIMEOUT, what="live sessions")
 
     def _split_answers(
         self, chat: Chat, answers: tuple[ApprovalAnswer, ...], *, strict: bool
@@ -363,8 +376,11 @@ class ChatService:
         for output in outputs:
             call = self._registry.call_for_tool_call(chat.user_id, chat.session_id, output.tool_call_id)
             # Outputs of server tools ride along in the history too; only browser delegates count.
+            # An abandoned call's output is too late for the tool, but the request still reads what
+            # became of it (the plugin's error and the model's words).
             if call is not None and call.runs_in_browser and (
-                call.state is CallState.AWAITING_OUTPUT or call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR)
+                call.state is CallState.AWAITING_OUTPUT
+                or call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR, Outcome.ABANDONED)
             ):
                 found.append((output, call))
         return found
@@ -443,13 +459,19 @@ class ChatService:
         if chat is None or chat.driver is None or not chat.driver.alive:
             return Verdict(
                 run=False, reason="no_browser",
-                response={"error": "No browser is attached to this session, so nobody can answer; the call was not run."},
+                response={
+                    "error": "No browser is attached to this session, so nobody can answer; the call was not run.",
+                    REFUSAL_KEY: "no_browser",
+                },
             )
         waiting = sum(1 for c in self._registry.calls_of(user_id, chat.chat_id) if not c.released)
         if waiting >= self.config.limits.max_pending_approvals_per_chat:
             return Verdict(
                 run=False, reason="too_many_pending",
-                response={"error": "Too many tool calls are already waiting for the user in this chat; the call was not run."},
+                response={
+                    "error": "Too many tool calls are already waiting for the user in this chat; the call was not run.",
+                    REFUSAL_KEY: "too_many_pending",
+                },
             )
         call = self._registry.add_call(
             GatedCall.open(
@@ -475,6 +497,15 @@ class ChatService:
 
     def cancel_call(self, call: GatedCall, why: str) -> None:
         self._transition(call, lambda c: c.cancel(why))
+
+    def abandon(self, chat: Chat, tool_call_id: str, code: str | None) -> None:
+        """ADK answered an announced call that no verdict released: the plugin stopped waiting
+        (`code`: its refusal code, None from a plugin that does not mark its refusals)."""
+        call = self._registry.call_for_tool_call(chat.user_id, chat.session_id, tool_call_id)
+        if call is None:
+            return
+        if self._transition(call, lambda c: c.abandon(code)):
+            log.warning("gated_call_abandoned", approval_id=call.id, tool=call.tool, reason=code)
 
     async def wait(self, call: GatedCall) -> Verdict:
         return await self._registry.wait(call)
@@ -583,7 +614,7 @@ class ChatService:
             try:
                 async for batch in self._upstream.run_sse_batches(
                     user_id=chat.user_id, session_id=chat.session_id, new_message=message,
-                    waiting=lambda: chat.driver is not None and chat.driver.converter.waiting_for_person,
+                    wait=chat.driver.upstream_wait if chat.driver is not None else None,
                 ):
                     if first:
                         self.metrics.upstream_first_event.observe(self._clock() - started)

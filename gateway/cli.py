@@ -78,7 +78,9 @@ def _problems(exc: ValidationError) -> list[str]:
 
 
 def _serve(config: GatewayConfig, path: Path | None) -> None:
-    configure_logging(config.logging.level, config.logging.format)
+    logs = config.logging
+    key = logs.user_id_key.get_secret_value() if logs.user_id_key is not None else None
+    configure_logging(logs.level, logs.format, user_ids=logs.user_id, user_id_key=key)
     structlog.get_logger("adk_gateway").info("gateway_starting", upstream=config.upstream_base)
     asyncio.run(serve(config, path))
 

@@ -310,10 +310,31 @@ class DemoConfig(_Section):
     page: bool = False
 
 
+# `logging.user_id_key`: a short key could be guessed along with the user ids.
+_MIN_LOG_KEY = 16
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # auto: JSON when stderr is not a terminal (containers, CI), console renderer on a TTY.
     format: Literal["auto", "json", "console"] = "auto"
+    # What lines say of the caller's user id, which may be personal data (an email as JWT `sub`).
+    # plain: `user_id` as is (the default: following one user's trouble needs it). hash:
+    # `user_id_hash`, an HMAC-SHA256 under `user_id_key`, so one user's lines still correlate
+    # across requests, restarts and replicas sharing the key; keyed, because a bare hash of an
+    # email is reversed by hashing a list of emails. omit: nothing.
+    user_id: Literal["plain", "hash", "omit"] = "plain"
+    user_id_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _key_for_hash(self) -> LoggingConfig:
+        key = self.user_id_key.get_secret_value() if self.user_id_key is not None else ""
+        if self.user_id == "hash" and len(key) < _MIN_LOG_KEY:
+            raise ValueError(
+                f"logging.user_id hash needs logging.user_id_key, at least {_MIN_LOG_KEY} characters "
+                "(a random string, from the environment)"
+            )
+        return self
 
 
 class MetricsConfig(_Section):

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import orjson
 
-from .approvals import CallState, GatedCall, Outcome
+from .approvals import CallState, GatedCall, Outcome, refusal_code
 from .config import ToolPolicy
 from .protocol import ClientVersion, finish_reason_for
 
@@ -132,6 +132,9 @@ class Converter:
     aborted: bool = field(default=False, init=False)
     bypassed: list[str] = field(default_factory=list, init=False)
     """Gated tools that answered without the plugin asking (it is not installed?); read and cleared by the caller."""
+    abandoned: list[tuple[str, str | None]] = field(default_factory=list, init=False)
+    """(tool call id, refusal code) of announced calls that ADK answered before the gateway released
+    them: the plugin stopped waiting. Read and cleared by the caller, which ends them in its ledger."""
 
     # Sets of tool call ids that most messages never touch. Until something is added they are the
     # shared empty frozenset (reads work, `_grow` makes the set), as an empty set costs 216 bytes
@@ -415,14 +418,17 @@ class Converter:
                 self._drop("_held_inputs", call_id)
                 return [{"type": "tool-input-available", "toolCallId": call_id, "toolName": call.tool, "input": call.args}]
             return []
-        self._drop("_gates_open", call_id)
-        self._drop("_gates_expected", call_id)
-        self._drop("_held_inputs", call_id)
+        self._end_gate(call_id)
         if call.shown_as_denied:
             self._grow("_denied").add(call_id)
         elif call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR):
             self._grow("_answered_in_browser").add(call_id)
         return []
+
+    def _end_gate(self, call_id: str) -> None:
+        self._drop("_gates_open", call_id)
+        self._drop("_gates_expected", call_id)
+        self._drop("_held_inputs", call_id)
 
     def _function_response(self, out: list[Chunk], response: dict[str, Any]) -> None:
         call_id = response.get("id") or ""
@@ -435,18 +441,30 @@ class Converter:
         if call_id not in self._tools_shown:
             # The client rejects a tool chunk for a call it has never seen: introduce it first.
             self._show_tool(out, call_id, name, {})
+        result = response.get("response")
+        refusal = refusal_code(result)
         if call_id in self._gates_expected:
-            # A gated tool produced a result without the plugin asking the gateway first.
             self._drop("_gates_expected", call_id)
-            self.bypassed.append(name)
+            # Never announced: either the plugin refused the call before the gateway could announce
+            # it (gateway unreachable, no policy) or the gateway refused it at once, both marked;
+            # or the tool ran without the plugin asking, which is what the bypass alarm is for.
+            if refusal is None:
+                self.bypassed.append(name)
+        elif call_id in self._gates_open:
+            # Announced, never released, yet answered: the plugin stopped waiting (its long poll
+            # ended) and answered ADK itself, since it only runs a tool on the gateway's verdict.
+            # Nobody waits for a person here any more, so what the model says next is not held
+            # back: it streams on in one response instead of one closed response per event.
+            self._end_gate(call_id)
+            self.abandoned.append((call_id, refusal))
         # Outputs belong to the step that made the call; in a continuation no step is open and,
         # like the AI SDK's own streamText, none is opened just for them.
         self._step_needs_break = self._step_open
-        result = response.get("response")
         if call_id in self._denied:
             out.append({"type": "tool-output-denied", "toolCallId": call_id})
-        elif isinstance(result, dict) and len(result) == 1 and isinstance(result.get("error"), str):
-            # ADK's convention for a failed tool: {"error": "..."}.
+        elif isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
+            # ADK's convention for a failed tool: {"error": "..."}, maybe marked as a refusal (the
+            # marker is the gateway's bookkeeping, not something to show).
             out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": result["error"]})
         else:
             out.append({"type": "tool-output-available", "toolCallId": call_id, "output": result})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.approvals import CallState, GatedCall, Outcome
+from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, refusal_code
 from gateway.config import ToolPolicy
 
 
@@ -94,3 +94,46 @@ def test_verdict_json() -> None:
     denied = make()
     denied.decide(False, now=101)
     assert denied.verdict.as_json()["verdict"] == "respond"
+
+
+def test_abandoned_call_is_released_once_and_later_answers_change_nothing() -> None:
+    # The plugin stopped waiting (its long poll ended) and answered ADK itself: nobody will take a verdict.
+    call = make()
+    assert call.abandon("max_wait")
+    assert call.released and call.outcome is Outcome.ABANDONED and not call.verdict.run
+    assert not call.shown_as_denied  # the browser sees the plugin's error, not a person's denial
+    assert not call.decide(True, now=101) and not call.expire(now=1000) and not call.cancel("late")
+    assert not call.abandon("again")
+    assert call.outcome is Outcome.ABANDONED
+
+
+def test_abandon_after_a_verdict_changes_nothing() -> None:
+    call = make()
+    call.decide(False, now=101)
+    assert not call.abandon("max_wait")
+    assert call.outcome is Outcome.DENIED
+
+
+@pytest.mark.parametrize(
+    ("end", "code"),
+    [
+        (lambda c: c.decide(False, now=101), "denied"),
+        (lambda c: c.expire(now=1000), "timeout"),
+        (lambda c: c.cancel("moved on"), "cancelled"),
+        (lambda c: c.abandon("max_wait"), "abandoned"),
+    ],
+)
+def test_every_refusal_carries_the_marker_so_it_is_never_taken_for_a_tool_result(end, code: str) -> None:
+    call = make()
+    end(call)
+    assert refusal_code(call.verdict.response) == code
+    assert call.verdict.response[REFUSAL_KEY] == code and isinstance(call.verdict.response["error"], str)
+
+
+def test_browser_results_are_not_refusals() -> None:
+    output, failed = make(approval=False, runs_in="browser"), make(approval=False, runs_in="browser")
+    output.deliver_output({"lat": 1})
+    failed.deliver_output(error_text="denied by the OS")
+    assert refusal_code(output.verdict.response) is None and refusal_code(failed.verdict.response) is None
+    assert refusal_code({"error": "a tool's own error"}) is None and refusal_code([1]) is None
+    assert refusal_code({"error": "x", REFUSAL_KEY: 3}) is None  # not the contract's shape

@@ -125,3 +125,22 @@ def test_sessions_backend_settings() -> None:
     with pytest.raises(ConfigError) as tight:
         parse_config("sessions:\n  heartbeat_interval: 2s\n  owner_timeout: 3s\n", env={})
     assert any("owner_timeout must be at least twice" in p for p in tight.value.problems)
+
+
+def test_logging_user_id_modes() -> None:
+    assert parse_config("", env={}).logging.user_id == "plain"
+    assert parse_config("logging:\n  user_id: omit\n", env={}).logging.user_id == "omit"
+    config = parse_config(
+        "logging:\n  user_id: hash\n  user_id_key: ${LOG_USER_ID_KEY}\n", env={"LOG_USER_ID_KEY": "k" * 16}
+    )
+    assert config.logging.user_id_key is not None and config.logging.user_id_key.get_secret_value() == "k" * 16
+    assert "kkkk" not in repr(config.logging)  # the key is a secret
+    for text in ("logging:\n  user_id: hash\n", "logging:\n  user_id: hash\n  user_id_key: short\n"):
+        with pytest.raises(ConfigError) as info:
+            parse_config(text, source="gw.yaml", env={})
+        assert info.value.problems == [
+            "gw.yaml: logging: logging.user_id hash needs logging.user_id_key, at least 16 characters "
+            "(a random string, from the environment)"
+        ]
+    with pytest.raises(ConfigError):
+        parse_config("logging:\n  user_id: sha256\n", env={})

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gateway.approvals import REFUSAL_KEY
 from gateway.converter import Converter, map_finish_reason
 from tests.unit.fixtures import check_stream_rules, convert, events, types
 
@@ -315,6 +316,110 @@ def test_a_gated_tool_answering_without_the_plugin_is_reported() -> None:
     response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": {"ok": 1}}}]}}
     converter.feed(response)
     assert converter.bypassed == ["pay"] and not converter.waiting_for_person
+
+
+def _response_event(call_id: str, name: str, response: Any) -> dict:
+    return {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": call_id, "name": name, "response": response}}]}}
+
+
+def _text_events(*pieces: str) -> list[dict]:
+    partials = [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": p}]}} for p in pieces]
+    final = {"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}, "finishReason": "STOP"}
+    return [*partials, final]
+
+
+def test_a_timed_out_gate_with_on_timeout_error_shows_the_reason_not_the_marker() -> None:
+    from gateway.approvals import GatedCall
+    from gateway.config import ToolPolicy
+
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    gate = GatedCall.open(
+        user_id="u", chat_id="c", session_id="c", tool_call_id="c1", tool="pay", args={},
+        policy=ToolPolicy(approval=True, on_timeout="error"), now=0.0,
+    )
+    converter.gate_opened(gate)
+    gate.expire(now=10_000)
+    converter.gate_changed(gate)
+    out = converter.feed(_response_event("c1", "pay", gate.verdict.response))
+    assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": gate.verdict.response["error"]}]
+
+
+@pytest.mark.parametrize(
+    ("tool", "approve_first"),
+    [("pay", False), ("where", False), ("where", True), ("bgm", False)],
+    ids=["approval", "browser-tool-held-for-approval", "browser-tool-approved", "browser-tool"],
+)
+def test_the_plugin_giving_up_ends_the_wait_with_an_error_and_one_whole_continuation(tool: str, approve_first: bool) -> None:
+    """The plugin's long poll ended without a verdict (ADK_GATEWAY_MAX_WAIT, a dead replica, a proxy):
+    it answered ADK with its refusal. The call is over; the model's words that follow belong to one
+    response that the person's late answer (or a resume) receives whole."""
+    converter = Converter("m1", policy=_policy)
+    first = converter.start() + converter.feed(_call_event(("c1", tool, {"x": 1})))
+    gate = _gate(tool, "c1", {"x": 1})
+    first += converter.gate_opened(gate)
+    if approve_first:
+        gate.decide(True, now=1)
+        first += converter.gate_changed(gate)
+    assert converter.waiting_for_person
+    first += converter.finish()
+    check_stream_rules(first)
+
+    refusal = {"error": "Nobody decided within the plugin's longest wait; the call was not run.", REFUSAL_KEY: "max_wait"}
+    cont = converter.start() + converter.feed(_response_event("c1", tool, refusal))
+    assert cont[1:] == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": refusal["error"]}]
+    assert converter.abandoned == [("c1", "max_wait")]
+    assert not converter.waiting_for_person and not converter.gates_open
+    for event in _text_events("The payment ", "was not made: ", "nobody decided."):
+        cont += converter.feed(event)
+        assert not converter.waiting_for_person  # the text must not be cut into responses of its own
+    cont += converter.finish()
+    assert types(cont) == [
+        "start", "tool-output-error", "start-step", "text-start", "text-delta", "text-delta", "text-delta",
+        "text-end", "finish-step", "finish",
+    ]
+    assert "".join(c["delta"] for c in cont if c["type"] == "text-delta") == "The payment was not made: nobody decided."
+    assert cont[-1]["finishReason"] == "stop"
+    assert converter.bypassed == []
+    check_stream_rules(cont, known=["c1"])
+    # The ledger then releases the call (outcome abandoned): that changes nothing more for the browser.
+    gate.abandon("max_wait")
+    assert converter.gate_changed(gate) == []
+
+
+def test_an_old_plugins_unmarked_answer_at_an_open_gate_still_ends_the_wait() -> None:
+    # The plugin asked (the gate is open), so it is installed: an answer the gateway never released
+    # is the plugin giving up, whatever its version.
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    converter.gate_opened(_gate("pay", "c1"))
+    out = converter.feed(_response_event("c1", "pay", {"error": "The approval gateway went away; the call was not run."}))
+    assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": "The approval gateway went away; the call was not run."}]
+    assert converter.abandoned == [("c1", None)] and not converter.waiting_for_person and converter.bypassed == []
+
+
+@pytest.mark.parametrize("code", ["policy_unavailable", "gateway_unreachable", "too_many_pending", "refused"])
+def test_a_refusal_of_a_gated_call_the_plugin_could_not_announce_is_no_bypass(code: str) -> None:
+    # The plugin failed closed before the gateway could announce the call (gateway unreachable, no
+    # policy) or the gateway refused it at once: the tool did not run, so nothing was bypassed.
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    refusal = {"error": "The call was not run.", REFUSAL_KEY: code}
+    out = converter.feed(_response_event("c1", "pay", refusal))
+    assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": "The call was not run."}]
+    assert converter.bypassed == [] and converter.abandoned == [] and not converter.waiting_for_person
+
+
+def test_a_gated_tools_own_error_without_the_plugin_asking_is_still_a_bypass() -> None:
+    # The tool ran (and failed): that is what the alarm is for.
+    converter = Converter("m1", policy=_policy)
+    converter.start()
+    converter.feed(_call_event(("c1", "pay", {})))
+    converter.feed(_response_event("c1", "pay", {"error": "card declined"}))
+    assert converter.bypassed == ["pay"]
 
 
 # ---- live mode -------------------------------------------------------------------------------

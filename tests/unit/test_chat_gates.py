@@ -1,0 +1,219 @@
+"""ChatService around gated calls, with ADK faked in-process: the ledger, the metrics and what the
+browser receives when the plugin's wait ends without a verdict."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.approvals import REFUSAL_KEY, GatedCall, Outcome
+from gateway.chats import Attachment, ChatService
+from gateway.config import parse_config
+from gateway.messages import parse_chat_body
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
+from tests.unit.fixtures import check_stream_rules, types
+
+CONFIG = """\
+internal:
+  secret: s3cret
+tools:
+  process_payment:
+    approval: true
+    timeout: 5m
+  get_location:
+    approval: true
+    runs_in: browser
+    timeout: 5m
+  change_bgm:
+    runs_in: browser
+    timeout: 5m
+"""
+CALL = "call-1"
+GAVE_UP = "Nobody decided within ADK_GATEWAY_MAX_WAIT (2 s); the call was not run."
+
+
+class ScriptedAdk:
+    """`/run_sse` as the test feeds it: each batch put in the queue is one upstream read; None ends the run."""
+
+    def __init__(self) -> None:
+        self.reads: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
+
+    async def ensure_session(self, user_id: str, session_id: str) -> None:
+        return None
+
+    async def run_sse_batches(self, **_: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        while (batch := await self.reads.get()) is not None:
+            yield batch
+
+
+def call_event(tool: str) -> dict[str, Any]:
+    args = {"amount": 50, "recipient": "Hanako", "currency": "USD"} if tool == "process_payment" else {}
+    return {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": CALL, "name": tool, "args": args}}]}}
+
+
+def response_event(tool: str, response: dict[str, Any]) -> dict[str, Any]:
+    return {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": CALL, "name": tool, "response": response}}]}}
+
+
+def text_events(*pieces: str) -> list[dict[str, Any]]:
+    partials = [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": p}]}} for p in pieces]
+    return [*partials, {"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}, "finishReason": "STOP"}]
+
+
+def request(*messages: dict[str, Any], message_id: str | None = None) -> Any:
+    body: dict[str, Any] = {"id": "chat-1", "messages": list(messages), "trigger": "submit-message"}
+    if message_id:
+        body["messageId"] = message_id
+    return parse_chat_body(body, version_header=None, default_version=6)
+
+
+USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}
+
+
+async def read(attachment: Attachment) -> list[dict[str, Any]]:
+    frames: list[bytes] = []
+
+    async def follow() -> None:
+        async for batch in attachment.response.follow():
+            frames.extend(batch)
+
+    await asyncio.wait_for(follow(), 5)
+    return [orjson.loads(f) for f in frames]
+
+
+def answered(first: list[dict[str, Any]], tool: str, approved: bool) -> dict[str, Any]:
+    """The assistant message a Chat sends back once the person clicked."""
+    request_chunk = next(c for c in first if c["type"] == "tool-approval-request")
+    return {
+        "id": first[0]["messageId"], "role": "assistant",
+        "parts": [
+            {"type": "step-start"},
+            {
+                "type": f"tool-{tool}", "toolCallId": CALL, "state": "approval-responded", "input": {},
+                "approval": {"id": request_chunk["approvalId"], "approved": approved},
+            },
+        ],
+    }
+
+
+def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> float:
+    return metrics.registry.get_sample_value(f"{name}_count", {"tool": tool, "outcome": outcome}) or 0.0
+
+
+@pytest.mark.parametrize("tool", ["process_payment", "get_location"])
+async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_and_the_whole_text(tool: str) -> None:
+    adk = ScriptedAdk()
+    metrics = GatewayMetrics()
+    service = ChatService(
+        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
+        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
+    )
+    attachment = await service.submit("u", request(USER))
+    adk.reads.put_nowait([call_event(tool)])
+    await asyncio.sleep(0.01)
+    call = service.open_gate(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
+    assert isinstance(call, GatedCall) and not call.released
+    first = await read(attachment)
+    assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
+
+    # The plugin's long poll ended without a verdict; it answered ADK itself, and the model went on.
+    adk.reads.put_nowait([response_event(tool, {"error": GAVE_UP, REFUSAL_KEY: "max_wait"})])
+    for event in text_events("The payment ", "was not made: ", "nobody decided."):
+        adk.reads.put_nowait([event])
+    adk.reads.put_nowait(None)
+    chat = service._registry.find("u", "chat-1")  # noqa: SLF001 - the run's task, to wait for its end
+    assert chat is not None and chat.driver is not None and chat.driver.task is not None
+    await asyncio.wait_for(chat.driver.task, 5)
+
+    # The person clicks Approve afterwards: the tool never runs, and the answer reads what happened.
+    late = await read(await service.submit("u", request(USER, answered(first, tool, True), message_id="msg-1")))
+    expected = [
+        "start", "tool-output-error", "start-step", "text-start", "text-delta", "text-delta", "text-delta",
+        "text-end", "finish-step", "finish",
+    ]
+    assert types(late) == expected, late
+    assert late[0] == {"type": "start", "messageId": "msg-1"}
+    assert late[1] == {"type": "tool-output-error", "toolCallId": CALL, "errorText": GAVE_UP}
+    assert "".join(c["delta"] for c in late if c["type"] == "text-delta") == "The payment was not made: nobody decided."
+    assert late[-1]["finishReason"] == "stop"
+    check_stream_rules(late, known=[CALL])
+
+    # The ledger knows the plugin gave up, before and after the late answer.
+    assert call.outcome is Outcome.ABANDONED
+    assert wait_count(metrics, "adk_gateway_approval_wait_seconds", tool, "abandoned") == 1
+    for outcome in ("approved", "denied", "cancelled", "timeout"):
+        assert wait_count(metrics, "adk_gateway_approval_wait_seconds", tool, outcome) == 0, outcome
+    assert metrics.registry.get_sample_value("adk_gateway_approvals_pending") == 0
+    assert (metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"tool": tool}) or 0) == 0
+
+    # A reload replays the same response.
+    resumed = service.resume("u", "chat-1")
+    assert resumed is not None and await read(resumed) == late
+
+
+async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_result_does() -> None:
+    adk = ScriptedAdk()
+    metrics = GatewayMetrics()
+    service = ChatService(
+        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
+        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
+    )
+
+    def bypassed() -> float:
+        return metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"tool": "process_payment"}) or 0.0
+
+    attachment = await service.submit("u", request(USER))
+    refusal = {"error": "The approval gateway's tool policy is unavailable; it was not run.", REFUSAL_KEY: "policy_unavailable"}
+    adk.reads.put_nowait([call_event("process_payment"), response_event("process_payment", refusal)])
+    adk.reads.put_nowait(None)
+    chunks = await read(attachment)
+    assert {"type": "tool-output-error", "toolCallId": CALL, "errorText": refusal["error"]} in chunks
+    assert bypassed() == 0
+
+    attachment = await service.submit("u", request(USER, {**USER, "id": "u2"}))
+    adk.reads.put_nowait([call_event("process_payment"), response_event("process_payment", {"success": True})])
+    adk.reads.put_nowait(None)
+    await read(attachment)
+    assert bypassed() == 1
+
+
+async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_its_request_reads_what_happened() -> None:
+    adk = ScriptedAdk()
+    metrics = GatewayMetrics()
+    service = ChatService(
+        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
+        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
+    )
+    attachment = await service.submit("u", request(USER))
+    adk.reads.put_nowait([call_event("change_bgm")])
+    await asyncio.sleep(0.01)
+    call = service.open_gate(user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+    assert isinstance(call, GatedCall)
+    first = await read(attachment)
+    assert types(first)[-3:] == ["tool-input-available", "finish-step", "finish"]
+
+    adk.reads.put_nowait([response_event("change_bgm", {"error": GAVE_UP, REFUSAL_KEY: "max_wait"})])
+    adk.reads.put_nowait(text_events("I could not change the music."))
+    adk.reads.put_nowait(None)
+    chat = service._registry.find("u", "chat-1")  # noqa: SLF001
+    assert chat is not None and chat.driver is not None and chat.driver.task is not None
+    await asyncio.wait_for(chat.driver.task, 5)
+
+    # The browser ran the tool meanwhile (onToolCall) and posts its output: too late for ADK.
+    output = {
+        "id": "msg-1", "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
+        ],
+    }
+    late = await read(await service.submit("u", request(USER, output, message_id="msg-1")))
+    assert types(late) == ["start", "tool-output-error", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    assert late[-1]["finishReason"] == "stop"
+    assert call.outcome is Outcome.ABANDONED
+    assert wait_count(metrics, "adk_gateway_browser_tool_wait_seconds", "change_bgm", "abandoned") == 1
+    assert wait_count(metrics, "adk_gateway_browser_tool_wait_seconds", "change_bgm", "output") == 0
