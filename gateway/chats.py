@@ -30,6 +30,7 @@ import structlog
 from .approvals import APPROVAL_ID_PREFIX, REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
 from .config import GatewayConfig
 from .converter import Converter
+from .errors import Refusal
 from .limits import Limited
 from .live import LiveLink
 from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, confirmation_message, plan_turn
@@ -50,16 +51,26 @@ _SETTLE_SECONDS = 10.0
 _CLOSE_TIMEOUT = 2.0
 
 
-class ChatBusy(Exception):
+class ChatBusy(Refusal):
     """The chat already has a response streaming; the client should wait for it to end."""
 
+    status = 409
+    code = "chat_busy"
+    retry_after = 1
 
-class Forbidden(Exception):
+
+class Forbidden(Refusal):
     """The request touches an approval that belongs to another chat."""
 
+    status = 403
+    code = "forbidden"
 
-class Gone(Exception):
+
+class Gone(Refusal):
     """The request answers an approval that is no longer pending (expired, or the gateway restarted)."""
+
+    status = 410
+    code = "approval_gone"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """How failures reach an HTTP client: one JSON shape, never a traceback.
 
-Every error answer is `{"error": {"code": "...", "message": "..."}}` with a fitting status. The
-middleware turns `HttpError` into that shape and anything unexpected into a logged 500 whose body
+Every error answer is `{"error": {"code": "...", "message": "..."}}` with a fitting status. Each
+kind of refusal is a `Refusal` subclass that carries its own status and code, defined beside the
+code that raises it; the middleware turns any of them into that shape and anything unexpected into a logged 500 whose body
 says nothing about the gateway's insides.
 """
 
@@ -12,16 +13,37 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from .limits import Limited
-
-__all__ = ["HttpError", "error_middleware", "json_error", "refusal"]
+__all__ = ["HttpError", "Refusal", "error_middleware", "json_error", "refusal"]
 
 log = structlog.get_logger("adk_gateway.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class HttpError(Exception):
+class Refusal(Exception):
+    """A request the gateway refuses for a reason the caller may read.
+
+    Each kind of refusal says how it is answered, as class attributes (or, for a refusal decided
+    at run time such as a limit, instance attributes): SSE and plain HTTP answer it as JSON with
+    this status and code, a WebSocket as an `error` frame. The module that raises it owns it.
+    """
+
+    status: int = 400
+    code: str = "invalid_request"
+    # Seconds a client should wait before trying again (a Retry-After header), if it should.
+    retry_after: int | None = None
+
+    def public_message(self) -> str:
+        return str(self)
+
+    def http(self) -> HttpError:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
+        return HttpError(self.status, self.code, self.public_message(), headers)
+
+
+class HttpError(Refusal):
+    """A refusal decided where the request is handled (a route, or the replica it was forwarded to)."""
+
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -29,37 +51,13 @@ class HttpError(Exception):
         self.message = message
         self.headers = headers or {}
 
+    def http(self) -> HttpError:
+        return self
 
-def refusal(exc: Exception) -> HttpError | None:
-    """The HTTP answer for a request the chat layer refused (None: not a refusal, a bug).
 
-    One table for every transport: SSE answers it as JSON, WebSocket as an `error` frame.
-    """
-    from .chats import ChatBusy, Forbidden, Gone
-    from .cluster.shared import SharedStateDown
-    from .messages import InvalidRequest
-    from .registry import ChatNotFound
-    from .upstream import UpstreamError
-
-    if isinstance(exc, HttpError):
-        return exc  # already decided, e.g. by the replica a request was forwarded to
-    if isinstance(exc, InvalidRequest):
-        return HttpError(400, "invalid_request", str(exc))
-    if isinstance(exc, Forbidden):
-        return HttpError(403, "forbidden", str(exc))
-    if isinstance(exc, ChatNotFound):
-        return HttpError(404, "chat_not_found", "no such chat")
-    if isinstance(exc, ChatBusy):
-        return HttpError(409, "chat_busy", str(exc), {"Retry-After": "1"})
-    if isinstance(exc, Gone):
-        return HttpError(410, "approval_gone", str(exc))
-    if isinstance(exc, Limited):
-        return HttpError(exc.status, exc.code, exc.message, {"Retry-After": str(exc.retry_after)} if exc.retry_after else None)
-    if isinstance(exc, UpstreamError):
-        return HttpError(502, "upstream_unavailable", str(exc))
-    if isinstance(exc, SharedStateDown):
-        return HttpError(503, "sessions_unavailable", str(exc), {"Retry-After": "1"})
-    return None
+def refusal(exc: BaseException) -> HttpError | None:
+    """The HTTP answer for a refused request (None: not a refusal, a bug)."""
+    return exc.http() if isinstance(exc, Refusal) else None
 
 
 def json_error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -70,11 +68,9 @@ def json_error(status: int, code: str, message: str, headers: dict[str, str] | N
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except HttpError as exc:
-        return json_error(exc.status, exc.code, exc.message, exc.headers)
-    except Limited as exc:
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-        return json_error(exc.status, exc.code, exc.message, headers)
+    except Refusal as exc:
+        answer = exc.http()
+        return json_error(answer.status, answer.code, answer.message, answer.headers)
     except web.HTTPException as exc:
         # aiohttp's own 404/405/413: same JSON shape as ours.
         if exc.status < 400:

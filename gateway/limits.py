@@ -11,11 +11,14 @@ import math
 from dataclasses import dataclass, field
 
 from .config import LimitsConfig
+from .errors import Refusal
 
 __all__ = ["Admission", "Limited", "StreamSlot"]
 
 
-class Limited(Exception):
+class Limited(Refusal):
+    """A request over a limit; status and code depend on which (429 for a user's, 503 for the gateway's)."""
+
     def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status

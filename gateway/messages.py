@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from .converter import CONFIRMATION_TOOL
+from .errors import Refusal
 from .protocol import ClientVersion, client_version
 
 __all__ = [
@@ -43,8 +44,11 @@ def is_chat_id(value: str) -> bool:
     return _CHAT_ID.match(value) is not None
 
 
-class InvalidRequest(Exception):
+class InvalidRequest(Refusal):
     """The browser sent something the gateway cannot act on; the message is safe to show it."""
+
+    status = 400
+    code = "invalid_request"
 
 
 class _Edge(BaseModel):

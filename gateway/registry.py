@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .approvals import GatedCall, Verdict
+from .errors import Refusal
 from .runs import Run
 
 if TYPE_CHECKING:
@@ -52,8 +53,14 @@ class Chat:
     pending: dict[str, PendingApproval] = field(default_factory=dict)
 
 
-class ChatNotFound(Exception):
+class ChatNotFound(Refusal):
     """The chat id belongs to another user: to this caller it does not exist."""
+
+    status = 404
+    code = "chat_not_found"
+
+    def public_message(self) -> str:
+        return "no such chat"  # not the id: the answer must not confirm whose it is
 
 
 class TooManyChats(Exception):

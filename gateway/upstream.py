@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from .config import UpstreamConfig
+from .errors import HttpError, Refusal
 from .eventstream import EventStreamDecoder, EventStreamError
 
 __all__ = ["AdkClient", "LiveConnection", "UpstreamError", "WaitSignal", "parse_live_event"]
@@ -26,13 +27,19 @@ _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "applicati
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
-class UpstreamError(Exception):
-    """The ADK server could not be used. `kind` labels the metric and the log line."""
+class UpstreamError(Refusal):
+    """The ADK server could not be used. `kind` labels the metric and the log line; `status` is
+    the upstream's HTTP status, if it answered one (the browser gets 502 either way)."""
+
+    code = "upstream_unavailable"
 
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.kind = kind
-        self.status = status
+        self.status = status  # type: ignore[assignment]
+
+    def http(self) -> HttpError:
+        return HttpError(502, self.code, str(self))
 
 
 class AdkClient:

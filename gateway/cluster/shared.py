@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import Refusal
+
 __all__ = ["Claim", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
 
 # A message from another replica: a JSON object.
@@ -33,8 +35,12 @@ Inbox = Callable[[dict[str, Any]], None]
 Reassert = Callable[[], list[tuple[str, str, str]]]
 
 
-class SharedStateDown(Exception):
+class SharedStateDown(Refusal):
     """The shared state cannot be reached (or is recovering): the request is answered 503."""
+
+    status = 503
+    code = "sessions_unavailable"
+    retry_after = 1
 
 
 @dataclass(frozen=True)
