@@ -70,21 +70,55 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class AdkServer:
+    """The stock ADK API server with the demo agent on a loopback port. `kill()` then `start()`
+    keeps the port, so gateways pointed at it see a crash and a restart (sessions are in memory:
+    a restart loses them, as it does in production with `memory://`)."""
+
+    def __init__(
+        self, tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.extra_plugins = extra_plugins
+        self.env = env
+        self.port = port or free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"adk-{self.port}.log"
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def start(self) -> None:
+        # Appended: a restart keeps the crashed process's lines for the failure message.
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                api_server_command(self.port, extra_plugins=self.extra_plugins), stdout=out,
+                stderr=subprocess.STDOUT, env=_child_env(self.env), cwd=self.tmp,
+            )
+        wait_http(f"{self.base}/list-apps", timeout=90, proc=self.proc, log=self.log)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no shutdown of its own."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+
 @contextmanager
-def adk_server(tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[str]:
-    port = free_port()
-    log = tmp / f"adk-{port}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            api_server_command(port, extra_plugins=extra_plugins), stdout=out, stderr=subprocess.STDOUT,
-            env=_child_env(env), cwd=tmp,
-        )
-    base = f"http://127.0.0.1:{port}"
+def adk_server(
+    tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None, port: int | None = None,
+) -> Iterator[str]:
+    server = AdkServer(tmp, extra_plugins=extra_plugins, env=env, port=port)
     try:
-        wait_http(f"{base}/list-apps", timeout=90, proc=proc, log=log)
-        yield base
+        server.start()
+        yield server.base
     finally:
-        stop_process(proc)
+        server.stop()
 
 
 @dataclass

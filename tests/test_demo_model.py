@@ -332,3 +332,44 @@ def test_api_server_command_shape() -> None:
     assert argv[argv.index("--session_service_uri") + 1] == "memory://"
     assert "--no-reload" in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--extra_plugins"] == ["a.B", "c.D"]
+
+
+# --- the tool ledger (DEMO_TOOL_LEDGER), read by the operations fault suite ---------------------
+
+
+async def test_each_real_payment_appends_one_ledger_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import importlib
+    import json
+
+    from google.adk.agents.run_config import RunConfig, StreamingMode
+
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("DEMO_TOOL_LEDGER", str(ledger))
+    monkeypatch.setenv("DEMO_MODEL", "scripted")
+    # Without the gateway's plugin or ADK's confirmation the tool runs at once: a real execution.
+    monkeypatch.delenv("DEMO_NATIVE_CONFIRMATION", raising=False)
+    agent = importlib.reload(importlib.import_module("gateway.demo.agents.demo_agent.agent")).root_agent
+    runner = InMemoryRunner(agent=agent, app_name=APP_NAME)
+    session = await runner.session_service.create_session(app_name=APP_NAME, user_id="u1")
+    events = [
+        e async for e in runner.run_async(
+            user_id="u1", session_id=session.id, new_message=user("pay 10 to Alice and 20 to Bob"),
+            run_config=RunConfig(streaming_mode=StreamingMode.SSE),
+        )
+    ]
+    call_ids = {c.id for e in events if not e.partial for c in e.get_function_calls()}
+
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert sorted((line["args"]["recipient"], line["args"]["amount"]) for line in lines) == [("Alice", 10), ("Bob", 20)]
+    assert {line["function_call_id"] for line in lines} == call_ids and len(call_ids) == 2
+    assert {(line["tool"], line["session_id"], line["args"]["currency"]) for line in lines} == {
+        ("process_payment", session.id, "USD")
+    }
+    assert all(isinstance(line["at"], float) for line in lines)
+
+
+def test_without_the_variable_no_ledger_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.delenv("DEMO_TOOL_LEDGER", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert process_payment(50, "Hanako")["success"] is True
+    assert list(tmp_path.iterdir()) == []

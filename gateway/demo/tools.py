@@ -4,14 +4,25 @@
 `change_bgm` stand for tools that run in the browser: the gateway's ADK plugin
 answers them with the browser's output before ADK would call them, so their
 bodies only run when no gateway plugin is installed, and then report that.
+
+When `DEMO_TOOL_LEDGER` names a file, every real execution of `process_payment`
+appends one JSON line to it (`LEDGER_ENV`): the ledger the operations fault suite
+(tests/ops) counts to prove that no failure runs a payment twice, or runs one
+nobody approved. Unset, nothing is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import time
 from typing import Any
 
 from google.adk.tools.function_tool import FunctionTool
+from google.adk.tools.tool_context import ToolContext
+
+LEDGER_ENV = "DEMO_TOOL_LEDGER"
 
 _CONDITIONS = ("sunny", "partly cloudy", "cloudy", "light rain", "clear")
 
@@ -20,7 +31,28 @@ def _digest(*values: object) -> str:
     return hashlib.sha256("|".join(str(v) for v in values).encode()).hexdigest()
 
 
-def process_payment(amount: float, recipient: str, currency: str = "USD") -> dict[str, Any]:
+def _record_execution(tool: str, args: dict[str, Any], tool_context: ToolContext | None) -> None:
+    path = os.environ.get(LEDGER_ENV)
+    if not path:
+        return
+    entry = {
+        "tool": tool,
+        "session_id": tool_context.session.id if tool_context is not None else None,
+        "function_call_id": tool_context.function_call_id if tool_context is not None else None,
+        "args": args,
+        "at": time.time(),
+    }
+    # One write(2) on an O_APPEND descriptor: lines from concurrent calls never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def process_payment(
+    amount: float, recipient: str, currency: str = "USD", tool_context: ToolContext | None = None
+) -> dict[str, Any]:
     """Sends a payment of `amount` in `currency` to `recipient`.
 
     Args:
@@ -28,6 +60,9 @@ def process_payment(amount: float, recipient: str, currency: str = "USD") -> dic
       recipient: Who receives the payment.
       currency: ISO 4217 currency code, USD by default.
     """
+    # ADK passes `tool_context` (and leaves it out of the declaration the model sees); the ledger
+    # needs it to name the session and the call.
+    _record_execution("process_payment", {"amount": amount, "recipient": recipient, "currency": currency}, tool_context)
     # Derived from the arguments so recorded fixtures stay stable across runs.
     transaction_id = "txn-" + _digest(amount, recipient, currency)[:12]
     return {
