@@ -12,8 +12,9 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
 - `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
 
-Claims run as one Lua script, so two replicas racing for a chat cannot both win. Every Redis error
-becomes SharedStateDown; the heartbeat loop notices recovery and marks the backend available again.
+Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
+win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
+backend available again.
 Redis Cluster is not supported (the claim script touches keys it is not given).
 """
 
@@ -34,58 +35,12 @@ from redis.exceptions import RedisError
 
 from ..registry import ChatNotFound
 from ..stopping import cancel_and_wait
+from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["Backoff", "RedisState"]
 
 log = structlog.get_logger("adk_gateway.cluster")
-
-# ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0).  KEYS: chat, epoch.
-_CLAIM = """
-local epoch = redis.call('GET', KEYS[2])
-if epoch ~= ARGV[5] then return {'reset'} end
-local rec = redis.call('HMGET', KEYS[1], 'user', 'owner', 'run')
-local ttl = tonumber(ARGV[3])
-if rec[1] then
-  if rec[1] ~= ARGV[1] then return {'foreign'} end
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  if rec[2] == ARGV[2] then return {'local'} end
-  if redis.call('EXISTS', ARGV[4] .. rec[2]) == 1 then return {'remote', rec[2]} end
-  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'run', '')
-  return {'took_over', rec[2], rec[3] or ''}
-end
-local sep = string.find(epoch, '|', 1, true)
-local reset_ms = tonumber(string.sub(epoch, sep + 1))
-if reset_ms > 0 then
-  local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - reset_ms < tonumber(ARGV[6]) then
-    return {'settling'}
-  end
-end
-if ARGV[7] ~= '1' then return {'local'} end
-redis.call('HSET', KEYS[1], 'user', ARGV[1], 'owner', ARGV[2], 'run', '')
-redis.call('PEXPIRE', KEYS[1], ttl)
-return {'local'}
-"""
-
-# Only the owner writes its chat's fields. ARGV: user, me, field, value.  KEYS: chat.
-_OWNER_SET = """
-local rec = redis.call('HMGET', KEYS[1], 'user', 'owner')
-if rec[1] == ARGV[1] and rec[2] == ARGV[2] then
-  if ARGV[3] == '' then return redis.call('DEL', KEYS[1]) end
-  return redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
-end
-return 0
-"""
-
-# A new epoch when none exists; reset_ms is Redis's clock when the dataset was lost (0 at first start).
-_NEW_EPOCH = """
-local t = redis.call('TIME')
-local ms = 0
-if ARGV[1] == '1' then ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end
-redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ms, 'NX')
-return redis.call('GET', KEYS[1])
-"""
 
 _RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
 _RELAY_TTL_MS = 300_000
@@ -150,9 +105,9 @@ class RedisState(SharedState):
         self._epoch: str | None = None
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._claim = self._redis.register_script(_CLAIM)
-        self._owner_set = self._redis.register_script(_OWNER_SET)
-        self._new_epoch = self._redis.register_script(_NEW_EPOCH)
+        self._claim = self._redis.register_script(CLAIM)
+        self._owner_set = self._redis.register_script(OWNER_SET)
+        self._new_epoch = self._redis.register_script(NEW_EPOCH)
         self._beat_now = asyncio.Event()
         # Set by every heartbeat that reached Redis: a reconnecting inbox retries then, not only
         # when its backoff runs out.

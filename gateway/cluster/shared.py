@@ -1,12 +1,14 @@
 """The contract of the state that gateway replicas share, and what every backend raises.
 
-A backend owns five things, and nothing about runs, chunks or HTTP (router.py does that):
+A backend owns five things, and nothing about runs, chunks or HTTP (router.py and the modules it
+drives do that):
 
 - the chat directory: which user a chat id belongs to, which replica runs the chat, and which
   run (message id) is going on there, if any;
 - replica liveness: each replica's heartbeat; a replica silent for `owner_timeout` is dead, and
   the next request for one of its chats moves the chat to the replica that received it;
-- inboxes: one-way messages from a replica to another (forwarded requests and their replies);
+- inboxes: one-way messages from a replica to another (forwarded requests, their replies and
+  verdicts: messages.py), carried as JSON objects;
 - relays: the chunks of one response, appended by the replica running it and read by the
   replica holding the browser's connection;
 - gated-call records: every gated call with its chat, owner and (once released) verdict, kept

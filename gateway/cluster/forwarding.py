@@ -1,0 +1,159 @@
+"""Forwarding: a request for a chat that runs on another replica is asked of that replica, its
+owner; and what other replicas forward here is done as if it had arrived here.
+
+The replica holding the browser's (or the plugin's) request sends the work to the owner's inbox
+(`Asker.ask`) and waits for the Reply, at most `sessions.forward_timeout` and no longer than the
+owner lives; notices (`Asker.tell`) get no Reply. The owner does the work with one handler per kind
+of work (`ForwardedRequests.DISPATCH`) and replies: the relay that carries the response, a gated
+call's verdict, or the refusal a request of its own would have got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import structlog
+
+from ..chats import ChatService
+from ..errors import HttpError, refusal
+from ..limits import Limited
+from ..messages import parse_chat_body
+from ..metrics import GatewayMetrics
+from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
+from .messages import (
+    Abort, Answer, Audio, Forwarded, Gate, Refused, Relayed, Reply, Resume, SocketClosed, Submit, Work,
+)
+from .relay import Relays
+from .remote_gate import RemoteGate
+from .shared import SharedState, SharedStateDown
+
+__all__ = ["Asker", "ForwardedRequests"]
+
+log = structlog.get_logger("adk_gateway.cluster")
+
+# A handler of one kind of work: (the service, the work, the message it came in) -> the answer.
+Handler = Callable[[Any, Any, Forwarded], Awaitable[Answer | None]]
+
+
+class Asker:
+    """Sends work to a chat's owner, and hands each Reply to the request waiting for it."""
+
+    def __init__(self, state: SharedState, liveness: Liveness, *, forward_timeout: float) -> None:
+        self._state = state
+        self._liveness = liveness
+        self._forward_timeout = forward_timeout
+        self._pending: dict[str, asyncio.Future[Answer]] = {}
+
+    async def ask(self, owner: str, work: Work) -> Answer:
+        """Forward `work` to `owner` and wait for its answer; a refusal comes back as HttpError."""
+        request_id = secrets.token_hex(8)
+        future = self._pending[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._state.send(owner, Forwarded(self._state.replica_id, request_id, work).to_json())
+            answer = await self._liveness.wait(future, owner, timeout=self._forward_timeout)
+        except OwnerDied:
+            raise OwnerLost(
+                503, "replica_unavailable", "the gateway replica running this chat stopped; retry", {"Retry-After": "1"}
+            ) from None
+        except OwnerSilent:
+            raise HttpError(
+                503, "replica_unavailable", "the gateway replica running this chat did not answer; retry", {"Retry-After": "1"}
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+        if isinstance(answer, Refused):
+            raise answer.error()
+        return answer
+
+    async def tell(self, work: Abort | SocketClosed) -> bool:
+        """Send a notice to the chat's owner, if another replica owns it; whether it was sent."""
+        try:
+            owner = await self._state.owner(work.user, work.chat)
+            if owner is None or owner == self._state.replica_id:
+                return False
+            await self._state.send(owner, Forwarded(self._state.replica_id, secrets.token_hex(8), work).to_json())
+        except SharedStateDown:
+            return False
+        return True
+
+    def answered(self, reply: Reply) -> None:
+        """A Reply from an owner (the inbox hands it here); one nobody waits for any more is dropped."""
+        future = self._pending.get(reply.request_id)
+        if future is not None and not future.done():
+            future.set_result(reply.answer)
+
+
+class ForwardedRequests:
+    """The owner's side: work other replicas forward here, done as for a request of this replica's own."""
+
+    def __init__(
+        self, state: SharedState, chats: ChatService, metrics: GatewayMetrics, relays: Relays, gates: RemoteGate,
+    ) -> None:
+        self._state = state
+        self._chats = chats
+        self.metrics = metrics
+        self._relays = relays
+        self._gates = gates
+        # Set by the drain: new work forwarded here is refused, as the transports refuse their own.
+        self.draining = False
+
+    async def serve(self, asked: Forwarded) -> None:
+        """Do the work, and reply to the replica that sent it (unless it is a notice)."""
+        work = asked.work
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(forwarded_from=asked.sender, op=work.op, user_id=work.user)
+        self.metrics.forwarded.labels("in").inc()
+        try:
+            answer = await self.DISPATCH[type(work)](self, work, asked)
+        except Exception as exc:
+            answer = self._refused(exc)
+        if answer is not None and not isinstance(work, (Abort, SocketClosed)):
+            with contextlib.suppress(SharedStateDown):
+                await self._state.send(asked.sender, Reply(asked.request_id, answer).to_json())
+
+    def _refused(self, exc: Exception) -> Refused:
+        error = refusal(exc)
+        if error is None:
+            log.exception("forwarded_request_failed")
+            error = HttpError(500, "internal_error", "the gateway failed to handle this request")
+        elif isinstance(exc, Limited):
+            self.metrics.limited.labels(exc.code).inc()
+        return Refused.of(error)
+
+    def _refuse_new_work_while_draining(self) -> None:
+        if self.draining:
+            raise HttpError(503, "draining", "the gateway replica running this chat is shutting down; retry in a moment", {"Retry-After": "5"})
+
+    # ---- one handler per kind of work ------------------------------------------------------
+
+    async def _submit(self, work: Submit, asked: Forwarded) -> Answer:
+        self._refuse_new_work_while_draining()
+        request = parse_chat_body(work.body, version_header=None, default_version=self._chats.config.chat.default_protocol)
+        structlog.contextvars.bind_contextvars(chat_id=request.chat_id)
+        return Relayed(self._relays.open(await self._chats.submit(work.user, request)))
+
+    async def _resume(self, work: Resume, asked: Forwarded) -> Answer:
+        return Relayed(self._relays.open(self._chats.resume(work.user, work.chat)))
+
+    async def _audio(self, work: Audio, asked: Forwarded) -> Answer:
+        self._refuse_new_work_while_draining()
+        attachment = await self._chats.send_audio(work.user, work.chat, work.mime, work.data, work.version)
+        return Relayed(self._relays.open(attachment))
+
+    async def _abort(self, work: Abort, asked: Forwarded) -> None:
+        self._chats.abort(work.user, work.chat)
+
+    async def _socket_closed(self, work: SocketClosed, asked: Forwarded) -> None:
+        await self._chats.socket_closed(work.user, work.chat)
+
+    async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
+        return await self._gates.serve(work, asked)
+
+    DISPATCH: ClassVar[Mapping[type[Work], Handler]] = MappingProxyType({
+        Submit: _submit, Resume: _resume, Audio: _audio, Abort: _abort, SocketClosed: _socket_closed, Gate: _gate,
+    })

@@ -1,0 +1,292 @@
+"""What replicas say to each other through their inboxes: one frozen class per message, and its JSON.
+
+Three kinds of message reach a replica's inbox (the backends carry them as JSON objects):
+
+- `Forwarded`: work for a chat this replica owns, from the replica that received the request.
+  `Submit`, `Resume`, `Audio` and `Gate` want a `Reply`; `Abort` and `SocketClosed` are
+  notices, answered by nothing.
+- `Reply`: the owner's answer to one of them: `Relayed` (the relay that carries the response),
+  `Refused` (the HTTP refusal the asker answers with), `Decided` (a gated call's verdict, given at
+  once) or `Waiting` (the gated call waits for a person; its verdict follows as `Released`).
+- `Released`: that verdict, once a person or a deadline decided.
+
+Only replicas of one release talk to each other, so the format may change with the code. What
+arrives is still checked before anything acts on it: the inbox is a Redis channel, and a message
+that is not one of these is refused whole (`MalformedMessage`), never half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any, ClassVar, Self, get_args
+
+from ..approvals import Verdict
+from ..errors import HttpError
+from ..protocol import ClientVersion
+
+__all__ = [
+    "WORK", "Abort", "Answer", "Audio", "Decided", "Forwarded", "Gate", "MalformedMessage", "Message",
+    "Refused", "Relayed", "Released", "Reply", "Resume", "SocketClosed", "Submit", "Waiting", "Work",
+    "from_json",
+]
+
+
+class MalformedMessage(ValueError):
+    """What arrived in an inbox is not a message replicas send each other; the text says why
+    without quoting it (it may carry a user's message)."""
+
+
+# ---- work for the chat's owner ---------------------------------------------------------------
+
+
+class _Work:
+    """Work is read from its JSON field by field, each by the reader of its type (_READERS)."""
+
+    op: ClassVar[str]
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Self:
+        return cls(**{f.name: _READERS[f.type](raw, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Submit(_Work):
+    """A new message (or answers to a waiting run): ChatService.submit on the owner."""
+
+    op: ClassVar[str] = "submit"
+    user: str
+    # The chat request as parse_chat_body reads it: the owner validates it again, as its own.
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _ForChat(_Work):
+    """Work on one chat of one user."""
+
+    user: str
+    chat: str
+
+
+@dataclass(frozen=True)
+class Resume(_ForChat):
+    """Replay and follow the chat's latest response."""
+
+    op: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class Audio(_ForChat):
+    """A chunk of the browser's microphone for the chat's live session."""
+
+    op: ClassVar[str] = "audio"
+    mime: str
+    data: str
+    version: ClientVersion
+
+
+@dataclass(frozen=True)
+class Abort(_ForChat):
+    """Stop the chat's run (a notice: nothing answers it)."""
+
+    op: ClassVar[str] = "abort"
+
+
+@dataclass(frozen=True)
+class SocketClosed(_ForChat):
+    """The browser's WebSocket that followed the chat closed (a notice: its live session may end)."""
+
+    op: ClassVar[str] = "socket_closed"
+
+
+@dataclass(frozen=True)
+class Gate(_Work):
+    """The plugin asks about a gated call in the chat whose ADK session is `session`."""
+
+    op: ClassVar[str] = "gate"
+    user: str
+    session: str
+    tool_call_id: str
+    tool: str
+    args: dict[str, Any]
+
+
+Work = Submit | Resume | Audio | Abort | SocketClosed | Gate
+WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Gate)
+_WORK_BY_OP: MappingProxyType[str, type[Work]] = MappingProxyType({kind.op: kind for kind in WORK})
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """Work sent to the chat's owner by `sender`, the replica holding the browser's (or the plugin's)
+    request. The owner's Reply carries `request_id`; a notice gets no Reply."""
+
+    sender: str
+    request_id: str
+    work: Work
+
+    def to_json(self) -> dict[str, Any]:
+        # The wire names are the work classes' field names.
+        return {"op": self.work.op, **vars(self.work), "from": self.sender, "id": self.request_id}
+
+
+# ---- the owner's answers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """The response is relayed under `key`; None: there is no response to follow (a resume of nothing)."""
+
+    key: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relay": self.key}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Relayed:
+        key = raw["relay"]
+        if key is not None and not isinstance(key, str):
+            raise MalformedMessage("`relay` is not a relay key")
+        return cls(key)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The owner refused the request: the asker answers its browser with this."""
+
+    status: int
+    code: str
+    message: str
+    headers: dict[str, str]
+
+    @classmethod
+    def of(cls, error: HttpError) -> Refused:
+        return cls(error.status, error.code, error.message, dict(error.headers))
+
+    def error(self) -> HttpError:
+        return HttpError(self.status, self.code, self.message, self.headers or None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"status": self.status, "code": self.code, "message": self.message, "headers": self.headers}}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Refused:
+        error = _object(raw, "error")
+        status, headers = error.get("status"), error.get("headers") or {}
+        if type(status) is not int or not 400 <= status <= 599:
+            raise MalformedMessage("`error.status` is not an HTTP error status")
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise MalformedMessage("`error.headers` is not an object of strings")
+        return cls(status, _text(error, "code"), _text(error, "message"), headers)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A gated call's verdict, and its label for the plugin-request metrics."""
+
+    verdict: Verdict
+    result: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict.as_json(), "result": self.result}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Decided:
+        return cls(Verdict.from_json(_object(raw, "verdict")), _text(raw, "result"))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The gated call `call` (its approval id) waits for a person: its verdict comes as `Released`."""
+
+    call: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call": self.call}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Waiting:
+        return cls(_text(raw, "call"))
+
+
+Answer = Relayed | Refused | Decided | Waiting
+# Which answer a reply carries, by the key only that answer writes; checked in this order.
+_ANSWERS: tuple[tuple[str, type[Answer]], ...] = (
+    ("error", Refused), ("call", Waiting), ("verdict", Decided), ("relay", Relayed),
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The owner's answer to the Forwarded request `request_id`."""
+
+    request_id: str
+    answer: Answer
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reply": self.request_id, **self.answer.to_json()}
+
+
+@dataclass(frozen=True)
+class Released:
+    """The verdict of the gated call `call`, sent to the replica that was told it is Waiting."""
+
+    op: ClassVar[str] = "verdict"
+    call: str
+    decided: Decided
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "call": self.call, **self.decided.to_json()}
+
+
+Message = Forwarded | Reply | Released
+
+
+def from_json(raw: Any) -> Message:
+    """The message a JSON object from an inbox is; MalformedMessage if it is none."""
+    if not isinstance(raw, dict):
+        raise MalformedMessage("not a JSON object")
+    if "reply" in raw:
+        return Reply(_text(raw, "reply"), _answer(raw))
+    op = raw.get("op")
+    if op == Released.op:
+        return Released(_text(raw, "call"), Decided.from_json(raw))
+    kind = _WORK_BY_OP.get(op) if isinstance(op, str) else None
+    if kind is None:
+        raise MalformedMessage("no known `op`")
+    return Forwarded(_text(raw, "from"), _text(raw, "id"), kind.from_json(raw))
+
+
+def _answer(raw: dict[str, Any]) -> Answer:
+    for key, kind in _ANSWERS:
+        if key in raw:
+            return kind.from_json(raw)
+    raise MalformedMessage("a reply without an answer")
+
+
+def _text(raw: dict[str, Any], key: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str):
+        raise MalformedMessage(f"`{key}` is not a string")
+    return value
+
+
+def _object(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"`{key}` is not an object")
+    return value
+
+
+def _version(raw: dict[str, Any], key: str) -> ClientVersion:
+    value = raw.get(key)
+    if type(value) is not int or value not in get_args(ClientVersion):
+        raise MalformedMessage(f"`{key}` is not an AI SDK version")
+    return value
+
+
+# How a work field is read, by its annotation (as written: this module postpones annotations).
+_READERS: MappingProxyType[Any, Callable[[dict[str, Any], str], Any]] = MappingProxyType({
+    "str": _text, "dict[str, Any]": _object, "ClientVersion": _version,
+})

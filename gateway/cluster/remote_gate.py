@@ -1,0 +1,200 @@
+"""Gating a plugin call whose chat runs on another replica (docs/scaling.md).
+
+A gated call is opened, shown to the browser and decided on its chat's owner, which records every
+call it opens in the shared state (chat, owner, tool; the verdict once released) before the browser
+can see it, so any replica can tell what became of it.
+
+A plugin request that lands elsewhere is held there: that replica forwards a `Gate` to the owner,
+which answers at once (`Decided`) or says the call waits for a person (`Waiting`) and sends the
+verdict when a person or the deadline decides (`Released`), recording it too. The waiting replica
+takes whichever it sees first, the message or the record, and refuses the call (the tool does not
+run) when the owner dies first, or when nothing comes by the call's deadline and a margin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import orjson
+import structlog
+
+from ..approvals import GatedCall, Verdict
+from ..chats import ChatService
+from ..errors import HttpError
+from ..metrics import GatewayMetrics
+from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
+from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
+from .shared import SharedState, SharedStateDown
+from .tasks import Tasks
+
+__all__ = ["Ask", "RemoteGate"]
+
+log = structlog.get_logger("adk_gateway.cluster")
+
+# Forward work to a replica and wait for its answer (Asker.ask): refusals raise HttpError.
+Ask = Callable[[str, Work], Awaitable[Answer]]
+# How many heartbeat intervals the owner keeps trying to record a verdict through an outage.
+_RECORD_TRIES = 120
+
+
+class RemoteGate:
+    """Both ends of a forwarded gated call: the replica holding the plugin's request, and the owner."""
+
+    def __init__(
+        self, state: SharedState, chats: ChatService, metrics: GatewayMetrics, tasks: Tasks, liveness: Liveness,
+        ask: Ask, *, forward_timeout: float,
+    ) -> None:
+        self._state = state
+        self._chats = chats
+        self.metrics = metrics
+        self._tasks = tasks
+        self._liveness = liveness
+        self._ask = ask
+        self._forward_timeout = forward_timeout
+        # Verdicts of calls waiting on another replica, by approval id.
+        self._verdicts: dict[str, asyncio.Future[Decided]] = {}
+
+    # ---- holding the plugin's request -----------------------------------------------------
+
+    async def ask_owner(self, owner: str, gate: Gate) -> tuple[Verdict, str]:
+        """The verdict `owner`, which runs the chat, gives the call; and its label for the metrics."""
+        self.metrics.forwarded.labels("out").inc()
+        try:
+            answer = await self._ask_through_outages(owner, gate)
+        except SharedStateDown:
+            return Verdict.refuse(
+                "The gateway's shared session store stayed unreachable; the call was not run."
+            ), "sessions_unavailable"
+        except OwnerLost:
+            self.metrics.owner_lost.labels("gated_call").inc()
+            log.warning("gated_call_owner_lost", owner=owner, tool_call_id=gate.tool_call_id)
+            return Verdict.refuse(
+                "The gateway replica running this chat stopped before anyone answered; the call was not run."
+            ), "owner_lost"
+        except HttpError as exc:
+            return Verdict.refuse(f"The gateway could not reach the replica running this chat ({exc.message}); the call was not run."), exc.code
+        if isinstance(answer, Waiting):
+            return await self.await_verdict(answer.call, owner, gate.tool)
+        if not isinstance(answer, Decided):
+            raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a verdict")
+        return answer.verdict, answer.result
+
+    async def _ask_through_outages(self, owner: str, gate: Gate) -> Answer:
+        """Ask the owner, again after a store outage, until the call's deadline and its margin.
+
+        An outage while the request is forwarded leaves it unknown whether the owner got it; asking
+        again is safe (the owner answers the same call for the same tool call id, it never opens
+        a second one), and refusing at once would lose an approval a person may still give.
+        """
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._chats.config.tool_policy(gate.tool).timeout + 2 * self._forward_timeout
+        while True:
+            try:
+                return await self._ask(owner, gate)
+            except SharedStateDown:
+                if loop.time() >= give_up:
+                    raise
+                log.info("gate_forward_retry", owner=owner, tool_call_id=gate.tool_call_id, reason="shared store unreachable")
+                await asyncio.sleep(self._liveness.interval)
+
+    async def await_verdict(self, call_id: str, owner: str, tool: str) -> tuple[Verdict, str]:
+        """The verdict of the call `call_id`, which waits for a person on `owner`: from the owner's
+        message or, should that be lost, from the call's record; refused if the owner dies first."""
+        future = self._verdicts.setdefault(call_id, asyncio.get_running_loop().create_future())
+        # The owner releases the call by its deadline; past that (and a margin), the verdict was
+        # lost with Redis's data: refuse rather than hold the agent forever.
+        timeout = self._chats.config.tool_policy(tool).timeout + 2 * self._forward_timeout
+        try:
+            decided = await self._liveness.wait(
+                future, owner, timeout=timeout, check=lambda: self._recorded(call_id), through_outages=True
+            )
+        except OwnerDied:
+            self.metrics.owner_lost.labels("gated_call").inc()
+            log.warning("gated_call_owner_lost", approval_id=call_id, owner=owner)
+            return Verdict.refuse(
+                "The gateway replica holding this call stopped before anyone answered; the call was not run."
+            ), "owner_lost"
+        except OwnerSilent:
+            log.warning("gated_call_verdict_lost", approval_id=call_id, owner=owner)
+            return Verdict.refuse("The gateway lost this call's answer; the call was not run."), "verdict_lost"
+        finally:
+            self._verdicts.pop(call_id, None)
+        return decided.verdict, decided.result
+
+    def released(self, message: Released) -> None:
+        """A verdict from the owner (the inbox hands it here)."""
+        future = self._verdicts.get(message.call)
+        if future is None:
+            # It overtook the asker, which has not started waiting yet: keep it a while.
+            loop = asyncio.get_running_loop()
+            future = self._verdicts[message.call] = loop.create_future()
+            loop.call_later(60, self._verdicts.pop, message.call, None)
+        if not future.done():
+            future.set_result(message.decided)
+
+    async def _recorded(self, call_id: str) -> Decided | None:
+        record = await self._state.get_call(call_id)
+        if record is None or not record.get("verdict"):
+            return None
+        verdict = Verdict.from_json(orjson.loads(record["verdict"]))
+        return Decided(verdict, "run" if verdict.run else "respond")
+
+    # ---- the owner ------------------------------------------------------------------------
+
+    async def here(self, gate: Gate, on_waiting: Callable[[GatedCall], Awaitable[None]] | None = None) -> tuple[Verdict, str]:
+        """Open, record and announce the call here, and wait for its verdict; `on_waiting` is
+        called once the call waits for a person (not when the answer is immediate)."""
+        opened = self._chats.open_gate(
+            user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id, tool=gate.tool,
+            args=gate.args, announce=False,
+        )
+        if isinstance(opened, Verdict):
+            return opened, "not_gated" if opened.run else (opened.reason or "respond")
+        call = opened
+        ttl = max(call.deadline - self._chats.now(), 0) + 60
+        try:
+            # Recorded before the browser can see it, so any replica can tell what became of it.
+            await self._state.put_call(call.id, {
+                "user": call.user_id, "chat": call.chat_id, "owner": self._state.replica_id, "tool": call.tool,
+            }, ttl=ttl)
+        except SharedStateDown:
+            self._chats.cancel_call(call, "the gateway's shared session store is unreachable")
+        if on_waiting is not None and not call.released:
+            await on_waiting(call)
+        self._chats.announce(call)
+        verdict = await self._chats.wait(call)
+        if on_waiting is not None:
+            # Another replica holds the plugin's request and reads the verdict from the record
+            # if the message is lost: keep trying through a Redis outage.
+            self._tasks.spawn(self._record_verdict(call.id, verdict))
+        return verdict, "run" if verdict.run else "respond"
+
+    async def serve(self, gate: Gate, asked: Forwarded) -> Answer | None:
+        """A Gate forwarded here: the verdict if immediate; else Waiting now, and Released later."""
+        waited: list[str] = []
+
+        async def waiting(call: GatedCall) -> None:
+            # The asker holds the plugin's request: it now waits for the verdict message below.
+            waited.append(call.id)
+            await self._state.send(asked.sender, Reply(asked.request_id, Waiting(call.id)).to_json())
+
+        verdict, result = await self.here(gate, on_waiting=waiting)
+        decided = Decided(verdict, result)
+        if not waited:
+            return decided  # answered at once: the reply carries the verdict
+        with contextlib.suppress(SharedStateDown):
+            await self._state.send(asked.sender, Released(waited[0], decided).to_json())
+        return None
+
+    async def _record_verdict(self, call_id: str, verdict: Verdict) -> None:
+        for _ in range(_RECORD_TRIES):
+            if self._tasks.closed:
+                break
+            try:
+                await self._state.put_call(call_id, {"verdict": orjson.dumps(verdict.as_json()).decode()}, ttl=120)
+                return
+            except SharedStateDown:
+                await asyncio.sleep(self._liveness.interval)
+        log.warning("verdict_not_recorded", approval_id=call_id)
