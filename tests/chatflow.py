@@ -22,7 +22,12 @@ def post(gw: GatewayProcess, chat_id: str, messages: list[dict[str, Any]], **ext
 
 def assistant_from(reply: Reply, decisions: list[bool] | None = None) -> dict[str, Any]:
     """The assistant message a Chat would hold after `reply`, with approvals answered."""
-    chunks = reply.chunks
+    return assistant_message(reply.chunks, decisions)
+
+
+def assistant_message(chunks: list[dict[str, Any]], decisions: list[bool] | None = None) -> dict[str, Any]:
+    """The assistant message a Chat would hold after a response's `chunks`, with its approvals
+    answered by `decisions` in order (the rest left requested)."""
     message_id = chunks[0]["messageId"]
     parts: list[dict[str, Any]] = [{"type": "step-start"}]
     tools: dict[str, dict[str, Any]] = {}

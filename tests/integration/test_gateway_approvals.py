@@ -175,7 +175,7 @@ def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     with adk_server(tmp, extra_plugins=(PLUGIN,), env={"ADK_GATEWAY_URL": dead, "ADK_GATEWAY_SECRET": "x"}) as adk:
         session = "s-" + new_chat()
-        created = request(adk, "POST", f"/apps/demo_agent/users/u1/sessions", {"sessionId": session})
+        created = request(adk, "POST", "/apps/demo_agent/users/u1/sessions", {"sessionId": session})
         assert created.status == 200
         run = request(adk, "POST", "/run_sse", {
             "appName": "demo_agent", "userId": "u1", "sessionId": session, "streaming": True,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.chatflow import assistant_message
 from tests.faults.client import check_stream
 from tests.jsdriver import check_streams
 from tests.procs import Reply
@@ -101,21 +102,8 @@ def said(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 def answer(first: list[dict[str, Any]], approved: bool = True) -> dict[str, Any]:
     """The assistant message a Chat holds after `first` (an approval request), with every approval
     answered: what the browser posts back."""
-    parts: list[dict[str, Any]] = [{"type": "step-start"}]
-    tools: dict[str, dict[str, Any]] = {}
-    for chunk in first:
-        if chunk["type"] == "tool-input-start":
-            tools[chunk["toolCallId"]] = part = {
-                "type": f"tool-{chunk['toolName']}", "toolCallId": chunk["toolCallId"], "state": "input-streaming",
-            }
-            parts.append(part)
-        elif chunk["type"] == "tool-input-available":
-            tools[chunk["toolCallId"]].update(state="input-available", input=chunk["input"])
-        elif chunk["type"] == "tool-approval-request":
-            tools[chunk["toolCallId"]].update(
-                state="approval-responded", approval={"id": chunk["approvalId"], "approved": approved}
-            )
-    return {"id": first[0]["messageId"], "role": "assistant", "parts": parts}
+    requested = sum(1 for chunk in first if chunk["type"] == "tool-approval-request")
+    return assistant_message(first, [approved] * requested)
 
 
 @dataclass

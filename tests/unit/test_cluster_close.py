@@ -30,7 +30,7 @@ from gateway.config import parse_config
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Chat, Registry
 from gateway.upstream import AdkClient
-from tests.procs import RedisServer
+from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.4
@@ -180,14 +180,8 @@ async def test_a_plugin_request_waiting_on_another_replica_ends_when_cancelled_e
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None:
-            os.kill(server.proc.pid, signal.SIGCONT)
-        server.stop()
+    with redis_server(tmp_path) as running:  # stopped with SIGKILL, paused (SIGSTOP) or not
+        yield running
 
 
 def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:

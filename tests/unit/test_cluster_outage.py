@@ -24,7 +24,7 @@ from gateway.cluster.redis import Backoff, RedisState
 from gateway.cluster.shared import SharedStateDown
 from gateway.config import parse_config
 from gateway.state import GATEWAY
-from tests.procs import RedisServer
+from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
 
 HEARTBEAT = 0.1
@@ -44,12 +44,8 @@ def test_backoff_doubles_up_to_its_cap_and_starts_over_after_a_success() -> None
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with redis_server(tmp_path) as running:
+        yield running
 
 
 async def _until(predicate: Any, timeout: float = 5.0) -> None:
