@@ -165,11 +165,6 @@ def shared_state(config: GatewayConfig) -> SharedState:
 
 
 def create_app(config: GatewayConfig) -> web.Application:
-    if config.upstream.mode == "live":
-        # Importing google-adk takes seconds: do it now, not inside the event loop on the first
-        # live session, where it would stall every stream.
-        import google.adk.agents.live_request_queue  # noqa: F401
-
     metrics_ = GatewayMetrics()
     metrics_.know_tools(config.tools)
     registry = Registry(config.limits.max_chats_per_user)

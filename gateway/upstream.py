@@ -20,6 +20,7 @@ import orjson
 from .config import UpstreamConfig
 from .errors import HttpError, Refusal
 from .eventstream import EventStreamDecoder, EventStreamError
+from .live_frames import InvalidLiveFrame, encode_live_frame
 
 __all__ = ["AdkClient", "LiveConnection", "UpstreamError", "WaitSignal", "parse_live_event"]
 
@@ -311,25 +312,21 @@ class LiveConnection:
     """One ADK `/run_live` socket.
 
     ADK stops reading a live socket for good after one frame it cannot validate, and says nothing.
-    So every frame is checked against ADK's own `LiveRequest` model before it is sent, and a frame
-    that would fail is refused here instead.
+    So every frame is checked before it is sent (live_frames.py, the gateway's own model of what
+    ADK's `LiveRequest` accepts), and a frame that would fail is refused here instead.
     """
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._ws = ws
-        from google.adk.agents.live_request_queue import LiveRequest  # ADK's types, not its runtime
-
-        self._validate = LiveRequest.model_validate_json
 
     @property
     def closed(self) -> bool:
         return self._ws.closed
 
     async def send(self, request: dict[str, Any]) -> None:
-        text = orjson.dumps(request).decode()
         try:
-            self._validate(text)
-        except ValueError as exc:
+            text = encode_live_frame(request)
+        except InvalidLiveFrame as exc:
             raise UpstreamError("protocol", f"refusing to send an invalid live frame: {exc}") from None
         try:
             await self._ws.send_str(text)
