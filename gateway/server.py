@@ -44,6 +44,11 @@ STOP_GRACE = 10.0
 # Each step of that rest gets at most this much, so one stuck step leaves time for the others.
 _STEP = 3.0
 _SHUTDOWN_REASON = "The gateway is shutting down; please send your message again."
+# How often the drain looks whether responses are still streaming: short beside any drain_timeout.
+_DRAIN_POLL = 0.05
+# aiohttp's wait for handlers of open connections when a listener is cleaned up (its default is
+# 60 s). The drain has already ended every response, so what is left is idle keep-alives.
+_LISTENER_SHUTDOWN = 5.0
 
 
 async def drain(gateway: Gateway) -> None:
@@ -59,7 +64,7 @@ async def drain(gateway: Gateway) -> None:
     deadline = time.monotonic() + timeout
     log.info("draining", streams=gateway.admission.streams_total, relayed=gateway.cluster.relays_active, timeout_s=timeout)
     while _in_flight(gateway) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(_DRAIN_POLL)
     local, relayed = gateway.admission.streams_total, gateway.cluster.relays_active
     # Ending the runs ends their responses (an error chunk); the relays then write their ends, so
     # a browser reading through another replica gets that one terminal sequence and no more.
@@ -126,10 +131,10 @@ async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
         gateway.metrics.config_last_reload.set(time.time())
     # auto_decompress off: aiohttp would otherwise decode (or refuse in plain text) compressed
     # bodies before the handler runs; the handler answers every Content-Encoding with a JSON 415.
-    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5, auto_decompress=False)]
+    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_LISTENER_SHUTDOWN, auto_decompress=False)]
     sites = [(runners[0], config.listen.host, config.listen.port)]
     if config.internal.secret is not None and config.internal.secret.get_secret_value():
-        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False, shutdown_timeout=5)
+        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False, shutdown_timeout=_LISTENER_SHUTDOWN)
         runners.append(internal)
         sites.append((internal, config.internal.host, config.internal.port))
     stop = asyncio.Event()

@@ -19,6 +19,10 @@ from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
 __all__ = ["MemoryHub", "MemoryState"]
 
 
+# How long an ended relay stays readable: a reader a little behind still finds its end.
+_ENDED_RELAY_KEEP = 60.0
+
+
 @dataclass
 class _ChatRecord:
     user_id: str
@@ -114,7 +118,7 @@ class MemoryState(SharedState):
         relay.changed.set()
         if entry.end is not None:
             # Readers hold their position; the relay is gone once the last one finished reading.
-            asyncio.get_running_loop().call_later(60, self.hub.relays.pop, key, None)
+            asyncio.get_running_loop().call_later(_ENDED_RELAY_KEEP, self.hub.relays.pop, key, None)
 
     async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
         position = int(after or 0)

@@ -44,6 +44,12 @@ log = structlog.get_logger("adk_gateway.cluster")
 
 _RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
 _RELAY_TTL_MS = 300_000
+# Redis on the same network answers in a millisecond: a connect slower than 2 s is a Redis that is
+# down, and a command waiting 5 s is one that hangs (relay reads pass shorter deadlines of their own).
+_CONNECT_TIMEOUT = 2.0
+_COMMAND_TIMEOUT = 5.0
+# The inbox's read wakes this often to notice close() and a broken subscription.
+_INBOX_POLL = 1.0
 
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
@@ -100,7 +106,7 @@ class RedisState(SharedState):
         # reconnecting, and that must not lose a write. No backoff: a Redis that is down answers
         # 503 now. Reads that block (relays) pass their own deadline, well under socket_timeout.
         self._redis = aioredis.Redis.from_url(
-            url, socket_connect_timeout=2, socket_timeout=5, retry=Retry(NoBackoff(), 1), health_check_interval=0
+            url, socket_connect_timeout=_CONNECT_TIMEOUT, socket_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1), health_check_interval=0
         )
         self._epoch: str | None = None
         self._closed = False
@@ -233,7 +239,7 @@ class RedisState(SharedState):
                 if failed:
                     log.info("inbox_reconnected", failed_attempts=failed)
                 while not self._closed:
-                    message = await pubsub.get_message(timeout=1.0)
+                    message = await pubsub.get_message(timeout=_INBOX_POLL)
                     if message is not None and message.get("type") == "message":
                         try:
                             body = orjson.loads(message["data"])

@@ -37,6 +37,12 @@ log = structlog.get_logger("adk_gateway.cluster")
 Ask = Callable[[str, Work], Awaitable[Answer]]
 # How many heartbeat intervals the owner keeps trying to record a verdict through an outage.
 _RECORD_TRIES = 120
+# A verdict that overtook its asker is kept this long for it (the asker starts waiting within
+# forward_timeout; a minute is ample and bounds what an asker that never comes leaves behind).
+_EARLY_VERDICT_KEEP = 60.0
+# How long a call's recorded verdict stays readable after it was written (the asker reads it
+# within a heartbeat or two; the margin covers a Redis outage in between).
+_VERDICT_RECORD_TTL = 120
 
 
 class RemoteGate:
@@ -130,7 +136,7 @@ class RemoteGate:
             # It overtook the asker, which has not started waiting yet: keep it a while.
             loop = asyncio.get_running_loop()
             future = self._verdicts[message.call] = loop.create_future()
-            loop.call_later(60, self._verdicts.pop, message.call, None)
+            loop.call_later(_EARLY_VERDICT_KEEP, self._verdicts.pop, message.call, None)
         if not future.done():
             future.set_result(message.decided)
 
@@ -193,7 +199,7 @@ class RemoteGate:
             if self._tasks.closed:
                 break
             try:
-                await self._state.put_call(call_id, {"verdict": orjson.dumps(verdict.as_json()).decode()}, ttl=120)
+                await self._state.put_call(call_id, {"verdict": orjson.dumps(verdict.as_json()).decode()}, ttl=_VERDICT_RECORD_TTL)
                 return
             except SharedStateDown:
                 await asyncio.sleep(self._liveness.interval)
