@@ -18,6 +18,18 @@ run: $(STAMP) $(DEMO_BUNDLE)
 run-live: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo --upstream-mode live
 
+# The same demo with the agent on another google-adk release: `make run-adk ADK=1.22.1`. The agent
+# runs the stock `adk api_server` of its own venv, .venv-adk-$(ADK), holding google-adk==$(ADK) and
+# the plugin installed there as docs/approvals.md tells an operator (`pip install ./plugin`, which
+# must change no installed version: gateway/demo/adk_venv.py checks it). The gateway in front is
+# this checkout's. The first run for a version builds that venv (about a minute); PORT as for `run`.
+ADK ?=
+.PHONY: run-adk
+run-adk: $(STAMP) $(DEMO_BUNDLE)
+	@test -n "$(ADK)" || { echo "usage: make run-adk ADK=<google-adk release>, e.g. ADK=1.22.1" >&2; exit 2; }
+	$(PY) -m gateway.demo.adk_venv $(ADK)
+	$(VENV)/bin/adk-gateway demo --agent-venv .venv-adk-$(ADK)
+
 test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -42,10 +54,12 @@ bench: $(STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The ADK plugin is its own distribution (plugin/, adk-gateway-plugin): installed here for the demo
+# agent, the tests and the gateway.agent_plugin alias. The daemon's pyproject does not depend on it.
+$(STAMP): pyproject.toml plugin/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e ./plugin -e '.[test]'
 	touch $@
 
 js: $(JS_STAMP)

@@ -26,8 +26,8 @@ APPROVAL_ID_PREFIX = "gw-"
 # ADK's `{"error": ...}`; its value says why. Without it a refusal looks like a tool that ran and
 # failed, and the converter would count a gated call the plugin refused before the gateway could
 # announce it as a bypass. ADK passes a before_tool_callback's dict through as the function
-# response unchanged. gateway/agent_plugin.py keeps its own copy (it is installed without the
-# gateway's modules); tests/unit/test_agent_plugin.py checks that the two agree.
+# response unchanged. The plugin (plugin/adk_gateway_plugin) keeps its own copy (it is installed
+# without the gateway's modules); tests/unit/test_agent_plugin.py checks that the two agree.
 REFUSAL_KEY = "adk_gateway_refusal"
 
 

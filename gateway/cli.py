@@ -34,7 +34,9 @@ from .logs import configure_logging
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
-PLUGIN = "gateway.agent_plugin.GatewayPlugin"
+# The plugin's own distribution (plugin/, adk-gateway-plugin); gateway.agent_plugin.GatewayPlugin
+# is an alias of it for agents set up before it had one.
+PLUGIN = "adk_gateway_plugin.GatewayPlugin"
 DEFAULT_CONFIG = Path("config/gateway.yaml")
 # The reference config of a source checkout, so `adk-gateway demo` works from any directory.
 CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "gateway.yaml"
@@ -99,12 +101,15 @@ def _die_with_parent() -> None:
 
 @contextlib.contextmanager
 def demo_agent(
-    port: int, *, env: dict[str, str] | None = None, extra_plugins: tuple[str, ...] = (), log_level: str = "WARNING"
+    port: int, *, env: dict[str, str] | None = None, extra_plugins: tuple[str, ...] = (), log_level: str = "WARNING",
+    adk: Path | None = None,
 ) -> Iterator[str]:
-    """Run the demo agent's ADK API server; yields its base URL once it answers."""
+    """Run the demo agent's ADK API server; yields its base URL once it answers.
+
+    `adk`: another environment's ``adk`` command (default: this environment's ADK)."""
     from .demo import api_server_command
 
-    argv = api_server_command(port, extra_plugins=extra_plugins, log_level=log_level)
+    argv = api_server_command(port, extra_plugins=extra_plugins, log_level=log_level, adk=adk)
     child = subprocess.Popen(
         argv, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if sys.platform == "linux" else None
     )
@@ -140,7 +145,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_adk(venv: Path | None) -> Path | None:
+    """The `adk` command of --agent-venv, checked before anything starts."""
+    if venv is None:
+        return None
+    adk = venv / "bin" / "adk"
+    if not adk.exists():
+        raise ConfigError([
+            f"--agent-venv {venv}: no {adk} (make one with `python -m gateway.demo.adk_venv VERSION`, "
+            "or `make run-adk ADK=VERSION`)"
+        ])
+    return adk.absolute()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    adk = _agent_adk(args.agent_venv)
     # The plugin in the agent process and the gateway share this secret; a fresh one per demo run
     # unless the operator set one.
     os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
@@ -153,12 +172,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     config = config.model_copy(update={"internal": internal, "demo": config.demo.model_copy(update={"page": True})})
     port = _free_port()
-    print(f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin) on 127.0.0.1:{port} ...", file=sys.stderr)
+    where = f", from {args.agent_venv}" if adk is not None else ""
+    print(
+        f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin{where}) on 127.0.0.1:{port} ...",
+        file=sys.stderr,
+    )
     plugin_env = {
         "ADK_GATEWAY_URL": f"http://{internal.host}:{internal.port}",
         "ADK_GATEWAY_SECRET": os.environ["ADK_GATEWAY_SECRET"],
     }
-    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,)) as upstream:
+    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,), adk=adk) as upstream:
         config = _with_overrides(config, args, upstream=upstream)
         print(
             f"adk-gateway demo: ready on http://{config.listen.host}:{config.listen.port} "
@@ -189,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
             "--upstream-mode", choices=("sse", "live"),
             help="talk to the agent over /run_sse (a run per turn) or /run_live (a session per chat)",
         )
+        if name == "demo":
+            p.add_argument(
+                "--agent-venv", type=Path, metavar="DIR",
+                help="run the demo agent with DIR/bin/adk (a venv holding google-adk and adk-gateway-plugin, "
+                "e.g. from `python -m gateway.demo.adk_venv 1.22.1`) instead of this environment's ADK",
+            )
         p.set_defaults(func=_cmd_serve if name == "serve" else _cmd_demo)
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path", type=Path)

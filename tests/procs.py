@@ -77,11 +77,13 @@ class AdkServer:
 
     def __init__(
         self, tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None,
-        port: int | None = None,
+        port: int | None = None, adk: Path | None = None,
     ) -> None:
         self.tmp = tmp
         self.extra_plugins = extra_plugins
         self.env = env
+        # Another venv's `adk` command (an older ADK, gateway.demo.adk_venv); default: this venv's.
+        self.adk = adk
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"adk-{self.port}.log"
@@ -91,7 +93,7 @@ class AdkServer:
         # Appended: a restart keeps the crashed process's lines for the failure message.
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                api_server_command(self.port, extra_plugins=self.extra_plugins), stdout=out,
+                api_server_command(self.port, extra_plugins=self.extra_plugins, adk=self.adk), stdout=out,
                 stderr=subprocess.STDOUT, env=_child_env(self.env), cwd=self.tmp,
             )
         wait_http(f"{self.base}/list-apps", timeout=90, proc=self.proc, log=self.log)
@@ -112,8 +114,9 @@ class AdkServer:
 @contextmanager
 def adk_server(
     tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None, port: int | None = None,
+    adk: Path | None = None,
 ) -> Iterator[str]:
-    server = AdkServer(tmp, extra_plugins=extra_plugins, env=env, port=port)
+    server = AdkServer(tmp, extra_plugins=extra_plugins, env=env, port=port, adk=adk)
     try:
         server.start()
         yield server.base
@@ -203,8 +206,11 @@ class PluginStack:
 def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
+    adk: Path | None = None, plugin: str = PLUGIN,
 ) -> Iterator[PluginStack]:
-    """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy."""
+    """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
+
+    `adk`, `plugin`: another venv's `adk` command, and the plugin path it loads (see AdkServer)."""
     internal_port = internal_port or free_port()
     secret = "test-secret-" + os.urandom(6).hex()
     internal = f"http://127.0.0.1:{internal_port}"
@@ -213,10 +219,10 @@ def plugin_stack(
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
-    with adk_server(tmp, extra_plugins=(PLUGIN,), env=env) as adk, gateway_process(
-        tmp, adk, config, upstream_mode=upstream_mode
+    with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, gateway_process(
+        tmp, adk_base, config, upstream_mode=upstream_mode
     ) as gw:
-        yield PluginStack(gw, adk, internal, secret, gw.config_path)
+        yield PluginStack(gw, adk_base, internal, secret, gw.config_path)
 
 
 # ---- a tiny synchronous HTTP client for the tests --------------------------------------------

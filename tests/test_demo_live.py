@@ -344,6 +344,22 @@ async def test_close_ends_a_waiting_receive_without_yielding() -> None:
     assert [r async for r in connection.receive()] == []
 
 
+async def test_a_second_receive_after_close_waits_to_be_cancelled() -> None:
+    # ADK 1.x's receive loop calls receive() again after an empty call, forever (a spinning core);
+    # its API server cancels the run when the client's socket closes. ADK 2.x stops at the first
+    # empty call and never makes this one.
+    connection = ScriptedLiveConnection()
+    await connection.close()
+    assert [r async for r in connection.receive()] == []
+
+    second = asyncio.ensure_future(anext(connection.receive()))
+    done, _ = await asyncio.wait({second}, timeout=0.2)
+    assert not done
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+
+
 async def test_close_cuts_a_slow_turn_short() -> None:
     async with live(chunk_delay=30) as (connection, reader):
         await connection.send_content(user("hello there"))

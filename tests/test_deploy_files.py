@@ -551,6 +551,8 @@ def test_copy_sources_exist_in_the_context_and_are_not_dockerignored(stages: lis
                 for file in path.rglob("*"):
                     if not file.is_file() or "__pycache__" in file.parts or file.suffix == ".pyc":
                         continue
+                    if any(part.endswith(".egg-info") for part in file.parts):
+                        continue  # an editable install's metadata (plugin/, `make`), git-ignored
                     inner = file.relative_to(ROOT).as_posix()
                     line = excluded_by(inner, rules)
                     assert line is None, (
@@ -948,7 +950,9 @@ def test_plugin_reaches_the_gateway_internal_listener(compose, final, gateway_se
 
 
 def test_agent_env_vars_are_read_by_the_agent_process(agent_service: dict[str, Any]) -> None:
-    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "gateway").rglob("*.py"))
+    # The agent process runs the demo agent (gateway/demo) and the plugin (plugin/, its own distribution).
+    files = [*(ROOT / "gateway").rglob("*.py"), *(ROOT / "plugin").rglob("*.py")]
+    source = "\n".join(p.read_text(encoding="utf-8") for p in files)
     for name in service_env(agent_service):
         read = re.search(rf"environ(?:\.get\(|\.setdefault\(|\[)\s*[\"']{re.escape(name)}[\"']", source)
-        assert read, f"compose.yaml: the agent is given {name}, but nothing in gateway/ reads it from the environment"
+        assert read, f"compose.yaml: the agent is given {name}, but nothing in gateway/ or plugin/ reads it from the environment"

@@ -626,7 +626,12 @@ def _internal_paths() -> tuple[set[str], set[str]]:
     from gateway.internal import create_internal_app
 
     routes = {r.resource.canonical for r in create_internal_app(create_app(GatewayConfig())).router.routes()}
-    plugin_source = (ROOT / "gateway" / "agent_plugin.py").read_text(encoding="utf-8")
+    import inspect
+
+    from adk_gateway_plugin import GatewayPlugin
+
+    # The plugin's own distribution (plugin/); gateway/agent_plugin.py only re-exports it.
+    plugin_source = Path(inspect.getsourcefile(GatewayPlugin) or "").read_text(encoding="utf-8")
     used = set(re.findall(r"/internal/v\d+/[a-z-]+", plugin_source))
     return routes, used
 

@@ -25,6 +25,7 @@ def api_server_command(
     host: str = "127.0.0.1",
     extra_plugins: Sequence[str] = (),
     log_level: str = "WARNING",
+    adk: str | Path | None = None,
 ) -> list[str]:
     """The argv that starts the stock ADK API server on `AGENTS_DIR`.
 
@@ -37,10 +38,16 @@ def api_server_command(
     The argv runs ADK's own click CLI through a small launcher so that the
     ``gateway`` package (the demo model, and any gateway plugin) is importable
     whatever the child's working directory is.
+
+    `adk` runs another environment's ``adk`` command instead (e.g. the
+    ``bin/adk`` of a venv made by `gateway.demo.adk_venv` on an older ADK):
+    the stock command, as an operator runs it. The demo agent then imports its
+    own modules from this checkout (see agents/demo_agent/agent.py); they
+    need google-adk only, never the gateway daemon's dependencies.
     """
+    launcher = [str(adk)] if adk is not None else [sys.executable, str(_LAUNCHER)]
     argv = [
-        sys.executable,
-        str(_LAUNCHER),
+        *launcher,
         "api_server",
         "--host",
         host,

@@ -26,9 +26,13 @@ Turn shapes follow ADK 2.13's Gemini live connection (`GeminiLlmConnection.recei
 - ``trigger error``: a response with ``error_code``, then ``turn_complete``;
   ``crash`` makes ``receive()`` raise, which ends ADK's whole live run.
 
-ADK calls ``receive()`` again each time it returns after yielding something, and
-stops when a call yields nothing; so ``receive()`` streams until `close`, then
-returns promptly without yielding.
+ADK 2.x calls ``receive()`` again each time it returns after yielding something,
+and stops when a call yields nothing; so ``receive()`` streams until `close`, then
+returns promptly without yielding. ADK 1.x (1.22 to 1.39) calls ``receive()`` in
+an endless loop: an empty call only spins it (a core at 100 %), and an exception
+ends the whole run with an error (1.39) or makes it reconnect (1.22). Its API
+server cancels the run when the client's socket closes. So a second call that
+starts after `close` (ADK 2.x never makes one) waits for that cancellation.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ import re
 import struct
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
-from google.adk.models.base_llm_connection import BaseLlmConnection, RealtimeInput
+from google.adk.models.base_llm_connection import BaseLlmConnection
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
@@ -56,6 +61,11 @@ from gateway.demo.model import (
     reply_to,
     summarize_results,
 )
+
+if TYPE_CHECKING:
+    # ADK 2.x names what `send_realtime` receives; ADK 1.x has no such alias (it passes a Blob,
+    # or an activity marker), and the demo must import on every supported ADK.
+    from google.adk.models.base_llm_connection import RealtimeInput
 
 __all__ = [
     "AUDIO_PAUSE",
@@ -119,6 +129,8 @@ class ScriptedLiveConnection(BaseLlmConnection):
         # None, queued by close(), wakes a receive() that waits for the next turn.
         self._turns: asyncio.Queue[_Turn | None] = asyncio.Queue()
         self._closed = False
+        # receive() calls that started after close(): the second one waits (module docstring).
+        self._calls_after_close = 0
         # Set by close(): ends a receive() that is pacing chunks at once.
         self._closing = asyncio.Event()
         # Rounds of function calls still unanswered, oldest first, and the responses
@@ -192,6 +204,12 @@ class ScriptedLiveConnection(BaseLlmConnection):
             self._flush_audio()
 
     async def receive(self) -> AsyncGenerator[LlmResponse, None]:
+        if self._closed:
+            self._calls_after_close += 1
+            if self._calls_after_close > 1:
+                # Only ADK 1.x's loop gets here: park until its server cancels the run.
+                await asyncio.get_running_loop().create_future()
+            return
         while not self._closed:
             turn = await self._turns.get()
             if turn is None:

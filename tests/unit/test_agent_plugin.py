@@ -174,3 +174,142 @@ async def test_a_bug_in_the_plugin_is_a_marked_refusal(gateway: tuple[FakeGatewa
     response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=context())
     assert response[REFUSAL_KEY] == "plugin_failed" and "not run" in response["error"]
     await plugin.close()
+
+
+# ---- ADK version differences (the plugin's docstring; tests/integration/test_adk_versions.py runs
+# the plugin inside real ADKs of both sides) -------------------------------------------------------
+
+
+def operator_callback(**_: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize("existing", [None, operator_callback, [operator_callback]])
+async def test_the_backstop_goes_first_among_the_agents_callbacks_once(gateway: tuple[FakeGateway, str], existing: Any) -> None:
+    _, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    agent = SimpleNamespace(name="a", tools=[], before_tool_callback=existing)
+    for _ in range(3):  # every invocation runs before_agent_callback again
+        await plugin.before_agent_callback(agent=agent, callback_context=None)
+    kept = [] if existing is None else [operator_callback]
+    assert agent.before_tool_callback == [plugin._backstop, *kept]
+    await plugin.close()
+
+
+async def test_the_backstop_is_per_plugin_and_skips_agents_without_tool_callbacks(gateway: tuple[FakeGateway, str]) -> None:
+    _, url = gateway
+    first, second = GatewayPlugin(url=url, secret="s3cret"), GatewayPlugin(url=url, secret="s3cret")
+    agent, workflow = SimpleNamespace(name="a", tools=[], before_tool_callback=None), SimpleNamespace(name="w")
+    for plugin in (first, second):
+        await plugin.before_agent_callback(agent=agent, callback_context=None)
+        await plugin.before_agent_callback(agent=workflow, callback_context=None)
+    assert agent.before_tool_callback == [second._backstop, first._backstop]
+    assert not hasattr(workflow, "before_tool_callback")
+    await first.close()
+    await second.close()
+
+
+@pytest.mark.parametrize("verdict", [{"verdict": "run"}, {"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}])
+async def test_a_call_seen_by_the_plugin_hook_is_not_asked_again_by_the_backstop(
+    gateway: tuple[FakeGateway, str], verdict: dict
+) -> None:
+    # ADK 1.22's SSE path and every 2.x path: the plugin hook, then (when it returned None) the
+    # agent's callbacks, the backstop first among them.
+    fake, url = gateway
+    fake.verdict = verdict
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = context()
+    first = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx)
+    assert await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=ctx) is None
+    assert len(fake.asked) == 1
+    assert first == verdict.get("response")
+    await plugin.close()
+
+
+@pytest.mark.parametrize(("verdict", "expected"), [
+    ({"verdict": "run"}, None),
+    ({"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}, {"error": "no", REFUSAL_KEY: "denied"}),
+])
+async def test_the_backstop_gates_a_call_the_plugin_hook_never_saw(
+    gateway: tuple[FakeGateway, str], verdict: dict, expected: Any
+) -> None:
+    # ADK 1.22's live path: only the agent's callbacks run, with `args=` rather than `tool_args=`.
+    fake, url = gateway
+    fake.verdict = verdict
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = context()
+    assert await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=ctx) == expected
+    assert [a["args"] for a in fake.asked] == [{"amount": 5}]
+    if expected is None:
+        assert ctx.tool_confirmation.confirmed is True
+    # Ungated tools pass without asking, through the backstop too.
+    assert await plugin._backstop(tool=FunctionTool(weather), args={"city": "x"}, tool_context=context()) is None
+    assert len(fake.asked) == 1
+    await plugin.close()
+
+
+async def test_only_the_backstop_defers_to_the_mark(gateway: tuple[FakeGateway, str]) -> None:
+    # The plugin hook asks whenever ADK calls it, as it always did (a re-run of a tool on the same
+    # context must not slip through on the mark); the backstop asks only about unmarked calls.
+    fake, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = context()
+    for _ in range(2):
+        await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx)
+    assert len(fake.asked) == 2
+    unmarked = context()
+    for _ in range(2):
+        await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=unmarked)
+    assert len(fake.asked) == 4
+    await plugin.close()
+
+
+class ToolWithoutBehavior(FunctionTool):
+    """A tool as ADK 1.x builds it: no `behavior` attribute (it came with ADK 2.0)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "behavior":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+async def test_non_blocking_on_an_adk_without_tool_behavior_leaves_the_tool_alone_and_says_so_once(
+    gateway: tuple[FakeGateway, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    tool = ToolWithoutBehavior(pay)
+    agent = SimpleNamespace(name="a", tools=[tool], before_tool_callback=None)
+    with caplog.at_level("WARNING", logger="adk_gateway.plugin"):
+        await plugin.before_agent_callback(agent=agent, callback_context=None)
+        await plugin.before_agent_callback(agent=agent, callback_context=None)
+    assert not hasattr(tool, "behavior")
+    warned = [r for r in caplog.records if "non_blocking" in r.getMessage()]
+    assert len(warned) == 1 and "stays blocking" in warned[0].getMessage()
+    await plugin.close()
+
+
+def test_the_plugin_builds_confirmations_without_adk_1x_experimental_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import adk_gateway_plugin
+
+    class Warning1x:  # ADK 1.x's ToolConfirmation warns on every instance
+        def __init__(self, **kwargs: Any) -> None:
+            warnings.warn("[EXPERIMENTAL] ToolConfirmation: This feature is experimental", UserWarning, stacklevel=2)
+            self.confirmed = kwargs["confirmed"]
+
+    monkeypatch.setattr(adk_gateway_plugin, "ToolConfirmation", Warning1x)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert adk_gateway_plugin._confirmed().confirmed is True
+    assert seen == []
+
+
+def test_the_old_import_path_is_the_plugin_itself() -> None:
+    import adk_gateway_plugin
+
+    from gateway import agent_plugin
+
+    assert agent_plugin.GatewayPlugin is adk_gateway_plugin.GatewayPlugin
+    assert agent_plugin.REFUSAL_KEY == adk_gateway_plugin.REFUSAL_KEY

@@ -23,7 +23,11 @@ try:
 except ImportError:
     # The loader imports us by file location, not as part of the gateway package:
     # when the server was not started through gateway.demo.api_server_command
-    # (e.g. a bare `adk api_server gateway/demo/agents`), make the checkout importable.
+    # (e.g. a bare `adk api_server gateway/demo/agents`, or another venv's `adk`
+    # on an older ADK, as `make run-adk` does), make the checkout importable.
+    # What this agent imports from it (gateway/__init__.py, gateway/demo/*) needs
+    # google-adk alone: the agent runs where the daemon is not installed
+    # (tests/integration/test_adk_versions.py checks it in such a venv).
     sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from google.adk.agents import LlmAgent

@@ -1,0 +1,291 @@
+"""The ADK plugin that lets adk-gateway gate tool calls, installed in the agent's process.
+
+Add it to a stock ADK API server without touching agent code:
+
+    pip install ./plugin        # from a checkout of adk-gateway, in the agent's environment
+    ADK_GATEWAY_URL=http://127.0.0.1:8081 ADK_GATEWAY_SECRET=... \\
+        adk api_server --extra_plugins adk_gateway_plugin.GatewayPlugin AGENTS_DIR
+
+Before each tool call, `before_tool_callback` checks the gateway's tool policy (fetched once and
+refreshed, so ungated tools cost no round trip). For a gated call it asks the gateway's internal
+listener and waits for the verdict: run the tool, or answer the call with a response instead (a
+denial, a timeout, or the output the browser produced). This works for `/run_sse` and `/run_live`
+alike, which ADK's own confirmation does not.
+
+It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
+error saying why and the tool does not run. It never raises, because a plugin exception aborts the
+whole run. Each such refusal carries `REFUSAL_KEY` next to its `error`, naming why, so that the
+gateway never counts it as a gated tool that ran without asking.
+
+Supported: google-adk 1.22 to the newest 2.x. Where those versions differ, the plugin adapts (each
+difference is a test in tests/unit/test_agent_plugin.py, run on both sides):
+
+- Older ADK 1.x runs no plugin `before_tool_callback` on the live path: `/run_live` calls only the
+  agent's own callbacks (1.22.1 and at least up to 1.26, google/adk-python#4704; 1.39.1 and 2.x
+  run the plugins there too). A gated tool would run unasked. So the plugin also puts a backstop
+  first in each agent's `before_tool_callback` list, from its `before_agent_callback` (which every
+  version runs, live or not). The backstop gates only a call the plugin hook did not see (the hook
+  marks the call's tool context), so no call is asked about twice.
+- `non_blocking` in the policy sets the tool's `behavior` to NON_BLOCKING, an ADK 2.x attribute
+  read by its live flow. ADK 1.x tools have no such attribute: there the tool stays blocking, and
+  the plugin says so once per tool.
+- ADK 1.x warns that `ToolConfirmation` is experimental each time one is built; the plugin builds
+  one per approved call, so it silences that warning there.
+
+Environment: ADK_GATEWAY_URL (default http://127.0.0.1:8081), ADK_GATEWAY_SECRET (required),
+ADK_GATEWAY_CONNECT_TIMEOUT (seconds, default 5), ADK_GATEWAY_MAX_WAIT (seconds a call may wait,
+default 3600; the gateway's own deadlines normally end the wait much sooner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.tools.base_tool import BaseTool
+from google.adk.tools.tool_confirmation import ToolConfirmation
+from google.genai import types
+
+if TYPE_CHECKING:
+    # Only for annotations: ADK 2.x made ToolContext an alias of its Context class.
+    from google.adk.agents.callback_context import CallbackContext
+    from google.adk.tools.tool_context import ToolContext
+
+__all__ = ["REFUSAL_KEY", "GatewayPlugin", "__version__"]
+
+__version__ = "0.1.0"
+
+# gateway.approvals.REFUSAL_KEY: the gateway recognises this plugin's refusals by it.
+REFUSAL_KEY = "adk_gateway_refusal"
+
+logger = logging.getLogger("adk_gateway.plugin")
+
+_DEFAULT_URL = "http://127.0.0.1:8081"
+# Set on a call's tool context by the plugin hook; the agent-level backstop leaves such a call alone.
+_SEEN = "_adk_gateway_seen"
+
+
+def _refuse(text: str, code: str) -> dict[str, Any]:
+    # ADK's convention for a call that did not run, marked so that the gateway can tell this
+    # refusal from a gated tool that ran without asking (docs/approvals.md, "Refusals").
+    return {"error": text, REFUSAL_KEY: code}
+
+
+def _confirmed() -> ToolConfirmation:
+    with warnings.catch_warnings():
+        # ADK 1.x: "[EXPERIMENTAL] ToolConfirmation ..." on every instance built.
+        warnings.filterwarnings("ignore", message=r".*EXPERIMENTAL.*", category=UserWarning)
+        return ToolConfirmation(confirmed=True)
+
+
+class GatewayPlugin(BasePlugin):
+    def __init__(
+        self,
+        name: str = "adk_gateway",
+        *,
+        url: str | None = None,
+        secret: str | None = None,
+        connect_timeout: float | None = None,
+        max_wait: float | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self._url = (url or os.environ.get("ADK_GATEWAY_URL") or _DEFAULT_URL).rstrip("/")
+        self._secret = secret if secret is not None else os.environ.get("ADK_GATEWAY_SECRET", "")
+        self._connect_timeout = connect_timeout or float(os.environ.get("ADK_GATEWAY_CONNECT_TIMEOUT", "5"))
+        self._max_wait = max_wait or float(os.environ.get("ADK_GATEWAY_MAX_WAIT", "3600"))
+        self._policy: dict[str, dict[str, Any]] | None = None
+        self._policy_expires = 0.0
+        self._policy_lock: asyncio.Lock | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._no_behavior_warned: set[str] = set()
+        if not self._secret:
+            logger.error("ADK_GATEWAY_SECRET is not set: the policy cannot be read, so every tool call will be refused")
+
+    # ---- ADK hooks -------------------------------------------------------------------------
+
+    async def before_agent_callback(self, *, agent: Any, callback_context: CallbackContext) -> None:
+        """Make sure every tool call of `agent` is gated, and apply `non_blocking` from the policy."""
+        try:
+            self._install_backstop(agent)
+        except Exception:  # never abort a run over this: where plugin hooks run, they still gate
+            logger.exception("could not add the gateway's backstop to agent %s", getattr(agent, "name", "?"))
+        try:
+            for tool in getattr(agent, "tools", None) or []:
+                if not isinstance(tool, BaseTool):
+                    continue
+                entry = await self._tool_policy(tool.name)
+                if entry and entry.get("non_blocking"):
+                    self._declare_non_blocking(tool)
+        except Exception:  # never abort a run over a declaration detail
+            logger.exception("could not apply the gateway's non_blocking policy")
+
+    async def before_tool_callback(
+        self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
+    ) -> dict[str, Any] | None:
+        # Always asked here (as before there was a backstop): only the backstop looks at the mark.
+        # Unmarkable, the call would be asked about twice, never let through.
+        with contextlib.suppress(Exception):
+            setattr(tool_context, _SEEN, True)
+        return await self._gate(tool, tool_args, tool_context)
+
+    async def _backstop(self, *, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any] | None:
+        """The agent-level callback: gates a call that the plugin hook above never saw.
+
+        ADK 1.22's live path runs only the agent's callbacks (with these keyword names), never a
+        plugin's `before_tool_callback`; everywhere else the plugin hook ran first and this passes.
+        """
+        if getattr(tool_context, _SEEN, False):
+            return None
+        return await self._gate(tool, args, tool_context)
+
+    # ---- the decision ----------------------------------------------------------------------
+
+    async def _gate(self, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any] | None:
+        try:
+            policy = await self._tool_policy(tool.name)
+            if policy is None:
+                return _refuse(
+                    "The approval gateway's tool policy is unavailable (gateway unreachable or refusing this plugin), "
+                    "so this call cannot be checked; it was not run.",
+                    "policy_unavailable",
+                )
+            if not policy.get("gated"):
+                return None
+            verdict = await self._ask(tool.name, tool_args, tool_context)
+        except Exception:  # an exception here would abort the user's whole run
+            logger.exception("gateway plugin failed; refusing the call")
+            return _refuse("The approval gateway failed while checking this call; it was not run.", "plugin_failed")
+        if verdict.get("verdict") == "run":
+            # A tool that also declares require_confirmation must not pause a second time.
+            tool_context.tool_confirmation = _confirmed()
+            return None
+        response = verdict.get("response")
+        if verdict.get("verdict") == "respond" and isinstance(response, dict):
+            return response
+        return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
+
+    # ---- version differences ---------------------------------------------------------------
+
+    def _install_backstop(self, agent: Any) -> None:
+        """Puts `_backstop` first among `agent`'s own before-tool callbacks, once."""
+        if not hasattr(agent, "before_tool_callback"):
+            return  # not an LlmAgent: it calls no tools itself
+        current = agent.before_tool_callback
+        callbacks = list(current) if isinstance(current, list) else ([] if current is None else [current])
+        if any(getattr(cb, "__self__", None) is self and getattr(cb, "__func__", None) is GatewayPlugin._backstop
+               for cb in callbacks):
+            return
+        # First, as plugins come before the agent's callbacks: an operator's callback that has
+        # side effects must not run for a call the gateway then refuses.
+        agent.before_tool_callback = [self._backstop, *callbacks]
+
+    def _declare_non_blocking(self, tool: BaseTool) -> None:
+        if not hasattr(tool, "behavior"):
+            # ADK 1.x: tools have no `behavior`; its live flow runs every tool blocking.
+            if tool.name not in self._no_behavior_warned:
+                self._no_behavior_warned.add(tool.name)
+                logger.warning(
+                    "the gateway's policy declares %s non_blocking, which this ADK does not support "
+                    "(tools have no `behavior` before ADK 2.0): it stays blocking in live mode", tool.name,
+                )
+            return
+        if tool.behavior is not types.Behavior.NON_BLOCKING:
+            tool.behavior = types.Behavior.NON_BLOCKING
+            logger.info("tool %s declared NON_BLOCKING by the gateway's policy", tool.name)
+
+    # ---- gateway calls ---------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None or self._http.is_closed:
+            self._http = httpx.AsyncClient(
+                headers={"Authorization": f"Bearer {self._secret}"},
+                # Each gated call waits on its own connection (a long request): no pool cap, or
+                # the 101st waiting call would queue behind the others. The overall bounds are
+                # asyncio's (below); httpx bounds only the connect.
+                timeout=httpx.Timeout(None, connect=self._connect_timeout),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
+                # The gateway is reached directly, never through the HTTP(S)_PROXY an agent's
+                # environment may set for its model's API.
+                trust_env=False,
+            )
+        return self._http
+
+    async def _tool_policy(self, tool: str) -> dict[str, Any] | None:
+        """This tool's policy entry ({} when ungated), or None when no policy was ever fetched."""
+        if self._policy is None or time.monotonic() >= self._policy_expires:
+            if self._policy_lock is None:
+                self._policy_lock = asyncio.Lock()
+            async with self._policy_lock:
+                if self._policy is None or time.monotonic() >= self._policy_expires:
+                    await self._refresh_policy()
+        if self._policy is None:
+            return None
+        return self._policy.get(tool) or self._policy.get("default") or {}
+
+    async def _refresh_policy(self) -> None:
+        try:
+            resp = await asyncio.wait_for(
+                self._client().get(f"{self._url}/internal/v1/policy"), timeout=self._connect_timeout + 5
+            )
+            if resp.status_code != 200:
+                raise ValueError(f"HTTP {resp.status_code}")
+            body = resp.json()
+            tools = body["tools"]
+            if not isinstance(tools, dict):
+                raise ValueError("tools is not an object")
+            self._policy = tools
+            self._policy_expires = time.monotonic() + float(body.get("refresh", 30))
+        except Exception as exc:  # noqa: BLE001
+            # A stale policy is still the best routing information; retry soon.
+            logger.warning("could not fetch the gateway's tool policy: %s", exc or type(exc).__name__)
+            self._policy_expires = time.monotonic() + 2.0
+
+    async def _ask(self, tool: str, args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any]:
+        payload = {
+            "app_name": tool_context.session.app_name,
+            "user_id": tool_context.user_id,
+            "session_id": tool_context.session.id,
+            "invocation_id": tool_context.invocation_id,
+            "function_call_id": tool_context.function_call_id,
+            "tool": tool,
+            "args": args,
+        }
+        try:
+            resp = await asyncio.wait_for(
+                self._client().post(f"{self._url}/internal/v1/tool-calls", json=payload), timeout=self._max_wait
+            )
+        except httpx.HTTPError as exc:
+            # Could not connect (a connect timeout too), or the connection closed while waiting.
+            logger.warning("gateway unreachable while deciding %s: %r", tool, exc)
+            return {"verdict": "respond", "response": _refuse(
+                "The approval gateway went away before anyone decided; the call was not run.", "gateway_unreachable",
+            )}
+        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin TimeoutError before Python 3.11 (ADK 1.x runs on 3.10)
+            logger.warning("no decision on %s within ADK_GATEWAY_MAX_WAIT (%s s)", tool, self._max_wait)
+            return {"verdict": "respond", "response": _refuse(
+                f"Nobody decided within the plugin's longest wait (ADK_GATEWAY_MAX_WAIT, {self._max_wait:g} s); "
+                "the call was not run.",
+                "max_wait",
+            )}
+        if resp.status_code != 200:
+            logger.warning("gateway refused the decision request: HTTP %s", resp.status_code)
+            return {"verdict": "respond", "response": _refuse(
+                f"The approval gateway refused to decide (HTTP {resp.status_code}); the call was not run.",
+                "gateway_refused",
+            )}
+        try:
+            verdict = resp.json()
+        except ValueError:
+            return {}  # not JSON: answered as unexpected
+        return verdict if isinstance(verdict, dict) else {}
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
