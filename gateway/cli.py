@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import os
 import secrets
 import signal
@@ -148,6 +149,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _agent_adk(venv: Path | None) -> Path | None:
     """The `adk` command of --agent-venv, checked before anything starts."""
     if venv is None:
+        missing = [name for name in ("google.adk", "adk_gateway_plugin") if not _importable(name)]
+        if missing:
+            raise ConfigError([
+                f"adk-gateway demo runs the demo agent here, which needs {' and '.join(missing)}: "
+                "pip install './plugin' 'adk-gateway[demo]' (make run does), or give --agent-venv"
+            ])
         return None
     adk = venv / "bin" / "adk"
     if not adk.exists():
@@ -156,6 +163,13 @@ def _agent_adk(venv: Path | None) -> Path | None:
             "or `make run-adk ADK=VERSION`)"
         ])
     return adk.absolute()
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package (google) is missing
+        return False
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -518,10 +518,24 @@ def test_venv_copied_between_stages_comes_from_the_same_base(stages: list[Stage]
         source = stage_named(stages, copy.from_stage)
         if source is None:
             continue  # COPY --from=<image>: not a stage of this file
-        assert source.base == copy.stage.base, (
-            f"Dockerfile:{copy.ins.line}: copies {copy.sources} from stage `{copy.from_stage}` (FROM {source.base}) "
-            f"into a stage FROM {copy.stage.base}; a venv's interpreter links only work on the same base image"
+        assert image_of(stages, source) == image_of(stages, copy.stage), (
+            f"Dockerfile:{copy.ins.line}: copies {copy.sources} from stage `{copy.from_stage}` "
+            f"(image {image_of(stages, source)}) into a stage on {image_of(stages, copy.stage)}; a venv's "
+            "interpreter links only work on the same base image"
         )
+
+
+def lineage(stages: list[Stage], stage: Stage) -> list[Stage]:
+    """The stage and the earlier stages it is built FROM, nearest first."""
+    chain = [stage]
+    while (parent := stage_named(stages[: chain[-1].index], chain[-1].base)) is not None:
+        chain.append(parent)
+    return chain
+
+
+def image_of(stages: list[Stage], stage: Stage) -> str:
+    """The image a stage stands on, through the stages it is built FROM."""
+    return lineage(stages, stage)[-1].base
 
 
 def test_copy_sources_exist_in_the_context_and_are_not_dockerignored(stages: list[Stage]) -> None:
@@ -575,8 +589,20 @@ def test_build_stage_copies_everything_pip_needs(stages: list[Stage], pyproject:
         (stage, ins) for stage in stages for ins in stage.all("RUN") if re.search(r"\bpip3? install\b", ins.args)
     ]
     assert installs, "Dockerfile: no `pip install` RUN: the project is never installed"
-    stage, ins = installs[-1]
-    sources = [s for c in copies([stage]) if c.from_stage is None for s in c.sources]
+    # The gateway image (the last stage) carries the venv of these stages: no extras there (no ADK).
+    daemon = {
+        id(s) for c in copies([stages[-1]]) if c.from_stage is not None
+        for source in [stage_named(stages, c.from_stage)] if source is not None for s in lineage(stages, source)
+    }
+    for stage, ins in installs:
+        _pip_has_what_it_needs(stages, stage, ins, pyproject, extras_allowed=id(stage) not in daemon)
+
+
+def _pip_has_what_it_needs(
+    stages: list[Stage], stage: Stage, ins: Instruction, pyproject: dict, *, extras_allowed: bool
+) -> None:
+    # What this stage and the stages it is built FROM copied in.
+    sources = [s for c in copies(lineage(stages, stage)) if c.from_stage is None for s in c.sources]
 
     def copied(rel: str) -> bool:
         return any(s in (".", "./") or rel == s.rstrip("/") or Path(rel).match(s) or rel.startswith(s.rstrip("/") + "/")
@@ -595,8 +621,12 @@ def test_build_stage_copies_everything_pip_needs(stages: list[Stage], pyproject:
     assert "--no-cache-dir" in args or stage.env().get("PIP_NO_CACHE_DIR") not in (None, "0", "false"), (
         f"Dockerfile:{ins.line}: pip install keeps its cache in the image; add --no-cache-dir"
     )
-    assert "[" not in args and not re.search(r"\s(-e|--editable)\s", args), (
-        f"Dockerfile:{ins.line}: install the project without extras and not editable: {args}"
+    assert not re.search(r"\s(-e|--editable)\s", args), f"Dockerfile:{ins.line}: install the project, not editable: {args}"
+    assert extras_allowed or "plugin" not in args, (
+        f"Dockerfile:{ins.line}: the gateway image installs the ADK plugin, and with it google-adk: {args}"
+    )
+    assert extras_allowed or "[" not in args, (
+        f"Dockerfile:{ins.line}: the gateway image's venv installs the daemon without extras (no ADK): {args}"
     )
 
 
@@ -956,3 +986,10 @@ def test_agent_env_vars_are_read_by_the_agent_process(agent_service: dict[str, A
     for name in service_env(agent_service):
         read = re.search(rf"environ(?:\.get\(|\.setdefault\(|\[)\s*[\"']{re.escape(name)}[\"']", source)
         assert read, f"compose.yaml: the agent is given {name}, but nothing in gateway/ or plugin/ reads it from the environment"
+
+
+def test_the_daemon_depends_on_no_adk(pyproject: dict) -> None:
+    """`pip install adk-gateway` installs the daemon only: ADK comes with the demo extra (issue 15)."""
+    names = [re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0].lower() for dep in pyproject["project"]["dependencies"]]
+    assert not {"google-adk", "google-genai", "uvicorn"} & set(names), names
+    assert any(dep.startswith("google-adk") for dep in pyproject["project"]["optional-dependencies"]["demo"])
