@@ -194,10 +194,26 @@ def _parsed(raws: list[bytes]) -> Iterator[dict[str, Any]]:
         try:
             event = loads(raw)
         except orjson.JSONDecodeError:
-            raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
+            event = _unescaped_run_error(raw)
+            if event is None:
+                raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
         if type(event) is not dict:
             raise UpstreamError("protocol", "the agent service sent an event that is not an object")
         yield event
+
+
+_RUN_ERROR_PREFIX: Final = b'{"error": "'
+
+
+def _unescaped_run_error(raw: bytes) -> dict[str, Any] | None:
+    """ADK 1.22 (not 1.39.1 or 2.x) writes a failed run as ``data: {"error": "<str(exc)>"}`` without escaping
+    the text (docs/protocol.md, "Differences between ADK versions"): a message holding a quote,
+    a backslash or a newline is not JSON, and a newline even cuts the ``data:`` line, so the
+    payload is the message's first line. It is still the run's error: keep what arrived."""
+    if not raw.startswith(_RUN_ERROR_PREFIX):
+        return None
+    text = raw[len(_RUN_ERROR_PREFIX):].decode("utf-8", "replace").removesuffix('"}')
+    return {"error": text.strip() or "the agent run failed"}
 
 
 def _client_error(exc: aiohttp.ClientError) -> UpstreamError:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.converter import Converter
 from tests.jsdriver import check_streams
-from tests.unit.fixtures import LIVE, convert, fixture_names
+from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, convert, fixture_names
 
 pytestmark = pytest.mark.js
 
@@ -37,10 +37,12 @@ def _answer(message: dict, decisions: list[bool]) -> tuple[dict, list[str], list
     return message, known, denied
 
 
+@pytest.mark.parametrize("folder", SSE_FOLDERS)
 @pytest.mark.parametrize("version", [6, 7])
-def test_all_recorded_runs_pass_the_sdk(version: int) -> None:
-    first = [n for n in fixture_names() if n not in CONTINUATIONS]
-    converted = {n: convert(n) for n in first}
+def test_all_recorded_runs_pass_the_sdk(version: int, folder: str) -> None:
+    """On the recordings of every supported ADK (tests/unit/fixtures.py VERSIONS)."""
+    first = [n for n in fixture_names(folder) if n not in CONTINUATIONS]
+    converted = {n: convert(n, folder=folder) for n in first}
     results = dict(zip(first, check_streams([{"version": version, "chunks": converted[n]} for n in first])))
     for name, result in results.items():
         assert result["schemaErrors"] == [], (name, result["schemaErrors"])
@@ -52,7 +54,7 @@ def test_all_recorded_runs_pass_the_sdk(version: int) -> None:
     for name, (setup, decisions) in CONTINUATIONS.items():
         message, known, denied = _answer(results[setup]["message"], decisions)
         converter = Converter(message["id"], version=version, known_tool_calls=known, denied_tool_calls=denied)
-        cases.append({"version": version, "chunks": convert(name, converter), "message": message})
+        cases.append({"version": version, "chunks": convert(name, converter, folder), "message": message})
         names.append(name)
     for name, result in zip(names, check_streams(cases)):
         assert result["schemaErrors"] == [], (name, result["schemaErrors"])
@@ -62,10 +64,11 @@ def test_all_recorded_runs_pass_the_sdk(version: int) -> None:
         assert result["message"]["id"] == "m1"
 
 
+@pytest.mark.parametrize("folder", LIVE_FOLDERS)
 @pytest.mark.parametrize("version", [6, 7])
-def test_recorded_live_sessions_pass_the_sdk(version: int) -> None:
-    names = fixture_names(LIVE)
-    converted = {n: convert(n, Converter("m1", version=version), folder=LIVE) for n in names}
+def test_recorded_live_sessions_pass_the_sdk(version: int, folder: str) -> None:
+    names = fixture_names(folder)
+    converted = {n: convert(n, Converter("m1", version=version), folder=folder) for n in names}
     for name, result in zip(names, check_streams([{"version": version, "chunks": converted[n]} for n in names])):
         assert result["schemaErrors"] == [], (name, result["schemaErrors"])
         errors = [c["errorText"] for c in converted[name] if c["type"] == "error"]

@@ -9,11 +9,22 @@ from pathlib import Path
 from typing import Any
 
 from gateway.converter import Converter
+from gateway.upstream import _parsed
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
-# Recorded from `/run_sse` (tests/fixtures/adk) and from `/run_live` (tests/fixtures/adk_live).
+# Recorded from `/run_sse` (tests/fixtures/adk) and from `/run_live` (tests/fixtures/adk_live) of the
+# newest ADK; VERSIONS below adds the same recordings from older ones.
 FIXTURES = ROOT / "adk"
 LIVE = "adk_live"
+# The same scenarios recorded from every supported ADK (tests/fixtures/adk/record.py --adk V):
+# ADK version -> (/run_sse folder, /run_live folder). The unversioned folders are the newest ADK.
+VERSIONS: dict[str, tuple[str, str]] = {
+    "2.13": ("adk", LIVE),
+    "1.39.1": ("adk-1.39.1", "adk_live-1.39.1"),
+    "1.22.1": ("adk-1.22.1", "adk_live-1.22.1"),
+}
+SSE_FOLDERS = [sse for sse, _live in VERSIONS.values()]
+LIVE_FOLDERS = [live for _sse, live in VERSIONS.values()]
 
 
 @cache
@@ -22,7 +33,10 @@ def _load(name: str, folder: str) -> tuple[str, ...]:
 
 
 def events(name: str, folder: str = "adk") -> list[dict[str, Any]]:
-    return [json.loads(line) for line in _load(name, folder) if line.strip()]
+    """A recording's events, parsed as the upstream client parses /run_sse payloads."""
+    if folder.startswith(LIVE):
+        return [json.loads(line) for line in _load(name, folder) if line.strip()]
+    return list(_parsed([line.encode() for line in _load(name, folder) if line.strip()]))
 
 
 def fixture_names(folder: str = "adk") -> list[str]:

@@ -1,4 +1,8 @@
-"""The converter on event sequences recorded from the real ADK API server (tests/fixtures/adk)."""
+"""The converter on event sequences recorded from the real ADK API server (tests/fixtures/adk).
+
+The tests marked `over_versions` run on the same scenarios recorded from every supported ADK
+(tests/unit/fixtures.py VERSIONS); docs/protocol.md lists what differs between them.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +12,46 @@ import pytest
 
 from gateway.approvals import REFUSAL_KEY
 from gateway.converter import Converter, map_finish_reason
-from tests.unit.fixtures import check_stream_rules, convert, events, types
+from tests.unit.fixtures import (
+    LIVE_FOLDERS,
+    SSE_FOLDERS,
+    check_stream_rules,
+    convert,
+    events,
+    fixture_names,
+    types,
+)
+
+over_versions = pytest.mark.parametrize("folder", SSE_FOLDERS)
 
 
-def test_plain_text_streams_partials_once() -> None:
-    chunks = convert("hello_there")
+@over_versions
+def test_plain_text_streams_partials_once(folder: str) -> None:
+    chunks = convert("hello_there", folder=folder)
     assert types(chunks)[:3] == ["start", "start-step", "text-start"]
     assert types(chunks)[-3:] == ["text-end", "finish-step", "finish"]
     deltas = [c["delta"] for c in chunks if c["type"] == "text-delta"]
-    assert len(deltas) == 8  # one per partial; the aggregated final adds nothing
-    final_text = next(
-        p["text"] for e in events("hello_there") if not e.get("partial") for p in e["content"]["parts"]
-    )
-    assert "".join(deltas) == final_text
+    recorded = events("hello_there", folder)
+    # One per partial; the aggregated final adds nothing.
+    assert len(deltas) == sum(1 for e in recorded if e.get("partial")) >= 8
+    final = next(e for e in recorded if not e.get("partial"))
+    assert "".join(deltas) == final["content"]["parts"][0]["text"]
+    usage = final["usageMetadata"]
     assert chunks[-1] == {
         "type": "finish",
         "finishReason": "stop",
-        "messageMetadata": {"usage": {"inputTokens": 16, "outputTokens": 30, "totalTokens": 46}},
+        "messageMetadata": {"usage": {
+            "inputTokens": usage["promptTokenCount"],
+            "outputTokens": usage["candidatesTokenCount"],
+            "totalTokens": usage["totalTokenCount"],
+        }},
     }
     check_stream_rules(chunks)
 
 
-def test_server_tool_gets_its_own_step_then_text() -> None:
-    chunks = convert("weather_tokyo")
+@over_versions
+def test_server_tool_gets_its_own_step_then_text(folder: str) -> None:
+    chunks = convert("weather_tokyo", folder=folder)
     assert types(chunks) == [
         "start", "start-step", "tool-input-start", "tool-input-available", "tool-output-available",
         "finish-step", "start-step", "text-start", *["text-delta"] * types(chunks).count("text-delta"),
@@ -42,19 +63,20 @@ def test_server_tool_gets_its_own_step_then_text() -> None:
     check_stream_rules(chunks)
 
 
-def test_confirmation_becomes_an_approval_request_and_the_placeholder_is_hidden() -> None:
+@over_versions
+def test_confirmation_becomes_an_approval_request_and_the_placeholder_is_hidden(folder: str) -> None:
     converter = Converter("m1")
-    chunks = convert("pay_hanako", converter=converter)
+    chunks = convert("pay_hanako", folder=folder, converter=converter)
     assert types(chunks) == [
         "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request",
         "finish-step", "finish",
     ]
     original = next(
-        p["functionCall"] for e in events("pay_hanako") for p in e["content"]["parts"]
+        p["functionCall"] for e in events("pay_hanako", folder) for p in e["content"]["parts"]
         if p.get("functionCall", {}).get("name") == "process_payment"
     )
     confirmation = next(
-        p["functionCall"] for e in events("pay_hanako") for p in e["content"]["parts"]
+        p["functionCall"] for e in events("pay_hanako", folder) for p in e["content"]["parts"]
         if p.get("functionCall", {}).get("name") == "adk_request_confirmation"
     )
     assert chunks[4] == {"type": "tool-approval-request", "approvalId": confirmation["id"], "toolCallId": original["id"]}
@@ -65,9 +87,10 @@ def test_confirmation_becomes_an_approval_request_and_the_placeholder_is_hidden(
     check_stream_rules(chunks)
 
 
-def test_two_approvals_in_one_turn() -> None:
+@over_versions
+def test_two_approvals_in_one_turn(folder: str) -> None:
     converter = Converter("m1")
-    chunks = convert("pay_two", converter=converter)
+    chunks = convert("pay_two", folder=folder, converter=converter)
     requests = [c for c in chunks if c["type"] == "tool-approval-request"]
     inputs = [c for c in chunks if c["type"] == "tool-input-available"]
     assert len(requests) == 2 and len(inputs) == 2
@@ -77,16 +100,17 @@ def test_two_approvals_in_one_turn() -> None:
     check_stream_rules(chunks)
 
 
-def _original_call_id(fixture: str) -> str:
+def _original_call_id(fixture: str, folder: str = "adk") -> str:
     return next(
-        p["functionCall"]["id"] for e in events(fixture) for p in e["content"]["parts"]
+        p["functionCall"]["id"] for e in events(fixture, folder) for p in e["content"]["parts"]
         if p.get("functionCall", {}).get("name") == "process_payment"
     )
 
 
-def test_approved_continuation_keeps_the_message_and_puts_the_output_first() -> None:
-    call_id = _original_call_id("pay_hanako")
-    chunks = convert("pay_hanako_approve", converter=Converter("m1", known_tool_calls=[call_id]))
+@over_versions
+def test_approved_continuation_keeps_the_message_and_puts_the_output_first(folder: str) -> None:
+    call_id = _original_call_id("pay_hanako", folder)
+    chunks = convert("pay_hanako_approve", folder=folder, converter=Converter("m1", known_tool_calls=[call_id]))
     assert chunks[0] == {"type": "start", "messageId": "m1"}
     # Like the AI SDK's own streamText: the tool output comes before any new step.
     assert chunks[1]["type"] == "tool-output-available" and chunks[1]["toolCallId"] == call_id
@@ -98,23 +122,25 @@ def test_approved_continuation_keeps_the_message_and_puts_the_output_first() -> 
     check_stream_rules(chunks, known=[call_id])
 
 
-def test_denied_continuation_reports_output_denied() -> None:
-    call_id = _original_call_id("pay_hanako_deny_setup")
+@over_versions
+def test_denied_continuation_reports_output_denied(folder: str) -> None:
+    call_id = _original_call_id("pay_hanako_deny_setup", folder)
     chunks = convert(
-        "pay_hanako_deny", converter=Converter("m1", known_tool_calls=[call_id], denied_tool_calls=[call_id])
+        "pay_hanako_deny", folder=folder, converter=Converter("m1", known_tool_calls=[call_id], denied_tool_calls=[call_id])
     )
     assert chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
     assert "rejected" not in str(chunks[:2])
     check_stream_rules(chunks, known=[call_id])
 
 
-def test_approve_one_deny_the_other() -> None:
+@over_versions
+def test_approve_one_deny_the_other(folder: str) -> None:
     calls = [
-        p["functionCall"]["id"] for e in events("pay_two") if not e.get("partial") for p in e["content"]["parts"]
+        p["functionCall"]["id"] for e in events("pay_two", folder) if not e.get("partial") for p in e["content"]["parts"]
         if p.get("functionCall", {}).get("name") == "process_payment"
     ]
     chunks = convert(
-        "pay_two_approve_one_deny_other",
+        "pay_two_approve_one_deny_other", folder=folder,
         converter=Converter("m1", known_tool_calls=calls, denied_tool_calls=[calls[1]]),
     )
     outputs = [c for c in chunks if c["type"].startswith("tool-output")]
@@ -124,15 +150,17 @@ def test_approve_one_deny_the_other() -> None:
     check_stream_rules(chunks, known=calls)
 
 
-def test_error_event_becomes_one_error_chunk_and_finish_error() -> None:
-    chunks = convert("trigger_error")
+@over_versions
+def test_error_event_becomes_one_error_chunk_and_finish_error(folder: str) -> None:
+    chunks = convert("trigger_error", folder=folder)
     assert types(chunks) == ["start", "error", "finish"]
     assert chunks[1]["errorText"].startswith("DEMO_ERROR: ")
     assert chunks[-1]["finishReason"] == "error"
 
 
-def test_crash_reported_twice_by_adk_gives_one_error_chunk() -> None:
-    chunks = convert("crash")
+@over_versions
+def test_crash_reported_twice_by_adk_gives_one_error_chunk(folder: str) -> None:
+    chunks = convert("crash", folder=folder)
     assert types(chunks) == ["start", "error", "finish"]
     assert "crashed on purpose" in chunks[1]["errorText"]
 
@@ -424,28 +452,25 @@ def test_a_gated_tools_own_error_without_the_plugin_asking_is_still_a_bypass() -
 
 # ---- live mode -------------------------------------------------------------------------------
 
-def test_live_text_turn_streams_once() -> None:
-    from tests.unit.fixtures import LIVE
-
-    chunks = convert("hello_there", folder=LIVE)
+@pytest.mark.parametrize("live", LIVE_FOLDERS)
+def test_live_text_turn_streams_once(live: str) -> None:
+    chunks = convert("hello_there", folder=live)
     text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
     assert text.startswith('You said: "hello there"') and types(chunks).count("text-start") == 1
     check_stream_rules(chunks)
 
 
-def test_live_interruption_keeps_what_was_said_and_ends_interrupted() -> None:
-    from tests.unit.fixtures import LIVE
-
-    chunks = convert("interrupt", converter=Converter("m1", version=7), folder=LIVE)
+@pytest.mark.parametrize("live", LIVE_FOLDERS)
+def test_live_interruption_keeps_what_was_said_and_ends_interrupted(live: str) -> None:
+    chunks = convert("interrupt", converter=Converter("m1", version=7), folder=live)
     assert chunks[-1]["finishReason"] == "interrupted"
     assert types(chunks)[-3:] == ["text-end", "finish-step", "finish"]
     check_stream_rules(chunks)
 
 
-def test_live_audio_becomes_pcm_data_and_transcripts() -> None:
-    from tests.unit.fixtures import LIVE
-
-    chunks = convert("audio", folder=LIVE)
+@pytest.mark.parametrize("live", LIVE_FOLDERS)
+def test_live_audio_becomes_pcm_data_and_transcripts(live: str) -> None:
+    chunks = convert("audio", folder=live)
     pcm = [c for c in chunks if c["type"] == "data-pcm"]
     assert pcm and all(c["transient"] and c["data"]["mimeType"].startswith("audio/pcm") for c in pcm)
     heard = [c for c in chunks if c["type"] == "data-transcription"]
@@ -454,3 +479,47 @@ def test_live_audio_becomes_pcm_data_and_transcripts() -> None:
     said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
     assert said == "I heard 3200 bytes of audio, but I only understand typed text."
     check_stream_rules(chunks)
+
+
+# ---- every supported ADK ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("folder", "name"), [(f, n) for f in SSE_FOLDERS for n in fixture_names(f)]
+)
+def test_every_recording_of_every_adk_keeps_the_stream_rules(folder: str, name: str) -> None:
+    chunks = convert(name, folder=folder)
+    check_stream_rules(chunks)
+    assert types(chunks).count("error") <= 1
+
+
+@over_versions
+def test_a_confirmation_answer_with_an_unknown_key_is_one_error(folder: str) -> None:
+    # 2.13: an error event, then the run-error object; 1.39.1: the run-error object only; 1.22.1:
+    # the run-error object with the message unescaped, cut at its first newline (gateway.upstream).
+    chunks = convert("pay_hanako_extra_key", folder=folder)
+    assert types(chunks) == ["start", "error", "finish"]
+    assert "1 validation error for ToolConfirmation" in chunks[1]["errorText"]
+
+
+@pytest.mark.parametrize(("folder", "fails"), [("adk", True), ("adk-1.39.1", False), ("adk-1.22.1", False)])
+def test_a_confirmation_answer_for_no_call(folder: str, fails: bool) -> None:
+    # ADK 2.x refuses a function response whose id matches no call; 1.x ignores the response and
+    # runs the model on the session as it is (the demo model answers its last user text).
+    chunks = convert("confirm_unknown_id", folder=folder)
+    if fails:
+        assert types(chunks) == ["start", "error", "finish"]
+    else:
+        assert "error" not in types(chunks) and chunks[-1]["finishReason"] == "stop"
+
+
+@pytest.mark.parametrize(("folder", "reruns"), [("adk", False), ("adk-1.39.1", True), ("adk-1.22.1", True)])
+def test_an_approval_sent_twice(folder: str, reruns: bool) -> None:
+    # ADK 2.x answers a second approval of an already-answered confirmation with an empty stream;
+    # 1.x runs the confirmed tool again (the gateway must not forward a replayed approval).
+    recorded = events("pay_hanako_approve_replay", folder)
+    tool_results = [
+        p for e in recorded for p in (e.get("content") or {}).get("parts", ())
+        if p.get("functionResponse", {}).get("name") == "process_payment"
+    ]
+    assert bool(tool_results) == reruns
+    check_stream_rules(convert("pay_hanako_approve_replay", folder=folder))

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.live import LiveLink
 from gateway.upstream import UpstreamError
+from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events
 
 
 class FakeConnection:
@@ -84,3 +85,38 @@ async def test_socket_closing_mid_turn_is_an_upstream_error() -> None:
         await play(link, conn, [model("a"), None])  # type: ignore[list-item]
     with pytest.raises(UpstreamError):
         await play(link, conn, [])
+
+
+# ---- recorded sessions of every supported ADK (tests/fixtures/adk_live*, tests/unit/fixtures.py) ----
+
+def _one_turn_recordings() -> list[tuple[str, str]]:
+    cases = []
+    for folder in LIVE_FOLDERS:
+        log = json.loads((ROOT / folder / "requests.json").read_text())
+        for name, entry in log.items():
+            sends = [s for s in entry["steps"] if "send" in s and s["send"] != {"close": True}]
+            if len(sends) == 1 and {"awaitTurnComplete": 1} in entry["steps"]:
+                cases.append((folder, name))
+    return cases
+
+
+@pytest.mark.parametrize(("folder", "name"), _one_turn_recordings())
+async def test_a_recorded_turn_is_exactly_what_adk_sent_for_it(folder: str, name: str) -> None:
+    recorded = events(name, folder)
+    conn = FakeConnection()
+    link = LiveLink(conn)  # type: ignore[arg-type]
+    got = await play(link, conn, recorded)
+    # The turn ends at the recording's last turnComplete, not at one that follows tool results.
+    assert got == recorded and recorded[-1].get("turnComplete")
+    await link.close()
+
+
+@pytest.mark.parametrize("folder", LIVE_FOLDERS)
+async def test_two_recorded_turns_split_at_their_turn_complete(folder: str) -> None:
+    recorded = events("two_turns", folder)
+    first_end = next(i for i, e in enumerate(recorded) if e.get("turnComplete")) + 1
+    conn = FakeConnection()
+    link = LiveLink(conn)  # type: ignore[arg-type]
+    assert await play(link, conn, recorded[:first_end]) == recorded[:first_end]
+    assert await play(link, conn, recorded[first_end:]) == recorded[first_end:]
+    await link.close()

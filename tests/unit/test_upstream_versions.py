@@ -1,0 +1,146 @@
+"""The upstream client on what the stock API server of every supported ADK sends (tests/fixtures/adk*).
+
+/run_sse bodies are rebuilt from the recorded ``data:`` payloads; the session calls are answered as
+recorded in each version's sessions.json. docs/protocol.md lists what differs between versions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.config import UpstreamConfig
+from gateway.upstream import AdkClient
+from tests.unit.fixtures import ROOT, SSE_FOLDERS, _load, events, fixture_names
+
+MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}
+# What ADK 1.22.1 writes for a run that fails with a multi-line message: its run_sse handler
+# formats f'data: {{"error": "{str(e)}"}}' without escaping, so the body is not JSON and the
+# message's newlines end the data line (the recorded payload is its first line).
+UNESCAPED_ERROR_BODY = (
+    b'data: {"error": "1 validation error for ToolConfirmation\n'
+    b"approvalId\n"
+    b"  Extra inputs are not permitted [type=extra_forbidden, input_value='x', input_type=str]\n"
+    b'    For further information visit https://errors.pydantic.dev/2.14/v/extra_forbidden"}\n\n'
+)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[dict[tuple[str, str], Any], AdkClient]]:
+    """A fake ADK API server answering from `routes`: (method, path) -> handler, or a list of
+    recorded (status, body) answers used up one per call."""
+    app = web.Application()
+    server = TestServer(app)
+    routes: dict[tuple[str, str], Any] = {}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        answer = routes[(request.method, request.path)]
+        if callable(answer):
+            return await answer(request)
+        status, body = answer.pop(0) if isinstance(answer, list) else answer
+        return web.json_response(body, status=status)
+
+    app.router.add_route("*", "/{tail:.*}", handle)
+    await server.start_server()
+    client = AdkClient(UpstreamConfig(url=str(server.make_url("/")), app_name="demo_agent"))
+    await client.start()
+    yield routes, client
+    await client.close()
+    await server.close()
+
+
+def sse_body(payload: bytes) -> Any:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(payload)
+        await response.write_eof()
+        return response
+
+    return answer
+
+
+async def run(client: AdkClient) -> list[dict[str, Any]]:
+    got = []
+    async for batch in client.run_sse_batches(user_id="u1", session_id="s1", new_message=MESSAGE):
+        got.extend(batch)
+    return got
+
+
+@pytest.mark.parametrize(("folder", "name"), [(f, n) for f in SSE_FOLDERS for n in fixture_names(f)])
+async def test_every_recorded_run_reads_back_as_recorded(upstream: Any, folder: str, name: str) -> None:
+    routes, client = upstream
+    payload = b"".join(b"data: " + line.encode() + b"\n\n" for line in _load(name, folder))
+    if folder == "adk-1.22.1" and name == "pay_hanako_extra_key":
+        payload = UNESCAPED_ERROR_BODY  # the body as sent, not just its first data line
+    routes[("POST", "/run_sse")] = sse_body(payload)
+    assert await run(client) == events(name, folder)
+
+
+async def test_adk_1_22s_unescaped_run_error_is_the_runs_error(upstream: Any) -> None:
+    routes, client = upstream
+    routes[("POST", "/run_sse")] = sse_body(UNESCAPED_ERROR_BODY)
+    assert await run(client) == [{"error": "1 validation error for ToolConfirmation"}]
+    # With a quote in the message the payload is one line, but still not JSON.
+    routes[("POST", "/run_sse")] = sse_body(b'data: {"error": "No agent named "x""}\n\n')
+    assert await run(client) == [{"error": 'No agent named "x"'}]
+
+
+def sessions(folder: str) -> dict[str, Any]:
+    return json.loads((ROOT / folder / "sessions.json").read_text())
+
+
+@pytest.mark.parametrize("folder", SSE_FOLDERS)
+def test_the_recorded_session_shapes(folder: str) -> None:
+    calls = sessions(folder)
+    assert calls["get_missing"]["status"] == 404
+    assert calls["create"]["status"] == 200 and calls["get"]["status"] == 200
+    assert calls["create_again"]["status"] == 409  # ensure_session accepts 409: another request won
+    for name in ("create", "get", "create_with_state"):
+        body = calls[name]["response"]
+        assert set(body) >= {"id", "appName", "userId", "state", "events", "lastUpdateTime"}
+    assert calls["create"]["response"]["id"] == "s-sessions"
+    assert calls["create_with_state"]["response"]["state"] == {"k": 1}
+
+
+@pytest.mark.parametrize("folder", SSE_FOLDERS)
+async def test_ensure_session_on_the_recorded_answers(upstream: Any, folder: str) -> None:
+    routes, client = upstream
+    calls = sessions(folder)
+    path = calls["get"]["path"].replace("s-sessions", "s1")
+    collection = calls["create"]["path"]
+
+    def recorded(name: str) -> tuple[int, Any]:
+        return calls[name]["status"], calls[name]["response"]
+
+    # A new session: looked up (404), then created.
+    routes.clear()
+    routes |= {("GET", path): [recorded("get_missing")], ("POST", collection): [recorded("create")]}
+    await client.ensure_session("u1", "s1")
+    assert routes[("GET", path)] == [] and routes[("POST", collection)] == []
+    # Created by another request between lookup and create: 409 is fine.
+    routes.clear()
+    routes |= {("GET", path): [recorded("get_missing")], ("POST", collection): [recorded("create_again")]}
+    await client.ensure_session("u1", "s1")
+    # An existing session: looked up only.
+    routes.clear()
+    routes |= {("GET", path): [recorded("get")]}
+    await client.ensure_session("u1", "s1")
+
+
+def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
+    from tests.unit.fixtures import LIVE_FOLDERS
+
+    on_disk = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name.startswith("adk")}
+    assert on_disk == {*SSE_FOLDERS, *LIVE_FOLDERS}
+    for folders in (SSE_FOLDERS, LIVE_FOLDERS):
+        scenarios = [sorted(p.stem for p in (ROOT / f).glob("*.jsonl")) for f in folders]
+        assert all(s == scenarios[0] for s in scenarios), folders
+        assert all((ROOT / f / "requests.json").is_file() for f in folders)
+    assert all((ROOT / f / "sessions.json").is_file() for f in SSE_FOLDERS)
