@@ -225,6 +225,12 @@ class ChatService:
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = self._split_answers(chat, plan.answers, strict=plan.new_message is None)
         outputs = self._pending_outputs(chat, plan.outputs)
+        if native:
+            fresh = await self._unanswered_native(chat, native)
+            if plan.new_message is None and not fresh and not (gated or outputs):
+                # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
+                raise Gone("this approval was already answered; send a new message to go on")
+            native = fresh
         if plan.new_message is None and (gated or outputs):
             return self._continue_gated_run(chat, gated, outputs)
         if plan.new_message is None and not native:
@@ -683,9 +689,24 @@ class ChatService:
 
     # ---- native approval bookkeeping -----------------------------------------------------
 
+    async def _unanswered_native(self, chat: Chat, answers: list[ApprovalAnswer]) -> list[ApprovalAnswer]:
+        """The answers to native confirmations that nobody gave before.
+
+        Known here: pending (asked, not answered) or answered. Unknown (this replica restarted, or
+        never ran the chat): ADK's session says, by the confirmation responses it holds; asked only
+        then, as it costs a round trip.
+        """
+        unknown = [a for a in answers if a.approval_id not in chat.pending and a.approval_id not in chat.answered_native]
+        given = await self._upstream.answered_confirmations(chat.user_id, chat.session_id) if unknown else set()
+        return [
+            a for a in answers
+            if a.approval_id in chat.pending or (a.approval_id not in chat.answered_native and a.approval_id not in given)
+        ]
+
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
+            chat.remember_answered(answer.approval_id)
             pending = chat.pending.pop(answer.approval_id, None)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["Chat", "ChatNotFound", "PendingApproval", "Registry", "TooManyChats"]
 
 
+# Answered native confirmations a chat remembers; older ones are looked up in ADK's session.
+_ANSWERED_KEPT = 256
+
+
 @dataclass(frozen=True)
 class PendingApproval:
     approval_id: str
@@ -51,6 +55,14 @@ class Chat:
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None
     pending: dict[str, PendingApproval] = field(default_factory=dict)
+    # Native confirmations answered through this chat (oldest first): a replay must not reach ADK,
+    # whose 1.x releases run the confirmed tool again.
+    answered_native: dict[str, None] = field(default_factory=dict)
+
+    def remember_answered(self, approval_id: str) -> None:
+        self.answered_native[approval_id] = None
+        if len(self.answered_native) > _ANSWERED_KEPT:
+            del self.answered_native[next(iter(self.answered_native))]
 
 
 class ChatNotFound(Refusal):

@@ -105,6 +105,24 @@ class AdkClient:
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
 
+    async def answered_confirmations(self, user_id: str, session_id: str) -> set[str]:
+        """Ids of the native confirmations (`adk_request_confirmation` calls) the session already
+        holds an answer to; empty when the session does not exist."""
+        try:
+            async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
+                if resp.status == 404:
+                    return set()
+                if resp.status != 200:
+                    raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
+                session = orjson.loads(await resp.read())
+        except aiohttp.ClientError as exc:
+            raise _client_error(exc) from None
+        except TimeoutError:
+            raise UpstreamError("timeout", "the agent service did not answer in time") from None
+        except orjson.JSONDecodeError:
+            raise UpstreamError("protocol", "the agent service's session is not JSON") from None
+        return _confirmation_answers(session)
+
     async def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
         wait: WaitSignal | None = None,
@@ -377,3 +395,17 @@ def parse_live_event(data: str | bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         raise UpstreamError("protocol", "the agent service sent a live event that is not JSON") from None
     return event if type(event) is dict else None
+
+
+def _confirmation_answers(session: Any) -> set[str]:
+    """The ids answered by `adk_request_confirmation` function responses in a session's events."""
+    found: set[str] = set()
+    events = session.get("events") if isinstance(session, dict) else None
+    for event in events if isinstance(events, list) else ():
+        content = event.get("content") if isinstance(event, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            response = (part.get("functionResponse") or part.get("function_response")) if isinstance(part, dict) else None
+            if isinstance(response, dict) and response.get("name") == "adk_request_confirmation" and isinstance(response.get("id"), str):
+                found.add(response["id"])
+    return found
