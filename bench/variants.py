@@ -2,13 +2,17 @@
 between separate runs on a noisy machine.
 
     python -m bench.variants --reps 4 --phases lat1,lat200,sat50 new= old=MY_SWITCH=1
+    python -m bench.variants --transport ws new= old=MY_SWITCH=1
 
 Each variant is `name=ENV=VALUE;ENV2=VALUE` (empty: the code as it is): a gateway in SSE mode
-started from this checkout with that environment added, so an experiment puts the old and the new
-behaviour behind a switch the code reads from the environment (removed before committing). Phases, as in `python -m bench`: `lat1` and `lat200` (isolated events at 1 and
+(`upstream.mode: sse`) started from this checkout with that environment added, so an experiment
+puts the old and the new behaviour behind a switch the code reads from the environment (removed
+before committing). Phases, as in `python -m bench`: `lat1` and `lat200` (isolated events at 1 and
 200 streams: p50, p99, gateway CPU per event), `sat50` (saturation at 50 streams: events/s, CPU
-per event). Every repetition runs each phase on every route in turn; the median per route is
-printed at the end.
+per event). `--transport ws` measures the browser's WebSocket (`/api/chat/ws`; the passthrough
+splices `/run_live`) instead of SSE; `--direct` adds the fake upstream reached straight, the
+reference `make bench` takes added latency from. Every repetition runs each phase on every route
+in turn, the variants in a rotating order; the median per route is printed at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--phases", default="lat1,lat200,sat50")
+    parser.add_argument("--transport", choices=("sse", "ws"), default="sse")
+    parser.add_argument(
+        "--direct", action="store_true", help="also measure the fake upstream straight, for added latency as make bench reports it"
+    )
     parser.add_argument("variants", nargs="+", help="name=ENV=VALUE;ENV2=VALUE (empty after = for none)")
     args = parser.parse_args()
     phases = [p for p in args.phases.split(",") if p]
@@ -47,7 +55,11 @@ def main() -> int:
     procs.raise_fd_limit()
     fake = procs.start_fake(workdir)
     started = [procs.start_passthrough(workdir, fake.base)]
-    routes = [Route("passthrough", "adk-sse", started[0].base, started[0])]
+    upstream_kind, gateway_kind = ("adk-sse", "gw-sse") if args.transport == "sse" else ("adk-ws", "gw-ws")
+    references = [Route("passthrough", upstream_kind, started[0].base, started[0])]
+    if args.direct:
+        references.insert(0, Route("direct", upstream_kind, fake.base, fake))
+    variants: list[Route] = []
     try:
         for variant in args.variants:
             name, _, spec = variant.partition("=")
@@ -60,9 +72,13 @@ def main() -> int:
                 os.environ.clear()
                 os.environ.update(saved)
             started.append(gateway)
-            routes.append(Route(name, "gw-sse", gateway.base, gateway))
+            variants.append(Route(name, gateway_kind, gateway.base, gateway))
         results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
         for rep in range(args.reps):
+            # Each variant goes first in turn: whatever runs right after another phase's load does not
+            # always land on the same one.
+            shift = rep % len(variants)
+            routes = references + variants[shift:] + variants[:shift]
             for phase in phases:
                 for route in routes:
                     values = _measure(phase, route, fake, rep)

@@ -6,6 +6,8 @@ each refused with its own status and JSON reason and counted in `adk_gateway_lim
 
 from __future__ import annotations
 
+from typing import Final
+
 import structlog
 from aiohttp import web
 
@@ -14,6 +16,11 @@ from ..limits import Limited
 from ..state import GATEWAY
 
 __all__ = ["admit", "count_refusal"]
+
+# What a request refused while draining is told to wait, in seconds: long enough for a balancer
+# polling `/readyz` (503 `draining` from the first moment) to stop routing here, so the retry lands
+# on another instance; short enough that a person retrying by hand hardly notices.
+_DRAINING_RETRY_AFTER: Final = "5"
 
 
 def count_refusal(request: web.Request, reason: str) -> None:
@@ -32,7 +39,7 @@ def admit(request: web.Request, *, new_work: bool = True) -> str:
     structlog.contextvars.bind_contextvars(user_id=user_id)
     if new_work and gateway.draining:
         count_refusal(request, "draining")
-        raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": "5"})
+        raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": _DRAINING_RETRY_AFTER})
     try:
         gateway.admission.check_rate(user_id, gateway.clock())
     except Limited as exc:

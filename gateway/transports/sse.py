@@ -10,7 +10,6 @@ ignores and which keeps proxies with idle timeouts from cutting the stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -24,6 +23,7 @@ from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, ss
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY
 from .admit import admit, count_refusal
+from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
 
@@ -31,6 +31,10 @@ log = structlog.get_logger("adk_gateway.sse")
 
 _TRANSPORT: Final = "sse"
 _KEEPALIVE: Final = b": keep-alive\n\n"
+# How long a browser may cache a preflight's answer, in seconds: it saves an OPTIONS round trip
+# before every cross-origin POST, and a reload that takes an origin off the allowlist reaches
+# pages that cached an answer within ten minutes (browsers cap it anyway: Chromium at 2 hours).
+_PREFLIGHT_MAX_AGE: Final = "600"
 
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
@@ -77,7 +81,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         raise answer from None
     finally:
         del chat_request
-        request._read_bytes = None  # aiohttp's copy of the body; nothing reads it again
+        forget_body(request)  # nothing reads the body again
     try:
         return await _stream(request, attachment, user_id, chat_id)
     finally:
@@ -125,9 +129,12 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     completed = False
     idle = gateway.config.chat.keepalive_interval
     feed = attachment.response
-    write_now = _direct_writer(response) if isinstance(feed, Response) else None
+    write_chunk = chunk_writer(response) if isinstance(feed, Response) else None
     try:
-        batches = feed.follow(idle=idle) if write_now is None else feed.follow_direct(write_now, idle=idle)
+        if isinstance(feed, Response) and write_chunk is not None:
+            batches = feed.follow_direct(lambda frames: write_chunk(sse_frames(frames)), idle=idle)
+        else:
+            batches = feed.follow(idle=idle)
         async for batch in batches:
             await response.write(sse_frames(batch) if batch else _KEEPALIVE)
         await response.write(DONE_FRAME)
@@ -154,46 +161,6 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     return response
 
 
-def _direct_writer(response: web.StreamResponse) -> Callable[[list[bytes]], bool] | None:
-    """Write a batch from the publishing task, without waking this request's task (see
-    `Response.follow_direct`): only when the transport has no backlog, so flow control holds.
-
-    `StreamResponse.write` is a coroutine; this does what it does for a plain chunked body (no
-    compression, no declared length, no send callbacks, headers already out) with aiohttp's
-    writer internals, and declines (False) whenever they are not as expected.
-    """
-    writer = response._payload_writer
-    try:
-        plain = (
-            writer is not None and writer.chunked and writer._compress is None and writer.length is None
-            and writer._on_chunk_sent is None and writer.on_body_write is None
-        )
-        writer.output_size  # noqa: B018  # the counter it keeps
-        writer._headers_buf  # noqa: B018
-    except AttributeError:
-        return None
-    if not plain:
-        return None
-
-    def write_now(frames: list[bytes]) -> bool:
-        try:
-            if writer._headers_buf or response._eof_sent:
-                return False  # headers still buffered (nothing written yet): the normal path sends them
-            transport = writer.transport
-            if transport is None or transport.is_closing() or transport.get_write_buffer_size():
-                return False
-            body = b"\n\ndata: ".join(frames)
-            # One HTTP chunk holding the SSE frames: size line, `data: ` ... `\n\n`, CRLF.
-            data = b"%x\r\ndata: %b\n\n\r\n" % (len(body) + 8, body)
-            transport.write(data)
-            writer.output_size += len(data)
-            return True
-        except Exception:  # never into the publishing task: the follower's own write will see it
-            return False
-
-    return write_now
-
-
 async def preflight(request: web.Request) -> web.Response:
     """CORS preflight for cross-origin pages on the allowlist."""
     gateway = request.app[GATEWAY]
@@ -204,7 +171,7 @@ async def preflight(request: web.Request) -> web.Response:
     headers.update({
         "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
         "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "content-type, authorization"),
-        "Access-Control-Max-Age": "600",
+        "Access-Control-Max-Age": _PREFLIGHT_MAX_AGE,
     })
     return web.Response(status=204, headers=headers)
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import struct
 from typing import Any, Final
 
 import orjson
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
-from aiohttp.http import WebSocketWriter
 
 from ..chats import Attachment
 from ..errors import refusal
@@ -34,6 +32,7 @@ from ..protocol import VERSION_HEADER, client_version
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY, Gateway
 from .admit import admit
+from .aiohttp_raw import send_text_frames, write_text_frames_now
 
 __all__ = ["routes"]
 
@@ -170,20 +169,9 @@ class Connection:
 
         def write_now(batch: list[bytes]) -> bool:
             """The publishing task writes the frames itself while this request waits (see
-            `Response.follow_direct`), when the socket has no backlog; else False, nothing sent."""
+            `Response.follow_direct`); False, nothing sent, when the socket has a backlog."""
             nonlocal sequence
-            try:
-                writer = _raw_writer(ws)
-                if writer is None:
-                    return False
-                transport = writer.transport
-                if transport.is_closing() or transport.get_write_buffer_size():
-                    return False
-                data = _text_frames(payloads(batch))
-                transport.write(data)
-                # aiohttp's count towards its next drain; the buffer was empty, so no drain is owed.
-                writer._output_size = 0 if writer._output_size + len(data) > writer._limit else writer._output_size + len(data)
-            except Exception:  # never into the publishing task: this request's own send will see it
+            if not write_text_frames_now(ws, payloads(batch)):
                 return False
             sequence += len(batch)
             chunk_frames.inc(len(batch))
@@ -195,7 +183,7 @@ class Connection:
             async for batch in batches:
                 frames = payloads(batch)
                 sequence += len(batch)
-                if len(frames) == 1 or not await _send_text_frames(self.ws, frames):
+                if len(frames) == 1 or not await send_text_frames(ws, frames):
                     for payload in frames:
                         await self.ws.send_frame(payload, WSMsgType.TEXT)
                 chunk_frames.inc(len(batch))
@@ -205,67 +193,6 @@ class Connection:
             await self.error(request_id, "This response fell too far behind and cannot continue; reload the chat.")
         finally:
             gauge.dec()
-
-
-_FRAME_LEN2: Final = struct.Struct("!BBH").pack
-_FRAME_LEN3: Final = struct.Struct("!BBQ").pack
-
-
-async def _send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) -> bool:
-    """Several text frames in one transport write (aiohttp writes each frame on its own).
-
-    Uses aiohttp's frame writer internals, the way its `send_frame` does for an uncompressed
-    server frame (no mask), including its flow control. Returns False, having sent nothing, when
-    they are not as expected (compression on, another aiohttp): the caller then sends frame by frame.
-    """
-    writer = _raw_writer(ws)
-    if writer is None:
-        return False
-    try:
-        transport, protocol = writer.transport, writer.protocol
-        output_size, limit = writer._output_size, writer._limit
-    except AttributeError:
-        return False
-    if transport.is_closing():
-        raise ConnectionResetError("Cannot write to closing transport")
-    data = _text_frames(payloads)
-    transport.write(data)
-    output_size += len(data)
-    if output_size > limit:
-        output_size = 0
-        writer._output_size = 0
-        if protocol._paused:
-            await protocol._drain_helper()
-    else:
-        writer._output_size = output_size
-    return True
-
-
-def _raw_writer(ws: web.WebSocketResponse) -> WebSocketWriter | None:
-    """aiohttp's frame writer, when frames may be written to its transport as plain bytes (no
-    compression, no mask, not closing); None otherwise, or when its internals look different."""
-    try:
-        writer = ws._writer
-        if writer is None or writer.compress or writer.use_mask or writer._closing:
-            return None
-    except AttributeError:
-        return None
-    return writer
-
-
-def _text_frames(payloads: list[bytes]) -> bytes:
-    """Unmasked, uncompressed server text frames, back to back."""
-    parts: list[bytes] = []
-    for payload in payloads:
-        size = len(payload)
-        if size < 126:
-            parts.append(bytes((0x81, size)))  # FIN + text opcode, unmasked
-        elif size < 65536:
-            parts.append(_FRAME_LEN2(0x81, 126, size))
-        else:
-            parts.append(_FRAME_LEN3(0x81, 127, size))
-        parts.append(payload)
-    return b"".join(parts)
 
 
 async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:

@@ -1,0 +1,164 @@
+"""Every use of aiohttp's private attributes, in one place: writes aiohttp has no public call for.
+
+Each one is kept because it was measured to pay (docs/performance.md has the runs). Each declines
+(None, or False with nothing written) when aiohttp's objects are not as expected, and the caller
+then takes aiohttp's public path. A decline costs only speed, so it would go unseen:
+tests/unit/test_aiohttp_raw.py checks every attribute named here on real aiohttp objects, and that
+what is written here decodes exactly as aiohttp's own writes do; pyproject.toml pins aiohttp to the
+releases that test passed on.
+
+What is used, and what it buys:
+
+- `WebSocketResponse._writer` (aiohttp's `WebSocketWriter`), its `compress`, `use_mask`,
+  `_closing`, `_output_size` and `_limit`, and its protocol's `_paused` and `_drain_helper()`
+  (`send_frame`'s flow control):
+  - `send_text_frames`: a batch of text frames in one transport write, where aiohttp writes each
+    frame on its own. With batching per upstream read, WebSocket CPU at 50 streams went from 30-32
+    to 15.8-16.0 us per event (round 1 of issue 8).
+  - `write_text_frames_now`: the same write, synchronous, from the task that publishes the chunks
+    (`Response.follow_direct`) while the request's task is parked and the socket has no backlog:
+    one task hop less per isolated event. Issue 14, interleaved, 30 repetitions: the gateway's
+    added latency p50 at 1 stream, +251 -> +204 us (paired, ~11% less); nothing at saturation.
+- `StreamResponse._payload_writer` (aiohttp's `StreamWriter`), its `chunked`, `length`,
+  `on_body_write`, `_compress`, `_on_chunk_sent`, `_headers_buf` and `output_size`, and the
+  response's `_eof_sent`:
+  - `chunk_writer`: the same direct write for an SSE response (`Response.follow_direct`). Issue 14,
+    interleaved, 50 repetitions: added latency p50 at 1 stream +227 -> +197 us (paired, ~11%
+    less; the target ratio 1.51x -> 1.34x); nothing at saturation.
+- `BaseRequest._read_bytes`, aiohttp's cached copy of a request body:
+  - `forget_body`: a held SSE stream does not keep the body (the browser sends the chat's whole
+    history every turn, so it grows with the chat). Round 2 of issue 8, with the other things a held
+    stream stopped keeping: 33.2 -> 32.4 KiB per held stream on the benchmark's one-message body.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from aiohttp import web
+from aiohttp.http import WebSocketWriter
+
+__all__ = ["chunk_writer", "forget_body", "frame_writer", "send_text_frames", "text_frames", "write_text_frames_now"]
+
+_FRAME_LEN2: Final = struct.Struct("!BBH").pack
+_FRAME_LEN3: Final = struct.Struct("!BBQ").pack
+
+
+def frame_writer(ws: web.WebSocketResponse) -> WebSocketWriter | None:
+    """aiohttp's frame writer, when frames may be written to its transport as plain bytes (no
+    compression, no mask, not closing); None otherwise, or when its internals look different."""
+    try:
+        writer = ws._writer
+        if writer is None or writer.compress or writer.use_mask or writer._closing:
+            return None
+        # Everything the writes below read, read once here: they cannot then fail half done.
+        writer.transport, writer._output_size, writer._limit, writer.protocol._paused  # noqa: B018
+    except AttributeError:
+        return None
+    return writer
+
+
+def text_frames(payloads: list[bytes]) -> bytes:
+    """Unmasked, uncompressed server text frames, back to back (RFC 6455 section 5.2)."""
+    parts: list[bytes] = []
+    for payload in payloads:
+        size = len(payload)
+        if size < 126:
+            parts.append(bytes((0x81, size)))  # FIN + text opcode, unmasked
+        elif size < 65536:
+            parts.append(_FRAME_LEN2(0x81, 126, size))
+        else:
+            parts.append(_FRAME_LEN3(0x81, 127, size))
+        parts.append(payload)
+    return b"".join(parts)
+
+
+async def send_text_frames(ws: web.WebSocketResponse, payloads: list[bytes]) -> bool:
+    """Several text frames in one transport write, with the flow control of aiohttp's `send_frame`.
+
+    False, with nothing sent, when aiohttp's writer is not as expected (compression on, another
+    aiohttp): the caller then sends frame by frame. A closing transport raises as `send_frame` does.
+    """
+    writer = frame_writer(ws)
+    if writer is None:
+        return False
+    if writer.transport.is_closing():
+        raise ConnectionResetError("Cannot write to closing transport")
+    if _write(writer, payloads) and writer.protocol._paused:
+        await writer.protocol._drain_helper()
+    return True
+
+
+def write_text_frames_now(ws: web.WebSocketResponse, payloads: list[bytes]) -> bool:
+    """`send_text_frames` without waiting: only when the transport's buffer is empty, so no drain
+    can be owed. False, with nothing written, otherwise; never raises (it runs in the task that
+    publishes chunks to every follower, and the request's own next send will see any failure)."""
+    try:
+        writer = frame_writer(ws)
+        if writer is None:
+            return False
+        transport = writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        _write(writer, payloads)  # the buffer was empty: a drain due now would return at once
+    except Exception:  # noqa: BLE001  # never into the publishing task (see the docstring)
+        return False
+    return True
+
+
+def _write(writer: WebSocketWriter, payloads: list[bytes]) -> bool:
+    """Write the frames and count them as `send_frame` does; True when a drain is due."""
+    data = text_frames(payloads)
+    writer.transport.write(data)
+    output_size = writer._output_size + len(data)
+    if output_size > writer._limit:
+        writer._output_size = 0
+        return True
+    writer._output_size = output_size
+    return False
+
+
+def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None:
+    """A synchronous `response.write(data)` for a prepared, plain chunked body (no compression, no
+    declared length, no send callbacks), or None when the response is not one or aiohttp's writer
+    looks different.
+
+    The function it returns writes `data` as one HTTP chunk and returns True only once the headers
+    are out and the transport has no backlog (so aiohttp's flow control owes nothing); otherwise it
+    returns False having written nothing, and never raises: it runs in the task that publishes
+    chunks to every follower, and the request's own next write will see any failure.
+    """
+    try:
+        writer = response._payload_writer
+        plain = (
+            writer is not None and writer.chunked and writer._compress is None and writer.length is None
+            and writer._on_chunk_sent is None and writer.on_body_write is None
+        )
+        writer.output_size, writer._headers_buf, response._eof_sent  # noqa: B018  # read below
+    except AttributeError:
+        return None
+    if not plain:
+        return None
+
+    def write_now(data: bytes) -> bool:
+        try:
+            if writer._headers_buf or response._eof_sent:
+                return False  # headers still buffered (nothing written yet): aiohttp's write sends them
+            transport = writer.transport
+            if transport is None or transport.is_closing() or transport.get_write_buffer_size():
+                return False
+            chunk = b"%x\r\n%b\r\n" % (len(data), data)
+            transport.write(chunk)
+            writer.output_size += len(chunk)
+        except Exception:  # noqa: BLE001  # never into the publishing task (see the docstring)
+            return False
+        return True
+
+    return write_now
+
+
+def forget_body(request: web.BaseRequest) -> None:
+    """Drop aiohttp's cached copy of a request body that nothing will read again."""
+    request._read_bytes = None

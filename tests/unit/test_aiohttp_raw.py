@@ -1,0 +1,246 @@
+"""aiohttp's private attributes that gateway/transports/aiohttp_raw.py relies on, checked on real
+aiohttp objects: when an aiohttp release changes them, this fails, naming what changed, instead of
+the gateway silently taking the slow path (or writing bad frames).
+
+On failure: read what changed in that aiohttp, mend aiohttp_raw.py (or drop the trick and its
+figure in docs/performance.md), and move the aiohttp pin in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType, web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http import StreamWriter, WebSocketWriter
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.transports import aiohttp_raw
+
+AIOHTTP = f"aiohttp {aiohttp.__version__}"
+
+# One frame of each length encoding (7-bit, 16-bit, 64-bit), and non-ASCII text.
+PAYLOADS = [b'{"a":1}', b"x" * 125, b"y" * 126, ('{"t":"' + "\u00e9\u6f22" * 300 + '"}').encode(), b"z" * 65536]
+
+Handler = Callable[[web.WebSocketResponse], Awaitable[None]]  # a check run inside the server
+
+
+def attribute(owner: object, name: str, kind: type | tuple[type, ...]) -> Any:
+    where = f"{type(owner).__module__}.{type(owner).__qualname__}.{name}"
+    assert hasattr(owner, name), f"{AIOHTTP} has no {where}, which gateway/transports/aiohttp_raw.py uses"
+    value = getattr(owner, name)
+    assert isinstance(value, kind), f"{AIOHTTP}: {where} is a {type(value).__name__} now, not {kind}"
+    return value
+
+
+async def outcome_of(handler: Callable[[Any], Awaitable[None]], target: Any, outcome: asyncio.Future[None]) -> None:
+    """Run a server-side check, keeping its failure for the test to raise (not as a server error)."""
+    try:
+        await handler(target)
+    except Exception as exc:  # noqa: BLE001  # any failure of the check, raised by the test
+        outcome.set_exception(exc)
+    else:
+        outcome.set_result(None)
+
+
+@asynccontextmanager
+async def served(method: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[TestClient]:
+    """A client of a real aiohttp server whose one route, `/`, is `handler`."""
+    app = web.Application()
+    app.router.add_route(method, "/", handler)
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+@asynccontextmanager
+async def socket_pair(
+    handler: Handler, *, compress: bool = False
+) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, asyncio.Future[None]]]:
+    """A real server-side WebSocketResponse, handed to `handler`; the client end of it, and how the
+    handler ended."""
+    outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def serve(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=compress)
+        await ws.prepare(request)
+        await outcome_of(handler, ws, outcome)
+        await ws.close()
+        return ws
+
+    async with served("GET", serve) as client, client.ws_connect("/", compress=15 if compress else 0, max_msg_size=0) as ws:
+        yield ws, outcome
+
+
+async def received(pair: tuple[aiohttp.ClientWebSocketResponse, asyncio.Future[None]]) -> list[tuple[WSMsgType, str]]:
+    """The text frames the server sent, once it closed; its handler's failure, if it failed."""
+    ws, outcome = pair
+    got = []
+    while (msg := await asyncio.wait_for(ws.receive(), 10)).type is WSMsgType.TEXT:
+        got.append((msg.type, msg.data))
+    await outcome
+    assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED), msg
+    return got
+
+
+async def test_the_websocket_writer_internals_are_there() -> None:
+    async def check(ws: web.WebSocketResponse) -> None:
+        writer = attribute(ws, "_writer", WebSocketWriter)
+        assert attribute(writer, "compress", int) == 0 and attribute(writer, "use_mask", bool) is False
+        assert attribute(writer, "_closing", bool) is False
+        attribute(writer, "_limit", int)
+        attribute(writer, "_output_size", int)
+        transport = attribute(writer, "transport", asyncio.Transport)
+        protocol = attribute(writer, "protocol", asyncio.Protocol)
+        attribute(protocol, "_paused", bool)
+        drain = attribute(protocol, "_drain_helper", object)
+        assert inspect.iscoroutinefunction(drain), f"{AIOHTTP}: BaseProtocol._drain_helper is no coroutine function"
+        # The flow-control count aiohttp keeps: each frame adds its header and payload, as _write does.
+        writer._output_size = 0
+        await ws.send_frame(b"x" * 200, WSMsgType.TEXT)
+        assert writer._output_size == 4 + 200, f"{AIOHTTP}: WebSocketWriter._output_size counts differently"
+        assert aiohttp_raw.frame_writer(ws) is writer
+        assert transport.get_write_buffer_size() >= 0
+
+    async with socket_pair(check) as pair:
+        assert len(await received(pair)) == 1
+
+
+async def test_frames_written_the_fast_ways_decode_as_send_str_ones() -> None:
+    async def send_all_ways(ws: web.WebSocketResponse) -> None:
+        for payload in PAYLOADS:
+            await ws.send_str(payload.decode())
+        assert await aiohttp_raw.send_text_frames(ws, PAYLOADS)
+        while ws._writer.transport.get_write_buffer_size():  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)  # the synchronous write declines while there is a backlog
+        assert aiohttp_raw.write_text_frames_now(ws, PAYLOADS)
+
+    async with socket_pair(send_all_ways) as pair:
+        got = await received(pair)
+    n = len(PAYLOADS)
+    assert len(got) == 3 * n
+    assert got[n : 2 * n] == got[:n] and got[2 * n :] == got[:n]
+    assert got[:n] == [(WSMsgType.TEXT, payload.decode()) for payload in PAYLOADS]
+
+
+async def test_the_frame_bytes_are_what_aiohttp_writes() -> None:
+    written: list[bytes] = []
+
+    class Transport(asyncio.Transport):
+        def write(self, data: Any) -> None:
+            written.append(bytes(data))
+
+        def is_closing(self) -> bool:
+            return False
+
+    writer = WebSocketWriter(BaseProtocol(asyncio.get_running_loop()), Transport())
+    for payload in PAYLOADS:
+        await writer.send_frame(payload, WSMsgType.TEXT)
+    assert b"".join(written) == aiohttp_raw.text_frames(PAYLOADS)
+
+
+async def test_a_compressed_socket_is_left_to_aiohttp() -> None:
+    async def check(ws: web.WebSocketResponse) -> None:
+        assert ws.compress, "permessage-deflate was not negotiated"
+        assert aiohttp_raw.frame_writer(ws) is None
+        assert await aiohttp_raw.send_text_frames(ws, PAYLOADS[:1]) is False
+        assert aiohttp_raw.write_text_frames_now(ws, PAYLOADS[:1]) is False
+        await ws.send_str("sent by aiohttp")
+
+    async with socket_pair(check, compress=True) as pair:
+        assert await received(pair) == [(WSMsgType.TEXT, "sent by aiohttp")]
+
+
+async def test_a_request_body_copy_can_be_dropped() -> None:
+    body = b'{"messages": []}'
+
+    async def handler(request: web.Request) -> web.Response:
+        assert await request.read() == body
+        assert attribute(request, "_read_bytes", bytes) == body, f"{AIOHTTP} no longer caches the body in _read_bytes"
+        aiohttp_raw.forget_body(request)
+        assert request._read_bytes is None
+        return web.Response(text="ok")
+
+    async with served("POST", handler) as client:
+        response = await client.post("/", data=body)
+        assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536])
+def test_length_encodings(size: int) -> None:
+    frame = aiohttp_raw.text_frames([b"a" * size])
+    header = len(frame) - size
+    assert header == (2 if size < 126 else 4 if size < 65536 else 10)
+    assert frame[0] == 0x81 and frame[header:] == b"a" * size
+
+
+@asynccontextmanager
+async def streamed(handler: Callable[[web.StreamResponse], Awaitable[None]], *, compress: bool = False) -> AsyncIterator[bytes]:
+    """A real server-side StreamResponse, prepared and handed to `handler`; the body the client read."""
+    outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if compress:
+            response.enable_compression()
+        await response.prepare(request)
+        await outcome_of(handler, response, outcome)
+        await response.write_eof()
+        return response
+
+    async with served("GET", serve) as client:
+        reply = await client.get("/", headers={"Accept-Encoding": "deflate"} if compress else {})
+        try:
+            body = await reply.read()
+        except aiohttp.ClientPayloadError:
+            body = None
+        await outcome  # the handler's own failure says more than a cut body
+        assert reply.status == 200 and body is not None, reply
+        yield body
+
+
+async def test_the_stream_writer_internals_are_there() -> None:
+    async def check(response: web.StreamResponse) -> None:
+        attribute(response, "_eof_sent", bool)
+        writer = attribute(response, "_payload_writer", StreamWriter)
+        assert attribute(writer, "chunked", bool) is True
+        for name in ("_compress", "length", "_on_chunk_sent", "on_body_write"):
+            assert attribute(writer, name, object) is None, f"{AIOHTTP}: a plain response's StreamWriter.{name} is set"
+        # Headers not sent yet wait in _headers_buf (a StreamResponse sends them at prepare).
+        assert attribute(writer, "_headers_buf", (bytes, type(None))) is None, f"{AIOHTTP}: headers held after prepare"
+        await response.write(b"data: 1\n\n")
+        before = attribute(writer, "output_size", int)
+        await response.write(b"data: 2\n\n")
+        assert writer.output_size == before + len(b"9\r\ndata: 2\n\n\r\n"), f"{AIOHTTP}: StreamWriter.output_size counts differently"
+
+    async with streamed(check) as body:
+        assert body == b"data: 1\n\ndata: 2\n\n"
+
+
+async def test_a_chunk_written_the_fast_way_reads_as_a_write_does() -> None:
+    async def send_both_ways(response: web.StreamResponse) -> None:
+        write_now = aiohttp_raw.chunk_writer(response)
+        assert write_now is not None, f"{AIOHTTP}: chunk_writer declines a plain chunked StreamResponse"
+        await response.write(b"data: 1\n\n")
+        for payload in PAYLOADS:
+            while response._payload_writer.transport.get_write_buffer_size():  # type: ignore[union-attr]
+                await asyncio.sleep(0.001)  # it declines while there is a backlog
+            assert write_now(payload)
+            await response.write(payload)
+
+    async with streamed(send_both_ways) as body:
+        assert body == b"data: 1\n\n" + b"".join(payload + payload for payload in PAYLOADS)
+
+
+async def test_a_compressed_stream_is_left_to_aiohttp() -> None:
+    async def check(response: web.StreamResponse) -> None:
+        assert aiohttp_raw.chunk_writer(response) is None
+        await response.write(b"data: 1\n\n")
+
+    async with streamed(check, compress=True) as body:
+        assert body == b"data: 1\n\n"
