@@ -28,6 +28,9 @@ import pytest
 from gateway.demo import adk_venv
 from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.demo_rows import SCENARIOS as DEMO_ROWS
+from tests.demo_rows import check_rows
+from tests.jsdriver import run_chats
 from tests.procs import GatewayProcess, free_port, plugin_stack, stop_process, wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -210,3 +213,29 @@ def test_the_demo_refuses_an_agent_venv_without_adk(tmp_path: Path) -> None:
         check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert done.returncode == 2 and "gateway.demo.adk_venv" in done.stderr, done.stderr
+
+
+@pytest.mark.js
+@pytest.mark.parametrize("upstream_mode", ["sse", "live"])
+def test_every_demo_row_with_stock_clients_on_an_old_adk(old: tuple[str, Path], tmp_path: Path, upstream_mode: str) -> None:
+    """The demo script (DESIGN.md section 4) with the stock ai 6 and ai 7 Chats over SSE and
+    WebSocket, against the old ADK's own api_server, through its /run_sse or its /run_live."""
+    with plugin_stack(tmp_path, adk=old[1] / "bin" / "adk", plugin=PLUGIN, upstream_mode=upstream_mode) as stack:
+        base = stack.gateway.base
+        names = list(DEMO_ROWS)
+        for version in (6, 7):
+            for transport in ("sse", "ws"):
+                runs = [
+                    {"version": version, "api": f"{base}/api/chat", "steps": DEMO_ROWS[name], "transport": transport,
+                     "ws_url": base.replace("http", "ws", 1) + "/api/chat/ws"}
+                    for name in names
+                ]
+                results: dict[str, dict] = {}
+                # Groups of five: the test config lets one user hold many streams, but the old
+                # ADK server answers one process's worth at a time.
+                for start in range(0, len(runs), 5):
+                    results.update(zip(names[start:start + 5], run_chats(runs[start:start + 5], timeout=90)))
+                try:
+                    check_rows(results)
+                except AssertionError as exc:
+                    raise AssertionError(f"ADK {old[0]}, {upstream_mode} upstream, ai {version} over {transport}: {exc}") from None
