@@ -23,12 +23,14 @@ run-live: $(STAMP) $(DEMO_BUNDLE)
 # the plugin installed there as docs/approvals.md tells an operator (`pip install ./plugin`, which
 # must change no installed version: gateway/demo/adk_venv.py checks it). The gateway in front is
 # this checkout's. The first run for a version builds that venv (about a minute); PORT as for `run`.
+# MODE=live: the agent behind /run_live, as `make run-live`.
 ADK ?=
+MODE ?= sse
 .PHONY: run-adk
 run-adk: $(STAMP) $(DEMO_BUNDLE)
 	@test -n "$(ADK)" || { echo "usage: make run-adk ADK=<google-adk release>, e.g. ADK=1.22.1" >&2; exit 2; }
 	$(PY) -m gateway.demo.adk_venv $(ADK)
-	$(VENV)/bin/adk-gateway demo --agent-venv .venv-adk-$(ADK)
+	$(VENV)/bin/adk-gateway demo --agent-venv .venv-adk-$(ADK) --upstream-mode $(MODE)
 
 test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool
 	$(PY) -m pytest $(PYTEST_ARGS)
