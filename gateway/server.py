@@ -100,9 +100,6 @@ class StopWatchdog:
     def start(self) -> None:
         self._timer.start()
 
-    def cancel(self) -> None:
-        self._timer.cancel()
-
     @staticmethod
     def _expire(seconds: float, exit_code: int) -> None:
         log.error("stop_forced", reason=f"the stop took longer than {seconds:g}s; exiting without finishing it")

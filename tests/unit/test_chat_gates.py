@@ -101,18 +101,23 @@ def answered(first: list[dict[str, Any]], tool: str, approved: bool) -> dict[str
     }
 
 
+def scripted_service() -> tuple[ScriptedAdk, ChatService, GatewayMetrics]:
+    """A ChatService on the scripted ADK, with its metrics; every message id is msg-1."""
+    adk, metrics = ScriptedAdk(), GatewayMetrics()
+    service = ChatService(
+        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
+        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
+    )
+    return adk, service, metrics
+
+
 def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> float:
     return metrics.registry.get_sample_value(f"{name}_count", {"tool": tool, "outcome": outcome}) or 0.0
 
 
 @pytest.mark.parametrize("tool", ["process_payment", "get_location"])
 async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_and_the_whole_text(tool: str) -> None:
-    adk = ScriptedAdk()
-    metrics = GatewayMetrics()
-    service = ChatService(
-        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
-        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
-    )
+    adk, service, metrics = scripted_service()
     attachment = await service.submit("u", request(USER))
     adk.reads.put_nowait([call_event(tool)])
     await asyncio.sleep(0.01)
@@ -157,12 +162,7 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
 
 
 async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_result_does() -> None:
-    adk = ScriptedAdk()
-    metrics = GatewayMetrics()
-    service = ChatService(
-        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
-        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
-    )
+    adk, service, metrics = scripted_service()
 
     def bypassed() -> float:
         return metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"tool": "process_payment"}) or 0.0
@@ -183,12 +183,7 @@ async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_resul
 
 
 async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_its_request_reads_what_happened() -> None:
-    adk = ScriptedAdk()
-    metrics = GatewayMetrics()
-    service = ChatService(
-        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
-        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
-    )
+    adk, service, metrics = scripted_service()
     attachment = await service.submit("u", request(USER))
     adk.reads.put_nowait([call_event("change_bgm")])
     await asyncio.sleep(0.01)
