@@ -10,8 +10,8 @@ stream for as long as it likes while it keeps talking.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Final, Protocol
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
@@ -20,6 +20,7 @@ import orjson
 from .config import UpstreamConfig
 from .errors import HttpError, Refusal
 from .eventstream import EventStreamDecoder, EventStreamError
+from .idle_reader import IdleReader, WaitSignal
 from .live_frames import InvalidLiveFrame, encode_live_frame
 
 __all__ = ["AdkClient", "LiveConnection", "UpstreamError", "WaitSignal", "parse_live_event"]
@@ -161,7 +162,7 @@ class AdkClient:
                 if resp.status != 200:
                     detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
                     raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
-                reader = _IdleReader(resp.content, self._idle_timeout, wait)
+                reader = IdleReader(resp.content, self._idle_timeout, wait)
                 try:
                     while data := await reader.read():
                         raws = decoder.feed(data)
@@ -242,104 +243,6 @@ def _client_error(exc: aiohttp.ClientError) -> UpstreamError:
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
         return UpstreamError("reset", "the agent service closed the connection mid-stream")
     return UpstreamError("http", f"upstream request failed: {type(exc).__name__}")
-
-
-class WaitSignal:
-    """Tells the idle timer of a run's upstream stream whether the run waits for a person.
-
-    While a person decides, ADK's run stays open and sends nothing (the plugin holds the tool call
-    until the verdict), and that silence is not idleness. The run's owner calls `set()` whenever
-    the answer may have changed; only changes reach the stream's reader, which then counts silence
-    from its last read or from the end of the last wait, whichever is later. A flag polled by the
-    timer could not do that: a wait that began and ended between two firings went unseen, and a
-    wait's end was only seen at the next firing, so ADK's next event could find the budget spent.
-    """
-
-    __slots__ = ("_listener", "waiting")
-
-    def __init__(self) -> None:
-        self.waiting = False
-        self._listener: Callable[[bool], None] | None = None
-
-    def set(self, waiting: bool) -> None:
-        if waiting is not self.waiting:
-            self.waiting = waiting
-            if self._listener is not None:
-                self._listener(waiting)
-
-
-class _Timers(Protocol):
-    """What `_IdleReader` needs of the event loop (tests pass a clock they move by hand)."""
-
-    def time(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[[], object], /) -> asyncio.TimerHandle: ...
-
-
-class _IdleReader:
-    """Reads a stream, failing with TimeoutError after `idle` seconds without data.
-
-    The time the run waits for a person (see WaitSignal) is not silence: silence counts from the
-    last read or from the end of the last wait, whichever is later.
-
-    One timer per stream, re-armed only when it fires: a timer per read (asyncio.timeout) costs a
-    heap insertion and removal for every event on the hot path. Reads and the end of a wait only
-    move `_last`; the timer, when it fires early, re-arms for the deadline `_last` gives, and while
-    the run waits it fires once per `idle` with nothing to do. `close()` must be called when the
-    stream is left, so the timer never fires into whatever the task does next.
-    """
-
-    __slots__ = ("_content", "_expired", "_idle", "_last", "_loop", "_task", "_timer", "_wait")
-
-    def __init__(
-        self, content: aiohttp.StreamReader, idle: float, wait: WaitSignal | None = None, loop: _Timers | None = None,
-    ) -> None:
-        self._content = content
-        self._idle = idle
-        self._wait = wait
-        self._loop: _Timers = loop or asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._last = self._loop.time()
-        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle, self._check)
-        self._expired = False
-        if wait is not None:
-            wait._listener = self._wait_changed
-
-    async def read(self) -> bytes:
-        try:
-            data = await self._content.readany()
-        except asyncio.CancelledError:
-            if self._expired and self._task is not None:
-                self._task.uncancel()
-                raise TimeoutError from None
-            raise
-        self._last = self._loop.time()
-        return data
-
-    def _wait_changed(self, waiting: bool) -> None:
-        if not waiting:
-            self._last = self._loop.time()
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        if self._wait is not None and self._wait.waiting:
-            due = now + self._idle
-        else:
-            due = self._last + self._idle
-            if now >= due:
-                self._timer = None
-                if self._task is not None:
-                    self._expired = True
-                    self._task.cancel()
-                return
-        self._timer = self._loop.call_at(due, self._check)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._wait is not None and self._wait._listener == self._wait_changed:
-            self._wait._listener = None
 
 
 class LiveConnection:

@@ -29,7 +29,8 @@ from google.genai import types
 
 from gateway.demo import APP_NAME
 from gateway.demo.live import OUTPUT_AUDIO_MIME, ScriptedLiveConnection, audio_reply_text, heard_text, tone
-from gateway.demo.model import DEMO_ERROR_CODE, DemoCrash, ScriptedLlm, echo_text
+from gateway.demo.model import ScriptedLlm
+from gateway.demo.script import DEMO_ERROR_CODE, DemoCrash, echo_text
 from gateway.demo.tools import build_tools, get_weather, process_payment
 
 WAIT = 2.0  # seconds any expected response may take

@@ -12,7 +12,8 @@ from google.adk.runners import InMemoryRunner
 from google.genai import types
 
 from gateway.demo import AGENTS_DIR, APP_NAME, api_server_command
-from gateway.demo.model import DEMO_ERROR_CODE, DemoCrash, ScriptedLlm
+from gateway.demo.model import ScriptedLlm
+from gateway.demo.script import DEMO_ERROR_CODE, DemoCrash
 from gateway.demo.tools import get_weather, process_payment
 
 

@@ -35,10 +35,11 @@ from redis.exceptions import RedisError
 
 from ..registry import ChatNotFound
 from ..stopping import cancel_and_wait
+from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
-__all__ = ["Backoff", "RedisState"]
+__all__ = ["RedisState"]
 
 log = structlog.get_logger("adk_gateway.cluster")
 
@@ -57,34 +58,6 @@ _INBOX_POLL = 1.0
 # answer must not hold up the process's exit (socket_timeout alone would allow 5 s per try).
 _STOP_GRACE = 1.0
 _GOODBYE_TIMEOUT = 1.0
-
-
-class Backoff:
-    """Delays between attempts at something that keeps failing: `first`, then twice the last,
-    up to `cap`; from `first` again after a success."""
-
-    def __init__(self, first: float, cap: float) -> None:
-        self._first = first
-        self._cap = cap
-        self._delay = first
-        self._failures = 0
-
-    @property
-    def failing(self) -> bool:
-        """Whether the last attempt failed."""
-        return self._failures > 0
-
-    def failed(self) -> float:
-        """Count a failed attempt; the delay before the next one."""
-        self._failures += 1
-        delay = self._delay
-        self._delay = min(self._delay * 2, self._cap)
-        return delay
-
-    def succeeded(self) -> int:
-        """Start over; how many attempts had failed in a row."""
-        failures, self._failures, self._delay = self._failures, 0, self._first
-        return failures
 
 
 class RedisState(SharedState):

@@ -1,9 +1,10 @@
 """The bundled demo agent and how to serve it with the stock ADK API server.
 
-This package owns the offline scripted model (`gateway.demo.model`), the demo
-tools (`gateway.demo.tools`), the ADK app folder under `AGENTS_DIR`, and the
-command line that starts ``adk api_server`` on it. Nothing here runs in the
-gateway's request path: the gateway talks to the started server over HTTP.
+This package owns the offline scripted model (`gateway.demo.model`, playing the
+script of `gateway.demo.script`), the demo tools (`gateway.demo.tools`), the ADK
+app folder under `AGENTS_DIR`, and the command line that starts ``adk api_server``
+on it. Nothing here runs in the gateway's request path: the gateway talks to the
+started server over HTTP.
 """
 
 from __future__ import annotations

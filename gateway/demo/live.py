@@ -2,7 +2,7 @@
 
 `ScriptedLiveConnection` is the `BaseLlmConnection` that `ScriptedLlm.connect`
 yields. It answers typed text from the same script as text mode
-(`gateway.demo.model.reply_to`), answers audio with a transcription and a short
+(`gateway.demo.script.reply_to`), answers audio with a transcription and a short
 tone, and owns the one live-only row:
 
 ==================================  ==========================================
@@ -49,7 +49,7 @@ from google.adk.models.base_llm_connection import BaseLlmConnection
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
-from gateway.demo.model import (
+from gateway.demo.script import (
     CRASH_MESSAGE,
     DEMO_ERROR_CODE,
     DEMO_ERROR_MESSAGE,

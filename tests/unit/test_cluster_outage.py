@@ -20,7 +20,8 @@ from aiohttp.test_utils import make_mocked_request
 
 from gateway.app import create_app, readyz
 from gateway.cluster import redis as redis_module
-from gateway.cluster.redis import Backoff, RedisState
+from gateway.cluster.backoff import Backoff
+from gateway.cluster.redis import RedisState
 from gateway.cluster.shared import SharedStateDown
 from gateway.config import parse_config
 from gateway.state import GATEWAY

@@ -8,7 +8,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from gateway.upstream import WaitSignal, _IdleReader
+from gateway.idle_reader import IdleReader, WaitSignal
 
 IDLE = 1.0
 
@@ -54,7 +54,7 @@ class Timers:
 
 
 class Stream:
-    """An upstream body the test feeds, read by an `_IdleReader` in its own task."""
+    """An upstream body the test feeds, read by an `IdleReader` in its own task."""
 
     def __init__(self, timers: Timers, wait: WaitSignal | None) -> None:
         self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
@@ -65,7 +65,7 @@ class Stream:
         return await self._chunks.get()
 
     async def _read(self, timers: Timers, wait: WaitSignal | None) -> None:
-        reader = _IdleReader(self, IDLE, wait, timers)  # type: ignore[arg-type]
+        reader = IdleReader(self, IDLE, wait, timers)  # type: ignore[arg-type]
         try:
             while data := await reader.read():
                 self.received.append(data)
