@@ -27,7 +27,6 @@ import ctypes
 import gc
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -145,14 +144,15 @@ def breakdown(seconds: float = 1.0, trials: int = 3) -> dict[str, Any]:
     stage("frame_sse_us", lambda: [b"".join(map(sse_frame, batch)) for batch in encoded])
 
     def publish() -> None:
-        from gateway.chats import RunDriver
+        from gateway.driver import RunDriver, RunHooks
+        from gateway.ledger import Ledger
         from gateway.runs import Run
+        from gateway.turn import Chunks, Turn
 
-        service = SimpleNamespace(metrics=metrics, now=time.monotonic)
         run = Run("msg-bench", limit=10_000_000)
-        driver = RunDriver(service, SimpleNamespace(), Converter("msg-bench"), run)  # type: ignore[arg-type]
+        driver = RunDriver(Turn("msg-bench", ledger=Ledger()), run, RunHooks(metrics, time.monotonic, lambda call: None))
         for cl in chunk_lists:
-            driver.publish(cl)
+            driver.apply([Chunks(cl)])
 
     stage("publish_us", publish)
 

@@ -114,7 +114,7 @@ async def _probe_upstream(gateway: Gateway) -> None:
 async def _enforce_deadlines(gateway: Gateway) -> None:
     while True:
         await asyncio.sleep(_DEADLINE_TICK)
-        expired = gateway.chats.expire_due()
+        expired = gateway.chats.gates.expire_due()
         if expired:
             log.info("gates_timed_out", count=expired)
 

@@ -1,4 +1,4 @@
-"""A run: one upstream agent run streaming into one assistant message, and its chunk log.
+"""A run's chunk log: one upstream agent run streaming into one assistant message.
 
 A run outlives the browser request that started it (DESIGN.md decision 4): the run's task writes
 encoded chunks into the log, and any number of followers (the POST that started it, a resume
@@ -17,16 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from enum import Enum
 from typing import Protocol
 
-__all__ = ["Feed", "FollowerLagged", "Response", "Run", "RunState"]
-
-
-class RunState(Enum):
-    STREAMING = "streaming"
-    WAITING = "waiting"  # for a person: an approval or a browser tool
-    DONE = "done"
+__all__ = ["Feed", "FollowerLagged", "Response", "Run"]
 
 
 class Feed(Protocol):
@@ -243,9 +236,10 @@ def _resolve(waiter: asyncio.Future[object], value: object) -> None:
 
 
 class Run:
+    """The log of one run's responses; when a response opens and closes is the turn's (turn.py)."""
+
     def __init__(self, message_id: str, *, limit: int = 10_000) -> None:
         self.message_id = message_id
-        self.state = RunState.STREAMING
         self._limit = limit
         self.current = Response(limit)
         self.finished_at: float | None = None
@@ -253,10 +247,6 @@ class Run:
     @property
     def streaming(self) -> bool:
         """A response is being written: a second request for the chat must wait its turn."""
-        return self.state is RunState.STREAMING
-
-    @property
-    def response_open(self) -> bool:
         return not self.current.closed
 
     def publish(self, frames: list[bytes]) -> None:
@@ -264,16 +254,14 @@ class Run:
         if frames:
             self.current.append(frames)
 
-    def end_response(self, *, waiting: bool, now: float) -> None:
-        """The current response is complete; `waiting` says the run now waits for a person."""
+    def end_response(self, now: float) -> None:
+        """The current response is complete."""
         self.current.close(now)
-        self.state = RunState.WAITING if waiting else RunState.DONE
 
     def next_response(self) -> Response:
-        """Open the response that continues a waiting run."""
+        """Open the response that continues the run."""
         # Only the latest response is kept: a follower of an older one holds it itself.
         self.current = Response(self._limit)
-        self.state = RunState.STREAMING
         return self.current
 
     def unread(self) -> Response | None:

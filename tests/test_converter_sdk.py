@@ -12,7 +12,7 @@ import pytest
 
 from gateway.converter import Converter
 from tests.jsdriver import check_streams
-from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, convert, fixture_names
+from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
 
 pytestmark = pytest.mark.js
 
@@ -53,7 +53,7 @@ def test_all_recorded_runs_pass_the_sdk(version: int, folder: str) -> None:
     cases, names = [], []
     for name, (setup, decisions) in CONTINUATIONS.items():
         message, known, denied = _answer(results[setup]["message"], decisions)
-        converter = Converter(message["id"], version=version, known_tool_calls=known, denied_tool_calls=denied)
+        converter = continuing(message["id"], version=version, known=known, denied=denied)
         cases.append({"version": version, "chunks": convert(name, converter, folder), "message": message})
         names.append(name)
     for name, result in zip(names, check_streams(cases)):

@@ -152,25 +152,25 @@ class RemoteGate:
     async def here(self, gate: Gate, on_waiting: Callable[[GatedCall], Awaitable[None]] | None = None) -> tuple[Verdict, str]:
         """Open, record and announce the call here, and wait for its verdict; `on_waiting` is
         called once the call waits for a person (not when the answer is immediate)."""
-        opened = self._chats.open_gate(
+        opened = self._chats.gates.open(
             user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id, tool=gate.tool,
             args=gate.args, announce=False,
         )
         if isinstance(opened, Verdict):
             return opened, "not_gated" if opened.run else (opened.reason or "respond")
         call = opened
-        ttl = max(call.deadline - self._chats.now(), 0) + 60
+        ttl = max(call.deadline - self._chats.gates.now(), 0) + 60
         try:
             # Recorded before the browser can see it, so any replica can tell what became of it.
             await self._state.put_call(call.id, {
                 "user": call.user_id, "chat": call.chat_id, "owner": self._state.replica_id, "tool": call.tool,
             }, ttl=ttl)
         except SharedStateDown:
-            self._chats.cancel_call(call, "the gateway's shared session store is unreachable")
+            self._chats.gates.cancel(call, "the gateway's shared session store is unreachable")
         if on_waiting is not None and not call.released:
             await on_waiting(call)
-        self._chats.announce(call)
-        verdict = await self._chats.wait(call)
+        self._chats.gates.announce(call)
+        verdict = await self._chats.gates.wait(call)
         if on_waiting is not None:
             # Another replica holds the plugin's request and reads the verdict from the record
             # if the message is lost: keep trying through a Redis outage.

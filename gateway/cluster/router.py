@@ -35,7 +35,7 @@ from ..errors import HttpError
 from ..messages import ChatRequest
 from ..metrics import GatewayMetrics
 from ..protocol import ClientVersion
-from ..registry import Chat
+from ..chat import Chat
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
@@ -187,7 +187,7 @@ class Cluster:
     async def gate(self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]) -> tuple[Verdict, str]:
         """The verdict for a gated call the plugin asks about, and its label for the metrics."""
         request = Gate(user_id, session_id, tool_call_id, tool, args)
-        if not self.chats.runs_here(user_id, session_id):
+        if not self.chats.gates.runs_here(user_id, session_id):
             try:
                 owner = await self.state.owner(user_id, session_id)
             except SharedStateDown:
@@ -249,6 +249,6 @@ class Cluster:
     def _local_chats(self) -> list[tuple[str, str, str]]:
         out = []
         for chat in self.chats.local_chats():
-            running = chat.run.message_id if chat.driver is not None and chat.driver.alive and chat.run is not None else ""
+            running = chat.run.message_id if chat.running and chat.run is not None else ""
             out.append((chat.user_id, chat.chat_id, running))
         return out

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.converter import Converter
+from gateway.ledger import Ledger
+from gateway.protocol import ClientVersion
 from gateway.upstream import _parsed
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
@@ -41,6 +43,13 @@ def events(name: str, folder: str = "adk") -> list[dict[str, Any]]:
 
 def fixture_names(folder: str = "adk") -> list[str]:
     return sorted(p.stem for p in (ROOT / folder).glob("*.jsonl") if p.stat().st_size)
+
+
+def continuing(message_id: str, *, version: ClientVersion = 6, known: Iterable[str] = (), denied: Iterable[str] = ()) -> Converter:
+    """A converter for a run that continues a message after native answers (`denied`: the calls denied)."""
+    ledger = Ledger()
+    ledger.begin_run(denied)
+    return Converter(message_id, version, known_tool_calls=known, ledger=ledger)
 
 
 def convert(name: str, converter: Converter | None = None, folder: str = "adk") -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
     attachment = await service.submit("u", request(USER))
     adk.reads.put_nowait([call_event(tool)])
     await asyncio.sleep(0.01)
-    call = service.open_gate(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
+    call = service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
     assert isinstance(call, GatedCall) and not call.released
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
@@ -187,7 +187,7 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
     attachment = await service.submit("u", request(USER))
     adk.reads.put_nowait([call_event("change_bgm")])
     await asyncio.sleep(0.01)
-    call = service.open_gate(user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+    call = service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
     assert isinstance(call, GatedCall)
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-input-available", "finish-step", "finish"]

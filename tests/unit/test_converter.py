@@ -13,6 +13,7 @@ import pytest
 from gateway.approvals import REFUSAL_KEY
 from gateway.converter import Converter, map_finish_reason
 from tests.unit.fixtures import (
+    continuing,
     LIVE_FOLDERS,
     SSE_FOLDERS,
     check_stream_rules,
@@ -82,8 +83,8 @@ def test_confirmation_becomes_an_approval_request_and_the_placeholder_is_hidden(
     assert chunks[4] == {"type": "tool-approval-request", "approvalId": confirmation["id"], "toolCallId": original["id"]}
     assert chunks[-1]["finishReason"] == "tool-calls"
     assert "requires confirmation" not in str(chunks)
-    assert [a.tool_name for a in converter.approvals] == ["process_payment"]
-    assert converter.approvals[0].args == {"amount": 50, "recipient": "Hanako", "currency": "USD"}
+    assert [c.tool for c in converter.ledger.settle_asked(now=0)] == ["process_payment"]
+    assert chunks[3]["input"] == {"amount": 50, "recipient": "Hanako", "currency": "USD"}
     check_stream_rules(chunks)
 
 
@@ -126,7 +127,7 @@ def test_approved_continuation_keeps_the_message_and_puts_the_output_first(folde
 def test_denied_continuation_reports_output_denied(folder: str) -> None:
     call_id = _original_call_id("pay_hanako_deny_setup", folder)
     chunks = convert(
-        "pay_hanako_deny", folder=folder, converter=Converter("m1", known_tool_calls=[call_id], denied_tool_calls=[call_id])
+        "pay_hanako_deny", folder=folder, converter=continuing("m1", known=[call_id], denied=[call_id])
     )
     assert chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
     assert "rejected" not in str(chunks[:2])
@@ -141,7 +142,7 @@ def test_approve_one_deny_the_other(folder: str) -> None:
     ]
     chunks = convert(
         "pay_two_approve_one_deny_other", folder=folder,
-        converter=Converter("m1", known_tool_calls=calls, denied_tool_calls=[calls[1]]),
+        converter=continuing("m1", known=calls, denied=[calls[1]]),
     )
     outputs = [c for c in chunks if c["type"].startswith("tool-output")]
     assert [(c["type"], c["toolCallId"]) for c in outputs] == [
@@ -245,16 +246,12 @@ def test_v7_only_finish_reason_is_downgraded_for_v6() -> None:
     assert finish_reason_for("interrupted", 7) == "interrupted"
 
 
-# ---- gateway-gated calls ---------------------------------------------------------------------
+# ---- gated calls the plugin never opened (the turn's own tests: test_turn.py) ----------------
 
 def _policy(name: str):
     from gateway.config import ToolPolicy
 
-    return {
-        "pay": ToolPolicy(approval=True),
-        "where": ToolPolicy(approval=True, runs_in="browser"),
-        "bgm": ToolPolicy(runs_in="browser"),
-    }.get(name, ToolPolicy())
+    return {"pay": ToolPolicy(approval=True)}.get(name, ToolPolicy())
 
 
 def _call_event(*calls: tuple[str, str, dict]) -> dict:
@@ -264,168 +261,17 @@ def _call_event(*calls: tuple[str, str, dict]) -> dict:
     }
 
 
-def _gate(tool: str, call_id: str, args: dict | None = None):
-    from gateway.approvals import GatedCall
-
-    return GatedCall.open(
-        user_id="u", chat_id="c", session_id="c", tool_call_id=call_id, tool=tool, args=args or {},
-        policy=_policy(tool), now=0.0,
-    )
-
-
-def test_a_gated_call_waits_until_the_plugin_announces_it() -> None:
-    converter = Converter("m1", policy=_policy)
-    out = converter.start() + converter.feed(_call_event(("c1", "pay", {"amount": 5})))
-    assert not converter.waiting_for_person  # seen, not yet announced
-    gate = _gate("pay", "c1", {"amount": 5})
-    out += converter.gate_opened(gate)
-    assert converter.waiting_for_person
-    assert out[-1] == {"type": "tool-approval-request", "approvalId": gate.id, "toolCallId": "c1"}
-    out += converter.finish()
-    assert out[-1]["finishReason"] == "tool-calls"
-    check_stream_rules(out)
-
-
-def test_parallel_gated_calls_wait_for_every_announcement() -> None:
-    converter = Converter("m1", policy=_policy)
-    converter.start()
-    converter.feed(_call_event(("c1", "pay", {}), ("c2", "pay", {})))
-    converter.gate_opened(_gate("pay", "c1"))
-    assert not converter.waiting_for_person
-    converter.gate_opened(_gate("pay", "c2"))
-    assert converter.waiting_for_person
-
-
-def test_announcement_before_the_event_shows_the_call_once() -> None:
-    converter = Converter("m1", policy=_policy)
-    out = converter.start() + converter.gate_opened(_gate("pay", "c1", {"x": 1}))
-    out += converter.feed(_call_event(("c1", "pay", {"x": 1})))
-    assert types(out).count("tool-input-available") == 1
-    assert converter.waiting_for_person
-
-
-def test_browser_tool_needing_approval_is_held_until_approved() -> None:
-    converter = Converter("m1", policy=_policy)
-    out = converter.start() + converter.feed(_call_event(("c1", "where", {"precise": True})))
-    gate = _gate("where", "c1", {"precise": True})
-    out += converter.gate_opened(gate)
-    out += converter.finish()
-    assert "tool-input-available" not in types(out)
-    assert out[3] == {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"precise":true}'}
-    check_stream_rules(out)
-    # Approved: the continuation hands the call to the browser without opening a new step.
-    gate.decide(True, now=1)
-    cont = converter.start() + converter.gate_changed(gate)
-    assert types(cont) == ["start", "tool-input-available"]
-    assert converter.waiting_for_person  # now for the browser's output
-    gate.deliver_output({"lat": 1})
-    assert converter.gate_changed(gate) == [] and not converter.waiting_for_person
-    # ADK's echo of the browser's own output is not news to the client.
-    echo = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "where", "response": {"lat": 1}}}]}}
-    assert converter.feed(echo) == []
-
-
-def test_denied_and_timed_out_gates_render_as_the_policy_says() -> None:
-    converter = Converter("m1", policy=_policy)
-    converter.start()
-    converter.feed(_call_event(("c1", "pay", {})))
-    gate = _gate("pay", "c1")
-    converter.gate_opened(gate)
-    gate.decide(False, now=1)
-    converter.gate_changed(gate)
-    response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": gate.verdict.response}}]}}
-    assert converter.feed(response) == [{"type": "tool-output-denied", "toolCallId": "c1"}]
+def _response_event(call_id: str, name: str, response: Any) -> dict:
+    return {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": call_id, "name": name, "response": response}}]}}
 
 
 def test_a_gated_tool_answering_without_the_plugin_is_reported() -> None:
     converter = Converter("m1", policy=_policy)
     converter.start()
     converter.feed(_call_event(("c1", "pay", {})))
-    response = {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "pay", "response": {"ok": 1}}}]}}
-    converter.feed(response)
-    assert converter.bypassed == ["pay"] and not converter.waiting_for_person
-
-
-def _response_event(call_id: str, name: str, response: Any) -> dict:
-    return {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": call_id, "name": name, "response": response}}]}}
-
-
-def _text_events(*pieces: str) -> list[dict]:
-    partials = [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": p}]}} for p in pieces]
-    final = {"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}, "finishReason": "STOP"}
-    return [*partials, final]
-
-
-def test_a_timed_out_gate_with_on_timeout_error_shows_the_reason_not_the_marker() -> None:
-    from gateway.approvals import GatedCall
-    from gateway.config import ToolPolicy
-
-    converter = Converter("m1", policy=_policy)
-    converter.start()
-    converter.feed(_call_event(("c1", "pay", {})))
-    gate = GatedCall.open(
-        user_id="u", chat_id="c", session_id="c", tool_call_id="c1", tool="pay", args={},
-        policy=ToolPolicy(approval=True, on_timeout="error"), now=0.0,
-    )
-    converter.gate_opened(gate)
-    gate.expire(now=10_000)
-    converter.gate_changed(gate)
-    out = converter.feed(_response_event("c1", "pay", gate.verdict.response))
-    assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": gate.verdict.response["error"]}]
-
-
-@pytest.mark.parametrize(
-    ("tool", "approve_first"),
-    [("pay", False), ("where", False), ("where", True), ("bgm", False)],
-    ids=["approval", "browser-tool-held-for-approval", "browser-tool-approved", "browser-tool"],
-)
-def test_the_plugin_giving_up_ends_the_wait_with_an_error_and_one_whole_continuation(tool: str, approve_first: bool) -> None:
-    """The plugin's long poll ended without a verdict (ADK_GATEWAY_MAX_WAIT, a dead replica, a proxy):
-    it answered ADK with its refusal. The call is over; the model's words that follow belong to one
-    response that the person's late answer (or a resume) receives whole."""
-    converter = Converter("m1", policy=_policy)
-    first = converter.start() + converter.feed(_call_event(("c1", tool, {"x": 1})))
-    gate = _gate(tool, "c1", {"x": 1})
-    first += converter.gate_opened(gate)
-    if approve_first:
-        gate.decide(True, now=1)
-        first += converter.gate_changed(gate)
-    assert converter.waiting_for_person
-    first += converter.finish()
-    check_stream_rules(first)
-
-    refusal = {"error": "Nobody decided within the plugin's longest wait; the call was not run.", REFUSAL_KEY: "max_wait"}
-    cont = converter.start() + converter.feed(_response_event("c1", tool, refusal))
-    assert cont[1:] == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": refusal["error"]}]
-    assert converter.abandoned == [("c1", "max_wait")]
-    assert not converter.waiting_for_person and not converter.gates_open
-    for event in _text_events("The payment ", "was not made: ", "nobody decided."):
-        cont += converter.feed(event)
-        assert not converter.waiting_for_person  # the text must not be cut into responses of its own
-    cont += converter.finish()
-    assert types(cont) == [
-        "start", "tool-output-error", "start-step", "text-start", "text-delta", "text-delta", "text-delta",
-        "text-end", "finish-step", "finish",
-    ]
-    assert "".join(c["delta"] for c in cont if c["type"] == "text-delta") == "The payment was not made: nobody decided."
-    assert cont[-1]["finishReason"] == "stop"
-    assert converter.bypassed == []
-    check_stream_rules(cont, known=["c1"])
-    # The ledger then releases the call (outcome abandoned): that changes nothing more for the browser.
-    gate.abandon("max_wait")
-    assert converter.gate_changed(gate) == []
-
-
-def test_an_old_plugins_unmarked_answer_at_an_open_gate_still_ends_the_wait() -> None:
-    # The plugin asked (the gate is open), so it is installed: an answer the gateway never released
-    # is the plugin giving up, whatever its version.
-    converter = Converter("m1", policy=_policy)
-    converter.start()
-    converter.feed(_call_event(("c1", "pay", {})))
-    converter.gate_opened(_gate("pay", "c1"))
-    out = converter.feed(_response_event("c1", "pay", {"error": "The approval gateway went away; the call was not run."}))
-    assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": "The approval gateway went away; the call was not run."}]
-    assert converter.abandoned == [("c1", None)] and not converter.waiting_for_person and converter.bypassed == []
+    assert converter.ledger.expected("c1") and not converter.ledger.waiting_for_person
+    converter.feed(_response_event("c1", "pay", {"ok": 1}))
+    assert converter.bypassed == ["pay"] and not converter.ledger.expected("c1")
 
 
 @pytest.mark.parametrize("code", ["policy_unavailable", "gateway_unreachable", "too_many_pending", "refused"])
@@ -438,7 +284,7 @@ def test_a_refusal_of_a_gated_call_the_plugin_could_not_announce_is_no_bypass(co
     refusal = {"error": "The call was not run.", REFUSAL_KEY: code}
     out = converter.feed(_response_event("c1", "pay", refusal))
     assert out == [{"type": "tool-output-error", "toolCallId": "c1", "errorText": "The call was not run."}]
-    assert converter.bypassed == [] and converter.abandoned == [] and not converter.waiting_for_person
+    assert converter.bypassed == [] and converter.abandoned == [] and not converter.ledger.waiting_for_person
 
 
 def test_a_gated_tools_own_error_without_the_plugin_asking_is_still_a_bypass() -> None:

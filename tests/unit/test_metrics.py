@@ -291,6 +291,18 @@ def _returned_labels(source: Source) -> list[ast.AST | None]:
     return out
 
 
+def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
+    """How turns end (turn.py): what `_outcome` is set to, and what `fail` is told, by default too."""
+    exprs: list[ast.AST | None] = [
+        node.value for path, node in source.nodes(ast.Assign) if path == "turn.py"  # type: ignore[attr-defined]
+        for target in node.targets if isinstance(target, ast.Attribute) and target.attr == "_outcome"  # type: ignore[attr-defined]
+    ]
+    exprs += [k.value for _, call in source.calls_to("fail") for k in call.keywords if k.arg == "outcome"]
+    exprs += [d for path, f in source.nodes(ast.FunctionDef) if path == "turn.py" and f.name == "fail"  # type: ignore[attr-defined]
+              for d in f.args.kw_defaults]  # type: ignore[attr-defined]
+    return _constants(resolver, exprs)
+
+
 def _ws_frame_types(source: Source, resolver: Resolver, direction: str) -> set[str]:
     if direction == "in":  # the frame types the socket has a handler for; the rest count as invalid
         handlers = [v for _, n in source.nodes(ast.Assign) for t in n.targets  # type: ignore[attr-defined]
@@ -313,6 +325,7 @@ DYNAMIC_SOURCES: dict[tuple[str, int], DynamicSource] = {
     ("plugin_requests", 0): lambda s, r, _: _constants(
         r, [k.value for _, c in s.calls_to("Verdict") for k in c.keywords if k.arg == "reason"] + _returned_labels(s)
     ),
+    ("runs", 0): lambda s, r, _: _run_outcomes(s, r),
     ("ws_frames", 1): lambda s, r, other: set().union(*(_ws_frame_types(s, r, d) for d in other[0] - {DYNAMIC})),
 }
 # Label positions whose values are open by design: tool names (exported from the policy by
@@ -405,8 +418,7 @@ def test_the_scan_finds_every_counted_value() -> None:
     assert {"no_browser", "not_gated", "owner_lost", "verdict_lost"} <= DYNAMIC_SOURCES["plugin_requests", 0](source, resolver, [])
     assert {"send", "audio"} <= DYNAMIC_SOURCES["ws_frames", 1](source, resolver, [{"in"}])
     assert {"start", "end", "no-active"} <= DYNAMIC_SOURCES["ws_frames", 1](source, resolver, [{"out"}])
-    runs = next(c for p, c in source.calls_to("labels") if p == "chats.py" and ast.unparse(c.func).endswith("runs.labels"))  # type: ignore[attr-defined]
-    assert resolver.values(runs.args[0]) == {"completed", "waiting", "error", "cancelled"}
+    assert DYNAMIC_SOURCES["runs", 0](source, resolver, []) == {"completed", "waiting", "error", "cancelled"}
     refusal = next(c for p, c in source.calls_to("labels") if p == "transports/admit.py")
     assert {"draining", "body_too_large", "unauthorized"} <= resolver.values(refusal.args[0])
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.runs import FollowerLagged, Response, Run, RunState
+from gateway.runs import FollowerLagged, Response, Run
 
 
 async def collect(response: Response, start: int = 0) -> list[bytes]:
@@ -25,10 +25,10 @@ async def test_live_and_late_followers_see_the_same_response() -> None:
     assert run.unread() is run.current
     late = asyncio.create_task(collect(run.current))
     await asyncio.sleep(0)
-    run.end_response(waiting=False, now=10)
+    run.end_response(now=10)
     assert await early == [b"a", b"b", b"c"]
     assert await late == [b"a", b"b", b"c"]
-    assert run.state is RunState.DONE and not run.streaming
+    assert not run.streaming
     assert run.unread() is None  # read whole
     # A reconnecting browser cannot say what reached it: recent responses are replayed.
     assert run.resumable(now=15, retention=60) is run.current
@@ -39,12 +39,12 @@ async def test_a_waiting_run_continues_in_a_new_response_without_moving_old_foll
     run = Run("m1")
     first = run.current
     run.publish([b"x"])
-    run.end_response(waiting=True, now=0)
-    assert run.state is RunState.WAITING and not run.streaming
+    run.end_response(now=0)
+    assert not run.streaming
     second = run.next_response()
     assert run.streaming and second is run.current
     run.publish([b"y"])
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     assert await collect(first) == [b"x"]
     assert await collect(second) == [b"y"]
 
@@ -55,7 +55,7 @@ async def test_a_response_cut_off_mid_way_is_still_unread() -> None:
     follower = run.current.follow()
     assert await follower.__anext__() == [b"x", b"y"]
     await follower.aclose()  # the browser went away before the end
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     assert run.unread() is run.current
     await collect(run.current)
     assert run.unread() is None
@@ -64,7 +64,7 @@ async def test_a_response_cut_off_mid_way_is_still_unread() -> None:
 async def test_bounded_log_drops_old_chunks_and_tells_slow_followers() -> None:
     run = Run("m1", limit=100)
     run.publish([b"%d" % i for i in range(150)])
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     with pytest.raises(FollowerLagged):
         await collect(run.current)
     assert run.unread() is None and run.resumable(now=0, retention=60) is None
@@ -78,7 +78,7 @@ async def test_cancelled_follower_does_not_break_publishing() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     run.publish([b"z"])
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     assert await collect(run.current) == [b"z"]
 
 
@@ -124,7 +124,7 @@ async def test_a_parked_direct_follower_is_written_by_the_publisher_in_order() -
     run.publish([b"f"])
     other = asyncio.create_task(collect(run.current))  # a second follower: never direct
     await asyncio.sleep(0.01)
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     await task
     assert sink.written == [b"a", b"b", b"c", b"d", b"e", b"f"]
     assert sink.direct == 2
@@ -138,7 +138,7 @@ async def test_a_direct_follower_still_gets_keepalives_and_lags_like_any_other()
     task = asyncio.create_task(_follow_direct(run.current, sink, idle=0.02))
     await asyncio.sleep(0.07)
     run.publish([b"a"])
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     assert await task >= 1 and sink.written == [b"a"]
     # Past the bound while it is busy writing: told so, as with `follow`.
     run = Run("m1", limit=4)
@@ -148,6 +148,6 @@ async def test_a_direct_follower_still_gets_keepalives_and_lags_like_any_other()
     task = asyncio.create_task(_follow_direct(run.current, sink))
     await asyncio.sleep(0.01)
     run.publish([b"%d" % i for i in range(9)])  # declined, then dropped before the follower reads it
-    run.end_response(waiting=False, now=0)
+    run.end_response(now=0)
     with pytest.raises(FollowerLagged):
         await task

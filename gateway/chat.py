@@ -1,0 +1,37 @@
+"""A chat, as this replica remembers it between requests.
+
+A chat is keyed by (user id, AI SDK chat id): a browser can only ever reach chats of its own user.
+It holds its ADK session, its current run (the run log that requests follow, and the driver that
+runs it), its live session in live mode, and its ledger: the calls that wait for a person.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .driver import RunDriver
+from .ledger import Ledger
+from .live import LiveLink
+from .runs import Run
+
+__all__ = ["Chat"]
+
+
+@dataclass(eq=False)
+class Chat:
+    user_id: str
+    chat_id: str
+    session_id: str
+    last_active: float
+    session_ready: bool = False
+    run: Run | None = None
+    # Drives `run`; its task is alive while the run's upstream stream is open.
+    driver: RunDriver | None = None
+    # The chat's ADK live session, in live upstream mode.
+    live: LiveLink | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+
+    @property
+    def running(self) -> bool:
+        """An upstream run of this chat is going on here."""
+        return self.driver is not None and self.driver.alive

@@ -1,0 +1,154 @@
+"""The I/O shell of one turn: its task, its run log, and what the turn's outputs ask for.
+
+A `RunDriver` feeds a `Turn` (turn.py) the upstream events of its run as they are read, and carries
+out each output the turn returns: chunks are encoded into the run's log (runs.py), where the
+browser requests follow them; responses open and close there; a released gated call's verdict goes
+to the plugin's waiting request; metrics and log lines are recorded. It also keeps the upstream
+stream's idle timer told whether the run waits for a person (a wait is not idleness).
+
+Everything here is thin on purpose: what happens next is decided in the turn, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from .approvals import CallState, GatedCall, Outcome
+from .idle_reader import WaitSignal
+from .metrics import GatewayMetrics
+from .protocol import encode_chunk
+from .runs import Run
+from .turn import (
+    Bypassed, CallChanged, Chunks, CloseResponse, Raised, NativeAsked, OpenResponse, Output, RunEnded, Turn,
+)
+from .upstream import UpstreamError
+
+__all__ = ["RunDriver", "RunHooks"]
+
+log = structlog.get_logger("adk_gateway.chats")
+
+_BROWSER_OUTCOMES = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What every driver of a chat service shares."""
+
+    metrics: GatewayMetrics
+    clock: Callable[[], float]
+    # Hands a released call's verdict to the plugin's request waiting for it.
+    release: Callable[[GatedCall], None]
+
+
+class RunDriver:
+    """One turn's run: upstream events in, the turn's outputs carried out."""
+
+    # A held or finished run keeps its driver: no per-instance dict.
+    __slots__ = ("_count", "_hooks", "aborting", "run", "task", "turn", "upstream_wait")
+
+    def __init__(self, turn: Turn, run: Run, hooks: RunHooks) -> None:
+        self.turn = turn
+        self.run = run
+        self._hooks = hooks
+        self._count = hooks.metrics.count_chunk
+        self.task: asyncio.Task[None] | None = None
+        # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
+        self.aborting = False
+        # Tells the upstream stream's idle timer when the run waits for a person.
+        self.upstream_wait = WaitSignal()
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def now(self) -> float:
+        return self._hooks.clock()
+
+    def apply(self, outputs: list[Output]) -> None:
+        """Carry out what the turn asked for, in order."""
+        for output in outputs:
+            if type(output) is Chunks:
+                self._write(output.chunks)
+            elif type(output) is OpenResponse:
+                self.run.next_response()
+            elif type(output) is CloseResponse:
+                self.run.end_response(self._hooks.clock())
+            else:
+                self._observe(output)
+        self.upstream_wait.set(self.turn.waiting_for_person)
+
+    def _write(self, chunks: list[dict[str, Any]]) -> None:
+        for chunk in chunks:
+            kind = chunk["type"]
+            self._count(kind)
+            if kind == "data-pcm":
+                self._hooks.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
+        self.run.publish([encode_chunk(c) for c in chunks])
+
+    def _observe(self, output: Output) -> None:
+        metrics = self._hooks.metrics
+        match output:
+            case CallChanged(call=call, before=before, waited=waited):
+                _observe_call(metrics, call, before, waited)
+                if call.outcome is Outcome.ABANDONED:
+                    log.warning("gated_call_abandoned", approval_id=call.id, tool=call.tool, reason=output.reason)
+                if call.released:
+                    self._hooks.release(call)
+            case Bypassed(tool=tool):
+                metrics.policy_bypassed.labels(tool).inc()
+                log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
+            case NativeAsked(confirmation=asked):
+                metrics.approvals_pending.inc()
+                log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
+            case RunEnded():
+                metrics.runs.labels(output.outcome).inc()
+                log.info("run_finished", outcome=output.outcome)
+            case Raised(error=error):
+                raise error
+
+    async def drive(self, batches: AsyncIterator[Iterable[dict[str, Any]]], closing_reason: Callable[[], str]) -> None:
+        """Run the turn over the upstream's events until the run ends, whatever ends it."""
+        turn, apply, clock, metrics = self.turn, self.apply, self._hooks.clock, self._hooks.metrics
+        apply(turn.begin())
+        try:
+            async for batch in batches:
+                # One publish per upstream read: one encode list, one wake-up of the followers.
+                apply(turn.feed(batch, clock()))
+                batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+            if turn.converter.failed:
+                metrics.upstream_errors.labels("run_error").inc()
+        except UpstreamError as exc:
+            metrics.upstream_errors.labels(exc.kind).inc()
+            log.warning("upstream_failed", kind=exc.kind, status=exc.status, reason=str(exc))
+            apply(turn.fail(f"The agent service failed: {exc}", clock()))
+        except asyncio.CancelledError:
+            apply(turn.abort(clock()) if self.aborting else turn.fail(closing_reason(), clock(), outcome="cancelled"))
+            raise
+        except Exception:
+            # A bug here must not leave the browser hanging on an open stream.
+            log.exception("run_crashed")
+            apply(turn.fail("The gateway failed while streaming this response.", clock()))
+        finally:
+            apply(turn.end(clock()))
+            self.run.finished_at = clock()
+
+
+def _observe_call(metrics: GatewayMetrics, call: GatedCall, before: CallState, waited: float) -> None:
+    tool = call.tool
+    if before is CallState.AWAITING_APPROVAL:
+        metrics.approvals_pending.dec()
+        outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
+        metrics.approval_wait.labels(tool, outcome).observe(waited)
+        if call.outcome is Outcome.TIMEOUT:
+            metrics.approval_timeouts.labels(tool).inc()
+    elif before is CallState.AWAITING_OUTPUT and call.outcome is not None:
+        metrics.browser_tool_wait.labels(tool, _BROWSER_OUTCOMES.get(call.outcome, call.outcome.value)).observe(waited)
+    log.info(
+        "gate_changed", approval_id=call.id, tool=tool, state=call.state.value,
+        outcome=call.outcome.value if call.outcome else None, waited_s=round(waited, 3),
+    )

@@ -1,0 +1,133 @@
+"""How a chat's runs reach ADK: the event stream of one turn, over `/run_sse` or the chat's live session.
+
+`AgentRuns` makes sure the chat's ADK session exists, re-creates it once if the upstream lost it
+(a restart), and keeps each chat's live session (`/run_live`, live.py) open across its turns. The
+turn's driver reads the events as a list per upstream read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import structlog
+
+from .chat import Chat
+from .config import GatewayConfig
+from .idle_reader import WaitSignal
+from .live import LiveLink
+from .messages import ApprovalAnswer, confirmation_message
+from .metrics import GatewayMetrics
+from .upstream import AdkClient, UpstreamError
+
+__all__ = ["AgentRuns"]
+
+log = structlog.get_logger("adk_gateway.chats")
+
+Batches = AsyncIterator[Iterable[dict[str, Any]]]
+
+
+class AgentRuns:
+    def __init__(
+        self, upstream: AdkClient, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], clock: Callable[[], float]
+    ) -> None:
+        self._upstream = upstream
+        self.metrics = metrics
+        self._config = config
+        self._clock = clock
+
+    async def ensure_session(self, chat: Chat) -> None:
+        if not chat.session_ready:
+            await self._upstream.ensure_session(chat.user_id, chat.session_id)
+            chat.session_ready = True
+
+    async def answered_confirmations(self, chat: Chat) -> set[str]:
+        """The native confirmations ADK's session holds an answer to (a round trip)."""
+        return await self._upstream.answered_confirmations(chat.user_id, chat.session_id)
+
+    def turn(
+        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
+    ) -> Batches:
+        """The events of the turn that sends `message` (None: the native answers alone)."""
+        if self._config().upstream.mode == "live":
+            return self._live_events(chat, message if message is not None else confirmation_message(native))
+        return self._sse_turn(chat, message, native, wait)
+
+    async def _sse_turn(
+        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
+    ) -> Batches:
+        if native and message is not None:
+            # The person typed instead of answering: settle ADK's paused calls first, out of sight.
+            await self._drain(chat, confirmation_message(native))
+        batches = self._events(chat, message if message is not None else confirmation_message(native), wait)
+        del message, native  # a held run keeps no request
+        async for batch in batches:
+            yield batch
+            batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+
+    async def _events(self, chat: Chat, message: dict[str, Any], wait: WaitSignal | None) -> Batches:
+        """The run's events, a list per upstream read, re-creating the ADK session once if the
+        upstream lost it (a restart)."""
+        started = self._clock()
+        first = True
+        for attempt in (1, 2):
+            try:
+                async for batch in self._upstream.run_sse_batches(
+                    user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait
+                ):
+                    if first:
+                        self.metrics.upstream_first_event.observe(self._clock() - started)
+                        first = False
+                        message = {}  # never sent again once events came: a held run keeps no message
+                    yield batch
+                    batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+                return
+            except UpstreamError as exc:
+                if exc.kind != "session_missing" or attempt == 2 or not first:
+                    raise
+                self.metrics.upstream_errors.labels(exc.kind).inc()
+                log.info("session_recreated", reason="upstream lost the session")
+                chat.session_ready = False
+                await self.ensure_session(chat)
+
+    async def _drain(self, chat: Chat, message: dict[str, Any]) -> None:
+        async for batch in self._events(chat, message, None):
+            for event in batch:
+                if "error" in event and "author" not in event:
+                    log.warning("implicit_rejection_failed", reason=str(event.get("error")))
+
+    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> Batches:
+        """One live turn's events, a list per wake-up; `message` is the user's content (None: the
+        turn is already under way)."""
+        link = await self.live_link(chat)
+        started = self._clock()
+        first = True
+        async for batch in link.turn_batches({"content": message} if message is not None else None):
+            if first:
+                self.metrics.upstream_first_event.observe(self._clock() - started)
+                first = False
+            yield batch
+
+    async def audio_turn(self, chat: Chat, blob: dict[str, Any]) -> Batches:
+        """The live turn that the person's speech starts."""
+        link = await self.live_link(chat)
+        async for batch in link.turn_batches(blob):
+            yield batch
+
+    async def live_link(self, chat: Chat) -> LiveLink:
+        if chat.live is not None and chat.live.alive:
+            return chat.live
+        await self.ensure_session(chat)
+        connection = await self._upstream.open_live(
+            user_id=chat.user_id, session_id=chat.session_id, modalities=list(self._config().upstream.live_modalities)
+        )
+        self.metrics.live_sessions.inc()
+        chat.live = LiveLink(connection, on_closed=self.metrics.live_sessions.dec)
+        log.info("live_session_opened")
+        return chat.live
+
+    async def close_live(self, chat: Chat) -> None:
+        link, chat.live = chat.live, None
+        if link is not None:
+            await link.close()
+            log.info("live_session_closed", dropped_events=link.dropped)

@@ -1,0 +1,558 @@
+"""ChatService's riskiest paths, with ADK scripted in-process (tests/unit/test_chat_gates.py's fake):
+whose approvals a request may answer, gated calls approved, denied, replayed, timed out, cancelled
+by a new message or an abort, a second request while one streams, and a reload's replay.
+
+Each test asserts what the browser reads (the chunks of the attachment) and/or the refusal the
+request gets (status and code), and what the plugin's waiting request is told (the verdict).
+The clock is moved by hand: nothing here sleeps for a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
+from gateway.chat import Chat
+from gateway.chats import Attachment, ChatBusy, ChatService, Forbidden, Gone
+from gateway.config import parse_config
+from gateway.messages import parse_chat_body
+from gateway.metrics import GatewayMetrics
+from gateway.registry import ChatNotFound, Registry
+from tests.unit.fixtures import check_stream_rules, types
+from tests.unit.test_chat_gates import (
+    CALL,
+    USER,
+    ScriptedAdk,
+    answered,
+    call_event,
+    read,
+    response_event,
+    text_events,
+    wait_count,
+)
+
+TOOL = "process_payment"
+CONFIG = """\
+internal:
+  secret: s3cret
+tools:
+  process_payment:
+    approval: true
+    timeout: 2s
+"""
+WAIT = "adk_gateway_approval_wait_seconds"
+NEW_MESSAGE = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "never mind, what time is it?"}]}
+
+
+class Clock:
+    """The service's clock, moved by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Env:
+    adk: ScriptedAdk
+    service: ChatService
+    metrics: GatewayMetrics
+    clock: Clock
+
+    def chat(self, user: str = "u", chat_id: str = "chat-1") -> Chat:
+        chat = self.service._registry.find(user, chat_id)
+        assert chat is not None
+        return chat
+
+    async def run_ended(self, user: str = "u", chat_id: str = "chat-1") -> None:
+        driver = self.chat(user, chat_id).driver
+        assert driver is not None and driver.task is not None
+        await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 5)
+
+    def runs(self, outcome: str) -> float:
+        return self.metrics.registry.get_sample_value("adk_gateway_runs_total", {"outcome": outcome}) or 0.0
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    def ends(self) -> None:
+        """ADK's run ends (its stream closes)."""
+        self.adk.reads.put_nowait(None)
+
+    def says(self, *pieces: str) -> None:
+        for event in text_events(*pieces):
+            self.adk.reads.put_nowait([event])
+
+    def plugin_answers(self, verdict: Verdict, result: dict[str, Any] | None = None) -> None:
+        """What ADK streams once the plugin has its verdict: the tool's result, or the refusal."""
+        response = result if verdict.run else verdict.response
+        assert response is not None
+        self.adk.reads.put_nowait([response_event(TOOL, response)])
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
+    ids = iter(f"msg-{n}" for n in range(1, 100))
+    service = ChatService(
+        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
+        config=parse_config(CONFIG, env={}), clock=clock, new_id=lambda: next(ids),
+    )
+    yield Env(adk, service, metrics, clock)
+    await service.close()
+
+
+def body(*messages: dict[str, Any], chat_id: str = "chat-1", message_id: str | None = None) -> Any:
+    data: dict[str, Any] = {"id": chat_id, "messages": list(messages), "trigger": "submit-message"}
+    if message_id:
+        data["messageId"] = message_id
+    return parse_chat_body(data, version_header=None, default_version=6)
+
+
+def answer_of(first: list[dict[str, Any]], approved: bool, approval_id: str | None = None) -> dict[str, Any]:
+    """The assistant message the AI SDK posts back once the person clicked (optionally naming another approval)."""
+    message = answered(first, TOOL, approved)
+    if approval_id is not None:
+        message["parts"][1]["approval"]["id"] = approval_id
+    return message
+
+
+def still_asking(first: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message as it stands when the person types instead of clicking."""
+    ask = next(c for c in first if c["type"] == "tool-approval-request")
+    return {
+        "id": first[0]["messageId"], "role": "assistant",
+        "parts": [
+            {"type": "step-start"},
+            {"type": f"tool-{TOOL}", "toolCallId": CALL, "state": "approval-requested", "input": {}, "approval": {"id": ask["approvalId"]}},
+        ],
+    }
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the run's task take what the scripted ADK sent (a few loop turns, never a sleep for a deadline)."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def gated_call(env: Env, user: str = "u", chat_id: str = "chat-1") -> tuple[GatedCall, list[dict[str, Any]]]:
+    """A new message whose model turn calls the gated tool; the plugin opens the call; the browser
+    reads the first response, which asks for approval. Returns the call and that response."""
+    attachment = await env.service.submit(user, body(USER, chat_id=chat_id))
+    env.adk.reads.put_nowait([call_event(TOOL)])
+    await until(lambda: env.chat(user, chat_id).ledger.expected(CALL))
+    call = env.service.gates.open(user_id=user, session_id=chat_id, tool_call_id=CALL, tool=TOOL, args={"amount": 50})
+    assert isinstance(call, GatedCall) and call.state is CallState.AWAITING_APPROVAL
+    first = await read(attachment)
+    assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
+    assert first[-1]["finishReason"] == "tool-calls"
+    assert next(c for c in first if c["type"] == "tool-approval-request")["approvalId"] == call.id
+    check_stream_rules(first)
+    return call, first
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+
+# ---- whose approval is it ---------------------------------------------------------------------
+
+
+async def test_an_approval_of_another_chat_of_the_same_user_is_forbidden_and_stays_pending_for_its_own_chat(env: Env) -> None:
+    call, first = await gated_call(env)
+    # chat-2 is the same user's other chat: its request names chat-1's approval.
+    with pytest.raises(Forbidden) as refused:
+        await env.service.submit("u", body(USER, answer_of(first, True), chat_id="chat-2", message_id="msg-1"))
+    assert (refused.value.status, refused.value.code) == (403, "forbidden")
+    # Alongside a new message it is no stale leftover either: the id is known, and it is not this chat's.
+    with pytest.raises(Forbidden):
+        await env.service.submit("u", body(USER, answer_of(first, True), NEW_MESSAGE, chat_id="chat-2"))
+    assert call.state is CallState.AWAITING_APPROVAL and call.verdict is None
+
+    # Its own chat still answers it.
+    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid.")
+    env.ends()
+    chunks = await read(attachment)
+    assert {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}} in chunks
+    check_stream_rules(chunks, known=[CALL])
+
+
+async def test_another_users_chat_id_is_not_found_for_every_request(env: Env) -> None:
+    call, first = await gated_call(env)
+    for request in (body(USER), body(USER, answer_of(first, True), message_id="msg-1")):
+        with pytest.raises(ChatNotFound) as refused:
+            await env.service.submit("mallory", request)
+        assert (refused.value.status, refused.value.code) == (404, "chat_not_found")
+        assert refused.value.public_message() == "no such chat"
+    with pytest.raises(ChatNotFound):
+        env.service.resume("mallory", "chat-1")
+    assert env.service.abort("mallory", "chat-1") is False
+    assert env.chat().running and call.state is CallState.AWAITING_APPROVAL
+
+
+async def test_another_users_approval_answered_from_their_own_chat_is_forbidden(env: Env) -> None:
+    call, first = await gated_call(env)
+    with pytest.raises(Forbidden):
+        await env.service.submit("mallory", body(USER, answer_of(first, True), chat_id="mallory-chat", message_id="msg-1"))
+    assert call.verdict is None
+
+
+# ---- approvals the gateway does not know ------------------------------------------------------
+
+
+async def test_an_answer_only_request_to_an_unknown_gateway_approval_is_gone(env: Env) -> None:
+    call, first = await gated_call(env)
+    with pytest.raises(Gone) as refused:
+        await env.service.submit("u", body(USER, answer_of(first, True, approval_id="gw-forgotten"), message_id="msg-1"))
+    assert (refused.value.status, refused.value.code) == (410, "approval_gone")
+    # The real call is untouched.
+    assert call.state is CallState.AWAITING_APPROVAL and call.verdict is None
+
+
+async def test_an_unknown_gateway_approval_beside_a_new_message_is_stale_history_and_the_message_runs(env: Env) -> None:
+    stale = {
+        "id": "msg-old", "role": "assistant",
+        "parts": [
+            {"type": "step-start"},
+            {"type": f"tool-{TOOL}", "toolCallId": "call-old", "state": "approval-responded", "input": {},
+             "approval": {"id": "gw-from-before-a-restart", "approved": True}},
+        ],
+    }
+    attachment = await env.service.submit("u", body(USER, stale, NEW_MESSAGE))
+    env.says("It is ", "noon.")
+    env.ends()
+    chunks = await read(attachment)
+    assert types(chunks) == ["start", "start-step", "text-start", "text-delta", "text-delta", "text-end", "finish-step", "finish"]
+    assert chunks[0] == {"type": "start", "messageId": "msg-1"}
+    assert text_of(chunks) == "It is noon." and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks)
+    await env.run_ended()
+    assert env.chat().ledger.calls() == [] and env.runs("completed") == 1
+
+
+# ---- a gated call answered --------------------------------------------------------------------
+
+
+async def test_an_approved_gated_call_runs_once_and_its_answer_reads_the_result_and_the_models_words(env: Env) -> None:
+    call, first = await gated_call(env)
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+    await asyncio.sleep(0)
+    assert not plugin.done()
+
+    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert verdict == Verdict(run=True) and call.outcome is Outcome.APPROVED
+    assert await env.service.gates.wait(call) == verdict  # a later ask gets the same verdict
+
+    env.plugin_answers(verdict, {"success": True, "transaction_id": "T-1"})
+    env.says("Paid ", "50 USD.")
+    env.ends()
+    chunks = await read(attachment)
+    assert types(chunks) == [
+        "start", "tool-output-available", "start-step", "text-start", "text-delta", "text-delta", "text-end",
+        "finish-step", "finish",
+    ]
+    assert chunks[0] == {"type": "start", "messageId": "msg-1"}
+    assert chunks[1] == {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True, "transaction_id": "T-1"}}
+    assert text_of(chunks) == "Paid 50 USD." and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[CALL])
+
+    await env.run_ended()
+    assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
+    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.runs("completed") == 1
+
+
+async def test_a_denied_gated_call_is_refused_to_the_plugin_and_shown_denied(env: Env) -> None:
+    call, first = await gated_call(env)
+    denial = answer_of(first, False)
+    denial["parts"][1]["approval"]["reason"] = "wrong amount"
+    attachment = await env.service.submit("u", body(USER, denial, message_id="msg-1"))
+    verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
+    assert not verdict.run and verdict.response is not None
+    assert verdict.response[REFUSAL_KEY] == "denied" and "wrong amount" in verdict.response["error"]
+    assert call.outcome is Outcome.DENIED
+
+    env.plugin_answers(verdict)
+    env.says("I did not pay.")
+    env.ends()
+    chunks = await read(attachment)
+    assert types(chunks) == ["start", "tool-output-denied", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    assert chunks[1] == {"type": "tool-output-denied", "toolCallId": CALL}
+    assert chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[CALL])
+    await env.run_ended()
+    assert wait_count(env.metrics, WAIT, TOOL, "denied") == 1
+
+
+# ---- the same answer twice --------------------------------------------------------------------
+
+
+async def test_an_answer_replayed_while_its_response_streams_reads_the_same_response_and_changes_no_verdict(env: Env) -> None:
+    call, first = await gated_call(env)
+    one = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    assert call.verdict == Verdict(run=True)
+    # A second tab (or a retrying client) posts the same message, then a contrary one: only the first answer counts.
+    two = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    three = await env.service.submit("u", body(USER, answer_of(first, False), message_id="msg-1"))
+    assert call.outcome is Outcome.APPROVED and call.verdict == Verdict(run=True)
+
+    env.plugin_answers(call.verdict, {"success": True})
+    env.says("Paid.")
+    env.ends()
+    chunks = await read(one)
+    assert await read(two) == chunks and await read(three) == chunks
+    assert chunks.count({"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}}) == 1
+    assert chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[CALL])
+    await env.run_ended()
+    assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
+    assert wait_count(env.metrics, WAIT, TOOL, "denied") == 0
+
+
+async def test_an_answer_replayed_after_the_run_ended_and_was_read_is_gone_and_changes_nothing(env: Env) -> None:
+    call, first = await gated_call(env)
+    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid.")
+    env.ends()
+    await read(attachment)
+    await env.run_ended()
+
+    for approved in (True, False):
+        with pytest.raises(Gone) as refused:
+            await env.service.submit("u", body(USER, answer_of(first, approved), message_id="msg-1"))
+        assert (refused.value.status, refused.value.code) == (410, "approval_gone")
+    assert call.outcome is Outcome.APPROVED and call.verdict == Verdict(run=True)
+    assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
+    assert env.runs("completed") == 1
+
+
+async def test_an_answer_replayed_after_the_run_ended_unread_reads_the_kept_response(env: Env) -> None:
+    call, first = await gated_call(env)
+    # The answering request drops before it reads anything (a closed tab); the run goes on.
+    await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid.")
+    env.ends()
+    await env.run_ended()
+
+    replay = await read(await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1")))
+    assert types(replay) == ["start", "tool-output-available", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    check_stream_rules(replay, known=[CALL])
+    assert call.outcome is Outcome.APPROVED
+    # Now read whole: a further replay is gone.
+    with pytest.raises(Gone):
+        await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+
+
+# ---- one response at a time -------------------------------------------------------------------
+
+
+async def test_a_new_message_while_a_response_streams_is_busy(env: Env) -> None:
+    attachment = await env.service.submit("u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    with pytest.raises(ChatBusy) as refused:
+        await env.service.submit("u", body(USER, NEW_MESSAGE))
+    assert (refused.value.status, refused.value.code, refused.value.retry_after) == (409, "chat_busy", 1)
+    assert env.chat().run.message_id == "msg-1"  # type: ignore[union-attr]
+
+    env.says("on it.")
+    env.ends()
+    chunks = await read(attachment)
+    assert text_of(chunks).startswith("Working ") and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks)
+
+
+# ---- the person moves on ----------------------------------------------------------------------
+
+
+async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_run_and_starts_a_new_one(env: Env) -> None:
+    call, first = await gated_call(env)
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+    old_driver = env.chat().driver
+    assert old_driver is not None
+
+    submitted = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "cancelled"
+    assert call.outcome is Outcome.CANCELLED
+    assert not submitted.done()  # the new message waits for the old run to end
+
+    # The plugin answers ADK with the refusal, the model says a word, ADK ends the old run.
+    env.plugin_answers(verdict)
+    env.says("Cancelled.")
+    env.ends()
+    attachment = await asyncio.wait_for(submitted, 5)
+    assert old_driver.task is not None and old_driver.task.done()
+    assert env.chat().driver is not old_driver
+
+    env.says("It is ", "noon.")
+    env.ends()
+    chunks = await read(attachment)
+    assert chunks[0] == {"type": "start", "messageId": "msg-2"}
+    assert types(chunks) == ["start", "start-step", "text-start", "text-delta", "text-delta", "text-end", "finish-step", "finish"]
+    assert text_of(chunks) == "It is noon." and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks)
+    await env.run_ended()
+    assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
+    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.runs("completed") == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "chats.py _continue_gated_run attaches an answer to whatever run chat.driver holds now, without checking "
+    "that the answered call belongs to it: a replayed answer to a call of the run a new message ended reads "
+    "the NEW run's response (start {messageId: msg-2}) instead of 410 approval_gone (docs/approvals.md: "
+    "'Replaying an answer after its run has ended answers 410') or that run's own kept response"
+))
+async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_not_attached_to_the_new_run(env: Env) -> None:
+    call, first = await gated_call(env)
+    submitted = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    env.plugin_answers(await asyncio.wait_for(env.service.gates.wait(call), 1))
+    env.ends()
+    new_run = await asyncio.wait_for(submitted, 5)
+    env.says("It is ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+
+    # Another tab still shows msg-1 and posts its (now stale) approval while msg-2 streams.
+    try:
+        stale = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    except Gone:
+        stale = None
+    env.says("noon.")
+    env.ends()
+    assert (await read(new_run))[0] == {"type": "start", "messageId": "msg-2"}
+    assert call.outcome is Outcome.CANCELLED
+    if stale is not None:
+        # If it is answered at all, it must be with msg-1's own chunks, never another message's.
+        assert stale.response is not new_run.response
+        assert (await read(stale))[0] == {"type": "start", "messageId": "msg-1"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "chats.py _start_run checks ChatBusy before `await self._settle(...)` and claims chat.run only after it: "
+    "two new messages sent while the old run winds down both pass the check and both start an upstream run "
+    "(msg-2 and msg-3 run at once in one chat; the first's driver is orphaned), against the module docstring "
+    "'admits one streaming response per chat at a time' and the comment 'a concurrent request for this chat "
+    "sees it busy'"
+))
+async def test_two_new_messages_while_the_old_run_winds_down_start_one_run_and_the_other_is_busy(env: Env) -> None:
+    call, first = await gated_call(env)
+    one = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    await asyncio.sleep(0)
+    two = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), {**NEW_MESSAGE, "id": "u3"})))
+    env.plugin_answers(await asyncio.wait_for(env.service.gates.wait(call), 1))
+    env.ends()
+    results = await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
+    assert isinstance(results[0], Attachment), results
+    assert isinstance(results[1], ChatBusy), results
+    assert len(env.service._tasks) == 1
+
+
+# ---- deadlines --------------------------------------------------------------------------------
+
+
+async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what_happened(env: Env) -> None:
+    call, first = await gated_call(env)
+    assert call.deadline == env.clock.now + 2
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+
+    env.clock.now += 1.9
+    assert env.service.gates.expire_due() == 0 and not call.released
+    env.clock.now += 0.2
+    assert env.service.gates.expire_due() == 1
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "timeout"
+    assert call.outcome is Outcome.TIMEOUT
+    assert wait_count(env.metrics, WAIT, TOOL, "timeout") == 1
+    assert env.sample("adk_gateway_approval_timeouts_total", {"tool": TOOL}) == 1
+    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.service.gates.expire_due() == 0  # once
+
+    # The model carries on while nobody is attached; what it says is kept for the browser.
+    env.plugin_answers(verdict)
+    env.says("Nobody approved, so I did not pay.")
+    env.ends()
+    await env.run_ended()
+
+    late = await read(await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1")))
+    assert types(late) == ["start", "tool-output-denied", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    assert late[0] == {"type": "start", "messageId": "msg-1"} and late[-1]["finishReason"] == "stop"
+    check_stream_rules(late, known=[CALL])
+    assert call.outcome is Outcome.TIMEOUT and call.verdict == verdict
+    assert wait_count(env.metrics, WAIT, TOOL, "approved") == 0
+
+
+# ---- abort ------------------------------------------------------------------------------------
+
+
+async def test_an_abort_while_the_run_streams_ends_the_response_with_abort_and_cancels_its_open_call(env: Env) -> None:
+    attachment = await env.service.submit("u", body(USER))
+    # Two gated calls in one model turn: the response stays open until the plugin asked about both.
+    env.adk.reads.put_nowait([{"author": "a", "content": {"role": "model", "parts": [
+        {"functionCall": {"id": CALL, "name": TOOL, "args": {"amount": 10}}},
+        {"functionCall": {"id": "call-2", "name": TOOL, "args": {"amount": 20}}},
+    ]}}])
+    await until(lambda: env.chat().ledger.expected("call-2"))
+    call = env.service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=TOOL, args={"amount": 10})
+    assert isinstance(call, GatedCall)
+    assert env.chat().run.streaming  # type: ignore[union-attr]
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+
+    assert env.service.abort("u", "chat-1") is True
+    chunks = await read(attachment)
+    assert chunks[-1] == {"type": "abort"}
+    assert "finish" not in types(chunks) and types(chunks).count("abort") == 1
+    assert {"type": "tool-approval-request", "approvalId": call.id, "toolCallId": CALL} in chunks
+
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "cancelled"
+    assert call.outcome is Outcome.CANCELLED
+    await env.run_ended()
+    assert env.runs("cancelled") == 1 and env.runs("completed") == 0
+    assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
+    assert env.sample("adk_gateway_approvals_pending") == 0
+    # The run is over: nothing more to abort, and the plugin's ask about the second call is refused at once.
+    assert env.service.abort("u", "chat-1") is False
+    late = env.service.gates.open(user_id="u", session_id="chat-1", tool_call_id="call-2", tool=TOOL, args={"amount": 20})
+    assert isinstance(late, Verdict) and not late.run and late.reason == "no_browser"
+
+
+# ---- resume -----------------------------------------------------------------------------------
+
+
+async def test_resume_replays_a_read_response_within_run_retention_and_none_after(env: Env) -> None:
+    assert env.service.resume("u", "chat-1") is None  # no such chat yet
+    attachment = await env.service.submit("u", body(USER))
+    env.says("Hello ", "there.")
+
+    live = env.service.resume("u", "chat-1")  # a reload while it streams follows the same response
+    assert live is not None and live.response is attachment.response
+
+    env.ends()
+    chunks = await read(attachment)
+    check_stream_rules(chunks)
+    await env.run_ended()
+    assert await read(live) == chunks
+
+    retention = env.service.config.chat.run_retention
+    env.clock.now += retention - 1
+    resumed = env.service.resume("u", "chat-1")
+    assert resumed is not None and await read(resumed) == chunks
+    env.clock.now += 2
+    assert env.service.resume("u", "chat-1") is None
