@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from .approvals import APPROVAL_ID_PREFIX, CallState, GatedCall, Outcome
+from .answers import Forbidden, Gone, pending_outputs, split_answers
+from .approvals import GatedCall
 from .chat import Chat
 from .config import GatewayConfig
 from .driver import RunDriver, RunHooks
@@ -56,20 +57,6 @@ class ChatBusy(Refusal):
     status = 409
     code = "chat_busy"
     retry_after = 1
-
-
-class Forbidden(Refusal):
-    """The request touches an approval that belongs to another chat."""
-
-    status = 403
-    code = "forbidden"
-
-
-class Gone(Refusal):
-    """The request answers an approval that is no longer pending (expired, or the gateway restarted)."""
-
-    status = 410
-    code = "approval_gone"
 
 
 @dataclass(frozen=True)
@@ -134,8 +121,8 @@ class ChatService:
         plan = plan_turn(request)
         chat = self._chat(user_id, request.chat_id)
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
-        gated, native = self._split_answers(chat, plan.answers, strict=plan.new_message is None)
-        outputs = self._pending_outputs(chat, plan.outputs)
+        gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
+        outputs = pending_outputs(chat, plan.outputs)
         if native:
             fresh = await self._unanswered_native(chat, native)
             if plan.new_message is None and not fresh and not (gated or outputs):
@@ -167,6 +154,9 @@ class ChatService:
         if chat.running:
             # The person typed instead of answering: release what the old run waits for, let it end.
             await self._settle(chat, gated)
+            if chat.run is not None and chat.run.streaming:
+                # Another new message got in while the old run wound down: it runs, this one waits.
+                raise ChatBusy("a response is already streaming for this chat")
         run = Run(plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks)
         # Claimed before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
@@ -267,49 +257,6 @@ class ChatService:
 
     # ---- answers ---------------------------------------------------------------------------
 
-    def _split_answers(
-        self, chat: Chat, answers: tuple[ApprovalAnswer, ...], *, strict: bool
-    ) -> tuple[list[tuple[ApprovalAnswer, GatedCall]], list[ApprovalAnswer]]:
-        """Answers to gateway-gated calls (with their call) and to native ADK confirmations.
-
-        `strict`: the request only answers, so an answer to an unknown gateway approval is an error;
-        alongside a new message such leftovers in the history are simply stale.
-        """
-        gated: list[tuple[ApprovalAnswer, GatedCall]] = []
-        native: list[ApprovalAnswer] = []
-        for answer in answers:
-            owner = self._registry.approval_chat(answer.approval_id)
-            call = owner.ledger.by_approval(answer.approval_id) if owner is not None else None
-            if call is None:
-                if answer.approval_id.startswith(APPROVAL_ID_PREFIX):
-                    if not strict:
-                        continue
-                    raise Gone(
-                        "this approval is no longer pending (it expired or the gateway restarted); "
-                        "send a new message to try again"
-                    )
-                native.append(answer)
-                continue
-            if owner is not chat:
-                log.warning("approval_of_another_chat", approval_id=answer.approval_id, owner_chat=call.chat_id)
-                raise Forbidden("this approval belongs to another chat")
-            gated.append((answer, call))
-        return gated, native
-
-    def _pending_outputs(self, chat: Chat, outputs: tuple[ToolOutput, ...]) -> list[tuple[ToolOutput, GatedCall]]:
-        found = []
-        for output in outputs:
-            call = chat.ledger.call(output.tool_call_id)
-            # Outputs of server tools ride along in the history too; only browser delegates count.
-            # An abandoned call's output is too late for the tool, but the request still reads what
-            # became of it (the plugin's error and the model's words).
-            if call is not None and call.runs_in_browser and (
-                call.state is CallState.AWAITING_OUTPUT
-                or call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR, Outcome.ABANDONED)
-            ):
-                found.append((output, call))
-        return found
-
     def _continue_gated_run(
         self,
         chat: Chat,
@@ -317,7 +264,11 @@ class ChatService:
         outputs: list[tuple[ToolOutput, GatedCall]],
     ) -> Attachment:
         driver = chat.driver
-        if driver is None:
+        # Answers to calls of an earlier run (a new message ended it) ride along in the history, or
+        # come from a tab left behind: they must not attach to the run that runs now.
+        answers = [(answer, call) for answer, call in answers if chat.ledger.of_current_run(call)]
+        outputs = [(output, call) for output, call in outputs if chat.ledger.of_current_run(call)]
+        if driver is None or not (answers or outputs):
             raise Gone("these calls were already answered and the run has ended")
         unread = driver.run.unread()
         if unread is None and not driver.alive:

@@ -41,12 +41,15 @@ class NativeConfirmation:
 
 class Ledger:
     # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
-    __slots__ = ("_answered", "_asking", "_by_approval", "_calls", "_denied", "_expected", "_native", "_open", "_seen")
+    __slots__ = (
+        "_answered", "_asking", "_by_approval", "_calls", "_current", "_denied", "_expected", "_native", "_open", "_seen",
+    )
 
     def __init__(self) -> None:
         self._calls: dict[str, GatedCall] = {}  # every gated call opened in this chat, by tool call id
         self._by_approval: dict[str, GatedCall] = {}
         self._open: dict[str, GatedCall] = {}  # shown to the browser and not released
+        self._current: dict[str, None] = {}  # this run: the gated calls opened in it
         self._expected: dict[str, None] = {}  # this run: gated calls in the model's output the plugin has not opened
         self._seen: dict[str, None] = {}  # this run: every gated call it showed (expected once at most)
         self._denied: dict[str, None] = {}  # this run: tool calls the person denied natively
@@ -58,6 +61,7 @@ class Ledger:
         """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies."""
         self._expected.clear()
         self._seen.clear()
+        self._current.clear()
         self._asking.clear()
         self._denied = dict.fromkeys(denied)
 
@@ -70,7 +74,12 @@ class Ledger:
             return existing
         self._calls[call.tool_call_id] = call
         self._by_approval[call.id] = call
+        self._current[call.tool_call_id] = None
         return call
+
+    def of_current_run(self, call: GatedCall) -> bool:
+        """The call was opened in the chat's current (or last) run, not in one before it."""
+        return call.tool_call_id in self._current
 
     def call(self, tool_call_id: str) -> GatedCall | None:
         return self._calls.get(tool_call_id)

@@ -414,12 +414,6 @@ async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_
     assert env.runs("completed") == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chats.py _continue_gated_run attaches an answer to whatever run chat.driver holds now, without checking "
-    "that the answered call belongs to it: a replayed answer to a call of the run a new message ended reads "
-    "the NEW run's response (start {messageId: msg-2}) instead of 410 approval_gone (docs/approvals.md: "
-    "'Replaying an answer after its run has ended answers 410') or that run's own kept response"
-))
 async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_not_attached_to_the_new_run(env: Env) -> None:
     call, first = await gated_call(env)
     submitted = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
@@ -444,13 +438,6 @@ async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_
         assert (await read(stale))[0] == {"type": "start", "messageId": "msg-1"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chats.py _start_run checks ChatBusy before `await self._settle(...)` and claims chat.run only after it: "
-    "two new messages sent while the old run winds down both pass the check and both start an upstream run "
-    "(msg-2 and msg-3 run at once in one chat; the first's driver is orphaned), against the module docstring "
-    "'admits one streaming response per chat at a time' and the comment 'a concurrent request for this chat "
-    "sees it busy'"
-))
 async def test_two_new_messages_while_the_old_run_winds_down_start_one_run_and_the_other_is_busy(env: Env) -> None:
     call, first = await gated_call(env)
     one = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
