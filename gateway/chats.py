@@ -89,7 +89,8 @@ class ChatService:
         self.config = config
         self._clock = clock
         self._new_id = new_id
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The run tasks going on, and whose: each tells the cluster when its run ends.
+        self._tasks: dict[asyncio.Task[None], Chat] = {}
         self._closing_reason = "This response was cancelled."
         self.runs = AgentRuns(upstream, metrics, lambda: self.config, clock)
         # The plugin's side of gated calls: the cluster's remote gate and the sweeper use it.
@@ -185,16 +186,16 @@ class ChatService:
         """Make `driver` the chat's run and start its task; the run outlives the request."""
         chat.run = driver.run
         chat.driver = driver
-        driver.task = asyncio.create_task(self._run(chat, driver, batches))
-        self._tasks.add(driver.task)
-        driver.task.add_done_callback(self._tasks.discard)
+        driver.task = asyncio.create_task(driver.drive(batches, lambda: self._closing_reason))
+        # One bound callback, not a coroutine around the drive or a closure: a held run keeps them.
+        self._tasks[driver.task] = chat
+        driver.task.add_done_callback(self._run_done)
         self.run_changed(chat, driver.run.message_id)
         return Attachment(driver.run, driver.run.current)
 
-    async def _run(self, chat: Chat, driver: RunDriver, batches: Batches) -> None:
-        try:
-            await driver.drive(batches, lambda: self._closing_reason)
-        finally:
+    def _run_done(self, task: asyncio.Task[None]) -> None:
+        chat = self._tasks.pop(task, None)
+        if chat is not None:
             self.run_changed(chat, "")
 
     def resume(self, user_id: str, chat_id: str) -> Attachment | None:
@@ -250,7 +251,7 @@ class ChatService:
     async def close(self, reason: str = "The gateway is shutting down.") -> None:
         """Cancel every run still going and close live sessions (shutdown)."""
         self._closing_reason = reason
-        await cancel_and_wait(self._tasks, _CLOSE_TIMEOUT, what="runs")
+        await cancel_and_wait(list(self._tasks), _CLOSE_TIMEOUT, what="runs")
         live = [self.runs.close_live(chat) for chat in self._registry.chats()]
         if live:
             await within(asyncio.gather(*live, return_exceptions=True), _CLOSE_TIMEOUT, what="live sessions")

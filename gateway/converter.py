@@ -67,7 +67,7 @@ class Converter(MessageWriter):
         super().__init__(message_id, version)
         self.policy = policy
         self.ledger = ledger if ledger is not None else Ledger()
-        self._tools_shown: dict[str, None] = dict.fromkeys(known_tool_calls)
+        self._tools_shown: dict[str, None] = {call: None for call in known_tool_calls}  # fromkeys presizes: 224 B empty
         # Gated tools that answered without the plugin asking (it is not installed?); read and
         # cleared by the turn.
         self.bypassed: list[str] = []

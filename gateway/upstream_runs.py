@@ -51,17 +51,18 @@ class AgentRuns:
         """The events of the turn that sends `message` (None: the native answers alone)."""
         if self._config().upstream.mode == "live":
             return self._live_events(chat, message if message is not None else confirmation_message(native))
-        return self._sse_turn(chat, message, native, wait)
-
-    async def _sse_turn(
-        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
-    ) -> Batches:
         if native and message is not None:
-            # The person typed instead of answering: settle ADK's paused calls first, out of sight.
-            await self._drain(chat, confirmation_message(native))
-        batches = self._events(chat, message if message is not None else confirmation_message(native), wait)
-        del message, native  # a held run keeps no request
-        async for batch in batches:
+            return self._after_drain(chat, confirmation_message(native), message, wait)
+        # No wrapper generator for the usual turn: a held run keeps every frame it stacks.
+        return self._events(chat, message if message is not None else confirmation_message(native), wait)
+
+    async def _after_drain(
+        self, chat: Chat, answers: dict[str, Any], message: dict[str, Any], wait: WaitSignal
+    ) -> Batches:
+        # The person typed instead of answering: settle ADK's paused calls first, out of sight.
+        await self._drain(chat, answers)
+        del answers
+        async for batch in self._events(chat, message, wait):
             yield batch
             batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
 
