@@ -203,6 +203,9 @@ class ChatService:
         chat = self._registry.find(user_id, chat_id)
         if chat is None or chat.run is None:
             return None
+        if chat.running and chat.driver is not None:
+            # What the run wrote while a person decides is held for the next reader: this one.
+            chat.driver.apply(chat.driver.turn.resume())
         response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if response is None else Attachment(chat.run, response)
 

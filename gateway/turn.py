@@ -42,6 +42,10 @@ __all__ = [
 class TurnState(Enum):
     STREAMING = "streaming"  # a response is open: chunks go to the browser following it
     WAITING = "waiting"  # the response ended: the run, still open upstream, waits for a person
+    # A response is open that no request reads yet: what the run wrote while a person decides (a
+    # non-blocking tool's text, a call opened late, a deadline's aftermath). The next request that
+    # answers or resumes reads it whole, from its start.
+    HELD = "held"
     DONE = "done"  # the run ended; its last response is closed
     FAILED = "failed"  # the run ended on an error the browser was shown
     ABORTED = "aborted"  # the browser stopped it
@@ -50,7 +54,8 @@ class TurnState(Enum):
 class Move(Enum):
     WRITE = "write"  # chunks for the browser
     PAUSE = "pause"  # every gated call is shown and one waits for a person
-    ATTACH = "attach"  # a request that answers wants a response to read
+    ATTACH = "attach"  # a request that answers wants a new response to read
+    READ = "read"  # a request reads the held response
     END = "end"  # the upstream run ended
     FAIL = "fail"  # the upstream failed, the gateway closed the run, or the turn broke
     ABORT = "abort"  # the browser stopped the response
@@ -66,12 +71,21 @@ TRANSITIONS: Final[dict[tuple[TurnState, Move], TurnState]] = {
     (S.STREAMING, M.END): S.DONE,
     (S.STREAMING, M.FAIL): S.FAILED,
     (S.STREAMING, M.ABORT): S.ABORTED,
-    # Late events, answers and deadlines write into a new response.
-    (S.WAITING, M.WRITE): S.STREAMING,
+    (S.STREAMING, M.READ): S.STREAMING,
+    # Late events, calls and deadlines write into one new response, held for the next reader.
+    (S.WAITING, M.WRITE): S.HELD,
     (S.WAITING, M.ATTACH): S.STREAMING,
     (S.WAITING, M.END): S.DONE,
     (S.WAITING, M.FAIL): S.FAILED,
     (S.WAITING, M.ABORT): S.ABORTED,
+    (S.HELD, M.WRITE): S.HELD,
+    (S.HELD, M.READ): S.STREAMING,
+    # A reader that resumes while the run still waits gets the held response ended as it would be.
+    (S.HELD, M.PAUSE): S.WAITING,
+    (S.HELD, M.ATTACH): S.STREAMING,
+    (S.HELD, M.END): S.DONE,
+    (S.HELD, M.FAIL): S.FAILED,
+    (S.HELD, M.ABORT): S.ABORTED,
 }
 del S, M
 
@@ -228,7 +242,7 @@ class Turn:
         """A request that answers wants a response to read: a new one. One still being written
         (its start already lost to the bounded log) is finished first, so both are whole."""
         out: list[Output] = []
-        if self.state is TurnState.STREAMING:
+        if self.state in (TurnState.STREAMING, TurnState.HELD):
             out += [Chunks(self.converter.finish()), CloseResponse(waiting=False)]
         self._move(Move.ATTACH)
         return [*out, _OPEN, Chunks(self.converter.start())]
@@ -241,14 +255,28 @@ class Turn:
     ) -> list[Output]:
         """The person's decisions (call, approved, reason) and the browser's tool outputs (call,
         output, error text), applied as one: the response does not end between two of them. An
-        answer to a call already released changes nothing (only the first answer counts)."""
+        answer to a call already released changes nothing (only the first answer counts). The
+        request reads the held response, if there is one."""
         out: list[Output] = []
+        if self.state is TurnState.HELD:
+            self._move(Move.READ)
         for call, approved, reason in decisions:
             self._change(out, call, lambda c, a=approved, r=reason: c.decide(a, now, r), now)
         for call, output, error_text in outputs:
             self._change(out, call, lambda c, o=output, e=error_text: c.deliver_output(o, e), now)
         self._pause(out)
         return out
+
+    def resume(self) -> list[Output]:
+        """A reconnecting browser reads the held response: ended with `tool-calls` if the run still
+        waits for a person (so the AI SDK can answer), else followed as it streams on."""
+        if self.state is not TurnState.HELD:
+            return []
+        if not self.ledger.waiting_for_person:
+            self._move(Move.READ)
+            return []
+        self._move(Move.PAUSE)
+        return [Chunks(self.converter.finish()), CloseResponse(waiting=True)]
 
     def settle(self, decisions: Iterable[tuple[GatedCall, bool, str | None]], now: float) -> list[Output]:
         """The person sent a new message instead of answering: the decisions they did make count,
@@ -365,7 +393,7 @@ class Turn:
     def _close(self, out: list[Output], move: Move, now: float) -> None:
         for call in self.ledger.unreleased():
             self._change(out, call, lambda c: c.cancel("the agent run ended"), now)
-        if self.state is TurnState.STREAMING:
+        if self.state in (TurnState.STREAMING, TurnState.HELD):
             finish = self.converter.finish()
             if finish:
                 out.append(Chunks(finish))

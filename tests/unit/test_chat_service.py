@@ -543,3 +543,45 @@ async def test_resume_replays_a_read_response_within_run_retention_and_none_afte
     assert resumed is not None and await read(resumed) == chunks
     env.clock.now += 2
     assert env.service.resume("u", "chat-1") is None
+
+
+# ---- what a run says while a person decides -------------------------------------------------
+
+
+async def test_what_the_run_says_while_the_person_decides_is_held_whole_for_a_reload_and_then_the_answer(env: Env) -> None:
+    """A non-blocking tool's words, say: before issue 14 each event closed a response of its own and
+    only the last was kept, so a reload or the answer saw the tail alone."""
+    call, first = await gated_call(env)
+    env.says("While you decide, ", "I checked ", "your balance.")
+    await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
+    resumed = env.service.resume("u", "chat-1")
+    assert resumed is not None
+    held = await read(resumed)
+    assert text_of(held) == "While you decide, I checked your balance."
+    assert held[-1] == {"type": "finish", "finishReason": "tool-calls"}  # still waits: the AI SDK can answer
+    check_stream_rules(held, known=[CALL])
+
+    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid.")
+    env.ends()
+    chunks = await read(attachment)
+    assert {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}} in chunks
+    assert text_of(chunks) == "Paid." and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[CALL])
+
+
+async def test_without_a_reload_the_answer_reads_what_the_run_said_meanwhile_and_goes_on(env: Env) -> None:
+    call, first = await gated_call(env)
+    env.says("While you decide, ", "I checked ", "your balance.")
+    await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
+    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid.")
+    env.ends()
+    chunks = await read(attachment)
+    assert text_of(chunks) == "While you decide, I checked your balance.Paid."
+    assert chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks, known=[CALL])

@@ -344,7 +344,8 @@ def test_the_plugin_giving_up_ends_the_wait_with_an_error_and_one_whole_continua
     assert gate.outcome is Outcome.ABANDONED and gate.verdict is not None and gate.verdict.response is not None
     assert gate.verdict.response[REFUSAL_KEY] == "abandoned" and "max_wait" in gate.verdict.response["error"]
     assert not turn.waiting_for_person and not turn.ledger.gates_open
-    assert turn.state is TurnState.STREAMING
+    # Nobody reads it yet: it is held, whole, for the late answer or a resume.
+    assert turn.state is TurnState.HELD
     for event in _text_events("The payment ", "was not made: ", "nobody decided."):
         out = shell.apply(turn.feed([event], 6.0))
         # The text must not be cut into responses of its own.
@@ -376,7 +377,7 @@ def test_an_old_plugins_unmarked_answer_at_an_open_gate_still_ends_the_wait() ->
     assert _chunks(out) == [START, {"type": "tool-output-error", "toolCallId": "c1", "errorText": text}]
     assert [c.call for c in _changes(out)] == [gate] and gate.outcome is Outcome.ABANDONED
     assert "no reason given" in gate.verdict.response["error"]
-    assert not turn.waiting_for_person and turn.state is TurnState.STREAMING
+    assert not turn.waiting_for_person and turn.state is TurnState.HELD
     assert not any(isinstance(o, Bypassed) for o in out)
 
 
@@ -413,6 +414,11 @@ def _in_state(state: TurnState) -> Turn:
     """A turn brought to `state` through its inputs, as a run would get there."""
     if state is TurnState.WAITING:
         return _waiting_on()[0]
+    if state is TurnState.HELD:
+        turn = _waiting_on()[0]
+        turn.feed(_text_events("Meanwhile."), 1.0)
+        assert turn.state is TurnState.HELD
+        return turn
     turn = _turn()
     turn.begin()
     if state is TurnState.DONE:
@@ -445,7 +451,7 @@ def test_an_ended_turn_has_no_move_left() -> None:
     assert not [pair for pair in TRANSITIONS if pair[0] in ended]
     # A run that waits ended its response: it cannot end it again, only write into a new one.
     assert (TurnState.WAITING, Move.PAUSE) not in TRANSITIONS
-    assert TRANSITIONS[(TurnState.WAITING, Move.WRITE)] is TurnState.STREAMING
+    assert TRANSITIONS[(TurnState.WAITING, Move.WRITE)] is TurnState.HELD
 
 
 @pytest.mark.parametrize("ended", [TurnState.DONE, TurnState.FAILED, TurnState.ABORTED], ids=lambda s: s.value)
@@ -489,27 +495,56 @@ def test_a_run_that_waits_for_a_person_ends_its_response_with_tool_calls() -> No
     assert turn.state is TurnState.WAITING and turn.waiting_for_person
 
 
-def test_a_late_event_while_waiting_comes_in_a_response_of_its_own() -> None:
-    turn, shell, _ = _waiting_on()
+def test_late_events_while_waiting_go_into_one_held_response_that_the_next_reader_gets_whole() -> None:
+    """A non-blocking tool's text, say, while the person decides: before, each event opened a
+    response of its own that closed at once, and the run log kept only the last (the tail-only loss
+    noted in issue 13)."""
+    turn, shell, gate = _waiting_on()
     out = shell.apply(turn.feed(_text_events("Still ", "waiting."), 1.0))
-    # Each event that writes does so into a new response that closes again at once: the run still
-    # waits. (The aggregated final event repeats the partials' text: it writes nothing.)
-    assert _kinds(out) == ["OpenResponse", "Chunks", "Chunks", "CloseResponse"] * 2
-    assert len(shell.responses) == 3
-    for response in shell.responses[1:]:
-        assert response.chunks[0] == START
-        assert response.chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
-        assert response.closed and response.waiting
-    assert turn.state is TurnState.WAITING
+    assert _kinds(out)[0] == "OpenResponse" and set(_kinds(out)[1:]) == {"Chunks"}
+    out = shell.apply(turn.feed(_text_events(" And more."), 2.0))
+    assert set(_kinds(out)) == {"Chunks"}  # into the same response
+    assert turn.state is TurnState.HELD and turn.waiting_for_person
+    held = shell.current
+    assert held.chunks[0] == START and not held.closed
+    assert "".join(c["delta"] for c in held.chunks if c["type"] == "text-delta") == "Still waiting. And more."
+    # The person answers: the answering request reads the held response from its start, and it
+    # streams on with what the answer brings.
+    out = shell.apply(turn.answer([(gate, True, None)], [], 3.0))
+    assert turn.state is TurnState.STREAMING and shell.current is held
+    shell.apply(turn.end(4.0))
     shell.check_rules()
 
 
-def test_an_answer_that_writes_while_waiting_opens_a_new_response() -> None:
+def test_a_resume_while_the_run_still_waits_ends_the_held_response_with_tool_calls() -> None:
+    turn, shell, _gate_ = _waiting_on()
+    shell.apply(turn.feed(_text_events("Meanwhile."), 1.0))
+    out = shell.apply(turn.resume())
+    assert _kinds(out) == ["Chunks", "CloseResponse"] and out[-1] == CloseResponse(waiting=True)
+    assert out[0].chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
+    assert turn.state is TurnState.WAITING
+    assert turn.resume() == []  # nothing held any more
+    shell.check_rules()
+
+
+def test_a_resume_after_the_wait_ended_follows_the_held_response_as_it_streams() -> None:
+    turn, shell, gate = _waiting_on()
+    shell.apply(turn.expire(gate.deadline))
+    shell.apply(turn.feed([_response_event("c1", "pay", gate.verdict.response)], gate.deadline + 1))
+    assert turn.state is TurnState.HELD and not turn.waiting_for_person
+    assert turn.resume() == [] and turn.state is TurnState.STREAMING
+
+
+def test_an_answer_that_writes_while_waiting_without_a_reader_holds_its_chunks() -> None:
+    # ChatService attaches first; without that (the request reads an older unread response) what
+    # the answer writes is held for the next reader, not closed into a response nobody reads.
     turn, shell, gate = _waiting_on("where")
     out = shell.apply(turn.answer([(gate, True, None)], [], 1.0))
-    assert _kinds(out) == ["CallChanged", "OpenResponse", "Chunks", "Chunks", "CloseResponse"]
+    assert _kinds(out) == ["CallChanged", "OpenResponse", "Chunks"]
     assert out[2].chunks[0] == START and out[2].chunks[1]["type"] == "tool-input-available"
-    assert out[-1] == CloseResponse(waiting=True) and turn.state is TurnState.WAITING
+    assert turn.state is TurnState.HELD and turn.waiting_for_person
+    shell.apply(turn.resume())
+    assert turn.state is TurnState.WAITING
     shell.check_rules()
 
 
@@ -520,7 +555,7 @@ def test_a_deadline_while_waiting_releases_the_call_and_adks_answer_opens_a_new_
     assert turn.state is TurnState.WAITING and not turn.waiting_for_person
     out = shell.apply(turn.feed([_response_event("c1", "pay", gate.verdict.response)], gate.deadline + 1))
     assert isinstance(out[0], OpenResponse) and out[1].chunks[0] == START
-    assert turn.state is TurnState.STREAMING
+    assert turn.state is TurnState.HELD
 
 
 def test_end_after_the_wait_finishes_the_last_response_and_reports_completed() -> None:
@@ -582,9 +617,9 @@ def test_a_call_released_before_it_was_shown_is_not_expected_again_when_the_mode
     shell.apply(turn.show_gate(_opened(turn, _gate("pay", "c2")), 0.0))
     assert turn.state is TurnState.WAITING
     out = shell.apply(turn.feed([_call_event(("c1", "pay", {}), ("c2", "pay", {}))], 1.0))
-    # Expected: c1's tool part is written, then the response ends again, as c2 still waits.
-    assert out[-1] == CloseResponse(waiting=True)
-    assert turn.waiting_for_person and turn.state is TurnState.WAITING
+    # c1's tool part is written (held for the next reader), and the run still waits for c2.
+    assert _kinds(out) == ["OpenResponse", "Chunks"] and out[1].chunks[-1]["toolCallId"] == "c1"
+    assert turn.waiting_for_person and turn.state is TurnState.HELD
 
 
 def test_an_answer_after_the_deadline_changes_nothing() -> None:
