@@ -11,6 +11,8 @@ PYTEST_ARGS ?=
 
 .PHONY: run run-live test venv js check-config clean chromium redis-server promtool
 
+# An app on another origin: GATEWAY_ALLOWED_ORIGINS=http://localhost:3000 make run (config/gateway.yaml reads
+# it into auth.allowed_origins; comma-separated for several). PORT=... moves the gateway off 8080.
 run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
 

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from cryptography.hazmat.primitives import serialization
@@ -25,6 +26,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -192,8 +194,57 @@ class AuthConfig(_Section):
     api_keys: list[ApiKey] = Field(default_factory=list)
     jwt: JwtConfig | None = None
     # Browser origins allowed to open the WebSocket and to call the SSE routes cross-origin (CORS).
-    # Empty: same-origin pages and non-browser clients only. "*" allows any origin.
+    # Empty: same-origin pages and non-browser clients only. "*" allows any origin. A string is a
+    # comma-separated list (what `${GATEWAY_ALLOWED_ORIGINS:-}` yields); "" is none.
     allowed_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list):
+            # Blank items (an unset `${VAR:-}`, a trailing comma) are no origin at all.
+            return [item.strip() if isinstance(item, str) else item for item in value
+                    if not (isinstance(item, str) and not item.strip())]
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_as_browsers_send_them(cls, origins: list[str]) -> list[str]:
+        return [cls._origin(value) for value in origins]
+
+    @staticmethod
+    def _origin(value: str) -> str:
+        """An entry as a browser's `Origin` header spells it: scheme://host[:port], lower case, without a
+        default port or a trailing `/`. An entry that could never match is refused rather than ignored."""
+        if value == "*":
+            return value
+        example = "an origin is scheme://host[:port] as the browser sends it, e.g. http://localhost:3000"
+        if value.lower() == "null":
+            raise ValueError(
+                "'null' is refused: it is the Origin of sandboxed iframes and file: pages, which any site can produce"
+            )
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{value!r} is not an origin: {example}") from None
+        scheme = parts.scheme.lower()
+        if not scheme or not parts.netloc or not parts.hostname:
+            raise ValueError(f"{value!r} is not an origin: {example}")
+        if scheme in ("ws", "wss"):
+            raise ValueError(f"{value!r}: list the page's origin (http:// or https://), not a WebSocket URL; {example}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"{value!r} holds a user name or password; {example}")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or value.endswith(("?", "#")):
+            raise ValueError(f"{value!r} has a path, query or fragment; {example}")
+        if "*" in parts.netloc:
+            raise ValueError(f"{value!r}: no wildcards within an origin; list each one, or \"*\" alone for any")
+        netloc = parts.netloc.lower().removesuffix(":")
+        if port is not None and port == {"http": 80, "https": 443}.get(scheme):
+            netloc = netloc.rsplit(":", 1)[0]
+        return f"{scheme}://{netloc}"
 
     @model_validator(mode="after")
     def _credentials_for_mode(self) -> AuthConfig:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config, parse_duration, parse_size
+from gateway.auth import Authenticator
+from gateway.config import ConfigError, load_config, parse_config, parse_duration, parse_size, revalidate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,3 +145,81 @@ def test_logging_user_id_modes() -> None:
         ]
     with pytest.raises(ConfigError):
         parse_config("logging:\n  user_id: sha256\n", env={})
+
+
+# ---- auth.allowed_origins: a list in the file, or a comma-separated ${GATEWAY_ALLOWED_ORIGINS} ----------------
+
+
+def test_reference_file_reads_allowed_origins_from_the_environment() -> None:
+    """`GATEWAY_ALLOWED_ORIGINS=... make run` lets an app on another origin in without editing the file."""
+    base = {"ADK_GATEWAY_SECRET": "s"}
+    assert load_config(ROOT / "config" / "gateway.yaml", env=base).auth.allowed_origins == []
+    assert load_config(ROOT / "config" / "gateway.yaml", env={**base, "GATEWAY_ALLOWED_ORIGINS": ""}).auth.allowed_origins == []
+    config = load_config(
+        ROOT / "config" / "gateway.yaml",
+        env={**base, "GATEWAY_ALLOWED_ORIGINS": "http://localhost:3000, https://app.example.com"},
+    )
+    assert config.auth.allowed_origins == ["http://localhost:3000", "https://app.example.com"]
+    auth = Authenticator(config.auth)
+    assert auth.origin_allowed("http://localhost:3000", "127.0.0.1:8080")
+    assert auth.origin_allowed("https://app.example.com", "127.0.0.1:8080")
+    assert not auth.origin_allowed("http://localhost:3001", "127.0.0.1:8080")
+
+
+@pytest.mark.parametrize(
+    ("value", "origins"),
+    [
+        ('""', []),
+        ('" , ,"', []),
+        ("http://localhost:3000", ["http://localhost:3000"]),
+        ('"http://localhost:3000,http://127.0.0.1:5173,"', ["http://localhost:3000", "http://127.0.0.1:5173"]),
+        ("[]", []),
+        ('["http://localhost:3000", "https://app.example.com"]', ["http://localhost:3000", "https://app.example.com"]),
+        ('["http://localhost:3000", ""]', ["http://localhost:3000"]),  # an unset ${VAR:-} item
+        ('"*"', ["*"]),
+    ],
+)
+def test_allowed_origins_as_a_list_or_a_comma_separated_string(value: str, origins: list[str]) -> None:
+    assert parse_config(f"auth:\n  allowed_origins: {value}\n", env={}).auth.allowed_origins == origins
+
+
+@pytest.mark.parametrize(
+    ("value", "origin"),
+    [
+        ("http://localhost:3000/", "http://localhost:3000"),  # a trailing / was always ignored
+        ("HTTPS://App.Example.COM", "https://app.example.com"),  # browsers send lower case
+        ("https://app.example.com:443", "https://app.example.com"),  # and no default port
+        ("http://app.example.com:80/", "http://app.example.com"),
+        ("https://app.example.com:8443", "https://app.example.com:8443"),
+        ("http://[::1]:3000", "http://[::1]:3000"),
+        ("chrome-extension://abcdefghijklmnop", "chrome-extension://abcdefghijklmnop"),
+    ],
+)
+def test_allowed_origins_are_stored_as_browsers_send_them(value: str, origin: str) -> None:
+    config = parse_config("auth:\n  allowed_origins: ${ORIGINS}\n", env={"ORIGINS": value})
+    assert config.auth.allowed_origins == [origin]
+    assert revalidate(config, source="again").auth.allowed_origins == [origin]  # reloads and overrides re-validate
+    assert Authenticator(config.auth).origin_allowed(origin, "gw:8080")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("http://localhost:3000/app", "has a path, query or fragment"),
+        ("http://localhost:3000/?x=1", "has a path, query or fragment"),
+        ("localhost:3000", "is not an origin"),
+        ("app.example.com", "is not an origin"),
+        ("http://localhost:99999", "is not an origin"),
+        ("ws://127.0.0.1:8080/api/chat/ws", "not a WebSocket URL"),
+        ("https://user:pw@app.example.com", "user name or password"),
+        ("null", "'null' is refused"),
+        ("https://*.example.com", "no wildcards within an origin"),
+    ],
+)
+def test_an_origin_that_could_never_match_is_refused(value: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("auth:\n  allowed_origins: ${ORIGINS}\n", source="gw.yaml", env={"ORIGINS": f"http://ok:1,{value}"})
+    [problem] = info.value.problems
+    assert problem.startswith("gw.yaml: auth.allowed_origins: ")
+    assert reason in problem and repr(value) in problem
+    assert "e.g. http://localhost:3000" in problem or value == "null" or "*" in value

@@ -1,0 +1,184 @@
+"""README.md's quick start followed literally by an app on its own origin, in headless Chromium.
+
+The app (tests/browser/quickstart/: the stock ai 6 / ai 7 Chat core with the README's transports and its rule
+for cancelled approvals, bundled by esbuild from tests/js's vendored SDKs) is served by a static server on
+http://localhost:<port>; the gateway runs as `make run` runs it (`adk-gateway demo`, the reference
+config/gateway.yaml, the demo agent) on http://127.0.0.1:<another port>: another origin. Started with
+`GATEWAY_ALLOWED_ORIGINS=<the app's origin>` (the README's gateway side), the app chats over SSE and over the
+WebSocket; started without it (the stock config), the same page is refused: a CORS failure on SSE, a 403 on
+the WebSocket handshake, and ai 6's transport module cannot even be imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.demopage import DemoPage
+from tests.procs import ROOT, GatewayProcess, _child_env, free_port, stop_process, wait_http
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+PAGE_SOURCES = Path(__file__).parent / "quickstart"
+ESBUILD = ROOT / "web" / "node_modules" / ".bin" / "esbuild"
+SDKS = ROOT / "tests" / "js" / "node_modules"
+CLIENTS = [(6, "sse"), (7, "sse"), (6, "ws"), (7, "ws")]
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def app_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app, bundled and served from its own origin: http://localhost:<port>."""
+    for needed, how in ((ESBUILD, "make gateway/static/demo/app.js (npm ci in web/)"), (SDKS / "ai7", "npm ci in tests/js")):
+        if not needed.exists():
+            raise AssertionError(f"{needed.relative_to(ROOT)} is missing: {how}")
+    out = tmp_path_factory.mktemp("quickstart-app")
+    subprocess.run(
+        [str(ESBUILD), str(PAGE_SOURCES / "app.js"), "--bundle", "--format=esm", "--platform=browser",
+         "--target=es2022", f"--outfile={out / 'app.js'}", "--log-level=warning"],
+        env={**os.environ, "NODE_PATH": str(SDKS)}, check=True, timeout=60,
+    )
+    (out / "index.html").write_text((PAGE_SOURCES / "index.html").read_text())
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _make_run(tmp: Path, allowed_origins: str | None) -> Iterator[GatewayProcess]:
+    """What `[GATEWAY_ALLOWED_ORIGINS=...] make run` runs: `adk-gateway demo` with config/gateway.yaml."""
+    port = free_port()
+    env = _child_env({"PORT": str(port)})
+    env.pop("GATEWAY_ALLOWED_ORIGINS", None)
+    if allowed_origins is not None:
+        env["GATEWAY_ALLOWED_ORIGINS"] = allowed_origins
+    log = tmp / f"demo-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "demo"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", timeout=60, proc=proc, log=log)
+        yield GatewayProcess(base, port, log, proc, ROOT / "config" / "gateway.yaml")
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def allowing_gateway(tmp_path_factory: pytest.TempPathFactory, app_origin: str) -> Iterator[GatewayProcess]:
+    yield from _make_run(tmp_path_factory.mktemp("allowing"), app_origin)
+
+
+@pytest.fixture(scope="module")
+def stock_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    yield from _make_run(tmp_path_factory.mktemp("stock"), None)
+
+
+def _open(browser: Any, gateway: GatewayProcess, app_origin: str, artifact: Path, sdk: int, transport: str) -> DemoPage:
+    context = browser.new_context(viewport={"width": 900, "height": 700}, locale="en-US")
+    app = DemoPage(context, gateway, artifact)
+    app.page.goto(f"{app_origin}/index.html?gateway={gateway.base}&sdk={sdk}&transport={transport}")
+    app.expect("the app to load", lambda: expect(app.page.locator("body[data-status=ready]")).to_be_attached())
+    return app
+
+
+@pytest.mark.parametrize(("sdk", "transport"), CLIENTS)
+def test_the_quick_start_works_from_another_origin(
+    browser: Any, allowing_gateway: GatewayProcess, app_origin: str, artifact: Path, sdk: int, transport: str
+) -> None:
+    app = _open(browser, allowing_gateway, app_origin, artifact, sdk, transport)
+    try:
+        assert app.page.evaluate("location.origin") != allowing_gateway.base  # really another origin
+        app.type("hello there")
+        app.sees('You said: "hello there"')
+        app.idle()
+        # An approval round trip: the second request of the turn crosses origins too.
+        app.type("pay 50 to Hanako")
+        card = app.tool("process_payment")
+        app.state(card, "approval-requested", "approval-requested")
+        app.idle()
+        card.get_by_role("button", name="Approve", exact=True).click()
+        app.state(card, "output-available", "output-available")
+        app.sees("Done: sent 50 USD to Hanako")
+        app.idle()
+        # A new message instead of an answer: the gateway cancels the call, the README's rule hides its buttons.
+        app.type("pay 50 to Hanako")
+        waiting = app.tool("process_payment", 1)
+        app.state(waiting, "approval-requested", "approval-requested")
+        app.idle()
+        app.type("hello there")
+        app.expect("the unanswered call to read cancelled", lambda: expect(waiting.locator(".badge")).to_have_text("cancelled"))
+        app.expect("its buttons to be gone", lambda: expect(waiting.get_by_role("button")).to_have_count(0))
+        app.expect("the reply", lambda: expect(app.page.locator(".messages article").last).to_contain_text('You said: "hello there"'))
+        app.idle()
+        app.used_transport(transport)
+        if transport == "ws":
+            assert all(url.startswith(allowing_gateway.base.replace("http", "ws", 1)) for url in app.sockets), app.sockets
+        else:
+            assert all(url == f"{allowing_gateway.base}/api/chat" for url in app.chat_posts), app.chat_posts
+        app.clean_console()
+        app.screenshot()
+    finally:
+        app.context.close()
+
+
+# What refuses the page when its origin is not listed: the gateway's answer, and what Chromium says of it.
+REFUSALS = {
+    "6-sse": ("OPTIONS", "/api/chat", 403, "blocked by CORS policy"),
+    "7-sse": ("OPTIONS", "/api/chat", 403, "blocked by CORS policy"),
+    # ai 6's WebSocket transport imported from the gateway: a cross-origin module import needs CORS too.
+    "6-ws": ("GET", "/static/ws-transport.js", 200, "blocked by CORS policy"),
+    # ... and copied into the app: then the handshake is what is refused, as for ai 7's own transport.
+    "6-ws-copied": ("GET", "/api/chat/ws", 403, "Unexpected response code: 403"),
+    "7-ws": ("GET", "/api/chat/ws", 403, "Unexpected response code: 403"),
+}
+
+
+@pytest.mark.parametrize("client", list(REFUSALS))
+def test_without_the_allowed_origin_the_same_app_is_refused(
+    browser: Any, stock_gateway: GatewayProcess, app_origin: str, artifact: Path, client: str
+) -> None:
+    method, path, status, console = REFUSALS[client]
+    sdk, transport, *copied = client.split("-")
+    query = f"gateway={stock_gateway.base}&sdk={sdk}&transport={transport}" + ("&ws-module=copied" if copied else "")
+    context = browser.new_context(viewport={"width": 900, "height": 700}, locale="en-US")
+    app = DemoPage(context, stock_gateway, artifact)
+    try:
+        app.page.goto(f"{app_origin}/index.html?{query}")
+        if client != "6-ws":  # that one fails at start: its transport cannot be imported
+            app.expect("the app to load", lambda: expect(app.page.locator("body[data-status=ready]")).to_be_attached())
+            app.type("hello there")
+        error = app.page.get_by_role("alert")
+        app.expect("the app to show an error", lambda: expect(error).to_be_visible())
+        app.expect("the status error", lambda: expect(app.page.locator("body")).to_have_attribute("data-status", "error"))
+        app.expect("no reply", lambda: expect(app.page.locator(".messages")).not_to_contain_text("You said"))
+        assert any(console in line for line in app.console), app.report(f"expected {console!r} in the console")
+        if status == 403:
+            refused = [
+                line for line in stock_gateway.log_lines()
+                if line.get("event") == "http_request" and line.get("method") == method
+                and line.get("path") == path and line.get("status") == 403
+            ]
+            assert refused, app.report(f"expected the gateway to log {method} {path} 403")
+        app.screenshot()
+    finally:
+        context.close()
