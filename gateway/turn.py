@@ -182,10 +182,6 @@ class Turn:
         self._reported = False
 
     @property
-    def message_id(self) -> str:
-        return self.converter.message_id
-
-    @property
     def ended(self) -> bool:
         return self.state in _ENDED
 
