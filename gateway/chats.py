@@ -209,9 +209,6 @@ class ChatService:
         response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if response is None else Attachment(chat.run, response)
 
-    def now(self) -> float:
-        return self._clock()
-
     def abort(self, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
         chat = self._registry.find_session(user_id, chat_id)

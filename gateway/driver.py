@@ -66,9 +66,6 @@ class RunDriver:
     def alive(self) -> bool:
         return self.task is not None and not self.task.done()
 
-    def now(self) -> float:
-        return self._hooks.clock()
-
     def apply(self, outputs: list[Output]) -> None:
         """Carry out what the turn asked for, in order."""
         for output in outputs:
@@ -135,7 +132,6 @@ class RunDriver:
             apply(turn.fail("The gateway failed while streaming this response.", clock()))
         finally:
             apply(turn.end(clock()))
-            self.run.finished_at = clock()
 
 
 def _observe_call(metrics: GatewayMetrics, call: GatedCall, before: CallState, waited: float) -> None:

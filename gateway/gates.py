@@ -16,11 +16,12 @@ from typing import Any
 
 import structlog
 
-from .approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
+from .approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
 from .chat import Chat
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .registry import Registry
+from .turn import CallChanged
 
 __all__ = ["Gates"]
 
@@ -124,12 +125,10 @@ class Gates:
         now = self._clock()
         expired = 0
         for chat in set(self._open.values()):
-            if chat.driver is None:
-                continue
-            due = [c for c in chat.ledger.unreleased() if now >= c.deadline]
-            if due:
-                chat.driver.apply(chat.driver.turn.expire(now))
-                expired += sum(1 for c in due if c.released)
+            if chat.driver is not None:
+                outputs = chat.driver.turn.expire(now)
+                chat.driver.apply(outputs)
+                expired += sum(1 for o in outputs if isinstance(o, CallChanged) and o.call.outcome is Outcome.TIMEOUT)
         return expired
 
     def forget(self, chats: list[Chat]) -> None:

@@ -242,7 +242,6 @@ class Run:
         self.message_id = message_id
         self._limit = limit
         self.current = Response(limit)
-        self.finished_at: float | None = None
 
     @property
     def streaming(self) -> bool:

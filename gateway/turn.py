@@ -256,8 +256,7 @@ class Turn:
         out: list[Output] = []
         if self.state is TurnState.HELD:
             self._move(Move.READ)
-        for call, approved, reason in decisions:
-            self._change(out, call, lambda c, a=approved, r=reason: c.decide(a, now, r), now)
+        self._decide(out, decisions, now)
         for call, output, error_text in outputs:
             self._change(out, call, lambda c, o=output, e=error_text: c.deliver_output(o, e), now)
         self._pause(out)
@@ -278,8 +277,7 @@ class Turn:
         """The person sent a new message instead of answering: the decisions they did make count,
         every other call is cancelled, so the run can end."""
         out: list[Output] = []
-        for call, approved, reason in decisions:
-            self._change(out, call, lambda c, a=approved, r=reason: c.decide(a, now, r), now)
+        self._decide(out, decisions, now)
         for call in self.ledger.unreleased():
             self._change(out, call, lambda c: c.cancel("the user sent a new message instead of answering"), now)
         self._pause(out)
@@ -366,6 +364,10 @@ class Turn:
                 if call is not None:
                     self._change(out, call, lambda c, why=code: c.abandon(why), now, reason=code)
         self._pause(out)
+
+    def _decide(self, out: list[Output], decisions: Iterable[tuple[GatedCall, bool, str | None]], now: float) -> None:
+        for call, approved, reason in decisions:
+            self._change(out, call, lambda c, a=approved, r=reason: c.decide(a, now, r), now)
 
     def _pause(self, out: list[Output]) -> None:
         if self.state is TurnState.STREAMING and self.ledger.waiting_for_person:
