@@ -1,8 +1,8 @@
 """The aiohttp application: routes, middleware and the lifecycle of long-lived parts.
 
 `create_app(config)` builds everything and hangs it off the Application (see state.py). The
-`cleanup_ctx` starts the upstream client and the background duties (upstream health probe, idle
-chat sweeper) and stops them in reverse order.
+`cleanup_ctx` starts the agents' upstream clients and health probes and the background duties (idle
+chat sweeper, deadline sweeper) and stops them in reverse order.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from .agents import Agents
 from .auth import Authenticator
 from .chats import ChatService
 from .cluster.memory import MemoryState
@@ -25,12 +26,12 @@ from .cluster.router import Cluster
 from .cluster.shared import SharedState
 from .config import GatewayConfig
 from .errors import Handler, HttpError, error_middleware
-from .limits import Admission
+from .limits import Admission, Limited
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
 from .transports import sse, ws
-from .upstream import AdkClient
+from .transports.admit import count_refusal, identify
 
 __all__ = ["STATIC_DIR", "create_app"]
 
@@ -83,32 +84,50 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready when the default agent's upstream, and the shared session store, answer. Every agent's
+    upstream is reported under `agents`; another agent's outage leaves the replica ready (the
+    balancer cannot route around one agent) and shows as `adk_gateway_upstream_up{agent}` 0."""
     gateway = request.app[GATEWAY]
+    agents = {agent.name: "up" if agent.up else "unreachable" for agent in gateway.agents}
+    status = readiness(gateway)
+    return web.json_response({"status": status, "agents": agents}, status=200 if status == "ready" else 503)
+
+
+def readiness(gateway: Gateway) -> str:
+    """What /readyz says (and `adk_gateway_ready` counts): "ready", or why not."""
     if gateway.draining:
-        return web.json_response({"status": "draining"}, status=503)
-    if not gateway.upstream_up:
-        return web.json_response({"status": "upstream_unreachable"}, status=503)
+        return "draining"
+    if not gateway.agents.default.up:
+        return "upstream_unreachable"
     if not gateway.cluster.available:
-        return web.json_response({"status": "sessions_unavailable"}, status=503)
+        return "sessions_unavailable"
     if gateway.cluster.restoring:
         # Redis came back empty: new chats are refused until every owner has written its chats back.
-        return web.json_response({"status": "sessions_restoring"}, status=503)
-    return web.json_response({"status": "ready"})
+        return "sessions_restoring"
+    return "ready"
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    """The agents the caller may use, and their routes: what a page needs to offer a choice."""
+    gateway = request.app[GATEWAY]
+    identity = identify(request)
+    try:
+        gateway.admission.check_rate(identity.user_id, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+    config = gateway.config
+    agents = [
+        {"name": name, "default": name == config.default, "mode": agent.upstream.mode,
+         "api": f"/agents/{name}/api/chat", "ws": f"/agents/{name}/api/chat/ws"}
+        for name, agent in config.agents.items() if gateway.auth.may_use(identity, agent.access)
+    ]
+    return web.json_response({"default": config.default, "agents": agents})
 
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[GATEWAY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def _probe_upstream(gateway: Gateway) -> None:
-    while True:
-        up = await gateway.upstream.ping()
-        if up != gateway.upstream_up:
-            log.info("upstream_health_changed", up=up)
-        gateway.upstream_up = up
-        gateway.metrics.upstream_up.set(1 if up else 0)
-        await asyncio.sleep(gateway.config.upstream.health_interval)
 
 
 async def _enforce_deadlines(gateway: Gateway) -> None:
@@ -133,11 +152,13 @@ async def _sweep_idle_chats(gateway: Gateway) -> None:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     gateway.metrics.watch_gc()
-    await gateway.upstream.start()
+    await gateway.agents.start()
     await gateway.cluster.start()
-    log.info("replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend)
+    log.info(
+        "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
+        agents=[agent.name for agent in gateway.agents],
+    )
     duties = [
-        asyncio.create_task(_probe_upstream(gateway), name="upstream-probe"),
         asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
         asyncio.create_task(_enforce_deadlines(gateway), name="deadline-sweeper"),
     ]
@@ -147,7 +168,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(*duties, return_exceptions=True)
     await gateway.chats.close()
     await gateway.cluster.close()
-    await gateway.upstream.close()
+    await gateway.agents.close()
     gateway.metrics.unwatch_gc()
 
 
@@ -168,16 +189,17 @@ def shared_state(config: GatewayConfig) -> SharedState:
 
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
-    metrics_.know_tools(config.tools)
+    metrics_.know_agents(config)
     registry = Registry(config.limits.max_chats_per_user)
-    upstream = AdkClient(config.upstream)
-    chats = ChatService(upstream=upstream, registry=registry, metrics=metrics_, config=config)
+    agents = Agents(config, on_health=metrics_.upstream_health)
+    chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
-        upstream=upstream, chats=chats, cluster=Cluster(shared_state(config), chats, metrics_),
+        agents=agents, chats=chats, cluster=Cluster(shared_state(config), chats, metrics_),
         admission=Admission(config.limits),
     )
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
+    metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(
         middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
     )
@@ -190,6 +212,8 @@ def create_app(config: GatewayConfig) -> web.Application:
     if config.demo.page:
         app.add_routes([web.get("/", demo_page)])
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    # An app on an allowed origin may read the list cross-origin, with its credential in a header.
+    app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", sse.preflight)])
     if config.metrics.enabled:
         app.add_routes([web.get(config.metrics.path, metrics)])
     return app

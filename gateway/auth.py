@@ -9,27 +9,39 @@ WebSocket upgrades may pass the credential as `?access_token=`, because browsers
 headers on them (the access log records the path without its query string).
 
 The returned user id namespaces chats and ADK sessions: one user never reaches another's chats.
-`check_origin` guards WebSocket upgrades and CORS against pages that are not allowed.
+`may_use` decides whether an identity may use an agent (its `access:`), `check_origin` guards
+WebSocket upgrades and CORS against pages that are not allowed.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
 from aiohttp import web
 
-from .config import AuthConfig
+from .agent_config import AgentAccess
+from .auth_config import AuthConfig
 from .errors import HttpError
 
-__all__ = ["Authenticator"]
+__all__ = ["Authenticator", "Identity"]
 
 _USER_ID_MAX = 128
 
 
 def _unauthorized(message: str) -> HttpError:
     return HttpError(401, "unauthorized", message, {"WWW-Authenticate": 'Bearer realm="adk-gateway"'})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request acts for: the user id its chats belong to, and (JWT) the token's claims."""
+
+    user_id: str
+    claims: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Authenticator:
@@ -51,9 +63,13 @@ class Authenticator:
 
     def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
+        return self.identify(request).user_id
+
+    def identify(self, request: web.Request) -> Identity:
+        """Who the caller is, or raise HttpError(401)."""
         mode = self._config.mode
         if mode == "none":
-            return self._config.anonymous_user
+            return Identity(self._config.anonymous_user)
         credential = _credential(request)
         if not credential:
             raise _unauthorized("credentials required: Authorization: Bearer <token>")
@@ -61,10 +77,23 @@ class Authenticator:
             user = self._keys.get(hashlib.sha256(credential.encode()).hexdigest())
             if user is None:
                 raise _unauthorized("unknown API key")
-            return user
-        return self._jwt_subject(credential)
+            return Identity(user)
+        return self._jwt_identity(credential)
 
-    def _jwt_subject(self, token: str) -> str:
+    @staticmethod
+    def may_use(identity: Identity, access: AgentAccess) -> bool:
+        """Whether `identity` may use an agent with this `access:` (config.py validates that the
+        lists fit the auth mode: an API key list under api_key, claims under jwt)."""
+        if access.api_keys is not None and identity.user_id not in access.api_keys:
+            return False
+        for claim, allowed in (access.jwt_claims or {}).items():
+            value = identity.claims.get(claim)
+            values = value if isinstance(value, list) else [value]
+            if not any(isinstance(v, str) and v in allowed for v in values):
+                return False
+        return True
+
+    def _jwt_identity(self, token: str) -> Identity:
         settings = self._config.jwt
         assert settings is not None
         try:
@@ -86,7 +115,7 @@ class Authenticator:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:
             raise _unauthorized("invalid token: sub must be a non-empty string")
-        return subject
+        return Identity(subject, claims)
 
     def origin_allowed(self, origin: str | None, host: str | None) -> bool:
         """An Origin may open a socket or read a response: same-origin, or listed."""

@@ -1,7 +1,8 @@
 """A chat, as this replica remembers it between requests.
 
 A chat is keyed by (user id, AI SDK chat id): a browser can only ever reach chats of its own user.
-It holds its ADK session, its current run (the run log that requests follow, and the driver that
+It belongs to one agent (agents.py), whose routes alone reach it. It holds its ADK session (on
+the client of its agent's upstream it was made with), its current run (the run log that requests follow, and the driver that
 runs it), its live session in live mode, and its ledger: the calls that wait for a person.
 """
 
@@ -13,6 +14,7 @@ from .driver import RunDriver
 from .ledger import Ledger
 from .live import LiveLink
 from .runs import Run
+from .upstream import AdkClient
 
 __all__ = ["Chat"]
 
@@ -23,6 +25,11 @@ class Chat:
     chat_id: str
     session_id: str
     last_active: float
+    # The agent the chat belongs to (its name in the config).
+    agent: str = ""
+    # The upstream client its ADK session lives behind; a reload that changes the agent's upstream
+    # gives the agent a new one, which the chat takes (and re-checks its session on) next turn.
+    upstream: AdkClient | None = None
     session_ready: bool = False
     run: Run | None = None
     # Drives `run`; its task is alive while the run's upstream stream is open.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from .agents import Agent, Agents
 from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .approvals import GatedCall
 from .chat import Chat
@@ -31,7 +32,14 @@ from .errors import Refusal
 from .gates import Gates
 from .ledger import NativeConfirmation
 from .limits import Limited
-from .messages import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, plan_turn
+from .messages import (
+    ApprovalAnswer,
+    ChatRequest,
+    InvalidRequest,
+    ToolOutput,
+    TurnPlan,
+    plan_turn,
+)
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion
 from .registry import Registry, TooManyChats
@@ -77,7 +85,7 @@ class ChatService:
     def __init__(
         self,
         *,
-        upstream: AdkClient,
+        agents: Agents,
         registry: Registry,
         metrics: GatewayMetrics,
         config: GatewayConfig,
@@ -85,6 +93,7 @@ class ChatService:
         new_id: Callable[[], str] = new_message_id,
     ) -> None:
         self._registry = registry
+        self.agents = agents
         self.metrics = metrics
         self.config = config
         self._clock = clock
@@ -92,9 +101,10 @@ class ChatService:
         # The run tasks going on, and whose: each tells the cluster when its run ends.
         self._tasks: dict[asyncio.Task[None], Chat] = {}
         self._closing_reason = "This response was cancelled."
-        self.runs = AgentRuns(upstream, metrics, lambda: self.config, clock)
+        self.runs = AgentRuns(agents, metrics, clock)
         # The plugin's side of gated calls: the cluster's remote gate and the sweeper use it.
-        self.gates = Gates(registry, metrics, lambda: self.config, clock)
+        self.gates = Gates(registry, agents, metrics, lambda: self.config, clock)
+        agents.in_use = self._carries_run
         self._hooks = RunHooks(metrics, clock, self.gates.release)
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.
@@ -105,22 +115,42 @@ class ChatService:
             self.on_run(chat, message_id)
 
     def reconfigure(self, config: GatewayConfig) -> None:
-        """New requests follow the new config; runs under way keep the policy they started with."""
+        """New requests follow the new config; runs under way keep the policy they started with
+        (except a removed agent's: `end_agent_runs`)."""
         self.config = config
         self._registry.max_chats_per_user = config.limits.max_chats_per_user
 
+    def _carries_run(self, client: AdkClient) -> bool:
+        return any(chat.upstream is client and chat.running for chat in self._registry.chats())
+
+    def end_agent_runs(self, agent: str, reason: str) -> int:
+        """End the runs of an agent a reload removed: each ends with an error chunk saying `reason`,
+        and its calls waiting for a person are released fail-closed. Returns how many."""
+        ended = 0
+        loop = asyncio.get_running_loop()
+        for chat in self._registry.chats():
+            if chat.agent == agent and chat.running and chat.driver is not None and chat.driver.task is not None:
+                chat.driver.closing_reason = reason
+                # After the task's first step, not now: a run admitted a moment ago has not started
+                # yet, and a task cancelled before its first step never writes its response's end.
+                loop.call_soon(chat.driver.task.cancel)
+                ended += 1
+        return ended
+
     # ---- admission -----------------------------------------------------------------------
 
-    async def submit(self, user_id: str, request: ChatRequest) -> Attachment:
-        """Start or continue the run a request asks for.
+    async def submit(self, agent_name: str, user_id: str, request: ChatRequest) -> Attachment:
+        """Start or continue the run a request asks for, on the chat of `agent_name`.
 
-        Raises InvalidRequest (400), Forbidden (403), ChatNotFound (404), ChatBusy (409), Gone (410),
-        Limited (413, 429) or UpstreamError (502) before anything streams.
+        Raises InvalidRequest (400), Forbidden (403), ChatNotFound or UnknownAgent (404), ChatBusy
+        (409), Gone (410), Limited (413, 429) or UpstreamError (502) before anything streams.
         """
-        if len(request.messages) > self.config.limits.max_messages:
-            raise Limited(413, "too_many_messages", f"at most {self.config.limits.max_messages} messages per request")
+        agent = self.agents.need(agent_name)
+        max_messages = self.config.max_messages(agent_name)
+        if len(request.messages) > max_messages:
+            raise Limited(413, "too_many_messages", f"at most {max_messages} messages per request")
         plan = plan_turn(request)
-        chat = self._chat(user_id, request.chat_id)
+        chat = self._chat(agent, user_id, request.chat_id)
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
         outputs = pending_outputs(chat, plan.outputs)
@@ -138,17 +168,17 @@ class ChatService:
             # A run in progress here is not paused on an ADK confirmation (those end their run), so
             # these answers match nothing; they must not disturb what the run does wait for.
             raise Gone("this approval is not pending; the chat's current run waits for something else")
-        if native and self._live:
+        if native and agent.live:
             # ADK has no confirmations in live mode, and answers sent as function responses would
             # reach the model as tool results: never forward them.
             if plan.new_message is None:
                 raise InvalidRequest("this approval is not pending (ADK confirmations do not exist in live mode)")
             native = []
-        return await self._start_run(chat, plan, gated, native, request.version)
+        return await self._start_run(agent, chat, plan, gated, native, request.version)
 
     async def _start_run(
-        self, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]], native: list[ApprovalAnswer],
-        version: ClientVersion,
+        self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
+        native: list[ApprovalAnswer], version: ClientVersion,
     ) -> Attachment:
         if chat.run is not None and chat.run.streaming:
             raise ChatBusy("a response is already streaming for this chat")
@@ -163,22 +193,23 @@ class ChatService:
         chat.run = run
         structlog.contextvars.bind_contextvars(message_id=run.message_id)
         try:
+            await self.runs.take_upstream(chat, agent)
             await self.runs.ensure_session(chat)
         except UpstreamError as exc:
-            self.metrics.upstream_errors.labels(exc.kind).inc()
+            self.metrics.upstream_errors.labels(agent.name, exc.kind).inc()
             chat.run = None
             raise
         self._record_native_answers(chat, native)
         turn = Turn(
             run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
-            denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=self.config.tool_policy,
+            denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
         )
-        driver = RunDriver(turn, run, self._hooks)
+        driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait))
 
-    def _chat(self, user_id: str, chat_id: str) -> Chat:
+    def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
-            return self._registry.get(user_id, chat_id, now=self._clock())
+            return self._registry.get(agent.name, user_id, chat_id, now=self._clock())
         except TooManyChats:
             raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
 
@@ -198,9 +229,9 @@ class ChatService:
         if chat is not None:
             self.run_changed(chat, "")
 
-    def resume(self, user_id: str, chat_id: str) -> Attachment | None:
+    def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """The response to replay and follow for a reconnecting browser; None if there is none."""
-        chat = self._registry.find(user_id, chat_id)
+        chat = self._registry.find(agent, user_id, chat_id)
         if chat is None or chat.run is None:
             return None
         if chat.running and chat.driver is not None:
@@ -209,43 +240,44 @@ class ChatService:
         response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if response is None else Attachment(chat.run, response)
 
-    def abort(self, user_id: str, chat_id: str) -> bool:
+    def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
         chat = self._registry.find_session(user_id, chat_id)
-        if chat is None or not chat.running or chat.driver is None or chat.driver.task is None:
+        if chat is None or chat.agent != agent or not chat.running or chat.driver is None or chat.driver.task is None:
             return False
         chat.driver.aborting = True
         chat.driver.task.cancel()
         log.info("run_aborted", chat_id=chat_id)
         return True
 
-    @property
-    def _live(self) -> bool:
-        return self.config.upstream.mode == "live"
-
-    async def send_audio(self, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion) -> Attachment | None:
+    async def send_audio(
+        self, agent_name: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion
+    ) -> Attachment | None:
         """Realtime audio for the chat's live session.
 
         Audio may start a turn by itself (the person just speaks): then the answer streams into a
         new assistant message, returned here for the caller to follow. During a turn, audio is
         only relayed and None is returned.
         """
-        if not self._live:
+        agent = self.agents.need(agent_name)
+        if not agent.live:
             raise InvalidRequest("audio needs an agent in live mode (upstream.mode: live)")
-        chat = self._chat(user_id, chat_id)
+        chat = self._chat(agent, user_id, chat_id)
+        if not chat.running:
+            await self.runs.take_upstream(chat, agent)
         link = await self.runs.live_link(chat)
         blob = {"blob": {"mimeType": mime_type, "data": data}}
         if link.in_turn or chat.running:
             await link.send(blob)
             return None
         run = Run(self._new_id(), limit=self.config.chat.run_buffer_chunks)
-        turn = Turn(run.message_id, ledger=chat.ledger, version=version, policy=self.config.tool_policy)
-        return self._launch(chat, RunDriver(turn, run, self._hooks), self.runs.audio_turn(chat, blob))
+        turn = Turn(run.message_id, ledger=chat.ledger, version=version, policy=agent.config.tool_policy)
+        return self._launch(chat, RunDriver(turn, run, self._hooks, agent.name), self.runs.audio_turn(chat, blob))
 
-    async def socket_closed(self, user_id: str, chat_id: str) -> None:
+    async def socket_closed(self, agent: str, user_id: str, chat_id: str) -> None:
         """The browser socket that drove this chat went away: its live session goes with it."""
         chat = self._registry.find_session(user_id, chat_id)
-        if chat is not None:
+        if chat is not None and chat.agent == agent:
             await self.runs.close_live(chat)
 
     async def close(self, reason: str = "The gateway is shutting down.") -> None:
@@ -333,12 +365,12 @@ class ChatService:
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
             outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
-            self._observe_native(pending, outcome, now)
+            self._observe_native(chat.agent, pending, outcome, now)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
-    def _observe_native(self, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
-        self.metrics.approvals_pending.dec()
-        self.metrics.approval_wait.labels(confirmation.tool, outcome).observe(now - (confirmation.asked_at or now))
+    def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
+        self.metrics.approvals_pending.labels(agent).dec()
+        self.metrics.approval_wait.labels(agent, confirmation.tool, outcome).observe(now - (confirmation.asked_at or now))
 
     async def forget_idle(self, idle_before: float) -> list[Chat]:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""
@@ -348,5 +380,5 @@ class ChatService:
         for chat in gone:
             await self.runs.close_live(chat)
             for pending in chat.ledger.pending_native():
-                self._observe_native(pending, "cancelled", now)
+                self._observe_native(chat.agent, pending, "cancelled", now)
         return gone

@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
-
-from .server import serve
+import yaml
 from pydantic import SecretStr, ValidationError
 
 from .config import ConfigError, GatewayConfig, load_config
 from .logs import configure_logging
+from .server import serve
 
 __all__ = ["main"]
 
@@ -60,16 +60,18 @@ def _load(path: Path | None) -> GatewayConfig:
 def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: str | None = None) -> GatewayConfig:
     """The config with command-line overrides applied, validated like the file itself."""
     data = config.model_dump()
-    listen, upstream_section = data["listen"], data["upstream"]
+    listen = data["listen"]
     if args.host:
         listen["host"] = args.host
     port = args.port if args.port is not None else os.environ.get("PORT")
     if port is not None:
         listen["port"] = port
-    if upstream:
-        upstream_section["url"] = upstream
-    if args.upstream_mode:
-        upstream_section["mode"] = args.upstream_mode
+    # The demo's ADK server serves every agent of the demo config; --upstream-mode is every agent's.
+    for agent in data["agents"].values():
+        if upstream:
+            agent["upstream"]["url"] = upstream
+        if args.upstream_mode:
+            agent["upstream"]["mode"] = args.upstream_mode
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
@@ -80,12 +82,15 @@ def _problems(exc: ValidationError) -> list[str]:
     return [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
 
 
-def _serve(config: GatewayConfig, path: Path | None) -> None:
+def _serve(config: GatewayConfig, path: Path | None, upstream_mode: str | None = None) -> None:
     logs = config.logging
     key = logs.user_id_key.get_secret_value() if logs.user_id_key is not None else None
     configure_logging(logs.level, logs.format, user_ids=logs.user_id, user_id_key=key)
-    structlog.get_logger("adk_gateway").info("gateway_starting", upstream=config.upstream_base)
-    asyncio.run(serve(config, path))
+    structlog.get_logger("adk_gateway").info(
+        "gateway_starting", agents={name: agent.upstream_base for name, agent in config.agents.items()},
+        default_agent=config.default,
+    )
+    asyncio.run(serve(config, path, upstream_mode))
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -142,7 +147,7 @@ def demo_agent(
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     path = _config_path(args.config)
-    _serve(_with_overrides(_load(path), args), path)
+    _serve(_with_overrides(_load(path), args), path, args.upstream_mode)
     return 0
 
 
@@ -209,9 +214,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    load_config(args.path)
+    config = load_config(args.path)
     print(f"{args.path}: ok")
+    for line in describe_agents(config, single_agent_keys=_single_agent_keys(args.path)):
+        print(line)
     return 0
+
+
+def _single_agent_keys(path: Path) -> bool:
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return isinstance(raw, dict) and bool({"upstream", "tools"} & raw.keys())
+    return False
+
+
+def describe_agents(config: GatewayConfig, *, single_agent_keys: bool) -> list[str]:
+    """What check-config says of the agents: their routes, and how single-agent keys map."""
+    lines = []
+    for name, agent in config.agents.items():
+        default = " (default: also /api/chat)" if name == config.default else ""
+        gated = ", ".join(agent.gated_tools) or "none"
+        lines.append(
+            f"agent {name}{default}: /agents/{name}/api/chat -> {agent.upstream_base} app {agent.upstream.app_name} "
+            f"({agent.upstream.mode}); gated tools: {gated}"
+        )
+    if single_agent_keys:
+        name = config.default
+        lines.append(
+            f"the top-level upstream: and tools: keys are the single agent {name!r}; the same in the agents: form "
+            "(replacing those two keys):"
+        )
+        agent = config.agents[name].model_dump(mode="json", exclude_unset=True, include={"upstream", "tools"})
+        lines += ["  " + line for line in yaml.safe_dump({"agents": {name: agent}}, sort_keys=False).splitlines()]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ One YAML file is the ops interface (DESIGN.md decision 2). Loading is strict: an
 type, a bad URL or duration is refused with one line per problem naming the file, the key path and
 the reason, so a typo never silently falls back to a default. `${VAR}` and `${VAR:-default}` are
 substituted in string values after parsing, so secrets come from the environment and never need to
-be written into the file.
+be written into the file. One agent's sections are agent_config.py's; durations and sizes,
+config_values.py's.
 """
 
 from __future__ import annotations
@@ -13,24 +14,26 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 import yaml
-from cryptography.hazmat.primitives import serialization
-from pydantic import (
-    AnyHttpUrl,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, ValidationError, model_validator
 
-__all__ = ["ConfigError", "GatewayConfig", "load_config", "parse_config", "parse_duration", "revalidate"]
+from .agent_config import (
+    AGENT_NAME_PATTERN,
+    AgentAccess,
+    AgentConfig,
+    ToolPolicy,
+    UpstreamConfig,
+)
+from .auth_config import AuthConfig
+from .config_values import Duration, Section, Size, parse_duration, parse_size
+
+# The agent's and the values' names are re-exported: a config is read from this module.
+__all__ = [
+    "AgentAccess", "AgentConfig", "AuthConfig", "ConfigError", "GatewayConfig", "ToolPolicy", "UpstreamConfig", "load_config",
+    "parse_config", "parse_duration", "parse_size", "revalidate",
+]
 
 
 class ConfigError(Exception):
@@ -41,53 +44,7 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from `30s`, `5m`, `250ms`, `1.5h` or a bare number of seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 30s, 5m or 250ms")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"invalid duration {value!r}: use a number with ms, s, m, h or d (e.g. 30s)")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if seconds < 0:
-        raise ValueError("a duration cannot be negative")
-    return seconds
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from `1MiB`, `64KiB`, `500KB` or a bare number of bytes."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 1MiB")
-    if isinstance(value, int):
-        return value
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(f"invalid size {value!r}: use bytes or a unit such as 64KiB, 1MiB")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
-
-
-class _Section(BaseModel):
-    # Strict about keys (a typo must not silently become a default), lax about "8080" vs 8080,
-    # because ${PORT:-8080} substitution always produces strings.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ListenConfig(_Section):
+class ListenConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     # On SIGTERM: /readyz turns 503, new chats are refused, running responses get this long to
@@ -105,25 +62,7 @@ class ListenConfig(_Section):
             return False
 
 
-class UpstreamConfig(_Section):
-    url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
-    app_name: str = Field("demo_agent", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    # sse: one `/run_sse` request per turn. live: one `/run_live` session per chat, kept across turns
-    # (Gemini Live models; audio). Approvals and browser tools work in both through the plugin.
-    mode: Literal["sse", "live"] = "sse"
-    # Response modalities asked of a live session.
-    live_modalities: list[Literal["TEXT", "AUDIO"]] = Field(default_factory=lambda: ["TEXT"], min_length=1)
-    connect_timeout: Duration = Field(5.0, gt=0)
-    # Longest silence tolerated on a running stream. There is deliberately no total timeout:
-    # a run may legitimately stream for a long time.
-    idle_timeout: Duration = Field(300.0, gt=0)
-    # Pooled connections to the upstream; every streaming run holds one for its whole length.
-    max_connections: int = Field(1000, ge=1)
-    # How often /readyz may probe the upstream; between probes the last answer is reused.
-    health_interval: Duration = Field(5.0, gt=0)
-
-
-class ChatConfig(_Section):
+class ChatConfig(Section):
     # The AI SDK major version assumed when a client does not say (ai 7 extras only on request).
     default_protocol: Literal[6, 7] = 6
     max_body_bytes: Size = Field(4 * 1024 * 1024, ge=1024)
@@ -146,7 +85,7 @@ class ChatConfig(_Section):
     idle_chat_ttl: Duration = Field(3600.0, gt=0)
 
 
-class WebSocketConfig(_Section):
+class WebSocketConfig(Section):
     """`/api/chat/ws`: the AI SDK WebSocket transport."""
 
     # Ping interval; a peer that does not answer a ping within half of it is closed.
@@ -162,121 +101,7 @@ class WebSocketConfig(_Section):
     compress: bool = False
 
 
-class ApiKey(_Section):
-    """One browser API key: the key itself (from the environment) or its SHA-256 hex digest."""
-
-    # The user id requests with this key act as: chats belong to it.
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
-    key: SecretStr | None = None
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-
-
-class JwtConfig(_Section):
-    """Bearer JWTs whose `sub` is the user id."""
-
-    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(default_factory=lambda: ["HS256"], min_length=1)
-    # HS256: the shared secret (from the environment).
-    secret: SecretStr | None = None
-    # RS256 / ES256: a PEM file with the issuer's public key.
-    public_key_file: Path | None = None
-    audience: str | None = None
-    issuer: str | None = None
-    # Clock skew tolerated on exp / nbf.
-    leeway: Duration = 30.0
-
-
-class AuthConfig(_Section):
-    # none: every caller is `anonymous_user`; only allowed on a loopback listener (demos).
-    # api_key: `Authorization: Bearer <key>` (or `x-api-key`). jwt: `Authorization: Bearer <jwt>`.
-    # WebSocket upgrades may pass the credential as `?access_token=` (browsers cannot set headers).
-    mode: Literal["none", "api_key", "jwt"] = "none"
-    anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
-    api_keys: list[ApiKey] = Field(default_factory=list)
-    jwt: JwtConfig | None = None
-    # Browser origins allowed to open the WebSocket and to call the SSE routes cross-origin (CORS).
-    # Empty: same-origin pages and non-browser clients only. "*" allows any origin. A string is a
-    # comma-separated list (what `${GATEWAY_ALLOWED_ORIGINS:-}` yields); "" is none.
-    allowed_origins: list[str] = Field(default_factory=list)
-
-    @field_validator("allowed_origins", mode="before")
-    @classmethod
-    def _origins_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.split(",")
-        if isinstance(value, list):
-            # Blank items (an unset `${VAR:-}`, a trailing comma) are no origin at all.
-            return [item.strip() if isinstance(item, str) else item for item in value
-                    if not (isinstance(item, str) and not item.strip())]
-        return value
-
-    @field_validator("allowed_origins")
-    @classmethod
-    def _origins_as_browsers_send_them(cls, origins: list[str]) -> list[str]:
-        return [cls._origin(value) for value in origins]
-
-    @staticmethod
-    def _origin(value: str) -> str:
-        """An entry as a browser's `Origin` header spells it: scheme://host[:port], lower case, without a
-        default port or a trailing `/`. An entry that could never match is refused rather than ignored."""
-        if value == "*":
-            return value
-        example = "an origin is scheme://host[:port] as the browser sends it, e.g. http://localhost:3000"
-        if value.lower() == "null":
-            raise ValueError(
-                "'null' is refused: it is the Origin of sandboxed iframes and file: pages, which any site can produce"
-            )
-        try:
-            parts = urlsplit(value)
-            port = parts.port
-        except ValueError:
-            raise ValueError(f"{value!r} is not an origin: {example}") from None
-        scheme = parts.scheme.lower()
-        if not scheme or not parts.netloc or not parts.hostname:
-            raise ValueError(f"{value!r} is not an origin: {example}")
-        if scheme in ("ws", "wss"):
-            raise ValueError(f"{value!r}: list the page's origin (http:// or https://), not a WebSocket URL; {example}")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError(f"{value!r} holds a user name or password; {example}")
-        if parts.path not in ("", "/") or parts.query or parts.fragment or value.endswith(("?", "#")):
-            raise ValueError(f"{value!r} has a path, query or fragment; {example}")
-        if "*" in parts.netloc:
-            raise ValueError(f"{value!r}: no wildcards within an origin; list each one, or \"*\" alone for any")
-        netloc = parts.netloc.lower().removesuffix(":")
-        if port is not None and port == {"http": 80, "https": 443}.get(scheme):
-            netloc = netloc.rsplit(":", 1)[0]
-        return f"{scheme}://{netloc}"
-
-    @model_validator(mode="after")
-    def _credentials_for_mode(self) -> AuthConfig:
-        if self.mode == "api_key":
-            usable = [k for k in self.api_keys if (k.key and k.key.get_secret_value()) or k.sha256]
-            if not usable:
-                raise ValueError("auth.mode api_key needs at least one entry in auth.api_keys with a key or sha256")
-            for entry in self.api_keys:
-                if entry.key is not None and entry.sha256 is not None:
-                    raise ValueError(f"auth.api_keys[{entry.id}]: give key or sha256, not both")
-        if self.mode == "jwt":
-            jwt = self.jwt
-            if jwt is None:
-                raise ValueError("auth.mode jwt needs an auth.jwt section")
-            if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
-                raise ValueError("auth.jwt.secret is required for HS256")
-            if {"RS256", "ES256"} & set(jwt.algorithms):
-                if "HS256" in jwt.algorithms:
-                    # One key for both would let a public key be used as an HMAC secret.
-                    raise ValueError("auth.jwt.algorithms: HS256 cannot be combined with RS256/ES256")
-                if jwt.public_key_file is None:
-                    raise ValueError("auth.jwt.public_key_file is required for RS256/ES256")
-                if not jwt.public_key_file.is_file():
-                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
-                try:
-                    serialization.load_pem_public_key(jwt.public_key_file.read_bytes())
-                except ValueError:
-                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} is not a PEM public key") from None
-        return self
-
-
-class LimitsConfig(_Section):
+class LimitsConfig(Section):
     """Per-user and global caps; each is answered with a JSON reason and the fitting status."""
 
     # Messages in one request's history (413 beyond).
@@ -293,32 +118,7 @@ class LimitsConfig(_Section):
     burst_per_user: int = Field(40, ge=1)
 
 
-class ToolPolicy(_Section):
-    """What the gateway does with calls to one tool (enforced by the ADK plugin in the agent)."""
-
-    # A person must approve each call before it runs.
-    approval: bool = False
-    # `browser`: the call is answered by the browser (the AI SDK's onToolCall + addToolOutput).
-    runs_in: Literal["server", "browser"] = "server"
-    # How long to wait for the person (approval) or the browser (output).
-    timeout: Duration = Field(300.0, gt=0)
-    # What a timeout means for the call: `deny` (the tool does not run, the model is told it was
-    # rejected; the browser sees tool-output-denied) or `error` (tool-output-error).
-    on_timeout: Literal["deny", "error"] = "deny"
-    # Shown to the person next to the approval request.
-    hint: str | None = None
-    # Live mode only: declare the tool NON_BLOCKING to the model (ADK `types.Behavior`), so the
-    # conversation goes on while the call waits for a person; the result reaches the model later.
-    # Default (blocking): the model's output stalls until the decision, though input keeps flowing.
-    non_blocking: bool = False
-
-    @property
-    def gated(self) -> bool:
-        """The plugin must ask the gateway before the call may proceed."""
-        return self.approval or self.runs_in == "browser"
-
-
-class InternalConfig(_Section):
+class InternalConfig(Section):
     """The listener the gateway's ADK plugin calls; never exposed to browsers."""
 
     host: str = "127.0.0.1"
@@ -329,7 +129,7 @@ class InternalConfig(_Section):
     policy_refresh: Duration = Field(30.0, gt=0)
 
 
-class SessionsConfig(_Section):
+class SessionsConfig(Section):
     """Where chat state that several replicas must share lives (docs/scaling.md)."""
 
     # memory: this process only (one replica). redis: replicas behind one load balancer share
@@ -355,7 +155,7 @@ class SessionsConfig(_Section):
         return self
 
 
-class DemoConfig(_Section):
+class DemoConfig(Section):
     # Serve the demo chat page at `/` (gateway/static/demo). Off in production configs;
     # `adk-gateway demo` turns it on.
     page: bool = False
@@ -365,7 +165,7 @@ class DemoConfig(_Section):
 _MIN_LOG_KEY = 16
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # auto: JSON when stderr is not a terminal (containers, CI), console renderer on a TTY.
     format: Literal["auto", "json", "console"] = "auto"
@@ -388,14 +188,13 @@ class LoggingConfig(_Section):
         return self
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     enabled: bool = True
     path: str = Field("/metrics", pattern=r"^/")
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     listen: ListenConfig = ListenConfig()
-    upstream: UpstreamConfig = UpstreamConfig()
     chat: ChatConfig = ChatConfig()
     websocket: WebSocketConfig = WebSocketConfig()
     auth: AuthConfig = AuthConfig()
@@ -405,8 +204,33 @@ class GatewayConfig(_Section):
     internal: InternalConfig = InternalConfig()
     demo: DemoConfig = DemoConfig()
     sessions: SessionsConfig = SessionsConfig()
-    # Per-tool policy; the key `default` applies to every tool not listed.
-    tools: dict[str, ToolPolicy] = Field(default_factory=dict)
+    # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
+    # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
+    agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)
+    # The agent `/api/chat` serves (it is also at /agents/<name>/api/chat); default: the first listed.
+    default_agent: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_agent_keys(cls, data: Any) -> Any:
+        """The single-agent keys (`upstream:`, `tools:` at the top level) as the one agent of the config."""
+        if not isinstance(data, dict) or not ({"upstream", "tools"} & data.keys()):
+            return data
+        if "agents" in data:
+            raise ValueError(
+                "upstream and tools at the top level describe the single agent of a config without `agents:`; "
+                "with `agents:`, move them under agents.<name> (`adk-gateway check-config` shows the mapping)"
+            )
+        data = dict(data)
+        agent = {key: data.pop(key) for key in ("upstream", "tools") if key in data}
+        upstream = agent.get("upstream")
+        name = "demo_agent"
+        if isinstance(upstream, UpstreamConfig):
+            name = upstream.app_name
+        elif isinstance(upstream, dict) and isinstance(upstream.get("app_name"), str):
+            name = upstream["app_name"]
+        data["agents"] = {name: agent}
+        return data
 
     @model_validator(mode="after")
     def _anonymous_only_on_loopback(self) -> GatewayConfig:
@@ -420,22 +244,74 @@ class GatewayConfig(_Section):
     @model_validator(mode="after")
     def _secret_when_gating(self) -> GatewayConfig:
         secret = self.internal.secret.get_secret_value() if self.internal.secret is not None else ""
-        if any(p.gated for p in self.tools.values()) and not secret:
+        if any(p.gated for agent in self.agents.values() for p in agent.tools.values()) and not secret:
             raise ValueError(
                 "internal.secret is required when a tool needs approval or runs in the browser "
                 "(the ADK plugin authenticates with it)"
             )
         return self
 
-    def tool_policy(self, name: str) -> ToolPolicy:
-        return self.tools.get(name) or self.tools.get("default") or _NO_POLICY
+    @model_validator(mode="after")
+    def _agents_consistent(self) -> GatewayConfig:
+        problems = []
+        for name in self.agents:
+            if not re.match(AGENT_NAME_PATTERN, name):
+                problems.append(f"agents.{name}: an agent name is 1-64 letters, digits, '_', '.' or '-' (it is a URL path segment)")
+        if self.default_agent and self.default_agent not in self.agents:
+            problems.append(f"default_agent: {self.default_agent!r} is not one of the agents ({', '.join(self.agents)})")
+        apps: dict[str, str] = {}
+        for name, agent in self.agents.items():
+            # The plugin names its agent by the ADK app name alone: two agents with one app name
+            # would share (and so widen) each other's tool policy.
+            other = apps.setdefault(agent.upstream.app_name, name)
+            if other != name:
+                problems.append(
+                    f"agents.{name}.upstream.app_name: {agent.upstream.app_name!r} is also agents.{other}'s; "
+                    "the ADK plugin names its agent by app name, so each agent needs its own"
+                )
+            problems += self._access_problems(name, agent.access)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _access_problems(self, name: str, access: AgentAccess) -> list[str]:
+        where = f"agents.{name}.access"
+        problems = []
+        if access.api_keys is not None:
+            if self.auth.mode != "api_key":
+                problems.append(f"{where}.api_keys needs auth.mode api_key (it is {self.auth.mode})")
+            known = {key.id for key in self.auth.api_keys}
+            unknown = [key for key in access.api_keys if key not in known]
+            if unknown and self.auth.mode == "api_key":
+                problems.append(f"{where}.api_keys: {', '.join(unknown)} not among auth.api_keys ids")
+        if access.jwt_claims is not None and self.auth.mode != "jwt":
+            problems.append(f"{where}.jwt_claims needs auth.mode jwt (it is {self.auth.mode})")
+        return problems
 
     @property
-    def upstream_base(self) -> str:
-        return str(self.upstream.url).rstrip("/")
+    def default(self) -> str:
+        """The name of the agent `/api/chat` serves."""
+        return self.default_agent or next(iter(self.agents))
 
+    @property
+    def default_agent_config(self) -> AgentConfig:
+        return self.agents[self.default]
 
-_NO_POLICY = ToolPolicy()
+    def agent_for_app(self, app_name: str) -> str | None:
+        """The agent whose ADK app is `app_name` (the plugin names agents so)."""
+        for name, agent in self.agents.items():
+            if agent.upstream.app_name == app_name:
+                return name
+        return None
+
+    def max_messages(self, agent: str) -> int:
+        own = self.agents[agent].limits.max_messages if agent in self.agents else None
+        return own if own is not None else self.limits.max_messages
+
+    def max_pending_approvals_per_chat(self, agent: str) -> int:
+        own = self.agents[agent].limits.max_pending_approvals_per_chat if agent in self.agents else None
+        return own if own is not None else self.limits.max_pending_approvals_per_chat
+
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -499,13 +375,19 @@ def _validate(raw: dict[str, Any], source: str) -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(raw)
     except ValidationError as exc:
+        # A single-agent file's problems are named by the keys it has (`upstream.url`), not by
+        # the agents section they became.
+        single = isinstance(raw, dict) and "agents" not in raw and bool({"upstream", "tools"} & raw.keys())
         lines = []
         for err in exc.errors():
             reason = err["msg"]
             if err["type"] == "extra_forbidden":
                 reason = "unknown key"
             reason = reason.removeprefix("Value error, ")
-            lines.append(f"{source}: {_format_loc(err['loc'])}: {reason}")
+            loc = err["loc"]
+            if single and len(loc) > 2 and loc[0] == "agents":
+                loc = loc[2:]
+            lines.append(f"{source}: {_format_loc(loc)}: {reason}")
         raise ConfigError(lines) from None
 
 

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 import orjson
 
+from .agent_config import ToolPolicy
 from .approvals import CallState, GatedCall, refusal_code
-from .config import ToolPolicy
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk, MessageWriter, map_finish_reason
 from .protocol import ClientVersion

@@ -24,7 +24,16 @@ from .metrics import GatewayMetrics
 from .protocol import encode_chunk
 from .runs import Run
 from .turn import (
-    Bypassed, CallChanged, Chunks, CloseResponse, Raised, NativeAsked, OpenResponse, Output, RunEnded, Turn,
+    Bypassed,
+    CallChanged,
+    Chunks,
+    CloseResponse,
+    NativeAsked,
+    OpenResponse,
+    Output,
+    Raised,
+    RunEnded,
+    Turn,
 )
 from .upstream import UpstreamError
 
@@ -49,11 +58,13 @@ class RunDriver:
     """One turn's run: upstream events in, the turn's outputs carried out."""
 
     # A held or finished run keeps its driver: no per-instance dict.
-    __slots__ = ("_count", "_hooks", "aborting", "run", "task", "turn", "upstream_wait")
+    __slots__ = ("_count", "_hooks", "aborting", "agent", "closing_reason", "run", "task", "turn", "upstream_wait")
 
-    def __init__(self, turn: Turn, run: Run, hooks: RunHooks) -> None:
+    def __init__(self, turn: Turn, run: Run, hooks: RunHooks, agent: str) -> None:
         self.turn = turn
         self.run = run
+        # The chat's agent: the `agent` label of what this run counts.
+        self.agent = agent
         self._hooks = hooks
         self._count = hooks.metrics.count_chunk
         self.task: asyncio.Task[None] | None = None
@@ -61,6 +72,8 @@ class RunDriver:
         self.aborting = False
         # Tells the upstream stream's idle timer when the run waits for a person.
         self.upstream_wait = WaitSignal()
+        # Why the run is being cancelled, when it is this run alone (its agent was removed).
+        self.closing_reason: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -91,19 +104,19 @@ class RunDriver:
         metrics = self._hooks.metrics
         match output:
             case CallChanged(call=call, before=before, waited=waited):
-                _observe_call(metrics, call, before, waited)
+                _observe_call(metrics, self.agent, call, before, waited)
                 if call.outcome is Outcome.ABANDONED:
                     log.warning("gated_call_abandoned", approval_id=call.id, tool=call.tool, reason=output.reason)
                 if call.released:
                     self._hooks.release(call)
             case Bypassed(tool=tool):
-                metrics.policy_bypassed.labels(tool).inc()
+                metrics.policy_bypassed.labels(self.agent, tool).inc()
                 log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
             case NativeAsked(confirmation=asked):
-                metrics.approvals_pending.inc()
+                metrics.approvals_pending.labels(self.agent).inc()
                 log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
             case RunEnded():
-                metrics.runs.labels(output.outcome).inc()
+                metrics.runs.labels(self.agent, output.outcome).inc()
                 log.info("run_finished", outcome=output.outcome)
             case Raised(error=error):
                 raise error
@@ -118,13 +131,13 @@ class RunDriver:
                 apply(turn.feed(batch, clock()))
                 batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
             if turn.converter.failed:
-                metrics.upstream_errors.labels("run_error").inc()
+                metrics.upstream_errors.labels(self.agent, "run_error").inc()
         except UpstreamError as exc:
-            metrics.upstream_errors.labels(exc.kind).inc()
+            metrics.upstream_errors.labels(self.agent, exc.kind).inc()
             log.warning("upstream_failed", kind=exc.kind, status=exc.status, reason=str(exc))
             apply(turn.fail(f"The agent service failed: {exc}", clock()))
         except asyncio.CancelledError:
-            apply(turn.abort(clock()) if self.aborting else turn.fail(closing_reason(), clock(), outcome="cancelled"))
+            apply(turn.abort(clock()) if self.aborting else turn.fail(self.closing_reason or closing_reason(), clock(), outcome="cancelled"))
             raise
         except Exception:
             # A bug here must not leave the browser hanging on an open stream.
@@ -134,16 +147,16 @@ class RunDriver:
             apply(turn.end(clock()))
 
 
-def _observe_call(metrics: GatewayMetrics, call: GatedCall, before: CallState, waited: float) -> None:
+def _observe_call(metrics: GatewayMetrics, agent: str, call: GatedCall, before: CallState, waited: float) -> None:
     tool = call.tool
     if before is CallState.AWAITING_APPROVAL:
-        metrics.approvals_pending.dec()
+        metrics.approvals_pending.labels(agent).dec()
         outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
-        metrics.approval_wait.labels(tool, outcome).observe(waited)
+        metrics.approval_wait.labels(agent, tool, outcome).observe(waited)
         if call.outcome is Outcome.TIMEOUT:
-            metrics.approval_timeouts.labels(tool).inc()
+            metrics.approval_timeouts.labels(agent, tool).inc()
     elif before is CallState.AWAITING_OUTPUT and call.outcome is not None:
-        metrics.browser_tool_wait.labels(tool, _BROWSER_OUTCOMES.get(call.outcome, call.outcome.value)).observe(waited)
+        metrics.browser_tool_wait.labels(agent, tool, _BROWSER_OUTCOMES.get(call.outcome, call.outcome.value)).observe(waited)
     log.info(
         "gate_changed", approval_id=call.id, tool=tool, state=call.state.value,
         outcome=call.outcome.value if call.outcome else None, waited_s=round(waited, 3),

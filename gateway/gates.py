@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from .agents import Agents
 from .approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
 from .chat import Chat
 from .config import GatewayConfig
@@ -34,9 +35,11 @@ def _refusal(reason: str, text: str) -> Verdict:
 
 class Gates:
     def __init__(
-        self, registry: Registry, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], clock: Callable[[], float]
+        self, registry: Registry, agents: Agents, metrics: GatewayMetrics, config: Callable[[], GatewayConfig],
+        clock: Callable[[], float],
     ) -> None:
         self._registry = registry
+        self._agents = agents
         self._metrics = metrics
         self._config = config
         self._clock = clock
@@ -53,23 +56,30 @@ class Gates:
         return chat is not None and chat.running
 
     def open(
-        self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any], announce: bool = True
+        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
+        announce: bool = True,
     ) -> GatedCall | Verdict:
-        """The plugin asks about a call: a stored call to wait on, or an immediate verdict.
+        """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
         With `announce` false the browser is not told yet: the caller records the call somewhere
         first, then calls `announce`.
         """
-        policy = self._config().tool_policy(tool)
+        agent = self._agents.for_app(app_name)
+        if agent is None:
+            # An app this gateway does not serve: nobody here can answer for it.
+            return _refusal("unknown_agent", f"The gateway serves no agent for ADK app {app_name!r}; the call was not run.")
+        policy = agent.tool_policy(tool)
         if not policy.gated:
             return RUN
         chat = self._registry.find_session(user_id, session_id)
+        if chat is not None and chat.agent != agent.name:
+            chat = None  # the session id is another agent's chat: not this app's session
         existing = chat.ledger.call(tool_call_id) if chat is not None else None
         if existing is not None:
             return existing
         if chat is None or not chat.running:
             return _refusal("no_browser", "No browser is attached to this session, so nobody can answer; the call was not run.")
-        if len(chat.ledger.unreleased()) >= self._config().limits.max_pending_approvals_per_chat:
+        if len(chat.ledger.unreleased()) >= self._config().max_pending_approvals_per_chat(agent.name):
             return _refusal(
                 "too_many_pending", "Too many tool calls are already waiting for the user in this chat; the call was not run."
             )
@@ -82,7 +92,7 @@ class Gates:
         self._registry.index_approval(call.id, chat)
         self._open[call.id] = chat
         if call.state is CallState.AWAITING_APPROVAL:
-            self._metrics.approvals_pending.inc()
+            self._metrics.approvals_pending.labels(agent.name).inc()
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)

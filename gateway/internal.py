@@ -4,7 +4,10 @@ It is a separate aiohttp Application on its own host and port (loopback by defau
 here is reachable through the browser-facing routes. Every request carries the shared secret as a
 bearer token, compared in constant time.
 
-- `GET /internal/v1/policy`: the tool policy, so the plugin only calls back for gated tools.
+- `GET /internal/v1/policy?app_name=APP`: the tool policy of the agent whose ADK app is APP, so
+  the plugin only calls back for gated tools (404 for an app no agent has). Without `app_name`
+  (a plugin from before several agents): every agent's policies merged, each tool as gated as
+  any agent has it.
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
   `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
@@ -19,6 +22,8 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .agent_config import ToolPolicy
+from .config import GatewayConfig
 from .errors import HttpError, error_middleware
 from .reload import reload_config
 from .state import GATEWAY
@@ -48,21 +53,45 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
     expected = secret.get_secret_value() if secret is not None else ""
     # An empty secret authenticates nobody (an unset ${VAR:-} must not open the listener).
     if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
-        gateway.metrics.plugin_requests.labels("unauthorized").inc()
+        gateway.metrics.plugin_requests.labels("", "unauthorized").inc()
         log.warning("internal_unauthorized", path=request.path)
         raise HttpError(401, "unauthorized", "missing or wrong internal secret")
     return await handler(request)
 
 
+def _entry(p: ToolPolicy) -> dict[str, object]:
+    return {"approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking}
+
+
+def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
+    """Every agent's tool policy as one, for a plugin that does not say its app: a tool is as gated
+    as the agent that gates it most (fail closed: no agent's gated tool runs unasked)."""
+    agents = list(config.agents.values())
+    names = {name for agent in agents for name in agent.tools} | {"default"}
+    merged = {}
+    for name in sorted(names):
+        policies = [agent.tool_policy(name) for agent in agents]
+        merged[name] = {
+            "approval": any(p.approval for p in policies),
+            "runs_in": "browser" if any(p.runs_in == "browser" for p in policies) else "server",
+            "timeout": max((p.timeout for p in policies if p.gated), default=policies[0].timeout),
+            "gated": any(p.gated for p in policies),
+            "non_blocking": all(p.non_blocking for p in policies),
+        }
+    return merged
+
+
 async def policy(request: web.Request) -> web.Response:
     config = request.app[GATEWAY].config
-    tools = {
-        name: {
-            "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated,
-            "non_blocking": p.non_blocking,
-        }
-        for name, p in config.tools.items()
-    }
+    app = request.query.get("app_name")
+    if app is None:
+        tools = merged_policy(config)
+    else:
+        agent = config.agent_for_app(app)
+        if agent is None:
+            log.warning("policy_for_unknown_app", app_name=app)
+            raise HttpError(404, "agent_not_found", f"no agent of this gateway has the ADK app name {app!r}")
+        tools = {name: _entry(p) for name, p in config.agents[agent].tools.items()}
     return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
 
 
@@ -71,17 +100,18 @@ async def tool_call(request: web.Request) -> web.Response:
     try:
         body = ToolCallRequest.model_validate_json(await request.read())
     except ValidationError as exc:
-        gateway.metrics.plugin_requests.labels("invalid").inc()
+        gateway.metrics.plugin_requests.labels("", "invalid").inc()
         first = exc.errors()[0]
         raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     structlog.contextvars.bind_contextvars(
         session_id=body.session_id, tool_call_id=body.function_call_id, tool=body.tool
     )
     verdict, result = await gateway.cluster.gate(
-        user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
+        app_name=body.app_name, user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
         tool=body.tool, args=body.args,
     )
-    gateway.metrics.plugin_requests.labels(result).inc()
+    # The agent label is bounded by the config: an app no agent has counts under "".
+    gateway.metrics.plugin_requests.labels(gateway.config.agent_for_app(body.app_name) or "", result).inc()
     return web.json_response(verdict.as_json())
 
 

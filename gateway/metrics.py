@@ -14,15 +14,22 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .config import ToolPolicy
+    from .agent_config import ToolPolicy
+    from .config import GatewayConfig
 
-__all__ = ["CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "GatewayMetrics"]
+__all__ = ["AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "GatewayMetrics"]
 
 # Approvals wait for people: from seconds to an hour.
 _APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -41,26 +48,35 @@ def _each(*values: str) -> tuple[tuple[str, ...], ...]:
 # series born at its first increment has none, so an alert on it would miss the first event after
 # every restart. tests/unit/test_metrics.py fails when gateway/ counts with a value missing here.
 # Not listed, so born at first use: http_requests (any status), chunks (any chunk type), and the
-# per-tool series, which `GatewayMetrics.know_tools` creates from the tool policy.
+# per-tool series, which `GatewayMetrics.know_agents` creates from each agent's tool policy.
+# Metrics in AGENT_LABELLED carry the agent first; their values here are those after it, and
+# `know_agents` creates them for each agent of the config.
 KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
     "active_streams": _each("sse", "ws"),
     "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
     "runs": _each("completed", "waiting", "error", "cancelled"),
     "plugin_requests": _each(
         "run", "respond", "not_gated", "no_browser", "too_many_pending", "unauthorized", "invalid",
-        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost",
+        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
     + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
     "audio_bytes": _each("in", "out"),
     "limited": _each(
         "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
-        "too_many_chats", "too_many_messages", "body_too_large", "body_timeout",
+        "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
+        "agent_not_allowed",
     ),
     "config_reloads": _each("success", "failure"),
     "forwarded": _each("out", "in"),
     "owner_lost": _each("run", "approval", "gated_call", "stream"),
     "gc_pause": _each("0", "1", "2"),
+})
+
+# Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
+AGENT_LABELLED: frozenset[str] = frozenset({
+    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
+    "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
@@ -88,49 +104,50 @@ class GatewayMetrics:
         r.register(_ChunkCollector(self._chunk_counts))
         self.upstream_errors = Counter(
             "adk_gateway_upstream_errors_total",
-            "Failed upstream interactions, by kind (connect, timeout, reset, http, protocol, session_missing, run_error).",
-            ["kind"], registry=r,
+            "Failed upstream interactions, by agent and kind (connect, timeout, reset, http, protocol, session_missing, run_error).",
+            ["agent", "kind"], registry=r,
         )
         self.upstream_first_event = Histogram(
-            "adk_gateway_upstream_first_event_seconds", "From sending a run upstream to its first event.",
-            buckets=_FIRST_EVENT_BUCKETS, registry=r,
+            "adk_gateway_upstream_first_event_seconds", "From sending a run upstream to its first event, by agent.",
+            ["agent"], buckets=_FIRST_EVENT_BUCKETS, registry=r,
         )
         self.upstream_up = Gauge(
-            "adk_gateway_upstream_up", "1 when the last upstream health probe succeeded.", registry=r
+            "adk_gateway_upstream_up", "1 when the last health probe of the agent's upstream succeeded, by agent.",
+            ["agent"], registry=r,
         )
         self.runs = Counter(
-            "adk_gateway_runs_total", "Upstream runs finished, by outcome (completed, waiting, error, cancelled).",
-            ["outcome"], registry=r,
+            "adk_gateway_runs_total", "Upstream runs finished, by agent and outcome (completed, waiting, error, cancelled).",
+            ["agent", "outcome"], registry=r,
         )
         self.approvals_pending = Gauge(
-            "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision.", registry=r
+            "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision, by agent.", ["agent"], registry=r
         )
         self.approval_wait = Histogram(
             "adk_gateway_approval_wait_seconds",
-            "From an approval request reaching the browser to the decision, by tool and outcome "
+            "From an approval request reaching the browser to the decision, by agent, tool and outcome "
             "(approved, denied, timeout, cancelled, abandoned).",
-            ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
         self.approval_timeouts = Counter(
-            "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by tool.",
-            ["tool"], registry=r,
+            "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by agent and tool.",
+            ["agent", "tool"], registry=r,
         )
         self.browser_tool_wait = Histogram(
             "adk_gateway_browser_tool_wait_seconds",
-            "From a browser tool call being handed to the browser to its output, by tool and outcome "
+            "From a browser tool call being handed to the browser to its output, by agent, tool and outcome "
             "(output, error, timeout, cancelled, abandoned).",
-            ["tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
         self.plugin_requests = Counter(
             "adk_gateway_plugin_requests_total",
-            "Decision requests from the ADK plugin, by result (run, respond, not_gated, no_browser, "
-            "too_many_pending, unauthorized, invalid).",
-            ["result"], registry=r,
+            "Decision requests from the ADK plugin, by agent (\"\" when the request names no agent's app) and "
+            "result (run, respond, not_gated, no_browser, too_many_pending, unknown_agent, unauthorized, invalid).",
+            ["agent", "result"], registry=r,
         )
         self.policy_bypassed = Counter(
             "adk_gateway_policy_bypassed_total",
-            "Gated tools that returned a result without the plugin asking first (plugin not installed?), by tool.",
-            ["tool"], registry=r,
+            "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
+            ["agent", "tool"], registry=r,
         )
         self.ws_connections = Gauge(
             "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
@@ -140,7 +157,7 @@ class GatewayMetrics:
             ["direction", "type"], registry=r,
         )
         self.live_sessions = Gauge(
-            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions.", registry=r
+            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
         )
         self.audio_bytes = Counter(
             "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
@@ -160,6 +177,10 @@ class GatewayMetrics:
             "Unix time of the last successful configuration load.", registry=r,
         )
         self.draining = Gauge("adk_gateway_draining", "1 while the gateway drains before stopping.", registry=r)
+        self.ready = Gauge(
+            "adk_gateway_ready", "1 when /readyz answers 200 (the default agent's upstream and the session store up, "
+            "not draining), else 0.", registry=r,
+        )
         self.sessions_up = Gauge(
             "adk_gateway_sessions_backend_up",
             "1 when the shared session store (sessions.backend) is reachable; always 1 for memory.", registry=r,
@@ -184,11 +205,31 @@ class GatewayMetrics:
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
         for attribute, label_sets in KNOWN_LABEL_VALUES.items():
+            if attribute in AGENT_LABELLED:
+                continue  # per agent: know_agents
             metric = getattr(self, attribute)
             for values in label_sets:
                 metric.labels(*values)
+        # Plugin requests that name no agent's app (unauthorized, invalid, an unknown app).
+        for values in KNOWN_LABEL_VALUES["plugin_requests"]:
+            self.plugin_requests.labels("", *values)
 
-    def know_tools(self, tools: Mapping[str, ToolPolicy]) -> None:
+    def upstream_health(self, agent: str, up: bool) -> None:
+        self.upstream_up.labels(agent).set(1 if up else 0)
+
+    def know_agents(self, config: GatewayConfig) -> None:
+        """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls
+        it again for the agents and tools it adds; series of agents it removes stay (at their last value)."""
+        for name, agent in config.agents.items():
+            for attribute in ("upstream_up", "approvals_pending", "live_sessions", "upstream_first_event"):
+                getattr(self, attribute).labels(name)
+            for attribute in AGENT_LABELLED & KNOWN_LABEL_VALUES.keys():
+                metric = getattr(self, attribute)
+                for values in KNOWN_LABEL_VALUES[attribute]:
+                    metric.labels(name, *values)
+            self.know_tools(name, agent.tools)
+
+    def know_tools(self, agent: str, tools: Mapping[str, ToolPolicy]) -> None:
         """Export the per-tool series of each tool the policy names, at 0 until counted.
 
         Only the series a tool's policy can move: a tool without approval never times out waiting
@@ -199,14 +240,14 @@ class GatewayMetrics:
             if name == "default":
                 continue
             if policy.gated:
-                self.policy_bypassed.labels(name)
+                self.policy_bypassed.labels(agent, name)
             if policy.approval:
-                self.approval_timeouts.labels(name)
+                self.approval_timeouts.labels(agent, name)
                 for outcome in TOOL_OUTCOMES["approval_wait"]:
-                    self.approval_wait.labels(name, outcome)
+                    self.approval_wait.labels(agent, name, outcome)
             if policy.runs_in == "browser":
                 for outcome in TOOL_OUTCOMES["browser_tool_wait"]:
-                    self.browser_tool_wait.labels(name, outcome)
+                    self.browser_tool_wait.labels(agent, name, outcome)
 
     def watch_gc(self) -> None:
         """Time the collector's pauses into `adk_gateway_gc_pause_seconds` until `unwatch_gc`."""

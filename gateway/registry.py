@@ -2,7 +2,8 @@
 
 A chat is keyed by (user id, AI SDK chat id), so a browser can only ever reach chats of its own
 user: the same chat id under another user is a different chat with a different ADK session. Chat
-ids are global to the browser side, so the first user to use one owns it here.
+ids are global to the browser side, so the first user to use one owns it here, and the agent it
+was first used on: on another agent's routes the id does not exist either.
 
 Approval ids of gated calls are indexed to their chat, so an answer that names another chat's
 approval is told so (403) rather than taken for a stale one. What the calls are and how they
@@ -21,7 +22,7 @@ __all__ = ["ChatNotFound", "Registry", "TooManyChats"]
 
 
 class ChatNotFound(Refusal):
-    """The chat id belongs to another user: to this caller it does not exist."""
+    """The chat id belongs to another user, or to another agent: to this caller, here, it does not exist."""
 
     status = 404
     code = "chat_not_found"
@@ -45,30 +46,37 @@ class Registry:
     def __len__(self) -> int:
         return len(self._chats)
 
-    def get(self, user_id: str, chat_id: str, *, now: float) -> Chat:
+    def get(self, agent: str, user_id: str, chat_id: str, *, now: float) -> Chat:
         """The chat, created on first use. The ADK session id is the chat id (scoped by user in ADK).
 
-        Raises ChatNotFound when another user owns the id, TooManyChats at the per-user cap.
+        Raises ChatNotFound when another user owns the id or it is another agent's chat,
+        TooManyChats at the per-user cap.
         """
         chat = self._chats.get((user_id, chat_id))
+        if chat is not None and chat.agent != agent:
+            raise ChatNotFound(chat_id)
         if chat is None:
             owner = self._owners.get(chat_id)
             if owner is not None and owner != user_id:
                 raise ChatNotFound(chat_id)
             if self._per_user.get(user_id, 0) >= self.max_chats_per_user:
                 raise TooManyChats(user_id)
-            chat = self._chats[(user_id, chat_id)] = Chat(user_id, chat_id, chat_id, now)
+            chat = self._chats[(user_id, chat_id)] = Chat(user_id, chat_id, chat_id, now, agent)
             self._owners[chat_id] = user_id
             self._per_user[user_id] = self._per_user.get(user_id, 0) + 1
         chat.last_active = now
         return chat
 
-    def find(self, user_id: str, chat_id: str) -> Chat | None:
-        """The caller's chat, or None; raises ChatNotFound when another user owns the id."""
+    def find(self, agent: str, user_id: str, chat_id: str) -> Chat | None:
+        """The caller's chat, or None; raises ChatNotFound when another user owns the id or
+        it is another agent's chat."""
         owner = self._owners.get(chat_id)
         if owner is not None and owner != user_id:
             raise ChatNotFound(chat_id)
-        return self._chats.get((user_id, chat_id))
+        chat = self._chats.get((user_id, chat_id))
+        if chat is not None and chat.agent != agent:
+            raise ChatNotFound(chat_id)
+        return chat
 
     def find_session(self, user_id: str, session_id: str) -> Chat | None:
         """The chat behind an ADK session (the plugin's view: no ownership question)."""

@@ -12,7 +12,11 @@ What a reload may not do, on top of what start refuses (docs/configuration.md#re
   truncated file can never open the gateway;
 - stop gating a tool that is gated now (approval turned off, a browser tool moved to the server,
   a tool or the `default` policy left out): a truncated `tools:` section would otherwise let
-  payments run without approval. Loosening the tool policy takes a restart.
+  payments run without approval. Loosening the tool policy takes a restart;
+- open an agent to more callers (its `access:` dropped or widened), for the same reason.
+A reload may add agents, remove them (their running responses end with an error chunk saying so,
+their waiting calls are refused to the agent) and change them (a new upstream is taken by each
+chat at its next turn).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 import structlog
 import yaml
 
+from .agent_config import AgentAccess
 from .auth import Authenticator
 from .config import ConfigError, GatewayConfig, parse_config, revalidate
 from .state import Gateway
@@ -32,9 +37,9 @@ __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config"]
 
 log = structlog.get_logger("adk_gateway.reload")
 
-# Sections whose running values stay until a restart: the listeners, the upstream client, the
-# metrics endpoint, logging and the shared session store are built once, at start.
-_RESTART_ONLY = ("listen", "upstream", "metrics", "logging", "sessions")
+# Sections whose running values stay until a restart: the listeners, the metrics endpoint, logging
+# and the shared session store are built once, at start.
+_RESTART_ONLY = ("listen", "metrics", "logging", "sessions")
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,12 @@ class ReloadResult:
 
 def plan_reload(
     text: str, *, source: str, running: GatewayConfig, started: GatewayConfig | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, upstream_mode: str | None = None,
 ) -> ReloadPlan:
     """Decide whether the file `text` may replace `running`.
+
+    `upstream_mode` is the `--upstream-mode` the process was started with, which stays every
+    agent's mode (a reload must not move running agents from live to sse behind the operator's back).
 
     `started` is the file the process started from: what needs a restart is judged against it
     (the running config may differ from any file by command-line overrides).
@@ -73,6 +81,11 @@ def plan_reload(
         new = parse_config(text, source=source, env=env)
     except ConfigError as exc:
         return ReloadPlan(None, exc.problems)
+    if upstream_mode is not None:
+        new = new.model_copy(update={"agents": {
+            name: agent.model_copy(update={"upstream": agent.upstream.model_copy(update={"mode": upstream_mode})})
+            for name, agent in new.agents.items()
+        }})
     started = started or running
     restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(started, key)]
     if (new.internal.host, new.internal.port) != (started.internal.host, started.internal.port):
@@ -87,7 +100,7 @@ def plan_reload(
         # The configuration that would run: the file, with what needs a restart kept as it runs.
         # It passes the validator start uses, so (for one) `auth.mode: none` is judged against the
         # listener that really runs, not the file's `listen.host`.
-        effective = revalidate(_effective(new, running), source=f"{source} (with the running listen, upstream, "
+        effective = revalidate(_effective(new, running), source=f"{source} (with the running listen, "
                                "sessions and internal listener)")
     except ConfigError as exc:
         return ReloadPlan(None, exc.problems, restart)
@@ -125,13 +138,30 @@ def _loosened(running: GatewayConfig, new: GatewayConfig) -> list[str]:
             f"auth.mode: a reload cannot turn authentication off (running: {running.auth.mode}); "
             "restart the gateway to change that"
         )
-    for name in sorted(set(running.tools) | {"default"}):
-        was, now = running.tool_policy(name), new.tool_policy(name)
-        label = "tools.default (every tool not listed)" if name == "default" else f"tools.{name}"
-        if was.approval and not now.approval:
-            problems.append(f"{label}: a reload cannot stop requiring approval; restart the gateway to change that")
-        elif was.gated and not now.gated:
-            problems.append(f"{label}: a reload cannot stop gating this tool; restart the gateway to change that")
+    for agent_name, was_agent in running.agents.items():
+        now_agent = new.agents.get(agent_name)
+        if now_agent is None:
+            continue  # removed: its runs end, nothing of it stays reachable
+        where = f"agents.{agent_name}."
+        for name in sorted(set(was_agent.tools) | {"default"}):
+            was, now = was_agent.tool_policy(name), now_agent.tool_policy(name)
+            label = f"{where}tools.default (every tool not listed)" if name == "default" else f"{where}tools.{name}"
+            if was.approval and not now.approval:
+                problems.append(f"{label}: a reload cannot stop requiring approval; restart the gateway to change that")
+            elif was.gated and not now.gated:
+                problems.append(f"{label}: a reload cannot stop gating this tool; restart the gateway to change that")
+        problems += _access_widened(where + "access", was_agent.access, now_agent.access)
+    return problems
+
+
+def _access_widened(label: str, was: AgentAccess, now: AgentAccess) -> list[str]:
+    problems = []
+    if was.api_keys is not None and (now.api_keys is None or set(now.api_keys) - set(was.api_keys)):
+        problems.append(f"{label}.api_keys: a reload cannot let more keys use this agent; restart the gateway to change that")
+    was_claims, now_claims = was.jwt_claims or {}, now.jwt_claims or {}
+    for claim, allowed in was_claims.items():
+        if claim not in now_claims or set(now_claims[claim]) - set(allowed):
+            problems.append(f"{label}.jwt_claims.{claim}: a reload cannot widen who may use this agent; restart the gateway to change that")
     return problems
 
 
@@ -142,7 +172,10 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     except (OSError, UnicodeDecodeError) as exc:
         plan = ReloadPlan(None, [f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"])
     else:
-        plan = plan_reload(text, source=str(path), running=gateway.config, started=gateway.started_from)
+        plan = plan_reload(
+            text, source=str(path), running=gateway.config, started=gateway.started_from,
+            upstream_mode=gateway.upstream_mode,
+        )
     if plan.config is None:
         gateway.metrics.config_reloads.labels("failure").inc()
         log.error("config_reload_failed", path=str(path), problems=plan.problems)
@@ -152,8 +185,15 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     gateway.auth = Authenticator(applied.auth)
     gateway.admission.config = applied.limits
     gateway.chats.reconfigure(applied)
-    gateway.metrics.know_tools(applied.tools)  # new tools' series exist from now, at 0
+    changes = gateway.agents.apply(applied)
+    for name in changes.removed:
+        ended = gateway.chats.end_agent_runs(name, f"The agent {name} was removed from the gateway; this response was ended.")
+        log.warning("agent_removed", agent=name, runs_ended=ended)
+    gateway.metrics.know_agents(applied)  # new agents' and tools' series exist from now, at 0
     gateway.metrics.config_reloads.labels("success").inc()
     gateway.metrics.config_last_reload.set(time.time())
-    log.info("config_reloaded", path=str(path), restart_required=plan.restart_required)
+    log.info(
+        "config_reloaded", path=str(path), restart_required=plan.restart_required,
+        agents_added=changes.added, agents_removed=changes.removed, agents_changed=changes.changed,
+    )
     return ReloadResult(True, [], plan.restart_required)

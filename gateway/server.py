@@ -115,11 +115,13 @@ async def stop_listeners(runners: list[web.AppRunner], deadline: float) -> None:
         await within(runner.cleanup(), max(deadline - loop.time(), 0.5), what="listener")
 
 
-async def serve(config: GatewayConfig, config_path: Path | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and return."""
+async def serve(config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and return. `upstream_mode` (`--upstream-mode`)
+    stays applied on reloads."""
     app = create_app(config)
     gateway = app[GATEWAY]
     gateway.config_path = config_path
+    gateway.upstream_mode = upstream_mode
     if config_path is not None:
         try:
             gateway.started_from = load_config(config_path)

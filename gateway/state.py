@@ -1,7 +1,7 @@
 """The application's state: one `Gateway` object hung off the aiohttp Application.
 
-Everything that lives longer than a request (config, metrics, the registry, the upstream client,
-the chat service) is reached through `request.app[GATEWAY]`; nothing is module-global.
+Everything that lives longer than a request (config, metrics, the registry, the agents and their
+upstream clients, the chat service) is reached through `request.app[GATEWAY]`; nothing is module-global.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .agents import Agents
 from .auth import Authenticator
 from .chats import ChatService
 from .cluster.router import Cluster
@@ -20,7 +21,6 @@ from .config import GatewayConfig
 from .limits import Admission
 from .metrics import GatewayMetrics
 from .registry import Registry
-from .upstream import AdkClient
 
 __all__ = ["GATEWAY", "Gateway"]
 
@@ -31,13 +31,13 @@ class Gateway:
     metrics: GatewayMetrics
     registry: Registry
     auth: Authenticator
-    upstream: AdkClient
+    # The agents served, each with its upstream client and health (agents.py).
+    agents: Agents
     chats: ChatService
     # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
     cluster: Cluster
     admission: Admission
     clock: Callable[[], float] = time.monotonic
-    upstream_up: bool = False
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.
     sockets: set[web.WebSocketResponse] = field(default_factory=set)
@@ -45,6 +45,8 @@ class Gateway:
     # that file as it was at start (reloads compare against it to say what needs a restart).
     config_path: Path | None = None
     started_from: GatewayConfig | None = None
+    # `--upstream-mode`, which a reload keeps applying to every agent.
+    upstream_mode: str | None = None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from .agent_config import ToolPolicy
 from .approvals import CallState, GatedCall
-from .config import ToolPolicy
 from .converter import Converter
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from .config import UpstreamConfig
+from .agent_config import UpstreamConfig
 from .errors import HttpError, Refusal
 from .eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
@@ -62,6 +62,10 @@ class AdkClient:
         )
 
     async def start(self) -> None:
+        self.open()
+
+    def open(self) -> None:
+        """`start` for code that cannot await (a reload adding an agent); inside the event loop."""
         connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections)
         # No cookie jar: nothing from one browser's run may ride along on another's.
         self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
@@ -199,12 +203,17 @@ class AdkClient:
         return LiveConnection(ws)
 
     async def ping(self) -> bool:
-        """True when the ADK server answers its app listing."""
+        """True when the ADK server answers its app listing and this client's app is in it (a
+        server that serves other apps would fail every chat of this one)."""
         try:
             async with self._http.get(f"{self._base}/list-apps", timeout=self._call_timeout) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+                if resp.status != 200:
+                    return False
+                apps = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
+        # A listing that is not ADK's list of names says nothing about the app: the server answered.
+        return self._app in apps if isinstance(apps, list) and all(isinstance(a, str) for a in apps) else True
 
 
 def _parsed(raws: list[bytes]) -> Iterator[dict[str, Any]]:

@@ -1,8 +1,8 @@
 """How a chat's runs reach ADK: the event stream of one turn, over `/run_sse` or the chat's live session.
 
-`AgentRuns` makes sure the chat's ADK session exists, re-creates it once if the upstream lost it
-(a restart), and keeps each chat's live session (`/run_live`, live.py) open across its turns. The
-turn's driver reads the events as a list per upstream read.
+`AgentRuns` makes sure the chat's ADK session exists on its agent's upstream, re-creates it once if
+the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, live.py) open
+across its turns. The turn's driver reads the events as a list per upstream read.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import structlog
 
+from .agents import Agent, Agents
 from .chat import Chat
-from .config import GatewayConfig
 from .idle_reader import WaitSignal
 from .live import LiveLink
 from .messages import ApprovalAnswer, confirmation_message
@@ -28,28 +28,44 @@ Batches = AsyncIterator[Iterable[dict[str, Any]]]
 
 
 class AgentRuns:
-    def __init__(
-        self, upstream: AdkClient, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], clock: Callable[[], float]
-    ) -> None:
-        self._upstream = upstream
+    def __init__(self, agents: Agents, metrics: GatewayMetrics, clock: Callable[[], float]) -> None:
+        self._agents = agents
         self.metrics = metrics
-        self._config = config
         self._clock = clock
+
+    def _client(self, chat: Chat) -> AdkClient:
+        if chat.upstream is None:
+            chat.upstream = self._agents.need(chat.agent).client
+        return chat.upstream
+
+    async def take_upstream(self, chat: Chat, agent: Agent) -> None:
+        """Before a turn: move the chat to its agent's current upstream client if a reload changed
+        it (the session is checked again there, a live session reopened)."""
+        if chat.upstream is agent.client:
+            return
+        if chat.upstream is not None:
+            chat.session_ready = False
+            await self.close_live(chat)
+        chat.upstream = agent.client
 
     async def ensure_session(self, chat: Chat) -> None:
         if not chat.session_ready:
-            await self._upstream.ensure_session(chat.user_id, chat.session_id)
+            await self._client(chat).ensure_session(chat.user_id, chat.session_id)
             chat.session_ready = True
 
     async def answered_confirmations(self, chat: Chat) -> set[str]:
         """The native confirmations ADK's session holds an answer to (a round trip)."""
-        return await self._upstream.answered_confirmations(chat.user_id, chat.session_id)
+        return await self._client(chat).answered_confirmations(chat.user_id, chat.session_id)
+
+    def _live(self, chat: Chat) -> bool:
+        agent = self._agents.get(chat.agent)
+        return agent is not None and agent.live
 
     def turn(
         self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
     ) -> Batches:
         """The events of the turn that sends `message` (None: the native answers alone)."""
-        if self._config().upstream.mode == "live":
+        if self._live(chat):
             return self._live_events(chat, message if message is not None else confirmation_message(native))
         if native and message is not None:
             return self._after_drain(chat, confirmation_message(native), message, wait)
@@ -73,11 +89,11 @@ class AgentRuns:
         first = True
         for attempt in (1, 2):
             try:
-                async for batch in self._upstream.run_sse_batches(
+                async for batch in self._client(chat).run_sse_batches(
                     user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait
                 ):
                     if first:
-                        self.metrics.upstream_first_event.observe(self._clock() - started)
+                        self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
                         first = False
                         message = {}  # never sent again once events came: a held run keeps no message
                     yield batch
@@ -86,7 +102,7 @@ class AgentRuns:
             except UpstreamError as exc:
                 if exc.kind != "session_missing" or attempt == 2 or not first:
                     raise
-                self.metrics.upstream_errors.labels(exc.kind).inc()
+                self.metrics.upstream_errors.labels(chat.agent, exc.kind).inc()
                 log.info("session_recreated", reason="upstream lost the session")
                 chat.session_ready = False
                 await self.ensure_session(chat)
@@ -105,7 +121,7 @@ class AgentRuns:
         first = True
         async for batch in link.turn_batches({"content": message} if message is not None else None):
             if first:
-                self.metrics.upstream_first_event.observe(self._clock() - started)
+                self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
                 first = False
             yield batch
 
@@ -119,11 +135,13 @@ class AgentRuns:
         if chat.live is not None and chat.live.alive:
             return chat.live
         await self.ensure_session(chat)
-        connection = await self._upstream.open_live(
-            user_id=chat.user_id, session_id=chat.session_id, modalities=list(self._config().upstream.live_modalities)
+        modalities = list(self._agents.need(chat.agent).config.upstream.live_modalities)
+        connection = await self._client(chat).open_live(
+            user_id=chat.user_id, session_id=chat.session_id, modalities=modalities
         )
-        self.metrics.live_sessions.inc()
-        chat.live = LiveLink(connection, on_closed=self.metrics.live_sessions.dec)
+        sessions = self.metrics.live_sessions.labels(chat.agent)
+        sessions.inc()
+        chat.live = LiveLink(connection, on_closed=sessions.dec)
         log.info("live_session_opened")
         return chat.live
 

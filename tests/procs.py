@@ -150,7 +150,8 @@ def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
     upstream_mode: str = "sse", drain_timeout: str = "20s",
 ) -> Iterator[GatewayProcess]:
-    """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults."""
+    """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
+    an `agents:` section in it, `upstream` is unused (each agent names its own)."""
     port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(
@@ -158,7 +159,7 @@ def gateway_process(
         f"logging:\n  level: debug\n  format: json\n" + config
         # The tests run many chats at once as one anonymous user: the production caps would bite.
         + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n")
-        + f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
+        + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n")
     )
     log = tmp / f"gateway-{port}.log"
     with log.open("w") as out:
@@ -170,6 +171,28 @@ def gateway_process(
     try:
         wait_http(f"{base}/healthz", timeout=30, proc=proc, log=log)
         yield GatewayProcess(base, port, log, proc, path)
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
+def make_run(tmp: Path, env: dict[str, str] | None = None, *, unset: tuple[str, ...] = ()) -> Iterator[GatewayProcess]:
+    """What `make run` runs: `adk-gateway demo` with the reference config/gateway.yaml (both demo
+    agents in the stock ADK API server, the page on), on a free port. `unset` leaves variables out
+    of the child's environment."""
+    port = free_port()
+    child_env = _child_env({"PORT": str(port), **(env or {})})
+    for name in unset:
+        child_env.pop(name, None)
+    log = tmp / f"demo-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "demo"], stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=ROOT
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", timeout=90, proc=proc, log=log)
+        yield GatewayProcess(base, port, log, proc, ROOT / "config" / "gateway.yaml")
     finally:
         stop_process(proc)
 
@@ -270,9 +293,11 @@ def request(
 
 
 def metric_value(base: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """A sample's value from /metrics (0 when absent)."""
+    """The sum of the samples from /metrics whose labels include `labels` (0 when none), as PromQL's
+    `sum(name{labels})`: a series split by a label the caller does not name (the agent) adds up."""
     text = request(base, "GET", "/metrics").body.decode()
     want = labels or {}
+    total = 0.0
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
@@ -285,8 +310,8 @@ def metric_value(base: str, name: str, labels: dict[str, str] | None = None) -> 
                 key, _, val = pair.partition("=")
                 found[key] = val.strip('"')
         if all(found.get(k) == v for k, v in want.items()):
-            return float(value)
-    return 0.0
+            total += float(value)
+    return total
 
 
 # ---- a real redis-server -------------------------------------------------------------------------

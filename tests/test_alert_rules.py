@@ -86,12 +86,13 @@ def _panel_expr(title: str) -> str:
     return str(target["expr"]).replace("$instance", ".*")
 
 
-# One replica in each state /readyz (gateway/app.py) tells apart: only r1 answers 200.
+# One replica in each state /readyz (gateway/app.py) tells apart: only r1 answers 200, which its
+# adk_gateway_ready says (gateway.app.readiness; tests/unit/test_agents.py holds the two together).
 REPLICA_STATES = {
-    "r1:8080": {"upstream_up": 1, "sessions_backend_up": 1, "draining": 0},
-    "r2:8080": {"upstream_up": 0, "sessions_backend_up": 1, "draining": 0},
-    "r3:8080": {"upstream_up": 1, "sessions_backend_up": 0, "draining": 0},
-    "r4:8080": {"upstream_up": 1, "sessions_backend_up": 1, "draining": 1},
+    "r1:8080": {"upstream_up": 1, "sessions_backend_up": 1, "draining": 0, "ready": 1},
+    "r2:8080": {"upstream_up": 0, "sessions_backend_up": 1, "draining": 0, "ready": 0},
+    "r3:8080": {"upstream_up": 1, "sessions_backend_up": 0, "draining": 0, "ready": 0},
+    "r4:8080": {"upstream_up": 1, "sessions_backend_up": 1, "draining": 1, "ready": 0},
 }
 
 
@@ -104,7 +105,7 @@ def _series(states: dict[str, dict[str, int]]) -> list[dict[str, str]]:
 
 def test_replicas_ready_counts_replicas_that_readyz_calls_ready(promtool: str, tmp_path: Path) -> None:
     expr = _panel_expr("Replicas ready")
-    none_ready = {i: {**s, "draining": 1} for i, s in REPLICA_STATES.items()}
+    none_ready = {i: {**s, "draining": 1, "ready": 0} for i, s in REPLICA_STATES.items()}
     cases: list[dict[str, Any]] = [
         {"interval": "15s", "input_series": _series(REPLICA_STATES),
          "promql_expr_test": [{"expr": expr, "eval_time": "30s", "exp_samples": [{"labels": "{}", "value": 1}]}]},
@@ -125,12 +126,15 @@ ALERT_SERIES_AT_START = [
     ("adk_gateway_config_reloads_total", {"result": "failure"}),
     ("adk_gateway_owner_lost_total", {"what": "run"}),
     ("adk_gateway_owner_lost_total", {"what": "gated_call"}),
-    ("adk_gateway_policy_bypassed_total", {"tool": "process_payment"}),
-    ("adk_gateway_policy_bypassed_total", {"tool": "get_location"}),
-    ("adk_gateway_approval_timeouts_total", {"tool": "process_payment"}),
-    ("adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "timeout"}),
-    ("adk_gateway_upstream_errors_total", {"kind": "connect"}),
-    ("adk_gateway_runs_total", {"outcome": "completed"}),
+    # Per agent: the config's single agent is named after its app (demo_agent).
+    ("adk_gateway_policy_bypassed_total", {"agent": "demo_agent", "tool": "process_payment"}),
+    ("adk_gateway_policy_bypassed_total", {"agent": "demo_agent", "tool": "get_location"}),
+    ("adk_gateway_approval_timeouts_total", {"agent": "demo_agent", "tool": "process_payment"}),
+    ("adk_gateway_approval_wait_seconds_count", {"agent": "demo_agent", "tool": "process_payment", "outcome": "timeout"}),
+    ("adk_gateway_upstream_errors_total", {"agent": "demo_agent", "kind": "connect"}),
+    ("adk_gateway_runs_total", {"agent": "demo_agent", "outcome": "completed"}),
+    ("adk_gateway_upstream_up", {"agent": "demo_agent"}),
+    ("adk_gateway_ready", {}),
 ]
 
 

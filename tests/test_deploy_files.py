@@ -899,18 +899,19 @@ def test_reference_config_loads_with_the_container_environment(final: Stage, gat
         f"with the compose env the gateway listens on {config.listen.port} but compose publishes / the image exposes {reached}"
     )
     assert config.listen.host not in LOOPBACK, f"with the container env the gateway listens on {config.listen.host} only"
-    assert config.upstream_base == env["ADK_UPSTREAM_URL"].rstrip("/"), (
-        f"config upstream {config.upstream_base} differs from ADK_UPSTREAM_URL {env['ADK_UPSTREAM_URL']}"
-    )
-    assert urlsplit(config.upstream_base).port == agent.port
-    assert (agent.agents_dir / config.upstream.app_name).is_dir(), (
-        f"the config's upstream.app_name {config.upstream.app_name!r} is not served by the agent ({agent.agents_dir})"
-    )
+    for name, served in config.agents.items():
+        assert served.upstream_base == env["ADK_UPSTREAM_URL"].rstrip("/"), (
+            f"agents.{name}: upstream {served.upstream_base} differs from ADK_UPSTREAM_URL {env['ADK_UPSTREAM_URL']}"
+        )
+        assert urlsplit(served.upstream_base).port == agent.port
+        assert (agent.agents_dir / served.upstream.app_name).is_dir(), (
+            f"agents.{name}.upstream.app_name {served.upstream.app_name!r} is not served by the agent ({agent.agents_dir})"
+        )
 
 
 def _gated_tools(final: Stage, gateway_service: dict[str, Any]) -> list[str]:
     config = load_config(CONFIG, env=container_env(final, gateway_service))
-    return sorted(name for name, policy in config.tools.items() if policy.gated)
+    return sorted({name for served in config.agents.values() for name, policy in served.tools.items() if policy.gated})
 
 
 def _plugins(agent: AgentListen) -> list[str]:

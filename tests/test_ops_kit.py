@@ -780,7 +780,7 @@ def check_load_balancer(kit: Kit) -> list[str]:
         return problems
     internal = servers[internal_port]
     routes, used = _internal_paths()
-    gated = [p.timeout for p in config.tools.values() if p.gated]
+    gated = [p.timeout for agent in config.agents.values() for p in agent.tools.values() if p.gated]
     for path in sorted(routes):
         loc = match_location(http, internal, path)
         if path not in used:
@@ -1271,7 +1271,7 @@ BREAKAGES = [
      "adk_gateway_upstream_first_event_seconds", "adk_gateway_upstream_first_event_seconds is not a metric"),
     ("panel-wrong-grouping", "grafana/dashboards/adk-gateway.json", "sum by (transport)", "sum by (kind)", "groups by 'kind'"),
     ("panel-legend-label", "grafana/dashboards/adk-gateway.json", '"legendFormat": "{{kind}}"', '"legendFormat": "{{reason}}"', "shows label 'reason'"),
-    ("panel-matcher-label", "grafana/dashboards/adk-gateway.json", 'route=~\\"/api/chat.*\\"', 'path=~\\"/api/chat.*\\"', "no label 'path'"),
+    ("panel-matcher-label", "grafana/dashboards/adk-gateway.json", 'route=~\\".*/api/chat.*\\"', 'path=~\\".*/api/chat.*\\"', "no label 'path'"),
     ("panel-missing-reloads", "grafana/dashboards/adk-gateway.json", "increase(adk_gateway_config_reloads_total", "increase(adk_gateway_limited_total", "reloads (issue 7)"),
     ("panel-datasource", "grafana/dashboards/adk-gateway.json", '"uid": "prometheus"', '"uid": "prom"', "datasource 'prom'"),
     ("datasource-port", "grafana/provisioning/datasources/prometheus.yml", "http://prometheus:9090", "http://prometheus:9091", "9091"),

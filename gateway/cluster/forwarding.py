@@ -26,7 +26,18 @@ from ..messages import parse_chat_body
 from ..metrics import GatewayMetrics
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import (
-    Abort, Answer, Audio, Forwarded, Gate, Refused, Relayed, Reply, Resume, SocketClosed, Submit, Work,
+    Abort,
+    Answer,
+    Audio,
+    Forwarded,
+    Gate,
+    Refused,
+    Relayed,
+    Reply,
+    Resume,
+    SocketClosed,
+    Submit,
+    Work,
 )
 from .relay import Relays
 from .remote_gate import RemoteGate
@@ -135,21 +146,21 @@ class ForwardedRequests:
         self._refuse_new_work_while_draining()
         request = parse_chat_body(work.body, version_header=None, default_version=self._chats.config.chat.default_protocol)
         structlog.contextvars.bind_contextvars(chat_id=request.chat_id)
-        return Relayed(self._relays.open(await self._chats.submit(work.user, request)))
+        return Relayed(self._relays.open(await self._chats.submit(work.agent, work.user, request)))
 
     async def _resume(self, work: Resume, asked: Forwarded) -> Answer:
-        return Relayed(self._relays.open(self._chats.resume(work.user, work.chat)))
+        return Relayed(self._relays.open(self._chats.resume(work.agent, work.user, work.chat)))
 
     async def _audio(self, work: Audio, asked: Forwarded) -> Answer:
         self._refuse_new_work_while_draining()
-        attachment = await self._chats.send_audio(work.user, work.chat, work.mime, work.data, work.version)
+        attachment = await self._chats.send_audio(work.agent, work.user, work.chat, work.mime, work.data, work.version)
         return Relayed(self._relays.open(attachment))
 
     async def _abort(self, work: Abort, asked: Forwarded) -> None:
-        self._chats.abort(work.user, work.chat)
+        self._chats.abort(work.agent, work.user, work.chat)
 
     async def _socket_closed(self, work: SocketClosed, asked: Forwarded) -> None:
-        await self._chats.socket_closed(work.user, work.chat)
+        await self._chats.socket_closed(work.agent, work.user, work.chat)
 
     async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
         return await self._gates.serve(work, asked)

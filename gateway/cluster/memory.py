@@ -28,6 +28,7 @@ class _ChatRecord:
     user_id: str
     owner: str
     expires: float
+    agent: str
     run: str = ""
 
 
@@ -59,15 +60,17 @@ class MemoryState(SharedState):
     async def close(self) -> None:
         self.hub.inboxes.pop(self.replica_id, None)
 
-    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+    async def claim(
+        self, user_id: str, chat_id: str, *, agent: str, default_agent: str, ttl: float, create: bool = True
+    ) -> Claim:
         now = asyncio.get_running_loop().time()
         self._expire(now)
         record = self.hub.chats.get(chat_id)
         if record is None:
             if create:
-                self.hub.chats[chat_id] = _ChatRecord(user_id, self.replica_id, now + ttl)
+                self.hub.chats[chat_id] = _ChatRecord(user_id, self.replica_id, now + ttl, agent)
             return Claim(self.replica_id, local=True)
-        if record.user_id != user_id:
+        if record.user_id != user_id or (record.agent or default_agent) != agent:
             raise ChatNotFound(chat_id)
         record.expires = now + ttl
         if record.owner == self.replica_id:

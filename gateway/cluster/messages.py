@@ -57,16 +57,19 @@ class Submit(_Work):
 
     op: ClassVar[str] = "submit"
     user: str
+    # The agent whose route the request came in on.
+    agent: str
     # The chat request as parse_chat_body reads it: the owner validates it again, as its own.
     body: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class _ForChat(_Work):
-    """Work on one chat of one user."""
+    """Work on one chat of one user, on the routes of one agent."""
 
     user: str
     chat: str
+    agent: str
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class Gate(_Work):
     """The plugin asks about a gated call in the chat whose ADK session is `session`."""
 
     op: ClassVar[str] = "gate"
+    # The ADK app whose plugin asks: it names the agent.
+    app: str
     user: str
     session: str
     tool_call_id: str

@@ -192,9 +192,9 @@ class RedisState(SharedState):
             log.warning("shared_state_reset", chats_restored=len(chats))
             ttl_ms = int(self._chat_ttl * 1000)
             async with self._redis.pipeline(transaction=False) as pipe:
-                for user_id, chat_id, run in chats:
-                    key = self._key("chat", chat_id)
-                    pipe.hset(key, mapping={"user": user_id, "owner": self.replica_id, "run": run})
+                for chat in chats:
+                    key = self._key("chat", chat.chat)
+                    pipe.hset(key, mapping={"user": chat.user, "owner": self.replica_id, "run": chat.run, "agent": chat.agent})
                     pipe.pexpire(key, ttl_ms)
                 await pipe.execute()
         self._epoch = seen
@@ -239,14 +239,16 @@ class RedisState(SharedState):
         if not self.available:
             raise SharedStateDown("the shared session store (Redis) is unreachable")
 
-    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+    async def claim(
+        self, user_id: str, chat_id: str, *, agent: str, default_agent: str, ttl: float, create: bool = True
+    ) -> Claim:
         self._check()
         self._chat_ttl = ttl
         try:
             result = await self._claim(
                 keys=[self._key("chat", chat_id), self._key("epoch")],
                 args=[user_id, self.replica_id, int(ttl * 1000), self._key("replica", ""), self._epoch or "",
-                      int(self._owner_timeout * 1000), "1" if create else "0"],
+                      int(self._owner_timeout * 1000), "1" if create else "0", agent, default_agent],
             )
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None

@@ -2,7 +2,7 @@
 on it cannot be split by another replica's command.
 
 - `CLAIM`: the chat's owner, this replica becoming it if nobody alive is; refuses another user's
-  chat, and claims of unknown chats while the replicas restore a Redis that lost its data.
+  or another agent's chat, and claims of unknown chats while the replicas restore a Redis that lost its data.
 - `OWNER_SET`: a write to a chat record that only its owner may make.
 - `NEW_EPOCH`: the dataset's epoch, created if missing (Redis started, or restarted empty).
 
@@ -11,14 +11,16 @@ Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 
 __all__ = ["CLAIM", "NEW_EPOCH", "OWNER_SET"]
 
-# ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0).  KEYS: chat, epoch.
+# ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
+# agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch.
 CLAIM = """
 local epoch = redis.call('GET', KEYS[2])
 if epoch ~= ARGV[5] then return {'reset'} end
-local rec = redis.call('HMGET', KEYS[1], 'user', 'owner', 'run')
+local rec = redis.call('HMGET', KEYS[1], 'user', 'owner', 'run', 'agent')
 local ttl = tonumber(ARGV[3])
 if rec[1] then
   if rec[1] ~= ARGV[1] then return {'foreign'} end
+  if (rec[4] or ARGV[9]) ~= ARGV[8] then return {'foreign'} end
   redis.call('PEXPIRE', KEYS[1], ttl)
   if rec[2] == ARGV[2] then return {'local'} end
   if redis.call('EXISTS', ARGV[4] .. rec[2]) == 1 then return {'remote', rec[2]} end
@@ -34,7 +36,7 @@ if reset_ms > 0 then
   end
 end
 if ARGV[7] ~= '1' then return {'local'} end
-redis.call('HSET', KEYS[1], 'user', ARGV[1], 'owner', ARGV[2], 'run', '')
+redis.call('HSET', KEYS[1], 'user', ARGV[1], 'owner', ARGV[2], 'run', '', 'agent', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ttl)
 return {'local'}
 """

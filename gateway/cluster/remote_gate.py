@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 import structlog
 
+from ..agent_config import ToolPolicy
 from ..approvals import GatedCall, Verdict
 from ..chats import ChatService
 from ..errors import HttpError
@@ -82,7 +83,7 @@ class RemoteGate:
         except HttpError as exc:
             return Verdict.refuse(f"The gateway could not reach the replica running this chat ({exc.message}); the call was not run."), exc.code
         if isinstance(answer, Waiting):
-            return await self.await_verdict(answer.call, owner, gate.tool)
+            return await self.await_verdict(answer.call, owner, gate.app, gate.tool)
         if not isinstance(answer, Decided):
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a verdict")
         return answer.verdict, answer.result
@@ -95,7 +96,7 @@ class RemoteGate:
         a second one), and refusing at once would lose an approval a person may still give.
         """
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._chats.config.tool_policy(gate.tool).timeout + 2 * self._forward_timeout
+        give_up = loop.time() + self._deadline(gate.app, gate.tool) + 2 * self._forward_timeout
         while True:
             try:
                 return await self._ask(owner, gate)
@@ -105,13 +106,18 @@ class RemoteGate:
                 log.info("gate_forward_retry", owner=owner, tool_call_id=gate.tool_call_id, reason="shared store unreachable")
                 await asyncio.sleep(self._liveness.interval)
 
-    async def await_verdict(self, call_id: str, owner: str, tool: str) -> tuple[Verdict, str]:
+    def _deadline(self, app: str, tool: str) -> float:
+        """How long the owner may hold a call of `tool` of ADK app `app` (its policy's timeout)."""
+        agent = self._chats.agents.for_app(app)
+        return (agent.tool_policy(tool) if agent is not None else ToolPolicy()).timeout
+
+    async def await_verdict(self, call_id: str, owner: str, app: str, tool: str) -> tuple[Verdict, str]:
         """The verdict of the call `call_id`, which waits for a person on `owner`: from the owner's
         message or, should that be lost, from the call's record; refused if the owner dies first."""
         future = self._verdicts.setdefault(call_id, asyncio.get_running_loop().create_future())
         # The owner releases the call by its deadline; past that (and a margin), the verdict was
         # lost with Redis's data: refuse rather than hold the agent forever.
-        timeout = self._chats.config.tool_policy(tool).timeout + 2 * self._forward_timeout
+        timeout = self._deadline(app, tool) + 2 * self._forward_timeout
         try:
             decided = await self._liveness.wait(
                 future, owner, timeout=timeout, check=lambda: self._recorded(call_id), through_outages=True
@@ -153,7 +159,7 @@ class RemoteGate:
         """Open, record and announce the call here, and wait for its verdict; `on_waiting` is
         called once the call waits for a person (not when the answer is immediate)."""
         opened = self._chats.gates.open(
-            user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id, tool=gate.tool,
+            app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id, tool=gate.tool,
             args=gate.args, announce=False,
         )
         if isinstance(opened, Verdict):

@@ -30,21 +30,32 @@ from typing import Any
 import structlog
 
 from ..approvals import Verdict
+from ..chat import Chat
 from ..chats import Attachment, ChatService, Gone
 from ..errors import HttpError
 from ..messages import ChatRequest
 from ..metrics import GatewayMetrics
 from ..protocol import ClientVersion
-from ..chat import Chat
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
-    Abort, Answer, Audio, Forwarded, Gate, MalformedMessage, Relayed, Released, Reply, Resume, SocketClosed, Submit,
+    Abort,
+    Answer,
+    Audio,
+    Forwarded,
+    Gate,
+    MalformedMessage,
+    Relayed,
+    Released,
+    Reply,
+    Resume,
+    SocketClosed,
+    Submit,
     from_json,
 )
 from .relay import Relays
 from .remote_gate import RemoteGate
-from .shared import Claim, SharedState, SharedStateDown
+from .shared import Claim, LocalChat, SharedState, SharedStateDown
 from .tasks import Tasks
 
 __all__ = ["Cluster"]
@@ -118,48 +129,50 @@ class Cluster:
 
     # ---- browser requests ------------------------------------------------------------------
 
-    async def submit(self, user_id: str, request: ChatRequest) -> Attachment:
+    async def submit(self, agent: str, user_id: str, request: ChatRequest) -> Attachment:
         """`ChatService.submit`, wherever the chat runs."""
-        claim = await self._claim(user_id, request.chat_id)
+        claim = await self._claim(agent, user_id, request.chat_id)
         if claim.local:
             try:
-                return await self.chats.submit(user_id, request)
+                return await self.chats.submit(agent, user_id, request)
             except Gone:
                 if claim.orphaned_run is None:
                     raise
                 self.metrics.owner_lost.labels("approval").inc()
                 raise Gone(_APPROVAL_LOST) from None
-        answer = await self._asker.ask(claim.owner, Submit(user_id, request.as_body()))
+        answer = await self._asker.ask(claim.owner, Submit(user_id, agent, request.as_body()))
         attachment = self._attachment(claim.owner, answer)
         if attachment is None:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment
 
-    async def resume(self, user_id: str, chat_id: str) -> Attachment | None:
+    async def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """`ChatService.resume`, wherever the chat runs."""
-        claim = await self._claim(user_id, chat_id, create=False)
+        claim = await self._claim(agent, user_id, chat_id, create=False)
         if claim.local:
             if claim.orphaned_run is not None:
                 raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return self.chats.resume(user_id, chat_id)
-        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id)))
+            return self.chats.resume(agent, user_id, chat_id)
+        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)))
 
-    async def send_audio(self, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion) -> Attachment | None:
-        claim = await self._claim(user_id, chat_id)
+    async def send_audio(
+        self, agent: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion
+    ) -> Attachment | None:
+        claim = await self._claim(agent, user_id, chat_id)
         if claim.local:
-            return await self.chats.send_audio(user_id, chat_id, mime_type, data, version)
-        answer = await self._asker.ask(claim.owner, Audio(user_id, chat_id, mime_type, data, version))
+            return await self.chats.send_audio(agent, user_id, chat_id, mime_type, data, version)
+        answer = await self._asker.ask(claim.owner, Audio(user_id, chat_id, agent, mime_type, data, version))
         return self._attachment(claim.owner, answer)
 
-    async def abort(self, user_id: str, chat_id: str) -> bool:
+    async def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """Stop the chat's run, wherever it runs. True if one was running (here) or asked to stop."""
-        if self.chats.abort(user_id, chat_id):
+        if self.chats.abort(agent, user_id, chat_id):
             return True
-        return await self._asker.tell(Abort(user_id, chat_id))
+        return await self._asker.tell(Abort(user_id, chat_id, agent))
 
-    async def socket_closed(self, user_id: str, chat_id: str) -> None:
-        await self.chats.socket_closed(user_id, chat_id)
-        await self._asker.tell(SocketClosed(user_id, chat_id))
+    async def socket_closed(self, agent: str, user_id: str, chat_id: str) -> None:
+        await self.chats.socket_closed(agent, user_id, chat_id)
+        await self._asker.tell(SocketClosed(user_id, chat_id, agent))
 
     async def forget_idle(self, idle_before: float) -> int:
         gone = await self.chats.forget_idle(idle_before)
@@ -168,8 +181,11 @@ class Cluster:
                 await self.state.release(chat.user_id, chat.chat_id)
         return len(gone)
 
-    async def _claim(self, user_id: str, chat_id: str, *, create: bool = True) -> Claim:
-        claim = await self.state.claim(user_id, chat_id, ttl=self.chats.config.chat.idle_chat_ttl, create=create)
+    async def _claim(self, agent: str, user_id: str, chat_id: str, *, create: bool = True) -> Claim:
+        config = self.chats.config
+        claim = await self.state.claim(
+            user_id, chat_id, agent=agent, default_agent=config.default, ttl=config.chat.idle_chat_ttl, create=create
+        )
         if claim.orphaned_run is not None:
             self.metrics.owner_lost.labels("run").inc()
             log.warning("chat_taken_over", chat_id=chat_id, lost_message_id=claim.orphaned_run)
@@ -184,9 +200,11 @@ class Cluster:
 
     # ---- plugin requests -------------------------------------------------------------------
 
-    async def gate(self, *, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]) -> tuple[Verdict, str]:
-        """The verdict for a gated call the plugin asks about, and its label for the metrics."""
-        request = Gate(user_id, session_id, tool_call_id, tool, args)
+    async def gate(
+        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]
+    ) -> tuple[Verdict, str]:
+        """The verdict for a gated call the plugin of ADK app `app_name` asks about, and its label for the metrics."""
+        request = Gate(app_name, user_id, session_id, tool_call_id, tool, args)
         if not self.chats.gates.runs_here(user_id, session_id):
             try:
                 owner = await self.state.owner(user_id, session_id)
@@ -246,9 +264,9 @@ class Cluster:
                 except SharedStateDown:
                     pass  # written back with every local chat once the store is back (_local_chats)
 
-    def _local_chats(self) -> list[tuple[str, str, str]]:
+    def _local_chats(self) -> list[LocalChat]:
         out = []
         for chat in self.chats.local_chats():
             running = chat.run.message_id if chat.running and chat.run is not None else ""
-            out.append((chat.user_id, chat.chat_id, running))
+            out.append(LocalChat(chat.user_id, chat.chat_id, chat.agent, running))
         return out

@@ -3,8 +3,9 @@
 A backend owns five things, and nothing about runs, chunks or HTTP (router.py and the modules it
 drives do that):
 
-- the chat directory: which user a chat id belongs to, which replica runs the chat, and which
-  run (message id) is going on there, if any;
+- the chat directory: which user and which agent a chat id belongs to (chat ids are global, so
+  one id is one chat of one agent), which replica runs the chat, and which run (message id) is
+  going on there, if any;
 - replica liveness: each replica's heartbeat; a replica silent for `owner_timeout` is dead, and
   the next request for one of its chats moves the chat to the replica that received it;
 - inboxes: one-way messages from a replica to another (forwarded requests, their replies and
@@ -28,13 +29,25 @@ from typing import Any
 
 from ..errors import Refusal
 
-__all__ = ["Claim", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
+__all__ = ["Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
 
 # A message from another replica: a JSON object.
 Inbox = Callable[[dict[str, Any]], None]
-# After the shared state was lost (Redis restarted empty): the local chats to write back, as
-# (user id, chat id, running message id or "").
-Reassert = Callable[[], list[tuple[str, str, str]]]
+
+
+@dataclass(frozen=True)
+class LocalChat:
+    """A chat this replica owns, as the directory records it: written back after Redis lost its data."""
+
+    user: str
+    chat: str
+    agent: str
+    # The run going on there (its message id), or "".
+    run: str
+
+
+# After the shared state was lost (Redis restarted empty): the local chats to write back.
+Reassert = Callable[[], list[LocalChat]]
 
 
 class SharedStateDown(Refusal):
@@ -93,10 +106,13 @@ class SharedState(abc.ABC):
     # ---- the chat directory ----------------------------------------------------------------
 
     @abc.abstractmethod
-    async def claim(self, user_id: str, chat_id: str, *, ttl: float, create: bool = True) -> Claim:
+    async def claim(
+        self, user_id: str, chat_id: str, *, agent: str, default_agent: str, ttl: float, create: bool = True
+    ) -> Claim:
         """The chat's owner; this replica becomes it if nobody (alive) is.
 
-        Raises ChatNotFound (registry.py) when the chat id belongs to another user. The record lives
+        Raises ChatNotFound (registry.py) when the chat id belongs to another user or another agent
+        (a record written before agents existed is `default_agent`'s). The record lives
         `ttl` seconds after the last claim. With `create` false an unknown chat is answered as local
         without being recorded (a resume of a chat that never ran must not take its id).
         """

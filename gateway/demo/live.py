@@ -2,8 +2,8 @@
 
 `ScriptedLiveConnection` is the `BaseLlmConnection` that `ScriptedLlm.connect`
 yields. It answers typed text from the same script as text mode
-(`gateway.demo.script.reply_to`), answers audio with a transcription and a short
-tone, and owns the one live-only row:
+(`gateway.demo.script.reply_to`, limited to the tools the agent declared), answers
+audio with a transcription and a short tone, and owns the one live-only row:
 
 ==================================  ==========================================
 input                               the connection answers
@@ -42,7 +42,7 @@ import math
 import re
 import struct
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from google.adk.models.base_llm_connection import BaseLlmConnection
@@ -121,9 +121,17 @@ class ScriptedLiveConnection(BaseLlmConnection):
     """
 
     def __init__(
-        self, *, model: str = "demo-scripted", chunk_delay: float = 0.0, audio_pause: float = AUDIO_PAUSE
+        self,
+        *,
+        model: str = "demo-scripted",
+        chunk_delay: float = 0.0,
+        audio_pause: float = AUDIO_PAUSE,
+        tools: Collection[str] | None = None,
     ) -> None:
         self._model = model
+        # The agent's tools (names), as `ScriptedLlm.connect` read them from the request: the
+        # script plans no call to any other. None: every row is in play.
+        self._tools = None if tools is None else frozenset(tools)
         self._chunk_delay = chunk_delay
         self._audio_pause = audio_pause
         # None, queued by close(), wakes a receive() that waits for the next turn.
@@ -234,9 +242,9 @@ class ScriptedLiveConnection(BaseLlmConnection):
 
     def _answer(self, user_text: str) -> None:
         if _INTERRUPT_RE.search(user_text):
-            self._queue(self._interrupted_turn(echo_text(user_text)))
+            self._queue(self._interrupted_turn(echo_text(user_text, self._tools)))
             return
-        reply = reply_to(user_text)
+        reply = reply_to(user_text, self._tools)
         if reply.kind == "error":
             error = LlmResponse(error_code=DEMO_ERROR_CODE, error_message=DEMO_ERROR_MESSAGE, model_version=self._model)
             self._queue([error, self._turn_complete()])

@@ -1,4 +1,4 @@
-"""The offline, deterministic scripted model behind the demo agent.
+"""The offline, deterministic scripted model behind the demo agents.
 
 `ScriptedLlm` is an ADK `BaseLlm` that needs no network and no API key. It reads
 the latest turn of the request (the user's text, or function responses coming
@@ -13,6 +13,8 @@ user says                           model answers
 ``weather in Tokyo``                ``get_weather(city="Tokyo")``
 ``where am I``                      ``get_location()``
 ``play track 2``                    ``change_bgm(track=2)``
+``refund 20 on order 1234``         ``issue_refund(order_id="1234", amount=20, currency="USD")``
+``where is order 1234``             ``lookup_order(order_id="1234")``
 ``trigger error``                   an ``LlmResponse`` with ``error_code="DEMO_ERROR"``
 ``crash``                           raises `DemoCrash` inside the model call
 anything else                       streamed text quoting the user
@@ -20,6 +22,12 @@ anything else                       streamed text quoting the user
 
 After the tools answer, the model writes one text that reports each result
 (names the recipient and the transaction, says a refused payment was not made).
+
+One model serves every demo agent: it plans only calls to the functions the
+request declares (`gateway.demo.script.declared_tools`, which ADK fills from the
+agent's tools), so ``pay 50 to Hanako`` sent to support_agent, or ``refund ...``
+sent to demo_agent, is answered in text. A request that declares no function
+(hand-built, as in unit tests) leaves every row in play.
 
 Streaming mirrors what Gemini looks like through ADK 2.13 with progressive SSE
 (the default): every chunk is ``partial=True``, then one aggregated
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from google.adk.flows.llm_flows import functions as adk_functions
@@ -54,6 +63,7 @@ from gateway.demo.script import (
     PlannedCall,
     chunk_text,
     content_text,
+    declared_tools,
     latest_results,
     reply_to,
     summarize_results,
@@ -61,7 +71,7 @@ from gateway.demo.script import (
 
 
 class ScriptedLlm(BaseLlm):
-    """A deterministic offline model for the demo agent and the tests.
+    """A deterministic offline model for the demo agents and the tests.
 
     ``chunk_delay`` spaces streamed chunks out (seconds); even at 0 the model
     yields control between chunks, as a network stream would.
@@ -84,7 +94,7 @@ class ScriptedLlm(BaseLlm):
             (content_text(c) for c in reversed(contents) if c.role == "user" and content_text(c)),
             "",
         )
-        reply = reply_to(user_text)
+        reply = reply_to(user_text, declared_tools(llm_request))
         if reply.kind == "error":
             yield LlmResponse(
                 error_code=DEMO_ERROR_CODE,
@@ -108,10 +118,12 @@ class ScriptedLlm(BaseLlm):
         ADK's live flow enters this once per ``/run_live`` session (and again after
         an agent transfer); leaving it closes the connection, so ``receive()`` ends.
         The request's response modalities do not change the script: typed text is
-        answered in text and audio in audio, whatever the session asked for.
+        answered in text and audio in audio, whatever the session asked for. Of the
+        request, only its declared tools count: history arrives through send_history.
         """
-        del llm_request  # history arrives through send_history
-        connection = ScriptedLiveConnection(model=self.model, chunk_delay=self.chunk_delay)
+        connection = ScriptedLiveConnection(
+            model=self.model, chunk_delay=self.chunk_delay, tools=declared_tools(llm_request)
+        )
         try:
             yield connection
         finally:
@@ -167,3 +179,17 @@ class ScriptedLlm(BaseLlm):
             ),
             model_version=self.model,
         )
+
+
+SCRIPTED = "scripted"
+DEFAULT_GEMINI_MODEL = "gemini-2.5-flash"
+
+
+def choose_model() -> BaseLlm | str:
+    """The model of each demo agent: the scripted one, or a Gemini model's name when an API key is
+    configured (``DEMO_MODEL``, default gemini-2.5-flash; ``DEMO_MODEL=scripted`` forces the script)."""
+    name = os.environ.get("DEMO_MODEL", "").strip()
+    if name.lower() == SCRIPTED or not os.environ.get("GOOGLE_API_KEY"):
+        # DEMO_CHUNK_DELAY (seconds between streamed chunks) lets tests catch a stream mid-way.
+        return ScriptedLlm(chunk_delay=float(os.environ.get("DEMO_CHUNK_DELAY", "0")))
+    return name or DEFAULT_GEMINI_MODEL

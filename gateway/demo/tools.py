@@ -1,14 +1,18 @@
-"""The demo agent's tools: fake, deterministic, offline.
+"""The demo agents' tools: fake, deterministic, offline.
 
-`process_payment` and `get_weather` run in the agent process. `get_location` and
-`change_bgm` stand for tools that run in the browser: the gateway's ADK plugin
-answers them with the browser's output before ADK would call them, so their
-bodies only run when no gateway plugin is installed, and then report that.
+demo_agent (`build_tools`): `process_payment` and `get_weather` run in the agent
+process. `get_location` and `change_bgm` stand for tools that run in the browser:
+the gateway's ADK plugin answers them with the browser's output before ADK would
+call them, so their bodies only run when no gateway plugin is installed, and then
+report that.
+
+support_agent (`build_support_tools`): `lookup_order` and `issue_refund`, both in
+the agent process; the gateway's policy gates `issue_refund` behind a person.
 
 When `DEMO_TOOL_LEDGER` names a file, every real execution of `process_payment`
-appends one JSON line to it (`LEDGER_ENV`): the ledger the operations fault suite
-(tests/ops) counts to prove that no failure runs a payment twice, or runs one
-nobody approved. Unset, nothing is written.
+or `issue_refund` appends one JSON line to it (`LEDGER_ENV`): the ledger the
+operations fault suite (tests/ops) counts to prove that no failure moves money
+twice, or moves it when nobody approved. Unset, nothing is written.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from google.adk.tools.tool_context import ToolContext
 LEDGER_ENV = "DEMO_TOOL_LEDGER"
 
 _CONDITIONS = ("sunny", "partly cloudy", "cloudy", "light rain", "clear")
+_ORDER_STATUSES = ("being packed", "shipped", "out for delivery", "delivered")
 
 
 def _digest(*values: object) -> str:
@@ -102,6 +107,42 @@ def change_bgm(track: int) -> dict[str, Any]:
     return {"error": "change_bgm runs in the browser, and no gateway plugin answered it."}
 
 
+def lookup_order(order_id: str) -> dict[str, Any]:
+    """Returns the status of order `order_id` (a deterministic fake).
+
+    Args:
+      order_id: The order number, e.g. "1234".
+    """
+    seed = int(_digest("order", order_id.strip().lstrip("#"))[:8], 16)
+    return {
+        "order_id": order_id,
+        "status": _ORDER_STATUSES[seed % len(_ORDER_STATUSES)],
+        "items": 1 + seed % 4,
+        "total": 20 + seed % 180,
+        "currency": "USD",
+    }
+
+
+def issue_refund(
+    order_id: str, amount: float, currency: str = "USD", tool_context: ToolContext | None = None
+) -> dict[str, Any]:
+    """Refunds `amount` in `currency` on order `order_id`.
+
+    Args:
+      order_id: The order to refund, e.g. "1234".
+      amount: How much to refund, in units of `currency`.
+      currency: ISO 4217 currency code, USD by default.
+    """
+    _record_execution("issue_refund", {"order_id": order_id, "amount": amount, "currency": currency}, tool_context)
+    return {
+        "success": True,
+        "refund_id": "rf-" + _digest(order_id, amount, currency)[:12],
+        "order_id": order_id,
+        "amount": amount,
+        "currency": currency,
+    }
+
+
 def build_tools(native_confirmation: bool = False) -> list[FunctionTool]:
     """Fresh tool instances for one agent.
 
@@ -114,4 +155,16 @@ def build_tools(native_confirmation: bool = False) -> list[FunctionTool]:
         FunctionTool(get_weather),
         FunctionTool(get_location),
         FunctionTool(change_bgm),
+    ]
+
+
+def build_support_tools(native_confirmation: bool = False) -> list[FunctionTool]:
+    """Fresh tool instances for the support agent.
+
+    As with `build_tools`, the gateway's tool policy decides who approves a refund;
+    `native_confirmation` makes issue_refund declare ADK's own `require_confirmation` instead.
+    """
+    return [
+        FunctionTool(lookup_order),
+        FunctionTool(issue_refund, require_confirmation=native_confirmation),
     ]

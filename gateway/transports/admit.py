@@ -1,21 +1,24 @@
 """What every browser request passes before it reaches a chat, whatever its transport.
 
-Identity (auth), the page's origin, the drain state and the user's request rate, in that order,
-each refused with its own status and JSON reason and counted in `adk_gateway_limited_total`.
+Identity (auth), the page's origin, the agent the route names (404 if none such, 403 if the caller
+may not use it), the drain state and the user's request rate, in that order, each refused with its
+own status and JSON reason and counted in `adk_gateway_limited_total`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 import structlog
 from aiohttp import web
 
+from ..auth import Identity
 from ..errors import HttpError
 from ..limits import Limited
 from ..state import GATEWAY
 
-__all__ = ["admit", "count_refusal"]
+__all__ = ["Caller", "admit", "count_refusal", "identify"]
 
 # What a request refused while draining is told to wait, in seconds: long enough for a balancer
 # polling `/readyz` (503 `draining` from the first moment) to stop routing here, so the retry lands
@@ -23,20 +26,47 @@ __all__ = ["admit", "count_refusal"]
 _DRAINING_RETRY_AFTER: Final = "5"
 
 
+@dataclass(frozen=True)
+class Caller:
+    """An admitted request: the user it acts for, on the agent its route names."""
+
+    user_id: str
+    agent: str
+    identity: Identity
+
+
 def count_refusal(request: web.Request, reason: str) -> None:
     request.app[GATEWAY].metrics.limited.labels(reason).inc()
 
 
-def admit(request: web.Request, *, new_work: bool = True) -> str:
-    """The caller's user id, once they may proceed; `new_work` requests are refused while draining."""
+def identify(request: web.Request) -> Identity:
+    """Who calls, from a page that may call: the first two checks, for routes of no one agent."""
     gateway = request.app[GATEWAY]
     try:
-        user_id = gateway.auth.user_id(request)
+        identity = gateway.auth.identify(request)
         gateway.auth.check_origin(request)
     except HttpError as exc:
         count_refusal(request, exc.code if exc.status == 403 else "unauthorized")
         raise
-    structlog.contextvars.bind_contextvars(user_id=user_id)
+    structlog.contextvars.bind_contextvars(user_id=identity.user_id)
+    return identity
+
+
+def admit(request: web.Request, *, new_work: bool = True) -> Caller:
+    """The caller, once they may proceed; `new_work` requests are refused while draining."""
+    gateway = request.app[GATEWAY]
+    identity = identify(request)
+    user_id = identity.user_id
+    # `/api/chat...` is the default agent's; `/agents/{agent}/api/chat...` names one.
+    agent = request.match_info.get("agent") or gateway.config.default
+    config = gateway.config.agents.get(agent)
+    if config is None:
+        count_refusal(request, "agent_not_found")
+        raise HttpError(404, "agent_not_found", "no such agent")
+    if not gateway.auth.may_use(identity, config.access):
+        count_refusal(request, "agent_not_allowed")
+        raise HttpError(403, "agent_not_allowed", "this credential may not use this agent")
+    structlog.contextvars.bind_contextvars(agent=agent)
     if new_work and gateway.draining:
         count_refusal(request, "draining")
         raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": _DRAINING_RETRY_AFTER})
@@ -45,4 +75,4 @@ def admit(request: web.Request, *, new_work: bool = True) -> str:
     except Limited as exc:
         count_refusal(request, exc.code)
         raise
-    return user_id
+    return Caller(user_id, agent, identity)

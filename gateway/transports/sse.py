@@ -2,7 +2,8 @@
 
 `POST /api/chat` starts (or continues) a chat turn and streams it; `GET /api/chat/{id}/stream` is
 the AI SDK's `resume: true` route: it replays the chat's latest response and follows it, or
-answers 204 when there is none. Handlers only admit, parse and follow; chats.py does the rest.
+answers 204 when there is none. Those are the default agent's; every agent has the same routes
+under `/agents/{name}`. Handlers only admit, parse and follow; chats.py does the rest.
 Responses idle for `chat.keepalive_interval` get a `: keep-alive` comment line, which the AI SDK
 ignores and which keeps proxies with idle timeouts from cutting the stream.
 """
@@ -19,10 +20,17 @@ from ..chats import Attachment
 from ..errors import HttpError, refusal
 from ..limits import Limited
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
-from ..protocol import DONE_FRAME, SSE_HEADERS, VERSION_HEADER, encode_chunk, sse_frame, sse_frames
+from ..protocol import (
+    DONE_FRAME,
+    SSE_HEADERS,
+    VERSION_HEADER,
+    encode_chunk,
+    sse_frame,
+    sse_frames,
+)
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY
-from .admit import admit, count_refusal
+from .admit import Caller, admit, count_refusal
 from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
@@ -39,7 +47,8 @@ _PREFLIGHT_MAX_AGE: Final = "600"
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    user_id = admit(request)
+    caller = admit(request)
+    user_id = caller.user_id
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         # Browsers never compress request bodies; aiohttp's decoders can wait forever on a
@@ -70,7 +79,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     slot = _open_stream(request, user_id)
     try:
-        attachment = await gateway.cluster.submit(user_id, chat_request)
+        attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request)
     except Exception as exc:
         slot.release()
         answer = refusal(exc)
@@ -83,18 +92,18 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
         del chat_request
         forget_body(request)  # nothing reads the body again
     try:
-        return await _stream(request, attachment, user_id, chat_id)
+        return await _stream(request, attachment, caller, chat_id)
     finally:
         slot.release()
 
 
 async def resume_stream(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    user_id = admit(request, new_work=False)
+    caller = admit(request, new_work=False)
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     try:
-        attachment = await gateway.cluster.resume(user_id, chat_id)
+        attachment = await gateway.cluster.resume(caller.agent, caller.user_id, chat_id)
     except Exception as exc:
         answer = refusal(exc)
         if answer is None:
@@ -102,9 +111,9 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
         raise answer from None
     if attachment is None:
         return web.Response(status=204, headers=gateway.auth.cors_headers(request))
-    slot = _open_stream(request, user_id)
+    slot = _open_stream(request, caller.user_id)
     try:
-        return await _stream(request, attachment, user_id, chat_id)
+        return await _stream(request, attachment, caller, chat_id)
     finally:
         slot.release()
 
@@ -117,7 +126,7 @@ def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped
         raise
 
 
-async def _stream(request: web.Request, attachment: Attachment, user_id: str, chat_id: str) -> web.StreamResponse:
+async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
     request_id = structlog.contextvars.get_contextvars().get("request_id", "")
@@ -157,7 +166,7 @@ async def _stream(request: web.Request, attachment: Attachment, user_id: str, ch
     finally:
         gauge.dec()
         if not completed and gateway.config.chat.on_disconnect == "cancel":
-            await gateway.cluster.abort(user_id, chat_id)
+            await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
     return response
 
 
@@ -178,9 +187,13 @@ async def preflight(request: web.Request) -> web.Response:
 
 def routes() -> list[web.RouteDef]:
     stream_path = "/api/chat/{chat_id:" + CHAT_ID_PATTERN.strip("^$") + "}/stream"
-    return [
-        web.post("/api/chat", post_chat),
-        web.options("/api/chat", preflight),
-        web.get(stream_path, resume_stream),
-        web.options(stream_path, preflight),
-    ]
+    out = []
+    # `/api/chat` is the default agent's; each agent also has its own base path.
+    for base in ("", "/agents/{agent}"):
+        out += [
+            web.post(base + "/api/chat", post_chat),
+            web.options(base + "/api/chat", preflight),
+            web.get(base + stream_path, resume_stream),
+            web.options(base + stream_path, preflight),
+        ]
+    return out

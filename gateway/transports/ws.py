@@ -31,7 +31,7 @@ from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY, Gateway
-from .admit import admit
+from .admit import Caller, admit
 from .aiohttp_raw import send_text_frames, write_text_frames_now
 
 __all__ = ["routes"]
@@ -50,10 +50,13 @@ class FrameError(Exception):
 class Connection:
     """One browser socket: its requests in flight and the frames it sends."""
 
-    def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, user_id: str) -> None:
+    def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, caller: Caller) -> None:
         self.ws = ws
         self.gateway = gateway
-        self.user_id = user_id
+        self.user_id = caller.user_id
+        # The agent this socket's route names: every chat it touches is that agent's.
+        self.agent = caller.agent
+        self._identity = caller.identity
         self.requests: dict[str, asyncio.Task[None]] = {}
         # The chat each `send` request drives, for `abort`; and every chat seen, for closing.
         self.request_chats: dict[str, str] = {}
@@ -92,11 +95,25 @@ class Connection:
             await self.error(request_id, f"type: unknown frame type {kind!r} (expected send, resume, abort or audio)")
             return
         try:
+            if kind != "abort":
+                self._check_agent()
             if kind in ("send", "audio"):
                 self._admit_new_work()
             await handler(self, request_id, frame)
         except FrameError as exc:
             await self.error(request_id, str(exc))
+
+    def _check_agent(self) -> None:
+        """At every request, not the handshake alone: a reload may have removed the socket's agent
+        or narrowed who may use it."""
+        gateway = self.gateway
+        config = gateway.config.agents.get(self.agent)
+        if config is None:
+            gateway.metrics.limited.labels("agent_not_found").inc()
+            raise FrameError(f"the agent {self.agent} is not served here any more")
+        if not gateway.auth.may_use(self._identity, config.access):
+            gateway.metrics.limited.labels("agent_not_allowed").inc()
+            raise FrameError("this credential may not use this agent")
 
     def _admit_new_work(self) -> None:
         gateway = self.gateway
@@ -212,7 +229,7 @@ async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> 
 async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
     try:
-        attachment = await conn.gateway.cluster.submit(conn.user_id, chat_request)
+        attachment = await conn.gateway.cluster.submit(conn.agent, conn.user_id, chat_request)
     except Exception as exc:
         raise _refused(conn, exc) from None
     conn.chats.add(chat_request.chat_id)
@@ -243,7 +260,7 @@ async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -
 async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_id, ws_request_id=request_id)
     try:
-        attachment = await conn.gateway.cluster.resume(conn.user_id, chat_id)
+        attachment = await conn.gateway.cluster.resume(conn.agent, conn.user_id, chat_id)
     except Exception as exc:
         raise _refused(conn, exc) from None
     if attachment is None:
@@ -261,7 +278,7 @@ async def _on_abort(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     task.cancel()
     if chat_id is not None:
         # The browser stopped the answer: stop the agent run behind it too, it is what costs money.
-        await conn.gateway.cluster.abort(conn.user_id, chat_id)
+        await conn.gateway.cluster.abort(conn.agent, conn.user_id, chat_id)
 
 
 async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) -> None:
@@ -280,7 +297,7 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
         raise FrameError("data: base64-encoded audio is required")
     version = client_version(_version_header(frame), None, conn.default_version)
     try:
-        attachment = await conn.gateway.cluster.send_audio(conn.user_id, chat_id, mime, data, version)
+        attachment = await conn.gateway.cluster.send_audio(conn.agent, conn.user_id, chat_id, mime, data, version)
     except Exception as exc:
         raise _refused(conn, exc) from None
     conn.gateway.metrics.audio_bytes.labels("in").inc(len(raw))
@@ -304,13 +321,13 @@ _HANDLERS = {"send": _on_send, "resume": _on_resume, "abort": _on_abort, "audio"
 
 async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
-    user_id = admit(request)
+    caller = admit(request)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(
         heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress
     )
     await ws.prepare(request)
-    conn = Connection(ws, gateway, user_id)
+    conn = Connection(ws, gateway, caller)
     # Browsers cannot set headers on the handshake, and the stock transports send no version:
     # an app may say `?aiSdkVersion=7` in the URL (or per frame, in headers/body).
     conn.default_version = client_version(request.query.get("aiSdkVersion"), None, gateway.config.chat.default_protocol)
@@ -339,7 +356,7 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     finally:
         await conn.close()
         for chat_id in conn.chats:
-            await gateway.cluster.socket_closed(user_id, chat_id)
+            await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
         gateway.metrics.ws_connections.dec()
         gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)
@@ -347,4 +364,5 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
 
 
 def routes() -> list[web.RouteDef]:
-    return [web.get("/api/chat/ws", chat_socket)]
+    # `/api/chat/ws` is the default agent's; each agent also has its own base path.
+    return [web.get("/api/chat/ws", chat_socket), web.get("/agents/{agent}/api/chat/ws", chat_socket)]

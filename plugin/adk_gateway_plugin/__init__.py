@@ -6,8 +6,9 @@ Add it to a stock ADK API server without touching agent code:
     ADK_GATEWAY_URL=http://127.0.0.1:8081 ADK_GATEWAY_SECRET=... \\
         adk api_server --extra_plugins adk_gateway_plugin.GatewayPlugin AGENTS_DIR
 
-Before each tool call, `before_tool_callback` checks the gateway's tool policy (fetched once and
-refreshed, so ungated tools cost no round trip). For a gated call it asks the gateway's internal
+Before each tool call, `before_tool_callback` checks the gateway's tool policy for the call's ADK
+app (fetched once per app and refreshed, so ungated tools cost no round trip; one gateway serves
+several agents, each with its own policy, named by app name). For a gated call it asks the gateway's internal
 listener and waits for the verdict: run the tool, or answer the call with a response instead (a
 denial, a timeout, or the output the browser produced). This works for `/run_sse` and `/run_live`
 alike, which ADK's own confirmation does not.
@@ -72,6 +73,15 @@ _DEFAULT_URL = "http://127.0.0.1:8081"
 _SEEN = "_adk_gateway_seen"
 
 
+def _app_name(context: Any) -> str:
+    """The ADK app a callback runs for ("" when the context does not say)."""
+    try:
+        name = context.session.app_name
+    except Exception:  # noqa: BLE001 - a context without a session: ask for the every-agent policy
+        return ""
+    return name if isinstance(name, str) else ""
+
+
 def _refuse(text: str, code: str) -> dict[str, Any]:
     # ADK's convention for a call that did not run, marked so that the gateway can tell this
     # refusal from a gated tool that ran without asking (docs/approvals.md, "Refusals").
@@ -100,8 +110,10 @@ class GatewayPlugin(BasePlugin):
         self._secret = secret if secret is not None else os.environ.get("ADK_GATEWAY_SECRET", "")
         self._connect_timeout = connect_timeout or float(os.environ.get("ADK_GATEWAY_CONNECT_TIMEOUT", "5"))
         self._max_wait = max_wait or float(os.environ.get("ADK_GATEWAY_MAX_WAIT", "3600"))
-        self._policy: dict[str, dict[str, Any]] | None = None
-        self._policy_expires = 0.0
+        # Per ADK app name ("" when the app is unknown: the gateway answers with every agent's
+        # gated tools together). One API server may serve several apps, with one plugin.
+        self._policies: dict[str, dict[str, dict[str, Any]]] = {}
+        self._policy_expires: dict[str, float] = {}
         self._policy_lock: asyncio.Lock | None = None
         self._http: httpx.AsyncClient | None = None
         self._no_behavior_warned: set[str] = set()
@@ -117,10 +129,11 @@ class GatewayPlugin(BasePlugin):
         except Exception:  # never abort a run over this: where plugin hooks run, they still gate
             logger.exception("could not add the gateway's backstop to agent %s", getattr(agent, "name", "?"))
         try:
+            app = _app_name(callback_context)
             for tool in getattr(agent, "tools", None) or []:
                 if not isinstance(tool, BaseTool):
                     continue
-                entry = await self._tool_policy(tool.name)
+                entry = await self._tool_policy(tool.name, app)
                 if entry and entry.get("non_blocking"):
                     self._declare_non_blocking(tool)
         except Exception:  # never abort a run over a declaration detail
@@ -149,7 +162,7 @@ class GatewayPlugin(BasePlugin):
 
     async def _gate(self, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any] | None:
         try:
-            policy = await self._tool_policy(tool.name)
+            policy = await self._tool_policy(tool.name, _app_name(tool_context))
             if policy is None:
                 return _refuse(
                     "The approval gateway's tool policy is unavailable (gateway unreachable or refusing this plugin), "
@@ -217,22 +230,25 @@ class GatewayPlugin(BasePlugin):
             )
         return self._http
 
-    async def _tool_policy(self, tool: str) -> dict[str, Any] | None:
-        """This tool's policy entry ({} when ungated), or None when no policy was ever fetched."""
-        if self._policy is None or time.monotonic() >= self._policy_expires:
+    async def _tool_policy(self, tool: str, app: str = "") -> dict[str, Any] | None:
+        """This tool's policy entry for ADK app `app` ({} when ungated), or None when that app's
+        policy was never fetched (the gateway unreachable, or serving no agent of this app)."""
+        if app not in self._policies or time.monotonic() >= self._policy_expires.get(app, 0.0):
             if self._policy_lock is None:
                 self._policy_lock = asyncio.Lock()
             async with self._policy_lock:
-                if self._policy is None or time.monotonic() >= self._policy_expires:
-                    await self._refresh_policy()
-        if self._policy is None:
+                if app not in self._policies or time.monotonic() >= self._policy_expires.get(app, 0.0):
+                    await self._refresh_policy(app)
+        policy = self._policies.get(app)
+        if policy is None:
             return None
-        return self._policy.get(tool) or self._policy.get("default") or {}
+        return policy.get(tool) or policy.get("default") or {}
 
-    async def _refresh_policy(self) -> None:
+    async def _refresh_policy(self, app: str) -> None:
         try:
+            params = {"app_name": app} if app else None
             resp = await asyncio.wait_for(
-                self._client().get(f"{self._url}/internal/v1/policy"), timeout=self._connect_timeout + 5
+                self._client().get(f"{self._url}/internal/v1/policy", params=params), timeout=self._connect_timeout + 5
             )
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code}")
@@ -240,12 +256,12 @@ class GatewayPlugin(BasePlugin):
             tools = body["tools"]
             if not isinstance(tools, dict):
                 raise ValueError("tools is not an object")
-            self._policy = tools
-            self._policy_expires = time.monotonic() + float(body.get("refresh", 30))
+            self._policies[app] = tools
+            self._policy_expires[app] = time.monotonic() + float(body.get("refresh", 30))
         except Exception as exc:  # noqa: BLE001
             # A stale policy is still the best routing information; retry soon.
-            logger.warning("could not fetch the gateway's tool policy: %s", exc or type(exc).__name__)
-            self._policy_expires = time.monotonic() + 2.0
+            logger.warning("could not fetch the gateway's tool policy for app %r: %s", app, exc or type(exc).__name__)
+            self._policy_expires[app] = time.monotonic() + 2.0
 
     async def _ask(self, tool: str, args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any]:
         payload = {

@@ -1,9 +1,11 @@
 """Headless Chromium (Debian's `chromium`, driven by Playwright for Python) against the demo page.
 
-One real stack for the whole suite (the stock ADK API server with the gateway plugin, and a gateway
-serving the demo page), one browser; each test gets a fresh browser context (own permissions, own
-geolocation) and so a fresh chat. Every test saves a screenshot to artifacts/browser/<test>.png.
-Playwright never downloads a browser here: it launches the system Chromium by path.
+One real stack for the whole suite, started as `make run` starts it (`adk-gateway demo` with the
+reference config/gateway.yaml: the stock ADK API server with the gateway plugin serving demo_agent and
+support_agent, and a gateway serving both and the demo page), one browser; each test gets a fresh
+browser context (own permissions, own geolocation) and so a fresh chat. Every test saves a screenshot
+to artifacts/browser/<test>.png. Playwright never downloads a browser here: it launches the system
+Chromium by path.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from playwright.sync_api import sync_playwright  # the `test` extra: pip install -e '.[test]'
 
 from tests.browser.demopage import DemoPage
-from tests.procs import ROOT, PluginStack, plugin_stack
+from tests.procs import ROOT, GatewayProcess, make_run
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 BUNDLE = ROOT / "gateway" / "static" / "demo" / "app.js"
@@ -44,11 +46,13 @@ def chromium_path() -> str:
 # Package scope, not session: Playwright's sync API keeps an event loop running while it is open,
 # which would break every asyncio test collected after this package.
 @pytest.fixture(scope="package")
-def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+def demo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """What `make run` runs: `adk-gateway demo` with config/gateway.yaml (both agents, the page on)."""
     if not BUNDLE.is_file():
         raise AssertionError(f"{BUNDLE.relative_to(ROOT)} is not built: run `make {BUNDLE.relative_to(ROOT)}`")
-    with plugin_stack(tmp_path_factory.mktemp("browser"), extra="demo:\n  page: true\n") as stack:
-        yield stack
+    # Debug lines, so that a failure's report shows what the gateway did.
+    with make_run(tmp_path_factory.mktemp("browser"), {"LOG_LEVEL": "debug"}) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="package")
@@ -67,11 +71,11 @@ def artifact(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture
-def demo(browser: Any, demo_stack: PluginStack, artifact: Path) -> Iterator[DemoPage]:
+def demo(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[DemoPage]:
     """A fresh browser context (so a fresh chat); its screenshot is saved whether the test passed or not."""
     context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
     try:
-        page = DemoPage(context, demo_stack.gateway, artifact)
+        page = DemoPage(context, demo_gateway, artifact)
         yield page
         page.screenshot()
     finally:

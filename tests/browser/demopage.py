@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
@@ -54,6 +55,15 @@ class DemoPage:
         button = self.page.get_by_role("radio", name=TRANSPORT_LABELS[transport])
         button.click()
         self.expect(f"the {transport} transport to be selected", lambda: expect(button).to_have_attribute("aria-checked", "true"))
+
+    def agent_picker(self) -> Locator:
+        """The `Agent` selector at the top of the page."""
+        return self.page.get_by_role("combobox", name="Agent")
+
+    def choose_agent(self, name: str) -> None:
+        """Picks an agent with the selector, as a person would (the page starts a new chat on it)."""
+        self.agent_picker().select_option(name)
+        self.expect(f"the agent {name} to be selected", lambda: expect(self.page.locator("body")).to_have_attribute("data-agent", name))
 
     def example(self, text: str) -> None:
         """Clicks one of the page's example buttons (it sends the text at once)."""
@@ -103,6 +113,16 @@ class DemoPage:
         if not ok:
             raise AssertionError(self.report(
                 f"expected every request over {transport}; POST /api/chat: {len(self.chat_posts)}, sockets: {self.sockets}"
+            ))
+
+    def used_agent(self, name: str) -> None:
+        """Every chat request went to agent `name`'s routes: POST /agents/<name>/api/chat, the socket
+        /agents/<name>/api/chat/ws (as the page's network requests show)."""
+        want = {f"/agents/{name}/api/chat", f"/agents/{name}/api/chat/ws"}
+        paths = [urlsplit(url).path for url in self.chat_posts + self.sockets]
+        if not paths or any(path not in want for path in paths):
+            raise AssertionError(self.report(
+                f"expected every chat request on {name}'s routes; POSTs: {self.chat_posts}, sockets: {self.sockets}"
             ))
 
     def clean_console(self) -> None:

@@ -2,11 +2,14 @@
 
 Each scenario of the demo script runs over both transports, chosen with the page's own toggle, and
 checks what a person sees: the tool card with its input and state, the Approve / Deny buttons, the
-agent's words, and that the requests really went over the chosen transport.
+agent's words, and that the requests really went over the chosen transport. The support agent's
+refunds run on that agent, picked with the page's agent selector, and their requests are checked to
+go to its own routes.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from tests.browser.demopage import DemoPage
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 TRANSPORTS = ["sse", "ws"]
+DEMO_EXAMPLES = ("pay 50 to Hanako", "pay 10 to Alice and 20 to Bob", "where am I", "play track 2", "weather in Tokyo")
+SUPPORT_EXAMPLES = ("refund 20 on order 1234", "where is order 1234")
 TOKYO = {"latitude": 35.6812, "longitude": 139.7671, "accuracy": 20}
 
 
@@ -35,6 +40,74 @@ def test_first_view(demo: DemoPage) -> None:
     demo.sees('You said: "hello there"')
     demo.idle()
     demo.used_transport("sse")
+    demo.used_agent("demo_agent")  # the default agent
+    demo.clean_console()
+
+
+def test_the_agent_selector_lists_both_agents_and_switching_starts_a_new_chat(demo: DemoPage) -> None:
+    demo.open()
+    page, picker = demo.page, demo.agent_picker()
+    demo.expect("both agents in the selector", lambda: expect(picker.locator("option")).to_have_text(["demo_agent", "support_agent"]))
+    demo.expect("the default agent selected", lambda: expect(picker).to_have_value("demo_agent"))
+    demo.expect("demo_agent's routes shown", lambda: expect(page.locator("#endpoint")).to_contain_text("/agents/demo_agent/api/chat"))
+
+    def examples_of(agent: str, texts: tuple[str, ...]) -> None:
+        """The examples shown are that agent's, and the one that suits any agent; no other."""
+        shown = [*texts, "hello there"]
+        demo.expect(f"{agent}'s examples only", lambda: expect(page.locator(".examples .example:visible")).to_have_text(shown))
+
+    examples_of("demo_agent", DEMO_EXAMPLES)
+    demo.example("hello there")
+    demo.sees('You said: "hello there"')
+    demo.idle()
+    demo.choose_agent("support_agent")
+    demo.expect("a new, empty chat", lambda: expect(page.locator("#empty")).to_be_visible())
+    demo.expect("no messages left", lambda: expect(page.locator("#message-list")).to_be_empty())
+    demo.expect("support_agent's routes shown", lambda: expect(page.locator("#endpoint")).to_contain_text("/agents/support_agent/api/chat"))
+    examples_of("support_agent", SUPPORT_EXAMPLES)
+    # The choice is kept in the URL (?agent=support_agent), which preselects it on load.
+    demo.expect("?agent= in the URL", lambda: expect(page).to_have_url(re.compile(r"[?&]agent=support_agent\b")))
+    page.reload()
+    demo.expect("the page to load again", lambda: expect(page.locator("body[data-status=ready]")).to_be_attached())
+    demo.expect("support_agent preselected", lambda: expect(picker).to_have_value("support_agent"))
+    demo.used_agent("demo_agent")  # the one message went to the agent selected then
+    demo.clean_console()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_approve_a_refund_on_the_support_agent(demo: DemoPage, transport: str) -> None:
+    demo.open(transport)
+    demo.choose_agent("support_agent")
+    demo.example("refund 20 on order 1234")
+    card = demo.tool("issue_refund")
+    demo.state(card, "approval-requested", "waiting for approval")
+    demo.sees('"order_id": "1234"', card)
+    demo.sees("The customer's card is credited when you approve.", card)  # support_agent's policy hint
+    demo.idle()
+    card.get_by_role("button", name="Approve", exact=True).click()
+    demo.state(card, "output-available", "done")
+    demo.sees('"refund_id": "rf-', card)
+    demo.sees("Refunded 20 USD on order 1234 (refund id rf-")
+    demo.idle()
+    demo.used_transport(transport)
+    demo.used_agent("support_agent")
+    demo.clean_console()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_deny_a_refund_on_the_support_agent(demo: DemoPage, transport: str) -> None:
+    demo.open(transport)
+    demo.choose_agent("support_agent")
+    demo.example("refund 20 on order 1234")
+    card = demo.tool("issue_refund")
+    demo.state(card, "approval-requested", "waiting for approval")
+    card.get_by_role("button", name="Deny", exact=True).click()
+    demo.state(card, "output-denied", "denied")
+    demo.sees("the tool did not run", card)
+    demo.sees("The refund of 20 USD on order 1234 was not made")
+    demo.idle()
+    demo.used_transport(transport)
+    demo.used_agent("support_agent")
     demo.clean_console()
 
 

@@ -15,7 +15,6 @@ import functools
 import http.server
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.demopage import DemoPage
-from tests.procs import ROOT, GatewayProcess, _child_env, free_port, stop_process, wait_http
+from tests.procs import ROOT, GatewayProcess, make_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -63,34 +62,17 @@ def app_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.server_close()
 
 
-def _make_run(tmp: Path, allowed_origins: str | None) -> Iterator[GatewayProcess]:
-    """What `[GATEWAY_ALLOWED_ORIGINS=...] make run` runs: `adk-gateway demo` with config/gateway.yaml."""
-    port = free_port()
-    env = _child_env({"PORT": str(port)})
-    env.pop("GATEWAY_ALLOWED_ORIGINS", None)
-    if allowed_origins is not None:
-        env["GATEWAY_ALLOWED_ORIGINS"] = allowed_origins
-    log = tmp / f"demo-{port}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "demo"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/healthz", timeout=60, proc=proc, log=log)
-        yield GatewayProcess(base, port, log, proc, ROOT / "config" / "gateway.yaml")
-    finally:
-        stop_process(proc)
-
-
 @pytest.fixture(scope="module")
 def allowing_gateway(tmp_path_factory: pytest.TempPathFactory, app_origin: str) -> Iterator[GatewayProcess]:
-    yield from _make_run(tmp_path_factory.mktemp("allowing"), app_origin)
+    # What `GATEWAY_ALLOWED_ORIGINS=... make run` runs.
+    with make_run(tmp_path_factory.mktemp("allowing"), {"GATEWAY_ALLOWED_ORIGINS": app_origin}) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")
 def stock_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    yield from _make_run(tmp_path_factory.mktemp("stock"), None)
+    with make_run(tmp_path_factory.mktemp("stock"), unset=("GATEWAY_ALLOWED_ORIGINS",)) as gateway:
+        yield gateway
 
 
 def _open(browser: Any, gateway: GatewayProcess, app_origin: str, artifact: Path, sdk: int, transport: str) -> DemoPage:

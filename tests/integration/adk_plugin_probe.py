@@ -41,7 +41,8 @@ class FakeGateway(BaseHTTPRequestHandler):
     asked: ClassVar[list] = []
 
     def do_GET(self) -> None:
-        if self.headers.get("Authorization") != f"Bearer {SECRET}" or self.path != "/internal/v1/policy":
+        # The plugin names its app (`?app_name=`): one gateway may serve several agents.
+        if self.headers.get("Authorization") != f"Bearer {SECRET}" or self.path.split("?")[0] != "/internal/v1/policy":
             self._answer(401, {})
             return
         self._answer(200, POLICY)

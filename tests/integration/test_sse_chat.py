@@ -168,7 +168,7 @@ def test_resume_without_an_active_stream_is_204(gateway: GatewayProcess) -> None
 
 def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:
     assert request(gateway.base, "GET", "/healthz").json() == {"status": "ok"}
-    assert request(gateway.base, "GET", "/readyz").json() == {"status": "ready"}
+    assert request(gateway.base, "GET", "/readyz").json() == {"status": "ready", "agents": {"demo_agent": "up"}}
     missing = request(gateway.base, "GET", "/nope")
     assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
     wrong = request(gateway.base, "GET", "/api/chat")

@@ -11,12 +11,16 @@ import orjson
 import pytest
 
 from gateway.approvals import REFUSAL_KEY, GatedCall, Outcome
+from gateway.agents import Agents
 from gateway.chats import Attachment, ChatService
 from gateway.config import parse_config
 from gateway.messages import parse_chat_body
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from tests.unit.fixtures import check_stream_rules, types
+
+# The default agent of a config with the single-agent keys (named after upstream.app_name).
+AGENT = "demo_agent"
 
 CONFIG = """\
 internal:
@@ -104,24 +108,25 @@ def answered(first: list[dict[str, Any]], tool: str, approved: bool) -> dict[str
 def scripted_service() -> tuple[ScriptedAdk, ChatService, GatewayMetrics]:
     """A ChatService on the scripted ADK, with its metrics; every message id is msg-1."""
     adk, metrics = ScriptedAdk(), GatewayMetrics()
+    config = parse_config(CONFIG, env={})
     service = ChatService(
-        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
-        config=parse_config(CONFIG, env={}), new_id=lambda: "msg-1",
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
+        config=config, new_id=lambda: "msg-1",
     )
     return adk, service, metrics
 
 
 def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> float:
-    return metrics.registry.get_sample_value(f"{name}_count", {"tool": tool, "outcome": outcome}) or 0.0
+    return metrics.registry.get_sample_value(f"{name}_count", {"agent": AGENT, "tool": tool, "outcome": outcome}) or 0.0
 
 
 @pytest.mark.parametrize("tool", ["process_payment", "get_location"])
 async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_and_the_whole_text(tool: str) -> None:
     adk, service, metrics = scripted_service()
-    attachment = await service.submit("u", request(USER))
+    attachment = await service.submit(AGENT, "u", request(USER))
     adk.reads.put_nowait([call_event(tool)])
     await asyncio.sleep(0.01)
-    call = service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
+    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
     assert isinstance(call, GatedCall) and not call.released
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
@@ -131,12 +136,12 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
     for event in text_events("The payment ", "was not made: ", "nobody decided."):
         adk.reads.put_nowait([event])
     adk.reads.put_nowait(None)
-    chat = service._registry.find("u", "chat-1")  # noqa: SLF001 - the run's task, to wait for its end
+    chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001 - the run's task, to wait for its end
     assert chat is not None and chat.driver is not None and chat.driver.task is not None
     await asyncio.wait_for(chat.driver.task, 5)
 
     # The person clicks Approve afterwards: the tool never runs, and the answer reads what happened.
-    late = await read(await service.submit("u", request(USER, answered(first, tool, True), message_id="msg-1")))
+    late = await read(await service.submit(AGENT, "u", request(USER, answered(first, tool, True), message_id="msg-1")))
     expected = [
         "start", "tool-output-error", "start-step", "text-start", "text-delta", "text-delta", "text-delta",
         "text-end", "finish-step", "finish",
@@ -153,11 +158,11 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
     assert wait_count(metrics, "adk_gateway_approval_wait_seconds", tool, "abandoned") == 1
     for outcome in ("approved", "denied", "cancelled", "timeout"):
         assert wait_count(metrics, "adk_gateway_approval_wait_seconds", tool, outcome) == 0, outcome
-    assert metrics.registry.get_sample_value("adk_gateway_approvals_pending") == 0
-    assert (metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"tool": tool}) or 0) == 0
+    assert metrics.registry.get_sample_value("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
+    assert (metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"agent": AGENT, "tool": tool}) or 0) == 0
 
     # A reload replays the same response.
-    resumed = service.resume("u", "chat-1")
+    resumed = service.resume(AGENT, "u", "chat-1")
     assert resumed is not None and await read(resumed) == late
 
 
@@ -165,9 +170,9 @@ async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_resul
     adk, service, metrics = scripted_service()
 
     def bypassed() -> float:
-        return metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"tool": "process_payment"}) or 0.0
+        return metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"agent": AGENT, "tool": "process_payment"}) or 0.0
 
-    attachment = await service.submit("u", request(USER))
+    attachment = await service.submit(AGENT, "u", request(USER))
     refusal = {"error": "The approval gateway's tool policy is unavailable; it was not run.", REFUSAL_KEY: "policy_unavailable"}
     adk.reads.put_nowait([call_event("process_payment"), response_event("process_payment", refusal)])
     adk.reads.put_nowait(None)
@@ -175,7 +180,7 @@ async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_resul
     assert {"type": "tool-output-error", "toolCallId": CALL, "errorText": refusal["error"]} in chunks
     assert bypassed() == 0
 
-    attachment = await service.submit("u", request(USER, {**USER, "id": "u2"}))
+    attachment = await service.submit(AGENT, "u", request(USER, {**USER, "id": "u2"}))
     adk.reads.put_nowait([call_event("process_payment"), response_event("process_payment", {"success": True})])
     adk.reads.put_nowait(None)
     await read(attachment)
@@ -184,10 +189,10 @@ async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_resul
 
 async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_its_request_reads_what_happened() -> None:
     adk, service, metrics = scripted_service()
-    attachment = await service.submit("u", request(USER))
+    attachment = await service.submit(AGENT, "u", request(USER))
     adk.reads.put_nowait([call_event("change_bgm")])
     await asyncio.sleep(0.01)
-    call = service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
     assert isinstance(call, GatedCall)
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-input-available", "finish-step", "finish"]
@@ -195,7 +200,7 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
     adk.reads.put_nowait([response_event("change_bgm", {"error": GAVE_UP, REFUSAL_KEY: "max_wait"})])
     adk.reads.put_nowait(text_events("I could not change the music."))
     adk.reads.put_nowait(None)
-    chat = service._registry.find("u", "chat-1")  # noqa: SLF001
+    chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001
     assert chat is not None and chat.driver is not None and chat.driver.task is not None
     await asyncio.wait_for(chat.driver.task, 5)
 
@@ -206,7 +211,7 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
             {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
         ],
     }
-    late = await read(await service.submit("u", request(USER, output, message_id="msg-1")))
+    late = await read(await service.submit(AGENT, "u", request(USER, output, message_id="msg-1")))
     assert types(late) == ["start", "tool-output-error", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
     assert late[-1]["finishReason"] == "stop"
     assert call.outcome is Outcome.ABANDONED

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
 from gateway.chat import Chat
+from gateway.agents import Agents
 from gateway.chats import Attachment, ChatBusy, ChatService, Forbidden, Gone
 from gateway.config import parse_config
 from gateway.messages import parse_chat_body
@@ -35,6 +36,9 @@ from tests.unit.test_chat_gates import (
     text_events,
     wait_count,
 )
+
+# The default agent of a config with the single-agent keys (named after upstream.app_name).
+AGENT = "demo_agent"
 
 TOOL = "process_payment"
 CONFIG = """\
@@ -67,7 +71,7 @@ class Env:
     clock: Clock
 
     def chat(self, user: str = "u", chat_id: str = "chat-1") -> Chat:
-        chat = self.service._registry.find(user, chat_id)
+        chat = self.service._registry.find(AGENT, user, chat_id)
         assert chat is not None
         return chat
 
@@ -77,7 +81,7 @@ class Env:
         await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 5)
 
     def runs(self, outcome: str) -> float:
-        return self.metrics.registry.get_sample_value("adk_gateway_runs_total", {"outcome": outcome}) or 0.0
+        return self.metrics.registry.get_sample_value("adk_gateway_runs_total", {"agent": AGENT, "outcome": outcome}) or 0.0
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
@@ -101,9 +105,10 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
     ids = iter(f"msg-{n}" for n in range(1, 100))
+    config = parse_config(CONFIG, env={})
     service = ChatService(
-        upstream=adk, registry=Registry(), metrics=metrics,  # type: ignore[arg-type]
-        config=parse_config(CONFIG, env={}), clock=clock, new_id=lambda: next(ids),
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
+        config=config, clock=clock, new_id=lambda: next(ids),
     )
     yield Env(adk, service, metrics, clock)
     await service.close()
@@ -148,10 +153,10 @@ async def until(condition: Callable[[], bool]) -> None:
 async def gated_call(env: Env, user: str = "u", chat_id: str = "chat-1") -> tuple[GatedCall, list[dict[str, Any]]]:
     """A new message whose model turn calls the gated tool; the plugin opens the call; the browser
     reads the first response, which asks for approval. Returns the call and that response."""
-    attachment = await env.service.submit(user, body(USER, chat_id=chat_id))
+    attachment = await env.service.submit(AGENT, user, body(USER, chat_id=chat_id))
     env.adk.reads.put_nowait([call_event(TOOL)])
     await until(lambda: env.chat(user, chat_id).ledger.expected(CALL))
-    call = env.service.gates.open(user_id=user, session_id=chat_id, tool_call_id=CALL, tool=TOOL, args={"amount": 50})
+    call = env.service.gates.open(app_name=AGENT, user_id=user, session_id=chat_id, tool_call_id=CALL, tool=TOOL, args={"amount": 50})
     assert isinstance(call, GatedCall) and call.state is CallState.AWAITING_APPROVAL
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
@@ -172,15 +177,15 @@ async def test_an_approval_of_another_chat_of_the_same_user_is_forbidden_and_sta
     call, first = await gated_call(env)
     # chat-2 is the same user's other chat: its request names chat-1's approval.
     with pytest.raises(Forbidden) as refused:
-        await env.service.submit("u", body(USER, answer_of(first, True), chat_id="chat-2", message_id="msg-1"))
+        await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), chat_id="chat-2", message_id="msg-1"))
     assert (refused.value.status, refused.value.code) == (403, "forbidden")
     # Alongside a new message it is no stale leftover either: the id is known, and it is not this chat's.
     with pytest.raises(Forbidden):
-        await env.service.submit("u", body(USER, answer_of(first, True), NEW_MESSAGE, chat_id="chat-2"))
+        await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), NEW_MESSAGE, chat_id="chat-2"))
     assert call.state is CallState.AWAITING_APPROVAL and call.verdict is None
 
     # Its own chat still answers it.
-    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid.")
@@ -194,19 +199,19 @@ async def test_another_users_chat_id_is_not_found_for_every_request(env: Env) ->
     call, first = await gated_call(env)
     for request in (body(USER), body(USER, answer_of(first, True), message_id="msg-1")):
         with pytest.raises(ChatNotFound) as refused:
-            await env.service.submit("mallory", request)
+            await env.service.submit(AGENT, "mallory", request)
         assert (refused.value.status, refused.value.code) == (404, "chat_not_found")
         assert refused.value.public_message() == "no such chat"
     with pytest.raises(ChatNotFound):
-        env.service.resume("mallory", "chat-1")
-    assert env.service.abort("mallory", "chat-1") is False
+        env.service.resume(AGENT, "mallory", "chat-1")
+    assert env.service.abort(AGENT, "mallory", "chat-1") is False
     assert env.chat().running and call.state is CallState.AWAITING_APPROVAL
 
 
 async def test_another_users_approval_answered_from_their_own_chat_is_forbidden(env: Env) -> None:
     call, first = await gated_call(env)
     with pytest.raises(Forbidden):
-        await env.service.submit("mallory", body(USER, answer_of(first, True), chat_id="mallory-chat", message_id="msg-1"))
+        await env.service.submit(AGENT, "mallory", body(USER, answer_of(first, True), chat_id="mallory-chat", message_id="msg-1"))
     assert call.verdict is None
 
 
@@ -216,7 +221,7 @@ async def test_another_users_approval_answered_from_their_own_chat_is_forbidden(
 async def test_an_answer_only_request_to_an_unknown_gateway_approval_is_gone(env: Env) -> None:
     call, first = await gated_call(env)
     with pytest.raises(Gone) as refused:
-        await env.service.submit("u", body(USER, answer_of(first, True, approval_id="gw-forgotten"), message_id="msg-1"))
+        await env.service.submit(AGENT, "u", body(USER, answer_of(first, True, approval_id="gw-forgotten"), message_id="msg-1"))
     assert (refused.value.status, refused.value.code) == (410, "approval_gone")
     # The real call is untouched.
     assert call.state is CallState.AWAITING_APPROVAL and call.verdict is None
@@ -231,7 +236,7 @@ async def test_an_unknown_gateway_approval_beside_a_new_message_is_stale_history
              "approval": {"id": "gw-from-before-a-restart", "approved": True}},
         ],
     }
-    attachment = await env.service.submit("u", body(USER, stale, NEW_MESSAGE))
+    attachment = await env.service.submit(AGENT, "u", body(USER, stale, NEW_MESSAGE))
     env.says("It is ", "noon.")
     env.ends()
     chunks = await read(attachment)
@@ -252,7 +257,7 @@ async def test_an_approved_gated_call_runs_once_and_its_answer_reads_the_result_
     await asyncio.sleep(0)
     assert not plugin.done()
 
-    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     verdict = await asyncio.wait_for(plugin, 1)
     assert verdict == Verdict(run=True) and call.outcome is Outcome.APPROVED
     assert await env.service.gates.wait(call) == verdict  # a later ask gets the same verdict
@@ -272,7 +277,7 @@ async def test_an_approved_gated_call_runs_once_and_its_answer_reads_the_result_
 
     await env.run_ended()
     assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
-    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert env.runs("completed") == 1
 
 
@@ -280,7 +285,7 @@ async def test_a_denied_gated_call_is_refused_to_the_plugin_and_shown_denied(env
     call, first = await gated_call(env)
     denial = answer_of(first, False)
     denial["parts"][1]["approval"]["reason"] = "wrong amount"
-    attachment = await env.service.submit("u", body(USER, denial, message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, denial, message_id="msg-1"))
     verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
     assert not verdict.run and verdict.response is not None
     assert verdict.response[REFUSAL_KEY] == "denied" and "wrong amount" in verdict.response["error"]
@@ -303,11 +308,11 @@ async def test_a_denied_gated_call_is_refused_to_the_plugin_and_shown_denied(env
 
 async def test_an_answer_replayed_while_its_response_streams_reads_the_same_response_and_changes_no_verdict(env: Env) -> None:
     call, first = await gated_call(env)
-    one = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    one = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     assert call.verdict == Verdict(run=True)
     # A second tab (or a retrying client) posts the same message, then a contrary one: only the first answer counts.
-    two = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
-    three = await env.service.submit("u", body(USER, answer_of(first, False), message_id="msg-1"))
+    two = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
+    three = await env.service.submit(AGENT, "u", body(USER, answer_of(first, False), message_id="msg-1"))
     assert call.outcome is Outcome.APPROVED and call.verdict == Verdict(run=True)
 
     env.plugin_answers(call.verdict, {"success": True})
@@ -325,7 +330,7 @@ async def test_an_answer_replayed_while_its_response_streams_reads_the_same_resp
 
 async def test_an_answer_replayed_after_the_run_ended_and_was_read_is_gone_and_changes_nothing(env: Env) -> None:
     call, first = await gated_call(env)
-    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid.")
     env.ends()
@@ -334,7 +339,7 @@ async def test_an_answer_replayed_after_the_run_ended_and_was_read_is_gone_and_c
 
     for approved in (True, False):
         with pytest.raises(Gone) as refused:
-            await env.service.submit("u", body(USER, answer_of(first, approved), message_id="msg-1"))
+            await env.service.submit(AGENT, "u", body(USER, answer_of(first, approved), message_id="msg-1"))
         assert (refused.value.status, refused.value.code) == (410, "approval_gone")
     assert call.outcome is Outcome.APPROVED and call.verdict == Verdict(run=True)
     assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
@@ -344,30 +349,30 @@ async def test_an_answer_replayed_after_the_run_ended_and_was_read_is_gone_and_c
 async def test_an_answer_replayed_after_the_run_ended_unread_reads_the_kept_response(env: Env) -> None:
     call, first = await gated_call(env)
     # The answering request drops before it reads anything (a closed tab); the run goes on.
-    await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid.")
     env.ends()
     await env.run_ended()
 
-    replay = await read(await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1")))
+    replay = await read(await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1")))
     assert types(replay) == ["start", "tool-output-available", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
     check_stream_rules(replay, known=[CALL])
     assert call.outcome is Outcome.APPROVED
     # Now read whole: a further replay is gone.
     with pytest.raises(Gone):
-        await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+        await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
 
 
 # ---- one response at a time -------------------------------------------------------------------
 
 
 async def test_a_new_message_while_a_response_streams_is_busy(env: Env) -> None:
-    attachment = await env.service.submit("u", body(USER))
+    attachment = await env.service.submit(AGENT, "u", body(USER))
     env.says("Working ")
     await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
     with pytest.raises(ChatBusy) as refused:
-        await env.service.submit("u", body(USER, NEW_MESSAGE))
+        await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
     assert (refused.value.status, refused.value.code, refused.value.retry_after) == (409, "chat_busy", 1)
     assert env.chat().run.message_id == "msg-1"  # type: ignore[union-attr]
 
@@ -387,7 +392,7 @@ async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_
     old_driver = env.chat().driver
     assert old_driver is not None
 
-    submitted = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
     verdict = await asyncio.wait_for(plugin, 1)
     assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "cancelled"
     assert call.outcome is Outcome.CANCELLED
@@ -410,13 +415,13 @@ async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_
     check_stream_rules(chunks)
     await env.run_ended()
     assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
-    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert env.runs("completed") == 2
 
 
 async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_not_attached_to_the_new_run(env: Env) -> None:
     call, first = await gated_call(env)
-    submitted = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
     env.plugin_answers(await asyncio.wait_for(env.service.gates.wait(call), 1))
     env.ends()
     new_run = await asyncio.wait_for(submitted, 5)
@@ -425,7 +430,7 @@ async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_
 
     # Another tab still shows msg-1 and posts its (now stale) approval while msg-2 streams.
     try:
-        stale = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+        stale = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     except Gone:
         stale = None
     env.says("noon.")
@@ -440,9 +445,9 @@ async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_
 
 async def test_two_new_messages_while_the_old_run_winds_down_start_one_run_and_the_other_is_busy(env: Env) -> None:
     call, first = await gated_call(env)
-    one = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), NEW_MESSAGE)))
+    one = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
     await asyncio.sleep(0)
-    two = asyncio.create_task(env.service.submit("u", body(USER, still_asking(first), {**NEW_MESSAGE, "id": "u3"})))
+    two = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), {**NEW_MESSAGE, "id": "u3"})))
     env.plugin_answers(await asyncio.wait_for(env.service.gates.wait(call), 1))
     env.ends()
     results = await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
@@ -467,8 +472,8 @@ async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what
     assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "timeout"
     assert call.outcome is Outcome.TIMEOUT
     assert wait_count(env.metrics, WAIT, TOOL, "timeout") == 1
-    assert env.sample("adk_gateway_approval_timeouts_total", {"tool": TOOL}) == 1
-    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.sample("adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": TOOL}) == 1
+    assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert env.service.gates.expire_due() == 0  # once
 
     # The model carries on while nobody is attached; what it says is kept for the browser.
@@ -477,7 +482,7 @@ async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what
     env.ends()
     await env.run_ended()
 
-    late = await read(await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1")))
+    late = await read(await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1")))
     assert types(late) == ["start", "tool-output-denied", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
     assert late[0] == {"type": "start", "messageId": "msg-1"} and late[-1]["finishReason"] == "stop"
     check_stream_rules(late, known=[CALL])
@@ -489,19 +494,19 @@ async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what
 
 
 async def test_an_abort_while_the_run_streams_ends_the_response_with_abort_and_cancels_its_open_call(env: Env) -> None:
-    attachment = await env.service.submit("u", body(USER))
+    attachment = await env.service.submit(AGENT, "u", body(USER))
     # Two gated calls in one model turn: the response stays open until the plugin asked about both.
     env.adk.reads.put_nowait([{"author": "a", "content": {"role": "model", "parts": [
         {"functionCall": {"id": CALL, "name": TOOL, "args": {"amount": 10}}},
         {"functionCall": {"id": "call-2", "name": TOOL, "args": {"amount": 20}}},
     ]}}])
     await until(lambda: env.chat().ledger.expected("call-2"))
-    call = env.service.gates.open(user_id="u", session_id="chat-1", tool_call_id=CALL, tool=TOOL, args={"amount": 10})
+    call = env.service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool=TOOL, args={"amount": 10})
     assert isinstance(call, GatedCall)
     assert env.chat().run.streaming  # type: ignore[union-attr]
     plugin = asyncio.create_task(env.service.gates.wait(call))
 
-    assert env.service.abort("u", "chat-1") is True
+    assert env.service.abort(AGENT, "u", "chat-1") is True
     chunks = await read(attachment)
     assert chunks[-1] == {"type": "abort"}
     assert "finish" not in types(chunks) and types(chunks).count("abort") == 1
@@ -513,10 +518,10 @@ async def test_an_abort_while_the_run_streams_ends_the_response_with_abort_and_c
     await env.run_ended()
     assert env.runs("cancelled") == 1 and env.runs("completed") == 0
     assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
-    assert env.sample("adk_gateway_approvals_pending") == 0
+    assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     # The run is over: nothing more to abort, and the plugin's ask about the second call is refused at once.
-    assert env.service.abort("u", "chat-1") is False
-    late = env.service.gates.open(user_id="u", session_id="chat-1", tool_call_id="call-2", tool=TOOL, args={"amount": 20})
+    assert env.service.abort(AGENT, "u", "chat-1") is False
+    late = env.service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id="call-2", tool=TOOL, args={"amount": 20})
     assert isinstance(late, Verdict) and not late.run and late.reason == "no_browser"
 
 
@@ -524,11 +529,11 @@ async def test_an_abort_while_the_run_streams_ends_the_response_with_abort_and_c
 
 
 async def test_resume_replays_a_read_response_within_run_retention_and_none_after(env: Env) -> None:
-    assert env.service.resume("u", "chat-1") is None  # no such chat yet
-    attachment = await env.service.submit("u", body(USER))
+    assert env.service.resume(AGENT, "u", "chat-1") is None  # no such chat yet
+    attachment = await env.service.submit(AGENT, "u", body(USER))
     env.says("Hello ", "there.")
 
-    live = env.service.resume("u", "chat-1")  # a reload while it streams follows the same response
+    live = env.service.resume(AGENT, "u", "chat-1")  # a reload while it streams follows the same response
     assert live is not None and live.response is attachment.response
 
     env.ends()
@@ -539,10 +544,10 @@ async def test_resume_replays_a_read_response_within_run_retention_and_none_afte
 
     retention = env.service.config.chat.run_retention
     env.clock.now += retention - 1
-    resumed = env.service.resume("u", "chat-1")
+    resumed = env.service.resume(AGENT, "u", "chat-1")
     assert resumed is not None and await read(resumed) == chunks
     env.clock.now += 2
-    assert env.service.resume("u", "chat-1") is None
+    assert env.service.resume(AGENT, "u", "chat-1") is None
 
 
 # ---- what a run says while a person decides -------------------------------------------------
@@ -554,14 +559,14 @@ async def test_what_the_run_says_while_the_person_decides_is_held_whole_for_a_re
     call, first = await gated_call(env)
     env.says("While you decide, ", "I checked ", "your balance.")
     await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
-    resumed = env.service.resume("u", "chat-1")
+    resumed = env.service.resume(AGENT, "u", "chat-1")
     assert resumed is not None
     held = await read(resumed)
     assert text_of(held) == "While you decide, I checked your balance."
     assert held[-1] == {"type": "finish", "finishReason": "tool-calls"}  # still waits: the AI SDK can answer
     check_stream_rules(held, known=[CALL])
 
-    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid.")
@@ -576,7 +581,7 @@ async def test_without_a_reload_the_answer_reads_what_the_run_said_meanwhile_and
     call, first = await gated_call(env)
     env.says("While you decide, ", "I checked ", "your balance.")
     await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
-    attachment = await env.service.submit("u", body(USER, answer_of(first, True), message_id="msg-1"))
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
     assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid.")

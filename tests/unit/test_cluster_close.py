@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gateway.agents import Agents
 from gateway.chats import ChatService
 from gateway.cluster import redis as redis_module
 from gateway import stopping as stopping_module
@@ -29,7 +30,6 @@ from gateway.cluster.shared import SharedState
 from gateway.config import parse_config
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Chat, Registry
-from gateway.upstream import AdkClient
 from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1
@@ -80,7 +80,7 @@ def cluster_on(state: SharedState, config_text: str = "") -> Cluster:
     config = parse_config(config_text, env={})
     metrics = GatewayMetrics()
     chats = ChatService(
-        upstream=AdkClient(config.upstream), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
         config=config,
     )
     return Cluster(state, chats, metrics)
@@ -157,12 +157,12 @@ async def test_a_plugin_request_waiting_on_another_replica_ends_when_cancelled_e
         hub.inboxes["b"]({"reply": message["id"], "call": "gw-1"})
 
     await owner.start(owner_inbox, lambda: [])
-    await owner.claim("alice", "c1", ttl=60)
+    await owner.claim("alice", "c1", agent="demo_agent", default_agent="demo_agent", ttl=60)
     state = StuckCalls("b", hub)
     cluster = cluster_on(state, "sessions:\n  heartbeat_interval: 50ms\n")
     await cluster.start()
     gate = asyncio.create_task(
-        cluster.gate(user_id="alice", session_id="c1", tool_call_id="t1", tool="process_payment", args={})
+        cluster.gate(app_name="demo_agent", user_id="alice", session_id="c1", tool_call_id="t1", tool="process_payment", args={})
     )
     try:
         await state.reading.wait()
@@ -202,7 +202,7 @@ async def test_closing_while_a_run_mark_is_written_to_redis_never_hangs(server: 
         state = _redis_state(server, f"a{steps}", prefix)
         cluster = cluster_on(state)
         await cluster.start()
-        await state.claim("alice", "c1", ttl=60)
+        await state.claim("alice", "c1", agent="demo_agent", default_agent="demo_agent", ttl=60)
         cluster.chats.run_changed(Chat("alice", "c1", "s1", 0.0), "msg-1")
         for _ in range(steps):
             await asyncio.sleep(0)

@@ -27,12 +27,12 @@ BODY = {"id": "c1", "trigger": "submit-message", "aiSdkVersion": 7, "messages": 
 REFUSED = Verdict.refuse("The call was denied.")
 
 MESSAGES: list[Message] = [
-    Forwarded("b", "r1", Submit("alice", BODY)),
-    Forwarded("b", "r2", Resume("alice", "c1")),
-    Forwarded("b", "r3", Audio("alice", "c1", "audio/pcm;rate=16000", "AAAA", 6)),
-    Forwarded("b", "r4", Abort("alice", "c1")),
-    Forwarded("b", "r5", SocketClosed("alice", "c1")),
-    Forwarded("b", "r6", Gate("alice", "c1", "fc-1", "process_payment", {"amount": 5, "to": ["x"]})),
+    Forwarded("b", "r1", Submit("alice", "demo_agent", BODY)),
+    Forwarded("b", "r2", Resume("alice", "c1", "demo_agent")),
+    Forwarded("b", "r3", Audio("alice", "c1", "support_agent", "audio/pcm;rate=16000", "AAAA", 6)),
+    Forwarded("b", "r4", Abort("alice", "c1", "demo_agent")),
+    Forwarded("b", "r5", SocketClosed("alice", "c1", "demo_agent")),
+    Forwarded("b", "r6", Gate("demo_agent", "alice", "c1", "fc-1", "process_payment", {"amount": 5, "to": ["x"]})),
     Reply("r1", Relayed("k-123")),
     Reply("r2", Relayed(None)),
     Reply("r3", Refused(409, "chat_busy", "a response is streaming", {"Retry-After": "1"})),
@@ -71,8 +71,8 @@ MALFORMED: list[Any] = [
     "submit",
     {},
     _work("explode", user="alice"),
-    _work("submit", user="alice"),  # no body
-    _work("submit", user="alice", body="{}"),
+    _work("submit", user="alice", agent="demo_agent"),  # no body
+    _work("submit", user="alice", agent="demo_agent", body="{}"),
     _work("resume", user=7, chat="c1"),
     _work("resume", user="alice"),
     {"op": "resume", "id": "r1", "user": "alice", "chat": "c1"},  # from whom?
@@ -115,7 +115,7 @@ async def test_a_replica_logs_and_drops_a_malformed_message(monkeypatch: pytest.
     await MemoryState("b", hub).start(sent.append, lambda: [])
     try:
         # A submit without its body: nothing may act on it, and the sender gets no reply.
-        await MemoryState("b", hub).send("a", _work("submit", user="alice"))
+        await MemoryState("b", hub).send("a", _work("submit", user="alice", agent="demo_agent"))
         await asyncio.sleep(0.05)
         [dropped] = log.named("inbox_message_malformed")
         assert dropped["reason"] == "`body` is not an object"

@@ -97,7 +97,7 @@ async def gateway_on(server: RedisServer) -> AsyncIterator[Any]:
     )
     app = create_app(config)
     gateway = app[GATEWAY]
-    gateway.upstream_up = True  # readiness here is about the sessions store only
+    gateway.agents.default.up = True  # readiness here is about the sessions store only
     await gateway.cluster.start()
     try:
         yield app
@@ -123,7 +123,7 @@ async def test_readyz_is_503_for_as_long_as_claims_wait_for_the_restore(server: 
     while True:
         status, reason = await _readiness(app)
         try:
-            await state.claim("bob", "chat-" + secrets.token_hex(4), ttl=60)
+            await state.claim("bob", "chat-" + secrets.token_hex(4), agent="demo_agent", default_agent="demo_agent", ttl=60)
             outcome = "claimed"
         except SharedStateDown:
             outcome = "refused"

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from gateway.approvals import REFUSAL_KEY, RUN, Verdict
+from gateway.agents import Agents
 from gateway.chats import ChatService
 from gateway.cluster.forwarding import Asker
 from gateway.cluster.liveness import Liveness, OwnerLost
@@ -30,7 +31,6 @@ from gateway.config import parse_config
 from gateway.errors import HttpError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
-from gateway.upstream import AdkClient
 
 CONFIG = """
 internal:
@@ -75,7 +75,7 @@ async def replicas() -> AsyncIterator[Replicas]:
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
     chats = ChatService(
-        upstream=AdkClient(config.upstream), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
         config=config,
     )
     hub = MemoryHub()
@@ -123,7 +123,7 @@ async def _within(work: Any) -> Any:
 
 
 async def test_the_verdict_the_owner_sends_ends_the_wait(replicas: Replicas) -> None:
-    waiting = asyncio.create_task(replicas.gates.await_verdict("gw-1", "a", "pay"))
+    waiting = asyncio.create_task(replicas.gates.await_verdict("gw-1", "a", "demo_agent", "pay"))
     await asyncio.sleep(0)
     await replicas.owner.send("b", Released("gw-1", Decided(DENIED, "respond")).to_json())
     assert await _within(waiting) == (DENIED, "respond")
@@ -131,16 +131,16 @@ async def test_the_verdict_the_owner_sends_ends_the_wait(replicas: Replicas) -> 
 
 async def test_a_verdict_that_overtook_the_wait_is_kept_for_it(replicas: Replicas) -> None:
     replicas.gates.released(Released("gw-1", Decided(RUN, "run")))
-    assert await _within(replicas.gates.await_verdict("gw-1", "a", "pay")) == (RUN, "run")
+    assert await _within(replicas.gates.await_verdict("gw-1", "a", "demo_agent", "pay")) == (RUN, "run")
 
 
 async def test_a_lost_verdict_message_is_found_in_the_calls_record(replicas: Replicas) -> None:
     await replicas.owner.put_call("gw-1", {"verdict": orjson.dumps(RUN.as_json()).decode()}, ttl=60)
-    assert await _within(replicas.gates.await_verdict("gw-1", "a", "pay")) == (RUN, "run")
+    assert await _within(replicas.gates.await_verdict("gw-1", "a", "demo_agent", "pay")) == (RUN, "run")
 
 
 async def test_an_owner_that_dies_before_the_verdict_is_refused_fail_closed(replicas: Replicas) -> None:
-    waiting = asyncio.create_task(replicas.gates.await_verdict("gw-1", "a", "pay"))
+    waiting = asyncio.create_task(replicas.gates.await_verdict("gw-1", "a", "demo_agent", "pay"))
     await asyncio.sleep(0.02)
     await replicas.owner.close()  # its heartbeat is gone
     verdict, result = await _within(waiting)
@@ -151,7 +151,7 @@ async def test_an_owner_that_dies_before_the_verdict_is_refused_fail_closed(repl
 async def test_no_verdict_by_the_deadline_and_its_margin_is_verdict_lost(replicas: Replicas) -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    verdict, result = await _within(replicas.gates.await_verdict("gw-1", "a", "pay"))
+    verdict, result = await _within(replicas.gates.await_verdict("gw-1", "a", "demo_agent", "pay"))
     # The tool's timeout (50 ms) and twice forward_timeout (30 ms): the owner would have released it.
     assert _refused(verdict) and result == "verdict_lost"
     assert loop.time() - started >= 0.11
@@ -166,7 +166,7 @@ async def test_an_immediate_answer_is_the_verdict(replicas: Replicas, answer: An
     async def ask(owner: str, work: Work) -> Answer:
         return answer
 
-    assert await _within(replicas.gates_asking(ask).ask_owner("a", Gate("alice", "c1", "fc-1", "pay", {}))) == expected
+    assert await _within(replicas.gates_asking(ask).ask_owner("a", Gate("demo_agent", "alice", "c1", "fc-1", "pay", {}))) == expected
 
 
 async def test_a_waiting_answer_then_its_verdict(replicas: Replicas) -> None:
@@ -176,7 +176,7 @@ async def test_a_waiting_answer_then_its_verdict(replicas: Replicas) -> None:
 
     gates = replicas.gates_asking(ask)
 
-    assert await _within(gates.ask_owner("a", Gate("alice", "c1", "fc-1", "pay", {}))) == (DENIED, "respond")
+    assert await _within(gates.ask_owner("a", Gate("demo_agent", "alice", "c1", "fc-1", "pay", {}))) == (DENIED, "respond")
 
 
 @pytest.mark.parametrize(("failure", "label"), [
@@ -187,7 +187,7 @@ async def test_an_owner_that_cannot_be_asked_refuses_the_call(replicas: Replicas
     async def ask(owner: str, work: Work) -> Answer:
         raise failure
 
-    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("alice", "c1", "fc-1", "pay", {})))
+    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("demo_agent", "alice", "c1", "fc-1", "pay", {})))
     assert _refused(verdict) and result == label
 
 
@@ -196,7 +196,7 @@ async def test_an_owner_that_cannot_be_asked_refuses_the_call(replicas: Replicas
 
 async def test_the_owners_answer_comes_back_to_the_asker(replicas: Replicas) -> None:
     replicas.answer = Relayed("k-1")
-    assert await _within(replicas.asker.ask("a", Resume("alice", "c1"))) == Relayed("k-1")
+    assert await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent"))) == Relayed("k-1")
     [sent] = replicas.received
     assert sent["from"] == "b" and sent["op"] == "resume"
 
@@ -204,13 +204,13 @@ async def test_the_owners_answer_comes_back_to_the_asker(replicas: Replicas) -> 
 async def test_the_owners_refusal_is_raised_as_its_http_error(replicas: Replicas) -> None:
     replicas.answer = Refused(409, "chat_busy", "a response is streaming", {"Retry-After": "1"})
     with pytest.raises(HttpError) as refused:
-        await _within(replicas.asker.ask("a", Resume("alice", "c1")))
+        await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent")))
     assert (refused.value.status, refused.value.code, refused.value.headers) == (409, "chat_busy", {"Retry-After": "1"})
 
 
 async def test_a_silent_owner_is_503_after_forward_timeout(replicas: Replicas) -> None:
     with pytest.raises(HttpError) as refused:
-        await _within(replicas.asker.ask("a", Resume("alice", "c1")))
+        await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent")))
     assert not isinstance(refused.value, OwnerLost)
     assert (refused.value.status, refused.value.code) == (503, "replica_unavailable")
 
@@ -218,7 +218,7 @@ async def test_a_silent_owner_is_503_after_forward_timeout(replicas: Replicas) -
 async def test_a_dead_owner_is_503_owner_lost(replicas: Replicas) -> None:
     await replicas.owner.close()
     with pytest.raises(OwnerLost) as refused:
-        await _within(replicas.asker.ask("a", Resume("alice", "c1")))
+        await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent")))
     assert (refused.value.status, refused.value.headers) == (503, {"Retry-After": "1"})
 
 
@@ -235,7 +235,7 @@ async def test_a_store_outage_while_asking_the_owner_is_waited_out_not_refused(r
             raise SharedStateDown("redis went away mid-forward")
         return Decided(RUN, "run")
 
-    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("alice", "c1", "fc-1", "pay", {})))
+    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("demo_agent", "alice", "c1", "fc-1", "pay", {})))
     assert (verdict, result) == (RUN, "run")
     assert len(asks) == 2 and asks[0] == asks[1]
 
@@ -244,5 +244,5 @@ async def test_a_store_that_stays_away_refuses_the_call_in_the_end(replicas: Rep
     async def ask(owner: str, work: Work) -> Answer:
         raise SharedStateDown("redis is down")
 
-    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("alice", "c1", "fc-1", "pay", {})))
+    verdict, result = await _within(replicas.gates_asking(ask).ask_owner("a", Gate("demo_agent", "alice", "c1", "fc-1", "pay", {})))
     assert _refused(verdict) and result == "sessions_unavailable"

@@ -17,7 +17,7 @@ import pytest
 
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
-from gateway.cluster.shared import RelayEntry, SharedState, SharedStateDown
+from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedStateDown
 from gateway.registry import ChatNotFound
 from tests.procs import RedisServer, redis_server
 
@@ -37,7 +37,7 @@ class Replica:
     def __init__(self, state: SharedState) -> None:
         self.state = state
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.local: list[tuple[str, str, str]] = []
+        self.local: list[LocalChat] = []
 
     async def start(self) -> None:
         await self.state.start(self.inbox.put_nowait, lambda: list(self.local))
@@ -65,6 +65,11 @@ async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, R
             await replica.state.close()
 
 
+# Claims on the default agent's routes (the agent a record without one belongs to).
+DEMO: dict[str, str] = {"agent": "demo_agent", "default_agent": "demo_agent"}
+SUPPORT: dict[str, str] = {"agent": "support_agent", "default_agent": "demo_agent"}
+
+
 def chat_id() -> str:
     return "chat-" + secrets.token_hex(4)
 
@@ -72,9 +77,9 @@ def chat_id() -> str:
 async def test_the_first_replica_to_claim_a_chat_owns_it(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat = chat_id()
-    first = await a.state.claim("alice", chat, ttl=60)
+    first = await a.state.claim("alice", chat, **DEMO, ttl=60)
     assert (first.owner, first.local, first.orphaned_run) == ("a", True, None)
-    seen_from_b = await b.state.claim("alice", chat, ttl=60)
+    seen_from_b = await b.state.claim("alice", chat, **DEMO, ttl=60)
     assert (seen_from_b.owner, seen_from_b.local) == ("a", False)
     assert await b.state.owner("alice", chat) == "a"
     assert await a.state.owner("alice", chat) == "a"
@@ -83,35 +88,68 @@ async def test_the_first_replica_to_claim_a_chat_owns_it(pair: tuple[Replica, Re
 async def test_a_chat_id_belongs_to_its_first_user_on_every_replica(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat = chat_id()
-    await a.state.claim("alice", chat, ttl=60)
+    await a.state.claim("alice", chat, **DEMO, ttl=60)
     for replica in (a, b):
         with pytest.raises(ChatNotFound):
-            await replica.state.claim("mallory", chat, ttl=60)
+            await replica.state.claim("mallory", chat, **DEMO, ttl=60)
         assert await replica.state.owner("mallory", chat) is None
     assert await b.state.owner("alice", "never-claimed") is None
+
+
+async def test_a_chat_id_belongs_to_its_first_agent_on_every_replica(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.claim("alice", chat, **SUPPORT, ttl=60)
+    for replica in (a, b):
+        # The same user, the same id, another agent's routes: not that agent's chat.
+        with pytest.raises(ChatNotFound):
+            await replica.state.claim("alice", chat, **DEMO, ttl=60)
+        with pytest.raises(ChatNotFound):
+            await replica.state.claim("alice", chat, **DEMO, ttl=60, create=False)
+    assert (await b.state.claim("alice", chat, **SUPPORT, ttl=60)).owner == "a"
+
+
+async def test_a_record_from_before_agents_is_the_default_agents(redis: RedisServer) -> None:
+    """A replica of the release before several agents wrote records without `agent`: during a
+    rolling upgrade they stay reachable on the default agent's routes, and only there."""
+    import redis.asyncio as aioredis
+
+    state = _redis_state(redis, "a", "legacy")
+    replica = Replica(state)
+    await replica.start()
+    client = aioredis.from_url(redis.url)
+    try:
+        chat = chat_id()
+        await client.hset(f"legacy:chat:{chat}", mapping={"user": "alice", "owner": "a", "run": ""})
+        assert (await state.claim("alice", chat, **DEMO, ttl=60)).local
+        with pytest.raises(ChatNotFound):
+            await state.claim("alice", chat, **SUPPORT, ttl=60)
+    finally:
+        await client.aclose()
+        await state.close()
 
 
 async def test_looking_without_creating_leaves_no_record(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat = chat_id()
-    looked = await a.state.claim("alice", chat, ttl=60, create=False)
+    looked = await a.state.claim("alice", chat, **DEMO, ttl=60, create=False)
     assert (looked.owner, looked.local) == ("a", True)
     assert await b.state.owner("alice", chat) is None
     # The id is still free for anyone, on any replica.
-    assert (await b.state.claim("bob", chat, ttl=60)).owner == "b"
+    assert (await b.state.claim("bob", chat, **DEMO, ttl=60)).owner == "b"
     # A known chat is answered as usual.
-    assert (await a.state.claim("bob", chat, ttl=60, create=False)).owner == "b"
+    assert (await a.state.claim("bob", chat, **DEMO, ttl=60, create=False)).owner == "b"
 
 
 async def test_a_chat_record_expires_ttl_after_its_last_claim(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat, kept = chat_id(), chat_id()
-    await a.state.claim("alice", chat, ttl=1.0)
-    await a.state.claim("alice", kept, ttl=1.0)
+    await a.state.claim("alice", chat, **DEMO, ttl=1.0)
+    await a.state.claim("alice", kept, **DEMO, ttl=1.0)
     await asyncio.sleep(0.6)
-    await b.state.claim("alice", kept, ttl=1.0)  # used again: lives on
+    await b.state.claim("alice", kept, **DEMO, ttl=1.0)  # used again: lives on
     await asyncio.sleep(0.6)
-    await a.state.claim("carol", chat_id(), ttl=60)  # any claim lets the memory hub sweep
+    await a.state.claim("carol", chat_id(), **DEMO, ttl=60)  # any claim lets the memory hub sweep
     assert await b.state.owner("alice", chat) is None
     assert await b.state.owner("alice", kept) == "a"
 
@@ -119,25 +157,25 @@ async def test_a_chat_record_expires_ttl_after_its_last_claim(pair: tuple[Replic
 async def test_a_dead_owners_chat_moves_to_the_next_replica_asked_and_names_the_lost_run(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat, quiet = chat_id(), chat_id()
-    await a.state.claim("alice", chat, ttl=60)
-    await a.state.claim("alice", quiet, ttl=60)
+    await a.state.claim("alice", chat, **DEMO, ttl=60)
+    await a.state.claim("alice", quiet, **DEMO, ttl=60)
     await a.state.mark_run("alice", chat, "msg-1")
     assert await b.state.alive("a")
     await a.state.close()
     assert not await b.state.alive("a")
     assert await b.state.owner("alice", chat) is None  # a dead owner owns nothing
-    taken = await b.state.claim("alice", chat, ttl=60)
+    taken = await b.state.claim("alice", chat, **DEMO, ttl=60)
     assert (taken.owner, taken.local, taken.orphaned_run) == ("b", True, "msg-1")
-    again = await b.state.claim("alice", chat, ttl=60)
+    again = await b.state.claim("alice", chat, **DEMO, ttl=60)
     assert again.orphaned_run is None  # said once
-    idle = await b.state.claim("alice", quiet, ttl=60)
+    idle = await b.state.claim("alice", quiet, **DEMO, ttl=60)
     assert (idle.local, idle.orphaned_run) == (True, None)  # nothing was running there
 
 
 async def test_only_the_owner_marks_runs_and_releases(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     chat = chat_id()
-    await a.state.claim("alice", chat, ttl=60)
+    await a.state.claim("alice", chat, **DEMO, ttl=60)
     await b.state.mark_run("alice", chat, "msg-from-b")  # not the owner: ignored
     await b.state.release("alice", chat)  # not the owner: ignored
     assert await b.state.owner("alice", chat) == "a"
@@ -146,7 +184,7 @@ async def test_only_the_owner_marks_runs_and_releases(pair: tuple[Replica, Repli
     await a.state.release("alice", chat)
     assert await a.state.owner("alice", chat) is None
     # Forgotten everywhere: the id is free again, even for another user.
-    claimed = await b.state.claim("bob", chat, ttl=60)
+    claimed = await b.state.claim("bob", chat, **DEMO, ttl=60)
     assert (claimed.owner, claimed.local, claimed.orphaned_run) == ("b", True, None)
 
 
@@ -219,18 +257,18 @@ async def test_redis_down_is_reported_and_recovers_without_restart(tmp_path: Pat
         await replica.start()
         assert replica.state.available
         chat = chat_id()
-        await replica.state.claim("alice", chat, ttl=60)
+        await replica.state.claim("alice", chat, **DEMO, ttl=60)
         await asyncio.to_thread(server.stop)
         with pytest.raises(SharedStateDown):
-            await replica.state.claim("alice", chat, ttl=60)
+            await replica.state.claim("alice", chat, **DEMO, ttl=60)
         assert not replica.state.available
         with pytest.raises(SharedStateDown):
             await replica.state.owner("alice", chat)
         # Back, empty: the replica writes its chats back, then serves claims again.
-        replica.local = [("alice", chat, "msg-7")]
+        replica.local = [LocalChat("alice", chat, "demo_agent", "msg-7")]
         await asyncio.to_thread(server.start)
         await _until(lambda: replica.state.available)
-        claim = await replica.state.claim("alice", chat, ttl=60)
+        claim = await replica.state.claim("alice", chat, **DEMO, ttl=60)
         assert (claim.local, claim.orphaned_run) == (True, None)
     finally:
         await replica.state.close()
@@ -245,15 +283,15 @@ async def test_after_redis_lost_its_data_owners_write_their_chats_back_before_ot
         await a.start()
         await b.start()
         chat = chat_id()
-        await a.state.claim("alice", chat, ttl=60)
-        a.local = [("alice", chat, "msg-9")]
+        await a.state.claim("alice", chat, **SUPPORT, ttl=60)
+        a.local = [LocalChat("alice", chat, "support_agent", "msg-9")]
         await asyncio.to_thread(server.restart)
         # Whatever b sees first, it is never handed a's chat: an error to retry, then a's ownership.
         seen: list[str] = []
         deadline = asyncio.get_running_loop().time() + 10
         while True:
             try:
-                claim = await b.state.claim("alice", chat, ttl=60)
+                claim = await b.state.claim("alice", chat, **SUPPORT, ttl=60)
             except SharedStateDown:
                 seen.append("retry")
             else:
@@ -261,12 +299,14 @@ async def test_after_redis_lost_its_data_owners_write_their_chats_back_before_ot
                 break
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.05)
+        with pytest.raises(ChatNotFound):  # written back with its agent
+            await b.state.claim("alice", chat, **DEMO, ttl=60)
         # (Whether b saw a retry first depends on whose heartbeat ran first after the restart.)
         # A chat nobody had is claimable once the settling window is over.
         fresh = chat_id()
         while True:
             try:
-                assert (await b.state.claim("bob", fresh, ttl=60)).local
+                assert (await b.state.claim("bob", fresh, **DEMO, ttl=60)).local
                 break
             except SharedStateDown:
                 assert asyncio.get_running_loop().time() < deadline + OWNER_TIMEOUT * 3

@@ -13,15 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_reference_file_loads_with_defaults() -> None:
     config = load_config(ROOT / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 8080
-    assert config.upstream_base == "http://127.0.0.1:8000"
-    assert config.upstream.idle_timeout == 300
+    assert list(config.agents) == ["demo_agent", "support_agent"] and config.default == "demo_agent"
+    assert config.agents["demo_agent"].upstream_base == "http://127.0.0.1:8000"
+    assert config.agents["demo_agent"].upstream.idle_timeout == 300
+    assert config.agents["support_agent"].tool_policy("issue_refund").on_timeout == "error"
     assert config.chat.max_body_bytes == 4 * 1024 * 1024
 
 
 def test_environment_substitution() -> None:
     config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000", "ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 9001
-    assert config.upstream_base == "http://agent:8000"
+    assert {a.upstream_base for a in config.agents.values()} == {"http://agent:8000"}
 
 
 def test_empty_file_is_all_defaults() -> None:

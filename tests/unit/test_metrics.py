@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import gateway
 from gateway.approvals import Outcome
-from gateway.config import ToolPolicy
-from gateway.metrics import KNOWN_LABEL_VALUES, TOOL_OUTCOMES, GatewayMetrics
+from gateway.config import ToolPolicy, parse_config
+from gateway.metrics import AGENT_LABELLED, KNOWN_LABEL_VALUES, TOOL_OUTCOMES, GatewayMetrics
 
 GATEWAY_DIR = Path(gateway.__file__).parent
 
@@ -61,21 +61,42 @@ def _rendered(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str],
     return samples
 
 
+TWO_AGENTS = """\
+agents:
+  pay:
+    upstream: {app_name: pay_app}
+  desk:
+    upstream: {app_name: desk_app}
+"""
+
 def _value_sample(metrics: GatewayMetrics, attribute: str) -> tuple[str, tuple[str, ...]]:
-    """The sample name an alert reads for a metric (a counter's _total, a histogram's _count)."""
+    """The sample name an alert reads for a metric (a counter's _total, a histogram's _count), and
+    its label names after the agent (which AGENT_LABELLED metrics carry first)."""
     metric = getattr(metrics, attribute)
     suffix = {"counter": "_total", "histogram": "_count", "gauge": ""}[metric._type]
-    return metric._name + suffix, metric._labelnames
+    names = metric._labelnames
+    if attribute in AGENT_LABELLED:
+        assert names[0] == "agent", f"{attribute} is agent-labelled, but its first label is {names[0]}"
+        names = names[1:]
+    return metric._name + suffix, names
 
 
-def test_a_fresh_gateway_exports_every_known_label_value_at_zero() -> None:
+def test_a_fresh_gateway_exports_every_known_label_value_at_zero_for_each_agent() -> None:
     metrics = GatewayMetrics()
+    metrics.know_agents(parse_config(TWO_AGENTS, env={}))
     samples = _rendered(metrics)
     for attribute, label_sets in KNOWN_LABEL_VALUES.items():
         name, labelnames = _value_sample(metrics, attribute)
-        for values in label_sets:
-            key = (name, tuple(sorted(zip(labelnames, values, strict=True))))
+        agents = [("pay",), ("desk",)] if attribute in AGENT_LABELLED else [()]
+        if attribute == "plugin_requests":
+            agents.append(("",))  # requests that name no agent's app
+        for agent, values in product(agents, label_sets):
+            labels = (("agent",) if agent else ()) + labelnames
+            key = (name, tuple(sorted(zip(labels, agent + values, strict=True))))
             assert samples.get(key) == 0, f"{name}{dict(key[1])} is not exported at 0 from the start"
+    for agent in ("pay", "desk"):
+        assert samples.get(("adk_gateway_upstream_up", (("agent", agent),))) == 0
+        assert samples.get(("adk_gateway_approvals_pending", (("agent", agent),))) == 0
 
 
 def test_known_label_values_name_real_labelled_metrics_without_duplicates() -> None:
@@ -84,21 +105,23 @@ def test_known_label_values_name_real_labelled_metrics_without_duplicates() -> N
         _, labelnames = _value_sample(metrics, attribute)
         assert all(len(values) == len(labelnames) for values in label_sets), attribute
         assert len(set(label_sets)) == len(label_sets), f"{attribute} lists a value twice"
+    for attribute in AGENT_LABELLED:
+        _value_sample(metrics, attribute)  # asserts the agent comes first
 
 
 def test_know_tools_exports_the_series_each_tool_policy_can_move() -> None:
     metrics = GatewayMetrics()
-    metrics.know_tools({
+    metrics.know_tools("pay", {
         "default": ToolPolicy(approval=True),
         "transfer_funds": ToolPolicy(approval=True),
         "pick_colour": ToolPolicy(runs_in="browser"),
         "get_weather": ToolPolicy(),
     })
-    metrics.know_tools({"transfer_funds": ToolPolicy(approval=True)})  # a reload: idempotent
+    metrics.know_tools("pay", {"transfer_funds": ToolPolicy(approval=True)})  # a reload: idempotent
     samples = _rendered(metrics)
 
     def exported(name: str, **labels: str) -> float | None:
-        return samples.get((name, tuple(sorted(labels.items()))))
+        return samples.get((name, tuple(sorted({"agent": "pay", **labels}.items()))))
 
     assert exported("adk_gateway_policy_bypassed_total", tool="transfer_funds") == 0
     assert exported("adk_gateway_policy_bypassed_total", tool="pick_colour") == 0
@@ -111,6 +134,7 @@ def test_know_tools_exports_the_series_each_tool_policy_can_move() -> None:
     # Only what a policy can move: no approval timeouts for a browser tool, nothing for an ungated
     # tool, nothing for `default`, which names no tool.
     tools = {dict(labels).get("tool") for (_, labels) in samples}
+    assert {dict(labels).get("agent") for (_, labels) in samples if dict(labels).get("tool")} == {"pay"}
     assert "get_weather" not in tools and "default" not in tools
     assert exported("adk_gateway_approval_timeouts_total", tool="pick_colour") is None
     assert exported("adk_gateway_browser_tool_wait_seconds_count", tool="transfer_funds", outcome="output") is None
@@ -355,7 +379,7 @@ def _metric_aliases(source: Source) -> dict[str, str]:
 def _metric_name(receiver: ast.AST, aliases: dict[str, str]) -> str | None:
     if isinstance(receiver, ast.Attribute):
         owner = receiver.value
-        if (isinstance(owner, ast.Attribute) and owner.attr == "metrics") or (isinstance(owner, ast.Name) and owner.id == "metrics"):
+        if (isinstance(owner, ast.Attribute) and owner.attr in ("metrics", "_metrics")) or (isinstance(owner, ast.Name) and owner.id == "metrics"):
             return receiver.attr
         return aliases.get(receiver.attr)
     if isinstance(receiver, ast.Name):
@@ -379,12 +403,20 @@ def contract_problems(source: Source) -> list[str]:
             continue
         if metric in OPEN_METRICS:
             continue
-        per_position = [resolver.values(arg) for arg in call.args]
+        args = call.args
+        if metric in AGENT_LABELLED:
+            # The agent comes first: a name from the config (know_agents makes each one's series),
+            # an agent's `.name`, a chat's `.agent`, or "" for a plugin request naming none.
+            if not args or not _an_agent(args[0]):
+                problems.append(f"{where}: {metric} is agent-labelled, but its first label is not an agent")
+                continue
+            args = args[1:]
+        per_position = [resolver.values(arg) for arg in args]
         for position, values in enumerate(per_position):
             if DYNAMIC in values and (metric, position) not in OPEN_POSITIONS:
                 dynamic = DYNAMIC_SOURCES.get((metric, position))
                 if dynamic is None:
-                    problems.append(f"{where}: {metric} label {position} ({ast.unparse(call.args[position])}) comes from "
+                    problems.append(f"{where}: {metric} label {position} ({ast.unparse(args[position])}) comes from "
                                     "where the scan cannot follow: add its source to DYNAMIC_SOURCES")
                     continue
                 per_position[position] = (values - {DYNAMIC}) | dynamic(source, resolver, per_position)
@@ -402,6 +434,13 @@ def contract_problems(source: Source) -> list[str]:
             if DYNAMIC not in values and values not in known:
                 problems.append(f"{where}: {metric} is counted with {values}, missing from KNOWN_LABEL_VALUES")
     return problems
+
+
+def _an_agent(node: ast.AST) -> bool:
+    text = ast.unparse(node)
+    return text in ("agent", "self.agent", "agent.name", "chat.agent", "name") or text.endswith(
+        ("agent_for_app(body.app_name) or ''", ".agent")
+    ) or (isinstance(node, ast.Constant) and node.value == "")
 
 
 def test_gateway_counts_only_with_known_label_values() -> None:
@@ -428,20 +467,21 @@ from .upstream import UpstreamError
 
 async def drive(metrics, exc):
     metrics.limited.labels("brand_new_reason").inc()
-    metrics.upstream_errors.labels(exc.kind).inc()
+    metrics.upstream_errors.labels(chat.agent, exc.kind).inc()
+    metrics.upstream_errors.labels(exc.kind, "connect").inc()
     outcome = "completed"
     try:
         pass
     except Exception:
         outcome = "exploded"
     finally:
-        metrics.runs.labels(outcome).inc()
+        metrics.runs.labels(self.agent, outcome).inc()
     if exc:
         result = "approved"
-        metrics.approval_wait.labels("tool", result).observe(1)
+        metrics.approval_wait.labels(agent, "tool", result).observe(1)
     else:
         result = "vanished"
-        metrics.browser_tool_wait.labels("tool", result).observe(1)
+        metrics.browser_tool_wait.labels(agent, "tool", result).observe(1)
     metrics.forwarded.labels(exc.direction).inc()
     mystery.labels("x").inc()
 
@@ -453,7 +493,8 @@ def fail():
 def test_the_scan_reports_values_missing_from_the_contract() -> None:
     problems = "\n".join(contract_problems(Source({"fake.py": ast.parse(UNLISTED)})))
     for expected in ("('brand_new_reason',)", "('new_kind',)", "('exploded',)", "outcome 'vanished'",
-                     "forwarded label 0 (exc.direction)", "mystery"):
+                     "forwarded label 0 (exc.direction)", "mystery",
+                     "fake.py:7: upstream_errors is agent-labelled, but its first label is not an agent"):
         assert expected in problems, f"the scan does not report {expected}:\n{problems}"
     for listed in ("('completed',)", "'approved'"):
         assert listed not in problems, problems

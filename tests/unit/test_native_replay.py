@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
+from gateway.agents import Agents
 from gateway.chats import ChatService, Gone
 from gateway.config import parse_config
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from tests.unit.test_chat_gates import USER, read, request
+
+# The default agent of a config with the single-agent keys (named after upstream.app_name).
+AGENT = "demo_agent"
 
 CONFIRM_ID = "adk-confirm-1"
 
@@ -55,7 +59,9 @@ def confirmations(adk: NativeAdk) -> int:
 
 def service(adk: NativeAdk) -> ChatService:
     config = parse_config("", env={})
-    return ChatService(upstream=adk, registry=Registry(), metrics=GatewayMetrics(), config=config)  # type: ignore[arg-type]
+    return ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
+    )
 
 
 def approval_of(first: list[dict[str, Any]]) -> dict[str, Any]:
@@ -70,7 +76,7 @@ def approval_of(first: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def _finished(chats: ChatService, user: str, body: Any) -> list[dict[str, Any]]:
-    chunks = await read(await chats.submit(user, body))
+    chunks = await read(await chats.submit(AGENT, user, body))
     await asyncio.sleep(0)  # the run's task records its answers as it ends
     return chunks
 
@@ -83,7 +89,7 @@ async def test_a_replayed_native_answer_is_410_and_never_reaches_adk() -> None:
     second = await _finished(chats, "alice", request(USER, answer, message_id=answer["id"]))
     assert "text-delta" in [c["type"] for c in second]
     with pytest.raises(Gone):
-        await chats.submit("alice", request(USER, answer, message_id=answer["id"]))
+        await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"]))
     assert confirmations(adk) == 1
     assert adk.session_reads == 0  # known here: no need to ask ADK
 
@@ -99,7 +105,7 @@ async def test_after_a_restart_adk_s_session_says_the_answer_was_given() -> None
         }],
     }
     with pytest.raises(Gone):
-        await chats.submit("alice", request(USER, answer, message_id="msg-1"))
+        await chats.submit(AGENT, "alice", request(USER, answer, message_id="msg-1"))
     assert adk.sent == [] and adk.session_reads == 1
 
 

@@ -2,7 +2,7 @@
 // rendering (render.js) to the page's controls.
 import { generateId, getToolName, isToolUIPart } from 'ai';
 import { BROWSER_TOOLS, runBrowserTool } from './browser-tools.js';
-import { TRANSPORTS, createChat } from './chat.js';
+import { TRANSPORTS, createChat, loadAgents } from './chat.js';
 import { createMessageList } from './render.js';
 
 const $ = (id) => document.getElementById(id);
@@ -17,19 +17,27 @@ const ui = {
   banner: $('error-banner'),
   bannerText: $('error-text'),
   endpoint: $('endpoint'),
+  agent: $('agent'),
   nowPlaying: $('now-playing'),
   toggle: [...document.querySelectorAll('[data-transport]')],
   examples: [...document.querySelectorAll('.example')],
 };
 
 // ?transport=ws opens the page on the WebSocket transport; the toggle switches at any time.
-let transport = new URLSearchParams(location.search).get('transport') === 'ws' ? 'ws' : 'sse';
+const params = new URLSearchParams(location.search);
+let transport = params.get('transport') === 'ws' ? 'ws' : 'sse';
+// ?agent=<name> opens the page on that agent, if the gateway lets this caller use it; otherwise
+// on the gateway's default agent. The selector switches at any time, to a fresh chat.
+const agents = await loadAgents();
+let agent = agents.find((a) => a.name === params.get('agent')) ?? agents.find((a) => a.default) ?? agents[0];
+ui.agent.replaceChildren(...agents.map((a) => new Option(a.name, a.name)));
 let chat = newChat(generateId(), []);
 
 function newChat(id, messages) {
   return createChat({
     id,
     messages,
+    agent,
     transport,
     onChange: scheduleRender,
     onToolCall: ({ toolCall }) => {
@@ -61,10 +69,30 @@ function switchTransport(kind) {
   const old = chat;
   chat = newChat(old.id, old.messages);
   void old.dispose(); // closes the WebSocket, if that was the old transport
-  const url = new URL(location.href);
-  url.searchParams.set('transport', kind);
-  history.replaceState(null, '', url);
+  setParam('transport', kind);
   scheduleRender();
+}
+
+// Switching agent starts a fresh chat: a conversation (and its pending approvals) belongs to the
+// agent it was held with, so it does not follow the person to another one.
+function switchAgent(name) {
+  const next = agents.find((a) => a.name === name);
+  if (!next || next === agent || busy()) {
+    scheduleRender(); // the selector shows the current agent again
+    return;
+  }
+  agent = next;
+  const old = chat;
+  chat = newChat(generateId(), []);
+  void old.dispose();
+  setParam('agent', name);
+  scheduleRender();
+}
+
+function setParam(key, value) {
+  const url = new URL(location.href);
+  url.searchParams.set(key, value);
+  history.replaceState(null, '', url);
 }
 
 const actions = {
@@ -110,14 +138,21 @@ function render() {
   ui.stop.hidden = !busy();
   ui.banner.hidden = !chat.error;
   ui.bannerText.textContent = chat.error?.message ?? '';
-  ui.endpoint.textContent = TRANSPORTS[transport].label;
-  for (const button of ui.examples) button.disabled = busy();
+  ui.endpoint.textContent = TRANSPORTS[transport].label(agent);
+  ui.agent.value = agent.name;
+  ui.agent.disabled = busy();
+  for (const button of ui.examples) {
+    // Examples marked with data-agent are that agent's; unmarked ones suit any agent.
+    button.hidden = Boolean(button.dataset.agent) && button.dataset.agent !== agent.name;
+    button.disabled = busy();
+  }
   for (const button of ui.toggle) {
     button.setAttribute('aria-checked', String(button.dataset.transport === transport));
     button.disabled = busy();
   }
   document.body.dataset.status = chat.status; // for tests and styling
   document.body.dataset.transport = transport;
+  document.body.dataset.agent = agent.name;
   if (atBottom) scrollTo(0, document.body.scrollHeight);
 }
 
@@ -135,6 +170,7 @@ $('new-chat').addEventListener('click', () => {
 });
 for (const button of ui.examples) button.addEventListener('click', () => send(button.textContent));
 for (const button of ui.toggle) button.addEventListener('click', () => switchTransport(button.dataset.transport));
+ui.agent.addEventListener('change', () => switchAgent(ui.agent.value));
 
 window.demo = { get chat() { return chat; } }; // for the console: demo.chat.messages
 render();

@@ -50,27 +50,49 @@ export class Chat extends AbstractChat {
   }
 }
 
+// The agent a gateway without GET /api/agents serves: one, on the original routes.
+export const FALLBACK_AGENT = { name: 'demo_agent', default: true, api: '/api/chat', ws: '/api/chat/ws' };
+
+// The agents this page may talk to, from GET /api/agents: `{default, agents: [{name, api, ws}]}`,
+// only those the caller may use. Any failure (an older gateway answers 404) means the one
+// default agent on the original routes.
+export async function loadAgents() {
+  try {
+    const response = await fetch('/api/agents', { headers: { accept: 'application/json' }, signal: AbortSignal.timeout(5000) });
+    if (!response.ok) throw new Error(`GET /api/agents: ${response.status}`);
+    const { agents } = await response.json();
+    const usable = (agents ?? []).filter((agent) => agent?.name && agent.api && agent.ws);
+    if (usable.length) return usable;
+  } catch (error) {
+    console.info('Using the default agent only:', error.message);
+  }
+  return [FALLBACK_AGENT];
+}
+
+const withQuery = (url, key, value) => `${url}${url.includes('?') ? '&' : '?'}${key}=${value}`;
+
 // The gateway assumes an ai 6 client unless told otherwise; this page runs ai 7, so it says so.
+// Each transport talks to one agent's routes (`api`, `ws` from /api/agents).
 export const TRANSPORTS = {
   sse: {
-    label: 'POST /api/chat (Server-Sent Events)',
-    create: () => new DefaultChatTransport({ api: '/api/chat', headers: { 'x-ai-sdk-version': '7' } }),
+    label: (agent) => `POST ${agent.api} (Server-Sent Events)`,
+    create: (agent) => new DefaultChatTransport({ api: agent.api, headers: { 'x-ai-sdk-version': '7' } }),
   },
   ws: {
-    label: 'ws://…/api/chat/ws (one WebSocket, many requests)',
+    label: (agent) => `${agent.ws.startsWith('/') ? `ws://…${agent.ws}` : agent.ws} (one WebSocket, many requests)`,
     // Relative URLs are resolved against the page and http: becomes ws:.
-    create: () => new WebSocketChatTransport({ url: '/api/chat/ws?aiSdkVersion=7' }),
+    create: (agent) => new WebSocketChatTransport({ url: withQuery(agent.ws, 'aiSdkVersion', '7') }),
   },
 };
 
 // A Chat wired the way docs/approvals.md tells app developers to: the person's decisions, and the
 // browser tools' outputs, are sent back as soon as the last assistant message is complete.
-export function createChat({ id, messages, transport, onChange, onToolCall }) {
+export function createChat({ id, messages, agent, transport, onChange, onToolCall }) {
   return new Chat({
     id,
     messages,
     onChange,
-    transport: TRANSPORTS[transport].create(),
+    transport: TRANSPORTS[transport].create(agent),
     sendAutomaticallyWhen: (o) =>
       lastAssistantMessageIsCompleteWithApprovalResponses(o) || lastAssistantMessageIsCompleteWithToolCalls(o),
     // Browser tools (runs_in: browser) arrive here. onToolCall must not await addToolOutput: the SDK

@@ -31,13 +31,9 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from google.adk.agents import LlmAgent
-from google.adk.models.base_llm import BaseLlm
 
-from gateway.demo.model import ScriptedLlm
+from gateway.demo.model import choose_model
 from gateway.demo.tools import build_tools
-
-SCRIPTED = "scripted"
-DEFAULT_GEMINI_MODEL = "gemini-2.5-flash"
 
 INSTRUCTION = """\
 You are the demo assistant of adk-gateway. Be brief.
@@ -49,15 +45,6 @@ You are the demo assistant of adk-gateway. Be brief.
 - When the user asks to play a track, call change_bgm(track).
 - Otherwise answer briefly and quote the user's message.
 """
-
-
-def choose_model() -> BaseLlm | str:
-    """The scripted model, or a Gemini model name when an API key is configured."""
-    name = os.environ.get("DEMO_MODEL", "").strip()
-    if name.lower() == SCRIPTED or not os.environ.get("GOOGLE_API_KEY"):
-        # DEMO_CHUNK_DELAY (seconds between streamed chunks) lets tests catch a stream mid-way.
-        return ScriptedLlm(chunk_delay=float(os.environ.get("DEMO_CHUNK_DELAY", "0")))
-    return name or DEFAULT_GEMINI_MODEL
 
 
 root_agent = LlmAgent(

@@ -1,0 +1,131 @@
+"""Who may call the gateway, as configured: the auth mode, API keys, JWT settings and browser origins.
+
+`GatewayConfig.auth` (config.py) is an `AuthConfig`; auth.py carries it out per request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives import serialization
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from .config_values import Duration, Section
+
+__all__ = ["ApiKey", "AuthConfig", "JwtConfig"]
+
+
+class ApiKey(Section):
+    """One browser API key: the key itself (from the environment) or its SHA-256 hex digest."""
+
+    # The user id requests with this key act as: chats belong to it.
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+    key: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class JwtConfig(Section):
+    """Bearer JWTs whose `sub` is the user id."""
+
+    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(default_factory=lambda: ["HS256"], min_length=1)
+    # HS256: the shared secret (from the environment).
+    secret: SecretStr | None = None
+    # RS256 / ES256: a PEM file with the issuer's public key.
+    public_key_file: Path | None = None
+    audience: str | None = None
+    issuer: str | None = None
+    # Clock skew tolerated on exp / nbf.
+    leeway: Duration = 30.0
+
+
+class AuthConfig(Section):
+    # none: every caller is `anonymous_user`; only allowed on a loopback listener (demos).
+    # api_key: `Authorization: Bearer <key>` (or `x-api-key`). jwt: `Authorization: Bearer <jwt>`.
+    # WebSocket upgrades may pass the credential as `?access_token=` (browsers cannot set headers).
+    mode: Literal["none", "api_key", "jwt"] = "none"
+    anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    jwt: JwtConfig | None = None
+    # Browser origins allowed to open the WebSocket and to call the SSE routes cross-origin (CORS).
+    # Empty: same-origin pages and non-browser clients only. "*" allows any origin. A string is a
+    # comma-separated list (what `${GATEWAY_ALLOWED_ORIGINS:-}` yields); "" is none.
+    allowed_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list):
+            # Blank items (an unset `${VAR:-}`, a trailing comma) are no origin at all.
+            return [item.strip() if isinstance(item, str) else item for item in value
+                    if not (isinstance(item, str) and not item.strip())]
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_as_browsers_send_them(cls, origins: list[str]) -> list[str]:
+        return [cls._origin(value) for value in origins]
+
+    @staticmethod
+    def _origin(value: str) -> str:
+        """An entry as a browser's `Origin` header spells it: scheme://host[:port], lower case, without a
+        default port or a trailing `/`. An entry that could never match is refused rather than ignored."""
+        if value == "*":
+            return value
+        example = "an origin is scheme://host[:port] as the browser sends it, e.g. http://localhost:3000"
+        if value.lower() == "null":
+            raise ValueError(
+                "'null' is refused: it is the Origin of sandboxed iframes and file: pages, which any site can produce"
+            )
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{value!r} is not an origin: {example}") from None
+        scheme = parts.scheme.lower()
+        if not scheme or not parts.netloc or not parts.hostname:
+            raise ValueError(f"{value!r} is not an origin: {example}")
+        if scheme in ("ws", "wss"):
+            raise ValueError(f"{value!r}: list the page's origin (http:// or https://), not a WebSocket URL; {example}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"{value!r} holds a user name or password; {example}")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or value.endswith(("?", "#")):
+            raise ValueError(f"{value!r} has a path, query or fragment; {example}")
+        if "*" in parts.netloc:
+            raise ValueError(f"{value!r}: no wildcards within an origin; list each one, or \"*\" alone for any")
+        netloc = parts.netloc.lower().removesuffix(":")
+        if port is not None and port == {"http": 80, "https": 443}.get(scheme):
+            netloc = netloc.rsplit(":", 1)[0]
+        return f"{scheme}://{netloc}"
+
+    @model_validator(mode="after")
+    def _credentials_for_mode(self) -> AuthConfig:
+        if self.mode == "api_key":
+            usable = [k for k in self.api_keys if (k.key and k.key.get_secret_value()) or k.sha256]
+            if not usable:
+                raise ValueError("auth.mode api_key needs at least one entry in auth.api_keys with a key or sha256")
+            for entry in self.api_keys:
+                if entry.key is not None and entry.sha256 is not None:
+                    raise ValueError(f"auth.api_keys[{entry.id}]: give key or sha256, not both")
+        if self.mode == "jwt":
+            jwt = self.jwt
+            if jwt is None:
+                raise ValueError("auth.mode jwt needs an auth.jwt section")
+            if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
+                raise ValueError("auth.jwt.secret is required for HS256")
+            if {"RS256", "ES256"} & set(jwt.algorithms):
+                if "HS256" in jwt.algorithms:
+                    # One key for both would let a public key be used as an HMAC secret.
+                    raise ValueError("auth.jwt.algorithms: HS256 cannot be combined with RS256/ES256")
+                if jwt.public_key_file is None:
+                    raise ValueError("auth.jwt.public_key_file is required for RS256/ES256")
+                if not jwt.public_key_file.is_file():
+                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
+                try:
+                    serialization.load_pem_public_key(jwt.public_key_file.read_bytes())
+                except ValueError:
+                    raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} is not a PEM public key") from None
+        return self
