@@ -26,10 +26,12 @@ from .cluster.router import Cluster
 from .cluster.shared import SharedState
 from .config import GatewayConfig
 from .errors import Handler, HttpError, error_middleware
+from .jwks import provider_keys
 from .limits import Admission, Limited
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
+from .stopping import within
 from .transports import sse, ws
 from .transports.admit import count_refusal, identify
 
@@ -90,7 +92,11 @@ async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     agents = {agent.name: "up" if agent.up else "unreachable" for agent in gateway.agents}
     status = readiness(gateway)
-    return web.json_response({"status": status, "agents": agents}, status=200 if status == "ready" else 503)
+    body: dict[str, object] = {"status": status, "agents": agents}
+    if gateway.jwks is not None:
+        # Detail, not readiness: the keys held keep working while the provider is down.
+        body["jwks"] = gateway.jwks.cache.status
+    return web.json_response(body, status=200 if status == "ready" else 503)
 
 
 def readiness(gateway: Gateway) -> str:
@@ -110,7 +116,7 @@ def readiness(gateway: Gateway) -> str:
 async def list_agents(request: web.Request) -> web.Response:
     """The agents the caller may use, and their routes: what a page needs to offer a choice."""
     gateway = request.app[GATEWAY]
-    identity = identify(request)
+    identity = await identify(request)
     try:
         gateway.admission.check_rate(identity.user_id, gateway.clock())
     except Limited as exc:
@@ -153,6 +159,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     gateway.metrics.watch_gc()
     await gateway.agents.start()
+    if gateway.jwks is not None:
+        gateway.jwks.open()
     await gateway.cluster.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
@@ -169,6 +177,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gateway.chats.close()
     await gateway.cluster.close()
     await gateway.agents.close()
+    if gateway.jwks is not None:
+        await gateway.jwks.close()
+    if gateway.background:
+        await within(asyncio.gather(*gateway.background, return_exceptions=True), 2.0, what="background clean-ups")
     gateway.metrics.unwatch_gc()
 
 
@@ -193,10 +205,11 @@ def create_app(config: GatewayConfig) -> web.Application:
     registry = Registry(config.limits.max_chats_per_user)
     agents = Agents(config, on_health=metrics_.upstream_health)
     chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
+    jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     gateway = Gateway(
-        config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth),
+        config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared_state(config), chats, metrics_),
-        admission=Admission(config.limits),
+        admission=Admission(config.limits), jwks=jwks,
     )
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)

@@ -3,8 +3,9 @@
 - `none`: every caller is the configured anonymous user (allowed only on a loopback listener).
 - `api_key`: `Authorization: Bearer <key>` or `x-api-key: <key>`; keys are held as SHA-256
   digests, so the config may carry digests instead of keys and no key sits in memory in clear.
-- `jwt`: `Authorization: Bearer <token>`, checked with PyJWT (signature, exp, nbf, aud, iss);
-  its `sub` is the user id.
+- `jwt`: `Authorization: Bearer <token>`, checked with PyJWT (signature, exp, nbf, aud, iss, the
+  required claims) against a shared secret, a PEM key, or the identity provider's published keys
+  (jwks.py); its `user_claim` (default `sub`) is the user id.
 WebSocket upgrades may pass the credential as `?access_token=`, because browsers cannot set
 headers on them (the access log records the path without its query string).
 
@@ -26,6 +27,7 @@ from aiohttp import web
 from .agent_config import AgentAccess
 from .auth_config import AuthConfig
 from .errors import HttpError
+from .jwks import Jwks
 
 __all__ = ["Authenticator", "Identity"]
 
@@ -45,8 +47,10 @@ class Identity:
 
 
 class Authenticator:
-    def __init__(self, config: AuthConfig) -> None:
+    def __init__(self, config: AuthConfig, jwks: Jwks | None = None) -> None:
         self._config = config
+        # The identity provider's published keys (auth.jwt.jwks_url or discovery); None otherwise.
+        self._jwks = jwks
         self._keys: dict[str, str] = {}
         for entry in config.api_keys:
             if entry.key is not None and entry.key.get_secret_value():
@@ -61,11 +65,11 @@ class Authenticator:
                 self._jwt_key = config.jwt.secret.get_secret_value()
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
 
-    def user_id(self, request: web.Request) -> str:
+    async def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
-        return self.identify(request).user_id
+        return (await self.identify(request)).user_id
 
-    def identify(self, request: web.Request) -> Identity:
+    async def identify(self, request: web.Request) -> Identity:
         """Who the caller is, or raise HttpError(401)."""
         mode = self._config.mode
         if mode == "none":
@@ -78,7 +82,23 @@ class Authenticator:
             if user is None:
                 raise _unauthorized("unknown API key")
             return Identity(user)
-        return self._jwt_identity(credential)
+        return self._jwt_identity(credential, await self._signing_key(credential))
+
+    async def _signing_key(self, token: str) -> Any:
+        """The key that checks the token's signature: configured, or the provider's by the token's `kid`."""
+        if self._jwks is None:
+            return self._jwt_key
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.PyJWTError as exc:
+            raise _unauthorized(f"invalid token: {exc}") from None
+        if kid is not None and not isinstance(kid, str):
+            raise _unauthorized("invalid token: kid is not a string")
+        found = await self._jwks.key(kid)
+        if found is None:
+            # Fetched again already if allowed (jwks.py): a key the provider does not publish.
+            raise _unauthorized("invalid token: signed with a key the identity provider does not publish")
+        return found.key
 
     @staticmethod
     def may_use(identity: Identity, access: AgentAccess) -> bool:
@@ -86,25 +106,20 @@ class Authenticator:
         lists fit the auth mode: an API key list under api_key, claims under jwt)."""
         if access.api_keys is not None and identity.user_id not in access.api_keys:
             return False
-        for claim, allowed in (access.jwt_claims or {}).items():
-            value = identity.claims.get(claim)
-            values = value if isinstance(value, list) else [value]
-            if not any(isinstance(v, str) and v in allowed for v in values):
-                return False
-        return True
+        return all(_holds(identity.claims.get(claim), allowed) for claim, allowed in (access.jwt_claims or {}).items())
 
-    def _jwt_identity(self, token: str) -> Identity:
+    def _jwt_identity(self, token: str, key: Any) -> Identity:
         settings = self._config.jwt
         assert settings is not None
         try:
             claims = jwt.decode(
                 token,
-                self._jwt_key,
+                key,
                 algorithms=list(settings.algorithms),
                 audience=settings.audience,
                 issuer=settings.issuer,
                 leeway=settings.leeway,
-                options={"require": ["sub", "exp"], "verify_aud": settings.audience is not None},
+                options={"require": [settings.user_claim, "exp"], "verify_aud": settings.audience is not None},
             )
         except jwt.ExpiredSignatureError:
             raise _unauthorized("token expired") from None
@@ -112,9 +127,12 @@ class Authenticator:
             # Every PyJWT failure is the token's fault as far as the caller is concerned (a key that
             # does not fit the token's algorithm included), never a 500.
             raise _unauthorized(f"invalid token: {exc}") from None
-        subject = claims.get("sub")
+        subject = claims.get(settings.user_claim)
         if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:
-            raise _unauthorized("invalid token: sub must be a non-empty string")
+            raise _unauthorized(f"invalid token: {settings.user_claim} must be a non-empty string")
+        for claim, allowed in settings.required_claims.items():
+            if not _holds(claims.get(claim), allowed):
+                raise _unauthorized(f"invalid token: its {claim} claim is not one this gateway accepts")
         return Identity(subject, claims)
 
     def origin_allowed(self, origin: str | None, host: str | None) -> bool:
@@ -141,6 +159,18 @@ class Authenticator:
             "Access-Control-Expose-Headers": "x-vercel-ai-ui-message-stream, X-Request-Id, Retry-After",
             "Vary": "Origin",
         }
+
+
+def _holds(value: Any, allowed: list[str]) -> bool:
+    """A claim holds one of the allowed values: a string equals one, a list (`groups`, `aud`) holds
+    one, and `scope`, a space-separated string by RFC 8693, holds one of its words."""
+    if isinstance(value, str):
+        values = [value, *value.split()] if " " in value else [value]
+    elif isinstance(value, list):
+        values = value
+    else:
+        return False
+    return any(isinstance(v, str) and v in allowed for v in values)
 
 
 def _credential(request: web.Request) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 
 from .config_values import Duration, Section
 
@@ -26,18 +26,51 @@ class ApiKey(Section):
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
 
 
-class JwtConfig(Section):
-    """Bearer JWTs whose `sub` is the user id."""
+_ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+Algorithm = Literal["HS256", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 
-    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(default_factory=lambda: ["HS256"], min_length=1)
+
+class JwtConfig(Section):
+    """Bearer JWTs: how their signature is checked (a shared secret, a PEM key, or the identity
+    provider's published keys), which claims they must carry, and which claim is the user id."""
+
+    algorithms: list[Algorithm] = Field(default_factory=lambda: ["HS256"], min_length=1)
     # HS256: the shared secret (from the environment).
     secret: SecretStr | None = None
-    # RS256 / ES256: a PEM file with the issuer's public key.
+    # RS*/PS*/ES*/EdDSA with one fixed key: a PEM file with the issuer's public key.
     public_key_file: Path | None = None
+    # The provider's signing keys (a JWKS document), refetched as it rotates them. Or leave it out
+    # and set `discovery: true`: the JWKS URL is read from `issuer` + /.well-known/openid-configuration.
+    jwks_url: AnyHttpUrl | None = None
+    discovery: bool = False
+    # How often the keys are fetched again (a provider publishes a new key before signing with it).
+    jwks_refresh: Duration = Field(600.0, gt=0)
+    # A token signed with a key not held yet fetches the keys again at once, but at most this often:
+    # a flood of made-up `kid`s must not turn into a flood of requests to the provider.
+    jwks_min_refetch: Duration = Field(30.0, gt=0)
+    # Total time for one fetch of the keys (or the discovery document).
+    jwks_timeout: Duration = Field(5.0, gt=0)
     audience: str | None = None
     issuer: str | None = None
+    # The claim that is the user id (chats belong to it): `sub`, or e.g. `email`, `oid`, a custom one.
+    user_claim: str = Field("sub", min_length=1, max_length=128)
+    # Claims every token must carry, each with the values allowed (a string claim equals one, a
+    # list claim such as `groups` or `scope` words holds one); per agent: agents.<name>.access.
+    required_claims: dict[str, list[str]] = Field(default_factory=dict)
     # Clock skew tolerated on exp / nbf.
     leeway: Duration = 30.0
+
+    @field_validator("required_claims", mode="before")
+    @classmethod
+    def _values_as_lists(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @property
+    def provider_keys(self) -> bool:
+        """The keys come from the provider (a JWKS URL, or discovery), not from this config."""
+        return self.jwks_url is not None or self.discovery
 
 
 class AuthConfig(Section):
@@ -114,14 +147,24 @@ class AuthConfig(Section):
             jwt = self.jwt
             if jwt is None:
                 raise ValueError("auth.mode jwt needs an auth.jwt section")
+            if jwt.discovery and not jwt.issuer:
+                raise ValueError("auth.jwt.discovery needs auth.jwt.issuer (its /.well-known/openid-configuration names the keys)")
+            if jwt.jwks_url is not None and jwt.discovery:
+                raise ValueError("auth.jwt: give jwks_url or discovery, not both")
             if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
                 raise ValueError("auth.jwt.secret is required for HS256")
-            if {"RS256", "ES256"} & set(jwt.algorithms):
+            if "HS256" in jwt.algorithms and jwt.provider_keys:
+                raise ValueError("auth.jwt: HS256 takes a shared secret; a provider's published keys are public keys (RS256, ES256, ...)")
+            if set(_ASYMMETRIC) & set(jwt.algorithms):
                 if "HS256" in jwt.algorithms:
                     # One key for both would let a public key be used as an HMAC secret.
-                    raise ValueError("auth.jwt.algorithms: HS256 cannot be combined with RS256/ES256")
+                    raise ValueError("auth.jwt.algorithms: HS256 cannot be combined with public-key algorithms")
+                if jwt.provider_keys and jwt.public_key_file is not None:
+                    raise ValueError("auth.jwt: give public_key_file or the provider's keys (jwks_url / discovery), not both")
+                if jwt.provider_keys:
+                    return self
                 if jwt.public_key_file is None:
-                    raise ValueError("auth.jwt.public_key_file is required for RS256/ES256")
+                    raise ValueError("auth.jwt.public_key_file, jwks_url or discovery is required for public-key algorithms")
                 if not jwt.public_key_file.is_file():
                     raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
                 try:

@@ -68,6 +68,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
         "agent_not_allowed",
     ),
     "config_reloads": _each("success", "failure"),
+    "jwks_fetches": _each("success", "failure"),
     "forwarded": _each("out", "in"),
     "owner_lost": _each("run", "approval", "gated_call", "stream"),
     "gc_pause": _each("0", "1", "2"),
@@ -177,6 +178,16 @@ class GatewayMetrics:
             "Unix time of the last successful configuration load.", registry=r,
         )
         self.draining = Gauge("adk_gateway_draining", "1 while the gateway drains before stopping.", registry=r)
+        self.jwks_fetches = Counter(
+            "adk_gateway_jwks_fetches_total",
+            "Fetches of the identity provider's signing keys (auth.jwt.jwks_url or discovery), by result.",
+            ["result"], registry=r,
+        )
+        self.jwks_up = Gauge(
+            "adk_gateway_jwks_up",
+            "1 when the last fetch of the identity provider's keys succeeded; 0 while it fails (the keys held "
+            "keep working). Absent without provider keys.", registry=r,
+        )
         self.ready = Gauge(
             "adk_gateway_ready", "1 when /readyz answers 200 (the default agent's upstream and the session store up, "
             "not draining), else 0.", registry=r,
@@ -213,6 +224,10 @@ class GatewayMetrics:
         # Plugin requests that name no agent's app (unauthorized, invalid, an unknown app).
         for values in KNOWN_LABEL_VALUES["plugin_requests"]:
             self.plugin_requests.labels("", *values)
+
+    def jwks_fetched(self, ok: bool) -> None:
+        self.jwks_fetches.labels("success" if ok else "failure").inc()
+        self.jwks_up.set(1 if ok else 0)
 
     def upstream_health(self, agent: str, up: bool) -> None:
         self.upstream_up.labels(agent).set(1 if up else 0)

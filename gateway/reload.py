@@ -30,6 +30,7 @@ import yaml
 
 from .agent_config import AgentAccess
 from .auth import Authenticator
+from .jwks import provider_keys
 from .config import ConfigError, GatewayConfig, parse_config, revalidate
 from .state import Gateway
 
@@ -165,6 +166,25 @@ def _access_widened(label: str, was: AgentAccess, now: AgentAccess) -> list[str]
     return problems
 
 
+def _provider_settings(config: GatewayConfig) -> object:
+    jwt = config.auth.jwt
+    if config.auth.mode != "jwt" or jwt is None or not jwt.provider_keys:
+        return None
+    return (jwt.jwks_url, jwt.discovery, jwt.issuer, jwt.jwks_refresh, jwt.jwks_min_refetch, jwt.jwks_timeout)
+
+
+def _take_provider_keys(gateway: Gateway, running: GatewayConfig, applied: GatewayConfig) -> None:
+    """Keep the provider's keys held when where they come from did not change (a reload must not
+    drop the keys it holds while the provider is down); else fetch from the new place."""
+    if _provider_settings(applied) == _provider_settings(running):
+        return
+    old, gateway.jwks = gateway.jwks, provider_keys(applied.auth, gateway.metrics.jwks_fetched)
+    if gateway.jwks is not None:
+        gateway.jwks.open()
+    if old is not None:
+        gateway.spawn(old.close())
+
+
 def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     """Re-read `path` and, if the plan allows it, apply it to new requests; else keep what runs."""
     try:
@@ -181,8 +201,9 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
         log.error("config_reload_failed", path=str(path), problems=plan.problems)
         return ReloadResult(False, plan.problems, plan.restart_required)
     applied = plan.config
+    _take_provider_keys(gateway, gateway.config, applied)
     gateway.config = applied
-    gateway.auth = Authenticator(applied.auth)
+    gateway.auth = Authenticator(applied.auth, gateway.jwks)
     gateway.admission.config = applied.limits
     gateway.chats.reconfigure(applied)
     changes = gateway.agents.apply(applied)

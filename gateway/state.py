@@ -6,10 +6,12 @@ upstream clients, the chat service) is reached through `request.app[GATEWAY]`; n
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -18,6 +20,7 @@ from .auth import Authenticator
 from .chats import ChatService
 from .cluster.router import Cluster
 from .config import GatewayConfig
+from .jwks import Jwks
 from .limits import Admission
 from .metrics import GatewayMetrics
 from .registry import Registry
@@ -47,6 +50,15 @@ class Gateway:
     started_from: GatewayConfig | None = None
     # `--upstream-mode`, which a reload keeps applying to every agent.
     upstream_mode: str | None = None
+    # The identity provider's keys, when auth.jwt takes them from it (jwks.py).
+    jwks: Jwks | None = None
+    # Short clean-ups started where nothing can await them (a reload closing what it replaced).
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

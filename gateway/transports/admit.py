@@ -39,11 +39,11 @@ def count_refusal(request: web.Request, reason: str) -> None:
     request.app[GATEWAY].metrics.limited.labels(reason).inc()
 
 
-def identify(request: web.Request) -> Identity:
+async def identify(request: web.Request) -> Identity:
     """Who calls, from a page that may call: the first two checks, for routes of no one agent."""
     gateway = request.app[GATEWAY]
     try:
-        identity = gateway.auth.identify(request)
+        identity = await gateway.auth.identify(request)
         gateway.auth.check_origin(request)
     except HttpError as exc:
         count_refusal(request, exc.code if exc.status == 403 else "unauthorized")
@@ -52,10 +52,10 @@ def identify(request: web.Request) -> Identity:
     return identity
 
 
-def admit(request: web.Request, *, new_work: bool = True) -> Caller:
+async def admit(request: web.Request, *, new_work: bool = True) -> Caller:
     """The caller, once they may proceed; `new_work` requests are refused while draining."""
     gateway = request.app[GATEWAY]
-    identity = identify(request)
+    identity = await identify(request)
     user_id = identity.user_id
     # `/api/chat...` is the default agent's; `/agents/{agent}/api/chat...` names one.
     agent = request.match_info.get("agent") or gateway.config.default

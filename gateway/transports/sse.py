@@ -47,7 +47,7 @@ _PREFLIGHT_MAX_AGE: Final = "600"
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    caller = admit(request)
+    caller = await admit(request)
     user_id = caller.user_id
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
@@ -99,7 +99,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
 
 async def resume_stream(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    caller = admit(request, new_work=False)
+    caller = await admit(request, new_work=False)
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     try:

@@ -23,25 +23,25 @@ def req(headers: dict[str, str] | None = None, path: str = "/api/chat"):
     return make_mocked_request("GET", path, headers=headers or {})
 
 
-def test_none_mode_is_the_anonymous_user_and_only_on_loopback() -> None:
-    assert Authenticator(AuthConfig()).user_id(req()) == "anonymous"
+async def test_none_mode_is_the_anonymous_user_and_only_on_loopback() -> None:
+    assert await Authenticator(AuthConfig()).user_id(req()) == "anonymous"
     with pytest.raises(Exception, match="loopback"):
         parse_config("listen:\n  host: 0.0.0.0\n", env={})
     parse_config("listen:\n  host: ::1\n", env={})
 
 
-def test_api_keys_by_value_or_digest() -> None:
+async def test_api_keys_by_value_or_digest() -> None:
     config = AuthConfig.model_validate({
         "mode": "api_key",
         "api_keys": [{"id": "alice", "key": "k-alice"}, {"id": "bob", "sha256": hashlib.sha256(b"k-bob").hexdigest()}],
     })
     auth = Authenticator(config)
-    assert auth.user_id(req({"Authorization": "Bearer k-alice"})) == "alice"
-    assert auth.user_id(req({"x-api-key": "k-bob"})) == "bob"
-    assert auth.user_id(req(path="/api/chat/ws?access_token=k-bob")) == "bob"
+    assert await auth.user_id(req({"Authorization": "Bearer k-alice"})) == "alice"
+    assert await auth.user_id(req({"x-api-key": "k-bob"})) == "bob"
+    assert await auth.user_id(req(path="/api/chat/ws?access_token=k-bob")) == "bob"
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k-alice"}):
         with pytest.raises(HttpError) as info:
-            auth.user_id(req(headers))
+            await auth.user_id(req(headers))
         assert info.value.status == 401
 
 
@@ -50,10 +50,10 @@ def test_api_key_mode_needs_a_key() -> None:
         AuthConfig.model_validate({"mode": "api_key", "api_keys": [{"id": "x", "key": ""}]})
 
 
-def test_hs256_tokens() -> None:
+async def test_hs256_tokens() -> None:
     auth = Authenticator(AuthConfig.model_validate({"mode": "jwt", "jwt": {"secret": "s" * 32, "audience": "app"}}))
     good = jwt.encode({"sub": "carol", "exp": time.time() + 60, "aud": "app"}, "s" * 32, algorithm="HS256")
-    assert auth.user_id(req({"Authorization": f"Bearer {good}"})) == "carol"
+    assert await auth.user_id(req({"Authorization": f"Bearer {good}"})) == "carol"
     bad = [
         jwt.encode({"sub": "carol", "exp": time.time() - 120, "aud": "app"}, "s" * 32, algorithm="HS256"),  # expired
         jwt.encode({"sub": "carol", "exp": time.time() + 60, "aud": "other"}, "s" * 32, algorithm="HS256"),  # audience
@@ -64,12 +64,12 @@ def test_hs256_tokens() -> None:
     ]
     for token in bad:
         with pytest.raises(HttpError) as info:
-            auth.user_id(req({"Authorization": f"Bearer {token}"}))
+            await auth.user_id(req({"Authorization": f"Bearer {token}"}))
         assert info.value.status == 401
 
 
 @pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
-def test_public_key_tokens(tmp_path: Path, algorithm: str) -> None:
+async def test_public_key_tokens(tmp_path: Path, algorithm: str) -> None:
     private = rsa.generate_private_key(public_exponent=65537, key_size=2048) if algorithm == "RS256" else ec.generate_private_key(ec.SECP256R1())
     pem = private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     (tmp_path / "key.pem").write_bytes(pem)
@@ -77,7 +77,7 @@ def test_public_key_tokens(tmp_path: Path, algorithm: str) -> None:
         {"mode": "jwt", "jwt": {"algorithms": [algorithm], "public_key_file": str(tmp_path / "key.pem")}}
     ))
     token = jwt.encode({"sub": "dave", "exp": time.time() + 60}, private, algorithm=algorithm)
-    assert auth.user_id(req({"Authorization": f"Bearer {token}"})) == "dave"
+    assert await auth.user_id(req({"Authorization": f"Bearer {token}"})) == "dave"
     # An HS256 token "signed" with the public key as HMAC secret must not pass (algorithm confusion).
     def b64(data: bytes) -> bytes:
         return base64.urlsafe_b64encode(data).rstrip(b"=")
@@ -85,7 +85,7 @@ def test_public_key_tokens(tmp_path: Path, algorithm: str) -> None:
     signing_input = b64(b'{"alg":"HS256","typ":"JWT"}') + b"." + b64(b'{"sub":"eve","exp":9999999999}')
     forged = (signing_input + b"." + b64(hmac.new(pem, signing_input, hashlib.sha256).digest())).decode()
     with pytest.raises(HttpError):
-        auth.user_id(req({"Authorization": f"Bearer {forged}"}))
+        await auth.user_id(req({"Authorization": f"Bearer {forged}"}))
 
 
 def test_origins() -> None:

@@ -1,0 +1,296 @@
+"""Tokens from an identity provider with published, rotating keys (issue 17, JWKS and OIDC discovery).
+
+The provider is a stand-in served by the test: an OIDC discovery document and a JWKS document,
+with real RSA, EC and Ed25519 keys, which the test rotates, breaks and takes down. Tokens are signed
+with PyJWT as a provider would. The gateway side is the real Authenticator and Jwks, and the real
+app for the routes, readiness and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import jwt
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+
+from gateway.app import create_app
+from gateway.auth import Authenticator
+from gateway.config import parse_config
+from gateway.errors import HttpError
+from gateway.jwks import Jwks, KeyCache
+from gateway.state import GATEWAY
+
+AUDIENCE = "my-app"
+
+
+@dataclass
+class SigningKey:
+    kid: str
+    private: Any
+    alg: str
+
+    def public_jwk(self) -> dict[str, Any]:
+        algorithm = {"RS256": RSAAlgorithm, "ES256": ECAlgorithm, "EdDSA": OKPAlgorithm}[self.alg]
+        jwk = json.loads(algorithm.to_jwk(self.private.public_key()))
+        return {**jwk, "kid": self.kid, "use": "sig", "alg": self.alg}
+
+
+def rsa_key(kid: str) -> SigningKey:
+    return SigningKey(kid, rsa.generate_private_key(public_exponent=65537, key_size=2048), "RS256")
+
+
+@dataclass
+class Provider:
+    """An OIDC provider stand-in: what it publishes, and what it was asked."""
+
+    issuer: str = ""
+    keys: list[SigningKey] = field(default_factory=list)
+    up: bool = True
+    jwks_fetches: int = 0
+    discovery_issuer: str | None = None
+
+    def sign(self, key: SigningKey, **claims: Any) -> str:
+        now = int(time.time())
+        body = {"iss": self.issuer, "aud": AUDIENCE, "sub": "user-1", "iat": now, "exp": now + 300, **claims}
+        return jwt.encode(body, key.private, algorithm=key.alg, headers={"kid": key.kid})
+
+    async def discovery(self, request: web.Request) -> web.Response:
+        return web.json_response({"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + "/keys"})
+
+    async def jwks(self, request: web.Request) -> web.Response:
+        self.jwks_fetches += 1
+        if not self.up:
+            return web.json_response({"error": "down"}, status=503)
+        return web.json_response({"keys": [k.public_jwk() for k in self.keys]})
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[Provider]:
+    stand_in = Provider(keys=[rsa_key("key-1")])
+    app = web.Application()
+    app.router.add_get("/.well-known/openid-configuration", stand_in.discovery)
+    app.router.add_get("/keys", stand_in.jwks)
+    server = TestServer(app)
+    await server.start_server()
+    stand_in.issuer = str(server.make_url("")).rstrip("/")
+    yield stand_in
+    await server.close()
+
+
+def jwt_config(provider: Provider, extra: str = "", algorithms: str = "[RS256, ES256, EdDSA]") -> str:
+    return (
+        f"auth:\n  mode: jwt\n  jwt:\n    algorithms: {algorithms}\n    issuer: {provider.issuer}\n"
+        f"    discovery: true\n    audience: {AUDIENCE}\n    jwks_min_refetch: 30s\n{extra}"
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Gate:
+    auth: Authenticator
+    jwks: Jwks
+    clock: Clock
+
+
+@pytest.fixture
+async def gate(provider: Provider) -> AsyncIterator[Gate]:
+    config = parse_config(jwt_config(provider), env={})
+    assert config.auth.jwt is not None
+    clock = Clock()
+    jwks = Jwks(config.auth.jwt, clock=clock)
+    jwks.open()
+    await jwks.fetch()
+    yield Gate(Authenticator(config.auth, jwks), jwks, clock)
+    await jwks.close()
+
+
+def bearer(token: str) -> web.Request:
+    return make_mocked_request("POST", "/api/chat", headers={"Authorization": f"Bearer {token}"})
+
+
+async def refused(auth: Authenticator, token: str) -> str:
+    with pytest.raises(HttpError) as info:
+        await auth.identify(bearer(token))
+    assert info.value.status == 401
+    return info.value.message
+
+
+# ---- keys from the provider ----------------------------------------------------------------------
+
+
+async def test_a_token_signed_with_the_providers_key_is_accepted(provider: Provider, gate: Gate) -> None:
+    identity = await gate.auth.identify(bearer(provider.sign(provider.keys[0], sub="alice")))
+    assert identity.user_id == "alice" and identity.claims["aud"] == AUDIENCE
+
+
+async def test_a_key_rotation_is_followed_without_restart_or_edit(provider: Provider, gate: Gate) -> None:
+    old = provider.keys[0]
+    assert (await gate.auth.identify(bearer(provider.sign(old)))).user_id == "user-1"
+    # The provider publishes a new key and signs with it, then withdraws the old one.
+    new = rsa_key("key-2")
+    provider.keys = [old, new]
+    gate.clock.now += 31  # past jwks_min_refetch since the first fetch
+    assert (await gate.auth.identify(bearer(provider.sign(new, sub="bob")))).user_id == "bob"
+    provider.keys = [new]
+    gate.clock.now += 601  # the scheduled refresh
+    await gate.jwks.fetch()
+    assert "does not publish" in await refused(gate.auth, provider.sign(old))
+    assert (await gate.auth.identify(bearer(provider.sign(new)))).user_id == "user-1"
+
+
+async def test_a_flood_of_unknown_key_ids_asks_the_provider_once_per_min_refetch(provider: Provider, gate: Gate) -> None:
+    fetches = provider.jwks_fetches
+    forged = [SigningKey(f"forged-{n}", provider.keys[0].private, "RS256") for n in range(50)]
+    gate.clock.now += 31
+    for key in forged:
+        assert "does not publish" in await refused(gate.auth, provider.sign(key))
+    assert provider.jwks_fetches == fetches + 1
+    gate.clock.now += 31
+    await refused(gate.auth, provider.sign(forged[0]))
+    assert provider.jwks_fetches == fetches + 2
+
+
+async def test_the_keys_held_keep_working_while_the_provider_is_down(provider: Provider, gate: Gate) -> None:
+    provider.up = False
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    assert gate.jwks.cache.status == "stale"
+    assert (await gate.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
+    provider.up = True
+    gate.clock.now += 61
+    await gate.jwks.fetch()
+    assert gate.jwks.cache.status == "ok"
+
+
+async def test_expired_wrong_audience_and_forged_tokens_are_refused(provider: Provider, gate: Gate) -> None:
+    key = provider.keys[0]
+    assert await refused(gate.auth, provider.sign(key, exp=int(time.time()) - 3600)) == "token expired"
+    assert "audience" in (await refused(gate.auth, provider.sign(key, aud="another-app"))).lower()
+    assert "issuer" in (await refused(gate.auth, provider.sign(key, iss="https://evil.example"))).lower()
+    stranger = SigningKey("key-1", rsa.generate_private_key(public_exponent=65537, key_size=2048), "RS256")
+    assert "signature" in (await refused(gate.auth, provider.sign(stranger))).lower()  # the right kid, not its key
+    assert "invalid token" in await refused(gate.auth, "not.a.jwt")
+
+
+async def test_ec_and_ed25519_keys_as_the_provider_signs(provider: Provider, gate: Gate) -> None:
+    es = SigningKey("ec-1", ec.generate_private_key(ec.SECP256R1()), "ES256")
+    ed = SigningKey("ed-1", ed25519.Ed25519PrivateKey.generate(), "EdDSA")
+    provider.keys = [*provider.keys, es, ed]
+    gate.clock.now += 31
+    assert (await gate.auth.identify(bearer(provider.sign(es, sub="ec-user")))).user_id == "ec-user"
+    assert (await gate.auth.identify(bearer(provider.sign(ed, sub="ed-user")))).user_id == "ed-user"
+
+
+async def test_a_discovery_document_of_another_issuer_yields_no_keys(provider: Provider) -> None:
+    provider.discovery_issuer = "https://evil.example"
+    config = parse_config(jwt_config(provider), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    try:
+        await jwks.fetch()
+        assert jwks.cache.status == "unavailable" and "not" in (jwks.cache.last_error or "")
+    finally:
+        await jwks.close()
+
+
+def test_the_key_cache_keeps_its_keys_through_bad_documents_and_skips_encryption_keys() -> None:
+    cache = KeyCache(refresh=600, min_refetch=30)
+    signing, encrypting = rsa_key("s"), rsa_key("e")
+    cache.take({"keys": [signing.public_jwk(), {**encrypting.public_jwk(), "use": "enc"}]}, now=0)
+    assert list(cache.keys) == ["s"] and cache.status == "ok"
+    for bad in ({}, {"keys": []}, {"keys": [{"kty": "nope"}]}, ["not", "a", "document"]):
+        with pytest.raises(ValueError):
+            cache.take(bad, now=10)
+        assert list(cache.keys) == ["s"] and cache.status == "stale"
+    assert cache.key(None) is cache.keys["s"]  # one key: a token without kid may use it
+    assert not cache.due(now=20) and cache.due(now=70)  # a retry after a failure, not a full period
+    assert not cache.may_refetch(now=20) and cache.may_refetch(now=40)
+
+
+# ---- claims ----------------------------------------------------------------------------------------
+
+
+async def test_the_user_claim_and_required_claims(provider: Provider) -> None:
+    extra = "    user_claim: email\n    required_claims: {groups: [staff], scope: chat}\n"
+    config = parse_config(jwt_config(provider, extra), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    auth = Authenticator(config.auth, jwks)
+    key = provider.keys[0]
+    try:
+        good = provider.sign(key, email="a@example.com", groups=["staff", "x"], scope="openid chat")
+        assert (await auth.identify(bearer(good))).user_id == "a@example.com"
+        assert "groups" in await refused(auth, provider.sign(key, email="a@example.com", groups=["x"], scope="chat"))
+        assert "scope" in await refused(auth, provider.sign(key, email="a@example.com", groups=["staff"], scope="openid"))
+        assert "email" in await refused(auth, provider.sign(key, groups=["staff"], scope="chat"))  # no user claim
+    finally:
+        await jwks.close()
+
+
+# ---- through the gateway ----------------------------------------------------------------------------
+
+
+async def test_tokens_for_another_agent_are_refused_and_readyz_reports_the_keys(provider: Provider) -> None:
+    text = jwt_config(provider) + (
+        "agents:\n  payments:\n    upstream: {app_name: pay_app}\n    access:\n      jwt_claims: {groups: [finance]}\n"
+        "  support:\n    upstream: {app_name: support_app}\n"
+    )
+    client = TestClient(TestServer(create_app(parse_config(text, env={}))))
+    await client.start_server()
+    try:
+        gateway = client.app[GATEWAY]  # type: ignore[index]
+        assert gateway.jwks is not None
+        await gateway.jwks.fetch()
+        key = provider.keys[0]
+        support_only = {"Authorization": f"Bearer {provider.sign(key, groups=['support'])}"}
+        refused_there = await client.post("/agents/payments/api/chat", json={"id": "c", "messages": []}, headers=support_only)
+        assert refused_there.status == 403 and (await refused_there.json())["error"]["code"] == "agent_not_allowed"
+        listed = await (await client.get("/api/agents", headers=support_only)).json()
+        assert [a["name"] for a in listed["agents"]] == ["support"]
+        ready = await (await client.get("/readyz")).json()
+        assert ready["jwks"] == "ok"
+        assert gateway.metrics.registry.get_sample_value("adk_gateway_jwks_up") == 1
+        assert gateway.metrics.registry.get_sample_value("adk_gateway_jwks_fetches_total", {"result": "success"}) >= 1
+        provider.up = False
+        gateway.jwks.cache.attempted_at = None  # let the next fetch go now
+        await gateway.jwks.fetch()
+        assert (await (await client.get("/readyz")).json())["jwks"] == "stale"
+        assert gateway.metrics.registry.get_sample_value("adk_gateway_jwks_up") == 0
+        finance = {"Authorization": f"Bearer {provider.sign(key, groups=['finance'])}"}
+        assert [a["name"] for a in (await (await client.get("/api/agents", headers=finance)).json())["agents"]] == ["payments", "support"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("jwt_yaml", "problem"),
+    [
+        ("algorithms: [RS256]\n    discovery: true\n", "discovery needs auth.jwt.issuer"),
+        ("algorithms: [HS256]\n    secret: s\n    jwks_url: https://idp.example/keys\n", "HS256 takes a shared secret"),
+        ("algorithms: [RS256]\n    jwks_url: https://idp.example/keys\n    issuer: https://idp.example\n    discovery: true\n", "not both"),
+        ("algorithms: [RS256]\n", "public_key_file, jwks_url or discovery is required"),
+    ],
+)
+def test_what_the_jwt_section_refuses(jwt_yaml: str, problem: str) -> None:
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    {jwt_yaml}", env={})
+    assert any(problem in p for p in info.value.problems), info.value.problems
