@@ -162,6 +162,8 @@ class Jwks:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
             self.cache.failed(reason, now)
+            if self.settings.discovery:
+                self._jwks_url = None  # the provider may have moved its keys: discover again next time
             log.warning("jwks_fetch_failed", reason=reason, keys_held=len(self.cache.keys))
             if self._on_fetch is not None:
                 self._on_fetch(False)

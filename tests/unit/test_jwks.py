@@ -56,6 +56,8 @@ class Provider:
     up: bool = True
     jwks_fetches: int = 0
     discovery_issuer: str | None = None
+    discoveries: int = 0
+    jwks_path: str = "/keys"
 
     def sign(self, key: SigningKey, **claims: Any) -> str:
         now = int(time.time())
@@ -63,7 +65,8 @@ class Provider:
         return jwt.encode(body, key.private, algorithm=key.alg, headers={"kid": key.kid})
 
     async def discovery(self, request: web.Request) -> web.Response:
-        return web.json_response({"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + "/keys"})
+        self.discoveries += 1
+        return web.json_response({"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + self.jwks_path})
 
     async def jwks(self, request: web.Request) -> web.Response:
         self.jwks_fetches += 1
@@ -78,6 +81,7 @@ async def provider() -> AsyncIterator[Provider]:
     app = web.Application()
     app.router.add_get("/.well-known/openid-configuration", stand_in.discovery)
     app.router.add_get("/keys", stand_in.jwks)
+    app.router.add_get("/keys-v2", stand_in.jwks)
     server = TestServer(app)
     await server.start_server()
     stand_in.issuer = str(server.make_url("")).rstrip("/")
@@ -294,3 +298,18 @@ def test_what_the_jwt_section_refuses(jwt_yaml: str, problem: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(f"auth:\n  mode: jwt\n  jwt:\n    {jwt_yaml}", env={})
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+async def test_a_provider_that_moves_its_keys_is_discovered_again(provider: Provider, gate: Gate) -> None:
+    assert provider.discoveries == 1  # found once, then the JWKS URL is reused
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    assert provider.discoveries == 1
+    provider.jwks_path = "/keys-v2"
+    provider.up = False  # the old URL fails...
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    provider.up = True
+    gate.clock.now += 61
+    await gate.jwks.fetch()  # ...so the next fetch asks discovery again and follows the move
+    assert provider.discoveries == 2 and gate.jwks.cache.status == "ok"
