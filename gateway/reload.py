@@ -30,8 +30,8 @@ import yaml
 
 from .agent_config import AgentAccess
 from .auth import Authenticator
-from .jwks import provider_keys
 from .config import ConfigError, GatewayConfig, parse_config, revalidate
+from .jwks import provider_keys
 from .state import Gateway
 
 __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config"]

@@ -313,3 +313,27 @@ async def test_a_provider_that_moves_its_keys_is_discovered_again(provider: Prov
     gate.clock.now += 61
     await gate.jwks.fetch()  # ...so the next fetch asks discovery again and follows the move
     assert provider.discoveries == 2 and gate.jwks.cache.status == "ok"
+
+
+async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider: Provider, tmp_path: Any) -> None:
+    from gateway.reload import reload_config
+
+    text = jwt_config(provider)
+    client = TestClient(TestServer(create_app(parse_config(text, env={}))))
+    await client.start_server()
+    try:
+        gateway = client.app[GATEWAY]  # type: ignore[index]
+        held = gateway.jwks
+        assert held is not None
+        await held.fetch()
+        path = tmp_path / "gateway.yaml"
+        path.write_text(text.replace(f"audience: {AUDIENCE}", "audience: another-app"))
+        assert reload_config(gateway, path).ok
+        assert gateway.jwks is held and held.cache.status == "ok"  # not dropped, not refetched
+        path.write_text(text.replace("discovery: true", f"jwks_url: {provider.issuer}/keys"))
+        assert reload_config(gateway, path).ok
+        assert gateway.jwks is not held and gateway.jwks is not None
+        await gateway.jwks.fetch()
+        assert (await gateway.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
+    finally:
+        await client.close()
