@@ -44,6 +44,8 @@ class Identity:
 
     user_id: str
     claims: Mapping[str, Any] = field(default_factory=dict)
+    # The credential came from the `auth.cookie_name` cookie (the browser sent it on its own).
+    via_cookie: bool = False
 
 
 class Authenticator:
@@ -75,14 +77,19 @@ class Authenticator:
         if mode == "none":
             return Identity(self._config.anonymous_user)
         credential = _credential(request)
+        via_cookie = False
+        if not credential and self._config.cookie_name:
+            credential = request.cookies.get(self._config.cookie_name, "").strip()
+            via_cookie = bool(credential)
         if not credential:
             raise _unauthorized("credentials required: Authorization: Bearer <token>")
         if mode == "api_key":
             user = self._keys.get(hashlib.sha256(credential.encode()).hexdigest())
             if user is None:
                 raise _unauthorized("unknown API key")
-            return Identity(user)
-        return self._jwt_identity(credential, await self._signing_key(credential))
+            return Identity(user, via_cookie=via_cookie)
+        identity = self._jwt_identity(credential, await self._signing_key(credential))
+        return Identity(identity.user_id, identity.claims, via_cookie) if via_cookie else identity
 
     async def _signing_key(self, token: str) -> Any:
         """The key that checks the token's signature: configured, or the provider's by the token's `kid`."""
@@ -144,9 +151,16 @@ class Authenticator:
             return True
         return host is not None and origin.split("://", 1)[-1] == host
 
-    def check_origin(self, request: web.Request) -> None:
-        if not self.origin_allowed(request.headers.get("Origin"), request.host):
+    def check_origin(self, request: web.Request, identity: Identity | None = None) -> None:
+        """Refuse a page whose origin is not allowed; with a cookie credential, also a request that
+        changes state (a POST, a WebSocket handshake) without an `Origin`: browsers always send one
+        there, and the cookie would otherwise ride along on a forged cross-site request."""
+        origin = request.headers.get("Origin")
+        if not self.origin_allowed(origin, request.host):
             raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
+        changes_state = request.method not in ("GET", "HEAD") or request.headers.get("Upgrade", "").lower() == "websocket"
+        if identity is not None and identity.via_cookie and changes_state and origin is None:
+            raise HttpError(403, "origin_required", "a request authenticated by cookie must carry its page's Origin")
 
     def cors_headers(self, request: web.Request) -> dict[str, str]:
         """CORS headers for a cross-origin browser request from an allowed origin (else none)."""

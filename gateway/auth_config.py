@@ -85,6 +85,17 @@ class AuthConfig(Section):
     # Empty: same-origin pages and non-browser clients only. "*" allows any origin. A string is a
     # comma-separated list (what `${GATEWAY_ALLOWED_ORIGINS:-}` yields); "" is none.
     allowed_origins: list[str] = Field(default_factory=list)
+    # A cookie that carries the credential (the JWT or API key) for apps that sign their users in
+    # on the same site: browsers send it with every request and with WebSocket handshakes, so no
+    # token sits in a URL. A request whose credential came from it must carry an allowed `Origin`
+    # when it changes state (a POST, a WebSocket handshake): what a cookie opens to cross-site forgery.
+    cookie_name: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+    @field_validator("cookie_name", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        # An unset `${GATEWAY_AUTH_COOKIE:-}` is no cookie at all.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("allowed_origins", mode="before")
     @classmethod

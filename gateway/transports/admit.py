@@ -44,7 +44,7 @@ async def identify(request: web.Request) -> Identity:
     gateway = request.app[GATEWAY]
     try:
         identity = await gateway.auth.identify(request)
-        gateway.auth.check_origin(request)
+        gateway.auth.check_origin(request, identity)
     except HttpError as exc:
         count_refusal(request, exc.code if exc.status == 403 else "unauthorized")
         raise

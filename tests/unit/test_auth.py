@@ -97,3 +97,25 @@ def test_origins() -> None:
     assert listed.origin_allowed("https://app.example", "gw:8080")
     assert listed.cors_headers(req({"Origin": "https://app.example"}))["Access-Control-Allow-Origin"] == "https://app.example"
     assert listed.cors_headers(req({"Origin": "https://evil.example"})) == {}
+
+
+async def test_a_cookie_credential_needs_the_pages_origin_where_state_changes() -> None:
+    from gateway.errors import HttpError
+
+    auth = Authenticator(AuthConfig(mode="api_key", api_keys=[{"id": "u", "key": "k1"}], cookie_name="gw"))
+    handshake = make_mocked_request("GET", "/api/chat/ws", headers={"Cookie": "gw=k1", "Upgrade": "websocket", "Connection": "Upgrade"})
+    identity = await auth.identify(handshake)
+    assert identity.user_id == "u" and identity.via_cookie
+    with pytest.raises(HttpError) as info:
+        auth.check_origin(handshake, identity)
+    assert info.value.code == "origin_required"
+    same_site = make_mocked_request("GET", "/api/chat/ws", headers={
+        "Cookie": "gw=k1", "Upgrade": "websocket", "Connection": "Upgrade", "Origin": "http://gw:8080", "Host": "gw:8080",
+    })
+    auth.check_origin(same_site, await auth.identify(same_site))  # the page's own origin: fine
+    header = make_mocked_request("POST", "/api/chat", headers={"Authorization": "Bearer k1", "Cookie": "gw=other"})
+    assert not (await auth.identify(header)).via_cookie  # the header wins, and needs no Origin
+    auth.check_origin(header, await auth.identify(header))
+    assert (await Authenticator(AuthConfig(mode="api_key", api_keys=[{"id": "u", "key": "k1"}])).identify(
+        make_mocked_request("GET", "/api/agents", headers={"Authorization": "Bearer k1"})
+    )).user_id == "u"
