@@ -6,11 +6,11 @@ agents (names, unique app names, access lists that fit the auth mode) are Gatewa
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import AnyHttpUrl, Field, field_validator
+from pydantic import AnyHttpUrl, Field
 
-from .config_values import Duration, Section
+from .config_values import ClaimValues, Duration, Section
 
 __all__ = ["AGENT_NAME_PATTERN", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
 
@@ -75,18 +75,7 @@ class AgentAccess(Section):
     api_keys: list[str] | None = None
     # `auth.mode: jwt`: claims the token must carry, each with the values allowed: a string claim
     # must equal one, a list claim (`groups`, `aud`) must hold one. Every claim listed must match.
-    jwt_claims: dict[str, list[str]] | None = None
-
-    @field_validator("jwt_claims", mode="before")
-    @classmethod
-    def _values_as_lists(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
-        return value
-
-    @property
-    def restricted(self) -> bool:
-        return self.api_keys is not None or self.jwt_claims is not None
+    jwt_claims: ClaimValues | None = None
 
 
 class AgentConfig(Section):

@@ -68,9 +68,6 @@ class AgentChanges:
     removed: list[str]
     changed: list[str]
 
-    def __bool__(self) -> bool:
-        return bool(self.added or self.removed or self.changed)
-
 
 class Agents:
     def __init__(
@@ -88,9 +85,6 @@ class Agents:
 
     def __iter__(self) -> Iterator[Agent]:
         return iter(list(self._agents.values()))
-
-    def __len__(self) -> int:
-        return len(self._agents)
 
     @property
     def default(self) -> Agent:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import serialization
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 
-from .config_values import Duration, Section
+from .config_values import ClaimValues, Duration, Section
 
 __all__ = ["ApiKey", "AuthConfig", "JwtConfig"]
 
@@ -56,16 +56,9 @@ class JwtConfig(Section):
     user_claim: str = Field("sub", min_length=1, max_length=128)
     # Claims every token must carry, each with the values allowed (a string claim equals one, a
     # list claim such as `groups` or `scope` words holds one); per agent: agents.<name>.access.
-    required_claims: dict[str, list[str]] = Field(default_factory=dict)
+    required_claims: ClaimValues = Field(default_factory=dict)
     # Clock skew tolerated on exp / nbf.
     leeway: Duration = 30.0
-
-    @field_validator("required_claims", mode="before")
-    @classmethod
-    def _values_as_lists(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
-        return value
 
     @property
     def provider_keys(self) -> bool:

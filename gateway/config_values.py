@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-__all__ = ["Duration", "Section", "Size", "parse_duration", "parse_size"]
+__all__ = ["ClaimValues", "Duration", "Section", "Size", "parse_duration", "parse_size"]
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -48,8 +48,16 @@ def parse_size(value: Any) -> int:
     return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
 
 
+def _values_as_lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+    return value
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
+# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); auth.py `_holds` matches them.
+ClaimValues = Annotated[dict[str, list[str]], BeforeValidator(_values_as_lists)]
 
 
 class Section(BaseModel):
