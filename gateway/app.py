@@ -32,8 +32,9 @@ from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from .registry import Registry
 from .state import GATEWAY, Gateway
 from .stopping import within
+from .tickets import Tickets
 from .transports import sse, ws
-from .transports.admit import count_refusal, identify
+from .transports.admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
 
@@ -206,10 +207,11 @@ def create_app(config: GatewayConfig) -> web.Application:
     agents = Agents(config, on_health=metrics_.upstream_health)
     chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
+    shared = shared_state(config)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
-        agents=agents, chats=chats, cluster=Cluster(shared_state(config), chats, metrics_),
-        admission=Admission(config.limits), jwks=jwks,
+        agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
+        admission=Admission(config.limits), tickets=Tickets(shared), jwks=jwks,
     )
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
@@ -226,7 +228,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         app.add_routes([web.get("/", demo_page)])
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     # An app on an allowed origin may read the list cross-origin, with its credential in a header.
-    app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", sse.preflight)])
+    app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", preflight)])
     if config.metrics.enabled:
         app.add_routes([web.get(config.metrics.path, metrics)])
     return app

@@ -6,8 +6,9 @@
 - `jwt`: `Authorization: Bearer <token>`, checked with PyJWT (signature, exp, nbf, aud, iss, the
   required claims) against a shared secret, a PEM key, or the identity provider's published keys
   (jwks.py); its `user_claim` (default `sub`) is the user id.
-WebSocket upgrades may pass the credential as `?access_token=`, because browsers cannot set
-headers on them (the access log records the path without its query string).
+Browsers cannot set headers on a WebSocket handshake: a page there uses the `auth.cookie_name`
+cookie or a ticket (tickets.py; admit.py redeems it). `?access_token=` in a URL is read only with
+`auth.allow_token_in_url` (the access log records paths without their query string).
 
 The returned user id namespaces chats and ADK sessions: one user never reaches another's chats.
 `may_use` decides whether an identity may use an agent (its `access:`), `check_origin` guards
@@ -17,19 +18,24 @@ WebSocket upgrades and CORS against pages that are not allowed.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
+import structlog
 from aiohttp import web
+from pydantic import SecretStr
 
 from .agent_config import AgentAccess
 from .auth_config import AuthConfig
 from .errors import HttpError
 from .jwks import Jwks
 
-__all__ = ["Authenticator", "Identity"]
+__all__ = ["Authenticator", "Identity", "warn_token_in_url"]
+
+log = structlog.get_logger("adk_gateway.auth")
 
 _USER_ID_MAX = 128
 
@@ -66,6 +72,7 @@ class Authenticator:
             elif config.jwt.secret is not None:
                 self._jwt_key = config.jwt.secret.get_secret_value()
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
+        self.fingerprint = _fingerprint(config)
 
     async def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
@@ -76,7 +83,7 @@ class Authenticator:
         mode = self._config.mode
         if mode == "none":
             return Identity(self._config.anonymous_user)
-        credential = _credential(request)
+        credential = _credential(request, self._config.allow_token_in_url)
         via_cookie = False
         if not credential and self._config.cookie_name:
             credential = request.cookies.get(self._config.cookie_name, "").strip()
@@ -175,6 +182,16 @@ class Authenticator:
         }
 
 
+def warn_token_in_url(config: AuthConfig) -> None:
+    """At start, and when a reload turns it on: say that credentials are read from URLs."""
+    if config.mode != "none" and config.allow_token_in_url:
+        log.warning(
+            "token_in_url_allowed",
+            detail="auth.allow_token_in_url is on: ?access_token= is accepted on every chat route, where proxies' "
+            "logs and browsers' histories keep it; move WebSocket clients to tickets or the cookie and turn it off",
+        )
+
+
 def _holds(value: Any, allowed: list[str]) -> bool:
     """A claim holds one of the allowed values: a string equals one, a list (`groups`, `aud`) holds
     one, and `scope`, a space-separated string by RFC 8693, holds one of its words."""
@@ -187,8 +204,27 @@ def _holds(value: Any, allowed: list[str]) -> bool:
     return any(isinstance(v, str) and v in allowed for v in values)
 
 
-def _credential(request: web.Request) -> str:
+def _credential(request: web.Request, token_in_url: bool) -> str:
     header = request.headers.get("Authorization", "")
     if header[:7].lower() == "bearer ":
         return header[7:].strip()
-    return request.headers.get("x-api-key", "").strip() or request.query.get("access_token", "").strip()
+    credential = request.headers.get("x-api-key", "").strip()
+    if credential or "access_token" not in request.query:
+        return credential
+    if not token_in_url:
+        raise _unauthorized(
+            "?access_token= is turned off on this gateway (auth.allow_token_in_url): send the credential in "
+            "the Authorization header, or on a WebSocket use a ticket from POST .../api/chat/ws-ticket or the cookie"
+        )
+    return request.query.get("access_token", "").strip()
+
+
+def _fingerprint(config: AuthConfig) -> str:
+    """A digest of every auth setting, secrets included: what a WebSocket ticket is issued under,
+    so a reload that changes who may call (a key revoked, another issuer) voids tickets outstanding."""
+    text = json.dumps(config.model_dump(mode="python"), default=_reveal, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _reveal(value: Any) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)

@@ -69,7 +69,7 @@ class JwtConfig(Section):
 class AuthConfig(Section):
     # none: every caller is `anonymous_user`; only allowed on a loopback listener (demos).
     # api_key: `Authorization: Bearer <key>` (or `x-api-key`). jwt: `Authorization: Bearer <jwt>`.
-    # WebSocket upgrades may pass the credential as `?access_token=` (browsers cannot set headers).
+    # Browsers cannot set headers on a WebSocket: see `cookie_name` and `ws_ticket_ttl`.
     mode: Literal["none", "api_key", "jwt"] = "none"
     anonymous_user: str = Field("anonymous", min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
     api_keys: list[ApiKey] = Field(default_factory=list)
@@ -83,6 +83,14 @@ class AuthConfig(Section):
     # token sits in a URL. A request whose credential came from it must carry an allowed `Origin`
     # when it changes state (a POST, a WebSocket handshake): what a cookie opens to cross-site forgery.
     cookie_name: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+    # A WebSocket ticket's lifetime: a page trades its credential (in a header) for a single-use
+    # ticket at `POST .../api/chat/ws-ticket` and opens the socket with `?ticket=` (tickets.py).
+    ws_ticket_ttl: Duration = Field(30.0, gt=0, le=600)
+    # Also accept the credential itself as `?access_token=` in a URL. Off: a long-lived token in a
+    # URL is kept by proxies' logs and browsers' histories. Only for clients that cannot move to a
+    # ticket or the cookie yet; the gateway warns at start while it is on.
+    allow_token_in_url: bool = False
 
     @field_validator("cookie_name", mode="before")
     @classmethod

@@ -26,7 +26,7 @@ __all__ = ["configure_logging", "redact_secrets", "user_id_digest", "user_id_rew
 
 Processor = Callable[[Any, str, dict[str, Any]], dict[str, Any]]
 
-_SECRET_KEY = re.compile(r"(authorization|cookie|secret|token|password|passwd|api[_-]?key|credential)", re.I)
+_SECRET_KEY = re.compile(r"(authorization|cookie|secret|token|ticket|password|passwd|api[_-]?key|credential)", re.I)
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 

@@ -69,6 +69,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     ),
     "config_reloads": _each("success", "failure"),
     "jwks_fetches": _each("success", "failure"),
+    "ws_tickets": _each("issued", "redeemed", "refused"),
     "forwarded": _each("out", "in"),
     "owner_lost": _each("run", "approval", "gated_call", "stream"),
     "gc_pause": _each("0", "1", "2"),
@@ -187,6 +188,12 @@ class GatewayMetrics:
             "adk_gateway_jwks_up",
             "1 when the last fetch of the identity provider's keys succeeded; 0 while it fails (the keys held "
             "keep working). Absent without provider keys.", registry=r,
+        )
+        self.ws_tickets = Counter(
+            "adk_gateway_ws_tickets_total",
+            "WebSocket tickets (POST .../api/chat/ws-ticket), by outcome: issued, redeemed by a handshake, "
+            "refused (unknown, used, expired, or issued for another agent, origin or auth settings).",
+            ["outcome"], registry=r,
         )
         self.ready = Gauge(
             "adk_gateway_ready", "1 when /readyz answers 200 (the default agent's upstream and the session store up, "

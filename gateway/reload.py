@@ -29,7 +29,7 @@ import structlog
 import yaml
 
 from .agent_config import AgentAccess
-from .auth import Authenticator
+from .auth import Authenticator, warn_token_in_url
 from .config import ConfigError, GatewayConfig, parse_config, revalidate
 from .jwks import provider_keys
 from .state import Gateway
@@ -202,6 +202,8 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
         return ReloadResult(False, plan.problems, plan.restart_required)
     applied = plan.config
     _take_provider_keys(gateway, gateway.config, applied)
+    if not gateway.config.auth.allow_token_in_url:
+        warn_token_in_url(applied.auth)
     gateway.config = applied
     gateway.auth = Authenticator(applied.auth, gateway.jwks)
     gateway.admission.config = applied.limits

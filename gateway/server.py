@@ -27,6 +27,7 @@ import structlog
 from aiohttp import WSCloseCode, web
 
 from .app import create_app
+from .auth import warn_token_in_url
 from .config import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
 from .reload import reload_config
@@ -120,6 +121,7 @@ async def serve(config: GatewayConfig, config_path: Path | None = None, upstream
     stays applied on reloads."""
     app = create_app(config)
     gateway = app[GATEWAY]
+    warn_token_in_url(config.auth)
     gateway.config_path = config_path
     gateway.upstream_mode = upstream_mode
     if config_path is not None:

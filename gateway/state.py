@@ -24,6 +24,7 @@ from .jwks import Jwks
 from .limits import Admission
 from .metrics import GatewayMetrics
 from .registry import Registry
+from .tickets import Tickets
 
 __all__ = ["GATEWAY", "Gateway"]
 
@@ -40,6 +41,8 @@ class Gateway:
     # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
     cluster: Cluster
     admission: Admission
+    # WebSocket tickets, kept where every replica can redeem them (tickets.py).
+    tickets: Tickets
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.

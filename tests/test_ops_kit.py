@@ -760,7 +760,7 @@ def check_load_balancer(kit: Kit) -> list[str]:
                 problems.append(f"nginx.conf: {what} is an SSE stream but {loc.label} has proxy_buffering {loc.value('proxy_buffering')}")
             if read <= config.chat.keepalive_interval:
                 problems.append(f"nginx.conf: {loc.label} proxy_read_timeout {read:g}s does not outlast chat.keepalive_interval ({config.chat.keepalive_interval:g}s)")
-        if module.endswith(".ws"):
+        if module.endswith(".ws") and method == "GET":  # the handshake; POST .../ws-ticket is plain HTTP
             maps = {d.args[1]: d for d in http.all("map") if len(d.args) == 2 and d.args[0] == "$http_upgrade"}
             if headers.get("upgrade") != "$http_upgrade":
                 problems.append(f"nginx.conf: {what} is the WebSocket route but {loc.label} does not pass Upgrade $http_upgrade")

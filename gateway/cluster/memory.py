@@ -46,6 +46,7 @@ class MemoryHub:
     inboxes: dict[str, Inbox] = field(default_factory=dict)
     relays: dict[str, _Relay] = field(default_factory=dict)
     calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    tickets: dict[str, dict[str, str]] = field(default_factory=dict)
     next_sweep: float = 0.0
 
 
@@ -143,3 +144,10 @@ class MemoryState(SharedState):
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         record = self.hub.calls.get(call_id)
         return dict(record) if record is not None else None
+
+    async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
+        self.hub.tickets[key] = dict(record)
+        asyncio.get_running_loop().call_later(ttl, self.hub.tickets.pop, key, None)
+
+    async def take_ticket(self, key: str) -> dict[str, str] | None:
+        return self.hub.tickets.pop(key, None)

@@ -11,6 +11,8 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:inbox:{replica}`: a pub/sub channel per replica.
 - `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
 - `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
+- `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
+  ticket, taken with GETDEL so it opens one socket.
 
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
@@ -365,6 +367,22 @@ class RedisState(SharedState):
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
         return {k.decode(): v.decode() for k, v in raw.items()} or None
+
+    async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
+        self._check()
+        try:
+            await self._redis.set(self._key("ticket", key), orjson.dumps(record), px=max(int(ttl * 1000), 1))
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+
+    async def take_ticket(self, key: str) -> dict[str, str] | None:
+        self._check()
+        try:
+            # GETDEL (Redis 6.2): two replicas handed the same ticket cannot both take it.
+            raw = await self._redis.getdel(self._key("ticket", key))
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+        return orjson.loads(raw) if raw is not None else None
 
     def _down(self, exc: BaseException) -> SharedStateDown:
         if self.available:

@@ -13,7 +13,9 @@ drives do that):
 - relays: the chunks of one response, appended by the replica running it and read by the
   replica holding the browser's connection;
 - gated-call records: every gated call with its chat, owner and (once released) verdict, kept
-  for the call's deadline.
+  for the call's deadline;
+- WebSocket tickets: short-lived, single-use credentials for a socket's handshake (tickets.py),
+  so a ticket issued by one replica opens a socket on any.
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -159,4 +161,15 @@ class SharedState(abc.ABC):
     @abc.abstractmethod
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         """A gated call's record, or None."""
+
+    # ---- WebSocket tickets -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
+        """Store a ticket's record for `ttl` seconds."""
+
+    @abc.abstractmethod
+    async def take_ticket(self, key: str) -> dict[str, str] | None:
+        """A ticket's record, removed in the same step (a ticket opens one socket), or None if
+        unknown, taken already or expired."""
 

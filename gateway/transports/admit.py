@@ -1,8 +1,9 @@
 """What every browser request passes before it reaches a chat, whatever its transport.
 
-Identity (auth), the page's origin, the agent the route names (404 if none such, 403 if the caller
+Identity (auth, or a WebSocket ticket), the page's origin, the agent the route names (404 if none such, 403 if the caller
 may not use it), the drain state and the user's request rate, in that order, each refused with its
-own status and JSON reason and counted in `adk_gateway_limited_total`.
+own status and JSON reason and counted in `adk_gateway_limited_total`; and the CORS preflight
+that comes before a cross-origin page's requests.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from ..auth import Identity
 from ..errors import HttpError
 from ..limits import Limited
 from ..state import GATEWAY
+from ..tickets import QUERY_PARAMETER
 
-__all__ = ["Caller", "admit", "count_refusal", "identify"]
+__all__ = ["Caller", "admit", "count_refusal", "identify", "preflight", "route_agent"]
 
 # What a request refused while draining is told to wait, in seconds: long enough for a balancer
 # polling `/readyz` (503 `draining` from the first moment) to stop routing here, so the retry lands
 # on another instance; short enough that a person retrying by hand hardly notices.
 _DRAINING_RETRY_AFTER: Final = "5"
+# How long a browser may cache a preflight's answer, in seconds: it saves an OPTIONS round trip
+# before every cross-origin POST, and a reload that takes an origin off the allowlist reaches
+# pages that cached an answer within ten minutes (browsers cap it anyway: Chromium at 2 hours).
+_PREFLIGHT_MAX_AGE: Final = "600"
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,28 @@ def count_refusal(request: web.Request, reason: str) -> None:
     request.app[GATEWAY].metrics.limited.labels(reason).inc()
 
 
+def route_agent(request: web.Request) -> str:
+    """The agent a route names: `/agents/{agent}/api/chat...`, or the default agent's `/api/chat...`."""
+    return request.match_info.get("agent") or request.app[GATEWAY].config.default
+
+
 async def identify(request: web.Request) -> Identity:
-    """Who calls, from a page that may call: the first two checks, for routes of no one agent."""
+    """Who calls, from a page that may call: the first two checks, for routes of no one agent.
+    A WebSocket handshake may carry a ticket (tickets.py) instead of a credential."""
     gateway = request.app[GATEWAY]
     try:
-        identity = await gateway.auth.identify(request)
+        ticket = request.query.get(QUERY_PARAMETER) if request.headers.get("Upgrade", "").lower() == "websocket" else None
+        if ticket is not None:
+            try:
+                identity = await gateway.tickets.redeem(
+                    ticket, agent=route_agent(request), origin=request.headers.get("Origin"), fingerprint=gateway.auth.fingerprint
+                )
+            except HttpError:
+                gateway.metrics.ws_tickets.labels("refused").inc()
+                raise
+            gateway.metrics.ws_tickets.labels("redeemed").inc()
+        else:
+            identity = await gateway.auth.identify(request)
         gateway.auth.check_origin(request, identity)
     except HttpError as exc:
         count_refusal(request, exc.code if exc.status == 403 else "unauthorized")
@@ -57,8 +80,7 @@ async def admit(request: web.Request, *, new_work: bool = True) -> Caller:
     gateway = request.app[GATEWAY]
     identity = await identify(request)
     user_id = identity.user_id
-    # `/api/chat...` is the default agent's; `/agents/{agent}/api/chat...` names one.
-    agent = request.match_info.get("agent") or gateway.config.default
+    agent = route_agent(request)
     config = gateway.config.agents.get(agent)
     if config is None:
         count_refusal(request, "agent_not_found")
@@ -76,3 +98,18 @@ async def admit(request: web.Request, *, new_work: bool = True) -> Caller:
         count_refusal(request, exc.code)
         raise
     return Caller(user_id, agent, identity)
+
+
+async def preflight(request: web.Request) -> web.Response:
+    """CORS preflight for cross-origin pages on the allowlist."""
+    gateway = request.app[GATEWAY]
+    headers = gateway.auth.cors_headers(request)
+    if not headers:
+        count_refusal(request, "origin_not_allowed")
+        raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
+    headers.update({
+        "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+        "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "content-type, authorization"),
+        "Access-Control-Max-Age": _PREFLIGHT_MAX_AGE,
+    })
+    return web.Response(status=204, headers=headers)

@@ -30,7 +30,7 @@ from ..protocol import (
 )
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY
-from .admit import Caller, admit, count_refusal
+from .admit import Caller, admit, count_refusal, preflight
 from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
@@ -39,10 +39,6 @@ log = structlog.get_logger("adk_gateway.sse")
 
 _TRANSPORT: Final = "sse"
 _KEEPALIVE: Final = b": keep-alive\n\n"
-# How long a browser may cache a preflight's answer, in seconds: it saves an OPTIONS round trip
-# before every cross-origin POST, and a reload that takes an origin off the allowlist reaches
-# pages that cached an answer within ten minutes (browsers cap it anyway: Chromium at 2 hours).
-_PREFLIGHT_MAX_AGE: Final = "600"
 
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
@@ -168,21 +164,6 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
         if not completed and gateway.config.chat.on_disconnect == "cancel":
             await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
     return response
-
-
-async def preflight(request: web.Request) -> web.Response:
-    """CORS preflight for cross-origin pages on the allowlist."""
-    gateway = request.app[GATEWAY]
-    headers = gateway.auth.cors_headers(request)
-    if not headers:
-        count_refusal(request, "origin_not_allowed")
-        raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
-    headers.update({
-        "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-        "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "content-type, authorization"),
-        "Access-Control-Max-Age": _PREFLIGHT_MAX_AGE,
-    })
-    return web.Response(status=204, headers=headers)
 
 
 def routes() -> list[web.RouteDef]:

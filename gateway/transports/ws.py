@@ -11,6 +11,9 @@ ends the request with `end`, the answering `send` re-attaches, and `resume` repl
 run's log. A malformed frame gets an `error` frame naming the problem and the socket stays up;
 frames over the size limit close it with 1009. Closing the socket stops the requests' followers
 (runs go on, unless aborted) and closes the chat's live session, if any.
+
+`POST /api/chat/ws-ticket` issues the single-use ticket a page without a cookie opens the socket
+with (`?ticket=`, tickets.py): browsers cannot set headers on a handshake.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
 from ..runs import FollowerLagged, Response
 from ..state import GATEWAY, Gateway
-from .admit import Caller, admit
+from .admit import Caller, admit, preflight
 from .aiohttp_raw import send_text_frames, write_text_frames_now
 
 __all__ = ["routes"]
@@ -363,6 +366,31 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+async def issue_ticket(request: web.Request) -> web.Response:
+    """A single-use ticket for one socket on this route's agent (tickets.py), for a page that holds
+    its credential in script: it asks with the credential in a header, then opens the socket with
+    `?ticket=`, so no long-lived token is in the socket's URL."""
+    gateway = request.app[GATEWAY]
+    # Not new work: a draining replica still issues (the socket may reach another replica).
+    caller = await admit(request, new_work=False)
+    ticket = await gateway.tickets.issue(
+        caller.identity, agent=caller.agent, origin=request.headers.get("Origin"),
+        fingerprint=gateway.auth.fingerprint, ttl=gateway.config.auth.ws_ticket_ttl,
+    )
+    gateway.metrics.ws_tickets.labels("issued").inc()
+    return web.json_response(
+        {"ticket": ticket.value, "expires_in": ticket.expires_in},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
 def routes() -> list[web.RouteDef]:
     # `/api/chat/ws` is the default agent's; each agent also has its own base path.
-    return [web.get("/api/chat/ws", chat_socket), web.get("/agents/{agent}/api/chat/ws", chat_socket)]
+    out = []
+    for base in ("", "/agents/{agent}"):
+        out += [
+            web.get(base + "/api/chat/ws", chat_socket),
+            web.post(base + "/api/chat/ws-ticket", issue_ticket),
+            web.options(base + "/api/chat/ws-ticket", preflight),
+        ]
+    return out

@@ -69,6 +69,17 @@ def allowing_gateway(tmp_path_factory: pytest.TempPathFactory, app_origin: str) 
         yield gateway
 
 
+KEY = "k-app-" + "q" * 20
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(tmp_path_factory: pytest.TempPathFactory, app_origin: str) -> Iterator[GatewayProcess]:
+    # The README's gateway side with an API key (a JWT from the app's identity provider goes the same way).
+    env = {"GATEWAY_ALLOWED_ORIGINS": app_origin, "AUTH_MODE": "api_key", "GATEWAY_API_KEY": KEY, "API_KEY_USER": "app-user"}
+    with make_run(tmp_path_factory.mktemp("keyed"), env) as gateway:
+        yield gateway
+
+
 @pytest.fixture(scope="module")
 def stock_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     with make_run(tmp_path_factory.mktemp("stock"), unset=("GATEWAY_ALLOWED_ORIGINS",)) as gateway:
@@ -83,6 +94,17 @@ def _open(browser: Any, gateway: GatewayProcess, app_origin: str, artifact: Path
     return app
 
 
+def approve_a_payment(app: DemoPage) -> None:
+    app.type("pay 50 to Hanako")
+    card = app.tool("process_payment")
+    app.state(card, "approval-requested", "approval-requested")
+    app.idle()
+    card.get_by_role("button", name="Approve", exact=True).click()
+    app.state(card, "output-available", "output-available")
+    app.sees("Done: sent 50 USD to Hanako")
+    app.idle()
+
+
 @pytest.mark.parametrize(("sdk", "transport"), CLIENTS)
 def test_the_quick_start_works_from_another_origin(
     browser: Any, allowing_gateway: GatewayProcess, app_origin: str, artifact: Path, sdk: int, transport: str
@@ -94,14 +116,7 @@ def test_the_quick_start_works_from_another_origin(
         app.sees('You said: "hello there"')
         app.idle()
         # An approval round trip: the second request of the turn crosses origins too.
-        app.type("pay 50 to Hanako")
-        card = app.tool("process_payment")
-        app.state(card, "approval-requested", "approval-requested")
-        app.idle()
-        card.get_by_role("button", name="Approve", exact=True).click()
-        app.state(card, "output-available", "output-available")
-        app.sees("Done: sent 50 USD to Hanako")
-        app.idle()
+        approve_a_payment(app)
         # A new message instead of an answer: the gateway cancels the call, the README's rule hides its buttons.
         app.type("pay 50 to Hanako")
         waiting = app.tool("process_payment", 1)
@@ -121,6 +136,52 @@ def test_the_quick_start_works_from_another_origin(
         app.screenshot()
     finally:
         app.context.close()
+
+
+# Every WebSocket the page opens, so the test can drop one as a network would (the transports keep theirs private).
+RECORD_SOCKETS = """
+const Native = window.WebSocket;
+window.__sockets = [];
+window.WebSocket = class extends Native {
+  constructor(...args) { super(...args); window.__sockets.push(this); }
+};
+"""
+
+
+@pytest.mark.parametrize("client", ["7", "6-copied"])
+def test_a_cross_site_app_opens_the_websocket_with_a_ticket_for_each_connection(
+    browser: Any, keyed_gateway: GatewayProcess, app_origin: str, artifact: Path, client: str
+) -> None:
+    """The stock ai 7 WebSocketChatTransport (and the gateway's ai 6 one) with `params` asking for a
+    single-use ticket: no long-lived credential in any URL, and a dropped connection reopens with
+    a new ticket at the next request."""
+    sdk, *copied = client.split("-")
+    query = f"gateway={keyed_gateway.base}&sdk={sdk}&transport=ws&key={KEY}" + ("&ws-module=copied" if copied else "")
+    context = browser.new_context(viewport={"width": 900, "height": 700}, locale="en-US")
+    context.add_init_script(RECORD_SOCKETS)
+    app = DemoPage(context, keyed_gateway, artifact)
+    tickets: list[str] = []
+    app.page.on("request", lambda r: tickets.append(r.url) if r.url.endswith("/ws-ticket") and r.method == "POST" else None)
+    try:
+        app.page.goto(f"{app_origin}/index.html?{query}")
+        app.expect("the app to load", lambda: expect(app.page.locator("body[data-status=ready]")).to_be_attached())
+        app.type("hello there")
+        app.sees('You said: "hello there"')
+        app.idle()
+        # The connection drops (a network, a proxy, a replica going away): the next request opens
+        # another, with a ticket of its own; an approval round trip rides on it.
+        app.page.evaluate("window.__sockets.at(-1).close()")
+        approve_a_payment(app)
+        app.clean_console()
+        app.screenshot()
+    finally:
+        context.close()
+    assert len(app.sockets) == 2 and len(tickets) == 2, (app.sockets, tickets)
+    assert all("ticket=wst_" in url and KEY not in url and "access_token" not in url for url in app.sockets), app.sockets
+    assert len({url.split("ticket=")[1] for url in app.sockets}) == 2  # one ticket per connection
+    redeemed = [line for line in keyed_gateway.log_lines() if line.get("event") == "ws_connected" and line.get("user_id") == "app-user"]
+    assert len(redeemed) >= 2
+    assert KEY not in keyed_gateway.log_text()
 
 
 # What refuses the page when its origin is not listed: the gateway's answer, and what Chromium says of it.

@@ -38,7 +38,8 @@ KEYS = {"alice": "alice-key-" + os.urandom(8).hex(), "bob": "bob-key-" + os.uran
 
 def auth_config() -> str:
     entries = "".join(f"    - id: {user_id}\n      key: {key}\n" for user_id, key in KEYS.items())
-    return f"auth:\n  mode: api_key\n  api_keys:\n{entries}"
+    # The `query` channel below is `?access_token=`, read only with the switch on.
+    return f"auth:\n  mode: api_key\n  allow_token_in_url: true\n  api_keys:\n{entries}"
 
 
 def bearer(key: str) -> dict[str, str]:

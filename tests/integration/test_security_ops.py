@@ -74,15 +74,28 @@ async def test_websocket_auth_and_origins(keyed: GatewayProcess) -> None:
         with pytest.raises(aiohttp.WSServerHandshakeError) as no_key:
             await http_.ws_connect(url)
         assert no_key.value.status == 401
+        # The key itself in the URL is refused (auth.allow_token_in_url is off): a page trades it
+        # for a single-use ticket, in a header, and opens the socket with that.
+        with pytest.raises(aiohttp.WSServerHandshakeError) as in_url:
+            await http_.ws_connect(url + "?access_token=key-alice", origin="https://app.example")
+        assert in_url.value.status == 401
+
+        async def ticket() -> str:
+            async with http_.post(keyed.base + "/api/chat/ws-ticket", headers={"Authorization": "Bearer key-alice"}) as answer:
+                assert answer.status == 200
+                return str((await answer.json())["ticket"])
+
         with pytest.raises(aiohttp.WSServerHandshakeError) as evil:
-            await http_.ws_connect(url + "?access_token=key-alice", origin="https://evil.example")
+            await http_.ws_connect(url + f"?ticket={await ticket()}", origin="https://evil.example")
         assert evil.value.status == 403
-        async with http_.ws_connect(url + "?access_token=key-alice", origin="https://app.example") as ws:
+        used = await ticket()
+        async with http_.ws_connect(url + f"?ticket={used}", origin="https://app.example") as ws:
             await ws.send_str(json.dumps({"type": "send", "requestId": "r1", "id": new_chat(), "trigger": "submit-message",
                                           "messages": [user("hello there")], "headers": {}, "body": {}}))
             while (frame := json.loads(await asyncio.wait_for(ws.receive_str(), 20)))["type"] == "chunk":
                 pass
             assert frame == {"type": "end", "requestId": "r1"}
+    assert used not in keyed.log_text() and "key-alice" not in keyed.log_text()
 
 
 def test_cors_from_the_allowlist_only(keyed: GatewayProcess) -> None:

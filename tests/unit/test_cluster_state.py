@@ -239,6 +239,21 @@ async def test_gated_call_records_merge_and_expire(pair: tuple[Replica, Replica]
     assert await b.state.get_call(call) is None
 
 
+async def test_a_ticket_is_taken_once_by_any_replica_and_expires(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    record = {"user": "alice", "claims": "{}", "agent": "demo_agent", "origin": "", "auth": "f"}
+    await a.state.put_ticket("t1", record, ttl=60)
+    assert await b.state.take_ticket("t1") == record
+    assert await a.state.take_ticket("t1") is None  # spent: one socket per ticket
+    await a.state.put_ticket("t2", record, ttl=0.2)
+    await asyncio.sleep(0.4)
+    assert await b.state.take_ticket("t2") is None
+    # Two replicas racing for one ticket: exactly one gets it.
+    await a.state.put_ticket("t3", record, ttl=60)
+    taken = await asyncio.gather(*(replica.state.take_ticket("t3") for replica in (a, b, a, b)))
+    assert taken.count(record) == 1
+
+
 # ---- Redis only: the store goes away, or comes back empty ---------------------------------------
 
 

@@ -2,7 +2,10 @@
 // serves it from one) and follows README.md's "Point an existing useChat app at the gateway" literally: the
 // stock Chat core of ai 6 or ai 7 (`AbstractChat`, what `useChat` wraps) with the README's transport and options,
 // pointed at the gateway's absolute URL, and the README's rule for approvals a newer message cancelled.
-// ?gateway=http://127.0.0.1:8080&sdk=6|7&transport=sse|ws[&ws-module=copied]
+// ?gateway=http://127.0.0.1:8080&sdk=6|7&transport=sse|ws[&ws-module=copied][&key=CREDENTIAL]
+// With `key`, the app holds its user's credential in script (as a JWT from its sign-in): SSE sends it in
+// the Authorization header, and the WebSocket opens with a single-use ticket asked for with it
+// (docs/security.md), a fresh one for every connection the transport opens.
 import * as ai6 from 'ai6';
 import * as ai7 from 'ai7';
 // ai 6 apps may also copy the gateway's WebSocket transport into their bundle (docs/websocket.md).
@@ -36,15 +39,25 @@ class Chat extends ai.AbstractChat {
   constructor({ onChange, ...init }) { super({ ...init, state: new ChatState(onChange) }); }
 }
 
+const KEY = params.get('key');
+const headers = KEY ? { Authorization: `Bearer ${KEY}` } : undefined;
+// The transports resolve `params` at every connection they open: each asks for its own ticket.
+async function ticket() {
+  const answer = await fetch(`${GATEWAY}/api/chat/ws-ticket`, { method: 'POST', headers });
+  if (!answer.ok) throw new Error(`no WebSocket ticket: ${answer.status}`);
+  return { ticket: (await answer.json()).ticket };
+}
+
 // The transports as README.md and docs/websocket.md show them, with the gateway's absolute URL.
 async function createTransport() {
-  if (kind === 'sse') return new ai.DefaultChatTransport({ api: `${GATEWAY}/api/chat` });
+  if (kind === 'sse') return new ai.DefaultChatTransport({ api: `${GATEWAY}/api/chat`, headers });
   const ws = `${GATEWAY.replace(/^http/, 'ws')}/api/chat/ws`;
-  if (version === 7) return new ai.WebSocketChatTransport({ url: `${ws}?aiSdkVersion=7` });
-  if (params.get('ws-module') === 'copied') return new CopiedWebSocketChatTransport({ url: ws });
+  const options = KEY ? { params: ticket } : {};
+  if (version === 7) return new ai.WebSocketChatTransport({ url: `${ws}?aiSdkVersion=7`, ...options });
+  if (params.get('ws-module') === 'copied') return new CopiedWebSocketChatTransport({ url: ws, ...options });
   const module = `${GATEWAY}/static/ws-transport.js`; // ai 6: the gateway's module, imported cross-origin
   const { WebSocketChatTransport } = await import(/* webpackIgnore: true */ module);
-  return new WebSocketChatTransport({ url: ws });
+  return new WebSocketChatTransport({ url: ws, ...options });
 }
 
 // README.md's rule: a tool call in an earlier message that never finished was cancelled by the gateway
