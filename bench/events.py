@@ -12,6 +12,11 @@ repetition gets fresh function call ids, so the converter sees a new tool call e
 would in a long conversation. `size` pads the text of text events so each event's JSON is about
 that many bytes (0 keeps the recorded sizes, about 400-700 bytes).
 
+The tool-heavy stream (`tool_events`, issue 18) is turns of 303 events: 100 rounds of a partial
+text, a function call with its recorded arguments and its function response with the recorded
+result (get_weather and process_payment in turn, fresh call ids), then two partial texts and the
+final text; about 500 bytes an event.
+
 The fake upstream learns what to stream from the user's message text: `StreamSpec.text()`
 ("bench mode=burst n=500 ..."), which the gateway forwards upstream unchanged.
 """
@@ -43,7 +48,8 @@ class StreamSpec:
 
     mode: str = "burst"  # burst: n events at full speed; paced: n events interval_ms apart;
     # hold: one event, then the stream stays open hold_s seconds; gate: a function call to
-    # `tool`, held until /bench/release, then its response and text.
+    # `tool`, held until /bench/release, then its response and text; gate_before / gate_after:
+    # those two halves as two runs that end; tools: n events of the tool-heavy stream.
     n: int = 500
     size: int = 0
     batch: int = 1  # burst: events per write (ADK writes each event on its own)
@@ -187,3 +193,55 @@ def gate_events(call_id: str, tool: str) -> tuple[list[bytes], list[bytes]]:
         return orjson.dumps(event)
 
     return [rename(fc_partial), rename(fc_final)], [rename(fr), *after]
+
+
+# ---- the tool-heavy stream (issue 18) -------------------------------------------------------------
+
+# One tool-heavy turn: 100 rounds of (partial text, function call, function response), then two
+# partial texts and the aggregated final text: 100 calls, 100 responses, 102 partial texts, 303
+# events. The long tool-heavy stream is ten of these back to back (3,030 events).
+TOOL_TURN = 303
+
+
+@cache
+def _tool_material() -> tuple[tuple[tuple[bytes, bytes], ...], tuple[bytes, ...], bytes]:
+    """(function call event, its response event) pairs, partial text events and a final text event,
+    all recorded from the stock ADK server (tests/fixtures/adk)."""
+    weather, pay, paid, hello = (recorded(n) for n in ("weather_tokyo", "pay_hanako", "pay_hanako_approve", "hello_there"))
+    # The final (partial: false) call events: the call as ADK runs it, with the model's usage.
+    calls = ((weather[1], weather[2]), (pay[1], paid[0]))
+    partials = (*weather[3:-1], *paid[1:-1], *hello[:-1])
+    return calls, partials, weather[-1]
+
+
+def tool_turn(m: int, k: int = 0) -> list[bytes]:
+    """A tool-heavy turn of m events (instance k: fresh function call ids)."""
+    calls, partials, final = _tool_material()
+    rounds = max(0, (m - 3) // 3)
+    out: list[bytes] = []
+    for j in range(rounds):
+        call, response = calls[j % len(calls)]
+        (original,) = _call_ids((call,))
+        fresh = b"bench-tool-%d-%d" % (k, j)
+        out += [partials[j % len(partials)], call.replace(original, fresh), response.replace(original, fresh)]
+    tail = m - len(out)
+    out += [partials[(rounds + i) % len(partials)] for i in range(tail - 1)] + [final] * (tail > 0)
+    return out
+
+
+@cache
+def tool_events(n: int) -> tuple[bytes, ...]:
+    """The tool-heavy stream of n events: tool turns of TOOL_TURN events (the last one cut to fit)."""
+    out: list[bytes] = []
+    k = 0
+    while len(out) < n:
+        out += tool_turn(min(TOOL_TURN, n - len(out)), k)
+        k += 1
+    return tuple(out)
+
+
+def stream_events(spec: StreamSpec, live: bool = False) -> tuple[bytes, ...]:
+    """The events the fake upstream streams for a burst-like spec (burst, tools)."""
+    if spec.mode == "tools":
+        return tool_events(spec.n)
+    return burst_events(spec.n, spec.size, live)

@@ -5,7 +5,9 @@ gateway that costs a fraction of that. This one answers what the gateway calls:
 
 - `GET /list-apps`; `GET/POST /apps/{app}/users/{uid}/sessions[/{sid}]` (in-memory sessions);
 - `POST /run_sse`: the events of the `StreamSpec` found in `newMessage`'s text, as ADK frames them
-  (`data: <json>\\n\\n`), pre-encoded, written `batch` events per write;
+  (`data: <json>\\n\\n`), pre-encoded, written `batch` events per write (`burst`, and `tools` for
+  the tool-heavy stream); `gate_before` / `gate_after` stream the two halves of a `gate` run as two
+  runs that end (what a bare proxy carries for an approval's two requests);
 - `GET /run_live` (WebSocket): for each `{"content": ...}` frame, that turn's events as text
   frames ending with `turnComplete`; `{"close": true}` closes;
 - `POST /bench/release?call=<id>`: lets a `gate` run go on (its tool was "released").
@@ -24,7 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from .events import StreamSpec, burst_events, gate_events, hold_events, paced_template
+from .events import StreamSpec, burst_events, gate_events, hold_events, paced_template, stream_events
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _MAX_HOLD_S = 600.0
@@ -37,15 +39,15 @@ def _frame(raw: bytes) -> bytes:
     return b"data: " + raw + b"\n\n"
 
 
-_burst_cache: dict[tuple[int, int, int], list[bytes]] = {}
+_burst_cache: dict[tuple[str, int, int, int], list[bytes]] = {}
 
 
 def _sse_batches(spec: StreamSpec) -> list[bytes]:
-    key = (spec.n, spec.size, max(1, spec.batch))
+    key = (spec.mode, spec.n, spec.size, max(1, spec.batch))
     batches = _burst_cache.get(key)
     if batches is None:
-        frames = [_frame(raw) for raw in burst_events(spec.n, spec.size)]
-        step = key[2]
+        frames = [_frame(raw) for raw in stream_events(spec)]
+        step = key[3]
         batches = _burst_cache[key] = [b"".join(frames[i : i + step]) for i in range(0, len(frames), step)]
     return batches
 
@@ -104,7 +106,7 @@ async def run_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers=_SSE_HEADERS)
     await response.prepare(request)
     try:
-        if spec.mode == "burst":
+        if spec.mode in ("burst", "tools"):
             for batch in _sse_batches(spec):
                 await response.write(batch)
         elif spec.mode == "paced":
@@ -130,6 +132,10 @@ async def run_sse(request: web.Request) -> web.StreamResponse:
             finally:
                 request.app[GATES].pop(call_id, None)
             for raw in after:
+                await response.write(_frame(raw))
+        elif spec.mode in ("gate_before", "gate_after"):
+            before, after = gate_events(f"bench-{body.get('sessionId')}", spec.tool)
+            for raw in before if spec.mode == "gate_before" else after:
                 await response.write(_frame(raw))
         await response.write_eof()
     except (ConnectionError, asyncio.CancelledError):

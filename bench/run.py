@@ -2,11 +2,13 @@
 
     python -m bench                 # the full run (make bench), a few minutes on 2 cores
     python -m bench --smoke         # tiny sizes: checks the machinery, not the numbers
-    python -m bench --only sse,idle # some phases only (converter, sse, ws, growth, idle, approval)
+    python -m bench --only sse,idle # some phases only (converter, sse, ws, growth, idle, approval,
+                                    # and issue 18's agentic shape: turns, tools, ttft)
 
 Processes: the fake ADK upstream, nginx (proxy_buffering off), the bare aiohttp passthrough and the
 gateway (SSE upstream mode; a second one in live mode for WebSocket-to-/run_live), each on a free
-loopback port; the idle phase starts fresh ones so earlier load does not lend them memory.
+loopback port; the idle phase starts fresh ones so earlier load does not lend them memory, and the
+agentic phases (turns, tools, ttft: bench/agentic.py) start their own set.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from typing import Any
 from . import procs
 from .clients import Route
 from .procs import Proc
+from .agentic import approval_pairs, chat_turns, first_text, tool_converter
 from .breakdown import breakdown
+from .events import StreamSpec, tool_events
 from .scenarios import approval, converter_bench, idle, latency, throughput
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-PHASES = ("converter", "sse", "ws", "growth", "idle", "approval")
+PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft")
+AGENTIC = ("turns", "tools", "ttft")
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,16 @@ class Sizes:
     approval_warm: int = 5
     approval_seconds: float = 20.0
     repeats: int = 2
+    # The agentic shape (issue 18): short turns, approval pairs, the tool-heavy stream, time to first text.
+    turn_events: int = 20
+    turns_concurrency: tuple[int, ...] = (1, 50)  # the largest is run `repeats` times, the best kept
+    turns_seconds: float = 3.0
+    warm_history_turns: int = 8  # a warm turn carries 1 to 7 earlier exchanges
+    tool_stream_events: int = 3030
+    tool_turn_events: int = 303
+    tools_concurrency: tuple[int, ...] = (1, 50)
+    tools_seconds: float = 4.0
+    ttft_iterations: int = 200
 
 
 FULL = Sizes()
@@ -67,6 +82,8 @@ SMOKE = Sizes(
     ws_saturation=(1,), ws_isolated=(1,), events_per_stream=20, throughput_seconds=0.0, latency_seconds=0.03,
     growth_concurrency=1, growth_multipliers=(1, 2), growth_seconds=0.0, idle_connections=2, idle_warm=1,
     idle_settle_s=0.0, approval_iterations=1, approval_warm=0, approval_seconds=0.5, repeats=1,
+    turns_concurrency=(1, 2), turns_seconds=0.0, warm_history_turns=3, tool_stream_events=27, tool_turn_events=9,
+    tools_concurrency=(1, 2), tools_seconds=0.0, ttft_iterations=3,
 )
 
 
@@ -245,7 +262,19 @@ def run(sizes: Sizes, phases: tuple[str, ...], workdir: Path, log: Any, *, smoke
             seconds=sizes.converter_seconds, trials=sizes.converter_trials, with_pydantic=not smoke
         )
         results["converter"]["breakdown"] = breakdown(seconds=sizes.breakdown_seconds, trials=sizes.converter_trials)
+    tool_conv: dict[str, Any] = {}
+    if "tools" in phases:
+        log("converter on the tool-heavy stream, in process")
+        tool_conv["converter"] = tool_converter(
+            seconds=sizes.converter_seconds, trials=sizes.converter_trials, events=sizes.tool_stream_events,
+            per_turn=sizes.tool_turn_events,
+        )
+        tool_conv["breakdown"] = breakdown(
+            seconds=sizes.breakdown_seconds, trials=sizes.converter_trials, raws=list(tool_events(sizes.tool_stream_events))
+        )
     results.update(asyncio.run(_run_processes(sizes, phases, workdir, log, smoke=smoke)))
+    if tool_conv:
+        results.setdefault("tools", {}).update(tool_conv)
     return results
 
 
@@ -311,6 +340,128 @@ async def _run_processes(sizes: Sizes, phases: tuple[str, ...], workdir: Path, l
     if not smoke and "approval" in phases:
         log("approval round trip (GatewayPlugin -> internal listener <- browser POST)")
         results["approval"] = await _approval_phase(workdir, sizes, log)
+    if set(AGENTIC) & set(phases):
+        results.update(await _agentic_phases(workdir, sizes, phases, nginx_bin is not None, log))
+    return results
+
+
+# ---- the agentic shape (issue 18) ---------------------------------------------------------------
+
+
+async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], have_nginx: bool, log: Any) -> dict[str, Any]:
+    """Short turns, approval pairs, the tool-heavy stream and time to first text, on processes of
+    their own: the fake, the passthrough, nginx (tools, ttft), a gateway for tools and ttft, a fresh
+    one for short turns (new chats pile up in it) and one with a gated tool for approval pairs."""
+    internal_port, secret = procs.free_port(), secrets.token_urlsafe(16)
+    fake = procs.start_fake(workdir, "agentic-fake", wait=False)
+    passthrough = procs.start_passthrough(workdir, fake.base, "agentic-passthrough", wait=False)
+    nginx = procs.start_nginx(workdir, fake.base, "agentic-nginx", wait=False) if have_nginx and {"tools", "ttft"} & set(phases) else None
+    gateway = procs.start_gateway(workdir, fake.base, name="agentic-gateway", wait=False) if {"tools", "ttft"} & set(phases) else None
+    turner = procs.start_gateway(workdir, fake.base, name="turns-gateway", wait=False) if "turns" in phases else None
+    approver = procs.start_gateway(
+        workdir, fake.base, name="pairs-gateway", extra=_approval_extra(internal_port, secret), wait=False
+    ) if "turns" in phases else None
+    everything = [p for p in (fake, passthrough, nginx, gateway, turner, approver) if p is not None]
+    procs.ready(*everything)
+    results: dict[str, Any] = {}
+    with started(*everything):
+        if "ttft" in phases:
+            assert gateway is not None
+            log(f"time to first text, sequential ({sizes.ttft_iterations} requests per route and kind of chat)")
+            routes = [Route("direct", "adk-sse", fake.base, fake)]
+            if nginx is not None:
+                routes.append(Route("nginx", "adk-sse", nginx.base, nginx))
+            routes += [Route("passthrough", "adk-sse", passthrough.base, passthrough), Route("gateway", "gw-sse", gateway.base, gateway)]
+            row = await first_text(
+                routes, fake, iterations=sizes.ttft_iterations, spec=StreamSpec(mode="burst", n=sizes.turn_events),
+                history_turns=sizes.warm_history_turns,
+            )
+            for kind in ("new", "warm"):
+                for name, r in row[kind].items():
+                    log(f"  first text {kind:4} {name:12} p50 {r['first_text_us_p50']:7.0f} us  p90 {r['first_text_us_p90']:7.0f} us"
+                        f"  added p50 {r.get('added_us_p50', float('nan')):+7.0f} us")
+            rtt = row["upstream_session_rtt"]
+            log(f"  upstream session round trip (fake, direct): lookup p50 {rtt['lookup_us_p50']:.0f} us, create p50 {rtt['create_us_p50']:.0f} us")
+            results["ttft"] = row
+        if "tools" in phases:
+            assert gateway is not None
+            log(f"tool-heavy stream ({sizes.tool_stream_events} events a stream; in turns of {sizes.tool_turn_events}, a new chat each)")
+            routes = [Route("direct", "adk-sse", fake.base, fake)]
+            if nginx is not None:
+                routes.append(Route("nginx", "adk-sse", nginx.base, nginx))
+            routes += [Route("passthrough", "adk-sse", passthrough.base, passthrough), Route("gateway", "gw-sse", gateway.base, gateway)]
+            top = max(sizes.tools_concurrency)
+            stream: dict[str, Any] = {}
+            for conc in sizes.tools_concurrency:
+                level: dict[str, Any] = {}
+                for rep in range(sizes.repeats if conc == top else 1):
+                    for route in routes:
+                        measure = {"proxy": route.proc} if route.proc is fake else {"proxy": route.proc, "upstream": fake}
+                        r = await throughput(
+                            route, concurrency=conc, n=sizes.tool_stream_events, seconds=sizes.tools_seconds,
+                            measure=measure, tag=f"tools{rep}", mode="tools",
+                        )
+                        if route.name not in level or r["events_per_s"] > level[route.name]["events_per_s"]:
+                            level[route.name] = r
+                        log(f"  tool stream {route.name:12} x{conc:<3} {r['events_per_s']:>9.0f} ev/s "
+                            f"{r['cpu_us_per_event_proxy']:6.2f} us/ev  failed={r['failed']} errors={r['errors']}")
+                stream[str(conc)] = level
+            turns: dict[str, Any] = {}
+            spec = StreamSpec(mode="tools", n=sizes.tool_turn_events)
+            for conc in sizes.tools_concurrency:
+                level = {}
+                for rep in range(sizes.repeats if conc == top else 1):
+                    for route in routes[-2:]:
+                        r = await chat_turns(
+                            route, concurrency=conc, spec=spec, new=True, seconds=sizes.tools_seconds,
+                            measure={"proxy": route.proc, "upstream": fake}, tag=f"toolturns{rep}",
+                        )
+                        if route.name not in level or r["turns_per_s"] > level[route.name]["turns_per_s"]:
+                            level[route.name] = r
+                        log(f"  tool turns  {route.name:12} x{conc:<3} {r['events_per_s']:>9.0f} ev/s "
+                            f"{r['cpu_us_per_event_proxy']:6.2f} us/ev {r['cpu_us_per_turn_proxy']:8.0f} us/turn  "
+                            f"failed={r['failed']} errors={r['errors']}")
+                turns[str(conc)] = level
+            results["tools"] = {"stream": stream, "turns": turns}
+        if "turns" in phases:
+            assert turner is not None and approver is not None
+            log(f"short turns ({sizes.turn_events} events), warm and new chats, and approval pairs")
+            routes = [Route("passthrough", "adk-sse", passthrough.base, passthrough), Route("gateway", "gw-sse", turner.base, turner)]
+            spec = StreamSpec(mode="burst", n=sizes.turn_events)
+            top = max(sizes.turns_concurrency)
+            short: dict[str, Any] = {str(c): {} for c in sizes.turns_concurrency}
+            # Warm chats first: the new chats' phase leaves thousands of chats in the gateway.
+            for chats in ("warm", "new"):
+                for conc in sizes.turns_concurrency:
+                    level = short[str(conc)].setdefault(chats, {})
+                    for rep in range(sizes.repeats if conc == top else 1):
+                        for route in routes:
+                            r = await chat_turns(
+                                route, concurrency=conc, spec=spec, new=chats == "new", seconds=sizes.turns_seconds,
+                                measure={"proxy": route.proc, "upstream": fake}, history_turns=sizes.warm_history_turns,
+                                tag=f"{chats}{rep}",
+                            )
+                            if route.name not in level or r["turns_per_s"] > level[route.name]["turns_per_s"]:
+                                level[route.name] = r
+                            log(f"  turns {chats:4} {route.name:12} x{conc:<3} {r['turns_per_s']:>8.0f} turns/s "
+                                f"{r['cpu_us_per_turn_proxy']:8.0f} us/turn (upstream {r['cpu_us_per_turn_upstream']:6.0f})  "
+                                f"failed={r['failed']} errors={r['errors']}")
+            pairs: dict[str, Any] = {}
+            pair_routes = [routes[0], Route("gateway", "gw-sse", approver.base, approver)]
+            for conc in sizes.turns_concurrency:
+                level = {}
+                for rep in range(sizes.repeats if conc == top else 1):
+                    for route in pair_routes:
+                        r = await approval_pairs(
+                            route, concurrency=conc, seconds=sizes.turns_seconds, measure={"proxy": route.proc, "upstream": fake},
+                            fake=fake.base, internal=f"http://127.0.0.1:{internal_port}", secret=secret, tag=f"pair{rep}",
+                        )
+                        if route.name not in level or r["pairs_per_s"] > level[route.name]["pairs_per_s"]:
+                            level[route.name] = r
+                        log(f"  approval pairs {route.name:12} x{conc:<3} {r['pairs_per_s']:>7.0f} pairs/s "
+                            f"{r['cpu_us_per_pair_proxy']:8.0f} us/pair  failed={r['failed']} {r['errors'][:1]}")
+                pairs[str(conc)] = level
+            results["turns"] = {"short": short, "approval_pair": pairs}
     return results
 
 
@@ -434,7 +585,60 @@ def targets(results: dict[str, Any], sizes: Sizes) -> list[dict[str, Any]]:
     cg = _get(results, "converter", "growth")
     add("growth: converter time per event, 16x vs 1x message length", cg and cg["ratio_16x_to_1x"], "<=", 1.25,
         detail=cg and f"{cg['us_per_event_16x']:.2f} vs {cg['us_per_event_1x']:.2f} us/event")
+    _agentic_targets(results, sizes, add)
     return rows
+
+
+def _agentic_targets(results: dict[str, Any], sizes: Sizes, add: Any) -> None:
+    """Issue 18's targets (ratios in the same run); `add` appends to the caller's rows."""
+
+    def per(row: dict[str, Any] | None, unit: str) -> float | None:
+        return row and row.get(f"cpu_us_per_{unit}_proxy")
+
+    for conc in sizes.turns_concurrency:
+        level = _get(results, "turns", "short", str(conc)) or {}
+        for chats, limit in (("warm", 2.0), ("new", 3.0)):
+            gw, pt = (level.get(chats) or {}).get("gateway"), (level.get(chats) or {}).get("passthrough")
+            add(f"short turns ({sizes.turn_events} events), {chats} chats: gateway CPU per turn vs passthrough (x{conc})",
+                _ratio(per(gw, "turn"), per(pt, "turn")), "<=", limit,
+                detail=gw and pt and f"{per(gw, 'turn'):.0f} vs {per(pt, 'turn'):.0f} us/turn; "
+                f"{gw['turns_per_s']:.0f} vs {pt['turns_per_s']:.0f} turns/s ({_fmt(_ratio(gw['turns_per_s'], pt['turns_per_s']))}x)")
+        pair = _get(results, "turns", "approval_pair", str(conc)) or {}
+        gw, pt = pair.get("gateway"), pair.get("passthrough")
+        add(f"approval pair (gated tool, new chat): gateway CPU per pair vs passthrough's two runs (x{conc})",
+            _ratio(per(gw, "pair"), per(pt, "pair")), "<=", 3.0,
+            detail=gw and pt and f"{per(gw, 'pair'):.0f} vs {per(pt, 'pair'):.0f} us/pair; "
+            f"{gw['pairs_per_s']:.0f} vs {pt['pairs_per_s']:.0f} pairs/s ({_fmt(_ratio(gw['pairs_per_s'], pt['pairs_per_s']))}x)")
+    for part, what in (("stream", f"tool-heavy stream ({sizes.tool_stream_events} events)"),
+                       ("turns", f"tool-heavy turns of {sizes.tool_turn_events}, a new chat each")):
+        for conc in sizes.tools_concurrency:
+            level = _get(results, "tools", part, str(conc)) or {}
+            gw, pt = level.get("gateway"), level.get("passthrough")
+            add(f"{what}: gateway CPU per event vs passthrough (x{conc})",
+                _ratio(per(gw, "event"), per(pt, "event")), "<=", 2.0,
+                detail=gw and pt and f"{per(gw, 'event'):.2f} vs {per(pt, 'event'):.2f} us/event; "
+                f"throughput {gw['events_per_s']:.0f} vs {pt['events_per_s']:.0f} ev/s ({_fmt(_ratio(gw['events_per_s'], pt['events_per_s']))}x)")
+    conv = _get(results, "tools", "converter")
+    add(f"converter: time per event vs orjson floor (tool-heavy turns of {sizes.tool_turn_events})",
+        conv and conv["ratio_to_floor"], "<=", 2.0,
+        detail=conv and f"{conv['converter_us_per_event']:.2f} vs {conv['floor_us_per_event']:.2f} us/event")
+    ttft = results.get("ttft") or {}
+    rtt = (ttft.get("upstream_session_rtt") or {}).get("create_us_p50")
+    for kind in ("new", "warm"):
+        gw, pt = (ttft.get(kind) or {}).get("gateway"), (ttft.get(kind) or {}).get("passthrough")
+        gw_added, pt_added = gw and gw.get("added_us_p50"), pt and pt.get("added_us_p50")
+        if kind == "new":
+            # The issue allows one upstream round trip (a session create) on top, if it cannot be avoided.
+            add("time to first text, new chat: gateway added p50 vs passthrough's (+ one upstream round trip allowed)",
+                _ratio(None if gw_added is None or rtt is None else gw_added - rtt, pt_added), "<=", 2.0,
+                detail=gw and pt and f"+{gw_added:.0f} vs +{pt_added:.0f} us over direct; one session create {rtt:.0f} us, "
+                f"lookup {ttft['upstream_session_rtt']['lookup_us_p50']:.0f} us; without the allowance "
+                f"{_fmt(_ratio(gw_added, pt_added))}x")
+            continue
+        add("time to first text, warm chat: gateway added p50 vs passthrough's",
+            _ratio(gw_added, pt_added), "<=", 2.0,
+            detail=gw and pt and f"+{gw_added:.0f} vs +{pt_added:.0f} us over direct "
+            f"(p50 {gw['first_text_us_p50']:.0f} vs {pt['first_text_us_p50']:.0f} us)")
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
@@ -519,6 +723,7 @@ def table(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"Approval round trip: p50 {appr['round_trip_us_p50'] / 1000:.2f} ms, p99 {appr['round_trip_us_p99'] / 1000:.2f} ms, "
             f"max {appr['round_trip_us_max'] / 1000:.2f} ms ({appr['iterations']} trips)"
         )
+    lines += _agentic_table(results)
     lines.append("")
     lines.append("Targets")
     for row in rows:
@@ -527,6 +732,66 @@ def table(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         limit = f"{row['op']} {row['limit']}{'' if unit == 'x' else ' ' + unit}"
         lines.append(f"  {row['status']:4}  {row['target']:80} {measured:>10}  ({limit})  {row['detail'] or ''}")
     return "\n".join(lines)
+
+
+def _agentic_table(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    ttft = results.get("ttft")
+    if ttft:
+        lines += ["", "Time to first text, sequential (us; added = over direct)"]
+        for kind in ("new", "warm"):
+            for name, row in ttft[kind].items():
+                lines.append(f"  {kind:4} chat  {name:12} p50 {_fmt(row['first_text_us_p50'], '.0f'):>6} p90 {_fmt(row['first_text_us_p90'], '.0f'):>6}"
+                             f" p99 {_fmt(row['first_text_us_p99'], '.0f'):>6}  added p50 {_fmt(row.get('added_us_p50'), '+.0f'):>6}")
+        rtt = ttft["upstream_session_rtt"]
+        lines.append(f"  the fake upstream's own round trip: session lookup p50 {_fmt(rtt['lookup_us_p50'], '.0f')} us, "
+                     f"session create p50 {_fmt(rtt['create_us_p50'], '.0f')} us (a new chat makes the gateway do both)")
+    tools = results.get("tools")
+    if tools:
+        conv = tools.get("converter")
+        if conv:
+            lines += ["", f"Converter on the tool-heavy stream, in process ({conv['events']} events in {conv['runs']} turns, "
+                      f"{conv['bytes_per_event']:.0f} B an event): floor {_fmt(conv['floor_us_per_event'])}, convert "
+                      f"{_fmt(conv['converter_us_per_event'])}, feed only {_fmt(conv['feed_only_us_per_event'])} us/event, "
+                      f"ratio {_fmt(conv['ratio_to_floor'])}"]
+        parts = tools.get("breakdown") or {}
+        if parts:
+            lines.append(f"  gateway hot path by stage on those events, us per event ({_fmt(parts.get('chunks_per_event'))} chunks an event):")
+            shown = [(k.removesuffix("_us"), v) for k, v in parts.items() if k.endswith("_us")]
+            for i in range(0, len(shown), 4):
+                lines.append("    " + "  ".join(f"{k} {_fmt(v)}" for k, v in shown[i : i + 4]))
+        for part, label in (("stream", "Tool-heavy stream: saturation"), ("turns", "Tool-heavy turns, a new chat each")):
+            if not tools.get(part):
+                continue
+            lines += ["", f"{label} (events/s, CPU us per event)"]
+            for conc, level in tools[part].items():
+                for name, row in level.items():
+                    per_turn = f"  proxy {_fmt(row.get('cpu_us_per_turn_proxy'), '.0f'):>6} us/turn" if "cpu_us_per_turn_proxy" in row else ""
+                    lines.append(
+                        f"  x{conc:<4} {name:12} {row['events_per_s']:>9.0f} ev/s  proxy {_fmt(row['cpu_us_per_event_proxy']):>6} us/ev"
+                        f"  upstream {_fmt(row.get('cpu_us_per_event_upstream')):>5}  client {_fmt(row['cpu_us_per_event_client']):>5}{per_turn}"
+                        f"  failed {row['failed']}"
+                    )
+    turns = results.get("turns")
+    if turns:
+        lines += ["", "Short turns (turns/s; CPU us per turn)"]
+        for conc, level in turns["short"].items():
+            for chats, routes in level.items():
+                for name, row in routes.items():
+                    lines.append(
+                        f"  x{conc:<4} {chats:4} {name:12} {row['turns_per_s']:>7.0f} turns/s  proxy {_fmt(row['cpu_us_per_turn_proxy'], '.0f'):>6}"
+                        f"  upstream {_fmt(row['cpu_us_per_turn_upstream'], '.0f'):>5}  client {_fmt(row['cpu_us_per_turn_client'], '.0f'):>5}"
+                        f"  ({row['turns']} turns of {row['events_per_turn']} events, failed {row['failed']})"
+                    )
+        lines.append("Approval pairs: gated tool, new chat; two requests (and the plugin's call) per pair (pairs/s; CPU us per pair)")
+        for conc, level in turns["approval_pair"].items():
+            for name, row in level.items():
+                lines.append(
+                    f"  x{conc:<4} {name:12} {row['pairs_per_s']:>7.0f} pairs/s  proxy {_fmt(row['cpu_us_per_pair_proxy'], '.0f'):>6}"
+                    f"  upstream {_fmt(row['cpu_us_per_pair_upstream'], '.0f'):>5}  client {_fmt(row['cpu_us_per_pair_client'], '.0f'):>5}"
+                    f"  ({row['pairs']} pairs, failed {row['failed']})"
+                )
+    return lines
 
 
 def machine() -> dict[str, Any]:

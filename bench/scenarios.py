@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 
 from .clients import Route, Sink, Totals, client_session
-from .events import StreamSpec, burst_events, recorded_runs
+from .events import StreamSpec, burst_events, recorded_runs, stream_events
 from .procs import Proc
 
 Runs = list[tuple[str, tuple[bytes, ...]]]
@@ -202,11 +202,12 @@ async def _warm(convs: list[Any], spec: StreamSpec) -> Totals:
 
 async def throughput(
     route: Route, *, concurrency: int, n: int, seconds: float, size: int = 0, tag: str = "t",
-    measure: dict[str, Proc] | None = None, max_streams: int = 100_000,
+    measure: dict[str, Proc] | None = None, max_streams: int = 100_000, mode: str = "burst",
 ) -> dict[str, Any]:
-    """`concurrency` browsers each running turns of n events back to back for about `seconds`."""
-    spec = StreamSpec(mode="burst", n=n, size=size)
-    events_per_stream = len(burst_events(n, size, live=route.kind.endswith("ws")))
+    """`concurrency` browsers each running turns of n events back to back for about `seconds`
+    (`mode`: burst, the recorded text and tool mix; tools, the tool-heavy stream)."""
+    spec = StreamSpec(mode=mode, n=n, size=size)
+    events_per_stream = len(stream_events(spec, live=route.kind.endswith("ws")))
     measure = measure or {"proxy": route.proc}
     async with client_session() as http:
         convs = await _open(route, http, f"{tag}-{route.name}-{concurrency}", concurrency)

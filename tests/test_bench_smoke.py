@@ -27,7 +27,7 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(out.read_text())
     results = document["results"]
-    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval"}
+    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft"}
 
     for mix in ("recorded_run_sse", "recorded_run_live", "stream_mix"):
         assert {"floor_us_per_event", "converter_us_per_event", "ratio_to_floor"} <= set(results["converter"][mix])
@@ -52,5 +52,32 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
         assert all(row["ready"] == row["connections"] for row in rows.values())
     assert results["approval"]["iterations"] >= 1 and results["approval"]["failures"] == 0
 
+    # The agentic shape (issue 18): short turns, approval pairs, the tool-heavy stream, time to first text.
+    turns = results["turns"]
+    for level in turns["short"].values():
+        assert set(level) == {"warm", "new"}
+        for routes in level.values():
+            assert set(routes) == {"passthrough", "gateway"}
+            for row in routes.values():
+                assert row["turns"] >= 1 and row["failed"] == 0 and row["errors"] == 0, row
+                assert "cpu_us_per_turn_proxy" in row and "cpu_us_per_turn_upstream" in row
+    for level in turns["approval_pair"].values():
+        assert set(level) == {"passthrough", "gateway"}
+        assert all(row["pairs"] >= 1 and row["failed"] == 0 and "cpu_us_per_pair_proxy" in row for row in level.values())
+    tools = results["tools"]
+    for part in ("stream", "turns"):
+        for level in tools[part].values():
+            assert {"passthrough", "gateway"} <= set(level)
+            for row in level.values():
+                assert row["failed"] == 0 and row["errors"] == 0 and "cpu_us_per_event_proxy" in row, row
+    assert {"floor_us_per_event", "converter_us_per_event", "ratio_to_floor"} <= set(tools["converter"])
+    assert {"parse_us", "convert_us", "publish_us"} <= set(tools["breakdown"])
+    for kind in ("new", "warm"):
+        assert {"direct", "passthrough", "gateway"} <= set(results["ttft"][kind])
+        assert all(row["requests"] >= 1 and "added_us_p50" in row for row in results["ttft"][kind].values())
+    assert results["ttft"]["upstream_session_rtt"]["requests"] >= 1
+
     targets = {row["target"]: row["status"] for row in document["targets"]}
     assert len(targets) >= 10 and set(targets.values()) <= {"PASS", "MISS", "n/a"}
+    agentic = [t for t in targets if t.startswith(("short turns", "approval pair", "tool-heavy", "time to first text"))]
+    assert len(agentic) >= 8 and all(targets[t] != "n/a" for t in agentic), {t: targets[t] for t in agentic}
