@@ -68,7 +68,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        request.app[GATEWAY].metrics.http_requests.labels(route, request.method, str(status)).inc()
+        request.app[GATEWAY].metrics.count_request(route, request.method, str(status))
         log.info(
             "http_request", method=request.method, path=request.path, route=route, status=status,
             duration_ms=round((time.perf_counter() - started) * 1000, 1),

@@ -147,7 +147,7 @@ class ChatService:
         """
         agent = self.agents.need(agent_name)
         max_messages = self.config.max_messages(agent_name)
-        if len(request.messages) > max_messages:
+        if request.message_count > max_messages:
             raise Limited(413, "too_many_messages", f"at most {max_messages} messages per request")
         plan = plan_turn(request)
         chat = self._chat(agent, user_id, request.chat_id)

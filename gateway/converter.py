@@ -237,6 +237,13 @@ class Converter(MessageWriter):
         call_id = response.get("id") or ""
         name = response.get("name") or ""
         ledger = self.ledger
+        if name != CONFIRMATION_TOOL and not ledger.concerns(call_id):
+            # An ungated tool's result: nothing of the gates' bookkeeping applies.
+            if call_id not in self._tools_shown:
+                self._show_tool(out, call_id, name, {})
+            self._tool_results()
+            self._tool_output(out, call_id, response.get("response"), refusal_code(response.get("response")))
+            return
         if name == CONFIRMATION_TOOL or ledger.confirming(call_id):
             # ADK's own bookkeeping: the answer echo, or the "requires confirmation" placeholder.
             return
@@ -264,7 +271,12 @@ class Converter(MessageWriter):
         self._tool_results()
         if ledger.shown_as_denied(call_id):
             out.append({"type": "tool-output-denied", "toolCallId": call_id})
-        elif isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
+        else:
+            self._tool_output(out, call_id, result, refusal)
+
+    @staticmethod
+    def _tool_output(out: list[Chunk], call_id: str, result: Any, refusal: str | None) -> None:
+        if isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
             # ADK's convention for a failed tool: {"error": "..."}, maybe marked as a refusal (the
             # marker is the gateway's bookkeeping, not something to show).
             out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": result["error"]})

@@ -58,7 +58,7 @@ class RunDriver:
     """One turn's run: upstream events in, the turn's outputs carried out."""
 
     # A held or finished run keeps its driver: no per-instance dict.
-    __slots__ = ("_count", "_hooks", "aborting", "agent", "closing_reason", "run", "task", "turn", "upstream_wait")
+    __slots__ = ("_counts", "_hooks", "aborting", "agent", "closing_reason", "run", "task", "turn", "upstream_wait")
 
     def __init__(self, turn: Turn, run: Run, hooks: RunHooks, agent: str) -> None:
         self.turn = turn
@@ -66,7 +66,7 @@ class RunDriver:
         # The chat's agent: the `agent` label of what this run counts.
         self.agent = agent
         self._hooks = hooks
-        self._count = hooks.metrics.count_chunk
+        self._counts = hooks.metrics.chunk_counts
         self.task: asyncio.Task[None] | None = None
         # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
         self.aborting = False
@@ -93,12 +93,16 @@ class RunDriver:
         self.upstream_wait.set(self.turn.waiting_for_person)
 
     def _write(self, chunks: list[dict[str, Any]]) -> None:
+        # One pass: counted (a plain dict, read at scrape time) and encoded together.
+        counts = self._counts
+        encoded = []
         for chunk in chunks:
             kind = chunk["type"]
-            self._count(kind)
+            counts[kind] = counts.get(kind, 0) + 1
             if kind == "data-pcm":
                 self._hooks.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
-        self.run.publish([encode_chunk(c) for c in chunks])
+            encoded.append(encode_chunk(chunk))
+        self.run.publish(encoded)
 
     def _observe(self, output: Output) -> None:
         metrics = self._hooks.metrics

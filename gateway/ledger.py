@@ -135,6 +135,15 @@ class Ledger:
         """Every gated call the run expects was shown, and at least one waits for a person."""
         return bool(self._open) and not self._expected
 
+    def concerns(self, tool_call_id: str) -> bool:
+        """Whether a gated call, an expectation, a native confirmation or a native denial concerns
+        the tool call. When none does (an ungated tool, the usual case) its function response is a
+        plain result: one check instead of the five below."""
+        return (
+            tool_call_id in self._calls or tool_call_id in self._expected or tool_call_id in self._asking
+            or tool_call_id in self._denied
+        )
+
     def shown_as_denied(self, tool_call_id: str) -> bool:
         if tool_call_id in self._denied:
             return True

@@ -64,7 +64,8 @@ class UIMessage(_Edge):
 
 class _Body(_Edge):
     id: str = Field(min_length=1, max_length=128)
-    messages: list[UIMessage] = Field(min_length=1)
+    # Checked in parse_chat_body: the messages the turn reads in full, the earlier ones shallowly.
+    messages: list[Any] = Field(min_length=1)
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     messageId: str | None = None
     aiSdkVersion: int | str | None = None
@@ -95,18 +96,31 @@ class _ToolPart(_Edge):
     errorText: str | None = None
 
 
+# The messages a turn reads: the last, and the one before it (an approval the person typed past).
+# ADK's session holds the conversation; the earlier messages are the client's copy of it.
+_READ: Final = 2
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     chat_id: str
     trigger: str
-    messages: list[UIMessage]
+    # The messages before the last two, as sent (each an object with id, role and parts): counted
+    # against the limits and forwarded, never read.
+    history: list[dict[str, Any]]
+    # The last two messages (one in a new chat), validated in full.
+    recent: list[UIMessage]
     version: ClientVersion
+
+    @property
+    def message_count(self) -> int:
+        return len(self.history) + len(self.recent)
 
     def as_body(self) -> dict[str, Any]:
         """The request as a body `parse_chat_body` reads back the same (to forward it to another replica)."""
         return {
             "id": self.chat_id, "trigger": self.trigger, "aiSdkVersion": self.version,
-            "messages": [m.model_dump(mode="json") for m in self.messages],
+            "messages": [*self.history, *(m.model_dump(mode="json") for m in self.recent)],
         }
 
 
@@ -181,7 +195,35 @@ def parse_chat_body(data: Any, *, version_header: str | None, default_version: C
     if not _CHAT_ID.match(body.id):
         raise InvalidRequest("id: a chat id is 1-128 letters, digits, '_' or '-'")
     version = client_version(version_header, body.aiSdkVersion, default_version)
-    return ChatRequest(body.id, body.trigger, body.messages, version)
+    messages = body.messages
+    first_read = max(len(messages) - _READ, 0)
+    history = messages[:first_read]
+    for i, message in enumerate(history):
+        _check_history(message, i)
+    recent = [_message(message, i) for i, message in enumerate(messages[first_read:], first_read)]
+    return ChatRequest(body.id, body.trigger, history, recent, version)
+
+
+def _message(data: Any, index: int) -> UIMessage:
+    try:
+        return UIMessage.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(_errors(exc, f"messages[{index}]")) from None
+
+
+def _check_history(data: Any, index: int) -> None:
+    """An earlier message has the shape of one; its parts are the client's rendering, not read
+    (a full validation per message made a turn cost more as the chat grew: docs/performance.md)."""
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"messages[{index}]: a message is an object with id, role and parts")
+    message_id = data.get("id")
+    if not isinstance(message_id, str) or not 0 < len(message_id) <= 256:
+        raise InvalidRequest(f"messages[{index}].id: a string of 1-256 characters is required")
+    if data.get("role") not in ("system", "user", "assistant"):
+        raise InvalidRequest(f"messages[{index}].role: one of 'system', 'user', 'assistant' is required")
+    parts = data.get("parts")
+    if not isinstance(parts, list) or not all(type(part) is dict for part in parts):
+        raise InvalidRequest(f"messages[{index}].parts: a list of objects is required")
 
 
 def _parse_part(model: type[_Edge], part: dict[str, Any], where: str) -> Any:
@@ -272,8 +314,8 @@ def _outputs(message: UIMessage, where: str) -> list[ToolOutput]:
 
 def plan_turn(request: ChatRequest) -> TurnPlan:
     """What ADK must receive for this request; raises InvalidRequest when there is nothing to do."""
-    messages = request.messages
-    last_index = len(messages) - 1
+    messages = request.recent
+    last_index = request.message_count - 1
     last = messages[-1]
     where = f"messages[{last_index}]"
     if last.role == "user":

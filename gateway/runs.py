@@ -38,7 +38,8 @@ class Response:
     __slots__ = ("_sink", "_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
 
     def __init__(self, limit: int) -> None:
-        self.frames: list[bytes] = []
+        # A tuple once closed (see `close`).
+        self.frames: list[bytes] | tuple[bytes, ...] = []
         self.limit = limit
         self.offset = 0  # frames dropped from the front
         self.closed = False
@@ -52,12 +53,14 @@ class Response:
         self._sink: _Sink | None = None
 
     def append(self, frames: list[bytes]) -> None:
+        held = self.frames
+        assert isinstance(held, list), "a closed response takes no more frames"
         sink = self._sink
-        caught_up = sink is not None and sink.position == self.offset + len(self.frames)
-        self.frames.extend(frames)
-        if len(self.frames) > self.limit:
-            drop = len(self.frames) // 2
-            del self.frames[:drop]
+        caught_up = sink is not None and sink.position == self.offset + len(held)
+        held.extend(frames)
+        if len(held) > self.limit:
+            drop = len(held) // 2
+            del held[:drop]
             self.offset += drop
         if sink is not None:
             if caught_up and sink.write_now(frames):
@@ -73,6 +76,12 @@ class Response:
     def close(self, now: float) -> None:
         self.closed = True
         self.closed_at = now
+        # A chat keeps its last response for resume, often for as long as the chat lives. As a
+        # list, every full garbage collection visits each of its frames; a tuple of bytes is
+        # untracked by CPython's collector at its first pass. With many idle chats a full
+        # collection walked millions of frames (bench, tool turns of 303 events, a new chat
+        # each: docs/performance.md).
+        self.frames = tuple(self.frames)
         sink, self._sink = self._sink, None
         if sink is not None:
             _resolve(sink.waiter, None)
@@ -126,7 +135,7 @@ class Response:
                 if position < available:
                     batch = self.frames[position - self.offset :]
                     position = available
-                    yield batch
+                    yield batch if type(batch) is list else list(batch)
                     if ticker is not None:
                         ticker.touch()
                     continue

@@ -91,18 +91,17 @@ class AdkClient:
         return f"{url}/{quote(session_id, safe='')}" if session_id else url
 
     async def ensure_session(self, user_id: str, session_id: str) -> None:
-        """Make sure the ADK session exists, creating it on first use."""
+        """Make sure the ADK session exists: create it, and take 409 (it exists) as done.
+
+        One round trip, not a lookup first: every supported ADK answers a create of an existing
+        id 409 (tests/fixtures/adk*/sessions.json), and a lookup would download the session's
+        whole history just to learn that it exists (a chat that moved replicas, or a restart).
+        """
         try:
-            async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
-                if resp.status == 200:
-                    return
-                if resp.status != 404:
-                    raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
             body = orjson.dumps({"sessionId": session_id})
             async with self._http.post(
                 self._session_url(user_id), data=body, headers=_JSON_HEADERS, timeout=self._call_timeout
             ) as resp:
-                # 409: another request created it between our lookup and create; that is fine.
                 if resp.status not in (200, 409):
                     raise UpstreamError("http", f"session create answered HTTP {resp.status}", resp.status)
         except aiohttp.ClientError as exc:

@@ -177,11 +177,10 @@ def test_failed_response_can_be_resumed_and_ends(faulty: Faulty) -> None:
 @pytest.mark.parametrize(
     ("queue", "kind"),
     [
-        pytest.param({"session_get": [500]}, "http", id="session-lookup-500"),
-        pytest.param({"session_get": [503]}, "http", id="session-lookup-503"),
-        # Twice: aiohttp retries an idempotent GET once when a pooled connection turns out closed.
-        pytest.param({"session_get": ["refuse", "refuse"]}, "reset", id="session-lookup-refused"),
+        # A new chat's session is created (one POST; 409 means it exists), never looked up first.
         pytest.param({"session_create": [500]}, "http", id="session-create-500"),
+        pytest.param({"session_create": [503]}, "http", id="session-create-503"),
+        pytest.param({"session_create": ["refuse"]}, "reset", id="session-create-refused"),
     ],
 )
 def test_session_api_failure_is_502_json_and_the_chat_recovers(faulty: Faulty, queue: dict[str, list[Any]], kind: str) -> None:
@@ -283,7 +282,7 @@ async def test_ws_failure_before_the_stream_is_an_error_frame(faulty: Faulty) ->
     before = await asyncio.to_thread(faulty.errors, "http")
     chat = new_chat()
     faulty.upstream.clear()
-    faulty.upstream.queue(session_get=[500])
+    faulty.upstream.queue(session_create=[500])
     async with aiohttp.ClientSession() as http, http.ws_connect(faulty.gateway.base + "/api/chat/ws") as ws:
         await ws.send_str(send_frame("r1", chat, "hello there"))
         frames = await frames_until_terminal(ws, "r1")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import InvalidRequest, confirmation_message, parse_chat_request, plan_turn
+from gateway.messages import InvalidRequest, confirmation_message, parse_chat_body, parse_chat_request, plan_turn
 
 
 def body(*messages: dict[str, Any], **extra: Any) -> bytes:
@@ -121,6 +121,38 @@ def test_requests_that_ask_for_nothing_valid(messages: list[dict[str, Any]], nee
     with pytest.raises(InvalidRequest) as info:
         plan(json.dumps({"id": "c", "messages": messages}).encode())
     assert needle in str(info.value)
+
+
+EARLIER_MALFORMED = [
+    ("not a message", "messages[0]: a message is an object"),
+    ({"role": "user", "parts": []}, "messages[0].id"),
+    ({"id": "u", "role": "robot", "parts": []}, "messages[0].role"),
+    ({"id": "u", "role": "user", "parts": "hi"}, "messages[0].parts"),
+    ({"id": "u", "role": "user", "parts": ["hi"]}, "messages[0].parts"),
+]
+
+
+@pytest.mark.parametrize(("earlier", "needle"), EARLIER_MALFORMED)
+def test_an_earlier_message_must_have_the_shape_of_one(earlier: Any, needle: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        plan(json.dumps({"id": "c", "messages": [earlier, assistant({"type": "text", "text": "hi"}), user("x")]}).encode())
+    assert needle in str(info.value)
+
+
+def test_only_the_messages_a_turn_reads_are_validated_in_full_and_forwarding_keeps_them_all() -> None:
+    # The client's rendering state in an earlier message (a part the gateway does not know, a text
+    # that is no string) is not the gateway's to judge: ADK's session holds the conversation.
+    earlier = [user("x"), {"id": "a0", "role": "assistant", "parts": [{"type": "text", "text": 5}, {"type": "x-new"}]}]
+    messages = [*earlier, assistant({"type": "text", "text": "hi"}), user("again")]
+    request = parse_chat_request(json.dumps({"id": "c", "messages": messages}).encode(), version_header=None, default_version=6)
+    assert request.message_count == 4 and [m.id for m in request.recent] == [messages[2]["id"], messages[3]["id"]]
+    assert plan_turn(request).new_message == {"role": "user", "parts": [{"text": "again"}]}
+    again = parse_chat_body(request.as_body(), version_header=None, default_version=6)
+    assert again.as_body() == request.as_body() and again.as_body()["messages"] == messages
+    # The message before the last is read (approvals the person typed past): checked in full.
+    with pytest.raises(InvalidRequest) as info:
+        plan(json.dumps({"id": "c", "messages": [user("x"), {"id": "", "role": "assistant", "parts": []}, user("y")]}).encode())
+    assert "messages[1].id" in str(info.value)
 
 
 @pytest.mark.parametrize(

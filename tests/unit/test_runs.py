@@ -151,3 +151,21 @@ async def test_a_direct_follower_still_gets_keepalives_and_lags_like_any_other()
     run.end_response(now=0)
     with pytest.raises(FollowerLagged):
         await task
+
+
+async def test_a_closed_response_costs_the_garbage_collector_nothing_and_replays_as_before() -> None:
+    """A chat keeps its last response for resume, often as long as the chat lives: its frames must
+    not be walked by every full collection (issue 18: tool turns, a new chat each)."""
+    import gc
+
+    run = Run("m1")
+    run.publish([b"a", b"b"])
+    run.publish([b"c"])
+    assert gc.is_tracked(run.current.frames)  # a list while it grows
+    run.end_response(0.0)
+    gc.collect()
+    assert not gc.is_tracked(run.current.frames)
+    replayed = [batch async for batch in run.current.follow(1)]
+    assert replayed == [[b"b", b"c"]] and all(type(batch) is list for batch in replayed)
+    with pytest.raises(AssertionError):
+        run.current.append([b"late"])

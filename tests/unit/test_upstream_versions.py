@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.config import UpstreamConfig
-from gateway.upstream import AdkClient
+from gateway.upstream import AdkClient, UpstreamError
 from tests.unit.fixtures import ROOT, SSE_FOLDERS, _load, events, fixture_names
 
 MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}
@@ -113,25 +113,23 @@ def test_the_recorded_session_shapes(folder: str) -> None:
 async def test_ensure_session_on_the_recorded_answers(upstream: Any, folder: str) -> None:
     routes, client = upstream
     calls = sessions(folder)
-    path = calls["get"]["path"].replace("s-sessions", "s1")
     collection = calls["create"]["path"]
 
     def recorded(name: str) -> tuple[int, Any]:
         return calls[name]["status"], calls[name]["response"]
 
-    # A new session: looked up (404), then created.
+    # One round trip, never a lookup (which would download the session's history): a new session
+    # is created; an existing one answers the create 409, which is as good.
+    for answer in ("create", "create_again"):
+        routes.clear()
+        routes |= {("POST", collection): [recorded(answer)]}  # a GET would find no route: KeyError, a 500
+        await client.ensure_session("u1", "s1")
+        assert routes[("POST", collection)] == []
+    # Anything else is the agent service failing.
     routes.clear()
-    routes |= {("GET", path): [recorded("get_missing")], ("POST", collection): [recorded("create")]}
-    await client.ensure_session("u1", "s1")
-    assert routes[("GET", path)] == [] and routes[("POST", collection)] == []
-    # Created by another request between lookup and create: 409 is fine.
-    routes.clear()
-    routes |= {("GET", path): [recorded("get_missing")], ("POST", collection): [recorded("create_again")]}
-    await client.ensure_session("u1", "s1")
-    # An existing session: looked up only.
-    routes.clear()
-    routes |= {("GET", path): [recorded("get")]}
-    await client.ensure_session("u1", "s1")
+    routes |= {("POST", collection): [(500, {"detail": "boom"})]}
+    with pytest.raises(UpstreamError):
+        await client.ensure_session("u1", "s1")
 
 
 def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
