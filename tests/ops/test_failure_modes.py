@@ -16,12 +16,15 @@ stop a replica or Redis get their own. Each stack starts in ~2 s.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.ops.checks import (
@@ -421,3 +424,35 @@ def test_adk_crash_mid_stream(shared: Replicas) -> None:
     assert len(r.ledger.of(chat)) == 1
     r.ledger.assert_matches(chat, payment_responses(r.adk, chat, r.user))
     r.ledger.assert_no_double_execution()
+
+
+def test_a_websocket_ticket_from_one_replica_opens_a_socket_on_the_other_once(shared: Replicas) -> None:
+    """A page asks A for a ticket and its socket lands on B (the balancer's choice): B takes it
+    from Redis, the chat runs; the same ticket is worth nothing afterwards, on either replica."""
+    r = shared
+    ticket = request(r.a.base, "POST", "/api/chat/ws-ticket", headers=r.headers)
+    assert ticket.status == 200, ticket.body
+    value = ticket.json()["ticket"]
+
+    async def chat_on(base: str, value: str) -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{base}/api/chat/ws?ticket={value}") as ws:
+            await ws.send_str(json.dumps({
+                "type": "send", "requestId": "r1", "id": f"ticket-{value[-8:]}", "trigger": "submit-message",
+                "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hello there"}]}],
+                "headers": {}, "body": {},
+            }))
+            frames = []
+            while (frame := json.loads(await asyncio.wait_for(ws.receive_str(), 30)))["type"] == "chunk":
+                frames.append(frame["chunk"])
+            assert frame == {"type": "end", "requestId": "r1"}, frame
+            return frames
+
+    chunks = asyncio.run(chat_on(r.b.base, value))
+    assert chunks[-1]["type"] == "finish" and chunks[-1]["finishReason"] == "stop"
+    for gw in (r.a, r.b):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as spent:
+            asyncio.run(chat_on(gw.base, value))
+        assert spent.value.status == 401
+    assert metric(r.a, "ws_tickets_total", outcome="issued") >= 1
+    assert metric(r.b, "ws_tickets_total", outcome="redeemed") >= 1
+    assert value not in r.a.log_text() and value not in r.b.log_text()

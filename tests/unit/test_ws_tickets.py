@@ -179,3 +179,18 @@ def test_the_gateway_warns_while_tokens_in_urls_are_accepted() -> None:
         warn_token_in_url(AuthConfig.model_validate({**keys, "allow_token_in_url": True}))
     assert [line["event"] for line in logs] == ["token_in_url_allowed"]
     assert logs[0]["log_level"] == "warning" and "k-bob" not in str(logs)
+
+
+async def test_without_the_shared_store_tickets_are_refused_with_503_not_issued_or_opened() -> None:
+    """Redis down: no ticket is issued and none opens a socket (503, retry), nothing crashes."""
+    from tests.procs import free_port
+
+    text = (CONFIG % "30s") + f"sessions:\n  backend: redis\n  redis_url: redis://127.0.0.1:{free_port()}\n"
+    client = TestClient(TestServer(create_app(parse_config(text, env={}))))
+    await client.start_server()
+    try:
+        issued = await client.post("/api/chat/ws-ticket", headers=ALICE)
+        assert issued.status == 503 and (await issued.json())["error"]["code"] == "sessions_unavailable"
+        assert await handshake(client, "/api/chat/ws?ticket=wst_" + "x" * 43) == 503
+    finally:
+        await client.close()
