@@ -27,7 +27,6 @@ import asyncio
 import random
 import time
 from functools import cache
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -36,7 +35,7 @@ import orjson
 from .clients import APP, USER, Route, Sink, SseConversation, Totals, client_session
 from .events import TOOL_TURN, StreamSpec, stream_events, tool_events
 from .procs import Proc
-from .scenarios import CpuWindow, _convert_all, _feed_only, _floor, _time_per_event, pct
+from .scenarios import CpuWindow, _convert_all, _feed_only, _floor, _time_per_event, approval_pair, pct
 
 _JSON = {"Content-Type": "application/json"}
 # What marks the first text: the gateway's first text-delta chunk, ADK's first event with a text part.
@@ -177,58 +176,9 @@ async def chat_turns(
 # ---- approval round trips as turn pairs ---------------------------------------------------------
 
 
-async def _read_until(resp: aiohttp.ClientResponse, needle: bytes, buf: bytearray) -> None:
-    while needle not in buf:
-        data = await resp.content.readany()
-        if not data:
-            raise RuntimeError(f"stream ended before {needle!r}: {bytes(buf)[-500:]!r}")
-        buf += data
-
-
 async def _gateway_pair(http: aiohttp.ClientSession, gateway: str, fake: str, plugin: Any, chat: str, seq: int) -> int:
     """One approval pair through the gateway (the `approval` phase's flow); returns the events it carried."""
-    tool = SimpleNamespace(name="process_payment")
-    args = {"amount": 50, "recipient": "Hanako", "currency": "USD"}
-    spec = StreamSpec(mode="gate", tool="process_payment")
-    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": spec.text()}]}
-    ctx = SimpleNamespace(
-        session=SimpleNamespace(app_name="demo_agent", id=chat), user_id="anonymous",
-        invocation_id=f"inv-{seq}", function_call_id=f"bench-{chat}", tool_confirmation=None,
-    )
-    body = orjson.dumps({"id": chat, "messages": [user], "trigger": "submit-message"})
-    async with http.post(gateway + "/api/chat", data=body, headers=_JSON) as first:
-        if first.status != 200:
-            raise RuntimeError(f"first turn answered HTTP {first.status}: {(await first.read())[:300]!r}")
-        buf = bytearray()
-        await _read_until(first, b"tool-input-available", buf)
-        # ADK runs the tool: the plugin asks the gateway and waits for the person.
-        plugin_task = asyncio.create_task(plugin.before_tool_callback(tool=tool, tool_args=args, tool_context=ctx))
-        buf += await first.read()
-    chunks = [orjson.loads(line[6:]) for line in bytes(buf).split(b"\n") if line.startswith(b"data: {")]
-    request = next((c for c in chunks if c["type"] == "tool-approval-request"), None)
-    if request is None:
-        plugin_task.cancel()
-        raise RuntimeError(f"no approval request in the first turn: {bytes(buf)[-400:]!r}")
-    message_id = chunks[0]["messageId"]
-    assistant = {
-        "id": message_id, "role": "assistant",
-        "parts": [
-            {"type": "step-start"},
-            {
-                "type": "tool-process_payment", "toolCallId": request["toolCallId"], "state": "approval-responded",
-                "input": args, "approval": {"id": request["approvalId"], "approved": True},
-            },
-        ],
-    }
-    answer = orjson.dumps({"id": chat, "messages": [user, assistant], "trigger": "submit-message", "messageId": message_id})
-    async with http.post(gateway + "/api/chat", data=answer, headers=_JSON) as second:
-        verdict = await asyncio.wait_for(plugin_task, 10)
-        # The tool ran; the agent goes on (the fake releases the held run) and the browser reads the rest.
-        async with http.post(fake + f"/bench/release?call=bench-{chat}") as released:
-            await released.read()
-        rest = await second.read()
-    if verdict is not None or b"tool-output-available" not in rest or b'"finish"' not in rest:
-        raise RuntimeError(f"approval pair went wrong: verdict={verdict!r} second={rest[-400:]!r}")
+    await approval_pair(http, gateway, fake, plugin, chat, seq)
     return 8
 
 

@@ -368,10 +368,7 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
         if "ttft" in phases:
             assert gateway is not None
             log(f"time to first text, sequential ({sizes.ttft_iterations} requests per route and kind of chat)")
-            routes = [Route("direct", "adk-sse", fake.base, fake)]
-            if nginx is not None:
-                routes.append(Route("nginx", "adk-sse", nginx.base, nginx))
-            routes += [Route("passthrough", "adk-sse", passthrough.base, passthrough), Route("gateway", "gw-sse", gateway.base, gateway)]
+            routes = _sse_routes(fake, nginx, passthrough, gateway)
             row = await first_text(
                 routes, fake, iterations=sizes.ttft_iterations, spec=StreamSpec(mode="burst", n=sizes.turn_events),
                 history_turns=sizes.warm_history_turns,
@@ -386,10 +383,7 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
         if "tools" in phases:
             assert gateway is not None
             log(f"tool-heavy stream ({sizes.tool_stream_events} events a stream; in turns of {sizes.tool_turn_events}, a new chat each)")
-            routes = [Route("direct", "adk-sse", fake.base, fake)]
-            if nginx is not None:
-                routes.append(Route("nginx", "adk-sse", nginx.base, nginx))
-            routes += [Route("passthrough", "adk-sse", passthrough.base, passthrough), Route("gateway", "gw-sse", gateway.base, gateway)]
+            routes = _sse_routes(fake, nginx, passthrough, gateway)
             top = max(sizes.tools_concurrency)
             stream: dict[str, Any] = {}
             for conc in sizes.tools_concurrency:

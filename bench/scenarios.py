@@ -21,6 +21,8 @@ from .clients import Route, Sink, Totals, client_session
 from .events import StreamSpec, burst_events, recorded_runs, stream_events
 from .procs import Proc
 
+_JSON = {"Content-Type": "application/json"}
+
 Runs = list[tuple[str, tuple[bytes, ...]]]
 
 
@@ -398,66 +400,13 @@ async def approval(gateway: Route, fake: Route, *, internal: str, secret: str, i
     from gateway.agent_plugin import GatewayPlugin
 
     plugin = GatewayPlugin(url=internal, secret=secret)
-    tool = SimpleNamespace(name="process_payment")
-    args = {"amount": 50, "recipient": "Hanako", "currency": "USD"}
     trips: list[float] = []
     failures = 0
     deadline = time.perf_counter() + seconds
     async with client_session() as http:
 
-        async def read_until(resp: aiohttp.ClientResponse, needle: bytes, buf: bytearray) -> None:
-            while needle not in buf:
-                data = await resp.content.readany()
-                if not data:
-                    raise RuntimeError(f"stream ended before {needle!r}: {bytes(buf)[-500:]!r}")
-                buf += data
-
-        async def one(i: int) -> float | None:
-            chat = f"appr-{i}-{random.randrange(1 << 30)}"
-            spec = StreamSpec(mode="gate", tool="process_payment")
-            user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": spec.text()}]}
-            ctx = SimpleNamespace(
-                session=SimpleNamespace(app_name="demo_agent", id=chat), user_id="anonymous",
-                invocation_id=f"inv-{i}", function_call_id=f"bench-{chat}", tool_confirmation=None,
-            )
-            released: dict[str, int] = {}
-
-            async def agent_side() -> Any:
-                verdict = await plugin.before_tool_callback(tool=tool, tool_args=args, tool_context=ctx)  # type: ignore[arg-type]
-                released["ns"] = time.perf_counter_ns()
-                return verdict
-
-            body = orjson.dumps({"id": chat, "messages": [user], "trigger": "submit-message"})
-            async with http.post(gateway.base + "/api/chat", data=body, headers={"Content-Type": "application/json"}) as first:
-                buf = bytearray()
-                await read_until(first, b"tool-input-available", buf)
-                plugin_task = asyncio.create_task(agent_side())  # ADK runs the tool: the plugin asks
-                buf += await first.read()
-            chunks = [orjson.loads(line[6:]) for line in bytes(buf).split(b"\n") if line.startswith(b"data: {")]
-            request = next(c for c in chunks if c["type"] == "tool-approval-request")
-            message_id = chunks[0]["messageId"]
-            assistant = {
-                "id": message_id, "role": "assistant",
-                "parts": [
-                    {"type": "step-start"},
-                    {
-                        "type": "tool-process_payment", "toolCallId": request["toolCallId"], "state": "approval-responded",
-                        "input": args, "approval": {"id": request["approvalId"], "approved": True},
-                    },
-                ],
-            }
-            answer = orjson.dumps({"id": chat, "messages": [user, assistant], "trigger": "submit-message", "messageId": message_id})
-            sent = time.perf_counter_ns()
-            async with http.post(gateway.base + "/api/chat", data=answer, headers={"Content-Type": "application/json"}) as second:
-                verdict = await asyncio.wait_for(plugin_task, 10)
-                trip = (released["ns"] - sent) / 1000
-                # The agent goes on: the tool ran, the model answers; the browser reads it all.
-                async with http.post(fake.base + f"/bench/release?call=bench-{chat}") as r:
-                    await r.read()
-                rest = await second.read()
-            if verdict is not None or b"tool-output-available" not in rest or b'"finish"' not in rest:
-                raise RuntimeError(f"approval flow went wrong: verdict={verdict!r} second={rest[-400:]!r}")
-            return trip
+        async def one(i: int) -> float:
+            return await approval_pair(http, gateway.base, fake.base, plugin, f"appr-{i}-{random.randrange(1 << 30)}", i)
 
         for i in range(warm + iterations):
             try:
@@ -479,3 +428,67 @@ async def approval(gateway: Route, fake: Route, *, internal: str, secret: str, i
         "round_trip_us_max": max(trips) if trips else float("nan"),
     }
 
+
+async def _read_until(resp: aiohttp.ClientResponse, needle: bytes, buf: bytearray) -> None:
+    while needle not in buf:
+        data = await resp.content.readany()
+        if not data:
+            raise RuntimeError(f"stream ended before {needle!r}: {bytes(buf)[-500:]!r}")
+        buf += data
+
+
+async def approval_pair(http: aiohttp.ClientSession, gateway: str, fake: str, plugin: Any, chat: str, seq: int) -> float:
+    """One approval round trip through the gateway, as a browser and the agent's plugin make it: the
+    first turn streams the gated call, the plugin (`before_tool_callback`, in this process) asks the
+    gateway, the browser's answering POST releases it, the fake lets the run go on and the browser
+    reads the rest. Returns the microseconds from sending the answer to the callback returning."""
+    tool = SimpleNamespace(name="process_payment")
+    args = {"amount": 50, "recipient": "Hanako", "currency": "USD"}
+    spec = StreamSpec(mode="gate", tool="process_payment")
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": spec.text()}]}
+    ctx = SimpleNamespace(
+        session=SimpleNamespace(app_name="demo_agent", id=chat), user_id="anonymous",
+        invocation_id=f"inv-{seq}", function_call_id=f"bench-{chat}", tool_confirmation=None,
+    )
+    released: dict[str, int] = {}
+
+    async def agent_side() -> Any:
+        verdict = await plugin.before_tool_callback(tool=tool, tool_args=args, tool_context=ctx)
+        released["ns"] = time.perf_counter_ns()
+        return verdict
+
+    body = orjson.dumps({"id": chat, "messages": [user], "trigger": "submit-message"})
+    async with http.post(gateway + "/api/chat", data=body, headers=_JSON) as first:
+        if first.status != 200:
+            raise RuntimeError(f"first turn answered HTTP {first.status}: {(await first.read())[:300]!r}")
+        buf = bytearray()
+        await _read_until(first, b"tool-input-available", buf)
+        plugin_task = asyncio.create_task(agent_side())  # ADK runs the tool: the plugin asks
+        buf += await first.read()
+    chunks = [orjson.loads(line[6:]) for line in bytes(buf).split(b"\n") if line.startswith(b"data: {")]
+    request = next((c for c in chunks if c["type"] == "tool-approval-request"), None)
+    if request is None:
+        plugin_task.cancel()
+        raise RuntimeError(f"no approval request in the first turn: {bytes(buf)[-400:]!r}")
+    message_id = chunks[0]["messageId"]
+    assistant = {
+        "id": message_id, "role": "assistant",
+        "parts": [
+            {"type": "step-start"},
+            {
+                "type": "tool-process_payment", "toolCallId": request["toolCallId"], "state": "approval-responded",
+                "input": args, "approval": {"id": request["approvalId"], "approved": True},
+            },
+        ],
+    }
+    answer = orjson.dumps({"id": chat, "messages": [user, assistant], "trigger": "submit-message", "messageId": message_id})
+    sent = time.perf_counter_ns()
+    async with http.post(gateway + "/api/chat", data=answer, headers=_JSON) as second:
+        verdict = await asyncio.wait_for(plugin_task, 10)
+        # The tool ran; the agent goes on (the fake releases the held run) and the browser reads the rest.
+        async with http.post(fake + f"/bench/release?call=bench-{chat}") as r:
+            await r.read()
+        rest = await second.read()
+    if verdict is not None or b"tool-output-available" not in rest or b'"finish"' not in rest:
+        raise RuntimeError(f"approval flow went wrong: verdict={verdict!r} second={rest[-400:]!r}")
+    return (released["ns"] - sent) / 1000

@@ -293,10 +293,6 @@ class GatewayConfig(Section):
         """The name of the agent `/api/chat` serves."""
         return self.default_agent or next(iter(self.agents))
 
-    @property
-    def default_agent_config(self) -> AgentConfig:
-        return self.agents[self.default]
-
     def agent_for_app(self, app_name: str) -> str | None:
         """The agent whose ADK app is `app_name` (the plugin names agents so)."""
         for name, agent in self.agents.items():

@@ -237,31 +237,26 @@ class Converter(MessageWriter):
         call_id = response.get("id") or ""
         name = response.get("name") or ""
         ledger = self.ledger
-        if name != CONFIRMATION_TOOL and not ledger.concerns(call_id):
-            # An ungated tool's result: nothing of the gates' bookkeeping applies.
-            if call_id not in self._tools_shown:
-                self._show_tool(out, call_id, name, {})
-            self._tool_results()
-            self._tool_output(out, call_id, response.get("response"), refusal_code(response.get("response")))
-            return
-        if name == CONFIRMATION_TOOL or ledger.confirming(call_id):
-            # ADK's own bookkeeping: the answer echo, or the "requires confirmation" placeholder.
-            return
-        if ledger.answered_in_browser(call_id):
+        # Most results are an ungated tool's, which no gate, confirmation or denial concerns: one
+        # check instead of the ledger's five below (tool-heavy streams, docs/performance.md).
+        tracked = name == CONFIRMATION_TOOL or ledger.concerns(call_id)
+        if tracked and (name == CONFIRMATION_TOOL or ledger.confirming(call_id) or ledger.answered_in_browser(call_id)):
+            # ADK's own bookkeeping (the answer echo, or the "requires confirmation" placeholder),
+            # or an output the browser produced itself: not news to the browser.
             return
         if call_id not in self._tools_shown:
             # The client rejects a tool chunk for a call it has never seen: introduce it first.
             self._show_tool(out, call_id, name, {})
         result = response.get("response")
         refusal = refusal_code(result)
-        if ledger.expected(call_id):
+        if tracked and ledger.expected(call_id):
             ledger.answered_unexpectedly(call_id)
             # Never shown: either the plugin refused the call before the gateway could open it
             # (gateway unreachable, no policy) or the gateway refused it at once, both marked;
             # or the tool ran without the plugin asking, which is what the bypass alarm is for.
             if refusal is None:
                 self.bypassed.append(name)
-        elif ledger.is_open(call_id):
+        elif tracked and ledger.is_open(call_id):
             # Shown, never released, yet answered: the plugin stopped waiting (its long poll ended)
             # and answered ADK itself, since it only runs a tool on the gateway's verdict. Nobody
             # waits for a person here any more, so what the model says next is not held back: it
@@ -269,14 +264,9 @@ class Converter(MessageWriter):
             ledger.closed(call_id)
             self.abandoned.append((call_id, refusal))
         self._tool_results()
-        if ledger.shown_as_denied(call_id):
+        if tracked and ledger.shown_as_denied(call_id):
             out.append({"type": "tool-output-denied", "toolCallId": call_id})
-        else:
-            self._tool_output(out, call_id, result, refusal)
-
-    @staticmethod
-    def _tool_output(out: list[Chunk], call_id: str, result: Any, refusal: str | None) -> None:
-        if isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
+        elif isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
             # ADK's convention for a failed tool: {"error": "..."}, maybe marked as a refusal (the
             # marker is the gateway's bookkeeping, not something to show).
             out.append({"type": "tool-output-error", "toolCallId": call_id, "errorText": result["error"]})

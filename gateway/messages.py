@@ -14,7 +14,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
@@ -56,9 +56,14 @@ class _Edge(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+Role = Literal["system", "user", "assistant"]
+_ROLES: Final = get_args(Role)
+_MESSAGE_ID_MAX: Final = 256
+
+
 class UIMessage(_Edge):
-    id: str = Field(min_length=1, max_length=256)
-    role: Literal["system", "user", "assistant"]
+    id: str = Field(min_length=1, max_length=_MESSAGE_ID_MAX)
+    role: Role
     parts: list[dict[str, Any]]
 
 
@@ -217,10 +222,10 @@ def _check_history(data: Any, index: int) -> None:
     if not isinstance(data, dict):
         raise InvalidRequest(f"messages[{index}]: a message is an object with id, role and parts")
     message_id = data.get("id")
-    if not isinstance(message_id, str) or not 0 < len(message_id) <= 256:
-        raise InvalidRequest(f"messages[{index}].id: a string of 1-256 characters is required")
-    if data.get("role") not in ("system", "user", "assistant"):
-        raise InvalidRequest(f"messages[{index}].role: one of 'system', 'user', 'assistant' is required")
+    if not isinstance(message_id, str) or not 0 < len(message_id) <= _MESSAGE_ID_MAX:
+        raise InvalidRequest(f"messages[{index}].id: a string of 1-{_MESSAGE_ID_MAX} characters is required")
+    if data.get("role") not in _ROLES:
+        raise InvalidRequest(f"messages[{index}].role: one of {', '.join(map(repr, _ROLES))} is required")
     parts = data.get("parts")
     if not isinstance(parts, list) or not all(type(part) is dict for part in parts):
         raise InvalidRequest(f"messages[{index}].parts: a list of objects is required")

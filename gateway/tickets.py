@@ -66,11 +66,10 @@ class Tickets:
 
     async def issue(self, identity: Identity, *, agent: str, origin: str | None, fingerprint: str, ttl: float) -> Ticket:
         """A ticket for a socket on `agent`'s route acting as `identity`. Raises SharedStateDown."""
-        expires = self._clock() + ttl
+        lifetime = ttl
         token_expiry = identity.claims.get("exp")
         if isinstance(token_expiry, int | float) and not isinstance(token_expiry, bool):
-            expires = min(expires, float(token_expiry))
-        lifetime = expires - self._clock()
+            lifetime = min(lifetime, token_expiry - self._clock())
         if lifetime <= 0:
             raise _refused("token expired")
         value = _PREFIX + secrets.token_urlsafe(32)

@@ -100,7 +100,7 @@ def test_tightening_and_ordinary_changes_apply() -> None:
     assert result.problems == []
     assert result.config is not None
     assert result.config.limits.max_messages == 5
-    assert result.config.default_agent_config.tool_policy("get_weather").approval
+    assert result.config.agents[result.config.default].tool_policy("get_weather").approval
     assert result.restart_required == []
 
 
@@ -121,7 +121,7 @@ async def test_an_empty_file_keeps_the_running_gateway_closed(tmp_path: Path) ->
     assert not result.ok and result.as_json()["result"] == "failure"
     assert gateway.config is config
     assert gateway.config.auth.mode == "api_key"
-    assert gateway.config.default_agent_config.tool_policy("process_payment").approval
+    assert gateway.config.agents[gateway.config.default].tool_policy("process_payment").approval
     assert gateway.metrics.config_reloads.labels("failure")._value.get() == 1
     assert gateway.metrics.config_reloads.labels("success")._value.get() == 0
 
