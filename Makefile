@@ -9,7 +9,7 @@ JS_STAMP := tests/js/node_modules/.installed-stamp
 DEMO_BUNDLE := gateway/static/demo/app.js
 PYTEST_ARGS ?=
 
-.PHONY: run run-live test venv js check-config clean chromium redis-server promtool
+.PHONY: run run-live test venv js check-config clean chromium redis-server promtool nginx
 
 # An app on another origin: GATEWAY_ALLOWED_ORIGINS=http://localhost:3000 make run (config/gateway.yaml reads
 # it into auth.allowed_origins; comma-separated for several). PORT=... moves the gateway off 8080.
@@ -34,7 +34,7 @@ run-adk: $(STAMP) $(DEMO_BUNDLE)
 	$(PY) -m gateway.demo.adk_venv $(ADK)
 	$(VENV)/bin/adk-gateway demo --agent-venv .venv-adk-$(ADK) --upstream-mode $(MODE)
 
-test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool
+test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The integration scenarios against every supported google-adk release in COMPAT_ADK (each in its
@@ -62,8 +62,7 @@ chaos: $(STAMP) $(JS_STAMP) redis-server
 # Benchmarks against nginx and a bare aiohttp proxy (docs/performance.md): a table, and
 # bench/results.json. A few minutes on 2 cores. BENCH_ARGS='--only sse,idle' narrows a run.
 .PHONY: bench
-bench: $(STAMP)
-	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y nginx)
+bench: $(STAMP) nginx
 	$(PY) -m bench $(BENCH_ARGS)
 
 venv: $(STAMP)
@@ -100,6 +99,12 @@ redis-server:
 # its prometheus package.
 promtool:
 	command -v promtool >/dev/null || test -x /usr/bin/promtool || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends prometheus)
+
+# tests/test_ops_kit.py runs deploy/nginx.conf for real in front of gateways, and `make bench`
+# measures against nginx: Debian's nginx package (the tests and the bench start their own nginx
+# on loopback ports with a config of their own).
+nginx:
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends nginx)
 
 check-config: $(STAMP)
 	$(VENV)/bin/adk-gateway check-config config/gateway.yaml
