@@ -149,35 +149,51 @@ class Authenticator:
                 raise _unauthorized(f"invalid token: its {claim} claim is not one this gateway accepts")
         return Identity(subject, claims)
 
-    def origin_allowed(self, origin: str | None, host: str | None) -> bool:
-        """An Origin may open a socket or read a response: same-origin, or listed."""
+    def origin_allowed(self, origin: str | None, host: str | None, scheme: str = "http", *, any_origin: bool = True) -> bool:
+        """An Origin may open a socket or read a response: the gateway's own (the scheme, host and port
+        the request reached it on), or listed. `"*"` stands for every origin only where `any_origin`."""
         if origin is None:
             return True  # not a browser, so no page to protect against
         origin = origin.rstrip("/")
-        if "*" in self._origins or origin in self._origins:
+        if origin in self._origins or (any_origin and "*" in self._origins):
             return True
-        return host is not None and origin.split("://", 1)[-1] == host
+        return host is not None and origin.lower() == _own_origin(scheme, host)
 
     def check_origin(self, request: web.Request, identity: Identity | None = None) -> None:
         """Refuse a page whose origin is not allowed; with a cookie credential, also a request that
         changes state (a POST, a WebSocket handshake) without an `Origin`: browsers always send one
         there, and the cookie would otherwise ride along on a forged cross-site request."""
         origin = request.headers.get("Origin")
-        if not self.origin_allowed(origin, request.host):
+        via_cookie = identity is not None and identity.via_cookie
+        # A cookie rides along on any site's request: only a page named in the list, or the
+        # gateway's own, may use it, never one let in by "*" (the config refuses the pair too).
+        if not self.origin_allowed(origin, request.host, request.scheme, any_origin=not via_cookie):
             raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
         changes_state = request.method not in ("GET", "HEAD") or request.headers.get("Upgrade", "").lower() == "websocket"
-        if identity is not None and identity.via_cookie and changes_state and origin is None:
+        if via_cookie and changes_state and origin is None:
             raise HttpError(403, "origin_required", "a request authenticated by cookie must carry its page's Origin")
 
     def cors_headers(self, request: web.Request) -> dict[str, str]:
-        """CORS headers for a cross-origin browser request from an allowed origin (else none)."""
+        """CORS headers for a cross-origin browser request from an allowed origin (else none).
+
+        A listed origin is echoed with `Access-Control-Allow-Credentials: true`. One let in by `"*"`
+        alone is answered `Access-Control-Allow-Origin: *` as it is, without credentials, so browsers
+        keep every credential they would send on their own (cookies, HTTP auth, client certificates)
+        out of what any site can read: the gateway's own credentials travel in headers, which a page
+        sets itself and `*` allows."""
         origin = request.headers.get("Origin")
-        if origin is None or not self._origins or not self.origin_allowed(origin, None):
+        if origin is None or not self._origins:
+            return {}
+        if origin.rstrip("/") in self._origins:
+            allow = {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true"}
+        elif "*" in self._origins:
+            allow = {"Access-Control-Allow-Origin": "*"}
+        else:
             return {}
         return {
-            "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Credentials": "true",
+            **allow,
             "Access-Control-Expose-Headers": "x-vercel-ai-ui-message-stream, X-Request-Id, Retry-After",
+            # Whether, and what, is answered depends on the Origin: caches must not mix answers.
             "Vary": "Origin",
         }
 
@@ -202,6 +218,16 @@ def _holds(value: Any, allowed: list[str]) -> bool:
     else:
         return False
     return any(isinstance(v, str) and v in allowed for v in values)
+
+
+def _own_origin(scheme: str, host: str) -> str:
+    """The origin a page served from this request's scheme and `Host` sends: lower case, without a
+    default port (a `Host` may carry one, an `Origin` never does)."""
+    scheme, host = scheme.lower(), host.lower()
+    default_port = {"http": ":80", "https": ":443"}.get(scheme)
+    if default_port and host.endswith(default_port):
+        host = host.removesuffix(default_port)
+    return f"{scheme}://{host}"
 
 
 def _credential(request: web.Request, token_in_url: bool) -> str:
