@@ -324,7 +324,7 @@ _HANDLERS = {"send": _on_send, "resume": _on_resume, "abort": _on_abort, "audio"
 
 async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
-    caller = await admit(request)
+    caller = await admit(request, socket=True)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(
         heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress

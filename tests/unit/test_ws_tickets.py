@@ -194,3 +194,49 @@ async def test_without_the_shared_store_tickets_are_refused_with_503_not_issued_
         assert await handshake(client, "/api/chat/ws?ticket=wst_" + "x" * 43) == 503
     finally:
         await client.close()
+
+
+# ---- a ticket is a credential on a socket's handshake only (issue 24, defect 4) -----------------------------------
+
+HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+async def test_a_ticket_never_buys_a_ticket(client: TestClient) -> None:
+    """In api_key mode a ticket carries no `exp`: a chain of tickets, each bought with the last,
+    would be a credential that never expires."""
+    value = await ticket(client, ALICE)
+    for headers in ({}, {"Upgrade": "websocket"}, HANDSHAKE):
+        chained = await client.post(f"/api/chat/ws-ticket?ticket={value}", headers=headers)
+        assert chained.status == 401, await chained.text()
+        error = (await chained.json())["error"]
+        assert error["code"] == "unauthorized" and "ticket" in error["message"]
+    assert count(client, "issued") == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("GET", "/api/agents", {"Upgrade": "websocket"}),  # no `Connection: Upgrade`: no handshake
+        ("GET", "/api/agents", HANDSHAKE),  # a handshake, but of no socket route
+        ("POST", "/api/chat", HANDSHAKE),
+        ("GET", "/api/chat/ws", {"Upgrade": "websocket"}),  # the socket route, but no handshake
+        ("GET", "/api/chat/ws", {"Upgrade": "websocket", "Connection": "keep-alive"}),
+    ],
+)
+async def test_a_ticket_is_no_credential_outside_a_sockets_handshake(
+    client: TestClient, method: str, path: str, headers: dict[str, str]
+) -> None:
+    value = await ticket(client, ALICE)
+    answer = await client.request(method, f"{path}?ticket={value}", headers=headers)
+    assert answer.status == 401, await answer.text()
+    error = (await answer.json())["error"]
+    assert error["code"] == "unauthorized" and "ticket" in error["message"]
+    # The real handshake still opens with it: refusing it elsewhere did not spend it.
+    assert await handshake(client, f"/api/chat/ws?ticket={value}") == 101
+
+
+async def test_a_ticket_opens_a_handshake_whose_connection_header_lists_upgrade_among_others(client: TestClient) -> None:
+    value = await ticket(client, ALICE)
+    answer = await client.get(f"/api/chat/ws?ticket={value}", headers={**HANDSHAKE, "Connection": "keep-alive, Upgrade"})
+    assert answer.status == 101
+
