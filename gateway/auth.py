@@ -18,6 +18,7 @@ WebSocket upgrades and CORS against pages that are not allowed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,6 @@ from typing import Any
 import jwt
 import structlog
 from aiohttp import web
-from pydantic import SecretStr
 
 from .agent_config import AgentAccess
 from .auth_config import AuthConfig
@@ -66,13 +66,14 @@ class Authenticator:
             elif entry.sha256:
                 self._keys[entry.sha256.lower()] = entry.id
         self._jwt_key: Any = None
+        public_key: bytes | None = None
         if config.mode == "jwt" and config.jwt is not None:
             if config.jwt.public_key_file is not None:
-                self._jwt_key = config.jwt.public_key_file.read_bytes()
+                self._jwt_key = public_key = config.jwt.public_key_file.read_bytes()
             elif config.jwt.secret is not None:
                 self._jwt_key = config.jwt.secret.get_secret_value()
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
-        self.fingerprint = _fingerprint(config)
+        self.fingerprint = _fingerprint(config, public_key)
 
     async def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
@@ -245,12 +246,20 @@ def _credential(request: web.Request, token_in_url: bool) -> str:
     return request.query.get("access_token", "").strip()
 
 
-def _fingerprint(config: AuthConfig) -> str:
-    """A digest of every auth setting, secrets included: what a WebSocket ticket is issued under,
-    so a reload that changes who may call (a key revoked, another issuer) voids tickets outstanding."""
-    text = json.dumps(config.model_dump(mode="python"), default=_reveal, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+def _fingerprint(config: AuthConfig, public_key: bytes | None) -> str:
+    """What a WebSocket ticket is issued under: every auth setting (and the contents of the PEM key
+    file, which another issuer's key changes under the same path), so a reload that changes who may
+    call (a key revoked, another issuer) voids tickets outstanding.
 
-
-def _reveal(value: Any) -> str:
-    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+    The ticket's record sits in the shared store, so this is an HMAC keyed with the settings' own
+    secrets (API keys or their digests, the JWT secret) over the rest, not a bare hash with the
+    secrets inside. Not a per-process random key: every replica with the same settings must reach
+    the same value, or a ticket issued by one would not open a socket on another."""
+    secrets_ = [entry.key.get_secret_value() if entry.key is not None else entry.sha256 or "" for entry in config.api_keys]
+    if config.jwt is not None and config.jwt.secret is not None:
+        secrets_.append(config.jwt.secret.get_secret_value())
+    key = hashlib.sha256(json.dumps(secrets_).encode()).digest()
+    # In JSON mode a SecretStr is written as "**********": the secrets are in the key alone.
+    settings = config.model_dump(mode="json")
+    settings["public_key_sha256"] = hashlib.sha256(public_key).hexdigest() if public_key is not None else None
+    return hmac.new(key, json.dumps(settings, sort_keys=True).encode(), hashlib.sha256).hexdigest()

@@ -240,3 +240,46 @@ async def test_a_ticket_opens_a_handshake_whose_connection_header_lists_upgrade_
     answer = await client.get(f"/api/chat/ws?ticket={value}", headers={**HANDSHAKE, "Connection": "keep-alive, Upgrade"})
     assert answer.status == 101
 
+
+# ---- the auth settings a ticket is issued under: a keyed digest (issue 24) ---------------------------------------
+
+
+def test_the_auth_settings_digest_is_keyed_with_their_secrets_and_agreed_by_every_replica(tmp_path: Path) -> None:
+    """The record in the shared store names the auth settings by an HMAC keyed with their own secrets,
+    not a bare hash of them: replicas with one config agree on it (a ticket opens a socket on any),
+    and it is no plain digest that a guess at a secret could be checked against."""
+    import hashlib
+    import json
+
+    from gateway.auth import Authenticator
+
+    config = parse_config(CONFIG % "30s", env={}).auth
+    digest = Authenticator(config).fingerprint
+    assert digest == Authenticator(parse_config(CONFIG % "30s", env={}).auth).fingerprint  # another replica
+    for secrets_as in (lambda v: v.get_secret_value(), str):
+        text = json.dumps(config.model_dump(mode="python"), default=lambda v: secrets_as(v) if hasattr(v, "get_secret_value") else str(v), sort_keys=True)
+        assert digest != hashlib.sha256(text.encode()).hexdigest()
+    rotated = parse_config((CONFIG % "30s").replace("k-bob", "k-bob-2"), env={}).auth
+    assert Authenticator(rotated).fingerprint != digest
+    assert "k-alice" not in digest and len(digest) == 64
+
+
+def test_the_auth_settings_digest_covers_the_public_keys_contents(tmp_path: Path) -> None:
+    """Another key in the same `public_key_file` is another issuer: a reload that reads it voids tickets."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from gateway.auth import Authenticator
+
+    def pem() -> bytes:
+        return ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    path = tmp_path / "key.pem"
+    settings = {"mode": "jwt", "jwt": {"algorithms": ["ES256"], "public_key_file": str(path)}}
+    path.write_bytes(pem())
+    before = Authenticator(AuthConfig.model_validate(settings)).fingerprint
+    assert Authenticator(AuthConfig.model_validate(settings)).fingerprint == before
+    path.write_bytes(pem())
+    assert Authenticator(AuthConfig.model_validate(settings)).fingerprint != before
