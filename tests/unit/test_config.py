@@ -258,14 +258,15 @@ def test_the_reference_file_refuses_a_cookie_with_any_origin_from_the_environmen
     assert len(info.value.problems) == 1 and "auth.cookie_name" in info.value.problems[0]
 
 
-def test_check_config_refuses_a_cookie_with_any_origin_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_and_serve_refuse_a_cookie_with_any_origin_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gateway.cli import EXIT_CONFIG, main
 
     path = tmp_path / "gw.yaml"
     path.write_text(COOKIE_CONFIG.replace("${COOKIE}", "gw_session").replace("${ORIGINS}", '"*"'))
-    assert main(["check-config", str(path)]) == EXIT_CONFIG == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "auth.cookie_name" in lines[0] and "auth.allowed_origins" in lines[0]
+    for command in (["check-config", str(path)], ["serve", "--config", str(path)]):
+        assert main(command) == EXIT_CONFIG == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "auth.cookie_name" in lines[0] and "auth.allowed_origins" in lines[0]
 
 
 def test_a_reload_to_a_cookie_with_any_origin_is_refused_and_the_running_config_kept() -> None:
