@@ -18,6 +18,7 @@ WebSocket upgrades and CORS against pages that are not allowed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,6 @@ from typing import Any
 import jwt
 import structlog
 from aiohttp import web
-from pydantic import SecretStr
 
 from .agent_config import AgentAccess
 from .auth_config import AuthConfig
@@ -66,13 +66,14 @@ class Authenticator:
             elif entry.sha256:
                 self._keys[entry.sha256.lower()] = entry.id
         self._jwt_key: Any = None
+        public_key: bytes | None = None
         if config.mode == "jwt" and config.jwt is not None:
             if config.jwt.public_key_file is not None:
-                self._jwt_key = config.jwt.public_key_file.read_bytes()
+                self._jwt_key = public_key = config.jwt.public_key_file.read_bytes()
             elif config.jwt.secret is not None:
                 self._jwt_key = config.jwt.secret.get_secret_value()
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
-        self.fingerprint = _fingerprint(config)
+        self.fingerprint = _fingerprint(config, public_key)
 
     async def user_id(self, request: web.Request) -> str:
         """The caller's user id, or raise HttpError(401)."""
@@ -149,35 +150,51 @@ class Authenticator:
                 raise _unauthorized(f"invalid token: its {claim} claim is not one this gateway accepts")
         return Identity(subject, claims)
 
-    def origin_allowed(self, origin: str | None, host: str | None) -> bool:
-        """An Origin may open a socket or read a response: same-origin, or listed."""
+    def origin_allowed(self, origin: str | None, host: str | None, scheme: str = "http", *, any_origin: bool = True) -> bool:
+        """An Origin may open a socket or read a response: the gateway's own (the scheme, host and port
+        the request reached it on), or listed. `"*"` stands for every origin only where `any_origin`."""
         if origin is None:
             return True  # not a browser, so no page to protect against
         origin = origin.rstrip("/")
-        if "*" in self._origins or origin in self._origins:
+        if origin in self._origins or (any_origin and "*" in self._origins):
             return True
-        return host is not None and origin.split("://", 1)[-1] == host
+        return host is not None and origin.lower() == _own_origin(scheme, host)
 
     def check_origin(self, request: web.Request, identity: Identity | None = None) -> None:
         """Refuse a page whose origin is not allowed; with a cookie credential, also a request that
         changes state (a POST, a WebSocket handshake) without an `Origin`: browsers always send one
         there, and the cookie would otherwise ride along on a forged cross-site request."""
         origin = request.headers.get("Origin")
-        if not self.origin_allowed(origin, request.host):
+        via_cookie = identity is not None and identity.via_cookie
+        # A cookie rides along on any site's request: only a page named in the list, or the
+        # gateway's own, may use it, never one let in by "*" (the config refuses the pair too).
+        if not self.origin_allowed(origin, request.host, request.scheme, any_origin=not via_cookie):
             raise HttpError(403, "origin_not_allowed", "this page's origin may not use the gateway")
         changes_state = request.method not in ("GET", "HEAD") or request.headers.get("Upgrade", "").lower() == "websocket"
-        if identity is not None and identity.via_cookie and changes_state and origin is None:
+        if via_cookie and changes_state and origin is None:
             raise HttpError(403, "origin_required", "a request authenticated by cookie must carry its page's Origin")
 
     def cors_headers(self, request: web.Request) -> dict[str, str]:
-        """CORS headers for a cross-origin browser request from an allowed origin (else none)."""
+        """CORS headers for a cross-origin browser request from an allowed origin (else none).
+
+        A listed origin is echoed with `Access-Control-Allow-Credentials: true`. One let in by `"*"`
+        alone is answered `Access-Control-Allow-Origin: *` as it is, without credentials, so browsers
+        keep every credential they would send on their own (cookies, HTTP auth, client certificates)
+        out of what any site can read: the gateway's own credentials travel in headers, which a page
+        sets itself and `*` allows."""
         origin = request.headers.get("Origin")
-        if origin is None or not self._origins or not self.origin_allowed(origin, None):
+        if origin is None or not self._origins:
+            return {}
+        if origin.rstrip("/") in self._origins:
+            allow = {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true"}
+        elif "*" in self._origins:
+            allow = {"Access-Control-Allow-Origin": "*"}
+        else:
             return {}
         return {
-            "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Credentials": "true",
+            **allow,
             "Access-Control-Expose-Headers": "x-vercel-ai-ui-message-stream, X-Request-Id, Retry-After",
+            # Whether, and what, is answered depends on the Origin: caches must not mix answers.
             "Vary": "Origin",
         }
 
@@ -204,6 +221,16 @@ def _holds(value: Any, allowed: list[str]) -> bool:
     return any(isinstance(v, str) and v in allowed for v in values)
 
 
+def _own_origin(scheme: str, host: str) -> str:
+    """The origin a page served from this request's scheme and `Host` sends: lower case, without a
+    default port (a `Host` may carry one, an `Origin` never does)."""
+    scheme, host = scheme.lower(), host.lower()
+    default_port = {"http": ":80", "https": ":443"}.get(scheme)
+    if default_port and host.endswith(default_port):
+        host = host.removesuffix(default_port)
+    return f"{scheme}://{host}"
+
+
 def _credential(request: web.Request, token_in_url: bool) -> str:
     header = request.headers.get("Authorization", "")
     if header[:7].lower() == "bearer ":
@@ -219,12 +246,20 @@ def _credential(request: web.Request, token_in_url: bool) -> str:
     return request.query.get("access_token", "").strip()
 
 
-def _fingerprint(config: AuthConfig) -> str:
-    """A digest of every auth setting, secrets included: what a WebSocket ticket is issued under,
-    so a reload that changes who may call (a key revoked, another issuer) voids tickets outstanding."""
-    text = json.dumps(config.model_dump(mode="python"), default=_reveal, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+def _fingerprint(config: AuthConfig, public_key: bytes | None) -> str:
+    """What a WebSocket ticket is issued under: every auth setting (and the contents of the PEM key
+    file, which another issuer's key changes under the same path), so a reload that changes who may
+    call (a key revoked, another issuer) voids tickets outstanding.
 
-
-def _reveal(value: Any) -> str:
-    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+    The ticket's record sits in the shared store, so this is an HMAC keyed with the settings' own
+    secrets (API keys or their digests, the JWT secret) over the rest, not a bare hash with the
+    secrets inside. Not a per-process random key: every replica with the same settings must reach
+    the same value, or a ticket issued by one would not open a socket on another."""
+    secrets_ = [entry.key.get_secret_value() if entry.key is not None else entry.sha256 or "" for entry in config.api_keys]
+    if config.jwt is not None and config.jwt.secret is not None:
+        secrets_.append(config.jwt.secret.get_secret_value())
+    key = hashlib.sha256(json.dumps(secrets_).encode()).digest()
+    # In JSON mode a SecretStr is written as "**********": the secrets are in the key alone.
+    settings = config.model_dump(mode="json")
+    settings["public_key_sha256"] = hashlib.sha256(public_key).hexdigest() if public_key is not None else None
+    return hmac.new(key, json.dumps(settings, sort_keys=True).encode(), hashlib.sha256).hexdigest()

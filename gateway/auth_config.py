@@ -75,7 +75,8 @@ class AuthConfig(Section):
     api_keys: list[ApiKey] = Field(default_factory=list)
     jwt: JwtConfig | None = None
     # Browser origins allowed to open the WebSocket and to call the SSE routes cross-origin (CORS).
-    # Empty: same-origin pages and non-browser clients only. "*" allows any origin. A string is a
+    # Empty: same-origin pages and non-browser clients only. "*" allows any origin, without
+    # credentials (CORS answers `*` itself), and never with `cookie_name`. A string is a
     # comma-separated list (what `${GATEWAY_ALLOWED_ORIGINS:-}` yields); "" is none.
     allowed_origins: list[str] = Field(default_factory=list)
     # A cookie that carries the credential (the JWT or API key) for apps that sign their users in
@@ -145,6 +146,18 @@ class AuthConfig(Section):
         if port is not None and port == {"http": 80, "https": 443}.get(scheme):
             netloc = netloc.rsplit(":", 1)[0]
         return f"{scheme}://{netloc}"
+
+    @model_validator(mode="after")
+    def _no_cookie_for_any_origin(self) -> AuthConfig:
+        # Browsers send the cookie on their own, with every site's requests and handshakes: "*"
+        # would let any page act as whoever is signed in. Refused whatever the mode, so that no
+        # later `auth.mode` change can turn the combination on.
+        if self.cookie_name and "*" in self.allowed_origins:
+            raise ValueError(
+                'auth.cookie_name cannot be combined with auth.allowed_origins "*": any site could make requests '
+                "that carry the cookie; list the pages' origins instead"
+            )
+        return self
 
     @model_validator(mode="after")
     def _credentials_for_mode(self) -> AuthConfig:

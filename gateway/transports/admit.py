@@ -50,21 +50,49 @@ def route_agent(request: web.Request) -> str:
     return request.match_info.get("agent") or request.app[GATEWAY].config.default
 
 
-async def identify(request: web.Request) -> Identity:
+def _socket_handshake(request: web.Request) -> bool:
+    """A WebSocket handshake, as aiohttp's `WebSocketResponse.prepare` takes one: a GET whose
+    `Connection` lists `upgrade` and whose `Upgrade` is `websocket`."""
+    connection = {token.strip() for token in request.headers.get("Connection", "").lower().split(",")}
+    return (
+        request.method == "GET"
+        and "upgrade" in connection
+        and request.headers.get("Upgrade", "").strip().lower() == "websocket"
+    )
+
+
+async def _redeem_ticket(request: web.Request, value: str, *, socket: bool) -> Identity:
+    """The identity a `?ticket=` stands for: only on a real handshake of a socket route. Anywhere
+    else it is refused, not read (nor spent): a ticket that bought a ticket, each with a new
+    lifetime, would be a credential that never expires where the credential (an API key) has no `exp`."""
+    gateway = request.app[GATEWAY]
+    if not (socket and _socket_handshake(request)):
+        gateway.metrics.ws_tickets.labels("refused").inc()
+        raise HttpError(
+            401, "unauthorized",
+            "?ticket= is a credential only on a WebSocket handshake of .../api/chat/ws (a ticket never buys a "
+            "ticket): send the credential in the Authorization header here",
+            {"WWW-Authenticate": 'Bearer realm="adk-gateway"'},
+        )
+    try:
+        identity = await gateway.tickets.redeem(
+            value, agent=route_agent(request), origin=request.headers.get("Origin"), fingerprint=gateway.auth.fingerprint
+        )
+    except HttpError:
+        gateway.metrics.ws_tickets.labels("refused").inc()
+        raise
+    gateway.metrics.ws_tickets.labels("redeemed").inc()
+    return identity
+
+
+async def identify(request: web.Request, *, socket: bool = False) -> Identity:
     """Who calls, from a page that may call: the first two checks, for routes of no one agent.
-    A WebSocket handshake may carry a ticket (tickets.py) instead of a credential."""
+    The handshake of a `socket` route may carry a ticket (tickets.py) instead of a credential."""
     gateway = request.app[GATEWAY]
     try:
-        ticket = request.query.get(QUERY_PARAMETER) if request.headers.get("Upgrade", "").lower() == "websocket" else None
+        ticket = request.query.get(QUERY_PARAMETER)
         if ticket is not None:
-            try:
-                identity = await gateway.tickets.redeem(
-                    ticket, agent=route_agent(request), origin=request.headers.get("Origin"), fingerprint=gateway.auth.fingerprint
-                )
-            except HttpError:
-                gateway.metrics.ws_tickets.labels("refused").inc()
-                raise
-            gateway.metrics.ws_tickets.labels("redeemed").inc()
+            identity = await _redeem_ticket(request, ticket, socket=socket)
         else:
             identity = await gateway.auth.identify(request)
         gateway.auth.check_origin(request, identity)
@@ -75,10 +103,11 @@ async def identify(request: web.Request) -> Identity:
     return identity
 
 
-async def admit(request: web.Request, *, new_work: bool = True) -> Caller:
-    """The caller, once they may proceed; `new_work` requests are refused while draining."""
+async def admit(request: web.Request, *, new_work: bool = True, socket: bool = False) -> Caller:
+    """The caller, once they may proceed; `new_work` requests are refused while draining. Only a
+    `socket` route's handshake may be admitted by a ticket."""
     gateway = request.app[GATEWAY]
-    identity = await identify(request)
+    identity = await identify(request, socket=socket)
     user_id = identity.user_id
     agent = route_agent(request)
     config = gateway.config.agents.get(agent)

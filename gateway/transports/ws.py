@@ -102,6 +102,10 @@ class Connection:
                 self._check_agent()
             if kind in ("send", "audio"):
                 self._admit_new_work()
+            elif kind == "resume":
+                # A resume is a request (an SSE resume is admitted with its rate), but not new
+                # work: a draining replica still replays.
+                self._check_rate()
             await handler(self, request_id, frame)
         except FrameError as exc:
             await self.error(request_id, str(exc))
@@ -123,6 +127,11 @@ class Connection:
         if gateway.draining:
             gateway.metrics.limited.labels("draining").inc()
             raise FrameError("the gateway is shutting down; reconnect to try another instance")
+        self._check_rate()
+
+    def _check_rate(self) -> None:
+        """Spend one of the user's request tokens, the bucket HTTP requests spend too."""
+        gateway = self.gateway
         try:
             gateway.admission.check_rate(self.user_id, gateway.clock())
         except Limited as exc:
@@ -324,7 +333,7 @@ _HANDLERS = {"send": _on_send, "resume": _on_resume, "abort": _on_abort, "audio"
 
 async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
-    caller = await admit(request)
+    caller = await admit(request, socket=True)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(
         heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress

@@ -119,3 +119,63 @@ async def test_a_cookie_credential_needs_the_pages_origin_where_state_changes() 
     assert (await Authenticator(AuthConfig(mode="api_key", api_keys=[{"id": "u", "key": "k1"}])).identify(
         make_mocked_request("GET", "/api/agents", headers={"Authorization": "Bearer k1"})
     )).user_id == "u"
+
+
+# ---- origins and credentials (issue 24) -----------------------------------------------------------------------
+
+
+def test_any_origin_gets_cors_without_credentials_and_a_listed_one_with_them() -> None:
+    """"*" answers `Access-Control-Allow-Origin: *` as it is, which browsers never combine with
+    credentials: no site the operator did not name can make a credentialed (cookie) request and read it."""
+    auth = Authenticator(AuthConfig(allowed_origins=["*", "https://app.example"]))
+    anyone = auth.cors_headers(req({"Origin": "https://evil.example"}))
+    assert anyone["Access-Control-Allow-Origin"] == "*"
+    assert "Access-Control-Allow-Credentials" not in anyone
+    listed = auth.cors_headers(req({"Origin": "https://app.example"}))
+    assert listed["Access-Control-Allow-Origin"] == "https://app.example"
+    assert listed["Access-Control-Allow-Credentials"] == "true" and listed["Vary"] == "Origin"
+    only_any = Authenticator(AuthConfig(allowed_origins=["*"])).cors_headers(req({"Origin": "https://app.example"}))
+    assert only_any["Access-Control-Allow-Origin"] == "*" and "Access-Control-Allow-Credentials" not in only_any
+    assert auth.cors_headers(req()) == {}  # not a browser
+
+
+async def test_a_cookie_credential_is_never_let_in_through_any_origin() -> None:
+    """The config refuses cookie_name with "*" (tests/unit/test_config.py); should an Authenticator be
+    built without that check, a cross-site handshake riding on the cookie is still refused."""
+    from gateway.auth_config import ApiKey
+
+    config = AuthConfig.model_construct(
+        mode="api_key", api_keys=[ApiKey(id="u", key="k1")], cookie_name="gw", allowed_origins=["*"],
+    )
+    auth = Authenticator(config)
+    cross_site = make_mocked_request("GET", "/api/chat/ws", headers={
+        "Cookie": "gw=k1", "Upgrade": "websocket", "Connection": "Upgrade", "Origin": "https://evil.example", "Host": "gw:8080",
+    })
+    identity = await auth.identify(cross_site)
+    assert identity.via_cookie
+    with pytest.raises(HttpError) as info:
+        auth.check_origin(cross_site, identity)
+    assert info.value.status == 403 and info.value.code == "origin_not_allowed"
+    # A header credential from any page is let in by "*" (it cannot ride along on its own).
+    header = make_mocked_request("POST", "/api/chat", headers={"Authorization": "Bearer k1", "Origin": "https://evil.example"})
+    auth.check_origin(header, await auth.identify(header))
+
+
+def test_the_same_origin_check_compares_the_scheme() -> None:
+    """An `https://` page is not the origin of a gateway seen over plain HTTP (and the other way round):
+    behind a TLS-terminating proxy the page's origin is listed in auth.allowed_origins."""
+    auth = Authenticator(AuthConfig())
+    same_host_other_scheme = make_mocked_request("POST", "/api/chat", headers={"Origin": "https://gw:8080", "Host": "gw:8080"})
+    with pytest.raises(HttpError) as info:
+        auth.check_origin(same_host_other_scheme)
+    assert info.value.code == "origin_not_allowed"
+    auth.check_origin(make_mocked_request("POST", "/api/chat", headers={"Origin": "http://gw:8080", "Host": "gw:8080"}))
+    listed = Authenticator(AuthConfig(allowed_origins=["https://gw:8080"]))
+    listed.check_origin(same_host_other_scheme)  # the operator behind TLS lists the public origin
+    assert auth.origin_allowed("http://gw:8080", "gw:8080", "http")
+    assert not auth.origin_allowed("https://gw:8080", "gw:8080", "http")
+    assert not auth.origin_allowed("http://gw:8080", "gw:8080", "https")
+    assert auth.origin_allowed("https://gw", "gw", "https")
+    assert auth.origin_allowed("https://gw", "gw:443", "https")  # a default port is not in an Origin
+    assert auth.origin_allowed("http://GW:8080", "gw:8080", "http")  # nor does case matter in a host
+    assert not auth.origin_allowed("ftp://gw:8080", "gw:8080", "http")

@@ -225,3 +225,59 @@ def test_an_origin_that_could_never_match_is_refused(value: str, reason: str) ->
     assert problem.startswith("gw.yaml: auth.allowed_origins: ")
     assert reason in problem and repr(value) in problem
     assert "e.g. http://localhost:3000" in problem or value == "null" or "*" in value
+
+
+# ---- auth.cookie_name never with allowed_origins "*" (issue 24, defect 3) ----------------------------------------
+
+COOKIE_CONFIG = """
+auth:
+  mode: api_key
+  api_keys: [{id: u, key: k-u}]
+  cookie_name: ${COOKIE}
+  allowed_origins: ${ORIGINS}
+"""
+
+
+@pytest.mark.parametrize("origins", ["*", "https://app.example.com,*"])
+def test_a_cookie_credential_with_any_origin_is_refused(origins: str) -> None:
+    """Browsers send the cookie on their own: with "*" any site could make requests that carry it."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(COOKIE_CONFIG, source="gw.yaml", env={"COOKIE": "gw_session", "ORIGINS": origins})
+    [problem] = info.value.problems
+    assert problem.startswith("gw.yaml: auth: ")
+    assert "auth.cookie_name" in problem and 'auth.allowed_origins "*"' in problem
+    # Without the cookie, or with the origins listed, it loads.
+    parse_config(COOKIE_CONFIG, env={"COOKIE": "", "ORIGINS": origins})
+    parse_config(COOKIE_CONFIG, env={"COOKIE": "gw_session", "ORIGINS": "https://app.example.com"})
+
+
+def test_the_reference_file_refuses_a_cookie_with_any_origin_from_the_environment() -> None:
+    env = {"ADK_GATEWAY_SECRET": "s", "GATEWAY_AUTH_COOKIE": "gw_session", "GATEWAY_ALLOWED_ORIGINS": "*"}
+    with pytest.raises(ConfigError) as info:
+        load_config(ROOT / "config" / "gateway.yaml", env=env)
+    assert len(info.value.problems) == 1 and "auth.cookie_name" in info.value.problems[0]
+
+
+def test_check_config_and_serve_refuse_a_cookie_with_any_origin_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import EXIT_CONFIG, main
+
+    path = tmp_path / "gw.yaml"
+    path.write_text(COOKIE_CONFIG.replace("${COOKIE}", "gw_session").replace("${ORIGINS}", '"*"'))
+    for command in (["check-config", str(path)], ["serve", "--config", str(path)]):
+        assert main(command) == EXIT_CONFIG == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "auth.cookie_name" in lines[0] and "auth.allowed_origins" in lines[0]
+
+
+def test_a_reload_to_a_cookie_with_any_origin_is_refused_and_the_running_config_kept() -> None:
+    from gateway.reload import plan_reload
+
+    env = {"COOKIE": "gw_session", "ORIGINS": "https://app.example.com"}
+    running = parse_config(COOKIE_CONFIG, env=env)
+    plan = plan_reload(COOKIE_CONFIG, source="gw.yaml", running=running, env={**env, "ORIGINS": "*"})
+    assert plan.config is None
+    [problem] = plan.problems
+    assert "auth.cookie_name" in problem and 'auth.allowed_origins "*"' in problem
+    # Adding the cookie to a running "*" is refused the same way.
+    running = parse_config(COOKIE_CONFIG, env={"COOKIE": "", "ORIGINS": "*"})
+    assert plan_reload(COOKIE_CONFIG, source="gw.yaml", running=running, env={**env, "ORIGINS": "*"}).config is None

@@ -194,3 +194,96 @@ async def test_without_the_shared_store_tickets_are_refused_with_503_not_issued_
         assert await handshake(client, "/api/chat/ws?ticket=wst_" + "x" * 43) == 503
     finally:
         await client.close()
+
+
+# ---- a ticket is a credential on a socket's handshake only (issue 24, defect 4) -----------------------------------
+
+HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+async def test_a_ticket_never_buys_a_ticket(client: TestClient) -> None:
+    """In api_key mode a ticket carries no `exp`: a chain of tickets, each bought with the last,
+    would be a credential that never expires."""
+    value = await ticket(client, ALICE)
+    for headers in ({}, {"Upgrade": "websocket"}, HANDSHAKE):
+        chained = await client.post(f"/api/chat/ws-ticket?ticket={value}", headers=headers)
+        assert chained.status == 401, await chained.text()
+        error = (await chained.json())["error"]
+        assert error["code"] == "unauthorized" and "ticket" in error["message"]
+    assert count(client, "issued") == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("GET", "/api/agents", {"Upgrade": "websocket"}),  # no `Connection: Upgrade`: no handshake
+        ("GET", "/api/agents", HANDSHAKE),  # a handshake, but of no socket route
+        ("POST", "/api/chat", HANDSHAKE),
+        ("GET", "/api/chat/ws", {"Upgrade": "websocket"}),  # the socket route, but no handshake
+        ("GET", "/api/chat/ws", {"Upgrade": "websocket", "Connection": "keep-alive"}),
+    ],
+)
+async def test_a_ticket_is_no_credential_outside_a_sockets_handshake(
+    client: TestClient, method: str, path: str, headers: dict[str, str]
+) -> None:
+    value = await ticket(client, ALICE)
+    answer = await client.request(method, f"{path}?ticket={value}", headers=headers)
+    assert answer.status == 401, await answer.text()
+    error = (await answer.json())["error"]
+    assert error["code"] == "unauthorized" and "ticket" in error["message"]
+    # The real handshake still opens with it: refusing it elsewhere did not spend it.
+    assert await handshake(client, f"/api/chat/ws?ticket={value}") == 101
+
+
+async def test_a_ticket_opens_a_handshake_whose_connection_header_lists_upgrade_among_others(client: TestClient) -> None:
+    value = await ticket(client, ALICE)
+    answer = await client.get(f"/api/chat/ws?ticket={value}", headers={**HANDSHAKE, "Connection": "keep-alive, Upgrade"})
+    assert answer.status == 101
+
+
+# ---- the auth settings a ticket is issued under: a keyed digest (issue 24) ---------------------------------------
+
+
+def test_the_auth_settings_digest_is_keyed_with_their_secrets_and_agreed_by_every_replica() -> None:
+    """The record in the shared store names the auth settings by an HMAC keyed with their own secrets,
+    not a bare hash of them: replicas with one config agree on it (a ticket opens a socket on any),
+    and it is no plain digest that a guess at a secret could be checked against."""
+    import hashlib
+    import json
+
+    from pydantic import SecretStr
+
+    from gateway.auth import Authenticator
+
+    config = parse_config(CONFIG % "30s", env={}).auth
+    digest = Authenticator(config).fingerprint
+    assert digest == Authenticator(parse_config(CONFIG % "30s", env={}).auth).fingerprint  # another replica
+    # Not a bare SHA-256 of the settings, with the secrets revealed (as before) or masked.
+    revealed = json.dumps(config.model_dump(mode="python"), sort_keys=True,
+                          default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v))
+    masked = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+    assert digest not in {hashlib.sha256(text.encode()).hexdigest() for text in (revealed, masked)}
+    rotated = parse_config((CONFIG % "30s").replace("k-bob", "k-bob-2"), env={}).auth
+    assert Authenticator(rotated).fingerprint != digest
+    assert "k-alice" not in digest and len(digest) == 64
+
+
+def test_the_auth_settings_digest_covers_the_public_keys_contents(tmp_path: Path) -> None:
+    """Another key in the same `public_key_file` is another issuer: a reload that reads it voids tickets."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from gateway.auth import Authenticator
+
+    def pem() -> bytes:
+        return ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    path = tmp_path / "key.pem"
+    settings = {"mode": "jwt", "jwt": {"algorithms": ["ES256"], "public_key_file": str(path)}}
+    path.write_bytes(pem())
+    before = Authenticator(AuthConfig.model_validate(settings)).fingerprint
+    assert Authenticator(AuthConfig.model_validate(settings)).fingerprint == before
+    path.write_bytes(pem())
+    assert Authenticator(AuthConfig.model_validate(settings)).fingerprint != before
