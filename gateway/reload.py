@@ -8,15 +8,16 @@ the decision out on a running `Gateway`.
 
 What a reload may not do, on top of what start refuses (docs/configuration.md#reloading):
 - fall back to defaults because the file is empty: an empty file is refused outright;
-- turn authentication off (`auth.mode: none`) when it is on: that needs a restart, so that a
-  truncated file can never open the gateway;
-- stop gating a tool that is gated now (approval turned off, a browser tool moved to the server,
-  a tool or the `default` policy left out): a truncated `tools:` section would otherwise let
-  payments run without approval. Loosening the tool policy takes a restart;
-- open an agent to more callers (its `access:` dropped or widened), for the same reason.
+- let in anyone, or any tool call, that the running configuration keeps out: loosening.py holds
+  the one table of the settings that decide it (auth: the mode, keys, JWT checks, origins, cookie,
+  tickets, tokens in URLs; per agent: `access:` and the tools' gates), each with its direction.
+  An agent is judged against the agent that takes its place by name, by ADK app (the plugin's
+  policy is keyed by app, so a rename keeps the gates) and on `/api/chat`. A truncated `tools:`
+  section must never let payments run without approval; loosening takes a restart.
 A reload may add agents, remove them (their running responses end with an error chunk saying so,
 their waiting calls are refused to the agent) and change them (a new upstream is taken by each
-chat at its next turn).
+chat at its next turn). A refusal names keys as the file has them: a single-agent file's
+`tools.<name>`, not the `agents.<name>.tools.<name>` it becomes.
 """
 
 from __future__ import annotations

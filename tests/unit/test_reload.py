@@ -505,3 +505,10 @@ def test_from_no_auth_every_mode_narrows() -> None:
     keys = plan(JWT.replace("0.0.0.0", "127.0.0.1").replace("mode: jwt", "mode: api_key\n  api_keys: [{id: a, key: k}]")
                 .replace("    access: {jwt_claims: {groups: [staff, ops]}}\n", ""), now=JWT.replace("0.0.0.0", "127.0.0.1"))
     assert keys.config is None and any(p.startswith("gateway.yaml: auth.mode: a reload cannot") for p in keys.problems)
+
+
+def test_the_reloading_docs_list_every_setting_of_the_table() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    section = doc[doc.index("## Reloading"):doc.index("## Command line")]
+    assert [rule.path for rule in RULES if f"`{rule.path}`" not in section] == []
+    assert [path for path in UNJUDGED if f"`{path.rsplit('.', 1)[-1]}`" not in section] == []
