@@ -512,3 +512,15 @@ def test_the_reloading_docs_list_every_setting_of_the_table() -> None:
     section = doc[doc.index("## Reloading"):doc.index("## Command line")]
     assert [rule.path for rule in RULES if f"`{rule.path}`" not in section] == []
     assert [path for path in UNJUDGED if f"`{path.rsplit('.', 1)[-1]}`" not in section] == []
+
+
+def test_a_single_agent_file_moved_to_the_agents_form_is_judged_by_its_app() -> None:
+    # PRODUCTION's one agent is `demo_agent` (named after its app); here the app moves under another name.
+    head = PRODUCTION[: PRODUCTION.index("tools:")]
+    ungated = head + "agents:\n  payments:\n    upstream: {app_name: demo_agent}\n"
+    result = plan(ungated)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.payments.tools.process_payment: a reload cannot stop requiring approval "
+                            "(ADK app demo_agent, served by the agent demo_agent until now)") for p in result.problems)
+    gated = ungated + "    tools:\n      process_payment: {approval: true}\n      get_location: {runs_in: browser}\n"
+    assert plan(gated).problems == []
