@@ -69,7 +69,8 @@ class Authenticator:
         public_key: bytes | None = None
         if config.mode == "jwt" and config.jwt is not None:
             if config.jwt.public_key_file is not None:
-                self._jwt_key = public_key = config.jwt.public_key_file.read_bytes()
+                # The key the config was validated (and a reload judged) with, not the file as it is now.
+                self._jwt_key = public_key = config.jwt.public_key_pem or config.jwt.public_key_file.read_bytes()
             elif config.jwt.secret is not None:
                 self._jwt_key = config.jwt.secret.get_secret_value()
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from .config_values import ClaimValues, Duration, Section
 
@@ -59,6 +59,13 @@ class JwtConfig(Section):
     required_claims: ClaimValues = Field(default_factory=dict)
     # Clock skew tolerated on exp / nbf.
     leeway: Duration = 30.0
+    # The PEM `public_key_file` held when the config was validated: the key tokens are checked with,
+    # and what a reload compares (another key in the same file is another signer).
+    _public_key_pem: bytes | None = PrivateAttr(None)
+
+    @property
+    def public_key_pem(self) -> bytes | None:
+        return self._public_key_pem
 
     @property
     def provider_keys(self) -> bool:
@@ -192,8 +199,10 @@ class AuthConfig(Section):
                     raise ValueError("auth.jwt.public_key_file, jwks_url or discovery is required for public-key algorithms")
                 if not jwt.public_key_file.is_file():
                     raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} does not exist")
+                pem = jwt.public_key_file.read_bytes()
                 try:
-                    serialization.load_pem_public_key(jwt.public_key_file.read_bytes())
+                    serialization.load_pem_public_key(pem)
                 except ValueError:
                     raise ValueError(f"auth.jwt.public_key_file {jwt.public_key_file} is not a PEM public key") from None
+                jwt._public_key_pem = pem
         return self

@@ -32,7 +32,7 @@ from .config_values import Duration, Section, Size, parse_duration, parse_size
 # The agent's and the values' names are re-exported: a config is read from this module.
 __all__ = [
     "AgentAccess", "AgentConfig", "AuthConfig", "ConfigError", "GatewayConfig", "ToolPolicy", "UpstreamConfig", "load_config",
-    "parse_config", "parse_duration", "parse_size", "revalidate",
+    "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
 ]
 
 
@@ -371,9 +371,7 @@ def _validate(raw: dict[str, Any], source: str) -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(raw)
     except ValidationError as exc:
-        # A single-agent file's problems are named by the keys it has (`upstream.url`), not by
-        # the agents section they became.
-        single = isinstance(raw, dict) and "agents" not in raw and bool({"upstream", "tools"} & raw.keys())
+        single = single_agent_form(raw)
         lines = []
         for err in exc.errors():
             reason = err["msg"]
@@ -385,6 +383,12 @@ def _validate(raw: dict[str, Any], source: str) -> GatewayConfig:
                 loc = loc[2:]
             lines.append(f"{source}: {_format_loc(loc)}: {reason}")
         raise ConfigError(lines) from None
+
+
+def single_agent_form(raw: Any) -> bool:
+    """The file (parsed YAML) has no `agents:` section: its one agent's problems are named by the
+    keys it has (`upstream.url`, `tools.<name>`), not by the agents section they became."""
+    return isinstance(raw, dict) and "agents" not in raw
 
 
 def load_config(path: str | Path, *, env: dict[str, str] | None = None) -> GatewayConfig:

@@ -8,15 +8,16 @@ the decision out on a running `Gateway`.
 
 What a reload may not do, on top of what start refuses (docs/configuration.md#reloading):
 - fall back to defaults because the file is empty: an empty file is refused outright;
-- turn authentication off (`auth.mode: none`) when it is on: that needs a restart, so that a
-  truncated file can never open the gateway;
-- stop gating a tool that is gated now (approval turned off, a browser tool moved to the server,
-  a tool or the `default` policy left out): a truncated `tools:` section would otherwise let
-  payments run without approval. Loosening the tool policy takes a restart;
-- open an agent to more callers (its `access:` dropped or widened), for the same reason.
+- let in anyone, or any tool call, that the running configuration keeps out: loosening.py holds
+  the one table of the settings that decide it (auth: the mode, keys, JWT checks, origins, cookie,
+  tickets, tokens in URLs; per agent: `access:` and the tools' gates), each with its direction.
+  An agent is judged against the agent that takes its place by name, by ADK app (the plugin's
+  policy is keyed by app, so a rename keeps the gates) and on `/api/chat`. A truncated `tools:`
+  section must never let payments run without approval; loosening takes a restart.
 A reload may add agents, remove them (their running responses end with an error chunk saying so,
 their waiting calls are refused to the agent) and change them (a new upstream is taken by each
-chat at its next turn).
+chat at its next turn). A refusal names keys as the file has them: a single-agent file's
+`tools.<name>`, not the `agents.<name>.tools.<name>` it becomes.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from pathlib import Path
 import structlog
 import yaml
 
-from .agent_config import AgentAccess
 from .auth import Authenticator, warn_token_in_url
-from .config import ConfigError, GatewayConfig, parse_config, revalidate
+from .config import ConfigError, GatewayConfig, parse_config, revalidate, single_agent_form
 from .jwks import provider_keys
+from .loosening import loosened
 from .state import Gateway
 
 __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config"]
@@ -105,9 +106,10 @@ def plan_reload(
                                "sessions and internal listener)")
     except ConfigError as exc:
         return ReloadPlan(None, exc.problems, restart)
-    loosened = _loosened(running, effective)
-    if loosened:
-        return ReloadPlan(None, [f"{source}: {why}" for why in loosened], restart)
+    # Named as the file names them: a single-agent file's agent by the keys it has (`tools.<name>`).
+    problems = loosened(running, effective, single_agent=single_agent_form(yaml.safe_load(text)))
+    if problems:
+        return ReloadPlan(None, [f"{source}: {why}" for why in problems], restart)
     return ReloadPlan(effective, [], restart)
 
 
@@ -129,41 +131,6 @@ def _effective(new: GatewayConfig, running: GatewayConfig) -> GatewayConfig:
     kept["chat"] = new.chat.model_copy(update={"max_body_bytes": running.chat.max_body_bytes})
     kept["demo"] = running.demo
     return new.model_copy(update=kept)
-
-
-def _loosened(running: GatewayConfig, new: GatewayConfig) -> list[str]:
-    """The ways `new` would open what `running` keeps closed; each needs a restart instead."""
-    problems = []
-    if running.auth.mode != "none" and new.auth.mode == "none":
-        problems.append(
-            f"auth.mode: a reload cannot turn authentication off (running: {running.auth.mode}); "
-            "restart the gateway to change that"
-        )
-    for agent_name, was_agent in running.agents.items():
-        now_agent = new.agents.get(agent_name)
-        if now_agent is None:
-            continue  # removed: its runs end, nothing of it stays reachable
-        where = f"agents.{agent_name}."
-        for name in sorted(set(was_agent.tools) | {"default"}):
-            was, now = was_agent.tool_policy(name), now_agent.tool_policy(name)
-            label = f"{where}tools.default (every tool not listed)" if name == "default" else f"{where}tools.{name}"
-            if was.approval and not now.approval:
-                problems.append(f"{label}: a reload cannot stop requiring approval; restart the gateway to change that")
-            elif was.gated and not now.gated:
-                problems.append(f"{label}: a reload cannot stop gating this tool; restart the gateway to change that")
-        problems += _access_widened(where + "access", was_agent.access, now_agent.access)
-    return problems
-
-
-def _access_widened(label: str, was: AgentAccess, now: AgentAccess) -> list[str]:
-    problems = []
-    if was.api_keys is not None and (now.api_keys is None or set(now.api_keys) - set(was.api_keys)):
-        problems.append(f"{label}.api_keys: a reload cannot let more keys use this agent; restart the gateway to change that")
-    was_claims, now_claims = was.jwt_claims or {}, now.jwt_claims or {}
-    for claim, allowed in was_claims.items():
-        if claim not in now_claims or set(now_claims[claim]) - set(allowed):
-            problems.append(f"{label}.jwt_claims.{claim}: a reload cannot widen who may use this agent; restart the gateway to change that")
-    return problems
 
 
 def _provider_settings(config: GatewayConfig) -> object:

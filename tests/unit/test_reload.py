@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.loosening import RULES, UNJUDGED, Rule
 from gateway.reload import plan_reload, reload_config
 from gateway.state import GATEWAY
 
@@ -142,3 +144,383 @@ async def test_an_unreadable_file_is_a_failed_reload(tmp_path: Path) -> None:
     gateway = app[GATEWAY]
     result = reload_config(gateway, tmp_path / "missing.yaml")
     assert not result.ok and "cannot read" in result.problems[0]
+
+
+# ---- agents judged by name, by ADK app and by the default route (issue 24, defect 1) ----------------
+
+TWO_AGENTS = """\
+auth:
+  mode: api_key
+  api_keys:
+    - {id: staff, key: k-staff}
+    - {id: web, key: k-web}
+internal:
+  secret: s-456
+agents:
+  demo_agent:
+    upstream: {app_name: demo_agent}
+  support_agent:
+    upstream: {app_name: support_agent}
+    tools:
+      issue_refund: {approval: true}
+    access:
+      api_keys: [staff]
+"""
+# The repro: renamed, the app kept, its tools and its access deleted.
+RENAMED = TWO_AGENTS.replace("  support_agent:\n", "  support_agnet:\n").replace(
+    "    tools:\n      issue_refund: {approval: true}\n    access:\n      api_keys: [staff]\n", ""
+)
+
+
+def test_a_rename_that_keeps_the_app_keeps_its_gate_and_its_access() -> None:
+    result = plan(RENAMED, now=TWO_AGENTS)
+    assert result.config is None
+    assert result.problems == [
+        "gateway.yaml: agents.support_agnet.access.api_keys: a reload cannot let more keys use this agent "
+        "(ADK app support_agent, served by the agent support_agent until now); restart the gateway to change that",
+        "gateway.yaml: agents.support_agnet.tools.issue_refund: a reload cannot stop requiring approval "
+        "(ADK app support_agent, served by the agent support_agent until now); restart the gateway to change that",
+    ]
+
+
+def test_a_rename_that_keeps_the_gate_and_the_access_applies() -> None:
+    renamed = TWO_AGENTS.replace("  support_agent:\n", "  support_agnet:\n")
+    result = plan(renamed, now=TWO_AGENTS)
+    assert result.problems == [] and result.config is not None
+    assert result.config.agent_for_app("support_agent") == "support_agnet"
+
+
+def test_an_app_another_agent_takes_over_keeps_its_gates() -> None:
+    # support_agent is removed, and demo_agent now serves its ADK app, ungated and open to every key.
+    taken = TWO_AGENTS.split("  support_agent:\n")[0].replace("{app_name: demo_agent}", "{app_name: support_agent}")
+    result = plan(taken, now=TWO_AGENTS)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.demo_agent.tools.issue_refund: a reload cannot stop requiring approval "
+                            "(ADK app support_agent, served by the agent support_agent until now)") for p in result.problems)
+
+
+def test_removing_an_agent_and_its_app_is_allowed() -> None:
+    result = plan(TWO_AGENTS.split("  support_agent:\n")[0], now=TWO_AGENTS)
+    assert result.problems == [] and result.config is not None and list(result.config.agents) == ["demo_agent"]
+
+
+def test_two_agents_cannot_share_an_app_after_a_reload_either() -> None:
+    shared = TWO_AGENTS.replace("{app_name: demo_agent}", "{app_name: support_agent}")
+    result = plan(shared, now=TWO_AGENTS)
+    assert result.config is None
+    assert any("'support_agent' is also agents.demo_agent's" in p for p in result.problems), result.problems
+
+
+def test_the_default_route_is_not_moved_to_a_new_agent_that_gates_less() -> None:
+    # A single-agent file cut before its `upstream:` and `tools:`: the one agent is now `demo_agent`
+    # with the default upstream, a new name and a new app, and `/api/chat` would serve it ungated.
+    shop = PRODUCTION.replace("tools:\n", "upstream:\n  app_name: shop\ntools:\n")
+    cut = PRODUCTION[: PRODUCTION.index("tools:")]
+    result = plan(cut, now=shop)
+    assert result.config is None
+    assert "gateway.yaml: tools.process_payment: a reload cannot stop requiring approval (/api/chat, served by the agent shop until now); " \
+           "restart the gateway to change that" in result.problems
+    # The same agent under another name and app, gated as before, may take the route.
+    assert plan(PRODUCTION, now=shop).config is not None
+
+
+def test_the_default_route_may_move_to_an_agent_that_was_there() -> None:
+    moved = TWO_AGENTS.replace("agents:\n", "default_agent: support_agent\nagents:\n")
+    assert plan(moved, now=TWO_AGENTS).config is not None
+    assert plan(TWO_AGENTS, now=moved).config is not None  # callers of /api/chat reach demo_agent, as they could
+
+
+def test_a_tool_listed_now_cannot_escape_the_default_policy_that_gated_it() -> None:
+    now = PRODUCTION + "  default:\n    approval: true\n"
+    result = plan(now + "  get_weather:\n    hint: no approval\n", now=now)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: tools.get_weather: a reload cannot stop requiring approval") for p in result.problems)
+
+
+# ---- a single-agent file's refusals name its own keys (issue 24, docs) ------------------------------
+
+
+def test_a_single_agent_files_refusal_names_the_keys_it_has() -> None:
+    result = plan(PRODUCTION.replace("    approval: true\n", "    approval: false\n"))
+    assert result.problems == [
+        "gateway.yaml: tools.process_payment: a reload cannot stop requiring approval; restart the gateway to change that"
+    ]
+    # As start's problems are: the bad duration of the same key.
+    bad = plan(PRODUCTION.replace("    approval: true\n", "    approval: true\n    timeout: soon\n"))
+    assert bad.problems[0].startswith("gateway.yaml: tools.process_payment.timeout: invalid duration")
+
+
+async def test_the_internal_reload_endpoint_refuses_the_rename_and_the_policy_keeps_the_gate(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.internal import create_internal_app
+
+    app = create_app(running(TWO_AGENTS))
+    gateway = app[GATEWAY]
+    gateway.config_path = tmp_path / "gateway.yaml"
+    gateway.config_path.write_text(RENAMED)
+    client = TestClient(TestServer(create_internal_app(app)))
+    await client.start_server()
+    try:
+        secret = {"Authorization": "Bearer s-456"}
+        refused = await client.post("/internal/v1/reload", headers=secret)
+        assert refused.status == 422
+        body = await refused.json()
+        assert body["result"] == "failure" and any("agents.support_agnet.tools.issue_refund" in p for p in body["problems"])
+        policy = await (await client.get("/internal/v1/policy", params={"app_name": "support_agent"}, headers=secret)).json()
+        assert policy["tools"]["issue_refund"]["gated"] and policy["tools"]["issue_refund"]["approval"]
+        assert gateway.config.agents["support_agent"].access.api_keys == ["staff"]
+    finally:
+        await client.close()
+
+
+# ---- one table of who gets in, each setting with its direction (issue 24, defect 2) ----------------
+
+KEYS = """\
+listen: {host: 0.0.0.0}
+internal: {secret: s-456}
+auth:
+  mode: api_key
+  api_keys:
+    - {id: staff, key: k-staff}
+    - {id: web, key: k-web}
+  allowed_origins: [https://a.example, https://b.example]
+  cookie_name: session
+  ws_ticket_ttl: 30s
+agents:
+  pay:
+    upstream: {app_name: pay}
+    tools:
+      process_payment: {approval: true}
+      get_location: {runs_in: browser}
+    access: {api_keys: [staff]}
+"""
+JWT = """\
+listen: {host: 0.0.0.0}
+internal: {secret: s-456}
+auth:
+  mode: jwt
+  jwt:
+    secret: hs-secret
+    audience: my-app
+    issuer: https://idp.example
+    required_claims: {scope: [chat, admin]}
+    leeway: 30s
+agents:
+  pay:
+    upstream: {app_name: pay}
+    tools:
+      process_payment: {approval: true}
+    access: {jwt_claims: {groups: [staff, ops]}}
+"""
+PEM_JWT = JWT.replace("    secret: hs-secret\n", "    algorithms: [RS256, ES256]\n    public_key_file: {pem}\n")
+JWKS_JWT = JWT.replace("    secret: hs-secret\n", "    algorithms: [RS256]\n    jwks_url: https://idp.example/keys\n")
+DISCOVERY_JWT = JWT.replace("    secret: hs-secret\n", "    algorithms: [RS256]\n    discovery: true\n")
+
+
+def _swap(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new)
+
+
+# Per entry of the table: (running, a looser file) and (running, a tighter file, or the same setting
+# written again for a setting that must stay equal), and the key a refusal names.
+CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
+    "auth.mode": (
+        (KEYS.replace("0.0.0.0", "127.0.0.1"), _swap(KEYS.replace("0.0.0.0", "127.0.0.1"), "mode: api_key", "mode: none")
+         .replace("    access: {api_keys: [staff]}\n", "")),
+        (PRODUCTION.replace("0.0.0.0", "127.0.0.1").replace("  mode: api_key", "  mode: none"), PRODUCTION.replace("0.0.0.0", "127.0.0.1")),
+        "auth.mode",
+    ),
+    "auth.api_keys": (
+        (KEYS, _swap(KEYS, "    - {id: web, key: k-web}\n", "    - {id: web, key: k-web}\n    - {id: ops, key: k-ops}\n")),
+        (KEYS, _swap(KEYS, "    - {id: web, key: k-web}\n", "")),
+        "auth.api_keys[ops]",
+    ),
+    "auth.jwt.algorithms": (
+        (PEM_JWT, _swap(PEM_JWT, "[RS256, ES256]", "[RS256, ES256, PS256]")),
+        (PEM_JWT, _swap(PEM_JWT, "[RS256, ES256]", "[RS256]")),
+        "auth.jwt.algorithms",
+    ),
+    "auth.jwt.secret": ((JWT, _swap(JWT, "hs-secret", "another-secret")), (JWT, JWT), "auth.jwt.secret"),
+    "auth.jwt.public_key_file": (
+        (PEM_JWT, _swap(PEM_JWT, "{pem}", "{other_pem}")),
+        (PEM_JWT, _swap(PEM_JWT, "{pem}", "{pem_copy}")),  # the same key from another file
+        "auth.jwt.public_key_file",
+    ),
+    "auth.jwt.jwks_url": (
+        (JWKS_JWT, _swap(JWKS_JWT, "https://idp.example/keys", "https://elsewhere.example/keys")),
+        (JWKS_JWT, JWKS_JWT),
+        "auth.jwt.jwks_url",
+    ),
+    "auth.jwt.discovery": (
+        (DISCOVERY_JWT, _swap(DISCOVERY_JWT, "discovery: true", "jwks_url: https://idp.example/keys")),
+        (DISCOVERY_JWT, DISCOVERY_JWT),
+        "auth.jwt.discovery",
+    ),
+    "auth.jwt.audience": (
+        (JWT, _swap(JWT, "    audience: my-app\n", "")),
+        (_swap(JWT, "    audience: my-app\n", ""), JWT),
+        "auth.jwt.audience",
+    ),
+    "auth.jwt.issuer": (
+        (JWT, _swap(JWT, "    issuer: https://idp.example\n", "    issuer: https://other.example\n")),
+        (_swap(JWT, "    issuer: https://idp.example\n", ""), JWT),
+        "auth.jwt.issuer",
+    ),
+    "auth.jwt.user_claim": ((JWT, _swap(JWT, "    leeway: 30s\n", "    leeway: 30s\n    user_claim: email\n")), (JWT, JWT), "auth.jwt.user_claim"),
+    "auth.jwt.required_claims": (
+        (JWT, _swap(JWT, "[chat, admin]", "[chat, admin, guest]")),
+        (JWT, _swap(JWT, "{scope: [chat, admin]}", "{scope: [chat], tenant: acme}")),
+        "auth.jwt.required_claims.scope",
+    ),
+    "auth.jwt.leeway": ((JWT, _swap(JWT, "leeway: 30s", "leeway: 2m")), (JWT, _swap(JWT, "leeway: 30s", "leeway: 5s")), "auth.jwt.leeway"),
+    "auth.allowed_origins": (
+        (KEYS, _swap(KEYS, "https://b.example]", "https://b.example, https://c.example]")),
+        (KEYS, _swap(KEYS, ", https://b.example]", "]")),
+        "auth.allowed_origins",
+    ),
+    "auth.cookie_name": (
+        (_swap(KEYS, "  cookie_name: session\n", ""), KEYS),
+        (KEYS, _swap(KEYS, "  cookie_name: session\n", "")),
+        "auth.cookie_name",
+    ),
+    "auth.ws_ticket_ttl": ((KEYS, _swap(KEYS, "ws_ticket_ttl: 30s", "ws_ticket_ttl: 5m")), (KEYS, _swap(KEYS, "ws_ticket_ttl: 30s", "ws_ticket_ttl: 10s")), "auth.ws_ticket_ttl"),
+    "auth.allow_token_in_url": (
+        (KEYS, _swap(KEYS, "  ws_ticket_ttl: 30s\n", "  ws_ticket_ttl: 30s\n  allow_token_in_url: true\n")),
+        (_swap(KEYS, "  ws_ticket_ttl: 30s\n", "  ws_ticket_ttl: 30s\n  allow_token_in_url: true\n"), KEYS),
+        "auth.allow_token_in_url",
+    ),
+    "agents.<name>.access.api_keys": (
+        (KEYS, _swap(KEYS, "[staff]}", "[staff, web]}")),
+        (_swap(KEYS, "[staff]}", "[staff, web]}"), KEYS),
+        "agents.pay.access.api_keys",
+    ),
+    "agents.<name>.access.jwt_claims": (
+        (JWT, _swap(JWT, "[staff, ops]", "[staff, ops, guest]")),
+        (JWT, _swap(JWT, "{groups: [staff, ops]}", "{groups: [staff], tenant: acme}")),
+        "agents.pay.access.jwt_claims.groups",
+    ),
+    "agents.<name>.tools.<tool>.approval": (
+        (KEYS, _swap(KEYS, "{approval: true}", "{approval: false}")),
+        (KEYS, _swap(KEYS, "{runs_in: browser}", "{runs_in: browser, approval: true}")),
+        "agents.pay.tools.process_payment",
+    ),
+    "agents.<name>.tools.<tool>.runs_in": (
+        (KEYS, _swap(KEYS, "{runs_in: browser}", "{runs_in: server}")),
+        (KEYS, _swap(KEYS, "{approval: true}", "{approval: true, runs_in: browser}")),
+        "agents.pay.tools.get_location",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    folder = tmp_path_factory.mktemp("keys")
+
+    def public_pem() -> bytes:
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    one = public_pem()
+    files = {"pem": one, "pem_copy": one, "other_pem": public_pem()}
+    for name, data in files.items():
+        (folder / f"{name}.pem").write_bytes(data)
+    return {name: str(folder / f"{name}.pem") for name in files}
+
+
+def _fill(text: str, pems: dict[str, str]) -> str:
+    for name, path in pems.items():
+        text = text.replace("{" + name + "}", path)
+    return text
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.path)
+def test_loosening_any_setting_of_the_table_is_refused(rule: Rule, pems: dict[str, str]) -> None:
+    assert rule.path in CASES, f"{rule.path}: add a case (a looser and a tighter file) to CASES"
+    (now, looser), _, key = CASES[rule.path]
+    result = plan(_fill(looser, pems), now=_fill(now, pems))
+    assert result.config is None
+    assert any(p.startswith(f"gateway.yaml: {key}: a reload cannot ") and p.endswith("; restart the gateway to change that")
+               for p in result.problems), result.problems
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.path)
+def test_tightening_any_setting_of_the_table_applies(rule: Rule, pems: dict[str, str]) -> None:
+    _, (now, tighter), _ = CASES[rule.path]
+    result = plan(_fill(tighter, pems), now=_fill(now, pems))
+    assert result.problems == [] and result.config is not None
+
+
+def test_the_cases_are_the_tables() -> None:
+    assert set(CASES) == {rule.path for rule in RULES}
+
+
+def test_every_setting_of_who_gets_in_is_in_the_table_or_said_not_to_be() -> None:
+    """A new field of the auth config or of an agent's access or gates fails here until it is
+    classified: in RULES with its direction, or in UNJUDGED with why it does not decide who gets in."""
+    from gateway.agent_config import AgentAccess, AgentConfig, ToolPolicy
+    from gateway.auth_config import ApiKey, AuthConfig, JwtConfig
+
+    models = {
+        "auth": AuthConfig, "auth.jwt": JwtConfig, "auth.api_keys[]": ApiKey,
+        "agents.<name>": AgentConfig, "agents.<name>.access": AgentAccess, "agents.<name>.tools.<tool>": ToolPolicy,
+    }
+    sections = set(models) | {"agents.<name>.tools"}
+    fields = {f"{prefix}.{name}" for prefix, model in models.items() for name in model.model_fields} - sections
+    classified = {rule.path for rule in RULES} | {path for rule in RULES for path in rule.covers} | set(UNJUDGED)
+    assert fields - classified == set(), "classify these in gateway/loosening.py (RULES or UNJUDGED)"
+    assert classified - fields == set(), "the table names settings that do not exist"
+    assert all(rule.why and rule.direction for rule in RULES) and all(UNJUDGED.values())
+
+
+def test_a_key_given_to_another_id_is_refused() -> None:
+    swapped = KEYS.replace("{id: staff, key: k-staff}", "{id: staff, key: k-web}").replace("{id: web, key: k-web}", "{id: web, key: k-staff}")
+    result = plan(swapped, now=KEYS)
+    assert result.config is None and any(p.startswith("gateway.yaml: auth.api_keys[staff]: ") for p in result.problems)
+    # The same key as its digest is the same key.
+    digest = hashlib.sha256(b"k-web").hexdigest()
+    assert plan(KEYS.replace("{id: web, key: k-web}", f"{{id: web, sha256: {digest.upper()}}}"), now=KEYS).config is not None
+
+
+def test_a_dropped_access_list_and_a_dropped_claim_are_refused() -> None:
+    assert plan(KEYS.replace("    access: {api_keys: [staff]}\n", ""), now=KEYS).config is None
+    assert plan(JWT.replace("    required_claims: {scope: [chat, admin]}\n", ""), now=JWT).config is None
+    assert plan(JWT.replace("    access: {jwt_claims: {groups: [staff, ops]}}\n", ""), now=JWT).config is None
+
+
+def test_any_origin_opens_every_origin() -> None:
+    assert plan(KEYS.replace("[https://a.example, https://b.example]", '["*"]'), now=KEYS).config is None
+    star = KEYS.replace("[https://a.example, https://b.example]", '["*"]')
+    assert plan(KEYS, now=star).config is not None
+
+
+def test_from_no_auth_every_mode_narrows() -> None:
+    jwt = JWT.replace("0.0.0.0", "127.0.0.1")
+    open_ = jwt.replace("mode: jwt", "mode: none").replace("    access: {jwt_claims: {groups: [staff, ops]}}\n", "")
+    assert plan(jwt, now=open_).problems == []
+    keys = plan(JWT.replace("0.0.0.0", "127.0.0.1").replace("mode: jwt", "mode: api_key\n  api_keys: [{id: a, key: k}]")
+                .replace("    access: {jwt_claims: {groups: [staff, ops]}}\n", ""), now=JWT.replace("0.0.0.0", "127.0.0.1"))
+    assert keys.config is None and any(p.startswith("gateway.yaml: auth.mode: a reload cannot") for p in keys.problems)
+
+
+def test_the_reloading_docs_list_every_setting_of_the_table() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    section = doc[doc.index("## Reloading"):doc.index("## Command line")]
+    assert [rule.path for rule in RULES if f"`{rule.path}`" not in section] == []
+    assert [path for path in UNJUDGED if f"`{path.rsplit('.', 1)[-1]}`" not in section] == []
+
+
+def test_a_single_agent_file_moved_to_the_agents_form_is_judged_by_its_app() -> None:
+    # PRODUCTION's one agent is `demo_agent` (named after its app); here the app moves under another name.
+    head = PRODUCTION[: PRODUCTION.index("tools:")]
+    ungated = head + "agents:\n  payments:\n    upstream: {app_name: demo_agent}\n"
+    result = plan(ungated)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.payments.tools.process_payment: a reload cannot stop requiring approval "
+                            "(ADK app demo_agent, served by the agent demo_agent until now)") for p in result.problems)
+    gated = ungated + "    tools:\n      process_payment: {approval: true}\n      get_location: {runs_in: browser}\n"
+    assert plan(gated).problems == []
