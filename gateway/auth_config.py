@@ -45,8 +45,9 @@ class JwtConfig(Section):
     discovery: bool = False
     # How often the keys are fetched again (a provider publishes a new key before signing with it).
     jwks_refresh: Duration = Field(600.0, gt=0)
-    # A token signed with a key not held yet fetches the keys again at once, but at most this often:
-    # a flood of made-up `kid`s must not turn into a flood of requests to the provider.
+    # A token signed with a key not held yet fetches the keys again at once; two such fetches are at
+    # least this far apart (start-up and scheduled fetches do not count): a flood of made-up `kid`s
+    # must not turn into a flood of requests to the provider.
     jwks_min_refetch: Duration = Field(30.0, gt=0)
     # Total time for one fetch of the keys (or the discovery document).
     jwks_timeout: Duration = Field(5.0, gt=0)

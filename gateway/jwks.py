@@ -4,8 +4,10 @@ Providers (Google, Auth0, Okta, Keycloak, Entra ID, Cognito...) publish their pu
 document and rotate them without notice: a new key is published, then tokens are signed with it,
 then the old one goes. So the keys are fetched from `auth.jwt.jwks_url` (or the `jwks_uri` of the
 issuer's OIDC discovery document) at start, again every `jwks_refresh`, and at once when a token
-names a key id not held yet, at most once per `jwks_min_refetch`, so a flood of made-up key ids
-cannot become a flood of requests to the provider. While the provider is down, the keys held keep
+names a key id not held yet. Those unknown-key-id fetches are spaced from each other by
+`jwks_min_refetch`, so a flood of made-up key ids cannot become a flood of requests to the provider;
+they are not spaced from the start-up or scheduled fetches, so a key the provider publishes and
+signs with a second after one of those is fetched at once rather than refused for `jwks_min_refetch`. While the provider is down, the keys held keep
 working. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here handles key material.
 
 `KeyCache` decides (which keys are held, whether a fetch is due or allowed) without I/O; `Jwks`
@@ -53,6 +55,8 @@ class KeyCache:
         self.keys: dict[str, PyJWK] = {}
         self.fetched_at: float | None = None
         self.attempted_at: float | None = None
+        # When a token's unknown key id last caused a fetch: only those are rate-limited.
+        self.refetched_at: float | None = None
         self.last_error: str | None = None
 
     def key(self, kid: str | None) -> PyJWK | None:
@@ -91,8 +95,13 @@ class KeyCache:
         return now - self.fetched_at >= self.refresh
 
     def may_refetch(self, now: float) -> bool:
-        """An unknown key id may fetch the keys again now (rate-limited)."""
-        return self.attempted_at is None or now - self.attempted_at >= self.min_refetch
+        """An unknown key id may fetch the keys again now: no other unknown key id did within
+        `min_refetch` (the start-up and scheduled fetches do not count)."""
+        return self.refetched_at is None or now - self.refetched_at >= self.min_refetch
+
+    def refetching(self, now: float) -> None:
+        """An unknown key id causes a fetch at `now`."""
+        self.refetched_at = now
 
     @property
     def status(self) -> str:
@@ -136,7 +145,9 @@ class Jwks:
     async def key(self, kid: str | None) -> PyJWK | None:
         """The key a token names, fetching the keys again if it is new to us (rate-limited)."""
         found = self.cache.key(kid)
-        if found is None and self.cache.may_refetch(self._clock()):
+        now = self._clock()
+        if found is None and self.cache.may_refetch(now):
+            self.cache.refetching(now)
             await self.fetch()
             found = self.cache.key(kid)
         return found

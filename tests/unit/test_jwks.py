@@ -148,7 +148,7 @@ async def test_a_key_rotation_is_followed_without_restart_or_edit(provider: Prov
     # The provider publishes a new key and signs with it, then withdraws the old one.
     new = rsa_key("key-2")
     provider.keys = [old, new]
-    gate.clock.now += 31  # past jwks_min_refetch since the first fetch
+    gate.clock.now += 1  # a second after the start-up fetch (issue 24, defect 9)
     assert (await gate.auth.identify(bearer(provider.sign(new, sub="bob")))).user_id == "bob"
     provider.keys = [new]
     gate.clock.now += 601  # the scheduled refresh
@@ -224,7 +224,7 @@ def test_the_key_cache_keeps_its_keys_through_bad_documents_and_skips_encryption
         assert list(cache.keys) == ["s"] and cache.status == "stale"
     assert cache.key(None) is cache.keys["s"]  # one key: a token without kid may use it
     assert not cache.due(now=20) and cache.due(now=70)  # a retry after a failure, not a full period
-    assert not cache.may_refetch(now=20) and cache.may_refetch(now=40)
+    assert cache.may_refetch(now=20)  # fetches of its own do not hold back an unknown key id (defect 9)
 
 
 # ---- claims ----------------------------------------------------------------------------------------
@@ -337,3 +337,51 @@ async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider
         assert (await gateway.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
     finally:
         await client.close()
+
+
+# ---- issue 24: what spaces a fetch, and what bounds one ----------------------------------------------
+
+
+async def test_a_key_published_right_after_the_start_up_fetch_is_fetched_at_once(provider: Provider, gate: Gate) -> None:
+    # Defect 9: `jwks_min_refetch` spaces fetches caused by unknown key ids from each other, not
+    # from the start-up or scheduled fetch: a rotation one second after either must not be 401.
+    fetches = provider.jwks_fetches
+    new = rsa_key("key-2")
+    provider.keys = [provider.keys[0], new]
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(new, sub="bob")))).user_id == "bob"
+    assert provider.jwks_fetches == fetches + 1
+    # A scheduled fetch, then another new key a second later: fetched again too.
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    newer = rsa_key("key-3")
+    provider.keys = [new, newer]
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(newer, sub="carol")))).user_id == "carol"
+    assert provider.jwks_fetches == fetches + 3
+
+
+async def test_two_fetches_for_unknown_key_ids_are_still_spaced_by_min_refetch(provider: Provider, gate: Gate) -> None:
+    fetches = provider.jwks_fetches
+    gate.clock.now += 1
+    assert "does not publish" in await refused(gate.auth, provider.sign(SigningKey("forged-1", provider.keys[0].private, "RS256")))
+    assert provider.jwks_fetches == fetches + 1
+    late = rsa_key("key-2")
+    provider.keys = [provider.keys[0], late]
+    gate.clock.now += 29  # within jwks_min_refetch of the last unknown-kid fetch: not asked again
+    assert "does not publish" in await refused(gate.auth, provider.sign(late))
+    assert provider.jwks_fetches == fetches + 1
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(late)))).user_id == "user-1"
+    assert provider.jwks_fetches == fetches + 2
+
+
+def test_the_key_cache_spaces_only_unknown_key_id_fetches() -> None:
+    cache = KeyCache(refresh=600, min_refetch=30)
+    cache.take({"keys": [rsa_key("s").public_jwk()]}, now=0)  # the start-up fetch
+    assert cache.may_refetch(now=1)
+    cache.refetching(now=1)
+    cache.take({"keys": [rsa_key("s").public_jwk()]}, now=1)
+    assert not cache.may_refetch(now=30) and cache.may_refetch(now=31)
+    cache.failed("down", now=600)  # a scheduled fetch that failed does not hold the next one back
+    assert cache.may_refetch(now=601)
