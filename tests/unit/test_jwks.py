@@ -16,6 +16,7 @@ from typing import Any
 
 import jwt
 import pytest
+import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
@@ -369,7 +370,9 @@ async def test_two_fetches_for_unknown_key_ids_are_still_spaced_by_min_refetch(p
     late = rsa_key("key-2")
     provider.keys = [provider.keys[0], late]
     gate.clock.now += 29  # within jwks_min_refetch of the last unknown-kid fetch: not asked again
-    assert "does not publish" in await refused(gate.auth, provider.sign(late))
+    with structlog.testing.capture_logs() as logs:
+        assert "does not publish" in await refused(gate.auth, provider.sign(late))
+    assert [(line["event"], line["reason"]) for line in logs] == [("auth_refused", "unknown_kid")]
     assert provider.jwks_fetches == fetches + 1
     gate.clock.now += 1
     assert (await gate.auth.identify(bearer(provider.sign(late)))).user_id == "user-1"
