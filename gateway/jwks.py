@@ -17,6 +17,7 @@ fetches with aiohttp and owns the refresh task.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from jwt.exceptions import PyJWKSetError, PyJWTError
 from .auth_config import AuthConfig, JwtConfig
 from .stopping import cancel_and_wait
 
-__all__ = ["Jwks", "KeyCache", "provider_keys"]
+__all__ = ["MAX_DOCUMENT_BYTES", "Jwks", "KeyCache", "provider_keys"]
 
 log = structlog.get_logger("adk_gateway.jwks")
 
@@ -37,6 +38,10 @@ _DISCOVERY_PATH = "/.well-known/openid-configuration"
 # A failed scheduled fetch is retried this much sooner than `jwks_refresh`, bounded below by
 # `jwks_min_refetch`: the provider gets no more than that, and keys come back soon after it does.
 _RETRY_FRACTION = 0.1
+# The largest JWKS or discovery document read. Providers publish a few keys in a few KB (Google,
+# Entra ID, Okta: 1-10 KB); a larger answer is refused like any bad document, and the body is
+# read in pieces so that this, not the provider, bounds the memory a fetch takes.
+MAX_DOCUMENT_BYTES = 1024 * 1024
 
 
 def provider_keys(auth: AuthConfig, on_fetch: Callable[[bool], None] | None = None) -> Jwks | None:
@@ -201,4 +206,13 @@ class Jwks:
         async with self._session.get(url, headers={"Accept": "application/json"}) as resp:
             if resp.status != 200:
                 raise ValueError(f"{url} answered HTTP {resp.status}")
-            return await resp.json(content_type=None)
+            too_large = f"{url} answered a document larger than {MAX_DOCUMENT_BYTES} bytes"
+            if resp.content_length is not None and resp.content_length > MAX_DOCUMENT_BYTES:
+                raise ValueError(f"{too_large} ({resp.content_length})")
+            # In pieces, stopping past the cap: `resp.json()` would hold any size the provider sends.
+            body = bytearray()
+            async for piece in resp.content.iter_chunked(64 * 1024):
+                body += piece
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise ValueError(too_large)
+        return json.loads(body)  # a ValueError when not JSON, like any bad document

@@ -8,6 +8,7 @@ app for the routes, readiness and metrics.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -59,6 +60,11 @@ class Provider:
     discovery_issuer: str | None = None
     discoveries: int = 0
     jwks_path: str = "/keys"
+    # Bytes of padding added to the next documents (a member no one reads), sent as a stream of
+    # 64 KiB writes without Content-Length; `sent` counts the bytes the stand-in wrote.
+    padding: int = 0
+    discovery_padding: int = 0
+    sent: int = 0
 
     def sign(self, key: SigningKey, **claims: Any) -> str:
         now = int(time.time())
@@ -67,13 +73,38 @@ class Provider:
 
     async def discovery(self, request: web.Request) -> web.Response:
         self.discoveries += 1
-        return web.json_response({"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + self.jwks_path})
+        document = {"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + self.jwks_path}
+        if self.discovery_padding:
+            return await self.stream(request, document, self.discovery_padding)
+        return web.json_response(document)
 
     async def jwks(self, request: web.Request) -> web.Response:
         self.jwks_fetches += 1
         if not self.up:
             return web.json_response({"error": "down"}, status=503)
-        return web.json_response({"keys": [k.public_jwk() for k in self.keys]})
+        document = {"keys": [k.public_jwk() for k in self.keys]}
+        if self.padding:
+            return await self.stream(request, document, self.padding)
+        return web.json_response(document)
+
+    async def stream(self, request: web.Request, document: dict[str, Any], padding: int) -> web.StreamResponse:
+        """`document` with `padding` bytes more, valid JSON, written as a provider's huge answer would be."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        head = json.dumps(document)[:-1].encode() + b', "padding": "'
+        chunk = b"x" * 65536
+        try:
+            await response.write(head)
+            self.sent += len(head)
+            for _ in range(padding // len(chunk)):
+                await response.write(chunk)
+                self.sent += len(chunk)
+            await response.write(b'"}')
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the gateway hung up: what a stand-in for a huge document expects
+        return response
 
 
 @pytest.fixture
@@ -388,3 +419,66 @@ def test_the_key_cache_spaces_only_unknown_key_id_fetches() -> None:
     assert not cache.may_refetch(now=30) and cache.may_refetch(now=31)
     cache.failed("down", now=600)  # a scheduled fetch that failed does not hold the next one back
     assert cache.may_refetch(now=601)
+
+
+async def test_a_huge_keys_document_is_refused_without_being_read_whole(provider: Provider, gate: Gate) -> None:
+    """Defect 7: a 64 MiB (valid) JWKS document is refused like a bad one (the keys held stay, the
+    fetch counts as failed), and the gateway stops reading it past the cap."""
+    from gateway.jwks import MAX_DOCUMENT_BYTES
+
+    outcomes: list[bool] = []
+    gate.jwks._on_fetch = outcomes.append
+    provider.keys = [*provider.keys, rsa_key("key-2")]
+    provider.padding = 64 * 1024 * 1024
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    assert outcomes == [False]
+    assert list(gate.jwks.cache.keys) == ["key-1"] and gate.jwks.cache.status == "stale"
+    assert "larger than" in (gate.jwks.cache.last_error or "")
+    await asyncio.sleep(0.2)
+    # Socket buffers hold some megabytes; reading the whole document would have taken all 64.
+    assert provider.sent < MAX_DOCUMENT_BYTES + 16 * 1024 * 1024, provider.sent
+    assert (await gate.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
+    # A document just under the cap is fine.
+    provider.padding = MAX_DOCUMENT_BYTES - 64 * 1024
+    gate.clock.now += 61
+    await gate.jwks.fetch()
+    assert outcomes == [False, True] and sorted(gate.jwks.cache.keys) == ["key-1", "key-2"]
+
+
+async def test_a_huge_discovery_document_is_refused(provider: Provider) -> None:
+    provider.discovery_padding = 64 * 1024 * 1024
+    config = parse_config(jwt_config(provider), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    try:
+        await jwks.fetch()
+        assert jwks.cache.status == "unavailable" and "larger than" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+
+
+async def test_a_declared_length_over_the_cap_is_refused_before_reading() -> None:
+    from gateway.jwks import MAX_DOCUMENT_BYTES
+
+    async def declared(request: web.Request) -> web.Response:
+        return web.Response(body=b" " * (MAX_DOCUMENT_BYTES + 1), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/keys", declared)
+    server = TestServer(app)
+    await server.start_server()
+    config = parse_config(
+        f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    jwks_url: {server.make_url('/keys')}\n", env={},
+    )
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    try:
+        await jwks.fetch()
+        assert "larger than" in (jwks.cache.last_error or "") and str(MAX_DOCUMENT_BYTES + 1) in (jwks.cache.last_error or "")
+    finally:
+        await jwks.close()
+        await server.close()
