@@ -7,8 +7,11 @@ issuer's OIDC discovery document) at start, again every `jwks_refresh`, and at o
 names a key id not held yet. Those unknown-key-id fetches are spaced from each other by
 `jwks_min_refetch`, so a flood of made-up key ids cannot become a flood of requests to the provider;
 they are not spaced from the start-up or scheduled fetches, so a key the provider publishes and
-signs with a second after one of those is fetched at once rather than refused for `jwks_min_refetch`. While the provider is down, the keys held keep
-working. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here handles key material.
+signs with a second after one of those is fetched at once rather than refused for a while. While
+the provider is down, the keys held keep working. Whoever answers these fetches decides which tokens pass, so what is read is held to
+`auth_config.key_source_problem` (https, the operator's hosts; a redirect too) and to
+`MAX_DOCUMENT_BYTES`; a document that fails any of it is refused and the keys held stay. Parsing a
+JWK into a key is PyJWT's (`PyJWKSet`); nothing here handles key material.
 
 `KeyCache` decides (which keys are held, whether a fetch is due or allowed) without I/O; `Jwks`
 fetches with aiohttp and owns the refresh task.
@@ -21,20 +24,20 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
 from jwt import PyJWK, PyJWKSet
 from jwt.exceptions import PyJWKSetError, PyJWTError
 
-from .auth_config import AuthConfig, JwtConfig
+from .auth_config import DISCOVERY_PATH, AuthConfig, JwtConfig, key_source_problem
 from .stopping import cancel_and_wait
 
 __all__ = ["MAX_DOCUMENT_BYTES", "Jwks", "KeyCache", "provider_keys"]
 
 log = structlog.get_logger("adk_gateway.jwks")
 
-_DISCOVERY_PATH = "/.well-known/openid-configuration"
 # A failed scheduled fetch is retried this much sooner than `jwks_refresh`, bounded below by
 # `jwks_min_refetch`: the provider gets no more than that, and keys come back soon after it does.
 _RETRY_FRACTION = 0.1
@@ -173,7 +176,7 @@ class Jwks:
         now = self._clock()
         try:
             url = self._jwks_url or await self._discover()
-            document = await self._get_json(url)
+            document = await self._get_json(url, hosts=self._hosts())
             self.cache.take(document, now)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -191,19 +194,34 @@ class Jwks:
     async def _discover(self) -> str:
         """The JWKS URL the issuer's OIDC discovery document names (kept once found)."""
         issuer = (self.settings.issuer or "").rstrip("/")
-        document = await self._get_json(issuer + _DISCOVERY_PATH)
+        document = await self._get_json(issuer + DISCOVERY_PATH, hosts=None)
         if not isinstance(document, dict) or not isinstance(document.get("jwks_uri"), str):
             raise ValueError("the discovery document names no jwks_uri")
         # A document naming another issuer is not this provider's (OpenID Connect Discovery 4.3).
         if str(document.get("issuer", "")).rstrip("/") != issuer:
             raise ValueError(f"the discovery document is issuer {document.get('issuer')!r}, not {issuer!r}")
+        problem = key_source_problem(document["jwks_uri"], allow_http=self.settings.jwks_allow_http, hosts=self._hosts())
+        if problem:
+            raise ValueError(f"the discovery document's jwks_uri: {problem}")
         self._jwks_url = document["jwks_uri"]
         return self._jwks_url
 
-    async def _get_json(self, url: str) -> Any:
+    def _hosts(self) -> set[str] | None:
+        """The hosts a URL that discovery named may be on (None: the operator named the URL)."""
+        if not self.settings.discovery:
+            return None
+        issuer_host = (urlsplit(self.settings.issuer or "").hostname or "").lower()
+        return {issuer_host, *self.settings.jwks_hosts}
+
+    async def _get_json(self, url: str, *, hosts: set[str] | None) -> Any:
+        """The JSON document at `url`; a redirect's target is held to the rule `url` met (`hosts`)."""
         if self._session is None:
             raise ValueError("the key fetcher is not open")
         async with self._session.get(url, headers={"Accept": "application/json"}) as resp:
+            if str(resp.url) != url:
+                problem = key_source_problem(str(resp.url), allow_http=self.settings.jwks_allow_http, hosts=hosts)
+                if problem:
+                    raise ValueError(f"{url} redirected to {problem}")
             if resp.status != 200:
                 raise ValueError(f"{url} answered HTTP {resp.status}")
             too_large = f"{url} answered a document larger than {MAX_DOCUMENT_BYTES} bytes"

@@ -170,7 +170,8 @@ def _provider_settings(config: GatewayConfig) -> object:
     jwt = config.auth.jwt
     if config.auth.mode != "jwt" or jwt is None or not jwt.provider_keys:
         return None
-    return (jwt.jwks_url, jwt.discovery, jwt.issuer, jwt.jwks_refresh, jwt.jwks_min_refetch, jwt.jwks_timeout)
+    return (jwt.jwks_url, jwt.discovery, jwt.issuer, jwt.jwks_refresh, jwt.jwks_min_refetch, jwt.jwks_timeout,
+            tuple(jwt.jwks_hosts), jwt.jwks_allow_http)
 
 
 def _take_provider_keys(gateway: Gateway, running: GatewayConfig, applied: GatewayConfig) -> None:

@@ -65,6 +65,9 @@ class Provider:
     padding: int = 0
     discovery_padding: int = 0
     sent: int = 0
+    # What discovery names as jwks_uri instead of its own `jwks_path`, and where /moved redirects.
+    jwks_uri: str | None = None
+    moved_to: str = ""
 
     def sign(self, key: SigningKey, **claims: Any) -> str:
         now = int(time.time())
@@ -73,7 +76,7 @@ class Provider:
 
     async def discovery(self, request: web.Request) -> web.Response:
         self.discoveries += 1
-        document = {"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + self.jwks_path}
+        document = {"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.jwks_uri or self.issuer + self.jwks_path}
         if self.discovery_padding:
             return await self.stream(request, document, self.discovery_padding)
         return web.json_response(document)
@@ -86,6 +89,9 @@ class Provider:
         if self.padding:
             return await self.stream(request, document, self.padding)
         return web.json_response(document)
+
+    async def moved(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(self.moved_to)
 
     async def stream(self, request: web.Request, document: dict[str, Any], padding: int) -> web.StreamResponse:
         """`document` with `padding` bytes more, valid JSON, written as a provider's huge answer would be."""
@@ -114,6 +120,7 @@ async def provider() -> AsyncIterator[Provider]:
     app.router.add_get("/.well-known/openid-configuration", stand_in.discovery)
     app.router.add_get("/keys", stand_in.jwks)
     app.router.add_get("/keys-v2", stand_in.jwks)
+    app.router.add_get("/moved", stand_in.moved)
     server = TestServer(app)
     await server.start_server()
     stand_in.issuer = str(server.make_url("")).rstrip("/")
@@ -482,3 +489,96 @@ async def test_a_declared_length_over_the_cap_is_refused_before_reading() -> Non
     finally:
         await jwks.close()
         await server.close()
+
+
+# ---- where the keys may come from (issue 24) -----------------------------------------------------------
+
+
+async def discovered(provider: Provider, extra: str = "") -> Jwks:
+    """A key fetcher by discovery from `provider`, after its first fetch (the caller closes it)."""
+    config = parse_config(jwt_config(provider, extra), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    await jwks.fetch()
+    return jwks
+
+
+async def test_discovery_naming_keys_over_plain_http_on_another_machine_yields_no_keys(provider: Provider) -> None:
+    provider.jwks_uri = "http://idp.example/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "https" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+
+
+async def test_discovery_naming_keys_on_another_host_needs_that_host_listed(provider: Provider) -> None:
+    # The stand-in answers on 127.0.0.1 (the issuer's host) and as localhost: another host name.
+    provider.jwks_uri = provider.issuer.replace("127.0.0.1", "localhost") + "/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "jwks_hosts" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+    jwks = await discovered(provider, "    jwks_hosts: [LocalHost]\n")
+    try:
+        assert jwks.cache.status == "ok"
+    finally:
+        await jwks.close()
+
+
+async def test_a_redirect_is_held_to_the_same_rule_as_the_url_discovery_named(provider: Provider) -> None:
+    provider.jwks_uri = provider.issuer + "/moved"
+    provider.moved_to = provider.issuer.replace("127.0.0.1", "localhost") + "/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "jwks_hosts" in (jwks.cache.last_error or "")
+    finally:
+        await jwks.close()
+    provider.moved_to = provider.issuer + "/keys"  # a redirect on the issuer's host is followed
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "ok"
+    finally:
+        await jwks.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "allow_http", "hosts", "refused"),
+    [
+        ("https://idp.example/keys", False, None, False),
+        ("http://idp.example/keys", False, None, True),
+        ("http://idp.example/keys", True, None, False),
+        ("http://127.0.0.1:8080/keys", False, None, False),
+        ("http://[::1]:8080/keys", False, None, False),
+        ("http://localhost/keys", False, None, False),
+        ("ftp://idp.example/keys", True, None, True),
+        ("https://keys.example/keys", False, {"idp.example"}, True),
+        ("https://KEYS.example/keys", False, {"idp.example", "keys.example"}, False),
+    ],
+)
+def test_where_the_keys_may_come_from(url: str, allow_http: bool, hosts: set[str] | None, refused: bool) -> None:
+    from gateway.auth_config import key_source_problem
+
+    assert (key_source_problem(url, allow_http=allow_http, hosts=hosts) is not None) == refused
+
+
+@pytest.mark.parametrize(
+    ("jwt_yaml", "problem"),
+    [
+        ("jwks_url: http://idp.example/keys\n", "https"),
+        ("issuer: http://idp.example\n    discovery: true\n", "https"),
+        ("jwks_url: https://idp.example/keys\n    jwks_hosts: [https://keys.example/]\n", "a host name"),
+    ],
+)
+def test_the_configured_provider_is_reached_over_https(jwt_yaml: str, problem: str) -> None:
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    {jwt_yaml}", env={})
+    assert any(problem in p for p in info.value.problems), info.value.problems
+    for fine in ("jwks_url: http://127.0.0.1:9/keys\n", "jwks_url: http://idp.internal/keys\n    jwks_allow_http: true\n"):
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    {fine}", env={})
