@@ -30,7 +30,7 @@ import yaml
 
 from .agent_config import AgentAccess
 from .auth import Authenticator, warn_token_in_url
-from .config import ConfigError, GatewayConfig, parse_config, revalidate
+from .config import ConfigError, GatewayConfig, parse_config, revalidate, warn_previous_secret
 from .jwks import provider_keys
 from .state import Gateway
 
@@ -205,6 +205,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     _take_provider_keys(gateway, gateway.config, applied)
     if not gateway.config.auth.allow_token_in_url:
         warn_token_in_url(applied.auth)
+    warn_previous_secret(applied.internal)
     gateway.config = applied
     gateway.auth = Authenticator(applied.auth, gateway.jwks)
     gateway.admission.config = applied.limits
