@@ -12,8 +12,9 @@ cookie or a ticket (tickets.py; admit.py redeems it). `?access_token=` in a URL 
 
 Every refusal writes one `auth_refused` line at info (the default level) with a reason code from
 `_JWT_REASONS` or the refusals below, and never the credential nor any part of it: an operator
-debugging a login sees why. A flood of bad tokens writes one such line per request, as the access
-line already does, so it at most doubles what a flood logs; the rate limits bound both.
+debugging a login sees why. Not sampled: a flood of bad tokens already writes one access line
+(`http_request`) per request, so this at most doubles what it logs, and an operator can drop info
+lines (`logging.level: warning`) or let the proxy rate-limit unauthenticated traffic.
 
 The returned user id namespaces chats and ADK sessions: one user never reaches another's chats.
 `may_use` decides whether an identity may use an agent (its `access:`), `check_origin` guards

@@ -8,10 +8,11 @@ names a key id not held yet. Those unknown-key-id fetches are spaced from each o
 `jwks_min_refetch`, so a flood of made-up key ids cannot become a flood of requests to the provider;
 they are not spaced from the start-up or scheduled fetches, so a key the provider publishes and
 signs with a second after one of those is fetched at once rather than refused for a while. While
-the provider is down, the keys held keep working. Whoever answers these fetches decides which tokens pass, so what is read is held to
-`auth_config.key_source_problem` (https, the operator's hosts; a redirect too) and to
-`MAX_DOCUMENT_BYTES`; a document that fails any of it is refused and the keys held stay. Parsing a
-JWK into a key is PyJWT's (`PyJWKSet`); nothing here handles key material.
+the provider is down, the keys held keep working. Whoever answers these fetches decides which
+tokens pass, so where they go is held to `auth_config.key_source_problem` (https, the operator's
+hosts; a redirect too) and what they read to `MAX_DOCUMENT_BYTES`; a document that fails either is
+refused and the keys held stay. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here
+handles key material.
 
 `KeyCache` decides (which keys are held, whether a fetch is due or allowed) without I/O; `Jwks`
 fetches with aiohttp and owns the refresh task.
@@ -221,7 +222,7 @@ class Jwks:
             if str(resp.url) != url:
                 problem = key_source_problem(str(resp.url), allow_http=self.settings.jwks_allow_http, hosts=hosts)
                 if problem:
-                    raise ValueError(f"{url} redirected to {problem}")
+                    raise ValueError(f"{url} redirected: {problem}")
             if resp.status != 200:
                 raise ValueError(f"{url} answered HTTP {resp.status}")
             too_large = f"{url} answered a document larger than {MAX_DOCUMENT_BYTES} bytes"
