@@ -10,6 +10,12 @@ Browsers cannot set headers on a WebSocket handshake: a page there uses the `aut
 cookie or a ticket (tickets.py; admit.py redeems it). `?access_token=` in a URL is read only with
 `auth.allow_token_in_url` (the access log records paths without their query string).
 
+Every refusal writes one `auth_refused` line at info (the default level) with a reason code from
+`_JWT_REASONS` or the refusals below, and never the credential nor any part of it: an operator
+debugging a login sees why. Not sampled: a flood of bad tokens already writes one access line
+(`http_request`) per request, so this at most doubles what it logs, and an operator can drop info
+lines (`logging.level: warning`) or let the proxy rate-limit unauthenticated traffic.
+
 The returned user id namespaces chats and ADK sessions: one user never reaches another's chats.
 `may_use` decides whether an identity may use an agent (its `access:`), `check_origin` guards
 WebSocket upgrades and CORS against pages that are not allowed.
@@ -40,8 +46,29 @@ log = structlog.get_logger("adk_gateway.auth")
 _USER_ID_MAX = 128
 
 
-def _unauthorized(message: str) -> HttpError:
+# Why PyJWT refused a token, as the reason code logged. Subclasses before their bases
+# (InvalidSignatureError is a DecodeError; every one is an InvalidTokenError).
+_JWT_REASONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
+    (jwt.ExpiredSignatureError, "expired"),
+    (jwt.ImmatureSignatureError, "not_yet_valid"),
+    (jwt.InvalidAudienceError, "audience"),
+    (jwt.InvalidIssuerError, "issuer"),
+    (jwt.MissingRequiredClaimError, "missing_claim"),
+    (jwt.InvalidSignatureError, "bad_signature"),
+    (jwt.InvalidAlgorithmError, "algorithm"),
+    (jwt.DecodeError, "malformed"),
+)
+
+
+def _unauthorized(reason: str, message: str, **detail: str) -> HttpError:
+    """The 401 for a refused credential, logged with its reason code (`detail`: config-side names
+    only, such as the claim a token lacks; never anything the caller sent)."""
+    log.info("auth_refused", reason=reason, **detail)
     return HttpError(401, "unauthorized", message, {"WWW-Authenticate": 'Bearer realm="adk-gateway"'})
+
+
+def _jwt_reason(exc: jwt.PyJWTError) -> str:
+    return next((reason for kind, reason in _JWT_REASONS if isinstance(exc, kind)), "invalid")
 
 
 @dataclass(frozen=True)
@@ -91,11 +118,11 @@ class Authenticator:
             credential = request.cookies.get(self._config.cookie_name, "").strip()
             via_cookie = bool(credential)
         if not credential:
-            raise _unauthorized("credentials required: Authorization: Bearer <token>")
+            raise _unauthorized("no_credential", "credentials required: Authorization: Bearer <token>")
         if mode == "api_key":
             user = self._keys.get(hashlib.sha256(credential.encode()).hexdigest())
             if user is None:
-                raise _unauthorized("unknown API key")
+                raise _unauthorized("unknown_api_key", "unknown API key")
             return Identity(user, via_cookie=via_cookie)
         identity = self._jwt_identity(credential, await self._signing_key(credential))
         return Identity(identity.user_id, identity.claims, via_cookie) if via_cookie else identity
@@ -107,13 +134,13 @@ class Authenticator:
         try:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.PyJWTError as exc:
-            raise _unauthorized(f"invalid token: {exc}") from None
+            raise _unauthorized("malformed", f"invalid token: {exc}") from None
         if kid is not None and not isinstance(kid, str):
-            raise _unauthorized("invalid token: kid is not a string")
+            raise _unauthorized("malformed", "invalid token: kid is not a string")
         found = await self._jwks.key(kid)
         if found is None:
             # Fetched again already if allowed (jwks.py): a key the provider does not publish.
-            raise _unauthorized("invalid token: signed with a key the identity provider does not publish")
+            raise _unauthorized("unknown_kid", "invalid token: signed with a key the identity provider does not publish")
         return found.key
 
     @staticmethod
@@ -138,17 +165,23 @@ class Authenticator:
                 options={"require": [settings.user_claim, "exp"], "verify_aud": settings.audience is not None},
             )
         except jwt.ExpiredSignatureError:
-            raise _unauthorized("token expired") from None
+            raise _unauthorized("expired", "token expired") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise _unauthorized("missing_claim", f"invalid token: {exc}", claim=exc.claim) from None
         except jwt.PyJWTError as exc:
             # Every PyJWT failure is the token's fault as far as the caller is concerned (a key that
             # does not fit the token's algorithm included), never a 500.
-            raise _unauthorized(f"invalid token: {exc}") from None
+            raise _unauthorized(_jwt_reason(exc), f"invalid token: {exc}") from None
         subject = claims.get(settings.user_claim)
         if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:
-            raise _unauthorized(f"invalid token: {settings.user_claim} must be a non-empty string")
+            raise _unauthorized(
+                "bad_user_claim", f"invalid token: {settings.user_claim} must be a non-empty string", claim=settings.user_claim,
+            )
         for claim, allowed in settings.required_claims.items():
             if not _holds(claims.get(claim), allowed):
-                raise _unauthorized(f"invalid token: its {claim} claim is not one this gateway accepts")
+                raise _unauthorized(
+                    "claim_not_allowed", f"invalid token: its {claim} claim is not one this gateway accepts", claim=claim,
+                )
         return Identity(subject, claims)
 
     def origin_allowed(self, origin: str | None, host: str | None, scheme: str = "http", *, any_origin: bool = True) -> bool:
@@ -241,6 +274,7 @@ def _credential(request: web.Request, token_in_url: bool) -> str:
         return credential
     if not token_in_url:
         raise _unauthorized(
+            "token_in_url_off",
             "?access_token= is turned off on this gateway (auth.allow_token_in_url): send the credential in "
             "the Authorization header, or on a WebSocket use a ticket from POST .../api/chat/ws-ticket or the cookie"
         )

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -14,7 +16,39 @@ from pydantic import AnyHttpUrl, Field, PrivateAttr, SecretStr, field_validator,
 
 from .config_values import ClaimValues, Duration, Section
 
-__all__ = ["ApiKey", "AuthConfig", "JwtConfig"]
+__all__ = ["DISCOVERY_PATH", "ApiKey", "AuthConfig", "JwtConfig", "key_source_problem"]
+
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+
+
+def key_source_problem(url: str, *, allow_http: bool, hosts: Collection[str] | None = None) -> str | None:
+    """Why the provider's keys (or its discovery document) may not be read from `url`, or None.
+
+    Whoever answers there chooses which tokens pass, so it is reached over https: plain http only
+    on a loopback host (nobody between), or with `auth.jwt.jwks_allow_http`. `hosts` (lower case),
+    for a URL that discovery named: the issuer's host and `auth.jwt.jwks_hosts`, so that a
+    discovery document cannot send the gateway to keys on a host the operator never named.
+    """
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https") or not host:
+        return f"{url} is not an http(s) URL"
+    if parts.scheme == "http" and not allow_http and not _loopback(host):
+        return (f"{url} is plain http on a host that is not loopback: the provider's keys decide which tokens "
+                "pass, so they come over https (auth.jwt.jwks_allow_http allows http on a private network)")
+    if hosts is not None and host not in hosts:
+        return (f"{url} is on {host}, not the issuer's host: list {host} in auth.jwt.jwks_hosts if the provider "
+                "publishes its keys there")
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ApiKey(Section):
@@ -45,11 +79,18 @@ class JwtConfig(Section):
     discovery: bool = False
     # How often the keys are fetched again (a provider publishes a new key before signing with it).
     jwks_refresh: Duration = Field(600.0, gt=0)
-    # A token signed with a key not held yet fetches the keys again at once, but at most this often:
-    # a flood of made-up `kid`s must not turn into a flood of requests to the provider.
+    # A token signed with a key not held yet fetches the keys again at once; two such fetches are at
+    # least this far apart (start-up and scheduled fetches do not count): a flood of made-up `kid`s
+    # must not turn into a flood of requests to the provider.
     jwks_min_refetch: Duration = Field(30.0, gt=0)
     # Total time for one fetch of the keys (or the discovery document).
     jwks_timeout: Duration = Field(5.0, gt=0)
+    # Hosts besides the issuer's that a `jwks_uri` found by discovery may name (Google's ID tokens:
+    # issuer accounts.google.com, keys on www.googleapis.com). Others are refused.
+    jwks_hosts: list[str] = Field(default_factory=list)
+    # Read the keys (jwks_url, discovery) over plain http on a host that is not loopback: whoever
+    # sits on the path could then publish keys of their own. Only on a private network.
+    jwks_allow_http: bool = False
     audience: str | None = None
     issuer: str | None = None
     # The claim that is the user id (chats belong to it): `sub`, or e.g. `email`, `oid`, a custom one.
@@ -66,6 +107,14 @@ class JwtConfig(Section):
     @property
     def public_key_pem(self) -> bytes | None:
         return self._public_key_pem
+
+    @field_validator("jwks_hosts")
+    @classmethod
+    def _host_names(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not host or any(c in host for c in "/:@?#") and not host.startswith("["):
+                raise ValueError(f"{host!r}: list a host name as the URL has it (www.googleapis.com), not a URL")
+        return [host.strip().lower().strip("[]") for host in hosts]
 
     @property
     def provider_keys(self) -> bool:
@@ -183,6 +232,12 @@ class AuthConfig(Section):
                 raise ValueError("auth.jwt.discovery needs auth.jwt.issuer (its /.well-known/openid-configuration names the keys)")
             if jwt.jwks_url is not None and jwt.discovery:
                 raise ValueError("auth.jwt: give jwks_url or discovery, not both")
+            source = str(jwt.jwks_url) if jwt.jwks_url is not None else None
+            if jwt.discovery and jwt.issuer:
+                source = jwt.issuer.rstrip("/") + DISCOVERY_PATH
+            problem = key_source_problem(source, allow_http=jwt.jwks_allow_http) if source else None
+            if problem:
+                raise ValueError(f"auth.jwt: {problem}")
             if "HS256" in jwt.algorithms and not (jwt.secret and jwt.secret.get_secret_value()):
                 raise ValueError("auth.jwt.secret is required for HS256")
             if "HS256" in jwt.algorithms and jwt.provider_keys:

@@ -2,7 +2,9 @@
 
 It is a separate aiohttp Application on its own host and port (loopback by default), so nothing
 here is reachable through the browser-facing routes. Every request carries the shared secret as a
-bearer token, compared in constant time.
+bearer token, compared in constant time: `internal.secret`, or during a rotation
+`internal.previous_secret` (each use of which is logged, so the operator sees which agents still
+have to move to the new one before it is dropped).
 
 - `GET /internal/v1/policy?app_name=APP`: the tool policy of the agent whose ADK app is APP, so
   the plugin only calls back for gated tools (404 for an app no agent has). Without `app_name`
@@ -20,7 +22,7 @@ import hmac
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from .agent_config import ToolPolicy
 from .config import GatewayConfig
@@ -45,17 +47,30 @@ class ToolCallRequest(BaseModel):
     invocation_id: str | None = None
 
 
+def _matches(given: bytes, secret: SecretStr | None) -> bool:
+    expected = secret.get_secret_value().encode() if secret is not None else b""
+    # Compared first, whatever is configured; an empty secret authenticates nobody (an unset
+    # ${VAR:-} must not open the listener).
+    return hmac.compare_digest(given, expected) and bool(expected)
+
+
 @web.middleware
 async def require_secret(request: web.Request, handler):  # type: ignore[no-untyped-def]
     gateway = request.app[GATEWAY]
-    secret = gateway.config.internal.secret
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    expected = secret.get_secret_value() if secret is not None else ""
-    # An empty secret authenticates nobody (an unset ${VAR:-} must not open the listener).
-    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+    settings = gateway.config.internal
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip().encode()
+    # Both compared every time: which one matched must not show in the timing either.
+    current, previous = _matches(given, settings.secret), _matches(given, settings.previous_secret)
+    if not (current or previous):
         gateway.metrics.plugin_requests.labels("", "unauthorized").inc()
         log.warning("internal_unauthorized", path=request.path)
         raise HttpError(401, "unauthorized", "missing or wrong internal secret")
+    if previous and not current:
+        log.warning(
+            "internal_previous_secret_used", path=request.path,
+            detail="an agent still authenticates with internal.previous_secret: restart it with the new "
+            "ADK_GATEWAY_SECRET before dropping previous_secret",
+        )
     return await handler(request)
 
 

@@ -4,9 +4,15 @@ Providers (Google, Auth0, Okta, Keycloak, Entra ID, Cognito...) publish their pu
 document and rotate them without notice: a new key is published, then tokens are signed with it,
 then the old one goes. So the keys are fetched from `auth.jwt.jwks_url` (or the `jwks_uri` of the
 issuer's OIDC discovery document) at start, again every `jwks_refresh`, and at once when a token
-names a key id not held yet, at most once per `jwks_min_refetch`, so a flood of made-up key ids
-cannot become a flood of requests to the provider. While the provider is down, the keys held keep
-working. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here handles key material.
+names a key id not held yet. Those unknown-key-id fetches are spaced from each other by
+`jwks_min_refetch`, so a flood of made-up key ids cannot become a flood of requests to the provider;
+they are not spaced from the start-up or scheduled fetches, so a key the provider publishes and
+signs with a second after one of those is fetched at once rather than refused for a while. While
+the provider is down, the keys held keep working. Whoever answers these fetches decides which
+tokens pass, so where they go is held to `auth_config.key_source_problem` (https, the operator's
+hosts; a redirect too) and what they read to `MAX_DOCUMENT_BYTES`; a document that fails either is
+refused and the keys held stay. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here
+handles key material.
 
 `KeyCache` decides (which keys are held, whether a fetch is due or allowed) without I/O; `Jwks`
 fetches with aiohttp and owns the refresh task.
@@ -15,26 +21,31 @@ fetches with aiohttp and owns the refresh task.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
 from jwt import PyJWK, PyJWKSet
 from jwt.exceptions import PyJWKSetError, PyJWTError
 
-from .auth_config import AuthConfig, JwtConfig
+from .auth_config import DISCOVERY_PATH, AuthConfig, JwtConfig, key_source_problem
 from .stopping import cancel_and_wait
 
-__all__ = ["Jwks", "KeyCache", "provider_keys"]
+__all__ = ["MAX_DOCUMENT_BYTES", "Jwks", "KeyCache", "provider_keys"]
 
 log = structlog.get_logger("adk_gateway.jwks")
 
-_DISCOVERY_PATH = "/.well-known/openid-configuration"
 # A failed scheduled fetch is retried this much sooner than `jwks_refresh`, bounded below by
 # `jwks_min_refetch`: the provider gets no more than that, and keys come back soon after it does.
 _RETRY_FRACTION = 0.1
+# The largest JWKS or discovery document read. Providers publish a few keys in a few KB (Google,
+# Entra ID, Okta: 1-10 KB); a larger answer is refused like any bad document, and the body is
+# read in pieces so that this, not the provider, bounds the memory a fetch takes.
+MAX_DOCUMENT_BYTES = 1024 * 1024
 
 
 def provider_keys(auth: AuthConfig, on_fetch: Callable[[bool], None] | None = None) -> Jwks | None:
@@ -53,6 +64,8 @@ class KeyCache:
         self.keys: dict[str, PyJWK] = {}
         self.fetched_at: float | None = None
         self.attempted_at: float | None = None
+        # When a token's unknown key id last caused a fetch: only those are rate-limited.
+        self.refetched_at: float | None = None
         self.last_error: str | None = None
 
     def key(self, kid: str | None) -> PyJWK | None:
@@ -91,8 +104,13 @@ class KeyCache:
         return now - self.fetched_at >= self.refresh
 
     def may_refetch(self, now: float) -> bool:
-        """An unknown key id may fetch the keys again now (rate-limited)."""
-        return self.attempted_at is None or now - self.attempted_at >= self.min_refetch
+        """An unknown key id may fetch the keys again now: no other unknown key id did within
+        `min_refetch` (the start-up and scheduled fetches do not count)."""
+        return self.refetched_at is None or now - self.refetched_at >= self.min_refetch
+
+    def refetching(self, now: float) -> None:
+        """An unknown key id causes a fetch at `now`."""
+        self.refetched_at = now
 
     @property
     def status(self) -> str:
@@ -136,7 +154,9 @@ class Jwks:
     async def key(self, kid: str | None) -> PyJWK | None:
         """The key a token names, fetching the keys again if it is new to us (rate-limited)."""
         found = self.cache.key(kid)
-        if found is None and self.cache.may_refetch(self._clock()):
+        now = self._clock()
+        if found is None and self.cache.may_refetch(now):
+            self.cache.refetching(now)
             await self.fetch()
             found = self.cache.key(kid)
         return found
@@ -157,7 +177,7 @@ class Jwks:
         now = self._clock()
         try:
             url = self._jwks_url or await self._discover()
-            document = await self._get_json(url)
+            document = await self._get_json(url, hosts=self._hosts())
             self.cache.take(document, now)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -175,19 +195,43 @@ class Jwks:
     async def _discover(self) -> str:
         """The JWKS URL the issuer's OIDC discovery document names (kept once found)."""
         issuer = (self.settings.issuer or "").rstrip("/")
-        document = await self._get_json(issuer + _DISCOVERY_PATH)
+        document = await self._get_json(issuer + DISCOVERY_PATH, hosts=None)
         if not isinstance(document, dict) or not isinstance(document.get("jwks_uri"), str):
             raise ValueError("the discovery document names no jwks_uri")
         # A document naming another issuer is not this provider's (OpenID Connect Discovery 4.3).
         if str(document.get("issuer", "")).rstrip("/") != issuer:
             raise ValueError(f"the discovery document is issuer {document.get('issuer')!r}, not {issuer!r}")
+        problem = key_source_problem(document["jwks_uri"], allow_http=self.settings.jwks_allow_http, hosts=self._hosts())
+        if problem:
+            raise ValueError(f"the discovery document's jwks_uri: {problem}")
         self._jwks_url = document["jwks_uri"]
         return self._jwks_url
 
-    async def _get_json(self, url: str) -> Any:
+    def _hosts(self) -> set[str] | None:
+        """The hosts a URL that discovery named may be on (None: the operator named the URL)."""
+        if not self.settings.discovery:
+            return None
+        issuer_host = (urlsplit(self.settings.issuer or "").hostname or "").lower()
+        return {issuer_host, *self.settings.jwks_hosts}
+
+    async def _get_json(self, url: str, *, hosts: set[str] | None) -> Any:
+        """The JSON document at `url`; a redirect's target is held to the rule `url` met (`hosts`)."""
         if self._session is None:
             raise ValueError("the key fetcher is not open")
         async with self._session.get(url, headers={"Accept": "application/json"}) as resp:
+            if str(resp.url) != url:
+                problem = key_source_problem(str(resp.url), allow_http=self.settings.jwks_allow_http, hosts=hosts)
+                if problem:
+                    raise ValueError(f"{url} redirected: {problem}")
             if resp.status != 200:
                 raise ValueError(f"{url} answered HTTP {resp.status}")
-            return await resp.json(content_type=None)
+            too_large = f"{url} answered a document larger than {MAX_DOCUMENT_BYTES} bytes"
+            if resp.content_length is not None and resp.content_length > MAX_DOCUMENT_BYTES:
+                raise ValueError(f"{too_large} ({resp.content_length})")
+            # In pieces, stopping past the cap: `resp.json()` would hold any size the provider sends.
+            body = bytearray()
+            async for piece in resp.content.iter_chunked(64 * 1024):
+                body += piece
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise ValueError(too_large)
+        return json.loads(body)  # a ValueError when not JSON, like any bad document

@@ -30,7 +30,10 @@ import structlog
 import yaml
 
 from .auth import Authenticator, warn_token_in_url
-from .config import ConfigError, GatewayConfig, parse_config, revalidate, single_agent_form
+from .config import (
+    ConfigError, GatewayConfig, parse_config, revalidate, single_agent_form,
+    warn_previous_secret,
+)
 from .jwks import provider_keys
 from .loosening import loosened
 from .state import Gateway
@@ -137,7 +140,8 @@ def _provider_settings(config: GatewayConfig) -> object:
     jwt = config.auth.jwt
     if config.auth.mode != "jwt" or jwt is None or not jwt.provider_keys:
         return None
-    return (jwt.jwks_url, jwt.discovery, jwt.issuer, jwt.jwks_refresh, jwt.jwks_min_refetch, jwt.jwks_timeout)
+    return (jwt.jwks_url, jwt.discovery, jwt.issuer, jwt.jwks_refresh, jwt.jwks_min_refetch, jwt.jwks_timeout,
+            tuple(jwt.jwks_hosts), jwt.jwks_allow_http)
 
 
 def _take_provider_keys(gateway: Gateway, running: GatewayConfig, applied: GatewayConfig) -> None:
@@ -171,6 +175,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     _take_provider_keys(gateway, gateway.config, applied)
     if not gateway.config.auth.allow_token_in_url:
         warn_token_in_url(applied.auth)
+    warn_previous_secret(applied.internal)
     gateway.config = applied
     gateway.auth = Authenticator(applied.auth, gateway.jwks)
     gateway.admission.config = applied.limits

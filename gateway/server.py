@@ -28,7 +28,7 @@ from aiohttp import WSCloseCode, web
 
 from .app import create_app
 from .auth import warn_token_in_url
-from .config import ConfigError, GatewayConfig, load_config
+from .config import ConfigError, GatewayConfig, load_config, warn_previous_secret
 from .internal import create_internal_app
 from .reload import reload_config
 from .state import GATEWAY, Gateway
@@ -124,6 +124,7 @@ async def serve(config: GatewayConfig, config_path: Path | None = None, upstream
     app = create_app(config)
     gateway = app[GATEWAY]
     warn_token_in_url(config.auth)
+    warn_previous_secret(config.internal)
     gateway.config_path = config_path
     gateway.upstream_mode = upstream_mode
     if config_path is not None:

@@ -33,7 +33,9 @@ difference is a test in tests/unit/test_agent_plugin.py, run on both sides):
 - ADK 1.x warns that `ToolConfirmation` is experimental each time one is built; the plugin builds
   one per approved call, so it silences that warning there.
 
-Environment: ADK_GATEWAY_URL (default http://127.0.0.1:8081), ADK_GATEWAY_SECRET (required),
+Environment: ADK_GATEWAY_URL (default http://127.0.0.1:8081), ADK_GATEWAY_SECRET (required) or
+ADK_GATEWAY_SECRET_FILE (a file holding it, such as a mounted secret: read again before each
+policy fetch and after a refusal, so the secret can be rotated without restarting the agent),
 ADK_GATEWAY_CONNECT_TIMEOUT (seconds, default 5), ADK_GATEWAY_MAX_WAIT (seconds a call may wait,
 default 3600; the gateway's own deadlines normally end the wait much sooner).
 """
@@ -102,12 +104,18 @@ class GatewayPlugin(BasePlugin):
         *,
         url: str | None = None,
         secret: str | None = None,
+        secret_file: str | None = None,
         connect_timeout: float | None = None,
         max_wait: float | None = None,
     ) -> None:
         super().__init__(name=name)
         self._url = (url or os.environ.get("ADK_GATEWAY_URL") or _DEFAULT_URL).rstrip("/")
+        # A file, when given, wins over ADK_GATEWAY_SECRET: it is what can change under a running agent.
+        self._secret_file = None if secret is not None else (secret_file or os.environ.get("ADK_GATEWAY_SECRET_FILE") or None)
         self._secret = secret if secret is not None else os.environ.get("ADK_GATEWAY_SECRET", "")
+        if self._secret_file is not None:
+            self._secret = ""
+            self._reread_secret()
         self._connect_timeout = connect_timeout or float(os.environ.get("ADK_GATEWAY_CONNECT_TIMEOUT", "5"))
         self._max_wait = max_wait or float(os.environ.get("ADK_GATEWAY_MAX_WAIT", "3600"))
         # Per ADK app name ("" when the app is unknown: the gateway answers with every agent's
@@ -118,7 +126,10 @@ class GatewayPlugin(BasePlugin):
         self._http: httpx.AsyncClient | None = None
         self._no_behavior_warned: set[str] = set()
         if not self._secret:
-            logger.error("ADK_GATEWAY_SECRET is not set: the policy cannot be read, so every tool call will be refused")
+            logger.error(
+                "ADK_GATEWAY_SECRET is not set (nor readable from ADK_GATEWAY_SECRET_FILE): the policy cannot be "
+                "read, so every tool call will be refused"
+            )
 
     # ---- ADK hooks -------------------------------------------------------------------------
 
@@ -218,7 +229,6 @@ class GatewayPlugin(BasePlugin):
     def _client(self) -> httpx.AsyncClient:
         if self._http is None or self._http.is_closed:
             self._http = httpx.AsyncClient(
-                headers={"Authorization": f"Bearer {self._secret}"},
                 # Each gated call waits on its own connection (a long request): no pool cap, or
                 # the 101st waiting call would queue behind the others. The overall bounds are
                 # asyncio's (below); httpx bounds only the connect.
@@ -229,6 +239,32 @@ class GatewayPlugin(BasePlugin):
                 trust_env=False,
             )
         return self._http
+
+    def _reread_secret(self) -> bool:
+        """Take the secret from ADK_GATEWAY_SECRET_FILE again; whether it changed. An unreadable
+        or empty file keeps the secret held (the gateway refuses it if it is wrong: fail closed)."""
+        if self._secret_file is None:
+            return False
+        try:
+            with open(self._secret_file, encoding="utf-8") as file:
+                value = file.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            logger.warning("cannot read ADK_GATEWAY_SECRET_FILE %s: %s", self._secret_file, exc)
+            return False
+        if not value or value == self._secret:
+            return False
+        if self._secret:
+            logger.info("the gateway secret changed in %s; using the new one", self._secret_file)
+        self._secret = value
+        return True
+
+    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """One request to the internal listener. Refused (401) while the secret file holds a newer
+        secret: sent again once with it, as the gateway may have dropped the old one already."""
+        resp = await self._client().request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+        if resp.status_code == 401 and self._reread_secret():
+            resp = await self._client().request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+        return resp
 
     async def _tool_policy(self, tool: str, app: str = "") -> dict[str, Any] | None:
         """This tool's policy entry for ADK app `app` ({} when ungated), or None when that app's
@@ -245,10 +281,12 @@ class GatewayPlugin(BasePlugin):
         return policy.get(tool) or policy.get("default") or {}
 
     async def _refresh_policy(self, app: str) -> None:
+        # Each policy fetch (every `internal.policy_refresh`) takes a rotated secret.
+        self._reread_secret()
         try:
             params = {"app_name": app} if app else None
             resp = await asyncio.wait_for(
-                self._client().get(f"{self._url}/internal/v1/policy", params=params), timeout=self._connect_timeout + 5
+                self._send("GET", f"{self._url}/internal/v1/policy", params=params), timeout=self._connect_timeout + 5
             )
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code}")
@@ -275,7 +313,7 @@ class GatewayPlugin(BasePlugin):
         }
         try:
             resp = await asyncio.wait_for(
-                self._client().post(f"{self._url}/internal/v1/tool-calls", json=payload), timeout=self._max_wait
+                self._send("POST", f"{self._url}/internal/v1/tool-calls", json=payload), timeout=self._max_wait
             )
         except httpx.HTTPError as exc:
             # Could not connect (a connect timeout too), or the connection closed while waiting.

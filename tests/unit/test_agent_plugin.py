@@ -33,16 +33,27 @@ class FakeGateway:
         self.asked: list[dict] = []
         # "hang": hold the request open (a person who never answers); "drop": cut the connection.
         self.behaviour = ""
+        # The secrets the internal listener accepts (two while a rotation overlaps).
+        self.secrets = {"s3cret"}
+        self.refused = 0
+
+    def authorized(self, request: web.Request) -> bool:
+        if request.headers.get("Authorization", "").removeprefix("Bearer ") in self.secrets:
+            return True
+        self.refused += 1
+        return False
 
     def app(self) -> web.Application:
         async def policy(request: web.Request) -> web.Response:
-            if request.headers.get("Authorization") != "Bearer s3cret":
+            if not self.authorized(request):
                 return web.json_response({}, status=401)
             return web.json_response({"tools": {
                 "pay": {"approval": True, "runs_in": "server", "gated": True, "non_blocking": True},
             }, "refresh": 30})
 
         async def tool_calls(request: web.Request) -> web.Response:
+            if not self.authorized(request):
+                return web.json_response({}, status=401)
             self.asked.append(await request.json())
             if self.behaviour == "hang":
                 await asyncio.sleep(30)
@@ -313,3 +324,65 @@ def test_the_old_import_path_is_the_plugin_itself() -> None:
 
     assert agent_plugin.GatewayPlugin is adk_gateway_plugin.GatewayPlugin
     assert agent_plugin.REFUSAL_KEY == adk_gateway_plugin.REFUSAL_KEY
+
+
+# ---- the secret from a file, rotated without restarting the agent (issue 24) --------------------------
+
+
+async def test_a_secret_file_is_read_again_so_a_rotation_needs_no_agent_restart(
+    gateway: tuple[FakeGateway, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, url = gateway
+    secret_file = tmp_path / "adk-gateway-secret"
+    secret_file.write_text("s3cret\n")  # as `kubectl create secret` or an editor leaves it
+    monkeypatch.setenv("ADK_GATEWAY_SECRET", "ignored-when-a-file-is-given")
+    monkeypatch.setenv("ADK_GATEWAY_SECRET_FILE", str(secret_file))
+    plugin = GatewayPlugin(url=url)
+    try:
+        assert await plugin._tool_policy("pay", "app") is not None
+        # Steps 1-2 of the rotation: the gateway takes both, the file gets the new secret; the
+        # plugin sends it from its next policy fetch on.
+        fake.secrets = {"s3cret", "n3w"}
+        secret_file.write_text("n3w\n")
+        plugin._policy_expires["app"] = 0.0
+        asked = fake.asked.copy()
+        assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 1}, tool_context=context()) is None
+        assert len(fake.asked) == len(asked) + 1
+        fake.secrets = {"n3w"}  # step 4: the old secret dropped
+        assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 2}, tool_context=context()) is None
+        assert fake.refused == 0
+    finally:
+        await plugin.close()
+
+
+async def test_a_refused_request_reads_the_secret_file_again_and_retries_once(
+    gateway: tuple[FakeGateway, str], tmp_path: Any,
+) -> None:
+    # The order of a rotation got wrong (the gateway moved first, no overlap): the plugin catches up
+    # at the first refusal instead of refusing gated calls until the agent restarts.
+    fake, url = gateway
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("s3cret")
+    plugin = GatewayPlugin(url=url, secret_file=str(secret_file))
+    try:
+        assert await plugin._tool_policy("pay", "app") is not None
+        fake.secrets = {"n3w"}
+        secret_file.write_text("n3w")
+        assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 1}, tool_context=context()) is None
+        assert fake.refused == 1 and fake.asked[-1]["args"] == {"amount": 1}
+        # A file that still holds a refused secret is not retried in a loop: refused, marked.
+        fake.secrets = {"n3wer"}
+        response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 2}, tool_context=context())
+        assert response[REFUSAL_KEY] == "gateway_refused" and fake.refused == 2
+    finally:
+        await plugin.close()
+
+
+async def test_an_unreadable_secret_file_fails_closed(gateway: tuple[FakeGateway, str], tmp_path: Any) -> None:
+    _, url = gateway
+    plugin = GatewayPlugin(url=url, secret_file=str(tmp_path / "missing"))
+    try:
+        response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=context())
+        assert response[REFUSAL_KEY] == "policy_unavailable"
+    finally:
+        await plugin.close()

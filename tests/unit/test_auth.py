@@ -179,3 +179,52 @@ def test_the_same_origin_check_compares_the_scheme() -> None:
     assert auth.origin_allowed("https://gw", "gw:443", "https")  # a default port is not in an Origin
     assert auth.origin_allowed("http://GW:8080", "gw:8080", "http")  # nor does case matter in a host
     assert not auth.origin_allowed("ftp://gw:8080", "gw:8080", "http")
+
+
+async def test_every_refused_token_is_logged_once_with_a_reason_and_without_the_token() -> None:
+    """Issue 24, defect 9: an operator debugging a login sees why a token was refused, at info (the
+    default level), one line per refusal with a reason code, and no part of the token."""
+    import structlog
+
+    secret = "s" * 32
+    auth = Authenticator(AuthConfig.model_validate({"mode": "jwt", "jwt": {
+        "secret": secret, "audience": "app", "issuer": "https://idp.example", "required_claims": {"scope": ["chat"]},
+    }}))
+    now = time.time()
+    good = {"sub": "carol", "exp": now + 60, "aud": "app", "iss": "https://idp.example", "scope": "chat"}
+    cases = {
+        "expired": jwt.encode({**good, "exp": now - 120}, secret, algorithm="HS256"),
+        "not_yet_valid": jwt.encode({**good, "nbf": now + 3600}, secret, algorithm="HS256"),
+        "audience": jwt.encode({**good, "aud": "other"}, secret, algorithm="HS256"),
+        "issuer": jwt.encode({**good, "iss": "https://evil.example"}, secret, algorithm="HS256"),
+        "bad_signature": jwt.encode(good, "x" * 32, algorithm="HS256"),
+        "missing_claim": jwt.encode({k: v for k, v in good.items() if k != "exp"}, secret, algorithm="HS256"),
+        "claim_not_allowed": jwt.encode({**good, "scope": "openid"}, secret, algorithm="HS256"),
+        "bad_user_claim": jwt.encode({**good, "sub": ""}, secret, algorithm="HS256"),
+        "algorithm": jwt.encode(good, secret * 2, algorithm="HS384"),
+        "malformed": "not-a-jwt",
+    }
+    for reason, token in cases.items():
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(HttpError):
+                await auth.user_id(req({"Authorization": f"Bearer {token}"}))
+        refusals = [line for line in logs if line["event"] == "auth_refused"]
+        assert len(refusals) == 1, (reason, logs)
+        assert refusals[0]["reason"] == reason and refusals[0]["log_level"] == "info", (reason, refusals)
+        for part in token.split("."):
+            assert part not in str(logs), reason
+    with structlog.testing.capture_logs() as logs:
+        assert await auth.user_id(req({"Authorization": f"Bearer {jwt.encode(good, secret, algorithm='HS256')}"})) == "carol"
+    assert not [line for line in logs if line["event"] == "auth_refused"]
+
+
+async def test_refused_api_keys_and_missing_credentials_are_logged_with_a_reason() -> None:
+    import structlog
+
+    auth = Authenticator(AuthConfig.model_validate({"mode": "api_key", "api_keys": [{"id": "alice", "key": "k-alice"}]}))
+    for headers, reason in (({}, "no_credential"), ({"Authorization": "Bearer k-wrong-key"}, "unknown_api_key")):
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(HttpError):
+                await auth.user_id(req(headers))
+        assert [(line["event"], line["reason"]) for line in logs] == [("auth_refused", reason)]
+        assert "k-wrong-key" not in str(logs)

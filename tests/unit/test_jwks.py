@@ -8,6 +8,7 @@ app for the routes, readiness and metrics.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from typing import Any
 
 import jwt
 import pytest
+import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
@@ -58,6 +60,14 @@ class Provider:
     discovery_issuer: str | None = None
     discoveries: int = 0
     jwks_path: str = "/keys"
+    # Bytes of padding added to the next documents (a member no one reads), sent as a stream of
+    # 64 KiB writes without Content-Length; `sent` counts the bytes the stand-in wrote.
+    padding: int = 0
+    discovery_padding: int = 0
+    sent: int = 0
+    # What discovery names as jwks_uri instead of its own `jwks_path`, and where /moved redirects.
+    jwks_uri: str | None = None
+    moved_to: str = ""
 
     def sign(self, key: SigningKey, **claims: Any) -> str:
         now = int(time.time())
@@ -66,13 +76,41 @@ class Provider:
 
     async def discovery(self, request: web.Request) -> web.Response:
         self.discoveries += 1
-        return web.json_response({"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.issuer + self.jwks_path})
+        document = {"issuer": self.discovery_issuer or self.issuer, "jwks_uri": self.jwks_uri or self.issuer + self.jwks_path}
+        if self.discovery_padding:
+            return await self.stream(request, document, self.discovery_padding)
+        return web.json_response(document)
 
     async def jwks(self, request: web.Request) -> web.Response:
         self.jwks_fetches += 1
         if not self.up:
             return web.json_response({"error": "down"}, status=503)
-        return web.json_response({"keys": [k.public_jwk() for k in self.keys]})
+        document = {"keys": [k.public_jwk() for k in self.keys]}
+        if self.padding:
+            return await self.stream(request, document, self.padding)
+        return web.json_response(document)
+
+    async def moved(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(self.moved_to)
+
+    async def stream(self, request: web.Request, document: dict[str, Any], padding: int) -> web.StreamResponse:
+        """`document` with `padding` bytes more, valid JSON, written as a provider's huge answer would be."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        head = json.dumps(document)[:-1].encode() + b', "padding": "'
+        chunk = b"x" * 65536
+        try:
+            await response.write(head)
+            self.sent += len(head)
+            for _ in range(padding // len(chunk)):
+                await response.write(chunk)
+                self.sent += len(chunk)
+            await response.write(b'"}')
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the gateway hung up: what a stand-in for a huge document expects
+        return response
 
 
 @pytest.fixture
@@ -82,6 +120,7 @@ async def provider() -> AsyncIterator[Provider]:
     app.router.add_get("/.well-known/openid-configuration", stand_in.discovery)
     app.router.add_get("/keys", stand_in.jwks)
     app.router.add_get("/keys-v2", stand_in.jwks)
+    app.router.add_get("/moved", stand_in.moved)
     server = TestServer(app)
     await server.start_server()
     stand_in.issuer = str(server.make_url("")).rstrip("/")
@@ -148,7 +187,7 @@ async def test_a_key_rotation_is_followed_without_restart_or_edit(provider: Prov
     # The provider publishes a new key and signs with it, then withdraws the old one.
     new = rsa_key("key-2")
     provider.keys = [old, new]
-    gate.clock.now += 31  # past jwks_min_refetch since the first fetch
+    gate.clock.now += 1  # a second after the start-up fetch (issue 24, defect 9)
     assert (await gate.auth.identify(bearer(provider.sign(new, sub="bob")))).user_id == "bob"
     provider.keys = [new]
     gate.clock.now += 601  # the scheduled refresh
@@ -224,7 +263,7 @@ def test_the_key_cache_keeps_its_keys_through_bad_documents_and_skips_encryption
         assert list(cache.keys) == ["s"] and cache.status == "stale"
     assert cache.key(None) is cache.keys["s"]  # one key: a token without kid may use it
     assert not cache.due(now=20) and cache.due(now=70)  # a retry after a failure, not a full period
-    assert not cache.may_refetch(now=20) and cache.may_refetch(now=40)
+    assert cache.may_refetch(now=20)  # fetches of its own do not hold back an unknown key id (defect 9)
 
 
 # ---- claims ----------------------------------------------------------------------------------------
@@ -338,3 +377,209 @@ async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider
         assert (await gateway.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
     finally:
         await client.close()
+
+
+# ---- issue 24: what spaces a fetch, and what bounds one ----------------------------------------------
+
+
+async def test_a_key_published_right_after_the_start_up_fetch_is_fetched_at_once(provider: Provider, gate: Gate) -> None:
+    # Defect 9: `jwks_min_refetch` spaces fetches caused by unknown key ids from each other, not
+    # from the start-up or scheduled fetch: a rotation one second after either must not be 401.
+    fetches = provider.jwks_fetches
+    new = rsa_key("key-2")
+    provider.keys = [provider.keys[0], new]
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(new, sub="bob")))).user_id == "bob"
+    assert provider.jwks_fetches == fetches + 1
+    # A scheduled fetch, then another new key a second later: fetched again too.
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    newer = rsa_key("key-3")
+    provider.keys = [new, newer]
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(newer, sub="carol")))).user_id == "carol"
+    assert provider.jwks_fetches == fetches + 3
+
+
+async def test_two_fetches_for_unknown_key_ids_are_still_spaced_by_min_refetch(provider: Provider, gate: Gate) -> None:
+    fetches = provider.jwks_fetches
+    gate.clock.now += 1
+    assert "does not publish" in await refused(gate.auth, provider.sign(SigningKey("forged-1", provider.keys[0].private, "RS256")))
+    assert provider.jwks_fetches == fetches + 1
+    late = rsa_key("key-2")
+    provider.keys = [provider.keys[0], late]
+    gate.clock.now += 29  # within jwks_min_refetch of the last unknown-kid fetch: not asked again
+    with structlog.testing.capture_logs() as logs:
+        assert "does not publish" in await refused(gate.auth, provider.sign(late))
+    assert [(line["event"], line["reason"]) for line in logs] == [("auth_refused", "unknown_kid")]
+    assert provider.jwks_fetches == fetches + 1
+    gate.clock.now += 1
+    assert (await gate.auth.identify(bearer(provider.sign(late)))).user_id == "user-1"
+    assert provider.jwks_fetches == fetches + 2
+
+
+def test_the_key_cache_spaces_only_unknown_key_id_fetches() -> None:
+    cache = KeyCache(refresh=600, min_refetch=30)
+    cache.take({"keys": [rsa_key("s").public_jwk()]}, now=0)  # the start-up fetch
+    assert cache.may_refetch(now=1)
+    cache.refetching(now=1)
+    cache.take({"keys": [rsa_key("s").public_jwk()]}, now=1)
+    assert not cache.may_refetch(now=30) and cache.may_refetch(now=31)
+    cache.failed("down", now=600)  # a scheduled fetch that failed does not hold the next one back
+    assert cache.may_refetch(now=601)
+
+
+async def test_a_huge_keys_document_is_refused_without_being_read_whole(provider: Provider, gate: Gate) -> None:
+    """Defect 7: a 64 MiB (valid) JWKS document is refused like a bad one (the keys held stay, the
+    fetch counts as failed), and the gateway stops reading it past the cap."""
+    from gateway.jwks import MAX_DOCUMENT_BYTES
+
+    outcomes: list[bool] = []
+    gate.jwks._on_fetch = outcomes.append
+    provider.keys = [*provider.keys, rsa_key("key-2")]
+    provider.padding = 64 * 1024 * 1024
+    gate.clock.now += 601
+    await gate.jwks.fetch()
+    assert outcomes == [False]
+    assert list(gate.jwks.cache.keys) == ["key-1"] and gate.jwks.cache.status == "stale"
+    assert "larger than" in (gate.jwks.cache.last_error or "")
+    await asyncio.sleep(0.2)
+    # Socket buffers hold some megabytes; reading the whole document would have taken all 64.
+    assert provider.sent < MAX_DOCUMENT_BYTES + 16 * 1024 * 1024, provider.sent
+    assert (await gate.auth.identify(bearer(provider.sign(provider.keys[0])))).user_id == "user-1"
+    # A document just under the cap is fine.
+    provider.padding = MAX_DOCUMENT_BYTES - 64 * 1024
+    gate.clock.now += 61
+    await gate.jwks.fetch()
+    assert outcomes == [False, True] and sorted(gate.jwks.cache.keys) == ["key-1", "key-2"]
+
+
+async def test_a_huge_discovery_document_is_refused(provider: Provider) -> None:
+    provider.discovery_padding = 64 * 1024 * 1024
+    config = parse_config(jwt_config(provider), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    try:
+        await jwks.fetch()
+        assert jwks.cache.status == "unavailable" and "larger than" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+
+
+async def test_a_declared_length_over_the_cap_is_refused_before_reading() -> None:
+    from gateway.jwks import MAX_DOCUMENT_BYTES
+
+    async def declared(request: web.Request) -> web.Response:
+        return web.Response(body=b" " * (MAX_DOCUMENT_BYTES + 1), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/keys", declared)
+    server = TestServer(app)
+    await server.start_server()
+    config = parse_config(
+        f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    jwks_url: {server.make_url('/keys')}\n", env={},
+    )
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    try:
+        await jwks.fetch()
+        assert "larger than" in (jwks.cache.last_error or "") and str(MAX_DOCUMENT_BYTES + 1) in (jwks.cache.last_error or "")
+    finally:
+        await jwks.close()
+        await server.close()
+
+
+# ---- where the keys may come from (issue 24) -----------------------------------------------------------
+
+
+async def discovered(provider: Provider, extra: str = "") -> Jwks:
+    """A key fetcher by discovery from `provider`, after its first fetch (the caller closes it)."""
+    config = parse_config(jwt_config(provider, extra), env={})
+    assert config.auth.jwt is not None
+    jwks = Jwks(config.auth.jwt)
+    jwks.open()
+    await jwks.fetch()
+    return jwks
+
+
+async def test_discovery_naming_keys_over_plain_http_on_another_machine_yields_no_keys(provider: Provider) -> None:
+    provider.jwks_uri = "http://idp.example/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "https" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+
+
+async def test_discovery_naming_keys_on_another_host_needs_that_host_listed(provider: Provider) -> None:
+    # The stand-in answers on 127.0.0.1 (the issuer's host) and as localhost: another host name.
+    provider.jwks_uri = provider.issuer.replace("127.0.0.1", "localhost") + "/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "jwks_hosts" in (jwks.cache.last_error or "")
+        assert provider.jwks_fetches == 0
+    finally:
+        await jwks.close()
+    jwks = await discovered(provider, "    jwks_hosts: [LocalHost]\n")
+    try:
+        assert jwks.cache.status == "ok"
+    finally:
+        await jwks.close()
+
+
+async def test_a_redirect_is_held_to_the_same_rule_as_the_url_discovery_named(provider: Provider) -> None:
+    provider.jwks_uri = provider.issuer + "/moved"
+    provider.moved_to = provider.issuer.replace("127.0.0.1", "localhost") + "/keys"
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "unavailable" and "jwks_hosts" in (jwks.cache.last_error or "")
+    finally:
+        await jwks.close()
+    provider.moved_to = provider.issuer + "/keys"  # a redirect on the issuer's host is followed
+    jwks = await discovered(provider)
+    try:
+        assert jwks.cache.status == "ok"
+    finally:
+        await jwks.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "allow_http", "hosts", "refused"),
+    [
+        ("https://idp.example/keys", False, None, False),
+        ("http://idp.example/keys", False, None, True),
+        ("http://idp.example/keys", True, None, False),
+        ("http://127.0.0.1:8080/keys", False, None, False),
+        ("http://[::1]:8080/keys", False, None, False),
+        ("http://localhost/keys", False, None, False),
+        ("ftp://idp.example/keys", True, None, True),
+        ("https://keys.example/keys", False, {"idp.example"}, True),
+        ("https://KEYS.example/keys", False, {"idp.example", "keys.example"}, False),
+    ],
+)
+def test_where_the_keys_may_come_from(url: str, allow_http: bool, hosts: set[str] | None, refused: bool) -> None:
+    from gateway.auth_config import key_source_problem
+
+    assert (key_source_problem(url, allow_http=allow_http, hosts=hosts) is not None) == refused
+
+
+@pytest.mark.parametrize(
+    ("jwt_yaml", "problem"),
+    [
+        ("jwks_url: http://idp.example/keys\n", "https"),
+        ("issuer: http://idp.example\n    discovery: true\n", "https"),
+        ("jwks_url: https://idp.example/keys\n    jwks_hosts: [https://keys.example/]\n", "a host name"),
+    ],
+)
+def test_the_configured_provider_is_reached_over_https(jwt_yaml: str, problem: str) -> None:
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    {jwt_yaml}", env={})
+    assert any(problem in p for p in info.value.problems), info.value.problems
+    for fine in ("jwks_url: http://127.0.0.1:9/keys\n", "jwks_url: http://idp.internal/keys\n    jwks_allow_http: true\n"):
+        parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    {fine}", env={})

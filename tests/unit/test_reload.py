@@ -358,6 +358,18 @@ CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
         (DISCOVERY_JWT, DISCOVERY_JWT),
         "auth.jwt.discovery",
     ),
+    "auth.jwt.jwks_hosts": (
+        (_swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_hosts: [keys.example]"),
+         _swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_hosts: [keys.example, evil.example]")),
+        (_swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_hosts: [keys.example, more.example]"),
+         _swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_hosts: [keys.example]")),
+        "auth.jwt.jwks_hosts",
+    ),
+    "auth.jwt.jwks_allow_http": (
+        (DISCOVERY_JWT, _swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_allow_http: true")),
+        (_swap(DISCOVERY_JWT, "discovery: true", "discovery: true\n    jwks_allow_http: true"), DISCOVERY_JWT),
+        "auth.jwt.jwks_allow_http",
+    ),
     "auth.jwt.audience": (
         (JWT, _swap(JWT, "    audience: my-app\n", "")),
         (_swap(JWT, "    audience: my-app\n", ""), JWT),
