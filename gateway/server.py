@@ -30,6 +30,7 @@ from .app import create_app
 from .auth import warn_token_in_url
 from .config import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
+from .logs import LogScrubber
 from .reload import reload_config
 from .state import GATEWAY, Gateway
 from .stopping import within
@@ -118,11 +119,16 @@ async def stop_listeners(runners: list[web.AppRunner], deadline: float) -> None:
         await within(runner.cleanup(), max(deadline - loop.time(), 0.5), what="listener")
 
 
-async def serve(config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None) -> None:
+async def serve(
+    config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None,
+    *, log_scrubber: LogScrubber | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain and return. `upstream_mode` (`--upstream-mode`)
-    stays applied on reloads."""
+    stays applied on reloads; `log_scrubber` then masks the secrets of the config that runs."""
     app = create_app(config)
     gateway = app[GATEWAY]
+    if log_scrubber is not None:
+        log_scrubber.follow(lambda: gateway.config)
     warn_token_in_url(config.auth)
     gateway.config_path = config_path
     gateway.upstream_mode = upstream_mode
