@@ -50,6 +50,11 @@ class ListenConfig(Section):
     # On SIGTERM: /readyz turns 503, new chats are refused, running responses get this long to
     # finish before they are ended with an error (SSE) or closed with 1001 (WebSocket).
     drain_timeout: Duration = 20.0
+    # The longest a request's line and headers may take to arrive, counted from the connection's
+    # start or from the first byte of a later request on it (408, then closed; a connection that
+    # sent nothing is just closed). Both listeners. Bodies have chat.body_timeout; a keep-alive
+    # connection idle between requests is not timed by it.
+    header_timeout: Duration = Field(10.0, gt=0)
 
     @property
     def loopback(self) -> bool:

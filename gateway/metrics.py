@@ -65,7 +65,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "limited": _each(
         "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
         "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
-        "agent_not_allowed", "origin_required",
+        "agent_not_allowed", "origin_required", "header_timeout",
     ),
     "config_reloads": _each("success", "failure"),
     "jwks_fetches": _each("success", "failure"),
@@ -172,7 +172,8 @@ class GatewayMetrics:
         )
         self.limited = Counter(
             "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
-            "gateway_busy, too_many_chats, too_many_messages, body_too_large, draining, unauthorized, origin_not_allowed).",
+            "gateway_busy, too_many_chats, too_many_messages, body_too_large, body_timeout, header_timeout, draining, "
+            "unauthorized, origin_not_allowed, ...).",
             ["reason"], registry=r,
         )
         self.config_reloads = Counter(
