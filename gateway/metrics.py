@@ -75,6 +75,9 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "gc_pause": _each("0", "1", "2"),
 })
 
+# The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
 # Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
@@ -239,6 +242,11 @@ class GatewayMetrics:
             self.plugin_requests.labels("", *values)
 
     def count_request(self, route: str, method: str, status: str) -> None:
+        """Count one answered request. `route` is a route template or "unmatched", never the path;
+        a method outside the standard ones counts as "other" (aiohttp's pure-Python parser takes any
+        token as a method: each would otherwise be a new series)."""
+        if method not in HTTP_METHODS:
+            method = "other"
         key = (route, method, status)
         child = self._http_children.get(key)
         if child is None:
