@@ -196,6 +196,16 @@ class LoggingConfig(Section):
 class MetricsConfig(Section):
     enabled: bool = True
     path: str = Field("/metrics", pattern=r"^/")
+    # Where `path` is served, without credentials either way. public: on the browser-facing
+    # listener (block it at the ingress). internal: on the internal listener only, which then runs
+    # even without internal.secret (its plugin routes refuse every call until one is set).
+    listener: Literal["public", "internal"] = "public"
+
+    @model_validator(mode="after")
+    def _path_clear_of_the_plugin_routes(self) -> MetricsConfig:
+        if self.listener == "internal" and self.path.startswith("/internal/"):
+            raise ValueError("metrics.path: on the internal listener, /internal/ is the plugin's")
+        return self
 
 
 class GatewayConfig(Section):

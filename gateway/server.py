@@ -125,7 +125,8 @@ async def stop_listeners(runners: list[web.AppRunner], deadline: float) -> None:
 
 def listeners(app: web.Application, config: GatewayConfig) -> list[tuple[web.AppRunner, str, int]]:
     """The runners to serve, each with its host and port: the public listener, then the internal
-    one when it runs. Both bound the time a request's head may take (`listen.header_timeout`)."""
+    one when it runs (with internal.secret set, or to serve the metrics). Both bound the time a
+    request's head may take (`listen.header_timeout`)."""
     metrics = app[GATEWAY].metrics
 
     def guard(listener: str) -> HeadGuard:
@@ -142,7 +143,8 @@ def listeners(app: web.Application, config: GatewayConfig) -> list[tuple[web.App
         auto_decompress=False,
     )
     sites = [(public, config.listen.host, config.listen.port)]
-    if config.internal.secret is not None and config.internal.secret.get_secret_value():
+    has_secret = config.internal.secret is not None and bool(config.internal.secret.get_secret_value())
+    if has_secret or (config.metrics.enabled and config.metrics.listener == "internal"):
         internal = GuardedAppRunner(
             create_internal_app(app), guard=guard("internal"), access_log=None, handle_signals=False,
             shutdown_timeout=_LISTENER_SHUTDOWN,

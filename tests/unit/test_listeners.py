@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.config import ConfigError, parse_config
 from gateway.server import listeners
 from gateway.state import GATEWAY
 
@@ -66,3 +67,50 @@ async def test_both_listeners_cut_a_head_that_does_not_arrive_in_time_and_count_
         assert (await exchange(ports[0], b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n", 3)).startswith(
             b"HTTP/1.1 200 "
         )
+
+
+async def get(port: int, path: str, headers: str = "") -> tuple[int, bytes]:
+    answer = await exchange(port, f"GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n{headers}\r\n".encode(), 3)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_metrics_are_on_the_public_listener_by_default() -> None:
+    async with serving() as (_, (public, internal)):
+        status, body = await get(public, "/metrics")
+        assert status == 200 and b"adk_gateway_http_requests_total" in body
+        assert (await get(internal, "/metrics"))[0] == 401
+
+
+async def test_metrics_on_the_internal_listener_without_the_secret_and_not_on_the_public_one() -> None:
+    async with serving("metrics: {listener: internal}\n") as (_, (public, internal)):
+        assert (await get(public, "/metrics"))[0] == 404
+        status, body = await get(internal, "/metrics")
+        assert status == 200 and b"adk_gateway_limited_total" in body
+        # The plugin's routes still need the secret.
+        assert (await get(internal, "/internal/v1/policy"))[0] == 401
+        assert (await get(internal, "/internal/v1/policy", f"Authorization: Bearer {SECRET}\r\n"))[0] == 200
+
+
+async def test_metrics_on_the_internal_listener_start_it_without_a_secret_that_opens_nothing() -> None:
+    config = parse_config(
+        "internal: {port: 0}\nmetrics: {listener: internal, path: /prometheus}\n"
+        "upstream: {url: 'http://127.0.0.1:9', health_interval: 1h}\n", env={},
+    )
+    app = create_app(config)
+    sites = listeners(app, config)
+    assert len(sites) == 2
+    internal, _, _ = sites[1]
+    try:
+        await internal.setup()
+        await web.TCPSite(internal, "127.0.0.1", 0).start()
+        port = internal.addresses[0][1]
+        assert (await get(port, "/prometheus"))[0] == 200
+        assert (await get(port, "/internal/v1/policy", "Authorization: Bearer \r\n"))[0] == 401
+    finally:
+        await internal.cleanup()
+
+
+def test_the_plugin_routes_stay_the_plugins() -> None:
+    with pytest.raises(ConfigError, match="metrics.path"):
+        parse_config("metrics: {listener: internal, path: /internal/v1/policy}\n", env={})
