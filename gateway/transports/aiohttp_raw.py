@@ -247,7 +247,10 @@ class GuardedRequestHandler(RequestHandler):
         if not isinstance(exc, HttpProcessingError):
             return answer
         # aiohttp's message quotes the line it could not parse: name the error, never the bytes.
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Error"
         safe = web.json_response(
             {"error": {"code": "malformed_request", "message": f"{status} {phrase}: the request is not valid HTTP ({type(exc).__name__})"}},
             status=status,
