@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,13 +39,14 @@ __all__ = [
 Processor = Callable[[Any, str, dict[str, Any]], dict[str, Any]]
 
 _SECRET_KEY = re.compile(r"(authorization|cookie|secret|token|ticket|password|passwd|api[_-]?key|credential)", re.I)
+REDACTED = "[redacted]"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
 def redact_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
     for key in event:
         if _SECRET_KEY.search(key):
-            event[key] = "[redacted]"
+            event[key] = REDACTED
     return event
 
 
@@ -80,7 +81,6 @@ def user_id_rewriter(mode: str, key: str | None) -> Processor | None:
     return digest
 
 
-REDACTED = "[redacted]"
 # Shorter secrets are not masked by value: masking "abc" everywhere would garble every line (and a
 # secret that short protects nothing).
 _MIN_SECRET = 4
