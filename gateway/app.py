@@ -229,7 +229,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     # An app on an allowed origin may read the list cross-origin, with its credential in a header.
     app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", preflight)])
-    if config.metrics.enabled:
+    if config.metrics.enabled and config.metrics.listener == "public":
         app.add_routes([web.get(config.metrics.path, metrics)])
     return app
 

@@ -85,12 +85,13 @@ def _problems(exc: ValidationError) -> list[str]:
 def _serve(config: GatewayConfig, path: Path | None, upstream_mode: str | None = None) -> None:
     logs = config.logging
     key = logs.user_id_key.get_secret_value() if logs.user_id_key is not None else None
-    configure_logging(logs.level, logs.format, user_ids=logs.user_id, user_id_key=key)
+    scrubber = configure_logging(logs.level, logs.format, user_ids=logs.user_id, user_id_key=key)
+    scrubber.follow(lambda: config)
     structlog.get_logger("adk_gateway").info(
         "gateway_starting", agents={name: agent.upstream_base for name, agent in config.agents.items()},
         default_agent=config.default,
     )
-    asyncio.run(serve(config, path, upstream_mode))
+    asyncio.run(serve(config, path, upstream_mode, log_scrubber=scrubber))
 
 
 def _free_port(host: str = "127.0.0.1") -> int:

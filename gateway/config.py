@@ -52,6 +52,11 @@ class ListenConfig(Section):
     # On SIGTERM: /readyz turns 503, new chats are refused, running responses get this long to
     # finish before they are ended with an error (SSE) or closed with 1001 (WebSocket).
     drain_timeout: Duration = 20.0
+    # The longest a request's line and headers may take to arrive, counted from the connection's
+    # start or from the first byte of a later request on it (408, then closed; a connection that
+    # sent nothing is just closed). Both listeners. Bodies have chat.body_timeout; a keep-alive
+    # connection idle between requests is not timed by it.
+    header_timeout: Duration = Field(10.0, gt=0)
 
     @property
     def loopback(self) -> bool:
@@ -207,6 +212,16 @@ class LoggingConfig(Section):
 class MetricsConfig(Section):
     enabled: bool = True
     path: str = Field("/metrics", pattern=r"^/")
+    # Where `path` is served, without credentials either way. public: on the browser-facing
+    # listener (block it at the ingress). internal: on the internal listener only, which then runs
+    # even without internal.secret (its plugin routes refuse every call until one is set).
+    listener: Literal["public", "internal"] = "public"
+
+    @model_validator(mode="after")
+    def _path_clear_of_the_plugin_routes(self) -> MetricsConfig:
+        if self.listener == "internal" and self.path.startswith("/internal/"):
+            raise ValueError("metrics.path: on the internal listener, /internal/ is the plugin's")
+        return self
 
 
 class GatewayConfig(Section):

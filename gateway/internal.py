@@ -14,6 +14,8 @@ have to move to the new one before it is dropped).
   `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
   when the new file is bad (the old config stays).
+- `GET /metrics` (`metrics.path`), with `metrics.listener: internal`: the Prometheus metrics,
+  without the secret, which a scraper holding it could also use to call the routes above.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from .agent_config import ToolPolicy
+from .app import metrics as metrics_page
 from .config import GatewayConfig
 from .errors import HttpError, error_middleware
 from .reload import reload_config
@@ -47,6 +50,9 @@ class ToolCallRequest(BaseModel):
     invocation_id: str | None = None
 
 
+_METRICS_ROUTE = "metrics"
+
+
 def _matches(given: bytes, secret: SecretStr | None) -> bool:
     expected = secret.get_secret_value().encode() if secret is not None else b""
     # Compared first, whatever is configured; an empty secret authenticates nobody (an unset
@@ -56,6 +62,8 @@ def _matches(given: bytes, secret: SecretStr | None) -> bool:
 
 @web.middleware
 async def require_secret(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    if request.match_info.route.name == _METRICS_ROUTE:
+        return await handler(request)
     gateway = request.app[GATEWAY]
     settings = gateway.config.internal
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip().encode()
@@ -147,4 +155,7 @@ def create_internal_app(public: web.Application) -> web.Application:
         web.post("/internal/v1/tool-calls", tool_call),
         web.post("/internal/v1/reload", reload),
     ])
+    metrics = app[GATEWAY].config.metrics
+    if metrics.enabled and metrics.listener == "internal":
+        app.add_routes([web.get(metrics.path, metrics_page, name=_METRICS_ROUTE)])
     return app

@@ -65,7 +65,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "limited": _each(
         "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
         "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
-        "agent_not_allowed", "origin_required",
+        "agent_not_allowed", "origin_required", "header_timeout",
     ),
     "config_reloads": _each("success", "failure"),
     "jwks_fetches": _each("success", "failure"),
@@ -74,6 +74,9 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "owner_lost": _each("run", "approval", "gated_call", "stream"),
     "gc_pause": _each("0", "1", "2"),
 })
+
+# The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 
 # Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
 AGENT_LABELLED: frozenset[str] = frozenset({
@@ -172,7 +175,8 @@ class GatewayMetrics:
         )
         self.limited = Counter(
             "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
-            "gateway_busy, too_many_chats, too_many_messages, body_too_large, draining, unauthorized, origin_not_allowed).",
+            "gateway_busy, too_many_chats, too_many_messages, body_too_large, body_timeout, header_timeout, draining, "
+            "unauthorized, origin_not_allowed, ...).",
             ["reason"], registry=r,
         )
         self.config_reloads = Counter(
@@ -238,6 +242,11 @@ class GatewayMetrics:
             self.plugin_requests.labels("", *values)
 
     def count_request(self, route: str, method: str, status: str) -> None:
+        """Count one answered request. `route` is a route template or "unmatched", never the path;
+        a method outside the standard ones counts as "other" (aiohttp's pure-Python parser takes any
+        token as a method: each would otherwise be a new series)."""
+        if method not in HTTP_METHODS:
+            method = "other"
         key = (route, method, status)
         child = self._http_children.get(key)
         if child is None:

@@ -9,6 +9,9 @@
   tasks do.
 - SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file
   (reload.py decides whether the new file may run, and applies it).
+
+Both listeners hold each request's head (request line and headers) to `listen.header_timeout`:
+aiohttp has no such bound, so a client trickling header lines held a connection indefinitely.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from .app import create_app
 from .auth import warn_token_in_url
 from .config import ConfigError, GatewayConfig, load_config, warn_previous_secret
 from .internal import create_internal_app
+from .logs import LogScrubber
 from .reload import reload_config
 from .state import GATEWAY, Gateway
 from .stopping import within
+from .transports.aiohttp_raw import GuardedAppRunner, HeadGuard
 
-__all__ = ["STOP_GRACE", "StopWatchdog", "drain", "serve", "stop_listeners"]
+__all__ = ["STOP_GRACE", "StopWatchdog", "drain", "listeners", "serve", "stop_listeners"]
 
 _GC_YOUNG_THRESHOLD = 10_000
 
@@ -118,11 +123,46 @@ async def stop_listeners(runners: list[web.AppRunner], deadline: float) -> None:
         await within(runner.cleanup(), max(deadline - loop.time(), 0.5), what="listener")
 
 
-async def serve(config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None) -> None:
+def listeners(app: web.Application, config: GatewayConfig) -> list[tuple[web.AppRunner, str, int]]:
+    """The runners to serve, each with its host and port: the public listener, then the internal
+    one when it runs (with internal.secret set, or to serve the metrics). Both bound the time a
+    request's head may take (`listen.header_timeout`)."""
+    metrics = app[GATEWAY].metrics
+
+    def guard(listener: str) -> HeadGuard:
+        def timed_out() -> None:
+            metrics.limited.labels("header_timeout").inc()
+            log.info("header_timeout", listener=listener, timeout_s=config.listen.header_timeout)
+
+        return HeadGuard(config.listen.header_timeout, timed_out)
+
+    # auto_decompress off: aiohttp would otherwise decode (or refuse in plain text) compressed
+    # bodies before the handler runs; the handler answers every Content-Encoding with a JSON 415.
+    public = GuardedAppRunner(
+        app, guard=guard("public"), access_log=None, handle_signals=False, shutdown_timeout=_LISTENER_SHUTDOWN,
+        auto_decompress=False,
+    )
+    sites = [(public, config.listen.host, config.listen.port)]
+    has_secret = config.internal.secret is not None and bool(config.internal.secret.get_secret_value())
+    if has_secret or (config.metrics.enabled and config.metrics.listener == "internal"):
+        internal = GuardedAppRunner(
+            create_internal_app(app), guard=guard("internal"), access_log=None, handle_signals=False,
+            shutdown_timeout=_LISTENER_SHUTDOWN,
+        )
+        sites.append((internal, config.internal.host, config.internal.port))
+    return sites
+
+
+async def serve(
+    config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None,
+    *, log_scrubber: LogScrubber | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain and return. `upstream_mode` (`--upstream-mode`)
-    stays applied on reloads."""
+    stays applied on reloads; `log_scrubber` then masks the secrets of the config that runs."""
     app = create_app(config)
     gateway = app[GATEWAY]
+    if log_scrubber is not None:
+        log_scrubber.follow(lambda: gateway.config)
     warn_token_in_url(config.auth)
     warn_previous_secret(config.internal)
     gateway.config_path = config_path
@@ -133,14 +173,8 @@ async def serve(config: GatewayConfig, config_path: Path | None = None, upstream
         except ConfigError:
             gateway.started_from = None  # the file changed since the caller read it; compare to what runs
         gateway.metrics.config_last_reload.set(time.time())
-    # auto_decompress off: aiohttp would otherwise decode (or refuse in plain text) compressed
-    # bodies before the handler runs; the handler answers every Content-Encoding with a JSON 415.
-    runners = [web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_LISTENER_SHUTDOWN, auto_decompress=False)]
-    sites = [(runners[0], config.listen.host, config.listen.port)]
-    if config.internal.secret is not None and config.internal.secret.get_secret_value():
-        internal = web.AppRunner(create_internal_app(app), access_log=None, handle_signals=False, shutdown_timeout=_LISTENER_SHUTDOWN)
-        runners.append(internal)
-        sites.append((internal, config.internal.host, config.internal.port))
+    sites = listeners(app, config)
+    runners = [runner for runner, _, _ in sites]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

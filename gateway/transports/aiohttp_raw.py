@@ -29,15 +29,34 @@ What is used, and what it buys:
   - `forget_body`: a held SSE stream does not keep the body (the browser sends the chat's whole
     history every turn, so it grows with the chat). Round 2 of issue 8, with the other things a held
     stream stopped keeping: 33.2 -> 32.4 KiB per held stream on the benchmark's one-message body.
+
+And two things aiohttp's HTTP/1 server does not offer at all, for safety rather than speed (so a
+mismatch here raises rather than declining):
+
+- `GuardedAppRunner`, an `AppRunner` whose connections are `GuardedRequestHandler`s: it overrides
+  `AppRunner._make_server` and reads the server's `_loop` and `_kwargs` to build each connection's
+  protocol as `Server.__call__` does. The protocol reads `RequestHandler._request_count`,
+  `_waiter`, `_force_close`, `_close` and `transport`:
+  - a bound on reading a request's head (request line and headers): aiohttp has none, so one
+    header line every few seconds held a connection for as long as the client liked;
+  - an answer to a request aiohttp cannot parse that names the error without quoting the bytes it
+    could not parse (aiohttp echoes them, and they can hold the caller's credential).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import struct
 from collections.abc import Callable
-from typing import Final
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from aiohttp.http import WebSocketWriter
 
 __all__ = ["chunk_writer", "forget_body", "frame_writer", "send_text_frames", "text_frames", "write_text_frames_now"]
@@ -162,3 +181,128 @@ def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None
 def forget_body(request: web.BaseRequest) -> None:
     """Drop aiohttp's cached copy of a request body that nothing will read again."""
     request._read_bytes = None
+
+
+@dataclass(frozen=True)
+class HeadGuard:
+    """How long a request's head may take to arrive, and who hears of one that took longer."""
+
+    timeout: float
+    on_timeout: Callable[[], None]
+
+
+_HEAD_TIMEOUT_BODY = json.dumps({"error": {
+    "code": "header_timeout", "message": "the request line and headers did not arrive in time",
+}}).encode()
+_HEAD_TIMEOUT_ANSWER = (
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_HEAD_TIMEOUT_BODY), _HEAD_TIMEOUT_BODY)
+)
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's HTTP/1 protocol, with a bound on reading each request's head and an answer to a
+    malformed request that does not echo it.
+
+    The head's clock runs from the connection's start, and from the first byte of each later
+    request (a keep-alive connection idling between requests is aiohttp's `keepalive_timeout`'s
+    business); it stops when the head is parsed. Past `timeout` the connection is answered 408
+    (closed without an answer when nothing at all arrived) and closed. Bodies, streamed responses
+    and WebSockets are not timed here: the head is parsed by then.
+    """
+
+    __slots__ = ("_guard", "_head_timer", "_head_from", "_head_bytes")
+
+    def __init__(self, manager: web.Server, *, guard: HeadGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_from = 0  # requests parsed when the clock started
+        self._head_bytes = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._start_head_clock(received=False)
+
+    def data_received(self, data: bytes) -> None:
+        # Waiting for the next request (aiohttp's start() parked on its waiter): these bytes open a head.
+        waiting = self._waiter is not None and not self._waiter.done()
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count != parsed:
+            self._stop_head_clock()
+        elif data and self._head_timer is not None:
+            self._head_bytes = True
+        elif data and waiting:
+            self._start_head_clock(received=True)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_clock()
+        super().connection_lost(exc)
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        answer = super().handle_error(request, status, exc, message)  # logs it; raises once the answer began
+        if not isinstance(exc, HttpProcessingError):
+            return answer
+        # aiohttp's message quotes the line it could not parse: name the error, never the bytes.
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Error"
+        safe = web.json_response(
+            {"error": {"code": "malformed_request", "message": f"{status} {phrase}: the request is not valid HTTP ({type(exc).__name__})"}},
+            status=status,
+        )
+        safe.force_close()
+        return safe
+
+    def _start_head_clock(self, *, received: bool) -> None:
+        self._stop_head_clock()
+        self._head_from = self._request_count
+        self._head_bytes = received
+        self._head_timer = self._loop.call_later(self._guard.timeout, self._head_expired)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if transport is None or self._force_close or self._close or self._request_count != self._head_from:
+            return
+        self._guard.on_timeout()
+        if self._head_bytes:
+            transport.write(_HEAD_TIMEOUT_ANSWER)
+        self.force_close()  # closes the transport once what was written is flushed
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's `Server` (the protocol factory a site listens with), making guarded connections."""
+
+    guard: HeadGuard
+
+    def __call__(self) -> RequestHandler:
+        return GuardedRequestHandler(self, guard=self.guard, loop=self._loop, **self._kwargs)
+
+
+class GuardedAppRunner(web.AppRunner):
+    """`web.AppRunner` whose connections are `GuardedRequestHandler`s under `guard`."""
+
+    __slots__ = ("_guard",)
+
+    def __init__(self, app: web.Application, *, guard: HeadGuard, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._guard = guard
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        if type(server) is not web.Server:
+            raise TypeError(f"aiohttp made a {type(server).__qualname__}, not the web.Server GuardedAppRunner extends")
+        # The same object, built by aiohttp as usual, with the one method that makes connections replaced.
+        server.__class__ = _GuardedServer
+        server.guard = self._guard  # type: ignore[attr-defined]
+        return server

@@ -244,3 +244,155 @@ async def test_a_compressed_stream_is_left_to_aiohttp() -> None:
 
     async with streamed(check, compress=True) as body:
         assert body == b"data: 1\n\n"
+
+
+# ---- the guarded listener: a bounded request head, a malformed request not echoed ----------------
+
+HEAD_TIMEOUT = 0.5
+
+
+@asynccontextmanager
+async def guarded(app: web.Application) -> AsyncIterator[tuple[int, list[float]]]:
+    """`app` served by a GuardedAppRunner on a free port; the port, and when each head timed out."""
+    loop = asyncio.get_running_loop()
+    timeouts: list[float] = []
+    runner = aiohttp_raw.GuardedAppRunner(
+        app, guard=aiohttp_raw.HeadGuard(HEAD_TIMEOUT, lambda: timeouts.append(loop.time())), access_log=None
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield runner.addresses[0][1], timeouts
+    finally:
+        await runner.cleanup()
+
+
+def guarded_app() -> web.Application:
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text=f"hello {len(await request.read())}")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(6):
+            await response.write(f"data: {i}\n\n".encode())
+            await asyncio.sleep(HEAD_TIMEOUT / 2)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_route("*", "/", hello)
+    app.router.add_get("/stream", stream)
+    return app
+
+
+async def read_all(reader: asyncio.StreamReader, within: float) -> bytes:
+    return await asyncio.wait_for(reader.read(), within)
+
+
+async def test_the_guarded_connection_internals_are_there() -> None:
+    async with guarded(guarded_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readuntil(b"hello 0")).startswith(b"HTTP/1.1 200")
+        writer.close()
+    server = web.Server(lambda request: None)  # type: ignore[arg-type,return-value]
+    attribute(server, "_loop", asyncio.AbstractEventLoop)
+    attribute(server, "_kwargs", dict)
+    protocol = server()
+    for name, kind in (("_request_count", int), ("_force_close", bool), ("_close", bool), ("_waiter", type(None))):
+        attribute(protocol, name, kind)
+    assert attribute(protocol, "transport", type(None)) is None
+    assert inspect.iscoroutinefunction(web.AppRunner._make_server), f"{AIOHTTP}: AppRunner._make_server changed"
+
+
+async def test_a_trickled_head_is_cut_at_the_bound_and_answered_408() -> None:
+    async with guarded(guarded_app()) as (port, timeouts):
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = loop.time()
+        writer.write(b"GET / HTTP/1.1\r\n")
+
+        async def trickle() -> None:
+            for i in range(50):
+                await asyncio.sleep(HEAD_TIMEOUT / 5)
+                writer.write(b"X-Line-%d: 1\r\n" % i)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            answer = await read_all(reader, 5)
+        finally:
+            trickling.cancel()
+        closed = loop.time() - started
+        assert answer.startswith(b"HTTP/1.1 408 ") and b'"code": "header_timeout"' in answer, answer
+        assert HEAD_TIMEOUT * 0.9 <= closed < HEAD_TIMEOUT + 0.5, closed
+        assert len(timeouts) == 1
+        writer.close()
+
+
+async def test_a_silent_connection_is_closed_at_the_bound_without_an_answer() -> None:
+    async with guarded(guarded_app()) as (port, timeouts):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await read_all(reader, HEAD_TIMEOUT + 1) == b""
+        assert len(timeouts) == 1
+        writer.close()
+
+
+async def test_keepalive_slow_bodies_and_long_streams_are_not_cut() -> None:
+    async with guarded(guarded_app()) as (port, timeouts):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"hello 0")
+        # Idle between requests for three bounds: keep-alive's business, not the head's.
+        await asyncio.sleep(HEAD_TIMEOUT * 3)
+        # A body trickled over three bounds, after a head that came at once.
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n")
+        for _ in range(6):
+            await asyncio.sleep(HEAD_TIMEOUT / 2)
+            writer.write(b"x")
+        assert (await reader.readuntil(b"hello 6")).startswith(b"HTTP/1.1 200")
+        # A response streamed for three bounds.
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"data: 5\n\n" in await reader.readuntil(b"0\r\n\r\n")
+        # The next head, trickled after an idle spell, is timed from its first byte.
+        await asyncio.sleep(HEAD_TIMEOUT * 2)
+        writer.write(b"GET / HTTP/1.1\r\n")
+        assert timeouts == []
+        assert (await read_all(reader, HEAD_TIMEOUT + 1)).startswith(b"HTTP/1.1 408 ")
+        assert len(timeouts) == 1
+        writer.close()
+
+
+async def test_a_websocket_outlives_the_head_bound() -> None:
+    async def echo(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            await ws.send_str(msg.data)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", echo)
+    async with guarded(app) as (port, timeouts), aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws:
+            await asyncio.sleep(HEAD_TIMEOUT * 3)
+            await ws.send_str("still here")
+            assert (await ws.receive(timeout=2)).data == "still here"
+        assert timeouts == []
+
+
+async def test_a_malformed_request_is_answered_without_its_bytes() -> None:
+    secret = b"sk-live-0a1b2c3d4e5f6a7b"
+    async with guarded(guarded_app()) as (port, _):
+        for head in (
+            b"GET / HTTP/1.1\r\nAuthorization: Bearer " + secret + b"\x01\r\n\r\n",
+            b"GET / HTTP/1.1\r\nCookie: s=" + secret + b"a" * 9000 + b"\r\n\r\n",
+            b"G\x01T /" + secret + b" HTTP/1.1\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            answer = await read_all(reader, 5)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0], answer
+            assert secret not in answer and b'"code": "malformed_request"' in answer, answer

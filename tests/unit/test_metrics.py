@@ -498,3 +498,40 @@ def test_the_scan_reports_values_missing_from_the_contract() -> None:
         assert expected in problems, f"the scan does not report {expected}:\n{problems}"
     for listed in ("('completed',)", "'approved'"):
         assert listed not in problems, problems
+
+
+# ---- labels taken from requests come from closed sets ----------------------------------------------
+
+
+def test_a_made_up_method_counts_as_other_and_adds_no_series() -> None:
+    metrics = GatewayMetrics()
+    for method in ("GET", "get", "BREW", "X" * 200, "PROPFIND"):
+        metrics.count_request("/healthz", method, "200")
+    counted = {
+        sample.labels["method"]: sample.value
+        for family in metrics.registry.collect() if family.name == "adk_gateway_http_requests"
+        for sample in family.samples if sample.name.endswith("_total")
+    }
+    assert counted == {"GET": 1, "other": 4}
+    assert len(metrics._http_children) == 2
+
+
+async def test_a_request_with_an_unusual_method_is_counted_as_other() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.app import create_app
+    from gateway.state import GATEWAY
+
+    app = create_app(parse_config("upstream: {url: 'http://127.0.0.1:9', health_interval: 1h}\n", env={}))
+    async with TestClient(TestServer(app)) as client:
+        for method in ("PROPFIND", "MKCOL", "GET"):
+            async with client.request(method, "/healthz") as response:
+                await response.read()
+    registry = app[GATEWAY].metrics.registry
+    sample = registry.get_sample_value
+    assert sample("adk_gateway_http_requests_total", {"route": "unmatched", "method": "other", "status": "405"}) == 2
+    assert sample("adk_gateway_http_requests_total", {"route": "/healthz", "method": "GET", "status": "200"}) == 1
+    methods = {
+        s.labels["method"] for family in registry.collect() if family.name == "adk_gateway_http_requests" for s in family.samples
+    }
+    assert methods == {"GET", "other"}
