@@ -82,6 +82,8 @@ class Relays:
             await self._state.relay_append(key, RelayEntry(seq, end=end))
         except SharedStateDown:
             log.warning("relay_cut", reason="the shared session store is unreachable")
+        finally:
+            attachment.response.close()
 
 
 class RelayFeed:
@@ -93,6 +95,9 @@ class RelayFeed:
         self.metrics = metrics
         self._owner = owner
         self._key = key
+
+    def close(self) -> None:
+        pass
 
     async def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` to the end of the response (as Response.follow)."""
