@@ -44,7 +44,7 @@ from .messages import (
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion
 from .registry import Registry, TooManyChats
-from .runs import Feed, Reader, Run
+from .runs import Feed, Reader, Response, Run
 from .stopping import cancel_and_wait, within
 from .turn import Turn
 from .upstream import AdkClient, UpstreamError
@@ -56,6 +56,8 @@ log = structlog.get_logger("adk_gateway.chats")
 
 # How long a new message waits for the previous run to wind down after its calls were cancelled.
 _SETTLE_SECONDS = 10.0
+# How often a new message looks again whether a relayed reader of the chat's response left.
+_READER_POLL = 0.05
 # How long a shutdown waits for cancelled runs to publish their last chunks, and for live sessions to close.
 _CLOSE_TIMEOUT = 2.0
 
@@ -186,7 +188,11 @@ class ChatService:
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
         native: list[ApprovalAnswer], version: ClientVersion,
     ) -> Attachment:
-        if chat.run is not None and chat.run.streaming and chat.run.current.read:
+        before = chat.run
+        if before is not None and before.streaming and not await self._unread(before.current):
+            raise ChatBusy("a response is already streaming for this chat")
+        if chat.run is not before:
+            # Another new message got in while this one waited for a relayed reader to leave.
             raise ChatBusy("a response is already streaming for this chat")
         if chat.running:
             driver = chat.driver
@@ -335,6 +341,20 @@ class ChatService:
             self._clock(),
         ))
         return attachment
+
+    async def _unread(self, response: Response) -> bool:
+        """Whether nobody reads `response` any more. A relay to another replica's browser is given
+        the time that replica takes to notice its browser left and say so (cluster/relay.py): the
+        same browser's next message may well arrive before that notice does."""
+        if response.read_here or not response.read:
+            return not response.read_here
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.config.sessions.heartbeat_interval
+        while response.read and not response.closed:
+            if response.read_here or loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_READER_POLL)
+        return True
 
     async def _stop_unread(self, chat: Chat, driver: RunDriver) -> None:
         """End the run whose response nobody reads, as a WebSocket `abort` does, and wait for it:

@@ -28,7 +28,10 @@ __all__ = ["Feed", "FollowerLagged", "Reader", "Response", "Run"]
 
 
 class Feed(Protocol):
-    """What a transport follows: a `Response` here, or one relayed from another replica."""
+    """What a transport follows: a `Reader` of a response here, or one relayed from another replica."""
+
+    # Whether the request's browser is still there; the transport sets how to tell.
+    connected: Callable[[], bool]
 
     def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]: ...
 
@@ -110,6 +113,11 @@ class Response:
     def read(self) -> bool:
         """Some request still reads this response (and its browser is still there)."""
         return bool(self._readers) and any(reader.connected() for reader in self._readers)  # type: ignore[union-attr]
+
+    @property
+    def read_here(self) -> bool:
+        """Some request of this replica's own still reads this response (not a relay)."""
+        return bool(self._readers) and any(not r.remote and r.connected() for r in self._readers)  # type: ignore[union-attr]
 
     def _forget(self, reader: Reader) -> None:
         if self._readers is not None:
@@ -285,11 +293,14 @@ class Reader:
     connection is seen when it drops, not at the next write, which may be a tool call away.
     """
 
-    __slots__ = ("connected", "response")
+    __slots__ = ("connected", "remote", "response")
 
     def __init__(self, response: Response) -> None:
         self.response = response
         self.connected: Callable[[], bool] = _always
+        # A relay to another replica's browser (cluster/relay.py): that replica tells when its
+        # browser is gone, which takes up to one relay poll.
+        self.remote = False
 
     def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
         return self.response.follow(start, idle=idle)

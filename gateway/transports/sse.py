@@ -140,9 +140,8 @@ def _connected(request: web.Request) -> Callable[[], bool]:
 
 async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
     feed = attachment.response
-    if isinstance(feed, Reader):
-        # A chat whose response nobody reads takes the person's next message (chats.py).
-        feed.connected = _connected(request)
+    # A chat whose response nobody reads takes the person's next message (chats.py).
+    feed.connected = _connected(request)
     try:
         return await _follow(request, feed, caller, chat_id)
     finally:

@@ -204,9 +204,8 @@ class Connection:
             return True
 
         feed = attachment.response
-        if isinstance(feed, Reader):
-            # A chat whose response nobody reads takes the person's next message (chats.py).
-            feed.connected = lambda: not (ws.closed or request_id in aborted)
+        # A chat whose response nobody reads takes the person's next message (chats.py).
+        feed.connected = lambda: not (ws.closed or request_id in aborted)
         batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Reader) else feed.follow(first_sequence)
         try:
             async for batch in batches:
