@@ -658,3 +658,27 @@ async def test_without_a_reload_the_answer_reads_what_the_run_said_meanwhile_and
     assert text_of(chunks) == "While you decide, I checked your balance.Paid."
     assert chunks[-1]["finishReason"] == "stop"
     check_stream_rules(chunks, known=[CALL])
+
+
+async def test_a_new_message_while_the_run_says_things_nobody_reads_yet_cancels_the_call_as_typed_instead(env: Env) -> None:
+    """A held response is streaming and unread: the new message settles the waiting call (the person
+    typed instead of answering: cancelled, never run), not an abort, and not a 409 (issue 24, defect 10)."""
+    call, first = await gated_call(env)
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+    env.says("While you decide, ", "I checked ", "your balance.")
+    await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
+    assert env.chat().run.streaming  # type: ignore[union-attr]
+
+    submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "cancelled"
+    assert call.outcome is Outcome.CANCELLED
+    env.plugin_answers(verdict)
+    env.ends()
+    attachment = await asyncio.wait_for(submitted, 5)
+    env.says("It is noon.")
+    env.ends()
+    chunks = await read(attachment)
+    assert chunks[0] == {"type": "start", "messageId": "msg-2"} and text_of(chunks) == "It is noon."
+    assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
+    assert env.runs("completed") == 2 and env.runs("cancelled") == 0
