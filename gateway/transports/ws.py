@@ -32,7 +32,7 @@ from ..errors import refusal
 from ..limits import Limited
 from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
-from ..runs import FollowerLagged, Reader
+from ..runs import Feed, FollowerLagged, Reader
 from ..state import GATEWAY, Gateway
 from .admit import Caller, admit, preflight
 from .aiohttp_raw import send_text_frames, write_text_frames_now
@@ -177,6 +177,14 @@ class Connection:
 
     # ---- requests --------------------------------------------------------------------------
 
+    def watch(self, request_id: str, feed: Feed) -> None:
+        """Tell the chat how to see that this request no longer reads `feed`: the socket closed or
+        the request was aborted (a chat whose response nobody reads takes the next message, chats.py).
+        Set as soon as the request has its feed, so a request that never gets to follow it counts
+        as gone with its socket."""
+        ws, aborted = self.ws, self.aborted
+        feed.connected = lambda: not (ws.closed or request_id in aborted)
+
     async def pump(self, request_id: str, attachment: Attachment, *, first_sequence: int = 0) -> None:
         """Send a response's chunks as `chunk` frames from `first_sequence`, then `end`."""
         gauge = self.gateway.metrics.active_streams.labels(_TRANSPORT)
@@ -204,8 +212,7 @@ class Connection:
             return True
 
         feed = attachment.response
-        # A chat whose response nobody reads takes the person's next message (chats.py).
-        feed.connected = lambda: not (ws.closed or request_id in aborted)
+        self.watch(request_id, feed)
         batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Reader) else feed.follow(first_sequence)
         try:
             async for batch in batches:
@@ -278,6 +285,7 @@ async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int
     if attachment is None:
         await conn.send({"type": "no-active", "requestId": request_id})
         return
+    conn.watch(request_id, attachment.response)
     await conn.send({"type": "start", "requestId": request_id})
     await conn.pump(request_id, attachment, first_sequence=last + 1)
 
@@ -320,7 +328,12 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     if attachment is not None:
         # This audio started a turn: its answer streams back under this frame's requestId.
         conn.request_chats[request_id] = chat_id
-        conn.start_request(request_id, conn.pump(request_id, attachment))
+        conn.watch(request_id, attachment.response)
+        try:
+            conn.start_request(request_id, conn.pump(request_id, attachment))
+        except FrameError:
+            attachment.response.close()
+            raise
 
 
 def _version_header(frame: dict[str, Any]) -> str | None:
