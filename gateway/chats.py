@@ -189,7 +189,7 @@ class ChatService:
         native: list[ApprovalAnswer], version: ClientVersion,
     ) -> Attachment:
         before = chat.run
-        if before is not None and before.streaming and not await self._unread(before.current):
+        if before is not None and before.streaming and not await self._nobody_reads(before.current):
             raise ChatBusy("a response is already streaming for this chat")
         if chat.run is not before:
             # Another new message got in while this one waited for a relayed reader to leave.
@@ -342,7 +342,7 @@ class ChatService:
         ))
         return attachment
 
-    async def _unread(self, response: Response) -> bool:
+    async def _nobody_reads(self, response: Response) -> bool:
         """Whether nobody reads `response` any more. A relay to another replica's browser is given
         the time that replica takes to notice its browser left and say so (cluster/relay.py): the
         same browser's next message may well arrive before that notice does."""
