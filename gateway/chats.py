@@ -346,8 +346,10 @@ class ChatService:
         """Whether nobody reads `response` any more. A relay to another replica's browser is given
         the time that replica takes to notice its browser left and say so (cluster/relay.py): the
         same browser's next message may well arrive before that notice does."""
-        if response.read_here or not response.read:
-            return not response.read_here
+        if response.read_here:
+            return False
+        if not response.read:
+            return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2 * self.config.sessions.heartbeat_interval
         while response.read and not response.closed:
