@@ -1,9 +1,10 @@
 """Chat turns admitted: from a validated browser request to a running turn, and back as a response to read.
 
-`ChatService` admits one streaming response per chat at a time, matches the answers a request
-carries to what the chat's ledger says waits (ledger.py), makes sure the ADK session exists, and
-starts each run as a turn (turn.py) with its driver's task (driver.py), so the run outlives the
-browser request. Two kinds of approval meet here (DESIGN.md decision 3):
+`ChatService` admits one streaming response per chat at a time (a new message in a chat whose
+response nobody reads any more ends that run first, as an abort would), matches the answers a
+request carries to what the chat's ledger says waits (ledger.py), makes sure the ADK session
+exists, and starts each run as a turn (turn.py) with its driver's task (driver.py), so the run
+outlives the browser request. Two kinds of approval meet here (DESIGN.md decision 3):
 - native ADK confirmations end the ADK run; the person's answer starts a new run that continues
   the same assistant message;
 - gateway-gated calls (tool policy, enforced by the ADK plugin, gates.py) pause the run while it
@@ -43,7 +44,7 @@ from .messages import (
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion
 from .registry import Registry, TooManyChats
-from .runs import Feed, Run
+from .runs import Feed, Reader, Response, Run
 from .stopping import cancel_and_wait, within
 from .turn import Turn
 from .upstream import AdkClient, UpstreamError
@@ -55,12 +56,15 @@ log = structlog.get_logger("adk_gateway.chats")
 
 # How long a new message waits for the previous run to wind down after its calls were cancelled.
 _SETTLE_SECONDS = 10.0
+# How often a new message looks again whether a relayed reader of the chat's response left.
+_READER_POLL = 0.05
 # How long a shutdown waits for cancelled runs to publish their last chunks, and for live sessions to close.
 _CLOSE_TIMEOUT = 2.0
 
 
 class ChatBusy(Refusal):
-    """The chat already has a response streaming; the client should wait for it to end."""
+    """The chat already has a response streaming that a request reads (another tab, say); the
+    client should wait for it to end."""
 
     status = 409
     code = "chat_busy"
@@ -69,7 +73,11 @@ class ChatBusy(Refusal):
 
 @dataclass(frozen=True)
 class Attachment:
-    """What a browser request reads: `response` of `run` (no run here: it runs on another replica)."""
+    """What a browser request reads: `response` of `run` (no run here: it runs on another replica).
+
+    `response` counts as a reader of the run's response until the request closes it: the
+    transport closes it when it stops reading, whatever stopped it.
+    """
 
     run: Run | None
     response: Feed
@@ -180,17 +188,29 @@ class ChatService:
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
         native: list[ApprovalAnswer], version: ClientVersion,
     ) -> Attachment:
-        if chat.run is not None and chat.run.streaming:
+        before = chat.run
+        if before is not None and before.streaming and not await self._nobody_reads(before.current):
+            raise ChatBusy("a response is already streaming for this chat")
+        if chat.run is not before:
+            # Another new message got in while this one waited for a relayed reader to leave.
             raise ChatBusy("a response is already streaming for this chat")
         if chat.running:
-            # The person typed instead of answering: release what the old run waits for, let it end.
-            await self._settle(chat, gated)
+            driver = chat.driver
+            assert driver is not None
+            if driver.run.streaming and not driver.turn.waiting_for_person:
+                # Nobody reads the response any more (the AI SDK's stop() dropped its request and
+                # the run went on, `chat.on_disconnect: continue`): end the run as an abort does.
+                await self._stop_unread(chat, driver)
+            else:
+                # The person typed instead of answering: release what the old run waits for, let it end.
+                await self._settle(chat, gated)
             if chat.run is not None and chat.run.streaming:
                 # Another new message got in while the old run wound down: it runs, this one waits.
                 raise ChatBusy("a response is already streaming for this chat")
         run = Run(plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks)
-        # Claimed before the first await, so a concurrent request for this chat sees it busy.
+        # Claimed, and read, before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
+        reader = run.current.reader()
         structlog.contextvars.bind_contextvars(message_id=run.message_id)
         try:
             await self.runs.take_upstream(chat, agent)
@@ -205,7 +225,7 @@ class ChatService:
             denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
-        return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait))
+        return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
@@ -213,8 +233,9 @@ class ChatService:
         except TooManyChats:
             raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
 
-    def _launch(self, chat: Chat, driver: RunDriver, batches: Batches) -> Attachment:
-        """Make `driver` the chat's run and start its task; the run outlives the request."""
+    def _launch(self, chat: Chat, driver: RunDriver, batches: Batches, reader: Reader | None = None) -> Attachment:
+        """Make `driver` the chat's run and start its task; the run outlives the request, which
+        reads its first response through `reader` (one is taken if not given)."""
         chat.run = driver.run
         chat.driver = driver
         driver.task = asyncio.create_task(driver.drive(batches, lambda: self._closing_reason))
@@ -222,7 +243,7 @@ class ChatService:
         self._tasks[driver.task] = chat
         driver.task.add_done_callback(self._run_done)
         self.run_changed(chat, driver.run.message_id)
-        return Attachment(driver.run, driver.run.current)
+        return Attachment(driver.run, reader or driver.run.current.reader())
 
     def _run_done(self, task: asyncio.Task[None]) -> None:
         chat = self._tasks.pop(task, None)
@@ -238,7 +259,7 @@ class ChatService:
             # What the run wrote while a person decides is held for the next reader: this one.
             chat.driver.apply(chat.driver.turn.resume())
         response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
-        return None if response is None else Attachment(chat.run, response)
+        return None if response is None else Attachment(chat.run, response.reader())
 
     def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
@@ -310,7 +331,7 @@ class ChatService:
         if unread is None:
             driver.apply(driver.turn.attach())
             unread = driver.run.current
-        attachment = Attachment(driver.run, unread)
+        attachment = Attachment(driver.run, unread.reader())
         structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
         # As one input: a replayed answer changes nothing, and if the run still waits for a person
         # the response just opened is closed rather than left empty and open.
@@ -320,6 +341,41 @@ class ChatService:
             self._clock(),
         ))
         return attachment
+
+    async def _nobody_reads(self, response: Response) -> bool:
+        """Whether nobody reads `response` any more. A relay to another replica's browser is given
+        the time that replica takes to notice its browser left and say so (cluster/relay.py): the
+        same browser's next message may well arrive before that notice does."""
+        if response.read_here:
+            return False
+        if not response.read:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.config.sessions.heartbeat_interval
+        while response.read and not response.closed:
+            if response.read_here or loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_READER_POLL)
+        return True
+
+    async def _stop_unread(self, chat: Chat, driver: RunDriver) -> None:
+        """End the run whose response nobody reads, as a WebSocket `abort` does, and wait for it:
+        its response ends with `abort`, a call it had open is cancelled, its upstream request is
+        closed (ADK then cancels its invocation: docs/protocol.md says what the session keeps)."""
+        task = driver.task
+        assert task is not None
+        driver.aborting = True
+        task.cancel()
+        log.info("run_aborted", reason="a new message came and nobody reads the response")
+        await asyncio.wait((task,), timeout=_CLOSE_TIMEOUT)
+        if not task.done():
+            log.warning("previous_run_stuck", reason="it did not end after it was cancelled")
+        if driver.run.streaming:
+            # Its task was cancelled before its first step, or is stuck: nothing else would end the
+            # response, and an open response keeps the chat busy for ever.
+            now = self._clock()
+            driver.apply(driver.turn.abort(now))
+            driver.apply(driver.turn.end(now))
 
     async def _settle(self, chat: Chat, answers: list[tuple[ApprovalAnswer, GatedCall]]) -> None:
         driver = chat.driver

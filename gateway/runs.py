@@ -11,6 +11,11 @@ new one. Followers hold the `Response` itself, so a response opened meanwhile ne
 an attached request reads. Each response is bounded: past `limit` chunks the oldest half is
 dropped, and a follower that falls that far behind is told so rather than handed a stream with a
 hole in it.
+
+Who reads a response is counted: each request that reads one holds a `Reader` from the moment it
+is admitted until it stops, and says how to tell whether its browser is still there. A response
+nobody reads any more (the AI SDK's `stop()` dropped the request) does not make its chat busy: a
+new message ends its run instead (chats.py).
 """
 
 from __future__ import annotations
@@ -19,13 +24,20 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-__all__ = ["Feed", "FollowerLagged", "Response", "Run"]
+__all__ = ["Feed", "FollowerLagged", "Reader", "Response", "Run"]
 
 
 class Feed(Protocol):
-    """What a transport follows: a `Response` here, or one relayed from another replica."""
+    """What a transport follows: a `Reader` of a response here, or one relayed from another replica."""
+
+    # Whether the request's browser is still there; the transport sets how to tell.
+    connected: Callable[[], bool]
 
     def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]: ...
+
+    def close(self) -> None:
+        """The request reads no more (its browser went away, or it read to the end)."""
+        ...
 
 
 class FollowerLagged(Exception):
@@ -35,7 +47,7 @@ class FollowerLagged(Exception):
 class Response:
     """The chunks of one browser response, in order."""
 
-    __slots__ = ("_sink", "_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
+    __slots__ = ("_readers", "_sink", "_waiters", "closed", "closed_at", "delivered", "frames", "limit", "offset")
 
     def __init__(self, limit: int) -> None:
         # A tuple once closed (see `close`).
@@ -51,6 +63,8 @@ class Response:
         self._waiters: list[asyncio.Future[object]] = []
         # A parked follower that can take frames synchronously (see `follow_direct`): one at most.
         self._sink: _Sink | None = None
+        # The requests that read it (see `Reader`); None once it is closed, when nobody asks.
+        self._readers: set[Reader] | None = set()
 
     def append(self, frames: list[bytes]) -> None:
         held = self.frames
@@ -82,10 +96,32 @@ class Response:
         # collection walked millions of frames (bench, tool turns of 303 events, a new chat
         # each: docs/performance.md).
         self.frames = tuple(self.frames)
+        self._readers = None
         sink, self._sink = self._sink, None
         if sink is not None:
             _resolve(sink.waiter, None)
         self._wake()
+
+    def reader(self) -> Reader:
+        """A reader of this response, counted from now until it is closed."""
+        reader = Reader(self)
+        if self._readers is not None:
+            self._readers.add(reader)
+        return reader
+
+    @property
+    def read(self) -> bool:
+        """Some request still reads this response (and its browser is still there)."""
+        return bool(self._readers) and any(reader.connected() for reader in self._readers)  # type: ignore[union-attr]
+
+    @property
+    def read_here(self) -> bool:
+        """Some request of this replica's own still reads this response (not a relay)."""
+        return bool(self._readers) and any(not r.remote and r.connected() for r in self._readers)  # type: ignore[union-attr]
+
+    def _forget(self, reader: Reader) -> None:
+        if self._readers is not None:
+            self._readers.discard(reader)
 
     @property
     def complete(self) -> bool:
@@ -244,6 +280,40 @@ def _resolve(waiter: asyncio.Future[object], value: object) -> None:
         waiter.set_result(value)
 
 
+def _always() -> bool:
+    return True
+
+
+class Reader:
+    """One request reading a response: a `Feed` that counts as a reader until it is closed.
+
+    It is taken when the request is admitted, before anything awaits, so a second request for the
+    chat sees the response read even before the first one's transport starts to follow it. The
+    transport then says how to tell that its browser is gone (`connected`): a dropped HTTP
+    connection is seen when it drops, not at the next write, which may be a tool call away.
+    """
+
+    __slots__ = ("connected", "remote", "response")
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+        self.connected: Callable[[], bool] = _always
+        # A relay to another replica's browser (cluster/relay.py): that replica tells when its
+        # browser is gone, which takes up to one relay poll.
+        self.remote = False
+
+    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
+        return self.response.follow(start, idle=idle)
+
+    def follow_direct(
+        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None
+    ) -> AsyncIterator[list[bytes]]:
+        return self.response.follow_direct(write_now, start, idle=idle)
+
+    def close(self) -> None:
+        self.response._forget(self)
+
+
 class Run:
     """The log of one run's responses; when a response opens and closes is the turn's (turn.py)."""
 
@@ -254,7 +324,7 @@ class Run:
 
     @property
     def streaming(self) -> bool:
-        """A response is being written: a second request for the chat must wait its turn."""
+        """A response is being written (whether anybody reads it is `current.read`)."""
         return not self.current.closed
 
     def publish(self, frames: list[bytes]) -> None:

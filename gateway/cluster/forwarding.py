@@ -37,6 +37,7 @@ from .messages import (
     Resume,
     SocketClosed,
     Submit,
+    Unfollow,
     Work,
 )
 from .relay import Relays
@@ -123,7 +124,7 @@ class ForwardedRequests:
             answer = await self.DISPATCH[type(work)](self, work, asked)
         except Exception as exc:
             answer = self._refused(exc)
-        if answer is not None and not isinstance(work, (Abort, SocketClosed)):
+        if answer is not None and not isinstance(work, (Abort, SocketClosed, Unfollow)):
             with contextlib.suppress(SharedStateDown):
                 await self._state.send(asked.sender, Reply(asked.request_id, answer).to_json())
 
@@ -162,9 +163,13 @@ class ForwardedRequests:
     async def _socket_closed(self, work: SocketClosed, asked: Forwarded) -> None:
         await self._chats.socket_closed(work.agent, work.user, work.chat)
 
+    async def _unfollow(self, work: Unfollow, asked: Forwarded) -> None:
+        self._relays.unfollow(work.key)
+
     async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
         return await self._gates.serve(work, asked)
 
     DISPATCH: ClassVar[Mapping[type[Work], Handler]] = MappingProxyType({
-        Submit: _submit, Resume: _resume, Audio: _audio, Abort: _abort, SocketClosed: _socket_closed, Gate: _gate,
+        Submit: _submit, Resume: _resume, Audio: _audio, Abort: _abort, SocketClosed: _socket_closed,
+        Unfollow: _unfollow, Gate: _gate,
     })

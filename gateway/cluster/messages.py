@@ -3,8 +3,8 @@
 Three kinds of message reach a replica's inbox (the backends carry them as JSON objects):
 
 - `Forwarded`: work for a chat this replica owns, from the replica that received the request.
-  `Submit`, `Resume`, `Audio` and `Gate` want a `Reply`; `Abort` and `SocketClosed` are
-  notices, answered by nothing.
+  `Submit`, `Resume`, `Audio` and `Gate` want a `Reply`; `Abort`, `SocketClosed` and `Unfollow`
+  are notices, answered by nothing.
 - `Reply`: the owner's answer to one of them: `Relayed` (the relay that carries the response),
   `Refused` (the HTTP refusal the asker answers with), `Decided` (a gated call's verdict, given at
   once) or `Waiting` (the gated call waits for a person; its verdict follows as `Released`).
@@ -28,7 +28,7 @@ from ..protocol import ClientVersion
 
 __all__ = [
     "WORK", "Abort", "Answer", "Audio", "Decided", "Forwarded", "Gate", "MalformedMessage", "Message",
-    "Refused", "Relayed", "Released", "Reply", "Resume", "SocketClosed", "Submit", "Waiting", "Work",
+    "Refused", "Relayed", "Released", "Reply", "Resume", "SocketClosed", "Submit", "Unfollow", "Waiting", "Work",
     "from_json",
 ]
 
@@ -104,6 +104,16 @@ class SocketClosed(_ForChat):
 
 
 @dataclass(frozen=True)
+class Unfollow(_Work):
+    """Nobody reads the relay `key` any more: its browser went away before the response ended (a
+    notice). The owner stops relaying it, so the response no longer counts it as read."""
+
+    op: ClassVar[str] = "unfollow"
+    user: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Gate(_Work):
     """The plugin asks about a gated call in the chat whose ADK session is `session`."""
 
@@ -117,8 +127,8 @@ class Gate(_Work):
     args: dict[str, Any]
 
 
-Work = Submit | Resume | Audio | Abort | SocketClosed | Gate
-WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Gate)
+Work = Submit | Resume | Audio | Abort | SocketClosed | Unfollow | Gate
+WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Unfollow, Gate)
 _WORK_BY_OP: MappingProxyType[str, type[Work]] = MappingProxyType({kind.op: kind for kind in WORK})
 
 

@@ -5,21 +5,28 @@ The owner pumps the response's encoded chunks from its run log into a relay in t
 the relay (`RelayFeed`) as a transport follows a local response, until the response ends, the
 owner dies or the shared state is lost; each of the last two ends the browser's response with an
 `error` chunk, unless the response had already ended.
+
+A relay counts as a reader of the owner's response (runs.py `Reader`) while its browser reads it:
+the replica holding the browser looks at it each time the relay wakes it (at least every
+`sessions.heartbeat_interval`), and once the browser is gone tells the owner (`Unfollow`), which
+stops the relay. A new message in that chat is then taken instead of refused as busy (chats.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
 from ..chats import Attachment
 from ..metrics import GatewayMetrics
 from ..protocol import encode_chunk
-from ..runs import FollowerLagged
+from ..runs import FollowerLagged, Reader
 from .liveness import Liveness
+from .messages import Forwarded, Unfollow
 from .shared import RelayEntry, SharedState, SharedStateDown
 from .tasks import Tasks
 
@@ -41,17 +48,26 @@ class Relays:
         self._tasks = tasks
         self._liveness = liveness
         self.metrics = metrics
-        self._pumps: set[asyncio.Task[None]] = set()
+        # The pumps of the responses relayed from here, by relay key.
+        self._pumps: dict[str, asyncio.Task[None]] = {}
 
     def open(self, attachment: Attachment | None) -> str | None:
         """Start relaying the response `attachment` reads; the relay's key (None: nothing to relay)."""
         if attachment is None:
             return None
+        if isinstance(attachment.response, Reader):
+            attachment.response.remote = True
         key = secrets.token_urlsafe(12)
         pump = self._tasks.spawn(self._pump(key, attachment))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
+        self._pumps[key] = pump
+        pump.add_done_callback(lambda _t: self._pumps.pop(key, None))
         return key
+
+    def unfollow(self, key: str) -> None:
+        """The browser that read relay `key` is gone: stop relaying it (its reader goes with it)."""
+        pump = self._pumps.get(key)
+        if pump is not None:
+            pump.cancel()
 
     @property
     def active(self) -> int:
@@ -63,11 +79,19 @@ class Relays:
         """Let the relays of responses that just ended write their ends (the drain, once runs are
         cancelled), so a relayed browser gets its terminal chunks and the relay's end, not a cut."""
         if self._pumps:
-            await asyncio.wait(set(self._pumps), timeout=timeout)
+            await asyncio.wait(set(self._pumps.values()), timeout=timeout)
 
-    def feed(self, owner: str, key: str) -> RelayFeed:
-        """The response `owner` relays under `key`, to follow here."""
-        return RelayFeed(self._state, self._liveness, self.metrics, owner, key)
+    def feed(self, owner: str, key: str, user_id: str) -> RelayFeed:
+        """The response `owner` relays under `key` for `user_id`'s browser, to follow here."""
+        return RelayFeed(
+            self._state, self._liveness, self.metrics, owner, key,
+            abandoned=lambda: self._tasks.spawn(self._unfollow(owner, key, user_id)),
+        )
+
+    async def _unfollow(self, owner: str, key: str, user_id: str) -> None:
+        notice = Forwarded(self._state.replica_id, secrets.token_hex(8), Unfollow(user_id, key))
+        with contextlib.suppress(SharedStateDown):
+            await self._state.send(owner, notice.to_json())
 
     async def _pump(self, key: str, attachment: Attachment) -> None:
         seq = 0
@@ -82,17 +106,38 @@ class Relays:
             await self._state.relay_append(key, RelayEntry(seq, end=end))
         except SharedStateDown:
             log.warning("relay_cut", reason="the shared session store is unreachable")
+        finally:
+            attachment.response.close()
+
+
+def _always() -> bool:
+    return True
 
 
 class RelayFeed:
     """A response running on another replica, read from its relay: what a transport follows."""
 
-    def __init__(self, state: SharedState, liveness: Liveness, metrics: GatewayMetrics, owner: str, key: str) -> None:
+    def __init__(
+        self, state: SharedState, liveness: Liveness, metrics: GatewayMetrics, owner: str, key: str,
+        abandoned: Callable[[], object] | None = None,
+    ) -> None:
         self._state = state
         self._liveness = liveness
         self.metrics = metrics
         self._owner = owner
         self._key = key
+        # Whether the browser is still there (the transport says how to tell, as for a Reader).
+        self.connected: Callable[[], bool] = _always
+        # Told when the browser stops reading before the relay ended: the owner must hear of it.
+        self._abandoned = abandoned
+        self._over = False
+
+    def close(self) -> None:
+        """The request reads no more: if the relay has not ended, tell the owner (once)."""
+        if not self._over:
+            self._over = True
+            if self._abandoned is not None:
+                self._abandoned()
 
     async def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` to the end of the response (as Response.follow)."""
@@ -107,6 +152,10 @@ class RelayFeed:
         while True:
             try:
                 after, entries = await self._state.relay_read(self._key, after, timeout=step)
+                if not self.connected():
+                    # Seen at each wake, chunks or not: a browser that left while the run is quiet
+                    # (a tool call) must not keep the owner's response read until the next write.
+                    raise ConnectionResetError("the browser stopped reading")
                 if not entries:
                     quiet += step
                     if idle is not None and quiet >= idle:
@@ -116,11 +165,13 @@ class RelayFeed:
                         if not ended:
                             self.metrics.owner_lost.labels("stream").inc()
                             yield [_error_frame(_OWNER_STOPPED)]
+                        self._over = True
                         return
                     continue
             except SharedStateDown:
                 if not ended:
                     yield [_error_frame(_CONTACT_LOST)]
+                self._over = True
                 return
             quiet = 0.0
             batch: list[bytes] = []
@@ -128,6 +179,7 @@ class RelayFeed:
                 if entry.seq != position:
                     # The relay lost entries (Redis restarted under it): do not hand out a stream with a hole.
                     yield batch + [_error_frame(_CONTACT_LOST)]
+                    self._over = True
                     return
                 for frame in entry.frames:
                     if position >= start:
@@ -136,10 +188,12 @@ class RelayFeed:
                 if entry.end == "lagged":
                     if batch:
                         yield batch
+                    self._over = True
                     raise FollowerLagged("the relay fell behind the response")
                 if entry.end is not None:
                     if batch:
                         yield batch
+                    self._over = True
                     return
             if batch:
                 ended = batch[-1].startswith(_TERMINAL)

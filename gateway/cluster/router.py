@@ -141,7 +141,7 @@ class Cluster:
                 self.metrics.owner_lost.labels("approval").inc()
                 raise Gone(_APPROVAL_LOST) from None
         answer = await self._asker.ask(claim.owner, Submit(user_id, agent, request.as_body()))
-        attachment = self._attachment(claim.owner, answer)
+        attachment = self._attachment(claim.owner, answer, user_id)
         if attachment is None:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment
@@ -153,7 +153,7 @@ class Cluster:
             if claim.orphaned_run is not None:
                 raise OwnerLost(410, "run_lost", _RUN_LOST)
             return self.chats.resume(agent, user_id, chat_id)
-        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)))
+        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
 
     async def send_audio(
         self, agent: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion
@@ -162,7 +162,7 @@ class Cluster:
         if claim.local:
             return await self.chats.send_audio(agent, user_id, chat_id, mime_type, data, version)
         answer = await self._asker.ask(claim.owner, Audio(user_id, chat_id, agent, mime_type, data, version))
-        return self._attachment(claim.owner, answer)
+        return self._attachment(claim.owner, answer, user_id)
 
     async def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """Stop the chat's run, wherever it runs. True if one was running (here) or asked to stop."""
@@ -193,10 +193,10 @@ class Cluster:
             self.metrics.forwarded.labels("out").inc()
         return claim
 
-    def _attachment(self, owner: str, answer: Answer) -> Attachment | None:
+    def _attachment(self, owner: str, answer: Answer, user_id: str) -> Attachment | None:
         if not isinstance(answer, Relayed) or not answer.key:
             return None
-        return Attachment(None, self.relays.feed(owner, answer.key))
+        return Attachment(None, self.relays.feed(owner, answer.key, user_id))
 
     # ---- plugin requests -------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ ignores and which keeps proxies with idle timeouts from cutting the stream.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -28,7 +29,7 @@ from ..protocol import (
     sse_frame,
     sse_frames,
 )
-from ..runs import FollowerLagged, Response
+from ..runs import Feed, FollowerLagged, Reader
 from ..state import GATEWAY
 from .admit import Caller, admit, count_refusal, preflight
 from .aiohttp_raw import chunk_writer, forget_body
@@ -107,7 +108,11 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
         raise answer from None
     if attachment is None:
         return web.Response(status=204, headers=gateway.auth.cors_headers(request))
-    slot = _open_stream(request, caller.user_id)
+    try:
+        slot = _open_stream(request, caller.user_id)
+    except Limited:
+        attachment.response.close()
+        raise
     try:
         return await _stream(request, attachment, caller, chat_id)
     finally:
@@ -122,7 +127,28 @@ def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped
         raise
 
 
+def _connected(request: web.Request) -> Callable[[], bool]:
+    """Whether the browser is still there: aiohttp drops the transport when the connection is lost,
+    which a write would only notice at the next chunk (a tool call may be minutes away)."""
+
+    def connected() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    return connected
+
+
 async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
+    feed = attachment.response
+    # A chat whose response nobody reads takes the person's next message (chats.py).
+    feed.connected = _connected(request)
+    try:
+        return await _follow(request, feed, caller, chat_id)
+    finally:
+        feed.close()
+
+
+async def _follow(request: web.Request, feed: Feed, caller: Caller, chat_id: str) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
     request_id = structlog.contextvars.get_contextvars().get("request_id", "")
@@ -133,10 +159,9 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
     gauge.inc()
     completed = False
     idle = gateway.config.chat.keepalive_interval
-    feed = attachment.response
-    write_chunk = chunk_writer(response) if isinstance(feed, Response) else None
+    write_chunk = chunk_writer(response) if isinstance(feed, Reader) else None
     try:
-        if isinstance(feed, Response) and write_chunk is not None:
+        if isinstance(feed, Reader) and write_chunk is not None:
             batches = feed.follow_direct(lambda frames: write_chunk(sse_frames(frames)), idle=idle)
         else:
             batches = feed.follow(idle=idle)

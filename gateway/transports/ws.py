@@ -32,7 +32,7 @@ from ..errors import refusal
 from ..limits import Limited
 from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version
-from ..runs import FollowerLagged, Response
+from ..runs import Feed, FollowerLagged, Reader
 from ..state import GATEWAY, Gateway
 from .admit import Caller, admit, preflight
 from .aiohttp_raw import send_text_frames, write_text_frames_now
@@ -63,6 +63,8 @@ class Connection:
         self.requests: dict[str, asyncio.Task[None]] = {}
         # The chat each `send` request drives, for `abort`; and every chat seen, for closing.
         self.request_chats: dict[str, str] = {}
+        # Requests the browser aborted whose task has not ended yet: nothing more is sent for them.
+        self.aborted: set[str] = set()
         self.chats: set[str] = set()
         self.default_version = gateway.config.chat.default_protocol
         self._frames_out = gateway.metrics.ws_frames
@@ -157,6 +159,7 @@ class Connection:
     def _forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
         self.request_chats.pop(request_id, None)
+        self.aborted.discard(request_id)
 
     async def _guard(self, request_id: str, work: Any) -> None:
         try:
@@ -183,6 +186,14 @@ class Connection:
 
     # ---- requests --------------------------------------------------------------------------
 
+    def watch(self, request_id: str, feed: Feed) -> None:
+        """Tell the chat how to see that this request no longer reads `feed`: the socket closed or
+        the request was aborted (a chat whose response nobody reads takes the next message, chats.py).
+        Set as soon as the request has its feed, so a request that never gets to follow it counts
+        as gone with its socket."""
+        ws, aborted = self.ws, self.aborted
+        feed.connected = lambda: not (ws.closed or request_id in aborted)
+
     async def pump(self, request_id: str, attachment: Attachment, *, first_sequence: int = 0) -> None:
         """Send a response's chunks as `chunk` frames from `first_sequence`, then `end`."""
         gauge = self.gateway.metrics.active_streams.labels(_TRANSPORT)
@@ -191,6 +202,7 @@ class Connection:
         prefix = b'{"type":"chunk","requestId":' + orjson.dumps(request_id) + b',"sequence":'
         sequence = first_sequence
         ws = self.ws
+        aborted = self.aborted
 
         def payloads(batch: list[bytes]) -> list[bytes]:
             # Bytes straight into text frames: send_str would decode them only to encode again.
@@ -198,16 +210,19 @@ class Connection:
 
         def write_now(batch: list[bytes]) -> bool:
             """The publishing task writes the frames itself while this request waits (see
-            `Response.follow_direct`); False, nothing sent, when the socket has a backlog."""
+            `Response.follow_direct`); False, nothing sent, when the socket has a backlog or the
+            request was aborted (the run's task may publish its last chunks before this request's
+            task has seen its cancellation)."""
             nonlocal sequence
-            if not write_text_frames_now(ws, payloads(batch)):
+            if request_id in aborted or not write_text_frames_now(ws, payloads(batch)):
                 return False
             sequence += len(batch)
             chunk_frames.inc(len(batch))
             return True
 
         feed = attachment.response
-        batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Response) else feed.follow(first_sequence)
+        self.watch(request_id, feed)
+        batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Reader) else feed.follow(first_sequence)
         try:
             async for batch in batches:
                 frames = payloads(batch)
@@ -221,6 +236,7 @@ class Connection:
             log.warning("follower_lagged", reason=str(exc))
             await self.error(request_id, "This response fell too far behind and cannot continue; reload the chat.")
         finally:
+            feed.close()
             gauge.dec()
 
 
@@ -278,6 +294,7 @@ async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int
     if attachment is None:
         await conn.send({"type": "no-active", "requestId": request_id})
         return
+    conn.watch(request_id, attachment.response)
     await conn.send({"type": "start", "requestId": request_id})
     await conn.pump(request_id, attachment, first_sequence=last + 1)
 
@@ -287,6 +304,9 @@ async def _on_abort(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     if task is None:
         return  # already over: nothing to abort
     chat_id = conn.request_chats.get(request_id)
+    # No frame goes out for it from now on (the AI SDK forgot the request when it sent the abort):
+    # not the chunks the run writes as it ends, not `end`.
+    conn.aborted.add(request_id)
     task.cancel()
     if chat_id is not None:
         # The browser stopped the answer: stop the agent run behind it too, it is what costs money.
@@ -317,7 +337,12 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
     if attachment is not None:
         # This audio started a turn: its answer streams back under this frame's requestId.
         conn.request_chats[request_id] = chat_id
-        conn.start_request(request_id, conn.pump(request_id, attachment))
+        conn.watch(request_id, attachment.response)
+        try:
+            conn.start_request(request_id, conn.pump(request_id, attachment))
+        except FrameError:
+            attachment.response.close()
+            raise
 
 
 def _version_header(frame: dict[str, Any]) -> str | None:

@@ -3,9 +3,10 @@
 //         steps: [{send, approvals?, toolOutputs?, dropSocketAfterChunks?, abortAfterChunks?} | {resume: true}]}
 // transport 'ws' (wsUrl, default api): ai 7 uses its own WebSocketChatTransport, ai 6 the gateway's
 // gateway/static/ws-transport.js; both over a WebSocket that records and checks every frame (lib/ws.mjs).
-// Step options: `resume` calls chat.resumeStream() instead of sending. ws only: `abortAfterChunks: N` calls
-// chat.stop() after N chunk frames of the step's first response (an `abort` frame); `dropSocketAfterChunks: N`
-// closes the socket after N chunk frames of it, then calls chat.resumeStream() (a `resume` on a new socket).
+// Step options: `resume` calls chat.resumeStream() instead of sending. `abortAfterChunks: N` calls
+// chat.stop() after N chunks of the step's first response (SSE: the fetch is aborted; ws: an `abort`
+// frame). ws only: `dropSocketAfterChunks: N` closes the socket after N chunk frames of it, then calls
+// chat.resumeStream() (a `resume` on a new socket).
 // stdout: one JSON report. Exit code 0 whenever a report was produced; the caller asserts on `ok`.
 // stdin may also be an array of such objects: they run concurrently in this one process (loading
 // the SDK dominates a run's cost) and stdout is the array of reports in the same order.
@@ -30,7 +31,7 @@ async function run(input) {
   const { transport: transportKind = 'sse', wsUrl = api } = input;
   if (transportKind !== 'sse' && transportKind !== 'ws') throw new Error(`unknown transport ${transportKind}`);
   const ws = transportKind === 'ws';
-  for (const option of ['dropSocketAfterChunks', 'abortAfterChunks']) {
+  for (const option of ['dropSocketAfterChunks']) {
     if (!ws && steps.some((s) => s[option] != null)) throw new Error(`${option} needs transport "ws"`);
   }
   const deadline = Date.now() + timeoutMs;
@@ -95,7 +96,7 @@ async function run(input) {
       if (!(await idle())) break;
       await resumed;
     }
-    if (ws) tee.disarm();
+    if (armed) tee.disarm();
     // Answer like a person would: after the turn has ended and the buttons are on screen.
     // Each answer may trigger the SDK's automatic continuation, whose reply may ask again.
     for (let parts = pendingApprovals(chat); parts.length && !timedOut; parts = pendingApprovals(chat)) {

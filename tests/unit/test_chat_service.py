@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
@@ -383,6 +384,73 @@ async def test_a_new_message_while_a_response_streams_is_busy(env: Env) -> None:
     check_stream_rules(chunks)
 
 
+async def test_a_new_message_after_the_browser_stopped_reading_ends_the_old_run_and_starts_a_new_one(env: Env) -> None:
+    """The AI SDK's stop() drops the request; with `on_disconnect: continue` the run goes on, and the
+    person's next message must not be refused until it ends (issue 24, defect 10)."""
+    attachment = await env.service.submit(AGENT, "u", body(USER))
+    old = env.chat().run
+    assert old is not None
+    env.says("Working ")
+    await until(lambda: len(old.current.frames) > 2)
+    attachment.response.close()  # what the transport does when its browser went away
+
+    new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
+    stopped = [orjson.loads(f) for f in old.current.frames]
+    assert stopped[-1] == {"type": "abort"} and "finish" not in types(stopped) and text_of(stopped) == "Working "
+    assert env.runs("cancelled") == 1
+
+    env.says("It is ", "noon.")
+    env.ends()
+    chunks = await read(new)
+    assert chunks[0] == {"type": "start", "messageId": "msg-2"}
+    assert text_of(chunks) == "It is noon." and chunks[-1]["finishReason"] == "stop"
+    check_stream_rules(chunks)
+    await env.run_ended()
+    assert env.runs("completed") == 1
+
+
+async def test_a_reader_whose_browser_is_gone_does_not_keep_the_chat_busy(env: Env) -> None:
+    attachment = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    attachment.response.connected = lambda: False  # type: ignore[attr-defined]  # the HTTP connection dropped; no write noticed it yet
+
+    new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
+    env.says("Noon.")
+    env.ends()
+    assert text_of(await read(new)) == "Noon."
+
+
+async def test_a_new_message_while_another_tab_still_reads_the_response_is_busy(env: Env) -> None:
+    first = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    other_tab = env.service.resume(AGENT, "u", "chat-1")
+    assert other_tab is not None
+    first.response.close()  # this tab stopped; the other one still follows
+
+    with pytest.raises(ChatBusy):
+        await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
+    assert env.chat().run.message_id == "msg-1" and env.chat().running  # type: ignore[union-attr]
+
+    other_tab.response.close()
+    new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
+    assert new.run is not None and new.run.message_id == "msg-2"
+
+
+async def test_two_new_messages_after_a_stop_start_one_run_and_the_other_is_busy(env: Env) -> None:
+    attachment = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    attachment.response.close()
+
+    one = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)))
+    two = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, {**NEW_MESSAGE, "id": "u3"})))
+    results = await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 5)
+    assert sorted(type(r).__name__ for r in results) == ["Attachment", "ChatBusy"], results
+    assert len(env.service._tasks) == 1 and env.runs("cancelled") == 1
+
+
 # ---- the person moves on ----------------------------------------------------------------------
 
 
@@ -439,7 +507,7 @@ async def test_a_replayed_answer_to_a_call_of_a_run_that_a_new_message_ended_is_
     assert call.outcome is Outcome.CANCELLED
     if stale is not None:
         # If it is answered at all, it must be with msg-1's own chunks, never another message's.
-        assert stale.response is not new_run.response
+        assert stale.response.response is not new_run.response.response  # type: ignore[attr-defined]
         assert (await read(stale))[0] == {"type": "start", "messageId": "msg-1"}
 
 
@@ -534,7 +602,7 @@ async def test_resume_replays_a_read_response_within_run_retention_and_none_afte
     env.says("Hello ", "there.")
 
     live = env.service.resume(AGENT, "u", "chat-1")  # a reload while it streams follows the same response
-    assert live is not None and live.response is attachment.response
+    assert live is not None and live.response.response is attachment.response.response  # type: ignore[attr-defined]
 
     env.ends()
     chunks = await read(attachment)
@@ -590,3 +658,27 @@ async def test_without_a_reload_the_answer_reads_what_the_run_said_meanwhile_and
     assert text_of(chunks) == "While you decide, I checked your balance.Paid."
     assert chunks[-1]["finishReason"] == "stop"
     check_stream_rules(chunks, known=[CALL])
+
+
+async def test_a_new_message_while_the_run_says_things_nobody_reads_yet_cancels_the_call_as_typed_instead(env: Env) -> None:
+    """A held response is streaming and unread: the new message settles the waiting call (the person
+    typed instead of answering: cancelled, never run), not an abort, and not a 409 (issue 24, defect 10)."""
+    call, first = await gated_call(env)
+    plugin = asyncio.create_task(env.service.gates.wait(call))
+    env.says("While you decide, ", "I checked ", "your balance.")
+    await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
+    assert env.chat().run.streaming  # type: ignore[union-attr]
+
+    submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
+    verdict = await asyncio.wait_for(plugin, 1)
+    assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "cancelled"
+    assert call.outcome is Outcome.CANCELLED
+    env.plugin_answers(verdict)
+    env.ends()
+    attachment = await asyncio.wait_for(submitted, 5)
+    env.says("It is noon.")
+    env.ends()
+    chunks = await read(attachment)
+    assert chunks[0] == {"type": "start", "messageId": "msg-2"} and text_of(chunks) == "It is noon."
+    assert wait_count(env.metrics, WAIT, TOOL, "cancelled") == 1
+    assert env.runs("completed") == 2 and env.runs("cancelled") == 0

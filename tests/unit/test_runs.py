@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.runs import FollowerLagged, Response, Run
+from gateway.runs import FollowerLagged, Reader, Response, Run
 
 
 async def collect(response: Response, start: int = 0) -> list[bytes]:
@@ -169,3 +169,28 @@ async def test_a_closed_response_costs_the_garbage_collector_nothing_and_replays
     assert replayed == [[b"b", b"c"]] and all(type(batch) is list for batch in replayed)
     with pytest.raises(AssertionError):
         run.current.append([b"late"])
+
+
+def test_a_response_is_read_while_a_reader_holds_it_and_its_browser_is_there() -> None:
+    response = Response(limit=100)
+    assert not response.read
+    first, second = response.reader(), response.reader()
+    assert isinstance(first, Reader) and response.read and response.read_here
+    first.close()
+    assert response.read  # the other one still reads
+    second.connected = lambda: False  # its connection dropped; nothing was written since
+    assert not response.read and not response.read_here
+    relay = response.reader()
+    relay.remote = True
+    assert response.read and not response.read_here  # read only through another replica
+    relay.close()
+    assert not response.read
+
+
+def test_a_closed_response_forgets_its_readers() -> None:
+    response = Response(limit=100)
+    reader = response.reader()
+    response.close(0.0)
+    assert not response.read
+    reader.close()  # after the close: nothing to forget, no error
+    assert not response.reader().response.read

@@ -118,6 +118,8 @@ export function createTeeFetch({ sdk, baseFetch = globalThis.fetch }) {
   const record = { requests: [], chunks: [], schemaErrors: [], doneMarkers: [] };
   const pending = new Set();
   let inFlight = 0;
+  // The step's request to stop after N chunks (`arm`): chat.stop(), as a person's Stop button.
+  let armed = null;
 
   const consume = async (index, stream) => {
     let done = 0;
@@ -127,6 +129,12 @@ export function createTeeFetch({ sdk, baseFetch = globalThis.fetch }) {
       if (data === '[DONE]') {
         done++;
         continue;
+      }
+      if (armed?.requestIndex === index && !armed.aborted && at + 1 === armed.abortAfter) {
+        armed.aborted = true;
+        record.requests[index].aborted = true;
+        // After the Chat's own branch of the tee has had the chunk.
+        setTimeout(armed.onAbort, 0);
       }
       if (done) record.schemaErrors.push({ request: index, index: at, chunk: data, error: 'data after [DONE]' });
       let chunk;
@@ -193,6 +201,14 @@ export function createTeeFetch({ sdk, baseFetch = globalThis.fetch }) {
   return {
     fetch: teeFetch,
     record,
+    // Arms the step's first request (the next one sent): stop the Chat after N chunks of its response.
+    arm({ abortAfter, onAbort }) {
+      armed = { requestIndex: record.requests.length, abortAfter, onAbort, aborted: false };
+      return armed;
+    },
+    disarm() {
+      armed = null;
+    },
     // Only until response headers: after that the Chat's activeResponse tells whether it still reads.
     get inFlight() {
       return inFlight;
