@@ -119,7 +119,7 @@ async def test_a_relay_cut_after_its_finish_adds_no_second_terminal_chunk() -> N
     cluster = _cluster(hub)
     finish = [encode_chunk({"type": "error", "errorText": "shutting down"}), encode_chunk({"type": "finish"})]
     await cluster.state.relay_append("k", RelayEntry(0, [encode_chunk({"type": "start"}), *finish]))
-    frames = await asyncio.wait_for(_read(cluster.relays.feed("a", "k")), 5)  # "a" has no heartbeat: dead
+    frames = await asyncio.wait_for(_read(cluster.relays.feed("a", "k", "u")), 5)  # "a" has no heartbeat: dead
     assert frames == [encode_chunk({"type": "start"}), *finish]
 
 
@@ -127,6 +127,6 @@ async def test_a_relay_cut_mid_response_ends_with_one_error() -> None:
     hub = MemoryHub()
     cluster = _cluster(hub)
     await cluster.state.relay_append("k", RelayEntry(0, [encode_chunk({"type": "start"})]))
-    frames = await asyncio.wait_for(_read(cluster.relays.feed("a", "k")), 5)
+    frames = await asyncio.wait_for(_read(cluster.relays.feed("a", "k", "u")), 5)
     assert frames[0] == encode_chunk({"type": "start"})
     assert [f[:16] for f in frames[1:]] == [b'{"type":"error",']
