@@ -39,6 +39,7 @@ from ..registry import ChatNotFound
 from ..stopping import cancel_and_wait
 from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
+from .sealing import Seal, Tampered
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["RedisState"]
@@ -71,10 +72,15 @@ class RedisState(SharedState):
         prefix: str,
         heartbeat_interval: float,
         owner_timeout: float,
+        seal: Seal,
     ) -> None:
         super().__init__(replica_id)
         self.available = False
         self._prefix = prefix
+        # What this replica writes for others to act on is sealed, and what it reads is opened
+        # before use (sealing.py): Redis is not trusted with the integrity of gated calls, tickets,
+        # relayed chunks and forwarded work.
+        self._seal = seal
         self._interval = heartbeat_interval
         self._owner_timeout = owner_timeout
         # One immediate retry: after Redis restarts, every pooled connection fails once before
@@ -217,7 +223,10 @@ class RedisState(SharedState):
                     message = await pubsub.get_message(timeout=_INBOX_POLL)
                     if message is not None and message.get("type") == "message":
                         try:
-                            body = orjson.loads(message["data"])
+                            body = orjson.loads(self._seal.open(message["data"], channel))
+                        except Tampered:
+                            log.warning("inbox_message_tampered", replica=self.replica_id)
+                            continue
                         except orjson.JSONDecodeError:
                             log.warning("inbox_message_malformed")
                             continue
@@ -309,20 +318,22 @@ class RedisState(SharedState):
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         self._check()
+        channel = self._key("inbox", replica_id)
         try:
-            await self._redis.publish(self._key("inbox", replica_id), orjson.dumps(message))
+            await self._redis.publish(channel, self._seal.seal(orjson.dumps(message), channel))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
     async def relay_append(self, key: str, entry: RelayEntry) -> None:
         self._check()
-        fields: dict[str, Any] = {"n": entry.seq, "f": b"\n".join(entry.frames)}
-        if entry.end is not None:
-            fields["e"] = entry.end
         name = self._key("relay", key)
+        # One seal per entry, and an entry is a batch of chunks: the cost is one HMAC per batch.
+        # The entry's number is inside the seal, so a genuine entry copied further down the stream
+        # reads as the hole it makes.
+        payload = b"%d\n%s\n%s" % (entry.seq, (entry.end or "").encode(), b"\n".join(entry.frames))
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(name, fields, maxlen=_RELAY_CAP, approximate=True)
+                pipe.xadd(name, {"s": self._seal.seal(payload, name)}, maxlen=_RELAY_CAP, approximate=True)
                 pipe.pexpire(name, _RELAY_TTL_MS)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -330,10 +341,9 @@ class RedisState(SharedState):
 
     async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
         self._check()
+        name = self._key("relay", key)
         try:
-            answer = await self._redis.xread(
-                {self._key("relay", key): after or "0-0"}, block=max(1, int(timeout * 1000)), count=500
-            )
+            answer = await self._redis.xread({name: after or "0-0"}, block=max(1, int(timeout * 1000)), count=500)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
         if not answer:
@@ -342,19 +352,25 @@ class RedisState(SharedState):
         position = after
         for entry_id, fields in answer[0][1]:
             position = entry_id.decode()
-            frames = fields.get(b"f", b"")
-            end = fields.get(b"e")
-            entries.append(RelayEntry(
-                int(fields[b"n"]), frames.split(b"\n") if frames else [], end.decode() if end is not None else None
-            ))
+            try:
+                seq, end, frames = self._seal.open(fields.get(b"s", b""), name).split(b"\n", 2)
+            except (Tampered, ValueError):
+                # Skipped: the genuine entry of that number still comes, or its absence is the hole
+                # the reader ends the response at (relay.py).
+                log.warning("relay_entry_tampered", replica=self.replica_id)
+                continue
+            entries.append(RelayEntry(int(seq), frames.split(b"\n") if frames else [], end.decode() or None))
         return position, entries
 
     async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
         name = self._key("call", call_id)
+        # Field by field: the verdict is written after the rest, by the same owner. Each seal
+        # covers the call and the field's name, so no sealed value can be moved to another.
+        sealed = {field: self._seal.seal(value.encode(), f"{name}:{field}") for field, value in record.items()}
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(name, mapping=record)
+                pipe.hset(name, mapping=sealed)
                 pipe.pexpire(name, int(ttl * 1000))
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -362,27 +378,42 @@ class RedisState(SharedState):
 
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         self._check()
+        name = self._key("call", call_id)
         try:
-            raw = await self._redis.hgetall(self._key("call", call_id))
+            raw = await self._redis.hgetall(name)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
-        return {k.decode(): v.decode() for k, v in raw.items()} or None
+        try:
+            return {k.decode(): self._seal.open(v, f"{name}:{k.decode()}").decode() for k, v in raw.items()} or None
+        except (Tampered, UnicodeDecodeError):
+            # A record with one forged field is lost whole: the asker then refuses the call when
+            # its deadline passes (remote_gate.py), as when Redis lost it.
+            log.warning("call_record_tampered", replica=self.replica_id, approval_id=call_id)
+            return None
 
     async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
+        name = self._key("ticket", key)
         try:
-            await self._redis.set(self._key("ticket", key), orjson.dumps(record), px=max(int(ttl * 1000), 1))
+            await self._redis.set(name, self._seal.seal(orjson.dumps(record), name), px=max(int(ttl * 1000), 1))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
         self._check()
+        name = self._key("ticket", key)
         try:
             # GETDEL (Redis 6.2): two replicas handed the same ticket cannot both take it.
-            raw = await self._redis.getdel(self._key("ticket", key))
+            raw = await self._redis.getdel(name)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
-        return orjson.loads(raw) if raw is not None else None
+        if raw is None:
+            return None
+        try:
+            return orjson.loads(self._seal.open(raw, name))
+        except (Tampered, orjson.JSONDecodeError):
+            log.warning("ticket_record_tampered", replica=self.replica_id)
+            return None
 
     def _down(self, exc: BaseException) -> SharedStateDown:
         if self.available:
