@@ -394,8 +394,11 @@ class RedisState(SharedState):
     async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
         name = self._key("ticket", key)
+        # The expiry goes inside the seal: a sealed record written back into Redis after it
+        # expired (or was taken) opens nothing once the ticket's lifetime is over.
+        sealed = self._seal.seal(orjson.dumps({"until": time.time() + ttl, "record": record}), name)
         try:
-            await self._redis.set(name, self._seal.seal(orjson.dumps(record), name), px=max(int(ttl * 1000), 1))
+            await self._redis.set(name, sealed, px=max(int(ttl * 1000), 1))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
@@ -410,10 +413,15 @@ class RedisState(SharedState):
         if raw is None:
             return None
         try:
-            return orjson.loads(self._seal.open(raw, name))
+            stored = orjson.loads(self._seal.open(raw, name))
         except (Tampered, orjson.JSONDecodeError):
             log.warning("ticket_record_tampered", replica=self.replica_id)
             return None
+        if stored["until"] < time.time():
+            log.warning("ticket_record_replayed", replica=self.replica_id)
+            return None
+        record: dict[str, str] = stored["record"]
+        return record
 
     def _down(self, exc: BaseException) -> SharedStateDown:
         if self.available:

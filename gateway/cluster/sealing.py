@@ -42,7 +42,9 @@ class Seal:
         keys = [s.encode() if isinstance(s, str) else s for s in secrets]
         if not keys or not all(keys):
             raise ValueError("a seal needs at least one non-empty secret")
-        self._keys = [hmac.digest(key, _DERIVATION, "sha256") for key in keys]
+        # Keyed once: each tag then starts from a copy, not from the key (half the cost of a
+        # one-shot HMAC on a short value, which a relayed batch of a few chunks is).
+        self._keys = [hmac.new(hmac.digest(key, _DERIVATION, "sha256"), digestmod=hashlib.sha256) for key in keys]
 
     def seal(self, payload: bytes, context: str) -> bytes:
         """`payload` sealed for `context` (where it is written)."""
@@ -60,7 +62,10 @@ class Seal:
         raise Tampered("the seal does not match")
 
 
-def _tag(key: bytes, context: str, payload: bytes) -> bytes:
+def _tag(key: hmac.HMAC, context: str, payload: bytes) -> bytes:
     where = context.encode()
+    mac = key.copy()
     # The context's length first, so that no context and payload pair reads as another.
-    return hmac.digest(key, len(where).to_bytes(4, "big") + where + payload, "sha256")
+    mac.update(len(where).to_bytes(4, "big") + where)
+    mac.update(payload)
+    return mac.digest()

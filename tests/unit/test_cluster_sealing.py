@@ -220,6 +220,19 @@ async def test_a_forged_ticket_record_opens_no_socket(cluster: Any) -> None:
     assert refused.value.status == 401
 
 
+async def test_a_genuine_ticket_record_written_back_after_its_lifetime_opens_no_socket(cluster: Any) -> None:
+    a, b, inbox, forger = cluster
+    issued = await Tickets(a).issue(Identity("alice", {}), agent="demo_agent", origin=None, fingerprint="f", ttl=0.2)
+    name = forger.key("ticket", hashlib.sha256(issued.value.encode()).hexdigest())
+    captured = await forger.redis.get(name)
+    await Tickets(b).redeem(issued.value, agent="demo_agent", origin=None, fingerprint="f")
+    await asyncio.sleep(0.3)
+    await forger.redis.set(name, captured, px=30_000)  # replayed, with a longer expiry
+    with pytest.raises(HttpError) as refused:
+        await Tickets(b).redeem(issued.value, agent="demo_agent", origin=None, fingerprint="f")
+    assert refused.value.status == 401
+
+
 async def test_a_forged_relay_entry_is_not_handed_out(cluster: Any) -> None:
     a, b, inbox, forger = cluster
     # The forger gets in first, with the entry a reader expects next.
