@@ -14,6 +14,11 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
 
+What one replica writes for another to act on (inbox messages, call record fields, relay entries,
+ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
+open is logged without its content and treated as absent. The directory, heartbeats and epoch are
+not sealed: they route and they time out, they authorize nothing (docs/security.md).
+
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
 backend available again.
