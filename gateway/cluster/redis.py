@@ -16,8 +16,9 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
 ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
-open is logged without its content and treated as absent. The directory, heartbeats and epoch are
-not sealed: they route and they time out, they authorize nothing (docs/security.md).
+open is logged without its content and treated as absent. Inbox messages are stamped on Redis's
+clock inside their seal: one 30 s old, or received already, is a replay. The directory, heartbeats
+and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
 
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
@@ -44,7 +45,7 @@ from ..registry import ChatNotFound
 from ..stopping import cancel_and_wait
 from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
-from .sealing import Seal, Tampered
+from .sealing import Seal, Tampered, fingerprint
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["RedisState"]
@@ -59,6 +60,10 @@ _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
 # The inbox's read wakes this often to notice close() and a broken subscription.
 _INBOX_POLL = 1.0
+# How far from now (on Redis's clock) an inbox message's stamp may be. Pub/sub delivers in
+# milliseconds: an older message is a replay, and the ones inside the window are told apart by
+# their seals, remembered that long.
+_INBOX_WINDOW = 30.0
 
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
@@ -108,6 +113,10 @@ class RedisState(SharedState):
         self._restored_at = 0.0
         # The chat record lifetime last asked for (chat.idle_chat_ttl may change on reload).
         self._chat_ttl = 3600.0
+        # Redis's clock minus this process's monotonic one (ms), measured at every heartbeat:
+        # inbox messages are stamped and checked on Redis's clock, so hosts' clocks do not matter.
+        self._clock_offset: float | None = None
+        self._received = _Received(_INBOX_WINDOW)
 
     @property
     def restoring(self) -> bool:
@@ -181,6 +190,7 @@ class RedisState(SharedState):
             return
         # Before `available` turns true, so readiness never shows the restore window as ready.
         self._note_restore(seconds * 1000 + micros // 1000)
+        self._clock_offset = seconds * 1000 + micros / 1000 - time.monotonic() * 1000
         if not self.available:
             log.info("shared_state_up", replica=self.replica_id)
         self.available = True
@@ -227,15 +237,7 @@ class RedisState(SharedState):
                 while not self._closed:
                     message = await pubsub.get_message(timeout=_INBOX_POLL)
                     if message is not None and message.get("type") == "message":
-                        try:
-                            body = orjson.loads(self._seal.open(message["data"], channel))
-                        except Tampered:
-                            log.warning("inbox_message_tampered", replica=self.replica_id)
-                            continue
-                        except orjson.JSONDecodeError:
-                            log.warning("inbox_message_malformed")
-                            continue
-                        self._inbox(body)
+                        self._receive(channel, message["data"])
             except (RedisError, OSError) as exc:
                 if not backoff.failing:
                     log.info("inbox_reconnecting", reason=_reason(exc))
@@ -248,6 +250,28 @@ class RedisState(SharedState):
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
+
+    def _receive(self, channel: str, data: bytes) -> None:
+        try:
+            stamp, _, body = self._seal.open(data, channel).partition(b"\n")
+            sent = int(stamp)
+        except (Tampered, ValueError):
+            log.warning("inbox_message_tampered", replica=self.replica_id)
+            return
+        now = self._redis_ms()
+        if now is None or abs(now - sent) > _INBOX_WINDOW * 1000 or not self._received.first(fingerprint(data)):
+            log.warning("inbox_message_replayed", replica=self.replica_id)
+            return
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            log.warning("inbox_message_malformed")
+            return
+        self._inbox(message)
+
+    def _redis_ms(self) -> int | None:
+        """Now on Redis's clock, as of the last heartbeat (None before the first)."""
+        return None if self._clock_offset is None else int(time.monotonic() * 1000 + self._clock_offset)
 
     # ---- calls into Redis ------------------------------------------------------------------
 
@@ -324,8 +348,10 @@ class RedisState(SharedState):
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         self._check()
         channel = self._key("inbox", replica_id)
+        # Stamped inside the seal, so a message published again later is told from the original.
+        payload = b"%d\n%s" % (self._redis_ms() or 0, orjson.dumps(message))
         try:
-            await self._redis.publish(channel, self._seal.seal(orjson.dumps(message), channel))
+            await self._redis.publish(channel, self._seal.seal(payload, channel))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
@@ -434,6 +460,27 @@ class RedisState(SharedState):
         self.available = False
         self._beat_now.set()
         return SharedStateDown("the shared session store (Redis) is unreachable")
+
+
+class _Received:
+    """The inbox messages (their seals' fingerprints) received in the last `window` seconds: one that
+    comes again in that time is a replay. Forgotten in arrival order, so the check is O(1)."""
+
+    def __init__(self, window: float) -> None:
+        self._window = window
+        self._seen: dict[bytes, float] = {}
+
+    def first(self, fingerprint: bytes) -> bool:
+        now = time.monotonic()
+        while self._seen:
+            oldest, at = next(iter(self._seen.items()))
+            if at > now - self._window:
+                break
+            del self._seen[oldest]
+        if fingerprint in self._seen:
+            return False
+        self._seen[fingerprint] = now
+        return True
 
 
 def _reason(exc: BaseException) -> str:

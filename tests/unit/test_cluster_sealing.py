@@ -3,7 +3,8 @@ seal is dropped as if absent (issue 24).
 
 First the seal itself, sans IO; then a real redis-server into which a party who can write to Redis
 (but does not hold `sessions.secret`) writes forgeries: a verdict that would release a gated call,
-a ticket record, a relay entry, a refusal carrying a cookie. None of them is acted on.
+a ticket record, a relay entry, a refusal carrying a cookie; or replays what it captured. None of
+them is acted on.
 """
 
 from __future__ import annotations
@@ -186,6 +187,45 @@ async def test_a_sealed_message_replayed_to_another_replicas_inbox_is_dropped(cl
     await _until(lambda: inbox)
     await asyncio.sleep(0.1)
     assert inbox == [{"op": "genuine"}]
+
+
+async def test_a_sealed_message_published_again_is_delivered_once(cluster: Any) -> None:
+    """A Redis reader captures a forwarded message (say, a user's Submit) and publishes it again to
+    the same inbox: the owner does the work once."""
+    a, b, inbox, forger = cluster
+    spy = forger.redis.pubsub()
+    await spy.subscribe(forger.key("inbox", "b"))
+    await asyncio.sleep(0.2)
+    await a.send("b", {"op": "genuine"})
+    async with asyncio.timeout(BOUND):
+        captured = None
+        while captured is None:
+            message = await spy.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            captured = message["data"] if message else None
+    await forger.redis.publish(forger.key("inbox", "b"), captured)
+    await a.send("b", {"op": "after"})
+    await _until(lambda: len(inbox) >= 2)
+    await asyncio.sleep(0.1)
+    assert inbox == [{"op": "genuine"}, {"op": "after"}]
+    await spy.aclose()
+
+
+async def test_a_sealed_message_older_than_its_window_is_dropped(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured long ago (past the window a replica remembers messages it received), it is stale."""
+    a, b, inbox, forger = cluster
+    log = RecordingLog()
+    monkeypatch.setattr(redis_module, "log", log)
+    await asyncio.sleep(0.2)
+    channel = forger.key("inbox", "b")
+    # As a sent it, but stamped a minute ago on Redis's clock.
+    seconds, micros = await forger.redis.time()
+    old = seconds * 1000 + micros // 1000 - 60_000
+    await forger.redis.publish(channel, Seal([SECRET]).seal(b"%d\n{\"op\":\"stale\"}" % old, channel))
+    await a.send("b", {"op": "genuine"})
+    await _until(lambda: inbox)
+    await asyncio.sleep(0.1)
+    assert inbox == [{"op": "genuine"}]
+    assert log.named("inbox_message_replayed") == [{"replica": "b"}]
 
 
 async def test_a_forged_call_record_reads_as_absent(cluster: Any) -> None:
