@@ -259,8 +259,15 @@ class RedisState(SharedState):
             log.warning("inbox_message_tampered", replica=self.replica_id)
             return
         now = self._redis_ms()
-        if now is None or abs(now - sent) > _INBOX_WINDOW * 1000 or not self._received.first(fingerprint(data)):
-            log.warning("inbox_message_replayed", replica=self.replica_id)
+        if now is None:
+            # Before this replica's first heartbeat: it cannot tell a replay yet.
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="no clock yet")
+            return
+        if abs(now - sent) > _INBOX_WINDOW * 1000:
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="stale", age_s=round((now - sent) / 1000))
+            return
+        if not self._received.first(fingerprint(data)):
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="received already")
             return
         try:
             message = orjson.loads(body)
@@ -425,9 +432,10 @@ class RedisState(SharedState):
     async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
         name = self._key("ticket", key)
-        # The expiry goes inside the seal: a sealed record written back into Redis after it
-        # expired (or was taken) opens nothing once the ticket's lifetime is over.
-        sealed = self._seal.seal(orjson.dumps({"until": time.time() + ttl, "record": record}), name)
+        # The expiry goes inside the seal, on Redis's clock: a sealed record written back into
+        # Redis after it expired (or was taken) opens nothing once the ticket's lifetime is over.
+        until = (self._redis_ms() or 0) + ttl * 1000
+        sealed = self._seal.seal(orjson.dumps({"until": until, "record": record}), name)
         try:
             await self._redis.set(name, sealed, px=max(int(ttl * 1000), 1))
         except (RedisError, OSError) as exc:
@@ -448,7 +456,8 @@ class RedisState(SharedState):
         except (Tampered, orjson.JSONDecodeError):
             log.warning("ticket_record_tampered", replica=self.replica_id)
             return None
-        if stored["until"] < time.time():
+        now = self._redis_ms()
+        if now is None or stored["until"] < now:
             log.warning("ticket_record_replayed", replica=self.replica_id)
             return None
         record: dict[str, str] = stored["record"]
