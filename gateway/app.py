@@ -192,11 +192,13 @@ def shared_state(config: GatewayConfig) -> SharedState:
     if sessions.backend == "memory":
         return MemoryState(replica_id)
     from .cluster.redis import RedisState
+    from .cluster.sealing import Seal
 
     assert sessions.redis_url is not None  # the config requires it with backend redis
     return RedisState(
         replica_id, sessions.redis_url.get_secret_value(), prefix=sessions.key_prefix,
         heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
+        seal=Seal(sessions.seal_secrets()),  # the config requires a secret with backend redis
     )
 
 

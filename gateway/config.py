@@ -150,6 +150,10 @@ def warn_previous_secret(internal: InternalConfig) -> None:
         )
 
 
+# `sessions.secret`: as `logging.user_id_key`, short enough to guess is refused.
+_MIN_SESSIONS_SECRET = 16
+
+
 class SessionsConfig(Section):
     """Where chat state that several replicas must share lives (docs/scaling.md)."""
 
@@ -166,14 +170,47 @@ class SessionsConfig(Section):
     owner_timeout: Duration = Field(3.0, gt=0)
     # How long a replica waits for another to take a forwarded request (not the run itself).
     forward_timeout: Duration = Field(10.0, gt=0)
+    # With backend redis, replicas seal what they exchange through Redis (forwarded work and its
+    # replies, gated-call records, relays, WebSocket tickets) with an HMAC under this secret, and
+    # drop what does not carry it: writing to Redis is not enough to forge them (docs/security.md).
+    # The same random string on every replica; required with backend redis.
+    secret: SecretStr | None = None
+    # Also accepted, never used to seal: a key being rotated in or out (docs/scaling.md). Empty
+    # entries are ignored, so one can come from an unset environment variable.
+    accepted_secrets: list[SecretStr] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> SessionsConfig:
         if self.backend == "redis" and (self.redis_url is None or not self.redis_url.get_secret_value()):
             raise ValueError("sessions.redis_url is required with backend redis")
+        if self.backend == "redis" and not self.seal_secrets():
+            raise ValueError(
+                "sessions.secret is required with backend redis (replicas seal what they exchange through "
+                "Redis with it): add `secret: ${SESSIONS_SECRET}` under `sessions:` and set SESSIONS_SECRET "
+                f"to the same random string of at least {_MIN_SESSIONS_SECRET} characters on every replica, "
+                "e.g. `python3 -c 'import secrets; print(secrets.token_hex(32))'` (docs/scaling.md)"
+            )
+        short = [name for name, value in self._secrets() if value and len(value) < _MIN_SESSIONS_SECRET]
+        if short:
+            raise ValueError(
+                f"{', '.join(short)}: a sessions secret is at least {_MIN_SESSIONS_SECRET} characters (a random string)"
+            )
         if self.owner_timeout < 2 * self.heartbeat_interval:
             raise ValueError("sessions.owner_timeout must be at least twice sessions.heartbeat_interval")
         return self
+
+    def _secrets(self) -> list[tuple[str, str]]:
+        named = [("sessions.secret", self.secret.get_secret_value() if self.secret is not None else "")]
+        named += [(f"sessions.accepted_secrets[{i}]", s.get_secret_value()) for i, s in enumerate(self.accepted_secrets)]
+        return named
+
+    def seal_secrets(self) -> list[str]:
+        """The secrets of the seal (cluster/sealing.py): `secret` first, the one that seals; none
+        without `secret`. Empty entries dropped."""
+        named = self._secrets()
+        if not named[0][1]:
+            return []
+        return [value for _, value in named if value]
 
 
 class DemoConfig(Section):

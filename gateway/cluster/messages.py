@@ -12,7 +12,8 @@ Three kinds of message reach a replica's inbox (the backends carry them as JSON 
 
 Only replicas of one release talk to each other, so the format may change with the code. What
 arrives is still checked before anything acts on it: the inbox is a Redis channel, and a message
-that is not one of these is refused whole (`MalformedMessage`), never half-applied.
+that is not one of these is refused whole (`MalformedMessage`), never half-applied; and of a
+refusal's headers, which the asker copies into its browser's response, only `Retry-After` is kept.
 """
 
 from __future__ import annotations
@@ -193,7 +194,23 @@ class Refused:
             raise MalformedMessage("`error.status` is not an HTTP error status")
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise MalformedMessage("`error.headers` is not an object of strings")
-        return cls(status, _text(error, "code"), _text(error, "message"), headers)
+        return cls(status, _text(error, "code"), _text(error, "message"), _allowed_headers(headers))
+
+
+# The only header of a forwarded refusal that reaches the browser (the asker copies a refusal's
+# headers into its response): a closed list, so that a message published into an inbox cannot set
+# a cookie, a redirect or a CORS grant on another replica's response.
+_RETRY_AFTER = "Retry-After"
+_MAX_RETRY_AFTER_DIGITS = 6
+
+
+def _allowed_headers(headers: dict[str, str]) -> dict[str, str]:
+    allowed = {}
+    for name, value in headers.items():
+        # Whole seconds only (the gateway never sends a date): nothing else can ride in the value.
+        if name.lower() == _RETRY_AFTER.lower() and value.isascii() and value.isdigit() and len(value) <= _MAX_RETRY_AFTER_DIGITS:
+            allowed[_RETRY_AFTER] = value
+    return allowed
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
 
+What one replica writes for another to act on (inbox messages, call record fields, relay entries,
+ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
+open is logged without its content and treated as absent. Inbox messages are stamped on Redis's
+clock inside their seal: one 30 s old, or received already, is a replay. The directory, heartbeats
+and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
+
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
 backend available again.
@@ -39,6 +45,7 @@ from ..registry import ChatNotFound
 from ..stopping import cancel_and_wait
 from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
+from .sealing import Seal, Tampered, fingerprint
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["RedisState"]
@@ -53,6 +60,10 @@ _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
 # The inbox's read wakes this often to notice close() and a broken subscription.
 _INBOX_POLL = 1.0
+# How far from now (on Redis's clock) an inbox message's stamp may be. Pub/sub delivers in
+# milliseconds: an older message is a replay, and the ones inside the window are told apart by
+# their seals, remembered that long.
+_INBOX_WINDOW = 30.0
 
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
@@ -71,10 +82,15 @@ class RedisState(SharedState):
         prefix: str,
         heartbeat_interval: float,
         owner_timeout: float,
+        seal: Seal,
     ) -> None:
         super().__init__(replica_id)
         self.available = False
         self._prefix = prefix
+        # What this replica writes for others to act on is sealed, and what it reads is opened
+        # before use (sealing.py): Redis is not trusted with the integrity of gated calls, tickets,
+        # relayed chunks and forwarded work.
+        self._seal = seal
         self._interval = heartbeat_interval
         self._owner_timeout = owner_timeout
         # One immediate retry: after Redis restarts, every pooled connection fails once before
@@ -97,6 +113,10 @@ class RedisState(SharedState):
         self._restored_at = 0.0
         # The chat record lifetime last asked for (chat.idle_chat_ttl may change on reload).
         self._chat_ttl = 3600.0
+        # Redis's clock minus this process's monotonic one (ms), measured at every heartbeat:
+        # inbox messages are stamped and checked on Redis's clock, so hosts' clocks do not matter.
+        self._clock_offset: float | None = None
+        self._received = _Received(_INBOX_WINDOW)
 
     @property
     def restoring(self) -> bool:
@@ -170,6 +190,7 @@ class RedisState(SharedState):
             return
         # Before `available` turns true, so readiness never shows the restore window as ready.
         self._note_restore(seconds * 1000 + micros // 1000)
+        self._clock_offset = seconds * 1000 + micros / 1000 - time.monotonic() * 1000
         if not self.available:
             log.info("shared_state_up", replica=self.replica_id)
         self.available = True
@@ -216,12 +237,7 @@ class RedisState(SharedState):
                 while not self._closed:
                     message = await pubsub.get_message(timeout=_INBOX_POLL)
                     if message is not None and message.get("type") == "message":
-                        try:
-                            body = orjson.loads(message["data"])
-                        except orjson.JSONDecodeError:
-                            log.warning("inbox_message_malformed")
-                            continue
-                        self._inbox(body)
+                        self._receive(channel, message["data"])
             except (RedisError, OSError) as exc:
                 if not backoff.failing:
                     log.info("inbox_reconnecting", reason=_reason(exc))
@@ -234,6 +250,35 @@ class RedisState(SharedState):
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
+
+    def _receive(self, channel: str, data: bytes) -> None:
+        try:
+            stamp, _, body = self._seal.open(data, channel).partition(b"\n")
+            sent = int(stamp)
+        except (Tampered, ValueError):
+            log.warning("inbox_message_tampered", replica=self.replica_id)
+            return
+        now = self._redis_ms()
+        if now is None:
+            # Before this replica's first heartbeat: it cannot tell a replay yet.
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="no clock yet")
+            return
+        if abs(now - sent) > _INBOX_WINDOW * 1000:
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="stale", age_s=round((now - sent) / 1000))
+            return
+        if not self._received.first(fingerprint(data)):
+            log.warning("inbox_message_replayed", replica=self.replica_id, reason="received already")
+            return
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            log.warning("inbox_message_malformed")
+            return
+        self._inbox(message)
+
+    def _redis_ms(self) -> int | None:
+        """Now on Redis's clock, as of the last heartbeat (None before the first)."""
+        return None if self._clock_offset is None else int(time.monotonic() * 1000 + self._clock_offset)
 
     # ---- calls into Redis ------------------------------------------------------------------
 
@@ -309,20 +354,24 @@ class RedisState(SharedState):
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         self._check()
+        channel = self._key("inbox", replica_id)
+        # Stamped inside the seal, so a message published again later is told from the original.
+        payload = b"%d\n%s" % (self._redis_ms() or 0, orjson.dumps(message))
         try:
-            await self._redis.publish(self._key("inbox", replica_id), orjson.dumps(message))
+            await self._redis.publish(channel, self._seal.seal(payload, channel))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
     async def relay_append(self, key: str, entry: RelayEntry) -> None:
         self._check()
-        fields: dict[str, Any] = {"n": entry.seq, "f": b"\n".join(entry.frames)}
-        if entry.end is not None:
-            fields["e"] = entry.end
         name = self._key("relay", key)
+        # One seal per entry, and an entry is a batch of chunks: the cost is one HMAC per batch.
+        # The entry's number is inside the seal, so a genuine entry copied further down the stream
+        # reads as the hole it makes.
+        payload = b"%d\n%s\n%s" % (entry.seq, (entry.end or "").encode(), b"\n".join(entry.frames))
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(name, fields, maxlen=_RELAY_CAP, approximate=True)
+                pipe.xadd(name, {"s": self._seal.seal(payload, name)}, maxlen=_RELAY_CAP, approximate=True)
                 pipe.pexpire(name, _RELAY_TTL_MS)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -330,10 +379,9 @@ class RedisState(SharedState):
 
     async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
         self._check()
+        name = self._key("relay", key)
         try:
-            answer = await self._redis.xread(
-                {self._key("relay", key): after or "0-0"}, block=max(1, int(timeout * 1000)), count=500
-            )
+            answer = await self._redis.xread({name: after or "0-0"}, block=max(1, int(timeout * 1000)), count=500)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
         if not answer:
@@ -342,19 +390,25 @@ class RedisState(SharedState):
         position = after
         for entry_id, fields in answer[0][1]:
             position = entry_id.decode()
-            frames = fields.get(b"f", b"")
-            end = fields.get(b"e")
-            entries.append(RelayEntry(
-                int(fields[b"n"]), frames.split(b"\n") if frames else [], end.decode() if end is not None else None
-            ))
+            try:
+                seq, end, frames = self._seal.open(fields.get(b"s", b""), name).split(b"\n", 2)
+            except (Tampered, ValueError):
+                # Skipped: the genuine entry of that number still comes, or its absence is the hole
+                # the reader ends the response at (relay.py).
+                log.warning("relay_entry_tampered", replica=self.replica_id)
+                continue
+            entries.append(RelayEntry(int(seq), frames.split(b"\n") if frames else [], end.decode() or None))
         return position, entries
 
     async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
         name = self._key("call", call_id)
+        # Field by field: the verdict is written after the rest, by the same owner. Each seal
+        # covers the call and the field's name, so no sealed value can be moved to another.
+        sealed = {field: self._seal.seal(value.encode(), f"{name}:{field}") for field, value in record.items()}
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(name, mapping=record)
+                pipe.hset(name, mapping=sealed)
                 pipe.pexpire(name, int(ttl * 1000))
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -362,27 +416,52 @@ class RedisState(SharedState):
 
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         self._check()
+        name = self._key("call", call_id)
         try:
-            raw = await self._redis.hgetall(self._key("call", call_id))
+            raw = await self._redis.hgetall(name)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
-        return {k.decode(): v.decode() for k, v in raw.items()} or None
+        try:
+            return {k.decode(): self._seal.open(v, f"{name}:{k.decode()}").decode() for k, v in raw.items()} or None
+        except (Tampered, UnicodeDecodeError):
+            # A record with one forged field is lost whole: the asker then refuses the call when
+            # its deadline passes (remote_gate.py), as when Redis lost it.
+            log.warning("call_record_tampered", replica=self.replica_id, approval_id=call_id)
+            return None
 
     async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
         self._check()
+        name = self._key("ticket", key)
+        # The expiry goes inside the seal, on Redis's clock: a sealed record written back into
+        # Redis after it expired (or was taken) opens nothing once the ticket's lifetime is over.
+        until = (self._redis_ms() or 0) + ttl * 1000
+        sealed = self._seal.seal(orjson.dumps({"until": until, "record": record}), name)
         try:
-            await self._redis.set(self._key("ticket", key), orjson.dumps(record), px=max(int(ttl * 1000), 1))
+            await self._redis.set(name, sealed, px=max(int(ttl * 1000), 1))
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
         self._check()
+        name = self._key("ticket", key)
         try:
             # GETDEL (Redis 6.2): two replicas handed the same ticket cannot both take it.
-            raw = await self._redis.getdel(self._key("ticket", key))
+            raw = await self._redis.getdel(name)
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
-        return orjson.loads(raw) if raw is not None else None
+        if raw is None:
+            return None
+        try:
+            stored = orjson.loads(self._seal.open(raw, name))
+        except (Tampered, orjson.JSONDecodeError):
+            log.warning("ticket_record_tampered", replica=self.replica_id)
+            return None
+        now = self._redis_ms()
+        if now is None or stored["until"] < now:
+            log.warning("ticket_record_replayed", replica=self.replica_id)
+            return None
+        record: dict[str, str] = stored["record"]
+        return record
 
     def _down(self, exc: BaseException) -> SharedStateDown:
         if self.available:
@@ -390,6 +469,27 @@ class RedisState(SharedState):
         self.available = False
         self._beat_now.set()
         return SharedStateDown("the shared session store (Redis) is unreachable")
+
+
+class _Received:
+    """The inbox messages (their seals' fingerprints) received in the last `window` seconds: one that
+    comes again in that time is a replay. Forgotten in arrival order, so the check is O(1)."""
+
+    def __init__(self, window: float) -> None:
+        self._window = window
+        self._seen: dict[bytes, float] = {}
+
+    def first(self, fingerprint: bytes) -> bool:
+        now = time.monotonic()
+        while self._seen:
+            oldest, at = next(iter(self._seen.items()))
+            if at > now - self._window:
+                break
+            del self._seen[oldest]
+        if fingerprint in self._seen:
+            return False
+        self._seen[fingerprint] = now
+        return True
 
 
 def _reason(exc: BaseException) -> str:

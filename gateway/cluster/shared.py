@@ -19,7 +19,7 @@ drives do that):
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
-hosts. tests/unit/test_cluster_state.py holds both to this contract.
+hosts, sealed (sealing.py): what another party wrote there reads as absent. tests/unit/test_cluster_state.py holds both to this contract.
 """
 
 from __future__ import annotations

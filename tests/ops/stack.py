@@ -192,6 +192,8 @@ def replicas(
     auth on; browsers then use the first key.
     """
     secret = "test-secret-" + os.urandom(6).hex()
+    # The secret both replicas seal what they exchange through Redis with (sessions.secret).
+    sessions_secret = "sessions-" + os.urandom(16).hex()
     ports = {"a": free_port(), "b": free_port()}
     internal = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     ledger = Ledger(tmp / "ledger.jsonl")
@@ -222,6 +224,7 @@ def replicas(
                 DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout="deny")
                 + f"internal:\n  port: {ports[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
                 + f"sessions:\n  backend: redis\n  redis_url: {redis.url}\n  key_prefix: gw-test\n"
+                + f"  secret: {sessions_secret}\n"
                 + f"  heartbeat_interval: {HEARTBEAT}\n  owner_timeout: {OWNER_TIMEOUT}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
                 # fails the test instead of hanging it.

@@ -25,6 +25,7 @@ from gateway.cluster import redis as redis_module
 from gateway import stopping as stopping_module
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
+from gateway.cluster.sealing import Seal
 from gateway.cluster.router import Cluster
 from gateway.cluster.shared import SharedState
 from gateway.config import parse_config
@@ -34,6 +35,8 @@ from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.4
+# The replicas' shared secret (sessions.secret).
+SEAL = Seal(["test-sessions-secret-0123456789"])
 # What close() may take at most in these tests: its own bounds are about a second per step.
 CLOSE_BOUND = 4.0
 
@@ -185,7 +188,7 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT)
+    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
 
 
 async def _started(state: RedisState) -> RedisState:

@@ -63,6 +63,25 @@ def test_a_refusal_travels_as_the_http_error_it_was() -> None:
     assert (error.status, error.code, error.message, error.headers) == (429, "rate_limited", "slow down", {"Retry-After": "3"})
 
 
+def test_a_forwarded_refusal_carries_no_header_but_retry_after() -> None:
+    """The asker copies a refusal's headers into its browser's response: a Set-Cookie (or any header
+    but Retry-After) written by whoever can publish into the inbox must not get there."""
+    raw = {"reply": "r1", "error": {"status": 503, "code": "x", "message": "y", "headers": {
+        "Set-Cookie": "session=attacker; Path=/", "Location": "https://evil.example", "retry-after": "2",
+        "Access-Control-Allow-Origin": "*",
+    }}}
+    message = from_json(raw)
+    assert isinstance(message, Reply) and isinstance(message.answer, Refused)
+    assert message.answer.error().headers == {"Retry-After": "2"}
+
+
+@pytest.mark.parametrize("value", ["soon", "1\r\nSet-Cookie: a=b", "-1", "", "9" * 12])
+def test_a_forwarded_retry_after_that_is_not_a_number_of_seconds_is_dropped(value: str) -> None:
+    message = from_json({"reply": "r1", "error": {"status": 503, "code": "x", "message": "y", "headers": {"Retry-After": value}}})
+    assert isinstance(message, Reply) and isinstance(message.answer, Refused)
+    assert message.answer.headers == {}
+
+
 def _work(op: str, **fields: Any) -> dict[str, Any]:
     return {"op": op, "from": "b", "id": "r1", **fields}
 

@@ -22,6 +22,7 @@ from gateway.app import create_app, readyz
 from gateway.cluster import redis as redis_module
 from gateway.cluster.backoff import Backoff
 from gateway.cluster.redis import RedisState
+from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config import parse_config
 from gateway.state import GATEWAY
@@ -30,6 +31,8 @@ from tests.unit.test_cluster_close import RecordingLog
 
 HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.4
+# The replicas' shared secret (sessions.secret).
+SEAL = Seal(["test-sessions-secret-0123456789"])
 
 
 def test_backoff_doubles_up_to_its_cap_and_starts_over_after_a_success() -> None:
@@ -57,7 +60,7 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
 
 
 def _state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT)
+    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
 
 
 async def test_a_lost_inbox_is_logged_when_lost_and_when_back_and_retried_with_backoff(
@@ -91,7 +94,7 @@ async def test_a_lost_inbox_is_logged_when_lost_and_when_back_and_retried_with_b
 async def gateway_on(server: RedisServer) -> AsyncIterator[Any]:
     config = parse_config(
         "sessions:\n  backend: redis\n"
-        f"  redis_url: {server.url}\n  key_prefix: ready{secrets.token_hex(3)}\n"
+        f"  redis_url: {server.url}\n  key_prefix: ready{secrets.token_hex(3)}\n  secret: test-sessions-secret-0123456789\n"
         f"  heartbeat_interval: {HEARTBEAT}s\n  owner_timeout: {OWNER_TIMEOUT}s\n",
         env={},
     )

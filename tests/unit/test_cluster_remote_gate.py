@@ -208,6 +208,13 @@ async def test_the_owners_refusal_is_raised_as_its_http_error(replicas: Replicas
     assert (refused.value.status, refused.value.code, refused.value.headers) == (409, "chat_busy", {"Retry-After": "1"})
 
 
+async def test_a_refusal_from_the_owner_brings_no_header_but_retry_after_to_the_browser(replicas: Replicas) -> None:
+    replicas.answer = Refused(503, "draining", "shutting down", {"Retry-After": "5", "Set-Cookie": "sid=forged; Path=/"})
+    with pytest.raises(HttpError) as refused:
+        await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent")))
+    assert refused.value.headers == {"Retry-After": "5"}
+
+
 async def test_a_silent_owner_is_503_after_forward_timeout(replicas: Replicas) -> None:
     with pytest.raises(HttpError) as refused:
         await _within(replicas.asker.ask("a", Resume("alice", "c1", "demo_agent")))

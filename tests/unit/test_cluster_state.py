@@ -17,12 +17,15 @@ import pytest
 
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
+from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedStateDown
 from gateway.registry import ChatNotFound
 from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.4
+# The replicas' shared secret (sessions.secret).
+SEAL = Seal(["test-sessions-secret-0123456789"])
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ class Replica:
 
 
 def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT)
+    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
 
 
 @pytest.fixture(params=["memory", "redis"])

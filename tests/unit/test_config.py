@@ -116,8 +116,8 @@ def test_jwt_key_settings_are_checked_at_load(tmp_path: Path) -> None:
 def test_sessions_backend_settings() -> None:
     assert parse_config("", env={}).sessions.backend == "memory"
     config = parse_config(
-        "sessions:\n  backend: ${SESSIONS_BACKEND:-memory}\n  redis_url: ${REDIS_URL}\n",
-        env={"SESSIONS_BACKEND": "redis", "REDIS_URL": "redis://:pw@cache:6379/2"},
+        "sessions:\n  backend: ${SESSIONS_BACKEND:-memory}\n  redis_url: ${REDIS_URL}\n  secret: ${SESSIONS_SECRET}\n",
+        env={"SESSIONS_BACKEND": "redis", "REDIS_URL": "redis://:pw@cache:6379/2", "SESSIONS_SECRET": "k" * 32},
     )
     assert config.sessions.backend == "redis"
     assert config.sessions.redis_url is not None and config.sessions.redis_url.get_secret_value() == "redis://:pw@cache:6379/2"
@@ -128,6 +128,39 @@ def test_sessions_backend_settings() -> None:
     with pytest.raises(ConfigError) as tight:
         parse_config("sessions:\n  heartbeat_interval: 2s\n  owner_timeout: 3s\n", env={})
     assert any("owner_timeout must be at least twice" in p for p in tight.value.problems)
+
+
+def test_the_redis_backend_needs_the_secret_the_replicas_seal_with() -> None:
+    """Replicas trust nothing in Redis they did not seal: a Redis backend without a secret does not
+    start, and the error says exactly what to add (an upgrade stops there, issue 24)."""
+    with pytest.raises(ConfigError) as missing:
+        parse_config("sessions:\n  backend: redis\n  redis_url: redis://cache:6379/0\n", env={})
+    [problem] = missing.value.problems
+    assert "sessions.secret is required with backend redis" in problem
+    assert "`secret: ${SESSIONS_SECRET}` under `sessions:`" in problem and "at least 16 characters" in problem
+    with pytest.raises(ConfigError) as short:
+        parse_config("sessions:\n  backend: redis\n  redis_url: redis://cache:6379/0\n  secret: short\n", env={})
+    assert any("sessions.secret: a sessions secret is at least 16 characters" in p for p in short.value.problems)
+    assert "short" not in str(short.value)  # the secret itself is never echoed
+    # Memory: one process, nothing to seal.
+    assert parse_config("sessions:\n  backend: memory\n", env={}).sessions.seal_secrets() == []
+
+
+def test_sessions_secrets_for_a_rotation() -> None:
+    text = (
+        "sessions:\n  backend: redis\n  redis_url: redis://cache:6379/0\n  secret: ${SESSIONS_SECRET}\n"
+        "  accepted_secrets: ['${SESSIONS_SECRET_NEXT:-}', '${SESSIONS_SECRET_PREVIOUS:-}']\n"
+    )
+    config = parse_config(text, env={"SESSIONS_SECRET": "a" * 16})
+    assert config.sessions.seal_secrets() == ["a" * 16]  # unset ones are empty, and ignored
+    config = parse_config(text, env={"SESSIONS_SECRET": "a" * 16, "SESSIONS_SECRET_NEXT": "b" * 16})
+    assert config.sessions.seal_secrets() == ["a" * 16, "b" * 16]  # the first seals
+    assert "aaaa" not in repr(config.sessions) and "bbbb" not in repr(config.sessions)
+    with pytest.raises(ConfigError) as short:
+        parse_config(text, env={"SESSIONS_SECRET": "a" * 16, "SESSIONS_SECRET_PREVIOUS": "b"})
+    assert any("sessions.accepted_secrets[1]" in p for p in short.value.problems)
+    with pytest.raises(ConfigError):  # accepted keys alone seal nothing
+        parse_config(text, env={"SESSIONS_SECRET": "", "SESSIONS_SECRET_NEXT": "b" * 16})
 
 
 def test_logging_user_id_modes() -> None:

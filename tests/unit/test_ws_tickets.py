@@ -186,7 +186,9 @@ async def test_without_the_shared_store_tickets_are_refused_with_503_not_issued_
     """Redis down: no ticket is issued and none opens a socket (503, retry), nothing crashes."""
     from tests.procs import free_port
 
-    text = (CONFIG % "30s") + f"sessions:\n  backend: redis\n  redis_url: redis://127.0.0.1:{free_port()}\n"
+    text = (CONFIG % "30s") + (
+        f"sessions:\n  backend: redis\n  redis_url: redis://127.0.0.1:{free_port()}\n  secret: test-sessions-secret-0123456789\n"
+    )
     client = TestClient(TestServer(create_app(parse_config(text, env={}))))
     await client.start_server()
     try:
