@@ -198,7 +198,7 @@ def shared_state(config: GatewayConfig) -> SharedState:
     return RedisState(
         replica_id, sessions.redis_url.get_secret_value(), prefix=sessions.key_prefix,
         heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
-        seal=Seal(sessions.seal_secrets()),  # the config requires a secret with backend redis
+        seal=Seal(config.seal_secrets()),  # the config refuses backend redis without one
     )
 
 

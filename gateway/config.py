@@ -183,13 +183,8 @@ class SessionsConfig(Section):
     def _redis_needs_url(self) -> SessionsConfig:
         if self.backend == "redis" and (self.redis_url is None or not self.redis_url.get_secret_value()):
             raise ValueError("sessions.redis_url is required with backend redis")
-        if self.backend == "redis" and not self.seal_secrets():
-            raise ValueError(
-                "sessions.secret is required with backend redis (replicas seal what they exchange through "
-                "Redis with it): add `secret: ${SESSIONS_SECRET}` under `sessions:` and set SESSIONS_SECRET "
-                f"to the same random string of at least {_MIN_SESSIONS_SECRET} characters on every replica, "
-                "e.g. `python3 -c 'import secrets; print(secrets.token_hex(32))'` (docs/scaling.md)"
-            )
+        if self.accepted_secrets and not self.seal_secrets() and any(s.get_secret_value() for s in self.accepted_secrets):
+            raise ValueError("sessions.accepted_secrets without sessions.secret: accepted keys alone seal nothing")
         short = [name for name, value in self._secrets() if value and len(value) < _MIN_SESSIONS_SECRET]
         if short:
             raise ValueError(
@@ -318,6 +313,29 @@ class GatewayConfig(Section):
                 "(the ADK plugin authenticates with it)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _seal_when_shared(self) -> GatewayConfig:
+        if self.sessions.backend == "redis" and not self.seal_secrets():
+            raise ValueError(
+                "sessions.secret is required with backend redis (replicas seal what they exchange through "
+                "Redis with it; without it, internal.secret is used, and neither is set): add "
+                "`secret: ${SESSIONS_SECRET}` under `sessions:` and set SESSIONS_SECRET to the same random "
+                f"string of at least {_MIN_SESSIONS_SECRET} characters on every replica, e.g. "
+                "`python3 -c 'import secrets; print(secrets.token_hex(32))'` (docs/scaling.md)"
+            )
+        return self
+
+    def seal_secrets(self) -> list[str]:
+        """The secrets of the seal on what replicas exchange through Redis (cluster/sealing.py), the
+        first one sealing: `sessions.secret` and its accepted ones; without it, `internal.secret`
+        (and `previous_secret`), which every replica shares already because the plugin reaches any of
+        them. Empty when neither is set."""
+        own = self.sessions.seal_secrets()
+        if own:
+            return own
+        internal = [s.get_secret_value() for s in (self.internal.secret, self.internal.previous_secret) if s is not None]
+        return [s for s in internal if s] if internal and internal[0] else []
 
     @model_validator(mode="after")
     def _agents_consistent(self) -> GatewayConfig:

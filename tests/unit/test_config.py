@@ -131,8 +131,8 @@ def test_sessions_backend_settings() -> None:
 
 
 def test_the_redis_backend_needs_the_secret_the_replicas_seal_with() -> None:
-    """Replicas trust nothing in Redis they did not seal: a Redis backend without a secret does not
-    start, and the error says exactly what to add (an upgrade stops there, issue 24)."""
+    """Replicas trust nothing in Redis they did not seal: a Redis backend with no shared secret at
+    all does not start, and the error says exactly what to add (issue 24)."""
     with pytest.raises(ConfigError) as missing:
         parse_config("sessions:\n  backend: redis\n  redis_url: redis://cache:6379/0\n", env={})
     [problem] = missing.value.problems
@@ -143,7 +143,17 @@ def test_the_redis_backend_needs_the_secret_the_replicas_seal_with() -> None:
     assert any("sessions.secret: a sessions secret is at least 16 characters" in p for p in short.value.problems)
     assert "short" not in str(short.value)  # the secret itself is never echoed
     # Memory: one process, nothing to seal.
-    assert parse_config("sessions:\n  backend: memory\n", env={}).sessions.seal_secrets() == []
+    assert parse_config("sessions:\n  backend: memory\n", env={}).seal_secrets() == []
+
+
+def test_without_a_sessions_secret_the_replicas_seal_with_the_internal_one() -> None:
+    """A deployment of several replicas shares internal.secret already (the plugin reaches any of
+    them): it keeps starting after the upgrade, sealed, and its own sessions.secret wins when set."""
+    text = "internal: {secret: i-0123456789abcdef, previous_secret: '${PREV:-}'}\nsessions:\n  backend: redis\n  redis_url: redis://cache:6379/0\n"
+    assert parse_config(text, env={}).seal_secrets() == ["i-0123456789abcdef"]
+    assert parse_config(text, env={"PREV": "i-old"}).seal_secrets() == ["i-0123456789abcdef", "i-old"]
+    own = parse_config(text + "  secret: s-0123456789abcdef\n", env={})
+    assert own.seal_secrets() == ["s-0123456789abcdef"]
 
 
 def test_sessions_secrets_for_a_rotation() -> None:
@@ -152,9 +162,9 @@ def test_sessions_secrets_for_a_rotation() -> None:
         "  accepted_secrets: ['${SESSIONS_SECRET_NEXT:-}', '${SESSIONS_SECRET_PREVIOUS:-}']\n"
     )
     config = parse_config(text, env={"SESSIONS_SECRET": "a" * 16})
-    assert config.sessions.seal_secrets() == ["a" * 16]  # unset ones are empty, and ignored
+    assert config.seal_secrets() == ["a" * 16]  # unset ones are empty, and ignored
     config = parse_config(text, env={"SESSIONS_SECRET": "a" * 16, "SESSIONS_SECRET_NEXT": "b" * 16})
-    assert config.sessions.seal_secrets() == ["a" * 16, "b" * 16]  # the first seals
+    assert config.seal_secrets() == ["a" * 16, "b" * 16]  # the first seals
     assert "aaaa" not in repr(config.sessions) and "bbbb" not in repr(config.sessions)
     with pytest.raises(ConfigError) as short:
         parse_config(text, env={"SESSIONS_SECRET": "a" * 16, "SESSIONS_SECRET_PREVIOUS": "b"})
