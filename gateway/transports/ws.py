@@ -10,7 +10,8 @@ Requests attach to the same runs as SSE requests do (chats.py), so a run that wa
 ends the request with `end`, the answering `send` re-attaches, and `resume` replays from the
 run's log. A malformed frame gets an `error` frame naming the problem and the socket stays up;
 frames over the size limit close it with 1009. Closing the socket stops the requests' followers
-(runs go on, unless aborted) and closes the chat's live session, if any.
+(runs go on, unless aborted) and tells each chat it used (`ChatService.socket_closed`): a live chat's
+session closes then, or when the turn under way ends (docs/websocket.md).
 
 `POST /api/chat/ws-ticket` issues the single-use ticket a page without a cookie opens the socket
 with (`?ticket=`, tickets.py): browsers cannot set headers on a handshake.
@@ -266,6 +267,9 @@ async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int
         attachment = await conn.gateway.cluster.resume(conn.agent, conn.user_id, chat_id)
     except Exception as exc:
         raise _refused(conn, exc) from None
+    # This socket now follows the chat: its close tells the chat, as a `send`'s does (a live
+    # session kept for a turn the browser resumed is closed once that socket goes too).
+    conn.chats.add(chat_id)
     if attachment is None:
         await conn.send({"type": "no-active", "requestId": request_id})
         return
