@@ -331,7 +331,9 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     caller = await admit(request)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(
-        heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress
+        heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress,
+        # The browser's close is answered below, once its chats were told (see there).
+        autoclose=False,
     )
     await ws.prepare(request)
     conn = Connection(ws, gateway, caller)
@@ -361,9 +363,15 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
             else:  # CLOSE, CLOSING, CLOSED
                 break
     finally:
-        await conn.close()
-        for chat_id in conn.chats:
-            await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
+        try:
+            await conn.close()
+            for chat_id in conn.chats:
+                await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
+        finally:
+            # Answered only now: a client that reconnects and resumes as soon as its close is
+            # answered reaches each chat (on any replica) after this socket's close did, so a
+            # live session kept for the turn it resumes is not closed under it at the turn's end.
+            await ws.close()
         gateway.metrics.ws_connections.dec()
         gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)
