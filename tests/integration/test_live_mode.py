@@ -16,6 +16,7 @@ import pytest
 from tests.chatflow import assistant_message, new_chat, post, types, user
 from tests.demo_rows import SCENARIOS, check_rows
 from tests.jsdriver import assert_clean, run_chats
+from tests.ops.stack import Replicas, replicas
 from tests.procs import PluginStack, metric_value, plugin_stack
 
 pytestmark = pytest.mark.integration
@@ -202,6 +203,42 @@ async def test_a_socket_dropped_while_an_approval_waits_keeps_the_live_turn_and_
     approved = metric_value(base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "approved"})
     assert approved == approved_before + 1
     await live_sessions_become(base, 0)
+
+
+@pytest.fixture(scope="module")
+def live_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    with replicas(tmp_path_factory.mktemp("live-replicas"), upstream_mode="live", adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as pair:
+        yield pair
+
+
+async def test_across_replicas_a_socket_on_b_dropped_mid_reply_leaves_the_live_turn_on_a(live_pair: Replicas) -> None:
+    a, b = live_pair.a, live_pair.b
+    # The chat is A's: its first turn, over SSE on A, opens its live session there.
+    chat, hello = new_chat(), user("hello there")
+    first = post(a, chat, [hello])
+    assert first.status == 200 and first.chunks[-1]["type"] == "finish", first.body
+    assert metric_value(a.base, "adk_gateway_live_sessions") == 1
+    story = user("tell me a long story please")
+    history = [hello, assistant_message(first.chunks), story]
+    url = b.base.replace("http", "ws") + "/api/chat/ws"
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url) as ws:
+            await ws.send_str(send_frame("r1", chat, history))
+            got = [json.loads(await asyncio.wait_for(ws.receive_str(), 20)) for _ in range(4)]
+            assert [f["sequence"] for f in got] == [0, 1, 2, 3]
+        # B told A the socket closed; the turn goes on there and a new socket on B resumes it.
+        async with http.ws_connect(url) as ws:
+            await ws.send_str(resume_frame("r2", chat, lastSequence=3))
+            frames = await until_terminal(ws, "r2")
+            assert frames[0] == {"type": "start", "requestId": "r2"} and frames[-1] == {"type": "end", "requestId": "r2"}
+            chunks = chunks_of(got) + chunks_of(frames)
+            assert "error" not in types_of(chunks), chunks
+            assert chunks[-1]["type"] == "finish" and chunks[-1]["finishReason"] == "stop"
+            assert "story" in text_of(chunks)
+            assert metric_value(a.base, "adk_gateway_live_sessions") == 1
+    # That socket closed between turns: B tells A, which closes the session.
+    await live_sessions_become(a.base, 0)
+    assert metric_value(b.base, "adk_gateway_live_sessions") == 0
 
 
 def types_of(chunks: list[dict[str, Any]]) -> list[str]:

@@ -327,3 +327,17 @@ async def test_with_on_disconnect_cancel_a_socket_closed_mid_turn_aborts_the_tur
     chunks = await read(first)
     assert chunks[-1] == {"type": "abort"} and "error" not in types(chunks)
     assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
+
+
+async def test_with_on_disconnect_cancel_a_socket_closed_while_an_approval_waits_cancels_the_call(cancelling_env: LiveEnv) -> None:
+    env = cancelling_env
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(call_event(TOOL))
+    await until(lambda: env.chat().ledger.expected(CALL_ID))
+    call = env.service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL_ID, tool=TOOL, args={"amount": 50})
+    assert isinstance(call, GatedCall)
+    assert types(await read(first))[-1] == "finish"
+    await env.socket_closed()
+    verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
+    assert not verdict.run and call.outcome is Outcome.CANCELLED
+    assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
