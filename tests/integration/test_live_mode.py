@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from tests.chatflow import assistant_message, new_chat, post, types, user
-from tests.demo_rows import SCENARIOS, check_rows
+from tests.demo_rows import SCENARIOS, check_rows, said, tool_states
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import Replicas, replicas
 from tests.procs import PluginStack, metric_value, plugin_stack
@@ -203,6 +203,33 @@ async def test_a_socket_dropped_while_an_approval_waits_keeps_the_live_turn_and_
     approved = metric_value(base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "approved"})
     assert approved == approved_before + 1
     await live_sessions_become(base, 0)
+
+
+@pytest.mark.js
+@pytest.mark.parametrize("version", [6, 7])
+def test_stock_clients_resume_a_live_turn_after_a_dropped_socket(slow_live_stack: PluginStack, version: int) -> None:
+    """What the issue saw with `make run-live`: the stock Chat drops its socket mid-reply, or mid
+    approval request, or while the approval waits, then resumes on a new socket (and approves)."""
+    url = ws_url(slow_live_stack)
+    steps = [
+        [{"send": "hello there, this is a longer message", "dropSocketAfterChunks": 3}],
+        [{"send": "pay 50 to Hanako", "approvals": "approve", "dropSocketAfterChunks": 2}],
+        [{"send": "pay 50 to Hanako", "approvals": "approve", "dropSocketAfterChunks": 7}],
+    ]
+    results = run_chats([{"version": version, "api": url, "transport": "ws", "steps": s} for s in steps], timeout=60)
+    for result in results:
+        assert_clean(result)
+        assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+        assert "error" not in [chunk["type"] for _, chunk in result["chunks"]], result["chunks"]
+        assert [s["droppedByDriver"] for s in result["sockets"]][:2] == [True, False], result["sockets"]
+    dropped, *approvals = results
+    # The last one dropped with the whole approval request read: while the approval waits.
+    asked = [chunk["type"] for request, chunk in approvals[-1]["chunks"] if request == 0]
+    assert asked[-3:] == ["tool-approval-request", "finish-step", "finish"], asked
+    assert "longer message" in said(dropped)
+    for approval in approvals:
+        assert tool_states(approval) == ["output-available"]
+        assert "Hanako" in said(approval)
 
 
 @pytest.fixture(scope="module")
