@@ -168,9 +168,13 @@ class Connection:
         except ConnectionError:
             pass
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Stop following: the requests end, their runs go on."""
         for task in list(self.requests.values()):
             task.cancel()
+
+    async def close(self) -> None:
+        self.stop()
         await asyncio.gather(*self.requests.values(), return_exceptions=True)
 
     # ---- requests --------------------------------------------------------------------------
@@ -364,14 +368,17 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
                 break
     finally:
         try:
-            await conn.close()
+            conn.stop()
             for chat_id in conn.chats:
                 await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
         finally:
             # Answered only now: a client that reconnects and resumes as soon as its close is
             # answered reaches each chat (on any replica) after this socket's close did, so a
             # live session kept for the turn it resumes is not closed under it at the turn's end.
+            # Not after the followers have ended: one reading a relay from another replica may
+            # take a while to see its cancellation.
             await ws.close()
+            await conn.close()
         gateway.metrics.ws_connections.dec()
         gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)
