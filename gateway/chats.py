@@ -289,8 +289,8 @@ class ChatService:
         chat = self._registry.find_session(user_id, chat_id)
         if chat is None or chat.agent != agent or not self.runs.live(chat):
             return
-        if chat.running and self.config.chat.on_disconnect == "cancel" and chat.driver is not None and chat.driver.task is not None:
-            task = chat.driver.task
+        task = chat.driver.task if chat.running and chat.driver is not None else None
+        if task is not None and self.config.chat.on_disconnect == "cancel":
             self.abort(agent, user_id, chat_id)
             await asyncio.gather(task, return_exceptions=True)
         if chat.running:

@@ -230,8 +230,12 @@ def replicas(
                 + auth
             )
 
-        a = stack.enter_context(gateway_process(tmp, agent.base, config("a"), drain_timeout=drain_timeout, upstream_mode=upstream_mode))
-        b = stack.enter_context(gateway_process(tmp, agent.base, config("b"), drain_timeout=drain_timeout, upstream_mode=upstream_mode))
+        a, b = (
+            stack.enter_context(
+                gateway_process(tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode)
+            )
+            for name in ("a", "b")
+        )
         for gw in (a, b):
             wait_ready(gw)
         headers, user = {}, "anonymous"
