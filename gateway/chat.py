@@ -36,6 +36,9 @@ class Chat:
     driver: RunDriver | None = None
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None
+    # The browser socket that drove the chat closed while its run went on, and no request of the
+    # chat came since: its live session closes when the run ends (upstream_runs.py).
+    browser_left: bool = False
     ledger: Ledger = field(default_factory=Ledger)
 
     @property

@@ -229,9 +229,11 @@ class ChatService:
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
-            return self._registry.get(agent.name, user_id, chat_id, now=self._clock())
+            chat = self._registry.get(agent.name, user_id, chat_id, now=self._clock())
         except TooManyChats:
             raise Limited(429, "too_many_chats", f"at most {self.config.limits.max_chats_per_user} chats per user", 60) from None
+        chat.browser_left = False  # a browser is back (see socket_closed)
+        return chat
 
     def _launch(self, chat: Chat, driver: RunDriver, batches: Batches, reader: Reader | None = None) -> Attachment:
         """Make `driver` the chat's run and start its task; the run outlives the request, which
@@ -255,6 +257,7 @@ class ChatService:
         chat = self._registry.find(agent, user_id, chat_id)
         if chat is None or chat.run is None:
             return None
+        chat.browser_left = False  # a browser is back (see socket_closed)
         if chat.running and chat.driver is not None:
             # What the run wrote while a person decides is held for the next reader: this one.
             chat.driver.apply(chat.driver.turn.resume())
@@ -296,10 +299,25 @@ class ChatService:
         return self._launch(chat, RunDriver(turn, run, self._hooks, agent.name), self.runs.audio_turn(chat, blob))
 
     async def socket_closed(self, agent: str, user_id: str, chat_id: str) -> None:
-        """The browser socket that drove this chat went away: its live session goes with it."""
+        """The browser socket that drove this chat went away (on this replica or another).
+
+        A live chat's session is a model connection paid for while it is open, so it is not kept
+        for a browser that left; but a turn under way outlives the socket, as over `/run_sse`, so
+        that a resume on a new socket reads it and an approval it waits on stays answerable: the
+        session closes when that turn ends, unless a request of the chat comes first. With
+        `chat.on_disconnect: cancel` the turn is cancelled (an `abort` chunk) and the session closed.
+        """
         chat = self._registry.find_session(user_id, chat_id)
-        if chat is not None and chat.agent == agent:
-            await self.runs.close_live(chat)
+        if chat is None or chat.agent != agent or not self.runs.live(chat):
+            return
+        task = chat.driver.task if chat.running and chat.driver is not None else None
+        if task is not None and self.config.chat.on_disconnect == "cancel":
+            self.abort(agent, user_id, chat_id)
+            await asyncio.gather(task, return_exceptions=True)
+        if chat.running:
+            chat.browser_left = True
+            return
+        await self.runs.close_live(chat)
 
     async def close(self, reason: str = "The gateway is shutting down.") -> None:
         """Cancel every run still going and close live sessions (shutdown)."""

@@ -2,7 +2,9 @@
 
 `AgentRuns` makes sure the chat's ADK session exists on its agent's upstream, re-creates it once if
 the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, live.py) open
-across its turns. The turn's driver reads the events as a list per upstream read.
+across its turns, while a browser is there to take them: a session whose browser socket closed
+mid-turn is closed when that turn ends (a live model connection is paid for while it is open),
+and the next turn opens another. The turn's driver reads the events as a list per upstream read.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class AgentRuns:
         """The native confirmations ADK's session holds an answer to (a round trip)."""
         return await self._client(chat).answered_confirmations(chat.user_id, chat.session_id)
 
-    def _live(self, chat: Chat) -> bool:
+    def live(self, chat: Chat) -> bool:
+        """Whether the chat's turns run over a live session (its agent is in live mode)."""
         agent = self._agents.get(chat.agent)
         return agent is not None and agent.live
 
@@ -65,7 +68,7 @@ class AgentRuns:
         self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
     ) -> Batches:
         """The events of the turn that sends `message` (None: the native answers alone)."""
-        if self._live(chat):
+        if self.live(chat):
             return self._live_events(chat, message if message is not None else confirmation_message(native))
         if native and message is not None:
             return self._after_drain(chat, confirmation_message(native), message, wait)
@@ -119,17 +122,31 @@ class AgentRuns:
         link = await self.live_link(chat)
         started = self._clock()
         first = True
-        async for batch in link.turn_batches({"content": message} if message is not None else None):
-            if first:
-                self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
-                first = False
-            yield batch
+        try:
+            async for batch in link.turn_batches({"content": message} if message is not None else None):
+                if first:
+                    self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
+                    first = False
+                yield batch
+        finally:
+            await self._turn_ended(chat)
 
     async def audio_turn(self, chat: Chat, blob: dict[str, Any]) -> Batches:
         """The live turn that the person's speech starts."""
         link = await self.live_link(chat)
-        async for batch in link.turn_batches(blob):
-            yield batch
+        try:
+            async for batch in link.turn_batches(blob):
+                yield batch
+        finally:
+            await self._turn_ended(chat)
+
+    async def _turn_ended(self, chat: Chat) -> None:
+        # The browser left during the turn and has not come back: the session was kept only so the
+        # turn (and any approval it waited on) could end and be resumed; nobody is there to speak next.
+        if chat.browser_left:
+            chat.browser_left = False
+            await self.close_live(chat)
+            log.info("live_session_released", reason="the browser socket closed during the turn")
 
     async def live_link(self, chat: Chat) -> LiveLink:
         if chat.live is not None and chat.live.alive:

@@ -10,7 +10,8 @@ Requests attach to the same runs as SSE requests do (chats.py), so a run that wa
 ends the request with `end`, the answering `send` re-attaches, and `resume` replays from the
 run's log. A malformed frame gets an `error` frame naming the problem and the socket stays up;
 frames over the size limit close it with 1009. Closing the socket stops the requests' followers
-(runs go on, unless aborted) and closes the chat's live session, if any.
+(runs go on, unless aborted) and tells each chat it used (`ChatService.socket_closed`): a live chat's
+session closes then, or when the turn under way ends (docs/websocket.md).
 
 `POST /api/chat/ws-ticket` issues the single-use ticket a page without a cookie opens the socket
 with (`?ticket=`, tickets.py): browsers cannot set headers on a handshake.
@@ -179,9 +180,13 @@ class Connection:
         except ConnectionError:
             pass
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Stop following: the requests end, their runs go on."""
         for task in list(self.requests.values()):
             task.cancel()
+
+    async def close(self) -> None:
+        self.stop()
         await asyncio.gather(*self.requests.values(), return_exceptions=True)
 
     # ---- requests --------------------------------------------------------------------------
@@ -291,6 +296,9 @@ async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int
         attachment = await conn.gateway.cluster.resume(conn.agent, conn.user_id, chat_id)
     except Exception as exc:
         raise _refused(conn, exc) from None
+    # This socket now follows the chat: its close tells the chat, as a `send`'s does (a live
+    # session kept for a turn the browser resumed is closed once that socket goes too).
+    conn.chats.add(chat_id)
     if attachment is None:
         await conn.send({"type": "no-active", "requestId": request_id})
         return
@@ -361,7 +369,9 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
     caller = await admit(request, socket=True)
     settings = gateway.config.websocket
     ws = web.WebSocketResponse(
-        heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress
+        heartbeat=settings.heartbeat, max_msg_size=settings.max_frame_bytes, compress=settings.compress,
+        # The browser's close is answered below, once its chats were told (see there).
+        autoclose=False,
     )
     await ws.prepare(request)
     conn = Connection(ws, gateway, caller)
@@ -391,9 +401,18 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
             else:  # CLOSE, CLOSING, CLOSED
                 break
     finally:
-        await conn.close()
-        for chat_id in conn.chats:
-            await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
+        try:
+            conn.stop()
+            for chat_id in conn.chats:
+                await gateway.cluster.socket_closed(caller.agent, caller.user_id, chat_id)
+        finally:
+            # Answered only now: a client that reconnects and resumes as soon as its close is
+            # answered reaches each chat (on any replica) after this socket's close did, so a
+            # live session kept for the turn it resumes is not closed under it at the turn's end.
+            # Not after the followers have ended: one reading a relay from another replica may
+            # take a while to see its cancellation.
+            await ws.close()
+            await conn.close()
         gateway.metrics.ws_connections.dec()
         gateway.sockets.discard(ws)
         log.info("ws_disconnected", close_code=ws.close_code)

@@ -184,6 +184,7 @@ class Replicas:
 def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
+    upstream_mode: str = "sse",
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -232,8 +233,12 @@ def replicas(
                 + auth
             )
 
-        a = stack.enter_context(gateway_process(tmp, agent.base, config("a"), drain_timeout=drain_timeout))
-        b = stack.enter_context(gateway_process(tmp, agent.base, config("b"), drain_timeout=drain_timeout))
+        a, b = (
+            stack.enter_context(
+                gateway_process(tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode)
+            )
+            for name in ("a", "b")
+        )
         for gw in (a, b):
             wait_ready(gw)
         headers, user = {}, "anonymous"

@@ -1,17 +1,28 @@
-"""A chat's live session: events reach the turn in progress, and a turn ends at the right turnComplete."""
+"""A chat's live session: events reach the turn in progress, and a turn ends at the right turnComplete;
+and the session outlives the browser's socket until its turn ends (ChatService, ADK's socket faked)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from gateway.agents import Agents
+from gateway.approvals import GatedCall, Outcome, Verdict
+from gateway.chat import Chat
+from gateway.chats import Attachment, ChatService
+from gateway.config import parse_config
 from gateway.live import LiveLink
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
 from gateway.upstream import UpstreamError
-from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events
+from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events, types
+from tests.unit.test_chat_gates import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
+from tests.unit.test_chat_service import until
 
 
 class FakeConnection:
@@ -120,3 +131,213 @@ async def test_two_recorded_turns_split_at_their_turn_complete(folder: str) -> N
     assert await play(link, conn, recorded[:first_end]) == recorded[:first_end]
     assert await play(link, conn, recorded[first_end:]) == recorded[first_end:]
     await link.close()
+
+
+# ---- a live chat whose browser socket closes (ChatService, ADK's live socket faked) ----------------
+
+LIVE_CONFIG = """\
+internal:
+  secret: s3cret
+upstream:
+  mode: live
+chat:
+  on_disconnect: {on_disconnect}
+tools:
+  process_payment:
+    approval: true
+    timeout: 2s
+"""
+AGENT = "demo_agent"
+TOOL = "process_payment"
+NEW = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and again"}]}
+
+
+class LiveAdk:
+    """ADK with `/run_live`: every session the gateway opens is a FakeConnection the test feeds."""
+
+    def __init__(self) -> None:
+        self.opened: list[FakeConnection] = []
+
+    async def ensure_session(self, user_id: str, session_id: str) -> None:
+        return None
+
+    async def open_live(self, **_: Any) -> FakeConnection:
+        self.opened.append(FakeConnection())
+        return self.opened[-1]
+
+
+@dataclass
+class LiveEnv:
+    adk: LiveAdk
+    service: ChatService
+    metrics: GatewayMetrics
+
+    @property
+    def conn(self) -> FakeConnection:
+        return self.adk.opened[-1]
+
+    def chat(self) -> Chat:
+        chat = self.service._registry.find(AGENT, "u", "chat-1")
+        assert chat is not None
+        return chat
+
+    def open_sessions(self) -> float:
+        return self.metrics.registry.get_sample_value("adk_gateway_live_sessions", {"agent": AGENT}) or 0.0
+
+    async def submit(self, *messages: dict[str, Any], message_id: str | None = None) -> Attachment:
+        attachment = await self.service.submit(AGENT, "u", body(*messages, message_id=message_id))
+        await until(lambda: bool(self.adk.opened) and self.chat().live is not None)
+        return attachment
+
+    async def socket_closed(self) -> None:
+        await self.service.socket_closed(AGENT, "u", "chat-1")
+
+    async def turn_ended(self) -> None:
+        driver = self.chat().driver
+        assert driver is not None and driver.task is not None
+        await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 5)
+
+
+def live_env(on_disconnect: str) -> AsyncIterator[LiveEnv]:
+    async def make() -> AsyncIterator[LiveEnv]:
+        adk, metrics = LiveAdk(), GatewayMetrics()
+        config = parse_config(LIVE_CONFIG.format(on_disconnect=on_disconnect), env={})
+        service = ChatService(
+            agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
+            config=config,
+        )
+        yield LiveEnv(adk, service, metrics)
+        await service.close()
+
+    return make()
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[LiveEnv]:
+    async for made in live_env("continue"):
+        yield made
+
+
+@pytest.fixture
+async def cancelling_env() -> AsyncIterator[LiveEnv]:
+    async for made in live_env("cancel"):
+        yield made
+
+
+def partial(text: str) -> dict[str, Any]:
+    return {"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": text}]}}
+
+
+def says(conn: FakeConnection, *pieces: str) -> None:
+    for piece in pieces:
+        conn.inbox.put_nowait(partial(piece))
+    conn.inbox.put_nowait({"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}})
+    conn.inbox.put_nowait(DONE)
+
+
+async def settled() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_socket_closed_mid_turn_leaves_the_turn_running_and_a_resume_on_a_new_socket_reads_it_whole(env: LiveEnv) -> None:
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(partial("Hel"))
+    await settled()
+    await env.socket_closed()  # mid-reply; `continue`, the default
+    resumed = env.service.resume(AGENT, "u", "chat-1")  # the new socket's `resume`
+    assert resumed is not None
+    says(env.conn, "lo")
+    chunks = await read(resumed)
+    assert "error" not in types(chunks)
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == "Hello"
+    assert chunks[-1]["type"] == "finish"
+    assert await read(first) == chunks  # the same response, replayed whole
+    await env.turn_ended()
+    # A browser came back before the turn ended: its session stays for the next turn.
+    assert env.chat().live is not None and env.chat().live.alive and env.open_sessions() == 1
+    second = await env.submit(USER, {"id": "a1", "role": "assistant", "parts": []}, NEW)
+    says(env.conn, "Again.")
+    assert types(await read(second))[-1] == "finish"
+    assert len(env.adk.opened) == 1
+
+
+async def test_a_turn_whose_browser_never_came_back_closes_its_live_session_when_it_ends(env: LiveEnv) -> None:
+    await env.submit(USER)
+    env.conn.inbox.put_nowait(partial("Hel"))
+    await settled()
+    await env.socket_closed()
+    assert env.open_sessions() == 1  # the turn still needs it
+    says(env.conn, "lo")
+    await env.turn_ended()
+    await settled()
+    # A model connection is not held for a browser that left: closed once the turn is over.
+    assert env.chat().live is None and env.open_sessions() == 0
+    # A resume after that still reads the whole message, and the next turn opens a new session.
+    resumed = env.service.resume(AGENT, "u", "chat-1")
+    assert resumed is not None
+    chunks = await read(resumed)
+    assert "error" not in types(chunks) and chunks[-1]["type"] == "finish"
+    nxt = await env.submit(USER, {"id": "a1", "role": "assistant", "parts": []}, NEW)
+    says(env.conn, "Again.")
+    assert types(await read(nxt))[-1] == "finish"
+    assert len(env.adk.opened) == 2
+
+
+async def test_a_socket_closed_between_turns_closes_the_live_session_at_once(env: LiveEnv) -> None:
+    first = await env.submit(USER)
+    says(env.conn, "Hi.")
+    await read(first)
+    await env.turn_ended()
+    assert env.open_sessions() == 1
+    await env.socket_closed()
+    assert env.chat().live is None and env.open_sessions() == 0
+
+
+async def test_a_socket_closed_while_an_approval_waits_keeps_the_turn_and_the_approval_on_a_new_socket(env: LiveEnv) -> None:
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(call_event(TOOL))
+    await until(lambda: env.chat().ledger.expected(CALL_ID))
+    call = env.service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL_ID, tool=TOOL, args={"amount": 50})
+    assert isinstance(call, GatedCall)
+    asked = await read(first)
+    assert types(asked)[-3:] == ["tool-approval-request", "finish-step", "finish"]
+    await env.socket_closed()  # the person's socket drops while they decide
+    await settled()
+    assert env.chat().running and env.open_sessions() == 1
+    # The new socket resumes (the ended response: what the stock client reads), then answers.
+    resumed = env.service.resume(AGENT, "u", "chat-1")
+    assert resumed is not None and "error" not in types(await read(resumed))
+    answer = await env.submit(USER, answered(asked, TOOL, True), message_id=asked[0]["messageId"])
+    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    env.conn.inbox.put_nowait(response_event(TOOL, {"success": True}))
+    says(env.conn, "Paid.")
+    chunks = await read(answer)
+    assert "error" not in types(chunks)
+    assert {"type": "tool-output-available", "toolCallId": CALL_ID, "output": {"success": True}} in chunks
+    assert chunks[-1]["type"] == "finish" and call.outcome is Outcome.APPROVED
+
+
+async def test_with_on_disconnect_cancel_a_socket_closed_mid_turn_aborts_the_turn_and_closes_the_session(cancelling_env: LiveEnv) -> None:
+    env = cancelling_env
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(partial("Hel"))
+    await settled()
+    await env.socket_closed()
+    chunks = await read(first)
+    assert chunks[-1] == {"type": "abort"} and "error" not in types(chunks)
+    assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
+
+
+async def test_with_on_disconnect_cancel_a_socket_closed_while_an_approval_waits_cancels_the_call(cancelling_env: LiveEnv) -> None:
+    env = cancelling_env
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(call_event(TOOL))
+    await until(lambda: env.chat().ledger.expected(CALL_ID))
+    call = env.service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL_ID, tool=TOOL, args={"amount": 50})
+    assert isinstance(call, GatedCall)
+    assert types(await read(first))[-1] == "finish"
+    await env.socket_closed()
+    verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
+    assert not verdict.run and call.outcome is Outcome.CANCELLED
+    assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
