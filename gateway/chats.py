@@ -188,7 +188,10 @@ class ChatService:
             if chat.run is not None and chat.run.streaming:
                 # Another new message got in while the old run wound down: it runs, this one waits.
                 raise ChatBusy("a response is already streaming for this chat")
-        run = Run(plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks)
+        run = Run(
+            plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks,
+            earlier=self._message_so_far(chat, plan.continue_message_id),
+        )
         # Claimed before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
         structlog.contextvars.bind_contextvars(message_id=run.message_id)
@@ -206,6 +209,17 @@ class ChatService:
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait))
+
+    @staticmethod
+    def _message_so_far(chat: Chat, message_id: str | None) -> tuple[bytes, ...] | None:
+        """What a resume replays before a new run's chunks: nothing for a new message; for one
+        that continues (a native confirmation answered), the message as the earlier run wrote
+        it, or None if that is not here (a restart, another replica): then none is resumable."""
+        if message_id is None:
+            return ()
+        if chat.run is None or chat.run.message_id != message_id:
+            return None
+        return chat.run.message()
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
