@@ -24,7 +24,7 @@ import structlog
 
 from .agents import Agent, Agents
 from .answers import Forbidden, Gone, pending_outputs, split_answers
-from .approvals import GatedCall
+from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
 from .driver import RunDriver, RunHooks
@@ -41,7 +41,7 @@ from .messages import (
     plan_turn,
 )
 from .metrics import GatewayMetrics
-from .protocol import ClientVersion
+from .protocol import ClientVersion, encode_chunk
 from .registry import Registry, TooManyChats
 from .runs import Feed, Run
 from .stopping import cancel_and_wait, within
@@ -73,6 +73,26 @@ class Attachment:
 
     run: Run | None
     response: Feed
+
+
+def _browser_added(version: ClientVersion, answers: list[ApprovalAnswer], outputs: list[ToolOutput]) -> list[bytes]:
+    """What the browser put into the message between two of its responses, as chunks for a replay
+    (runs.py), which the AI SDK rebuilds the message from: the browser tools' outputs and, for ai 7,
+    the person's answers (ai 6 has no chunk for an answer: its replay shows an answered part's
+    later states, without `approval.approved`)."""
+    chunks: list[dict[str, object]] = []
+    if version == 7:
+        for answer in answers:
+            chunk: dict[str, object] = {"type": "tool-approval-response", "approvalId": answer.approval_id, "approved": answer.approved}
+            if answer.reason:
+                chunk["reason"] = answer.reason
+            chunks.append(chunk)
+    for output in outputs:
+        if output.error_text is not None:
+            chunks.append({"type": "tool-output-error", "toolCallId": output.tool_call_id, "errorText": output.error_text})
+        else:
+            chunks.append({"type": "tool-output-available", "toolCallId": output.tool_call_id, "output": output.output})
+    return [encode_chunk(chunk) for chunk in chunks]
 
 
 def new_message_id() -> str:
@@ -192,6 +212,7 @@ class ChatService:
             plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks,
             earlier=self._message_so_far(chat, plan.continue_message_id),
         )
+        run.browser_added(_browser_added(version, [a for a in native if not a.implicit], []))
         # Claimed before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
         structlog.contextvars.bind_contextvars(message_id=run.message_id)
@@ -324,6 +345,12 @@ class ChatService:
         if unread is None:
             driver.apply(driver.turn.attach())
             unread = driver.run.current
+            # Before anything can read the new response, so no position in a replay moves.
+            driver.run.browser_added(_browser_added(
+                driver.turn.converter.version,
+                [answer for answer, call in answers if call.state is CallState.AWAITING_APPROVAL and not answer.implicit],
+                [output for output, call in outputs if call.state is CallState.AWAITING_OUTPUT],
+            ))
         attachment = Attachment(driver.run, unread)
         structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
         # As one input: a replayed answer changes nothing, and if the run still waits for a person

@@ -161,9 +161,10 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
     assert metrics.registry.get_sample_value("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert (metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"agent": AGENT, "tool": tool}) or 0) == 0
 
-    # A reload replays the same response.
+    # A reload replays the whole message: the first response (its finish only its metadata), then this one.
     resumed = service.resume(AGENT, "u", "chat-1")
-    assert resumed is not None and await read(resumed) == late
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    assert resumed is not None and await read(resumed) == [*first[:-1], boundary, *late]
 
 
 async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_result_does() -> None:
