@@ -26,10 +26,11 @@ from gateway.messages import ApprovalAnswer, parse_chat_body
 from gateway.runs import Run
 from tests.jsdriver import JS_DIR
 from tests.unit.fixtures import continuing, convert
-from tests.unit.test_chat_gates import CALL, call_event, read
+from tests.unit.test_chat_gates import CALL, call_event, read, response_event, scripted_service, text_events
 from tests.unit.test_chat_service import AGENT, TOOL, USER, Env, answer_of, env, until  # noqa: F401
 
 pytestmark = pytest.mark.js
+
 
 
 def check_resume(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,6 +119,47 @@ def native_streams(version: int) -> tuple[list[dict[str, Any]], list[dict[str, A
     goes_on.publish([orjson.dumps(c) for c in continuation[3:]])
     goes_on.end_response(0.0)
     return first, continuation, [orjson.loads(f) for f in replay.earlier + tuple(replay.current.frames)]
+
+
+async def browser_tool_streams(version: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A browser tool (no approval): the first response calls it, the page adds its output, and the
+    continuation does not repeat it."""
+    adk, service, _metrics = scripted_service()
+    try:
+        attachment = await service.submit(AGENT, "u", request(USER, version=version))
+        adk.reads.put_nowait([call_event("change_bgm")])
+        await asyncio.sleep(0.01)
+        call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+        assert isinstance(call, GatedCall)
+        first = await read(attachment)
+        output = {
+            "id": "msg-1", "role": "assistant", "parts": [
+                {"type": "step-start"},
+                {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
+            ],
+        }
+        attachment = await service.submit(AGENT, "u", request(USER, output, version=version, message_id="msg-1"))
+        assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
+        resumed = service.resume(AGENT, "u", "chat-1")
+        assert resumed is not None
+        adk.reads.put_nowait([response_event("change_bgm", {"ok": True})])
+        for event in text_events("Now ", "playing."):
+            adk.reads.put_nowait([event])
+        adk.reads.put_nowait(None)
+        return first, await read(attachment), await read(resumed)
+    finally:
+        await service.close()
+
+
+@pytest.mark.parametrize("version", [6, 7])
+async def test_a_resume_after_a_browser_tools_output_rebuilds_the_message_of_an_unbroken_stream(version: int) -> None:
+    first, continuation, replay = await browser_tool_streams(version)
+    tool_output = {"tool": "change_bgm", "toolCallId": CALL, "output": {"ok": True}}
+    [result] = check_resume([{
+        "version": version, "first": first, "continuation": continuation, "replay": replay, "toolOutput": tool_output,
+        "dropAfter": 2, "stored": [[{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "play"}]}]],
+    }])
+    assert_same_message(result)
 
 
 @pytest.mark.parametrize("version", [6, 7])

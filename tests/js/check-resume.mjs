@@ -1,6 +1,7 @@
 // A resume, as the stock AI SDK Chat (ai 6 or ai 7, DefaultChatTransport) lives it, against recorded streams.
-// stdin: [{version, first, continuation, replay, approved, dropAfter, stored: [[UIMessage...], ...]}]:
-//   `first` asks for an approval, `continuation` answers the approved/denied request, `replay` is what
+// stdin: [{version, first, continuation, replay, approved?, toolOutput?, dropAfter, stored: [[UIMessage...], ...]}]:
+//   `first` asks for an approval (answered with `approved`) or calls a browser tool (whose output the page
+//   adds: `toolOutput` {tool, toolCallId, output}), `continuation` answers that request, `replay` is what
 //   GET /api/chat/{id}/stream sends on a resume (chunk lists; each is sent as SSE with its [DONE]).
 // stdout: [{unbroken, dropped, reloaded: [...], errors: {...}}], the last assistant message of each way:
 //   unbroken: the first response, the person answers, the continuation, all read whole;
@@ -59,13 +60,14 @@ async function chatWith(version, fetch, messages) {
   return { chat, sdk };
 }
 
-async function answerAll(chat, approved) {
+async function answerAll(chat, approved, toolOutput) {
+  if (toolOutput != null) await chat.addToolOutput(toolOutput);
   for (const part of pendingApprovals(chat)) await chat.addToolApprovalResponse({ id: part.approval.id, approved });
   await waitForIdle(chat, idle, { deadline: Date.now() + 5000 });
 }
 
 const results = [];
-for (const { version, first, continuation, replay, approved, dropAfter, stored = [] } of input) {
+for (const { version, first, continuation, replay, approved, toolOutput, dropAfter, stored = [] } of input) {
   const errors = {};
   const note = (name, sdk, chat) => {
     const text = describeChatError(sdk, chat.error);
@@ -75,7 +77,7 @@ for (const { version, first, continuation, replay, approved, dropAfter, stored =
   let { chat, sdk } = await chatWith(version, server({ posts: [{ chunks: first }, { chunks: continuation }], replay }));
   await chat.sendMessage({ text: 'pay 50 to Hanako' });
   await waitForIdle(chat, idle, { deadline: Date.now() + 5000 });
-  await answerAll(chat, approved);
+  await answerAll(chat, approved, toolOutput);
   note('unbroken', sdk, chat);
   const unbroken = chat.messages.at(-1);
 
@@ -84,7 +86,7 @@ for (const { version, first, continuation, replay, approved, dropAfter, stored =
   ));
   await chat.sendMessage({ text: 'pay 50 to Hanako' });
   await waitForIdle(chat, idle, { deadline: Date.now() + 5000 });
-  await answerAll(chat, approved);
+  await answerAll(chat, approved, toolOutput);
   const cut = chat.status;
   await chat.resumeStream();
   await waitForIdle(chat, idle, { deadline: Date.now() + 5000 });
