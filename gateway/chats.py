@@ -342,15 +342,20 @@ class ChatService:
         if unread is None and not driver.alive:
             # The run ended while nobody was attached (a deadline passed): its last words are kept.
             raise Gone("these calls were already answered and the run has ended")
+        added = _browser_added(
+            driver.turn.converter.version,
+            [answer for answer, call in answers if call.state is CallState.AWAITING_APPROVAL and not answer.implicit],
+            [output for output, call in outputs if call.state is CallState.AWAITING_OUTPUT],
+        )
         if unread is None:
             driver.apply(driver.turn.attach())
             unread = driver.run.current
             # Before anything can read the new response, so no position in a replay moves.
-            driver.run.browser_added(_browser_added(
-                driver.turn.converter.version,
-                [answer for answer, call in answers if call.state is CallState.AWAITING_APPROVAL and not answer.implicit],
-                [output for output, call in outputs if call.state is CallState.AWAITING_OUTPUT],
-            ))
+            driver.run.browser_added(added)
+        elif not unread.closed:
+            # The run wrote while the person decided: the answer comes in the middle of that
+            # response, where it is written (the browser that sent it finds what it has).
+            driver.run.publish(added)
         attachment = Attachment(driver.run, unread)
         structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
         # As one input: a replayed answer changes nothing, and if the run still waits for a person
