@@ -15,10 +15,11 @@ hole in it.
 A resume reads a `Replay`: the whole assistant message so far as one stream, because the AI SDK
 rebuilds the message from nothing at a resumed stream's first `start` (`resumeStreamIsReplay`), so
 a replay of the latest response alone would lose the responses before it (a tool output whose call
-is in an earlier response fails the SDK's reducer). The responses are concatenated; the `finish`
-of each but the last becomes a `message-metadata` chunk with the same metadata, so the stream ends
-once, where the message does, and every chunk keeps its position (a WebSocket `lastSequence`
-means the same chunk in every replay). The chunks before the current response are kept while
+is in an earlier response fails the SDK's reducer). The responses are concatenated, with what the
+browser itself added between two of them (chats.py says what); the `finish` of each but the last
+becomes a `message-metadata` chunk with the same metadata, so the stream ends once, where the
+message does, and every chunk keeps its position (a WebSocket `lastSequence` means the same chunk
+in every replay). The chunks before the current response are kept while
 they number at most `limit`; past that the message cannot be rebuilt and there is nothing to
 resume.
 """
