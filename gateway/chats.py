@@ -25,7 +25,7 @@ import structlog
 
 from .agents import Agent, Agents
 from .answers import Forbidden, Gone, pending_outputs, split_answers
-from .approvals import GatedCall
+from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
 from .driver import RunDriver, RunHooks
@@ -42,7 +42,7 @@ from .messages import (
     plan_turn,
 )
 from .metrics import GatewayMetrics
-from .protocol import ClientVersion
+from .protocol import ClientVersion, encode_chunk
 from .registry import Registry, TooManyChats
 from .runs import Feed, Reader, Response, Run
 from .stopping import cancel_and_wait, within
@@ -81,6 +81,26 @@ class Attachment:
 
     run: Run | None
     response: Feed
+
+
+def _browser_added(version: ClientVersion, answers: list[ApprovalAnswer], outputs: list[ToolOutput]) -> list[bytes]:
+    """What the browser put into the message between two of its responses, as chunks for a replay
+    (runs.py), which the AI SDK rebuilds the message from: the browser tools' outputs and, for ai 7,
+    the person's answers (ai 6 has no chunk for an answer: its replay shows an answered part's
+    later states, without `approval.approved`)."""
+    chunks: list[dict[str, object]] = []
+    if version == 7:
+        for answer in answers:
+            chunk: dict[str, object] = {"type": "tool-approval-response", "approvalId": answer.approval_id, "approved": answer.approved}
+            if answer.reason:
+                chunk["reason"] = answer.reason
+            chunks.append(chunk)
+    for output in outputs:
+        if output.error_text is not None:
+            chunks.append({"type": "tool-output-error", "toolCallId": output.tool_call_id, "errorText": output.error_text})
+        else:
+            chunks.append({"type": "tool-output-available", "toolCallId": output.tool_call_id, "output": output.output})
+    return [encode_chunk(chunk) for chunk in chunks]
 
 
 def new_message_id() -> str:
@@ -207,7 +227,11 @@ class ChatService:
             if chat.run is not None and chat.run.streaming:
                 # Another new message got in while the old run wound down: it runs, this one waits.
                 raise ChatBusy("a response is already streaming for this chat")
-        run = Run(plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks)
+        run = Run(
+            plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks,
+            earlier=self._message_so_far(chat, plan.continue_message_id),
+        )
+        run.browser_added(_browser_added(version, [a for a in native if not a.implicit], []))
         # Claimed, and read, before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
         reader = run.current.reader()
@@ -226,6 +250,17 @@ class ChatService:
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)
+
+    @staticmethod
+    def _message_so_far(chat: Chat, message_id: str | None) -> tuple[bytes, ...] | None:
+        """What a resume replays before a new run's chunks: nothing for a new message; for one
+        that continues (a native confirmation answered), the message as the earlier run wrote
+        it, or None if that is not here (a restart, another replica): then none is resumable."""
+        if message_id is None:
+            return ()
+        if chat.run is None or chat.run.message_id != message_id:
+            return None
+        return chat.run.message()
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
@@ -261,8 +296,8 @@ class ChatService:
         if chat.running and chat.driver is not None:
             # What the run wrote while a person decides is held for the next reader: this one.
             chat.driver.apply(chat.driver.turn.resume())
-        response = chat.run.resumable(self._clock(), self.config.chat.run_retention)
-        return None if response is None else Attachment(chat.run, response.reader())
+        reader = chat.run.resumable(self._clock(), self.config.chat.run_retention)
+        return None if reader is None else Attachment(chat.run, reader)
 
     def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
@@ -346,9 +381,20 @@ class ChatService:
         if unread is None and not driver.alive:
             # The run ended while nobody was attached (a deadline passed): its last words are kept.
             raise Gone("these calls were already answered and the run has ended")
+        added = _browser_added(
+            driver.turn.converter.version,
+            [answer for answer, call in answers if call.state is CallState.AWAITING_APPROVAL and not answer.implicit],
+            [output for output, call in outputs if call.state is CallState.AWAITING_OUTPUT],
+        )
         if unread is None:
             driver.apply(driver.turn.attach())
             unread = driver.run.current
+            # Before anything can read the new response, so no position in a replay moves.
+            driver.run.browser_added(added)
+        elif not unread.closed:
+            # The run wrote while the person decided: the answer comes in the middle of that
+            # response, where it is written (the browser that sent it finds what it has).
+            driver.run.publish(added)
         attachment = Attachment(driver.run, unread.reader())
         structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
         # As one input: a replayed answer changes nothing, and if the run still waits for a person

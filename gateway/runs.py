@@ -16,13 +16,29 @@ Who reads a response is counted: each request that reads one holds a `Reader` fr
 is admitted until it stops, and says how to tell whether its browser is still there. A response
 nobody reads any more (the AI SDK's `stop()` dropped the request) does not make its chat busy: a
 new message ends its run instead (chats.py).
+
+A resume reads the whole assistant message so far as one stream (a `Reader` with the message's
+earlier chunks before the current response), because the AI SDK
+rebuilds the message from nothing at a resumed stream's first `start` (`resumeStreamIsReplay`), so
+a replay of the latest response alone would lose the responses before it (a tool output whose call
+is in an earlier response fails the SDK's reducer). The responses are concatenated, with what the
+browser itself added between two of them (chats.py says what); the `finish` of each but the last
+becomes a `message-metadata` chunk with the same metadata, so the stream ends once, where the
+message does, and every chunk keeps its position (a WebSocket `lastSequence` means the same chunk
+in every replay). The chunks before the current response are kept while
+they number at most `limit`; past that the message cannot be rebuilt and there is nothing to
+resume.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Final, Protocol
+
+import orjson
+
+from .protocol import encode_chunk
 
 __all__ = ["Feed", "FollowerLagged", "Reader", "Response", "Run"]
 
@@ -102,9 +118,10 @@ class Response:
             _resolve(sink.waiter, None)
         self._wake()
 
-    def reader(self) -> Reader:
-        """A reader of this response, counted from now until it is closed."""
-        reader = Reader(self)
+    def reader(self, earlier: tuple[bytes, ...] = ()) -> Reader:
+        """A reader of this response, counted from now until it is closed; `earlier`: the chunks a
+        replay shows before it (the message's earlier responses)."""
+        reader = Reader(self, earlier)
         if self._readers is not None:
             self._readers.add(reader)
         return reader
@@ -280,6 +297,21 @@ def _resolve(waiter: asyncio.Future[object], value: object) -> None:
         waiter.set_result(value)
 
 
+# How an encoded `finish` chunk starts ("type" is always a chunk's first key, as encode_chunk writes it).
+_FINISH: Final = b'{"type":"finish"'
+
+
+def _as_earlier(frames: Sequence[bytes]) -> tuple[bytes, ...]:
+    """A closed response as a part of a longer replay: its `finish` (it ends a response, not the
+    message) becomes `message-metadata` with that finish's metadata, which the AI SDK merges into
+    the message just as it merges a finish's. Null metadata is a chunk the SDK ignores: one chunk
+    for one, so positions do not move."""
+    if not frames or not frames[-1].startswith(_FINISH):
+        return tuple(frames)
+    metadata = orjson.loads(frames[-1]).get("messageMetadata")
+    return (*frames[:-1], encode_chunk({"type": "message-metadata", "messageMetadata": metadata}))
+
+
 def _always() -> bool:
     return True
 
@@ -291,36 +323,63 @@ class Reader:
     chat sees the response read even before the first one's transport starts to follow it. The
     transport then says how to tell that its browser is gone (`connected`): a dropped HTTP
     connection is seen when it drops, not at the next write, which may be a tool call away.
+
+    A resume's reader shows `earlier` first: the message's earlier responses (and what the browser
+    added between them), so positions count over the whole message.
     """
 
-    __slots__ = ("connected", "remote", "response")
+    __slots__ = ("connected", "earlier", "remote", "response")
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, earlier: tuple[bytes, ...] = ()) -> None:
         self.response = response
+        self.earlier = earlier
         self.connected: Callable[[], bool] = _always
         # A relay to another replica's browser (cluster/relay.py): that replica tells when its
         # browser is gone, which takes up to one relay poll.
         self.remote = False
 
     def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
-        return self.response.follow(start, idle=idle)
+        """Batches of frames from position `start` until the response is complete."""
+        if not self.earlier:
+            return self.response.follow(start, idle=idle)
+        return self._after_earlier(start, self.response.follow(max(0, start - len(self.earlier)), idle=idle))
 
     def follow_direct(
         self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None
     ) -> AsyncIterator[list[bytes]]:
-        return self.response.follow_direct(write_now, start, idle=idle)
+        if not self.earlier:
+            return self.response.follow_direct(write_now, start, idle=idle)
+        later = self.response.follow_direct(write_now, max(0, start - len(self.earlier)), idle=idle)
+        return self._after_earlier(start, later)
+
+    async def _after_earlier(self, start: int, later: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes]]:
+        if start < len(self.earlier):
+            yield list(self.earlier[start:])
+        async for batch in later:
+            yield batch
 
     def close(self) -> None:
         self.response._forget(self)
 
 
 class Run:
-    """The log of one run's responses; when a response opens and closes is the turn's (turn.py)."""
+    """The log of one run's responses; when a response opens and closes is the turn's (turn.py).
 
-    def __init__(self, message_id: str, *, limit: int = 10_000) -> None:
+    `earlier` is the message so far when this run continues one that an earlier run began (a
+    native confirmation's answer starts a new run on the same message): None if its beginning
+    was lost already.
+    """
+
+    def __init__(self, message_id: str, *, limit: int = 10_000, earlier: Sequence[bytes] | None = ()) -> None:
         self.message_id = message_id
         self._limit = limit
         self.current = Response(limit)
+        # The frames a replay shows before the current response; None: past the bound, lost.
+        self._earlier: tuple[bytes, ...] | None = None
+        self._keep(tuple(earlier) if earlier is not None else None)
+        # What the browser added to the message before the current response (an answer, a
+        # tool's output): the browser has it, so only a replay shows it.
+        self._added: tuple[bytes, ...] = ()
 
     @property
     def streaming(self) -> bool:
@@ -338,9 +397,27 @@ class Run:
 
     def next_response(self) -> Response:
         """Open the response that continues the run."""
-        # Only the latest response is kept: a follower of an older one holds it itself.
+        # A follower of the older response holds it itself; a replay needs its frames only.
+        self._keep(self.message())
         self.current = Response(self._limit)
+        self._added = ()
         return self.current
+
+    def browser_added(self, frames: list[bytes]) -> None:
+        """Chunks that say what the browser did before the current response, for replays only:
+        call it before anything can read the response (the positions after it must not move)."""
+        self._added += tuple(frames)
+
+    def message(self) -> tuple[bytes, ...] | None:
+        """The whole message up to the current response, which must be over, as a replay
+        shows it before what continues it; None if part of it is lost."""
+        response = self.current
+        if self._earlier is None or not response.closed or not response.complete:
+            return None
+        return self._earlier + self._added + _as_earlier(response.frames)
+
+    def _keep(self, earlier: tuple[bytes, ...] | None) -> None:
+        self._earlier = earlier if earlier is not None and len(earlier) <= self._limit else None
 
     def unread(self) -> Response | None:
         """The response an answering request should read if it has not been read whole yet:
@@ -350,13 +427,15 @@ class Run:
             return None
         return response
 
-    def resumable(self, now: float, retention: float) -> Response | None:
-        """The response a reconnecting browser should replay: one not read whole yet, or one that
-        ended less than `retention` seconds ago (the client cannot tell us what reached it)."""
-        unread = self.unread()
-        if unread is not None:
-            return unread
-        response = self.current
-        if response.complete and response.closed_at is not None and now - response.closed_at <= retention:
-            return response
-        return None
+    def resumable(self, now: float, retention: float) -> Reader | None:
+        """What a reconnecting browser should replay: the whole message, if its current response
+        was not read whole yet or ended less than `retention` seconds ago (the client cannot tell
+        us what reached it), and no part of the message was lost to the bound."""
+        if self._earlier is None:
+            return None
+        response = self.unread()
+        if response is None:
+            response = self.current
+            if not response.complete or response.closed_at is None or now - response.closed_at > retention:
+                return None
+        return response.reader(self._earlier + self._added)

@@ -79,10 +79,12 @@ def run_chat(
     """Send each step's text through a real Chat and return the driver's report.
 
     A step is {"send": str, "approvals"?: "approve" | "deny" | [..], "toolOutputs"?: {tool_name: output},
-    "abortAfterChunks"?: n, "dropSocketAfterChunks"?: n (ws only)} or {"resume": True} (chat.resumeStream()).
+    "abortAfterChunks"?: n, "dropSocketAfterChunks"?: n, "dropContinuationAfterChunks"?: n (ws only)} or
+    {"resume": True} (chat.resumeStream()).
     Approvals are answered once the turn has ended, in order, one decision per approval-requested part.
     `abortAfterChunks` calls chat.stop() after n chunks of the step's first response; `dropSocketAfterChunks`
     closes the WebSocket after n chunk frames of it and then calls chat.resumeStream() (a `resume` frame).
+    `dropContinuationAfterChunks` does the same in the response that follows the step's first answers.
     The report holds ok, transport, status, error, messages, toolCalls, chunks ([request_index, chunk]),
     schemaErrors and requests. For SSE: requests are {method, url, body, status, contentType, headers} and
     doneMarkers counts [DONE] per request.

@@ -1,8 +1,8 @@
 """The SSE transport: the AI SDK's `DefaultChatTransport` over HTTP.
 
 `POST /api/chat` starts (or continues) a chat turn and streams it; `GET /api/chat/{id}/stream` is
-the AI SDK's `resume: true` route: it replays the chat's latest response and follows it, or
-answers 204 when there is none. Those are the default agent's; every agent has the same routes
+the AI SDK's `resume: true` route: it replays the whole assistant message the chat's latest
+response belongs to (a `runs.Reader` of the whole message) and follows it, or answers 204 when there is none. Those are the default agent's; every agent has the same routes
 under `/agents/{name}`. Handlers only admit, parse and follow; chats.py does the rest.
 Responses idle for `chat.keepalive_interval` get a `: keep-alive` comment line, which the AI SDK
 ignores and which keeps proxies with idle timeouts from cutting the stream.

@@ -7,8 +7,8 @@ out: `start` (a resume found something), `chunk {sequence}` (0, 1, 2... per requ
 `error {errorText}`, `no-active`.
 
 Requests attach to the same runs as SSE requests do (chats.py), so a run that waits for a person
-ends the request with `end`, the answering `send` re-attaches, and `resume` replays from the
-run's log. A malformed frame gets an `error` frame naming the problem and the socket stays up;
+ends the request with `end`, the answering `send` re-attaches, and `resume` replays the whole
+message from the run's log (a `runs.Reader` of the whole message), numbered over it. A malformed frame gets an `error` frame naming the problem and the socket stays up;
 frames over the size limit close it with 1009. Closing the socket stops the requests' followers
 (runs go on, unless aborted) and tells each chat it used (`ChatService.socket_closed`): a live chat's
 session closes then, or when the turn under way ends (docs/websocket.md).

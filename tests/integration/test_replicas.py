@@ -143,9 +143,14 @@ def test_websocket_requests_for_a_chat_on_a_through_b(pair: Replicas) -> None:
     assert [f["sequence"] for f in second if f["type"] == "chunk"] == list(range(len(relayed)))
     assert relayed[1]["type"] == "tool-output-available" and relayed[1]["output"]["success"] is True
     assert second[-1]["type"] == "end"
-    # Resume through B from a sequence: the rest of the response, numbered as the first time.
-    resumed = asyncio.run(exchange(pair.b.base, {"type": "resume", "requestId": "r3", "id": chat, "lastSequence": 2}))
+    # Resume through B: the whole message, relayed from A (the first response, its finish now only its
+    # metadata, then the continuation), numbered over it; from a sequence, the rest of that numbering.
+    whole = [*chunks[:-1], {"type": "message-metadata", "messageMetadata": chunks[-1].get("messageMetadata")}, *relayed]
+    replayed = asyncio.run(exchange(pair.b.base, {"type": "resume", "requestId": "r3", "id": chat}))
+    assert replayed[0]["type"] == "start"
+    assert [(f["sequence"], f["chunk"]) for f in replayed if f["type"] == "chunk"] == list(enumerate(whole))
+    resumed = asyncio.run(exchange(pair.b.base, {"type": "resume", "requestId": "r4", "id": chat, "lastSequence": 2}))
     assert resumed[0]["type"] == "start"
     rest = [f for f in resumed if f["type"] == "chunk"]
-    assert [f["sequence"] for f in rest] == list(range(3, len(relayed)))
-    assert [f["chunk"] for f in rest] == relayed[3:]
+    assert [f["sequence"] for f in rest] == list(range(3, len(whole)))
+    assert [f["chunk"] for f in rest] == whole[3:]

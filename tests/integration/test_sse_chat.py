@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.jsdriver import check_streams
 from tests.procs import GatewayProcess, Reply, free_port, gateway_process, metric_value, request
 
 pytestmark = pytest.mark.integration
@@ -164,6 +166,38 @@ def test_concurrent_requests_for_one_chat_are_not_interleaved(gateway: GatewayPr
 def test_resume_without_an_active_stream_is_204(gateway: GatewayProcess) -> None:
     assert request(gateway.base, "GET", f"/api/chat/{new_chat()}/stream").status == 204
     assert request(gateway.base, "GET", "/api/chat/bad%2Fid/stream").status == 404
+
+
+def test_a_resume_after_a_native_approval_cut_in_its_continuation_replays_the_whole_message(gateway: GatewayProcess) -> None:
+    """Issue 24, defect 11: the resume replayed the continuation alone, which the AI SDK, rebuilding the
+    message from the stream's `start`, could not reduce ("No tool invocation found"). Here the answer
+    starts a new ADK run (native confirmation), which continues the same message."""
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gateway, chat, [first_message])
+    assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"], types(first)
+    answer = assistant_from(first, [True])
+    body = json.dumps({"id": chat, "messages": [first_message, answer], "trigger": "submit-message", "messageId": answer["id"]})
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    conn.request("POST", "/api/chat", body=body, headers={"Content-Type": "application/json"})
+    cut = conn.getresponse()
+    assert cut.status == 200
+    cut.read1(16)  # the first bytes of the continuation, then the connection drops
+    conn.close()
+    resumed = request(gateway.base, "GET", f"/api/chat/{chat}/stream")
+    assert resumed.status == 200, resumed.body
+    boundary = {"type": "message-metadata", "messageMetadata": first.chunks[-1].get("messageMetadata")}
+    n = len(first.chunks)
+    assert resumed.chunks[:n] == [*first.chunks[:-1], boundary]
+    assert resumed.chunks[n] == {"type": "start", "messageId": answer["id"]}
+    assert resumed.chunks[n + 1]["type"] == "tool-output-available"
+    assert types(resumed).count("finish") == 1 and resumed.chunks[-1]["finishReason"] == "stop"
+    assert resumed.payloads[-1] == "[DONE]"
+    # The SDK's parser and reducer, from nothing as a resumed Chat starts: the whole message.
+    [result] = check_streams([{"version": 6, "chunks": resumed.chunks}])
+    assert result["schemaErrors"] == [] and result["streamError"] is None, result
+    [tool] = [p for p in result["message"]["parts"] if p["type"] == "tool-process_payment"]
+    assert tool["state"] == "output-available" and tool["output"]["success"] is True
+    assert "Hanako" in "".join(p.get("text", "") for p in result["message"]["parts"])
 
 
 def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:

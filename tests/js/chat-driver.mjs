@@ -6,7 +6,8 @@
 // Step options: `resume` calls chat.resumeStream() instead of sending. `abortAfterChunks: N` calls
 // chat.stop() after N chunks of the step's first response (SSE: the fetch is aborted; ws: an `abort`
 // frame). ws only: `dropSocketAfterChunks: N` closes the socket after N chunk frames of it, then calls
-// chat.resumeStream() (a `resume` on a new socket).
+// chat.resumeStream() (a `resume` on a new socket); `dropContinuationAfterChunks: N` does the same in the
+// response that continues after the step's first approvals are answered (the message's second response).
 // stdout: one JSON report. Exit code 0 whenever a report was produced; the caller asserts on `ok`.
 // stdin may also be an array of such objects: they run concurrently in this one process (loading
 // the SDK dominates a run's cost) and stdout is the array of reports in the same order.
@@ -31,7 +32,7 @@ async function run(input) {
   const { transport: transportKind = 'sse', wsUrl = api } = input;
   if (transportKind !== 'sse' && transportKind !== 'ws') throw new Error(`unknown transport ${transportKind}`);
   const ws = transportKind === 'ws';
-  for (const option of ['dropSocketAfterChunks']) {
+  for (const option of ['dropSocketAfterChunks', 'dropContinuationAfterChunks']) {
     if (!ws && steps.some((s) => s[option] != null)) throw new Error(`${option} needs transport "ws"`);
   }
   const deadline = Date.now() + timeoutMs;
@@ -99,7 +100,11 @@ async function run(input) {
     if (armed) tee.disarm();
     // Answer like a person would: after the turn has ended and the buttons are on screen.
     // Each answer may trigger the SDK's automatic continuation, whose reply may ask again.
+    let dropContinuation = step.dropContinuationAfterChunks;
     for (let parts = pendingApprovals(chat); parts.length && !timedOut; parts = pendingApprovals(chat)) {
+      // The next request is the answer's: the continuation is its response.
+      armed = dropContinuation == null ? null : tee.arm({ dropAfter: dropContinuation });
+      dropContinuation = null;
       let answered = 0;
       for (const part of parts) {
         const decision = next();
@@ -108,6 +113,13 @@ async function run(input) {
         answered++;
       }
       if (!answered || !(await idle())) break;
+      if (armed?.dropped) {
+        tee.disarm();
+        const resumed = chat.resumeStream().catch((err) => err);
+        if (!(await idle())) break;
+        await resumed;
+      }
+      armed = null;
     }
     if (timedOut || chat.status === 'error') break;
   }

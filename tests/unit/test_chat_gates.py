@@ -161,9 +161,10 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
     assert metrics.registry.get_sample_value("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert (metrics.registry.get_sample_value("adk_gateway_policy_bypassed_total", {"agent": AGENT, "tool": tool}) or 0) == 0
 
-    # A reload replays the same response.
+    # A reload replays the whole message: the first response (its finish only its metadata), then this one.
     resumed = service.resume(AGENT, "u", "chat-1")
-    assert resumed is not None and await read(resumed) == late
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    assert resumed is not None and await read(resumed) == [*first[:-1], boundary, *late]
 
 
 async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_result_does() -> None:
@@ -217,3 +218,72 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
     assert call.outcome is Outcome.ABANDONED
     assert wait_count(metrics, "adk_gateway_browser_tool_wait_seconds", "change_bgm", "abandoned") == 1
     assert wait_count(metrics, "adk_gateway_browser_tool_wait_seconds", "change_bgm", "output") == 0
+
+
+async def test_a_resume_after_a_browser_tools_output_replays_the_output_the_browser_added() -> None:
+    """Issue 24, defect 11: the browser puts a browser tool's output into the message itself (the
+    continuation does not repeat it); the AI SDK rebuilds a resumed message from the stream alone, so
+    the replay carries it between the two responses."""
+    adk, service, _metrics = scripted_service()
+    attachment = await service.submit(AGENT, "u", request(USER))
+    adk.reads.put_nowait([call_event("change_bgm")])
+    await asyncio.sleep(0.01)
+    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+    assert isinstance(call, GatedCall)
+    first = await read(attachment)
+    output = {
+        "id": "msg-1", "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
+        ],
+    }
+    continuation = await service.submit(AGENT, "u", request(USER, output, message_id="msg-1"))
+    assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
+    resumed = service.resume(AGENT, "u", "chat-1")
+    assert resumed is not None
+    adk.reads.put_nowait([response_event("change_bgm", {"ok": True})])
+    adk.reads.put_nowait(text_events("Now playing."))
+    adk.reads.put_nowait(None)
+    goes_on = await read(continuation)
+    assert "tool-output-available" not in types(goes_on)  # the browser has it
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    added = {"type": "tool-output-available", "toolCallId": CALL, "output": {"ok": True}}
+    assert await read(resumed) == [*first[:-1], boundary, added, *goes_on]
+
+
+async def test_an_output_given_while_the_run_writes_is_in_that_response_where_it_was_given() -> None:
+    """What the run writes while the browser works (another tool's words) is held in a response of its
+    own; the output arrives in the middle of it, and a replay shows it there."""
+    adk, service, _metrics = scripted_service()
+    attachment = await service.submit(AGENT, "u", request(USER))
+    adk.reads.put_nowait([call_event("change_bgm")])
+    await asyncio.sleep(0.01)
+    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
+    assert isinstance(call, GatedCall)
+    first = await read(attachment)
+    for event in text_events("Meanwhile, ", "hello."):
+        adk.reads.put_nowait([event])
+    chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001
+    assert chat is not None and chat.run is not None
+    for _ in range(200):
+        if b"hello." in b"".join(chat.run.current.frames):
+            break
+        await asyncio.sleep(0)
+    output = {
+        "id": "msg-1", "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
+        ],
+    }
+    continuation = await service.submit(AGENT, "u", request(USER, output, message_id="msg-1"))
+    assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
+    adk.reads.put_nowait([response_event("change_bgm", {"ok": True})])
+    adk.reads.put_nowait(None)
+    held = await read(continuation)
+    added = {"type": "tool-output-available", "toolCallId": CALL, "output": {"ok": True}}
+    assert held.count(added) == 1
+    assert "".join(c["delta"] for c in held if c["type"] == "text-delta") == "Meanwhile, hello."
+    assert held.index(added) > max(i for i, c in enumerate(held) if c["type"] == "text-delta")
+    resumed = service.resume(AGENT, "u", "chat-1")
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    assert resumed is not None and await read(resumed) == [*first[:-1], boundary, *held]

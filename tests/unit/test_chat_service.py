@@ -618,6 +618,29 @@ async def test_resume_replays_a_read_response_within_run_retention_and_none_afte
     assert env.service.resume(AGENT, "u", "chat-1") is None
 
 
+async def test_a_resume_during_the_continuation_after_an_approval_replays_the_whole_message(env: Env) -> None:
+    """Issue 24, defect 11: a browser that dropped while the reply after an approval streamed was
+    handed the continuation alone; the AI SDK starts a resumed message from nothing, so its first
+    chunk, the output of the call made in the first response, failed ("No tool invocation found")."""
+    call, first = await gated_call(env)
+    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
+    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
+    env.says("Paid ")
+    await until(lambda: "Paid " in str(env.chat().run.current.frames))  # type: ignore[union-attr]
+    resumed = env.service.resume(AGENT, "u", "chat-1")  # the connection dropped here
+    assert resumed is not None
+    env.says("in full.")
+    env.ends()
+    continuation = await read(attachment)
+    replayed = await read(resumed)
+    # One stream: the first response (its finish now only its metadata), then the continuation.
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    assert replayed == [*first[:-1], boundary, *continuation]
+    assert [c["type"] for c in replayed].count("finish") == 1 and replayed[0]["type"] == "start"
+    check_stream_rules(replayed)
+
+
 # ---- what a run says while a person decides -------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 from gateway.agents import Agents
 from gateway.chats import ChatService, Gone
 from gateway.config import parse_config
+from gateway.messages import parse_chat_body
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from tests.unit.test_chat_gates import USER, read, request
@@ -135,3 +136,25 @@ def test_the_session_s_confirmation_answers_are_read_in_either_case() -> None:
     ]}
     assert _confirmation_answers(session) == {"adk-a", "adk-b"}
     assert _confirmation_answers({"events": "nope"}) == set() and _confirmation_answers([]) == set()
+
+
+async def test_a_resume_after_a_native_answer_replays_the_earlier_run_too() -> None:
+    """Issue 24, defect 11: the answer starts a new run on the same message; a resume replays the run
+    that asked, the person's answer (ai 7 has a chunk for it), then the new run."""
+    def v7(*messages: dict[str, Any], message_id: str | None = None) -> Any:
+        body: dict[str, Any] = {"id": "chat-1", "messages": list(messages), "trigger": "submit-message"}
+        if message_id:
+            body["messageId"] = message_id
+        return parse_chat_body(body, version_header="7", default_version=6)
+
+    chats = service(NativeAdk())
+    first = await _finished(chats, "u", v7(USER))
+    answer = approval_of(first)
+    second = await _finished(chats, "u", v7(USER, answer, message_id=answer["id"]))
+    assert second[0] == {"type": "start", "messageId": answer["id"]}
+    resumed = chats.resume(AGENT, "u", "chat-1")
+    assert resumed is not None
+    boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
+    said = {"type": "tool-approval-response", "approvalId": CONFIRM_ID, "approved": True}
+    assert await read(resumed) == [*first[:-1], boundary, said, *second]
+    await chats.close()

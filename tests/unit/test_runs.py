@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from gateway.runs import FollowerLagged, Reader, Response, Run
+from gateway.runs import Feed, FollowerLagged, Reader, Response, Run
 
 
-async def collect(response: Response, start: int = 0) -> list[bytes]:
+async def collect(response: Feed, start: int = 0) -> list[bytes]:
     out: list[bytes] = []
     async for batch in response.follow(start):
         out.extend(batch)
@@ -31,7 +31,7 @@ async def test_live_and_late_followers_see_the_same_response() -> None:
     assert not run.streaming
     assert run.unread() is None  # read whole
     # A reconnecting browser cannot say what reached it: recent responses are replayed.
-    assert run.resumable(now=15, retention=60) is run.current
+    assert run.resumable(now=15, retention=60).response is run.current  # type: ignore[union-attr]
     assert run.resumable(now=71, retention=60) is None
 
 
@@ -194,3 +194,94 @@ def test_a_closed_response_forgets_its_readers() -> None:
     assert not response.read
     reader.close()  # after the close: nothing to forget, no error
     assert not response.reader().response.read
+
+
+# ---- resume: the whole message ------------------------------------------------------------------
+
+START = b'{"type":"start","messageId":"m1"}'
+ASK = [
+    START, b'{"type":"start-step"}',
+    b'{"type":"tool-input-start","toolCallId":"c1","toolName":"pay"}',
+    b'{"type":"tool-input-available","toolCallId":"c1","toolName":"pay","input":{}}',
+    b'{"type":"tool-approval-request","approvalId":"gw-1","toolCallId":"c1"}',
+    b'{"type":"finish-step"}',
+    b'{"type":"finish","finishReason":"tool-calls","messageMetadata":{"usage":{"inputTokens":16}}}',
+]
+# The finish of the first response, inside a replay: its metadata, and no end.
+ASK_METADATA = b'{"type":"message-metadata","messageMetadata":{"usage":{"inputTokens":16}}}'
+GOES_ON = [
+    START, b'{"type":"tool-output-available","toolCallId":"c1","output":{"ok":true}}',
+    b'{"type":"start-step"}', b'{"type":"text-start","id":"t1"}',
+]
+ENDS = [
+    b'{"type":"text-delta","id":"t1","delta":"Paid."}', b'{"type":"text-end","id":"t1"}',
+    b'{"type":"finish-step"}', b'{"type":"finish","finishReason":"stop"}',
+]
+
+
+async def test_a_resume_in_a_continuation_replays_the_whole_message_as_one_stream() -> None:
+    """Issue 24, defect 11: the AI SDK rebuilds the message from a resumed stream's `start`; a replay of
+    the continuation alone began with the output of a call it had never seen."""
+    run = Run("m1")
+    run.publish(ASK)
+    run.end_response(now=0)
+    run.next_response()
+    run.publish(GOES_ON)
+    replay = run.resumable(now=1, retention=60)
+    assert replay is not None
+    follower = asyncio.create_task(collect(replay))
+    await asyncio.sleep(0)
+    run.publish(ENDS)
+    run.end_response(now=2)
+    whole = [*ASK[:-1], ASK_METADATA, *GOES_ON, *ENDS]
+    assert await follower == whole
+    assert run.unread() is None  # the replay read the current response whole
+    # Positions count the whole replay, the same in every replay: a WebSocket `lastSequence` is one of them.
+    again = run.resumable(now=3, retention=60)
+    assert again is not None
+    assert await collect(again, start=5) == whole[5:]
+    assert await collect(again, start=9) == whole[9:]
+    assert run.resumable(now=63, retention=60) is None
+
+
+async def test_a_finish_without_metadata_keeps_its_place_as_a_chunk_the_sdk_ignores() -> None:
+    run = Run("m1")
+    run.publish([START, b'{"type":"finish","finishReason":"tool-calls"}'])
+    run.end_response(now=0)
+    run.next_response()
+    run.publish([START])
+    replay = run.resumable(now=0, retention=60)
+    assert replay is not None and replay.earlier == (START, b'{"type":"message-metadata","messageMetadata":null}')
+
+
+async def test_a_run_continuing_a_message_replays_what_the_earlier_run_wrote_and_what_the_browser_added() -> None:
+    first = Run("m1")
+    first.publish(ASK)
+    first.end_response(now=0)
+    answer = b'{"type":"tool-approval-response","approvalId":"gw-1","approved":true}'
+    second = Run("m1", earlier=first.message())
+    second.browser_added([answer])
+    second.publish([*GOES_ON, *ENDS])
+    second.end_response(now=1)
+    replay = second.resumable(now=1, retention=60)
+    assert replay is not None
+    assert await collect(replay) == [*ASK[:-1], ASK_METADATA, answer, *GOES_ON, *ENDS]
+    # A continuation whose beginning is not here (a restart, another replica) has nothing to resume.
+    lost = Run("m1", earlier=None)
+    lost.publish(GOES_ON)
+    assert lost.resumable(now=1, retention=60) is None and lost.unread() is lost.current
+
+
+async def test_a_message_longer_than_the_bound_cannot_be_resumed_rather_than_replayed_with_a_hole() -> None:
+    run = Run("m1", limit=100)
+    run.publish([START, *[b'{"type":"text-delta","id":"t1","delta":"x"}'] * 80, ASK[-1]])
+    run.end_response(now=0)
+    run.next_response()
+    run.publish([START])
+    assert run.resumable(now=0, retention=60) is not None  # 82 earlier chunks: kept
+    run.publish([b'{"type":"text-delta","id":"t1","delta":"y"}'] * 20 + [ASK[-1]])
+    run.end_response(now=0)
+    run.next_response()
+    run.publish([START])
+    assert run.resumable(now=0, retention=60) is None  # 104 in all: the message's start is gone
+    assert run.message() is None
