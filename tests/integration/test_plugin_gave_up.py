@@ -101,9 +101,13 @@ def test_approve_after_the_plugin_gave_up_gets_its_error_the_whole_text_and_a_ma
     parts = [p for p in sdk_check(first, chunks)["parts"] if p.get("toolCallId") == call_id]
     assert [p["state"] for p in parts] == ["output-error"], parts
 
-    # A reload replays the same response.
+    # A reload replays the whole message: the response that asked (its finish kept as the message's
+    # metadata, the stream ends once), then this one (issue 24, defect 11).
     resumed = request(gw.base, "GET", f"/api/chat/{chat}/stream")
-    assert resumed.status == 200 and resumed.chunks == chunks
+    assert resumed.status == 200, resumed.body[:300]
+    asked = len(first.chunks) - 1
+    assert resumed.chunks[:asked] == first.chunks[:-1], resumed.chunks
+    assert resumed.chunks[asked]["type"] == "message-metadata" and resumed.chunks[-len(chunks):] == chunks, resumed.chunks
 
     after = {o: wait_count(stack, tool, o) for o in before}
     assert after == {**before, "abandoned": before["abandoned"] + 1}, (before, after)
