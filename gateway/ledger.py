@@ -160,6 +160,10 @@ class Ledger:
     def ask(self, confirmation: NativeConfirmation) -> None:
         """The run asked ADK's confirmation of a call (the converter saw it)."""
         self._asking[confirmation.tool_call_id] = confirmation
+        # A gated call confirmed this way (`upstream.approvals: confirm`) is never opened by the
+        # plugin's blocking path: the run must not wait for it to be (with a browser tool of the
+        # same run still to be shown, it would never pause).
+        self._expected.pop(confirmation.tool_call_id, None)
 
     def confirming(self, tool_call_id: str) -> bool:
         """This run asked a confirmation of the call: ADK's placeholder response is bookkeeping."""
