@@ -13,6 +13,12 @@ listener and waits for the verdict: run the tool, or answer the call with a resp
 denial, a timeout, or the output the browser produced). This works for `/run_sse` and `/run_live`
 alike, which ADK's own confirmation does not.
 
+With the agent's `upstream.approvals: confirm` (the policy marks such a tool `confirm`), a call
+that needs approval on an SSE run is not held: the plugin asks ADK's own tool confirmation
+(`tool_context.request_confirmation`, as `require_confirmation` does), ADK ends the run with the
+request in its session, and ADK's re-run after the answer runs the tool (confirmed) or answers
+ADK's rejection. A live run (which has no confirmations) and a browser tool keep the blocking path.
+
 It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
 error saying why and the tool does not run. It never raises, because a plugin exception aborts the
 whole run. Each such refusal carries `REFUSAL_KEY` next to its `error`, naming why, so that the
