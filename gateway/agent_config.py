@@ -112,13 +112,6 @@ class AgentConfig(Section):
         policy = self.tool_policy(name)
         return self.upstream.approvals == "confirm" and policy.approval and policy.runs_in == "server"
 
-    def held_policy(self, name: str) -> ToolPolicy:
-        """The policy as the plugin's blocking path applies it (what the converter expects the
-        plugin to open): the tool's own, but ungated for a tool ADK confirms instead. Such a call
-        reaches the browser as ADK's `adk_request_confirmation`, a native confirmation; waiting for
-        the plugin to open it would keep a run with a browser tool from ever pausing."""
-        return _NO_POLICY if self.confirms(name) else self.tool_policy(name)
-
     @property
     def gated_tools(self) -> list[str]:
         return sorted(name for name, policy in self.tools.items() if policy.gated)

@@ -116,6 +116,11 @@ def test_a_plugin_that_names_no_app_blocks_for_every_agent() -> None:
 # ---- a run whose gated call ADK confirms ---------------------------------------------------------
 
 
+def confirming_turn(cfg: GatewayConfig) -> Turn:
+    agent = cfg.agents["payments"]
+    return Turn("m1", ledger=Ledger(), policy=agent.tool_policy, confirms=agent.confirms)
+
+
 def _gate(tool: str, call_id: str, cfg: GatewayConfig) -> GatedCall:
     return GatedCall.open(
         user_id="u", chat_id="c", session_id="c", tool_call_id=call_id, tool=tool, args={},
@@ -147,7 +152,7 @@ def test_a_browser_tool_waits_for_the_person_beside_a_call_adk_confirms() -> Non
     # the confirmation of the payment only comes after it. The browser must be able to answer the
     # browser tool meanwhile, so the payment must not count as a call the plugin has yet to open.
     cfg = config()
-    turn = Turn("m1", ledger=Ledger(), policy=cfg.agents["payments"].held_policy)
+    turn = confirming_turn(cfg)
     shell = Shell(turn)
     shell.apply(turn.begin())
     shell.apply(turn.feed([_call_event(("c-pay", "process_payment"), ("c-loc", "get_location"))], 0.0))
@@ -158,7 +163,7 @@ def test_a_browser_tool_waits_for_the_person_beside_a_call_adk_confirms() -> Non
 
 
 def test_the_same_run_with_every_gated_call_held_by_the_plugin_would_not_pause() -> None:
-    # The contrast: with the tool's own policy (hold), the payment is expected from the plugin.
+    # The contrast: in hold mode the payment is expected from the plugin, which has not opened it yet.
     cfg = config()
     turn = Turn("m1", ledger=Ledger(), policy=cfg.agents["payments"].tool_policy)
     shell = Shell(turn)
@@ -170,7 +175,7 @@ def test_the_same_run_with_every_gated_call_held_by_the_plugin_would_not_pause()
 
 def test_a_call_adk_confirms_is_shown_as_a_native_approval_with_the_policys_hint() -> None:
     cfg = config()
-    turn = Turn("m1", ledger=Ledger(), policy=cfg.agents["payments"].held_policy)
+    turn = confirming_turn(cfg)
     shell = Shell(turn)
     shell.apply(turn.begin())
     shell.apply(turn.feed([_call_event(("c-pay", "process_payment")), *_confirmation_events("c-pay")], 0.0))
@@ -195,15 +200,58 @@ def test_a_call_adk_confirms_is_shown_as_a_native_approval_with_the_policys_hint
 def test_a_native_confirmation_of_an_expected_call_ends_the_expectation() -> None:
     ledger = Ledger()
     ledger.expect("c1")
+    ledger.expect("c2", confirmed_by_adk=True)
+    assert ledger.expected("c1") and ledger.expected("c2")
     ledger.ask(NativeConfirmation("adk-1", "c1", "process_payment"))
-    assert not ledger.expected("c1")
+    ledger.ask(NativeConfirmation("adk-2", "c2", "process_payment"))
+    assert not ledger.expected("c1") and not ledger.expected("c2")
+
+
+def _response_event(call_id: str, response: dict[str, Any]) -> dict[str, Any]:
+    part = {"functionResponse": {"id": call_id, "name": "process_payment", "response": response}}
+    return {"author": "a", "content": {"role": "user", "parts": [part]}}
+
+
+def test_a_payment_that_ran_with_no_confirmation_asked_raises_the_bypass_alarm() -> None:
+    # The plugin is not installed (or not loaded): ADK ran the tool unasked. The alarm must not
+    # depend on which way the gateway expected the call to be asked about.
+    turn = confirming_turn(config())
+    shell = Shell(turn)
+    shell.apply(turn.begin())
+    shell.apply(turn.feed([_call_event(("c-pay", "process_payment")), _response_event("c-pay", {"success": True})], 0.0))
+    assert [o.tool for o in shell.observed if type(o).__name__ == "Bypassed"] == ["process_payment"]
+
+
+def test_a_refusal_by_the_plugin_of_a_call_adk_was_to_confirm_is_no_bypass() -> None:
+    turn = confirming_turn(config())
+    shell = Shell(turn)
+    shell.apply(turn.begin())
+    refusal = {"error": "not run", "adk_gateway_refusal": "confirm_unsupported"}
+    shell.apply(turn.feed([_call_event(("c-pay", "process_payment")), _response_event("c-pay", refusal)], 0.0))
+    assert not [o for o in shell.observed if type(o).__name__ == "Bypassed"]
+    assert shell.current.chunks[-1] == {"type": "tool-output-error", "toolCallId": "c-pay", "errorText": "not run"}
+
+
+def test_a_blocking_plugin_may_still_open_a_call_adk_was_to_confirm() -> None:
+    # A plugin from before confirm mode blocks instead: its gate is shown and decided as in hold mode.
+    cfg = config()
+    turn = confirming_turn(cfg)
+    shell = Shell(turn)
+    shell.apply(turn.begin())
+    shell.apply(turn.feed([_call_event(("c-pay", "process_payment"))], 0.0))
+    gate = turn.ledger.add(_gate("process_payment", "c-pay", cfg))
+    shell.apply(turn.show_gate(gate, 0.0))
+    assert turn.state is TurnState.WAITING
+    shell.apply(turn.answer([(gate, True, None)], [], 1.0))
+    shell.apply(turn.feed([_response_event("c-pay", {"success": True})], 1.0))
+    assert not [o for o in shell.observed if type(o).__name__ == "Bypassed"]
 
 
 def test_the_recorded_native_run_reads_the_same_under_a_confirming_policy() -> None:
     # The plugin's confirmation is ADK's own: the events recorded with require_confirmation are what
     # ADK writes for it too (tests/integration/test_confirm_mode.py checks that on the real stack).
     cfg = config()
-    native, confirming = Turn("m1", ledger=Ledger()), Turn("m1", ledger=Ledger(), policy=cfg.agents["payments"].held_policy)
+    native, confirming = Turn("m1", ledger=Ledger()), confirming_turn(cfg)
     outs = []
     for turn in (native, confirming):
         shell = Shell(turn)
