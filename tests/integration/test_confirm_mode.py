@@ -176,8 +176,9 @@ def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[
     with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
         for approved in (True, False):
             chat, first_message, first, call_id = ask_to_pay(gw)
-            # Nothing waits anywhere but in ADK's session: no run upstream, no plugin request.
+            # Nothing waits anywhere but in ADK's session: the run ended (waiting), no plugin request.
             assert metric_value(gw.base, "adk_gateway_approvals_pending") == 1
+            assert metric_value(gw.base, "adk_gateway_runs_total", {"outcome": "waiting"}) == (1 if approved else 2)
             answer(gw, chat, first_message, first, approved, call_id)
             paid = [r for r in runs(ledger) if r["session_id"] == chat]
             assert len(paid) == (1 if approved else 0), paid
@@ -189,6 +190,8 @@ def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
         assert metric_value(gw.base, "adk_gateway_approvals_pending") == 0
         assert len(runs(ledger)) == 1
+        answered = [(line["tool"], line["outcome"]) for line in gw.log_lines() if line.get("event") == "approval_answered"]
+        assert answered == [("process_payment", "approved"), ("process_payment", "denied")], answered
 
 
 def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_once(
