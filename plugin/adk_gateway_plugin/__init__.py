@@ -62,6 +62,8 @@ from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.genai import types
 
+from .confirmation import CannotConfirm, confirm, is_live
+
 if TYPE_CHECKING:
     # Only for annotations: ADK 2.x made ToolContext an alias of its Context class.
     from google.adk.agents.callback_context import CallbackContext
@@ -79,15 +81,7 @@ logger = logging.getLogger("adk_gateway.plugin")
 _DEFAULT_URL = "http://127.0.0.1:8081"
 # Set on a call's tool context by the plugin hook; the agent-level backstop leaves such a call alone.
 _SEEN = "_adk_gateway_seen"
-# ADK's own texts for a call that waits for, or was refused, a confirmation
-# (google/adk/tools/function_tool.py, the same in 1.22 and 2.x): the gateway and the model read
-# the plugin's confirmations exactly as they read a native `require_confirmation`.
-_PLACEHOLDER = "This tool call requires confirmation, please approve or reject."
-_REJECTED = "This tool call is rejected."
-_DEFAULT_HINT = (
-    "Please approve or reject the tool call {tool}() by responding with a FunctionResponse with an expected "
-    "ToolConfirmation payload."
-)
+
 
 
 def _app_name(context: Any) -> str:
@@ -103,51 +97,6 @@ def _refuse(text: str, code: str) -> dict[str, Any]:
     # ADK's convention for a call that did not run, marked so that the gateway can tell this
     # refusal from a gated tool that ran without asking (docs/approvals.md, "Refusals").
     return {"error": text, REFUSAL_KEY: code}
-
-
-def _is_live(context: Any) -> bool:
-    """Whether the call runs in a live (`/run_live`) invocation, which has no tool confirmation.
-
-    Every supported ADK (1.22 to 2.x) gives a live invocation a `live_request_queue`, and only a
-    live one. A context that does not let us look counts as live: the blocking path gates there
-    too, so not knowing costs durability, never a gate.
-    """
-    try:
-        invocation = context._invocation_context  # noqa: SLF001 - the one place each version keeps it
-    except AttributeError:
-        return True
-    return getattr(invocation, "live_request_queue", True) is not None
-
-
-def _confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
-    """`upstream.approvals: confirm`: ask ADK's own confirmation of the call instead of blocking.
-
-    What ADK's `FunctionTool(require_confirmation=True)` does, in 1.22 and 2.x alike: no answer yet
-    -> request one (ADK ends the run with an `adk_request_confirmation` call in its session) and
-    answer the call with ADK's placeholder; ADK re-runs the call once with the answer: confirmed
-    -> None (the tool runs), rejected -> ADK's rejection result. Raises when the context cannot
-    ask (the caller refuses the call).
-    """
-    answer = getattr(context, "tool_confirmation", None)
-    if answer is not None:
-        if getattr(answer, "confirmed", False) is True:
-            return None
-        return {"error": _REJECTED}
-    request = getattr(context, "request_confirmation", None)
-    if not callable(request):
-        logger.error("this ADK cannot request a tool confirmation from a plugin; refusing %s", tool)
-        return _refuse(
-            "This agent's ADK cannot ask for a confirmation (the gateway's approvals: confirm), so this call "
-            "cannot be approved; it was not run.",
-            "confirm_unsupported",
-        )
-    with warnings.catch_warnings():
-        # ADK 1.x: "[EXPERIMENTAL] ToolConfirmation ..." each time one is built, here by ADK itself.
-        warnings.filterwarnings("ignore", message=r".*EXPERIMENTAL.*", category=UserWarning)
-        request(hint=hint if isinstance(hint, str) and hint else _DEFAULT_HINT.format(tool=tool))
-    # As ADK's own: the model is not asked to comment on a call that waits for a person.
-    context.actions.skip_summarization = True
-    return {"error": _PLACEHOLDER}
 
 
 def _confirmed() -> ToolConfirmation:
@@ -242,8 +191,8 @@ class GatewayPlugin(BasePlugin):
                 )
             if not policy.get("gated"):
                 return None
-            if policy.get("confirm") and not _is_live(tool_context):
-                return _confirm(tool.name, policy.get("hint"), tool_context)
+            if policy.get("confirm") and not is_live(tool_context):
+                return self._confirm(tool.name, policy.get("hint"), tool_context)
             verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")
@@ -256,6 +205,18 @@ class GatewayPlugin(BasePlugin):
         if verdict.get("verdict") == "respond" and isinstance(response, dict):
             return response
         return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
+
+    @staticmethod
+    def _confirm(tool: str, hint: Any, tool_context: ToolContext) -> dict[str, Any] | None:
+        try:
+            return confirm(tool, hint, tool_context)
+        except CannotConfirm:
+            logger.error("this ADK cannot request a tool confirmation from a plugin; refusing %s", tool)
+            return _refuse(
+                "This agent's ADK cannot ask for a confirmation (the gateway's approvals: confirm), so this call "
+                "cannot be approved; it was not run.",
+                "confirm_unsupported",
+            )
 
     # ---- version differences ---------------------------------------------------------------
 

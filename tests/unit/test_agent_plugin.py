@@ -528,10 +528,10 @@ async def test_a_hold_policy_ignores_an_earlier_confirmation_and_asks_the_gatewa
     await plugin.close()
 
 
-def test_confirm_mode_builds_no_experimental_warning_on_adk_1x(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_confirm_mode_builds_no_experimental_warning_on_adk_1x() -> None:
     import warnings
 
-    import adk_gateway_plugin
+    from adk_gateway_plugin.confirmation import confirm
 
     def warns(**_: Any) -> None:
         warnings.warn("[EXPERIMENTAL] ToolConfirmation: This feature is experimental", UserWarning, stacklevel=2)
@@ -540,5 +540,5 @@ def test_confirm_mode_builds_no_experimental_warning_on_adk_1x(monkeypatch: pyte
     ctx.request_confirmation = warns
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        adk_gateway_plugin._confirm("pay", "h", ctx)  # noqa: SLF001
+        confirm("pay", "h", ctx)
     assert seen == []
