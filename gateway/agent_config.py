@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AnyHttpUrl, Field
+from pydantic import AnyHttpUrl, Field, model_validator
 
 from .config_values import ClaimValues, Duration, Section
 
@@ -31,6 +31,19 @@ class UpstreamConfig(Section):
     max_connections: int = Field(1000, ge=1)
     # How often /readyz may probe the upstream; between probes the last answer is reused.
     health_interval: Duration = Field(5.0, gt=0)
+    # How the plugin waits for a person on a tool with `approval: true` (docs/approvals.md).
+    # hold: it blocks inside the tool call on a long request to the gateway until the decision
+    # (the pending approval lives in that request and in the gateway's memory). confirm (sse
+    # only): it asks ADK for a confirmation of the call instead, so the run ends and the request
+    # is kept in ADK's session; the answer re-runs the call. Browser tools stay on hold.
+    approvals: Literal["hold", "confirm"] = "hold"
+
+    @model_validator(mode="after")
+    def _confirm_needs_sse(self) -> UpstreamConfig:
+        if self.approvals == "confirm" and self.mode == "live":
+            # ADK's live flow has no tool confirmation: the plugin must block there.
+            raise ValueError("approvals: confirm needs mode: sse (ADK's live flow has no tool confirmations); use hold")
+        return self
 
 
 class ToolPolicy(Section):
@@ -93,6 +106,11 @@ class AgentConfig(Section):
     @property
     def upstream_base(self) -> str:
         return str(self.upstream.url).rstrip("/")
+
+    def confirms(self, name: str) -> bool:
+        """Whether the plugin asks ADK's confirmation of this tool's calls instead of blocking."""
+        policy = self.tool_policy(name)
+        return self.upstream.approvals == "confirm" and policy.approval and policy.runs_in == "server"
 
     @property
     def gated_tools(self) -> list[str]:

@@ -247,6 +247,7 @@ class ChatService:
         turn = Turn(
             run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
             denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
+            confirms=agent.config.confirms,
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)

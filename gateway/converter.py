@@ -53,7 +53,8 @@ class Converter(MessageWriter):
     `known_tool_calls` are tool call ids the client already holds in this message (a continuation
     after an approval): their outputs need no new tool part. `policy` says which tools the gateway
     gates (approval, browser): their calls are expected to be opened by the plugin, and the message
-    waits until they are. `ledger` is the chat's (a fresh one when the converter stands alone).
+    waits until they are; or, for a tool `confirms` names, to be confirmed by ADK (no wait: ADK asks
+    when the run's calls returned). `ledger` is the chat's (a fresh one when the converter stands alone).
     """
 
     def __init__(
@@ -63,9 +64,12 @@ class Converter(MessageWriter):
         known_tool_calls: Iterable[str] = (),
         policy: Callable[[str], ToolPolicy] | None = None,
         ledger: Ledger | None = None,
+        confirms: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(message_id, version)
         self.policy = policy
+        # Gated tools ADK confirms (`upstream.approvals: confirm`): the plugin asks ADK, not the gateway.
+        self.confirms = confirms
         self.ledger = ledger if ledger is not None else Ledger()
         self._tools_shown: dict[str, None] = {call: None for call in known_tool_calls}  # fromkeys presizes: 224 B empty
         # Gated tools that answered without the plugin asking (it is not installed?); read and
@@ -201,7 +205,7 @@ class Converter(MessageWriter):
     def _show_tool(self, out: list[Chunk], call_id: str, name: str, args: Any) -> None:
         policy = self.policy(name) if self.policy is not None else None
         if policy is not None and policy.gated:
-            self.ledger.expect(call_id)
+            self.ledger.expect(call_id, confirmed_by_adk=self.confirms is not None and self.confirms(name))
         if call_id in self._tools_shown:
             return
         self._model_output(out)

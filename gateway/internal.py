@@ -7,7 +7,9 @@ bearer token, compared in constant time: `internal.secret`, or during a rotation
 have to move to the new one before it is dropped).
 
 - `GET /internal/v1/policy?app_name=APP`: the tool policy of the agent whose ADK app is APP, so
-  the plugin only calls back for gated tools (404 for an app no agent has). Without `app_name`
+  the plugin only calls back for gated tools (404 for an app no agent has). A tool marked
+  `confirm` (the agent's `upstream.approvals: confirm`) is gated by ADK's own confirmation
+  instead: the plugin asks ADK, not this listener. Without `app_name`
   (a plugin from before several agents): every agent's policies merged, each tool as gated as
   any agent has it.
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
@@ -82,8 +84,13 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
     return await handler(request)
 
 
-def _entry(p: ToolPolicy) -> dict[str, object]:
-    return {"approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking}
+def _entry(p: ToolPolicy, confirm: bool = False) -> dict[str, object]:
+    return {
+        "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
+        # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
+        # A plugin from before this key ignores it and blocks: still gated.
+        "confirm": confirm, "hint": p.hint,
+    }
 
 
 def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
@@ -100,6 +107,9 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
             "timeout": max((p.timeout for p in policies if p.gated), default=policies[0].timeout),
             "gated": any(p.gated for p in policies),
             "non_blocking": all(p.non_blocking for p in policies),
+            # Without the app, the plugin blocks (hold): it gates for every agent alike.
+            "confirm": False,
+            "hint": None,
         }
     return merged
 
@@ -114,7 +124,8 @@ async def policy(request: web.Request) -> web.Response:
         if agent is None:
             log.warning("policy_for_unknown_app", app_name=app)
             raise HttpError(404, "agent_not_found", f"no agent of this gateway has the ADK app name {app!r}")
-        tools = {name: _entry(p) for name, p in config.agents[agent].tools.items()}
+        settings = config.agents[agent]
+        tools = {name: _entry(p, settings.confirms(name)) for name, p in settings.tools.items()}
     return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
 
 

@@ -42,7 +42,8 @@ class NativeConfirmation:
 class Ledger:
     # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
     __slots__ = (
-        "_answered", "_asking", "_by_approval", "_calls", "_current", "_denied", "_expected", "_native", "_open", "_seen",
+        "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_denied", "_expected", "_native", "_open",
+        "_seen",
     )
 
     def __init__(self) -> None:
@@ -51,6 +52,10 @@ class Ledger:
         self._open: dict[str, GatedCall] = {}  # shown to the browser and not released
         self._current: dict[str, None] = {}  # this run: the gated calls opened in it
         self._expected: dict[str, None] = {}  # this run: gated calls in the model's output the plugin has not opened
+        # This run: gated calls ADK is to confirm (`upstream.approvals: confirm`) that it has not
+        # asked about yet. Unlike `_expected`, they do not hold back a pause: ADK asks only once
+        # every call of the model's event returned, a browser tool's too.
+        self._confirmable: dict[str, None] = {}
         self._seen: dict[str, None] = {}  # this run: every gated call it showed (expected once at most)
         self._denied: dict[str, None] = {}  # this run: tool calls the person denied natively
         self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
@@ -60,6 +65,7 @@ class Ledger:
     def begin_run(self, denied: Iterable[str] = ()) -> None:
         """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies."""
         self._expected.clear()
+        self._confirmable.clear()
         self._seen.clear()
         self._current.clear()
         self._asking.clear()
@@ -93,22 +99,26 @@ class Ledger:
     def unreleased(self) -> list[GatedCall]:
         return [c for c in self._calls.values() if not c.released]
 
-    def expect(self, tool_call_id: str) -> None:
-        """The model's output shows a gated call: the run waits until the plugin opens it."""
+    def expect(self, tool_call_id: str, *, confirmed_by_adk: bool = False) -> None:
+        """The model's output shows a gated call: the run waits until the plugin opens it, or,
+        `confirmed_by_adk`, expects ADK to ask its confirmation (without waiting for that)."""
         if tool_call_id not in self._seen:
             self._seen[tool_call_id] = None
             call = self._calls.get(tool_call_id)
             # One released before it could be shown (cancelled, decided early) is never shown: no wait for it.
             if tool_call_id not in self._open and (call is None or not call.released):
-                self._expected[tool_call_id] = None
+                (self._confirmable if confirmed_by_adk else self._expected)[tool_call_id] = None
 
     def expected(self, tool_call_id: str) -> bool:
-        return tool_call_id in self._expected
+        """Neither opened by the plugin nor confirmed by ADK yet: a result now ran unasked."""
+        return tool_call_id in self._expected or tool_call_id in self._confirmable
 
     def shown(self, call: GatedCall) -> None:
         """The browser was shown the call: while it is not released, the run waits for a person."""
         self._seen[call.tool_call_id] = None
         self._expected.pop(call.tool_call_id, None)
+        # A plugin that blocks (live, or from before confirm mode) opened a call ADK was to confirm.
+        self._confirmable.pop(call.tool_call_id, None)
         if not call.released:
             self._open[call.tool_call_id] = call
 
@@ -119,10 +129,12 @@ class Ledger:
         """The call no longer waits: released, or answered by ADK without a verdict."""
         self._open.pop(tool_call_id, None)
         self._expected.pop(tool_call_id, None)
+        self._confirmable.pop(tool_call_id, None)
 
     def answered_unexpectedly(self, tool_call_id: str) -> None:
-        """ADK answered a call the run expected the plugin to open (it never asked)."""
+        """ADK answered a call the run expected the plugin to open or ADK to confirm (nobody asked)."""
         self._expected.pop(tool_call_id, None)
+        self._confirmable.pop(tool_call_id, None)
 
     @property
     def gates_open(self) -> bool:
@@ -141,7 +153,7 @@ class Ledger:
         plain result: one check instead of the five below."""
         return (
             tool_call_id in self._calls or tool_call_id in self._expected or tool_call_id in self._asking
-            or tool_call_id in self._denied
+            or tool_call_id in self._denied or tool_call_id in self._confirmable
         )
 
     def shown_as_denied(self, tool_call_id: str) -> bool:
@@ -160,6 +172,10 @@ class Ledger:
     def ask(self, confirmation: NativeConfirmation) -> None:
         """The run asked ADK's confirmation of a call (the converter saw it)."""
         self._asking[confirmation.tool_call_id] = confirmation
+        # A gated call confirmed this way is never opened by the plugin's blocking path: the run
+        # must not wait for it to be.
+        self._expected.pop(confirmation.tool_call_id, None)
+        self._confirmable.pop(confirmation.tool_call_id, None)
 
     def confirming(self, tool_call_id: str) -> bool:
         """This run asked a confirmation of the call: ADK's placeholder response is bookkeeping."""

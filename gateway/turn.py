@@ -173,10 +173,11 @@ class Turn:
         known_tool_calls: Iterable[str] = (),
         denied_tool_calls: Iterable[str] = (),
         policy: Callable[[str], ToolPolicy] | None = None,
+        confirms: Callable[[str], bool] | None = None,
     ) -> None:
         ledger.begin_run(denied_tool_calls)
         self.ledger = ledger
-        self.converter = Converter(message_id, version, known_tool_calls, policy, ledger)
+        self.converter = Converter(message_id, version, known_tool_calls, policy, ledger, confirms)
         self.state = TurnState.STREAMING
         self._outcome = "completed"
         self._reported = False

@@ -148,7 +148,7 @@ class GatewayProcess:
 @contextmanager
 def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
-    upstream_mode: str = "sse", drain_timeout: str = "20s",
+    upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str = "hold",
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
     an `agents:` section in it, `upstream` is unused (each agent names its own)."""
@@ -159,7 +159,7 @@ def gateway_process(
         f"logging:\n  level: debug\n  format: json\n" + config
         # The tests run many chats at once as one anonymous user: the production caps would bite.
         + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n")
-        + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n")
+        + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n  approvals: {approvals}\n")
     )
     log = tmp / f"gateway-{port}.log"
     with log.open("w") as out:
@@ -229,7 +229,7 @@ class PluginStack:
 def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
-    adk: Path | None = None, plugin: str = PLUGIN,
+    adk: Path | None = None, plugin: str = PLUGIN, approvals: str = "hold",
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 
@@ -243,7 +243,7 @@ def plugin_stack(
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
     with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, gateway_process(
-        tmp, adk_base, config, upstream_mode=upstream_mode
+        tmp, adk_base, config, upstream_mode=upstream_mode, approvals=approvals
     ) as gw:
         yield PluginStack(gw, adk_base, internal, secret, gw.config_path)
 

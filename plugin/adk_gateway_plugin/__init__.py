@@ -13,6 +13,12 @@ listener and waits for the verdict: run the tool, or answer the call with a resp
 denial, a timeout, or the output the browser produced). This works for `/run_sse` and `/run_live`
 alike, which ADK's own confirmation does not.
 
+With the agent's `upstream.approvals: confirm` (the policy marks such a tool `confirm`), a call
+that needs approval on an SSE run is not held: the plugin asks ADK's own tool confirmation
+(`tool_context.request_confirmation`, as `require_confirmation` does), ADK ends the run with the
+request in its session, and ADK's re-run after the answer runs the tool (confirmed) or answers
+ADK's rejection. A live run (which has no confirmations) and a browser tool keep the blocking path.
+
 It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
 error saying why and the tool does not run. It never raises, because a plugin exception aborts the
 whole run. Each such refusal carries `REFUSAL_KEY` next to its `error`, naming why, so that the
@@ -56,6 +62,8 @@ from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.genai import types
 
+from .confirmation import CannotConfirm, confirm, is_live
+
 if TYPE_CHECKING:
     # Only for annotations: ADK 2.x made ToolContext an alias of its Context class.
     from google.adk.agents.callback_context import CallbackContext
@@ -73,6 +81,7 @@ logger = logging.getLogger("adk_gateway.plugin")
 _DEFAULT_URL = "http://127.0.0.1:8081"
 # Set on a call's tool context by the plugin hook; the agent-level backstop leaves such a call alone.
 _SEEN = "_adk_gateway_seen"
+
 
 
 def _app_name(context: Any) -> str:
@@ -182,6 +191,8 @@ class GatewayPlugin(BasePlugin):
                 )
             if not policy.get("gated"):
                 return None
+            if policy.get("confirm") and not is_live(tool_context):
+                return self._confirm(tool.name, policy.get("hint"), tool_context)
             verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")
@@ -194,6 +205,18 @@ class GatewayPlugin(BasePlugin):
         if verdict.get("verdict") == "respond" and isinstance(response, dict):
             return response
         return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
+
+    @staticmethod
+    def _confirm(tool: str, hint: Any, tool_context: ToolContext) -> dict[str, Any] | None:
+        try:
+            return confirm(tool, hint, tool_context)
+        except CannotConfirm:
+            logger.error("this ADK cannot request a tool confirmation from a plugin; refusing %s", tool)
+            return _refuse(
+                "This agent's ADK cannot ask for a confirmation (the gateway's approvals: confirm), so this call "
+                "cannot be approved; it was not run.",
+                "confirm_unsupported",
+            )
 
     # ---- version differences ---------------------------------------------------------------
 

@@ -36,6 +36,9 @@ class FakeGateway:
         # The secrets the internal listener accepts (two while a rotation overlaps).
         self.secrets = {"s3cret"}
         self.refused = 0
+        self.tools: dict[str, Any] = {
+            "pay": {"approval": True, "runs_in": "server", "gated": True, "non_blocking": True},
+        }
 
     def authorized(self, request: web.Request) -> bool:
         if request.headers.get("Authorization", "").removeprefix("Bearer ") in self.secrets:
@@ -47,9 +50,7 @@ class FakeGateway:
         async def policy(request: web.Request) -> web.Response:
             if not self.authorized(request):
                 return web.json_response({}, status=401)
-            return web.json_response({"tools": {
-                "pay": {"approval": True, "runs_in": "server", "gated": True, "non_blocking": True},
-            }, "refresh": 30})
+            return web.json_response({"tools": self.tools, "refresh": 30})
 
         async def tool_calls(request: web.Request) -> web.Response:
             if not self.authorized(request):
@@ -386,3 +387,158 @@ async def test_an_unreadable_secret_file_fails_closed(gateway: tuple[FakeGateway
         assert response[REFUSAL_KEY] == "policy_unavailable"
     finally:
         await plugin.close()
+
+
+# ---- upstream.approvals: confirm (ADK's own confirmation instead of a held request) ----------------
+
+CONFIRM = {"approval": True, "runs_in": "server", "gated": True, "confirm": True, "hint": "Money leaves."}
+
+
+class Confirmations:
+    """ADK's side of a confirmation on a tool context: what was requested (1.22 and 2.x alike)."""
+
+    def __init__(self) -> None:
+        self.requested: list[dict[str, Any]] = []
+
+    def __call__(self, *, hint: str | None = None, payload: Any = None) -> None:
+        self.requested.append({"hint": hint, "payload": payload})
+
+
+def sse_context(*, live: bool = False, answer: Any = None, can_confirm: bool = True) -> Any:
+    ctx = context()
+    ctx.tool_confirmation = answer
+    # Every supported ADK gives a live invocation, and only a live one, a live_request_queue.
+    ctx._invocation_context = SimpleNamespace(live_request_queue=object() if live else None)
+    ctx.actions = SimpleNamespace(skip_summarization=False)
+    if can_confirm:
+        ctx.request_confirmation = Confirmations()
+    return ctx
+
+
+async def test_confirm_asks_adk_not_the_gateway_and_answers_with_adks_placeholder(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx)
+    # What ADK's require_confirmation answers, so the gateway and the model read it as ADK's own.
+    assert response == {"error": "This tool call requires confirmation, please approve or reject."}
+    assert ctx.request_confirmation.requested == [{"hint": "Money leaves.", "payload": None}]
+    assert ctx.actions.skip_summarization is True
+    assert fake.asked == []  # nothing held open on the gateway
+    await plugin.close()
+
+
+async def test_confirm_without_a_hint_uses_adks_own(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"pay": {**CONFIRM, "hint": None}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
+    # The gateway shows no hint for ADK's generated one (it instructs the model, not the person).
+    assert ctx.request_confirmation.requested[0]["hint"].startswith("Please approve or reject the tool call pay()")
+    await plugin.close()
+
+
+async def test_the_rerun_after_an_approval_runs_the_tool_and_after_a_rejection_does_not(gateway: tuple[FakeGateway, str]) -> None:
+    from google.adk.tools.tool_confirmation import ToolConfirmation
+
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    approved = sse_context(answer=ToolConfirmation(confirmed=True))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=approved) is None
+    rejected = sse_context(answer=ToolConfirmation(confirmed=False))
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=rejected)
+    assert response == {"error": "This tool call is rejected."}  # ADK's own rejection
+    assert approved.request_confirmation.requested == rejected.request_confirmation.requested == []
+    assert fake.asked == []
+    await plugin.close()
+
+
+async def test_a_live_run_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+    # ADK's live flow has no confirmation: asked there, nobody would ever answer.
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(live=True)
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx) is None
+    assert [a["tool"] for a in fake.asked] == ["pay"] and ctx.request_confirmation.requested == []
+    await plugin.close()
+
+
+async def test_a_context_that_does_not_say_whether_it_is_live_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    del ctx._invocation_context
+    fake.verdict = {"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
+    assert response[REFUSAL_KEY] == "denied" and len(fake.asked) == 1 and ctx.request_confirmation.requested == []
+    await plugin.close()
+
+
+async def test_an_adk_that_cannot_ask_for_a_confirmation_refuses_the_call(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=sse_context(can_confirm=False))
+    assert response[REFUSAL_KEY] == "confirm_unsupported" and "not run" in response["error"]
+    assert fake.asked == []
+    await plugin.close()
+
+
+async def test_a_confirmation_request_that_raises_refuses_the_call(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+
+    def broken(**_: Any) -> None:
+        raise ValueError("request_confirmation requires function_call_id")
+
+    ctx.request_confirmation = broken
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
+    assert response[REFUSAL_KEY] == "plugin_failed" and "not run" in response["error"]
+    await plugin.close()
+
+
+async def test_confirm_without_a_policy_refuses_even_an_approved_rerun() -> None:
+    from google.adk.tools.tool_confirmation import ToolConfirmation
+
+    plugin = GatewayPlugin(url="http://127.0.0.1:9", secret="s3cret", connect_timeout=1)
+    ctx = sse_context(answer=ToolConfirmation(confirmed=True))
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
+    assert response[REFUSAL_KEY] == "policy_unavailable"
+    await plugin.close()
+
+
+async def test_a_hold_policy_ignores_an_earlier_confirmation_and_asks_the_gateway(gateway: tuple[FakeGateway, str]) -> None:
+    # An agent switched back to hold while a confirmation was pending: the answer re-runs the call,
+    # which the gateway then gates again (asked twice, never run unasked).
+    from google.adk.tools.tool_confirmation import ToolConfirmation
+
+    fake, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    fake.verdict = {"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}
+    ctx = sse_context(answer=ToolConfirmation(confirmed=True))
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
+    assert response[REFUSAL_KEY] == "denied" and len(fake.asked) == 1
+    await plugin.close()
+
+
+def test_confirm_mode_builds_no_experimental_warning_on_adk_1x() -> None:
+    import warnings
+
+    from adk_gateway_plugin.confirmation import confirm
+
+    def warns(**_: Any) -> None:
+        warnings.warn("[EXPERIMENTAL] ToolConfirmation: This feature is experimental", UserWarning, stacklevel=2)
+
+    ctx = sse_context()
+    ctx.request_confirmation = warns
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        confirm("pay", "h", ctx)
+    assert seen == []

@@ -1,0 +1,248 @@
+"""`upstream.approvals: confirm` on the real stack: the stock ADK API server with the plugin, on the
+newest ADK (this venv) and the oldest supported one (.venv-adk-<version>, as test_adk_versions.py).
+
+A gated call then holds nothing open: the plugin asks ADK's own confirmation, ADK ends the run with
+the request in its session, and the answer (whichever gateway process receives it) re-runs the call
+once. Shown here with the ledger of real executions (the demo's DEMO_TOOL_LEDGER):
+
+- the plugin inside each ADK's own Runner (adk_confirm_probe.py): SSE asks ADK, not the gateway,
+  and the answer runs the payment once (approve) or never (deny); live keeps the blocking path;
+- "pay 50 to Hanako" through the gateway, approved and denied, with no plugin request at all;
+- the same answered after a kill -9 of the gateway and a fresh start (memory backend): ADK, which
+  kept the request, runs the payment once;
+- every demo row with the stock ai 6 and ai 7 Chats over SSE and WebSocket.
+
+`ADK_VERSIONS` names the old versions (default 1.22.1); `ADK_VENV_DIR` may point at a ready venv of
+the first one instead of building .venv-adk-<version> here. Each old-ADK process loads this
+checkout's plugin sources (PYTHONPATH), which a venv built earlier may not hold yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gateway.demo import adk_venv
+from gateway.demo.tools import process_payment
+from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.demo_rows import SCENARIOS as DEMO_ROWS
+from tests.demo_rows import check_rows
+from tests.jsdriver import run_chats
+from tests.procs import (
+    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, stop_process,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+PLUGIN = "adk_gateway_plugin.GatewayPlugin"
+PROBE = Path(__file__).with_name("adk_confirm_probe.py")
+HINT = "Money leaves the account when you approve."
+PLACEHOLDER = {"error": "This tool call requires confirmation, please approve or reject."}
+OLD = [v.strip() for v in os.environ.get("ADK_VERSIONS", "1.22.1").split(",") if v.strip()]
+
+
+def _old_venv(version: str) -> Path:
+    given = os.environ.get("ADK_VENV_DIR")
+    if given and version == OLD[0]:
+        return Path(given)
+    try:
+        return adk_venv.ensure(version)
+    except adk_venv.VenvError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module", params=["newest", *OLD])
+def adk(request: pytest.FixtureRequest) -> tuple[str, Path | None]:
+    """(label, venv) of an ADK to run: None is this venv's (the newest)."""
+    return request.param, None if request.param == "newest" else _old_venv(request.param)
+
+
+def _plugin_env() -> dict[str, str]:
+    # This checkout's plugin first, whatever copy the venv holds.
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")]))}
+
+
+# ---- the plugin inside each ADK's own Runner ------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["approve", "deny"])
+def test_on_sse_the_plugin_asks_adk_and_the_answer_runs_the_call_once_or_never(adk: tuple[str, Path | None], answer: str) -> None:
+    python = sys.executable if adk[1] is None else str(adk[1] / "bin" / "python")
+    done = subprocess.run(
+        [python, str(PROBE), "sse", answer], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**os.environ, **_plugin_env()},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["plugin_file"].startswith(str(ROOT / "plugin"))
+    assert seen["asked_gateway"] == 0 and seen["ran_before_answer"] == 0
+    pay, confirmation, placeholder = seen["first"]
+    assert pay["call"] == "process_payment" and confirmation["call"] == "adk_request_confirmation"
+    assert confirmation["long_running"] is True
+    assert confirmation["args"]["originalFunctionCall"]["id"] == pay["id"]
+    assert confirmation["args"]["toolConfirmation"]["hint"] == HINT
+    assert placeholder == {"response": "process_payment", "id": pay["id"], "value": PLACEHOLDER}
+    [result] = seen["second"]
+    assert result["id"] == pay["id"]
+    if answer == "approve":
+        assert seen["ran"] == 1 and result["value"] == process_payment(50, "Hanako", "USD")
+        assert seen["final_text"].startswith("Done: sent 50 USD to Hanako")
+    else:
+        assert seen["ran"] == 0 and result["value"] == {"error": "This tool call is rejected."}
+        assert "was not made" in seen["final_text"]
+
+
+def test_on_live_the_plugin_keeps_the_blocking_path(adk: tuple[str, Path | None]) -> None:
+    python = sys.executable if adk[1] is None else str(adk[1] / "bin" / "python")
+    done = subprocess.run(
+        [python, str(PROBE), "live", "approve"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**os.environ, **_plugin_env()},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["asked_gateway"] == 1 and seen["ran"] == 1
+    assert all(p.get("call") != "adk_request_confirmation" for p in seen["first"])
+
+
+# ---- through the gateway ----------------------------------------------------------------------------
+
+
+@contextmanager
+def confirm_stack(tmp: Path, adk: tuple[str, Path | None], ledger: Path) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
+    """The demo topology with `approvals: confirm`; yields (adk, gateway, the gateway's YAML extra)."""
+    internal_port = free_port()
+    secret = "test-secret-" + os.urandom(6).hex()
+    extra = (
+        DEMO_TOOLS.format(payment_timeout="5m", on_timeout="deny")
+        + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n"
+    )
+    env = {
+        "ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret,
+        "DEMO_TOOL_LEDGER": str(ledger), **_plugin_env(),
+    }
+    server = AdkServer(tmp, extra_plugins=(PLUGIN,), env=env, adk=None if adk[1] is None else adk[1] / "bin" / "adk")
+    server.start()
+    try:
+        with gateway_process(tmp, server.base, extra, approvals="confirm") as gw:
+            yield server, gw, extra
+    finally:
+        server.stop()
+
+
+def runs(ledger: Path) -> list[dict]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+def text(reply) -> str:
+    return "".join(c["delta"] for c in reply.chunks if c["type"] == "text-delta")
+
+
+def ask_to_pay(gw: GatewayProcess) -> tuple[str, dict, object, str]:
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gw, chat, [first_message])
+    assert types(first) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
+    ], first.body[-2000:]
+    request = first.chunks[4]
+    # ADK's own confirmation (its id), showing the tool policy's hint.
+    assert request["approvalId"].startswith("adk-") and request["approvalDescriptor"] == {"hint": HINT}
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    return chat, first_message, first, request["toolCallId"]
+
+
+def answer(gw: GatewayProcess, chat: str, first_message: dict, first, approved: bool, call_id: str) -> None:
+    reply = assistant_from(first, [approved])
+    second = post(gw, chat, [first_message, reply], messageId=reply["id"])
+    assert second.status == 200 and second.chunks[0] == {"type": "start", "messageId": reply["id"]}, second.body[-2000:]
+    if approved:
+        assert second.chunks[1] == {"type": "tool-output-available", "toolCallId": call_id, "output": process_payment(50, "Hanako", "USD")}
+        assert text(second).startswith("Done: sent 50 USD to Hanako")
+    else:
+        assert second.chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}, second.body[-2000:]
+        assert "not made" in text(second)
+    assert second.chunks[-1]["finishReason"] == "stop"
+
+
+def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
+        for approved in (True, False):
+            chat, first_message, first, call_id = ask_to_pay(gw)
+            # Nothing waits anywhere but in ADK's session: the run ended (waiting), no plugin request.
+            assert metric_value(gw.base, "adk_gateway_approvals_pending") == 1
+            assert metric_value(gw.base, "adk_gateway_runs_total", {"outcome": "waiting"}) == (1 if approved else 2)
+            answer(gw, chat, first_message, first, approved, call_id)
+            paid = [r for r in runs(ledger) if r["session_id"] == chat]
+            assert len(paid) == (1 if approved else 0), paid
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0
+        for outcome in ("approved", "denied"):
+            assert metric_value(
+                gw.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": outcome},
+            ) == 1
+        assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+        assert metric_value(gw.base, "adk_gateway_approvals_pending") == 0
+        assert len(runs(ledger)) == 1
+        answered = [(line["tool"], line["outcome"]) for line in gw.log_lines() if line.get("event") == "approval_answered"]
+        assert answered == [("process_payment", "approved"), ("process_payment", "denied")], answered
+
+
+def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_once(
+    adk: tuple[str, Path | None], tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    with confirm_stack(tmp_path, adk, ledger) as (server, gw, extra):
+        pending = [ask_to_pay(gw) for _ in range(2)]
+        gw.proc.kill()  # kill -9: the gateway's memory (its chats, its ledger) is gone
+        gw.proc.wait()
+        assert runs(ledger) == []
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
+            (chat_a, message_a, first_a, call_a), (chat_b, message_b, first_b, call_b) = pending
+            answer(again, chat_a, message_a, first_a, True, call_a)
+            answer(again, chat_b, message_b, first_b, False, call_b)
+            assert [r["session_id"] for r in runs(ledger)] == [chat_a]
+            # A replay of the approval, to the restarted gateway, runs nothing again.
+            reply = assistant_from(first_a, [True])
+            replay = post(again, chat_a, [message_a, reply], messageId=reply["id"])
+            assert replay.status == 410, replay.body[-2000:]
+            assert len(runs(ledger)) == 1
+        stop_process(gw.proc)
+
+
+@pytest.mark.js
+def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: the payments go
+    through ADK's confirmation (browser tools keep the plugin's blocking path), each approved
+    payment runs exactly once, no denied or abandoned one ever."""
+    ledger = tmp_path / "ledger.jsonl"
+    with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
+        names = list(DEMO_ROWS)
+        for version in (6, 7):
+            for transport in ("sse", "ws"):
+                batch = [
+                    {"version": version, "api": f"{gw.base}/api/chat", "steps": DEMO_ROWS[name], "transport": transport,
+                     "ws_url": gw.base.replace("http", "ws", 1) + "/api/chat/ws"}
+                    for name in names
+                ]
+                results: dict[str, dict] = {}
+                for start in range(0, len(batch), 5):
+                    results.update(zip(names[start:start + 5], run_chats(batch[start:start + 5], timeout=90)))
+                try:
+                    check_rows(results)
+                except AssertionError as exc:
+                    raise AssertionError(f"ADK {adk[0]}, ai {version} over {transport}: {exc}") from None
+        paid = Counter(r["args"]["recipient"] for r in runs(ledger) if r["tool"] == "process_payment")
+        # Per client and transport: "approve" pays Hanako once, "two" pays one of Alice and Bob;
+        # "deny" and "moved_on" (a new message instead of an answer) never pay.
+        assert paid["Hanako"] == 4 and paid["Alice"] + paid["Bob"] == 4, paid
+        # Browser tools went through the plugin's requests; no payment did (a gateway gate's id is gw-...).
+        ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == "process_payment" and "approval_id" in line}
+        assert ids and all(i.startswith("adk-") for i in ids), sorted(ids)
+        assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
