@@ -1,0 +1,144 @@
+"""A pending ADK confirmation across a restart of the ADK server, on each supported release (issue 25).
+
+The real gateway in front of the stock ADK API server with the demo agent, whose process_payment
+asks ADK's own `require_confirmation` (DEMO_NATIVE_CONFIRMATION=1), and a ledger of its real
+executions (DEMO_TOOL_LEDGER). "pay 50 to Hanako" reaches the browser as an approval request; the
+ADK server is killed (-9) and started again on the same port; then the browser approves.
+
+- With a SQLite session store (what `make run` and the deploy kit use), ADK's session still holds the
+  paused call: the payment runs exactly once and the continuation streams.
+- With `memory://` the restart lost it: the answer is a 410 `approval_gone` whose sentence a person
+  understands (not a 200 carrying ADK's `ValueError: Function call not found ...`), the payment
+  never runs, and the chat goes on with a new message.
+
+The newest release is this venv's; the older ones (ADK_VERSIONS, default the oldest, 1.22.1) run
+from their own venv as in test_adk_versions.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.demo import adk_venv, sqlite_uri
+from gateway.demo.tools import process_payment
+from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.integration.test_adk_versions import VERSIONS
+from tests.procs import AdkServer, Reply, GatewayProcess, gateway_process, metric_value
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NEWEST = "this venv"
+LOST = "the agent service restarted and lost this approval; send your message again"
+
+
+@pytest.fixture(scope="module", params=[NEWEST, *VERSIONS])
+def adk(request: pytest.FixtureRequest) -> Path | None:
+    """The `adk` command of the release under test (None: this venv's ADK)."""
+    if request.param == NEWEST:
+        return None
+    try:
+        return adk_venv.ensure(request.param) / "bin" / "adk"
+    except adk_venv.VenvError as exc:
+        pytest.fail(str(exc))
+
+
+@dataclass
+class Stack:
+    server: AdkServer
+    gateway: GatewayProcess
+    ledger: Path
+
+    def payments(self) -> list[dict]:
+        return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
+
+    def restart_adk(self) -> None:
+        """kill -9, then the same command on the same port; returns once the gateway's probe sees it."""
+        self.server.kill()
+        self.server.start()
+        deadline = time.monotonic() + 30
+        while metric_value(self.gateway.base, "adk_gateway_upstream_up") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+@contextmanager
+def native_stack(tmp: Path, adk: Path | None, sessions: str) -> Iterator[Stack]:
+    """The gateway, without a tool policy, in front of ADK whose payments ask ADK's own confirmation."""
+    ledger = tmp / "ledger.jsonl"
+    server = AdkServer(
+        tmp, adk=adk, sessions=sessions, env={"DEMO_NATIVE_CONFIRMATION": "1", "DEMO_TOOL_LEDGER": str(ledger)},
+    )
+    server.start()
+    try:
+        with gateway_process(tmp, server.base) as gw:
+            yield Stack(server, gw, ledger)
+    finally:
+        server.stop()
+
+
+def text(reply) -> str:
+    return "".join(c["delta"] for c in reply.chunks if c["type"] == "text-delta")
+
+
+def ask(gw: GatewayProcess) -> tuple[str, dict, Reply]:
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = post(gw, chat, [first_message])
+    assert first.status == 200, first.body[:300]
+    assert "tool-approval-request" in types(first), first.body[-2000:]
+    return chat, first_message, first
+
+
+def test_a_pending_confirmation_survives_an_adk_restart_on_sqlite(adk: Path | None, tmp_path: Path) -> None:
+    store = tmp_path / "state" / "sessions.db"
+    store.parent.mkdir()
+    with native_stack(tmp_path, adk, sqlite_uri(store)) as stack:
+        gw = stack.gateway
+        chat, first_message, first = ask(gw)
+        call_id = next(c for c in first.chunks if c["type"] == "tool-approval-request")["toolCallId"]
+        assert stack.payments() == [] and store.stat().st_size > 0  # ADK's session is in the file
+
+        stack.restart_adk()
+        answer = assistant_from(first, [True])
+        second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+
+        assert second.status == 200, second.body[:300]
+        assert second.chunks[0] == {"type": "start", "messageId": answer["id"]}
+        paid = {"type": "tool-output-available", "toolCallId": call_id, "output": process_payment(50, "Hanako", "USD")}
+        assert paid in second.chunks, second.body[-2000:]
+        assert text(second).startswith("Done: sent 50 USD to Hanako")
+        assert second.chunks[-1]["finishReason"] == "stop"
+        assert [p["session_id"] for p in stack.payments()] == [chat]
+        # Answered once: a replay after the restart changes nothing.
+        replay = post(gw, chat, [first_message, answer], messageId=answer["id"])
+        assert replay.status == 410 and replay.json()["error"]["code"] == "approval_gone"
+        assert len(stack.payments()) == 1
+
+
+def test_an_approval_lost_with_in_memory_sessions_is_410_and_the_chat_goes_on(adk: Path | None, tmp_path: Path) -> None:
+    with native_stack(tmp_path, adk, "memory://") as stack:
+        gw = stack.gateway
+        chat, first_message, first = ask(gw)
+
+        stack.restart_adk()
+        answer = assistant_from(first, [True])
+        second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+
+        assert second.status == 410, (second.status, second.body[-2000:])
+        assert second.headers["content-type"].startswith("application/json")
+        assert second.json()["error"] == {"code": "approval_gone", "message": LOST}
+        assert b"ValueError" not in second.body
+        assert stack.payments() == []
+        # The person sends the message again: ADK asks anew, and that approval works.
+        again_message = user("pay 50 to Hanako")
+        again = post(gw, chat, [first_message, answer, again_message])
+        assert again.status == 200 and "tool-approval-request" in types(again), again.body[-2000:]
+        answer2 = assistant_from(again, [True])
+        third = post(gw, chat, [first_message, answer, again_message, answer2], messageId=answer2["id"])
+        assert third.status == 200 and text(third).startswith("Done: sent 50 USD to Hanako"), third.body[-2000:]
+        assert [p["session_id"] for p in stack.payments()] == [chat]
