@@ -13,6 +13,8 @@ PYTEST_ARGS ?=
 
 # An app on another origin: GATEWAY_ALLOWED_ORIGINS=http://localhost:3000 make run (config/gateway.yaml reads
 # it into auth.allowed_origins; comma-separated for several). PORT=... moves the gateway off 8080.
+# The agent keeps its ADK sessions in .adk-gateway/sessions.db (SQLite, git-ignored), so an agent restart
+# keeps them; DEMO_SESSION_STORE=memory (or sqlite:PATH) make run chooses another store (docs/demo.md).
 run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
 
