@@ -18,6 +18,7 @@ from their own venv as in test_adk_versions.py.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from gateway.demo import adk_venv, sqlite_uri
 from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.integration.test_adk_versions import VERSIONS
+from tests.jsdriver import run_chat
 from tests.procs import AdkServer, Reply, GatewayProcess, gateway_process, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -142,3 +144,37 @@ def test_an_approval_lost_with_in_memory_sessions_is_410_and_the_chat_goes_on(ad
         third = post(gw, chat, [first_message, answer, again_message, answer2], messageId=answer2["id"])
         assert third.status == 200 and text(third).startswith("Done: sent 50 USD to Hanako"), third.body[-2000:]
         assert [p["session_id"] for p in stack.payments()] == [chat]
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_stock_chat_reads_the_lost_approval_and_goes_on(tmp_path: Path, version: int) -> None:
+    """The stock AI SDK Chat, as a page: the Approve after the restart fails with an error a person
+    can read (the 410's JSON body, which the stock transport makes the error's message); the person
+    sends the message again, approves, and the payment runs once."""
+    hold = tmp_path / f"answer-{version}"
+    with native_stack(tmp_path, None, "memory://") as stack:
+        result: dict = {}
+        driver = threading.Thread(target=lambda: result.update(run_chat(
+            version, f"{stack.gateway.base}/api/chat", keep_going_after_error=True, timeout=120,
+            steps=[
+                {"send": "pay 50 to Hanako", "approvals": "approve", "holdAnswersUntil": str(hold)},
+                {"send": "pay 50 to Hanako", "approvals": "approve"},
+            ],
+        )))
+        driver.start()
+        ready = hold.with_name(hold.name + ".ready")
+        deadline = time.monotonic() + 90
+        while not ready.exists() and driver.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the approval never reached the Chat"
+        stack.restart_adk()
+        hold.write_text("")
+        driver.join(150)
+
+    assert result, "the chat driver did not report"
+    lost, again = result["stepErrors"]
+    assert lost is not None and json.loads(lost) == {"error": {"code": "approval_gone", "message": LOST}}
+    assert again is None and result["ok"], result["error"]
+    assert not result["schemaErrors"]
+    assert len(stack.payments()) == 1
+    assert "Done: sent 50 USD to Hanako" in json.dumps(result["messages"][-1])
