@@ -183,7 +183,9 @@ class ChatService:
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
         outputs = pending_outputs(chat, plan.outputs)
         if native and not agent.live:
-            fresh = await self._unanswered_native(chat, native, strict=plan.new_message is None)
+            # Strict: nothing but these answers to go on with, so one ADK lost is the request's end.
+            only_native = plan.new_message is None and not (gated or outputs)
+            fresh = await self._unanswered_native(chat, native, strict=only_native)
             if plan.new_message is None and not fresh and not (gated or outputs):
                 # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
                 raise Gone("this approval was already answered; send a new message to go on")
@@ -469,8 +471,8 @@ class ChatService:
         replica restarted, or never ran the chat): ADK's session says, a round trip, as only it knows
         whether it still holds the paused call. An ADK that restarted on in-memory sessions does not,
         and an answer forwarded then fails inside ADK's run; such an answer is refused (`strict`:
-        the request only answers) or left out (a new message rides along), and the approval is
-        settled here as cancelled.
+        the request carries nothing else to go on with) or left out (a new message, or other
+        answers, ride along), and the approval is settled here as cancelled.
         """
         ledger = chat.ledger
         open_ = [a for a in answers if not ledger.native_answered(a.approval_id)]
