@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,12 @@ from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.integration.test_adk_versions import VERSIONS
 from tests.jsdriver import run_chat
-from tests.procs import AdkServer, Reply, GatewayProcess, gateway_process, metric_value
+from tests.procs import AdkServer, GatewayProcess, Reply, gateway_process, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-NEWEST = "this venv"
+# The newest release, this venv's own.
+NEWEST = metadata.version("google-adk")
 LOST = "the agent service restarted and lost this approval; send your message again"
 
 
