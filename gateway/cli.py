@@ -181,7 +181,7 @@ def _state_dir() -> Path:
     """Where the demo keeps its agent's sessions: `.adk-gateway/` in a source checkout (git ignores
     it), else `$XDG_STATE_HOME/adk-gateway` (by default ~/.local/state/adk-gateway)."""
     checkout = CHECKOUT_CONFIG.parents[1]
-    if (checkout / "pyproject.toml").is_file() and (checkout / ".git").exists():
+    if (checkout / "pyproject.toml").is_file() and CHECKOUT_CONFIG.is_file():
         return checkout / ".adk-gateway"
     state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state_home) / "adk-gateway"
