@@ -12,7 +12,8 @@ ADK server is killed (-9) and started again on the same port; then the browser a
   never runs, and the chat goes on with a new message.
 
 The newest release is this venv's; the older ones (ADK_VERSIONS, default the oldest, 1.22.1) run
-from their own venv as in test_adk_versions.py.
+from their own venv as in test_adk_versions.py. The same two cases also run through the stock ai 6
+and ai 7 Chat (tests/js/chat-driver.mjs, its Approve held until the restart is done), on the newest.
 """
 
 from __future__ import annotations
@@ -148,35 +149,52 @@ def test_an_approval_lost_with_in_memory_sessions_is_410_and_the_chat_goes_on(ad
         assert [p["session_id"] for p in stack.payments()] == [chat]
 
 
+def drive_across_a_restart(stack: Stack, hold: Path, version: int, steps: list[dict]) -> dict:
+    """The stock Chat runs `steps`; the first holds its Approve until the ADK server was restarted."""
+    result: dict = {}
+    driver = threading.Thread(target=lambda: result.update(run_chat(
+        version, f"{stack.gateway.base}/api/chat", keep_going_after_error=True, timeout=120,
+        steps=[{**steps[0], "holdAnswersUntil": str(hold)}, *steps[1:]],
+    )))
+    driver.start()
+    ready = hold.with_name(hold.name + ".ready")
+    deadline = time.monotonic() + 90
+    while not ready.exists() and driver.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the approval never reached the Chat"
+    stack.restart_adk()
+    hold.write_text("")
+    driver.join(150)
+    assert result, "the chat driver did not report"
+    assert not result["schemaErrors"], result["schemaErrors"]
+    return result
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(tmp_path: Path, version: int) -> None:
+    """The page's Approve, clicked after the restart, runs the payment once and streams the rest."""
+    store = tmp_path / "sessions.db"
+    with native_stack(tmp_path, None, sqlite_uri(store)) as stack:
+        result = drive_across_a_restart(
+            stack, tmp_path / f"answer-{version}", version, [{"send": "pay 50 to Hanako", "approvals": "approve"}],
+        )
+        assert result["stepErrors"] == [None] and result["ok"], result["error"]
+        assert len(stack.payments()) == 1
+        assert "Done: sent 50 USD to Hanako" in json.dumps(result["messages"][-1])
+
+
 @pytest.mark.parametrize("version", [6, 7])
 def test_a_stock_chat_reads_the_lost_approval_and_goes_on(tmp_path: Path, version: int) -> None:
     """The stock AI SDK Chat, as a page: the Approve after the restart fails with an error a person
     can read (the 410's JSON body, which the stock transport makes the error's message); the person
     sends the message again, approves, and the payment runs once."""
-    hold = tmp_path / f"answer-{version}"
     with native_stack(tmp_path, None, "memory://") as stack:
-        result: dict = {}
-        driver = threading.Thread(target=lambda: result.update(run_chat(
-            version, f"{stack.gateway.base}/api/chat", keep_going_after_error=True, timeout=120,
-            steps=[
-                {"send": "pay 50 to Hanako", "approvals": "approve", "holdAnswersUntil": str(hold)},
-                {"send": "pay 50 to Hanako", "approvals": "approve"},
-            ],
-        )))
-        driver.start()
-        ready = hold.with_name(hold.name + ".ready")
-        deadline = time.monotonic() + 90
-        while not ready.exists() and driver.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), "the approval never reached the Chat"
-        stack.restart_adk()
-        hold.write_text("")
-        driver.join(150)
-
-    assert result, "the chat driver did not report"
-    lost, again = result["stepErrors"]
-    assert lost is not None and json.loads(lost) == {"error": {"code": "approval_gone", "message": LOST}}
-    assert again is None and result["ok"], result["error"]
-    assert not result["schemaErrors"]
-    assert len(stack.payments()) == 1
-    assert "Done: sent 50 USD to Hanako" in json.dumps(result["messages"][-1])
+        result = drive_across_a_restart(stack, tmp_path / f"answer-{version}", version, [
+            {"send": "pay 50 to Hanako", "approvals": "approve"},
+            {"send": "pay 50 to Hanako", "approvals": "approve"},
+        ])
+        lost, again = result["stepErrors"]
+        assert lost is not None and json.loads(lost) == {"error": {"code": "approval_gone", "message": LOST}}
+        assert again is None and result["ok"], result["error"]
+        assert len(stack.payments()) == 1
+        assert "Done: sent 50 USD to Hanako" in json.dumps(result["messages"][-1])
