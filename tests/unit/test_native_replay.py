@@ -215,3 +215,23 @@ async def test_a_lost_answer_alongside_a_new_message_is_left_out() -> None:
     assert "error" not in [c["type"] for c in chunks]
     assert confirmations(adk) == 0
     await chats.close()
+
+
+async def test_a_native_answer_in_live_mode_is_refused_without_asking_adk() -> None:
+    """Live mode has no ADK confirmations: the answer is a 400 as before, and costs no session read."""
+    from gateway.messages import InvalidRequest
+
+    adk = NativeAdk()
+    config = parse_config("upstream:\n  mode: live\n", env={})
+    chats = ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
+    )
+    answer = {
+        "id": "msg-1", "role": "assistant", "parts": [{"type": "step-start"}, {
+            "type": "tool-process_payment", "toolCallId": "call-1", "state": "approval-responded",
+            "input": {"amount": 50}, "approval": {"id": CONFIRM_ID, "approved": True},
+        }],
+    }
+    with pytest.raises(InvalidRequest):
+        await chats.submit(AGENT, "alice", request(USER, answer, message_id="msg-1"))
+    assert adk.session_reads == 0 and adk.sent == []
