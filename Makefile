@@ -13,6 +13,8 @@ PYTEST_ARGS ?=
 
 # An app on another origin: GATEWAY_ALLOWED_ORIGINS=http://localhost:3000 make run (config/gateway.yaml reads
 # it into auth.allowed_origins; comma-separated for several). PORT=... moves the gateway off 8080.
+# The agent keeps its ADK sessions in .adk-gateway/sessions.db (SQLite, git-ignored), so an agent restart
+# keeps them; DEMO_SESSION_STORE=memory (or sqlite:PATH) make run chooses another store (docs/demo.md).
 run: $(STAMP) $(DEMO_BUNDLE)
 	$(VENV)/bin/adk-gateway demo
 
@@ -39,13 +41,15 @@ test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 
 # The integration scenarios against every supported google-adk release in COMPAT_ADK (each in its
 # own .venv-adk-<version>, built once, about 45 s): every demo row with the stock ai 6 and ai 7
-# Chats over SSE and WebSocket, SSE and live upstream, the plugin's checks and the approval row.
+# Chats over SSE and WebSocket, SSE and live upstream, the plugin's checks and the approval row, and
+# a pending ADK confirmation across a kill -9 of the ADK server (SQLite sessions keep it, memory:// is a 410).
 # The newest release (2.13) is the project venv's, which every `make test` runs; `make test`
 # also runs these scenarios on the oldest.
 COMPAT_ADK ?= 1.22.1,1.39.1
 .PHONY: compat
 compat: $(STAMP) $(JS_STAMP) redis-server
-	ADK_VERSIONS=$(COMPAT_ADK) $(PY) -m pytest tests/integration/test_adk_versions.py tests/integration/test_ai_sdk_clients.py tests/integration/test_live_mode.py $(PYTEST_ARGS)
+	ADK_VERSIONS=$(COMPAT_ADK) $(PY) -m pytest tests/integration/test_adk_versions.py tests/integration/test_adk_restart.py \
+		tests/integration/test_ai_sdk_clients.py tests/integration/test_live_mode.py $(PYTEST_ARGS)
 
 # The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
 .PHONY: fuzz

@@ -17,9 +17,13 @@ from .errors import Refusal
 from .messages import ApprovalAnswer, ToolOutput
 from .registry import Registry
 
-__all__ = ["Forbidden", "Gone", "pending_outputs", "split_answers"]
+__all__ = ["LOST_APPROVAL", "Forbidden", "Gone", "pending_outputs", "split_answers"]
 
 log = structlog.get_logger("adk_gateway.chats")
+
+# A native confirmation ADK's session no longer holds: ADK restarted without keeping its sessions
+# (`memory://`), so the paused call, and the approval with it, are gone.
+LOST_APPROVAL = "the agent service restarted and lost this approval; send your message again"
 
 
 class Forbidden(Refusal):

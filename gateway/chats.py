@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import structlog
 
 from .agents import Agent, Agents
-from .answers import Forbidden, Gone, pending_outputs, split_answers
+from .answers import LOST_APPROVAL, Forbidden, Gone, pending_outputs, split_answers
 from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
@@ -47,7 +47,7 @@ from .registry import Registry, TooManyChats
 from .runs import Feed, Reader, Response, Run
 from .stopping import cancel_and_wait, within
 from .turn import Turn
-from .upstream import AdkClient, UpstreamError
+from .upstream import AdkClient, SessionConfirmations, UpstreamError
 from .upstream_runs import AgentRuns, Batches
 
 __all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone"]
@@ -182,8 +182,10 @@ class ChatService:
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
         outputs = pending_outputs(chat, plan.outputs)
-        if native:
-            fresh = await self._unanswered_native(chat, native)
+        if native and not agent.live:
+            # Strict: nothing but these answers to go on with, so one ADK lost is the request's end.
+            only_native = plan.new_message is None and not (gated or outputs)
+            fresh = await self._unanswered_native(chat, native, strict=only_native)
             if plan.new_message is None and not fresh and not (gated or outputs):
                 # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
                 raise Gone("this approval was already answered; send a new message to go on")
@@ -461,21 +463,35 @@ class ChatService:
 
     # ---- native approval bookkeeping -----------------------------------------------------
 
-    async def _unanswered_native(self, chat: Chat, answers: list[ApprovalAnswer]) -> list[ApprovalAnswer]:
-        """The answers to native confirmations that nobody gave before.
+    async def _unanswered_native(
+        self, chat: Chat, answers: list[ApprovalAnswer], *, strict: bool
+    ) -> list[ApprovalAnswer]:
+        """The answers to native confirmations that nobody gave before and ADK still waits for.
 
-        Known here: pending (asked, not answered) or answered. Unknown (this replica restarted, or
-        never ran the chat): ADK's session says, by the confirmation responses it holds; asked only
-        then, as it costs a round trip.
+        Answered here: left out without asking ADK. Anything else, pending here or unknown (this
+        replica restarted, or never ran the chat): ADK's session says, a round trip, as only it knows
+        whether it still holds the paused call. An ADK that restarted on in-memory sessions does not,
+        and an answer forwarded then fails inside ADK's run; such an answer is refused (`strict`:
+        the request carries nothing else to go on with) or left out (a new message, or other
+        answers, ride along), and the approval is settled here as cancelled.
         """
         ledger = chat.ledger
-        unknown = [a for a in answers if not ledger.knows_native(a.approval_id)]
-        given = await self.runs.answered_confirmations(chat) if unknown else set()
-        return [
-            a for a in answers
-            if ledger.native_pending(a.approval_id)
-            or (not ledger.native_answered(a.approval_id) and a.approval_id not in given)
-        ]
+        open_ = [a for a in answers if not ledger.native_answered(a.approval_id)]
+        held = await self.runs.confirmations(chat) if open_ else SessionConfirmations()
+        lost = [a for a in open_ if a.approval_id not in held.asked and a.approval_id not in held.answered]
+        if lost:
+            self._lose_native(chat, lost)
+            if strict:
+                raise Gone(LOST_APPROVAL)
+        return [a for a in open_ if a.approval_id in held.asked and a.approval_id not in held.answered]
+
+    def _lose_native(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
+        now = self._clock()
+        for answer in answers:
+            pending = chat.ledger.answer_native(answer.approval_id)
+            if pending is not None:
+                self._observe_native(chat.agent, pending, "cancelled", now)
+            log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
 
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()

@@ -3,7 +3,9 @@
 `demo` is the one-command path of the README: it starts the bundled demo agent in the stock ADK
 API server as a child process on a free loopback port, waits until it answers, then serves the
 gateway in front of it. The child is tied to the gateway's life: it is terminated on exit, Ctrl-C
-and SIGTERM, and the kernel kills it should the gateway die without cleaning up (Linux).
+and SIGTERM, and the kernel kills it should the gateway die without cleaning up (Linux). The
+agent keeps its ADK sessions in a SQLite file (`--session-store`), so a restart of the agent keeps
+the confirmations a person has not answered yet.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ PLUGIN = "adk_gateway_plugin.GatewayPlugin"
 DEFAULT_CONFIG = Path("config/gateway.yaml")
 # The reference config of a source checkout, so `adk-gateway demo` works from any directory.
 CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "gateway.yaml"
+# `adk-gateway demo --session-store`'s default, when the flag is not given.
+SESSION_STORE_ENV = "DEMO_SESSION_STORE"
 
 
 def _config_path(path: Path | None) -> Path | None:
@@ -109,14 +113,16 @@ def _die_with_parent() -> None:
 @contextlib.contextmanager
 def demo_agent(
     port: int, *, env: dict[str, str] | None = None, extra_plugins: tuple[str, ...] = (), log_level: str = "WARNING",
-    adk: Path | None = None,
+    adk: Path | None = None, session_service_uri: str = "memory://",
 ) -> Iterator[str]:
     """Run the demo agent's ADK API server; yields its base URL once it answers.
 
     `adk`: another environment's ``adk`` command (default: this environment's ADK)."""
     from .demo import api_server_command
 
-    argv = api_server_command(port, extra_plugins=extra_plugins, log_level=log_level, adk=adk)
+    argv = api_server_command(
+        port, extra_plugins=extra_plugins, log_level=log_level, adk=adk, session_service_uri=session_service_uri
+    )
     child = subprocess.Popen(
         argv, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if sys.platform == "linux" else None
     )
@@ -171,6 +177,42 @@ def _agent_adk(venv: Path | None) -> Path | None:
     return adk.absolute()
 
 
+def _state_dir() -> Path:
+    """Where the demo keeps its agent's sessions: `.adk-gateway/` in a source checkout (git ignores
+    it), else `$XDG_STATE_HOME/adk-gateway` (by default ~/.local/state/adk-gateway)."""
+    checkout = CHECKOUT_CONFIG.parents[1]
+    if (checkout / "pyproject.toml").is_file() and CHECKOUT_CONFIG.is_file():
+        return checkout / ".adk-gateway"
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "adk-gateway"
+
+
+def session_store(choice: str | None, agent_venv: Path | None = None) -> tuple[str, str]:
+    """ADK's session store URI for `--session-store` (or $DEMO_SESSION_STORE), and how to say it.
+
+    `memory`: in memory, lost when the agent restarts. `sqlite` (the default): a file in the demo's
+    state folder, one per ADK environment (each release keeps its own schema). `sqlite:PATH`: that
+    file. The file's folder is made here: ADK does not make it.
+    """
+    from .demo import MEMORY, sqlite_uri
+
+    choice = choice or os.environ.get(SESSION_STORE_ENV) or "sqlite"
+    if choice == "memory":
+        return MEMORY, "in memory (an agent restart loses them)"
+    if choice == "sqlite":
+        name = "sessions.db" if agent_venv is None else f"sessions-{agent_venv.absolute().name.lstrip('.')}.db"
+        path = _state_dir() / name
+    elif choice.startswith("sqlite:") and choice.removeprefix("sqlite:"):
+        path = Path(choice.removeprefix("sqlite:")).expanduser()
+    else:
+        raise ConfigError([f"--session-store {choice!r}: expected memory, sqlite or sqlite:PATH"])
+    try:
+        path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError([f"--session-store: cannot make the folder of {path}: {exc.strerror}"]) from None
+    return sqlite_uri(path), f"in {path.absolute()}"
+
+
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -180,6 +222,7 @@ def _importable(name: str) -> bool:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     adk = _agent_adk(args.agent_venv)
+    sessions, sessions_where = session_store(args.session_store, args.agent_venv)
     # The plugin in the agent process and the gateway share this secret; a fresh one per demo run
     # unless the operator set one.
     os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
@@ -194,14 +237,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     port = _free_port()
     where = f", from {args.agent_venv}" if adk is not None else ""
     print(
-        f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin{where}) on 127.0.0.1:{port} ...",
+        f"adk-gateway demo: starting the demo agent (stock ADK API server + gateway plugin{where}) on 127.0.0.1:{port}, "
+        f"its sessions {sessions_where} ...",
         file=sys.stderr,
     )
     plugin_env = {
         "ADK_GATEWAY_URL": f"http://{internal.host}:{internal.port}",
         "ADK_GATEWAY_SECRET": os.environ["ADK_GATEWAY_SECRET"],
     }
-    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,), adk=adk) as upstream:
+    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,), adk=adk, session_service_uri=sessions) as upstream:
         config = _with_overrides(config, args, upstream=upstream)
         print(
             f"adk-gateway demo: ready on http://{config.listen.host}:{config.listen.port} "
@@ -267,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                 "--agent-venv", type=Path, metavar="DIR",
                 help="run the demo agent with DIR/bin/adk (a venv holding google-adk and adk-gateway-plugin, "
                 "e.g. from `python -m gateway.demo.adk_venv 1.22.1`) instead of this environment's ADK",
+            )
+            p.add_argument(
+                "--session-store", metavar="STORE",
+                help="where the demo agent keeps its ADK sessions: sqlite (the default: .adk-gateway/sessions.db "
+                f"in a source checkout), sqlite:PATH, or memory (an agent restart loses them); default ${SESSION_STORE_ENV}",
             )
         p.set_defaults(func=_cmd_serve if name == "serve" else _cmd_demo)
     check = sub.add_parser("check-config", help="validate a config file and exit")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -23,7 +24,7 @@ from .eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from .live_frames import InvalidLiveFrame, encode_live_frame
 
-__all__ = ["AdkClient", "LiveConnection", "UpstreamError", "WaitSignal", "parse_live_event"]
+__all__ = ["AdkClient", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -42,6 +43,15 @@ class UpstreamError(Refusal):
 
     def http(self) -> HttpError:
         return HttpError(502, self.code, str(self))
+
+
+@dataclass(frozen=True)
+class SessionConfirmations:
+    """The native confirmations (`adk_request_confirmation` calls) an ADK session holds: the ids it
+    asked, and those it holds an answer to. Both empty when the session does not exist."""
+
+    asked: frozenset[str] = frozenset()
+    answered: frozenset[str] = frozenset()
 
 
 class AdkClient:
@@ -109,13 +119,13 @@ class AdkClient:
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
 
-    async def answered_confirmations(self, user_id: str, session_id: str) -> set[str]:
-        """Ids of the native confirmations (`adk_request_confirmation` calls) the session already
-        holds an answer to; empty when the session does not exist."""
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
+        """The native confirmations the session asked and those it holds an answer to (a download
+        of the session's history)."""
         try:
             async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
                 if resp.status == 404:
-                    return set()
+                    return SessionConfirmations()
                 if resp.status != 200:
                     raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
                 session = orjson.loads(await resp.read())
@@ -125,7 +135,10 @@ class AdkClient:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
         except orjson.JSONDecodeError:
             raise UpstreamError("protocol", "the agent service's session is not JSON") from None
-        return _confirmation_answers(session)
+        return SessionConfirmations(
+            asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
+            answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
+        )
 
     async def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
@@ -308,15 +321,17 @@ def parse_live_event(data: str | bytes) -> dict[str, Any] | None:
     return event if type(event) is dict else None
 
 
-def _confirmation_answers(session: Any) -> set[str]:
-    """The ids answered by `adk_request_confirmation` function responses in a session's events."""
+def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
+    """The ids of the `adk_request_confirmation` parts of a kind (calls, or responses) in a session's
+    events, whichever case ADK wrote the key in."""
     found: set[str] = set()
     events = session.get("events") if isinstance(session, dict) else None
     for event in events if isinstance(events, list) else ():
         content = event.get("content") if isinstance(event, dict) else None
         parts = content.get("parts") if isinstance(content, dict) else None
         for part in parts if isinstance(parts, list) else ():
-            response = (part.get("functionResponse") or part.get("function_response")) if isinstance(part, dict) else None
-            if isinstance(response, dict) and response.get("name") == "adk_request_confirmation" and isinstance(response.get("id"), str):
-                found.add(response["id"])
+            call = (part.get(camel) or part.get(snake)) if isinstance(part, dict) else None
+            if isinstance(call, dict) and call.get("name") == "adk_request_confirmation" and isinstance(call.get("id"), str):
+                found.add(call["id"])
     return found
+

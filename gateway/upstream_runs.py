@@ -20,7 +20,7 @@ from .idle_reader import WaitSignal
 from .live import LiveLink
 from .messages import ApprovalAnswer, confirmation_message
 from .metrics import GatewayMetrics
-from .upstream import AdkClient, UpstreamError
+from .upstream import AdkClient, SessionConfirmations, UpstreamError
 
 __all__ = ["AgentRuns"]
 
@@ -55,9 +55,9 @@ class AgentRuns:
             await self._client(chat).ensure_session(chat.user_id, chat.session_id)
             chat.session_ready = True
 
-    async def answered_confirmations(self, chat: Chat) -> set[str]:
-        """The native confirmations ADK's session holds an answer to (a round trip)."""
-        return await self._client(chat).answered_confirmations(chat.user_id, chat.session_id)
+    async def confirmations(self, chat: Chat) -> SessionConfirmations:
+        """The native confirmations ADK's session asked and holds answers to (a round trip)."""
+        return await self._client(chat).confirmations(chat.user_id, chat.session_id)
 
     def live(self, chat: Chat) -> bool:
         """Whether the chat's turns run over a live session (its agent is in live mode)."""

@@ -27,10 +27,13 @@ def _driver_request(
     timeout: float = 30,
     transport: str = "sse",
     ws_url: str | None = None,
+    keep_going_after_error: bool = False,
 ) -> dict:
     if transport not in ("sse", "ws"):
         raise ValueError(f"transport must be 'sse' or 'ws', not {transport!r}")
     request = {"version": version, "api": api, "steps": steps, "timeoutMs": int(timeout * 1000)}
+    if keep_going_after_error:
+        request["keepGoingAfterError"] = True
     for key, value in (("chatId", chat_id), ("headers", headers), ("body", body)):
         if value is not None:
             request[key] = value
@@ -75,12 +78,16 @@ def run_chat(
     timeout: float = 30,
     transport: str = "sse",
     ws_url: str | None = None,
+    keep_going_after_error: bool = False,
 ) -> dict:
     """Send each step's text through a real Chat and return the driver's report.
 
     A step is {"send": str, "approvals"?: "approve" | "deny" | [..], "toolOutputs"?: {tool_name: output},
     "abortAfterChunks"?: n, "dropSocketAfterChunks"?: n, "dropContinuationAfterChunks"?: n (ws only)} or
-    {"resume": True} (chat.resumeStream()).
+    {"resume": True} (chat.resumeStream()). A step's "holdAnswersUntil": path makes the driver write
+    path + ".ready" once the step's approvals are on screen and answer them only once `path` exists.
+    `keep_going_after_error`: a step that ends in a Chat error does not end the run; the report's
+    stepErrors holds each step's error (None if none).
     Approvals are answered once the turn has ended, in order, one decision per approval-requested part.
     `abortAfterChunks` calls chat.stop() after n chunks of the step's first response; `dropSocketAfterChunks`
     closes the WebSocket after n chunk frames of it and then calls chat.resumeStream() (a `resume` frame).
@@ -99,7 +106,7 @@ def run_chat(
     """
     request = _driver_request(
         version, api, steps, chat_id=chat_id, headers=headers, body=body, timeout=timeout,
-        transport=transport, ws_url=ws_url,
+        transport=transport, ws_url=ws_url, keep_going_after_error=keep_going_after_error,
     )
     return _run_driver(request, timeout)
 

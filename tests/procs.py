@@ -72,16 +72,18 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 class AdkServer:
     """The stock ADK API server with the demo agent on a loopback port. `kill()` then `start()`
-    keeps the port, so gateways pointed at it see a crash and a restart (sessions are in memory:
-    a restart loses them, as it does in production with `memory://`)."""
+    keeps the port, so gateways pointed at it see a crash and a restart (sessions are in memory
+    unless `sessions` names another store, e.g. `gateway.demo.sqlite_uri(tmp / "sessions.db")`:
+    in memory a restart loses them, as it does in production with `memory://`)."""
 
     def __init__(
         self, tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None,
-        port: int | None = None, adk: Path | None = None,
+        port: int | None = None, adk: Path | None = None, sessions: str = "memory://",
     ) -> None:
         self.tmp = tmp
         self.extra_plugins = extra_plugins
         self.env = env
+        self.sessions = sessions
         # Another venv's `adk` command (an older ADK, gateway.demo.adk_venv); default: this venv's.
         self.adk = adk
         self.port = port or free_port()
@@ -93,7 +95,9 @@ class AdkServer:
         # Appended: a restart keeps the crashed process's lines for the failure message.
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                api_server_command(self.port, extra_plugins=self.extra_plugins, adk=self.adk), stdout=out,
+                api_server_command(
+                    self.port, extra_plugins=self.extra_plugins, adk=self.adk, session_service_uri=self.sessions
+                ), stdout=out,
                 stderr=subprocess.STDOUT, env=_child_env(self.env), cwd=self.tmp,
             )
         wait_http(f"{self.base}/list-apps", timeout=90, proc=self.proc, log=self.log)
@@ -179,9 +183,10 @@ def gateway_process(
 def make_run(tmp: Path, env: dict[str, str] | None = None, *, unset: tuple[str, ...] = ()) -> Iterator[GatewayProcess]:
     """What `make run` runs: `adk-gateway demo` with the reference config/gateway.yaml (both demo
     agents in the stock ADK API server, the page on), on a free port. `unset` leaves variables out
-    of the child's environment."""
+    of the child's environment. The agent's sessions are in a SQLite file of `tmp` (`make run`'s
+    store, not its file: each test's chats are its own)."""
     port = free_port()
-    child_env = _child_env({"PORT": str(port), **(env or {})})
+    child_env = _child_env({"PORT": str(port), "DEMO_SESSION_STORE": f"sqlite:{tmp / 'sessions.db'}", **(env or {})})
     for name in unset:
         child_env.pop(name, None)
     log = tmp / f"demo-{port}.log"

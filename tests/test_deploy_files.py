@@ -839,6 +839,23 @@ def test_published_port_is_the_gateway_port(final: Stage, gateway_service: dict[
     assert port in exposed, f"compose.yaml: the gateway listens on {port} but the Dockerfile EXPOSEs {sorted(exposed)}"
 
 
+def test_the_agent_keeps_its_adk_sessions_in_sqlite_on_a_named_volume(
+    agent: AgentListen, agent_service: dict[str, Any], compose: dict[str, Any], stages: list[Stage]
+) -> None:
+    """Issue 25: with memory:// an agent restart lost every confirmation a person had not answered."""
+    uri = agent.argv[agent.argv.index("--session_service_uri") + 1]
+    assert uri.startswith("sqlite:////"), f"compose.yaml: the agent's sessions are not in a SQLite file: {uri}"
+    folder = Path(uri.removeprefix("sqlite:///")).parent
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in agent_service.get("volumes", []) if isinstance(m, str)}
+    assert str(folder) in mounts, f"compose.yaml: the agent's session store {folder} is not on a volume: {mounts}"
+    assert mounts[str(folder)] in (compose.get("volumes") or {}), "compose.yaml: the sessions' volume is not a named volume"
+    agent_stage = stage_named(stages, "agent")
+    assert agent_stage is not None
+    made = " ".join(i.args for i in agent_stage.all("RUN"))
+    # A named volume takes the owner of the image's folder: the non-root agent must own it.
+    assert f"-o 10001 -g 10001 -m 0750 {folder}" in made, "deploy/Dockerfile: the agent stage does not make the sessions' folder"
+
+
 def test_agent_runs_the_stock_adk_server_reachable_from_the_gateway(agent: AgentListen, gateway_service) -> None:
     assert agent.host not in LOOPBACK, f"compose.yaml: the agent listens on {agent.host}, unreachable from the gateway container"
     env = service_env(gateway_service)

@@ -13,12 +13,25 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["AGENTS_DIR", "APP_NAME", "api_server_command"]
+__all__ = ["AGENTS_DIR", "APP_NAME", "MEMORY", "api_server_command", "sqlite_uri"]
 
 AGENTS_DIR: Path = Path(__file__).resolve().parent / "agents"
 APP_NAME = "demo_agent"
 
 _LAUNCHER = Path(__file__).resolve().parent / "_adk_cli.py"
+# ADK's in-memory session store: a restart of the server loses every session, and with them any
+# confirmation a person has not answered yet.
+MEMORY = "memory://"
+
+
+def sqlite_uri(path: Path) -> str:
+    """ADK's session store URI for a SQLite file: ``sqlite:////abs/path`` for an absolute path.
+
+    ADK (1.22.1, 1.39.1 and 2.13 alike) takes the URL's path and strips its first slash, so an
+    absolute path needs four; its SqliteSessionService (aiosqlite, installed with google-adk) does
+    not create the file's folder.
+    """
+    return f"sqlite:///{path.absolute()}"
 
 
 def api_server_command(
@@ -27,11 +40,13 @@ def api_server_command(
     extra_plugins: Sequence[str] = (),
     log_level: str = "WARNING",
     adk: str | Path | None = None,
+    session_service_uri: str = MEMORY,
 ) -> list[str]:
     """The argv that starts the stock ADK API server on `AGENTS_DIR`.
 
-    Sessions and artifacts live in memory (nothing is written under the agents
-    folder), auto-reload and the web UI are off. Each entry of `extra_plugins`
+    Sessions live where `session_service_uri` says (in memory unless told, e.g.
+    `sqlite_uri(path)`; never under the agents folder, where ADK 2.x would put
+    them by default), artifacts in memory; auto-reload and the web UI are off. Each entry of `extra_plugins`
     is a dotted ``module.Class`` or ``module.instance`` path; ADK 2.13 takes one
     per ``--extra_plugins`` flag (it does not split on commas, whatever its help
     says) and only logs an error when one fails to import.
@@ -55,7 +70,7 @@ def api_server_command(
         "--port",
         str(port),
         "--session_service_uri",
-        "memory://",
+        session_service_uri,
         "--artifact_service_uri",
         "memory://",
         "--no-reload",

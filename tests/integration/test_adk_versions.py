@@ -189,7 +189,8 @@ def test_the_demo_serves_with_its_agent_in_an_old_venv(old: tuple[str, Path], tm
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "demo", "--agent-venv", str(old[1])],
-            stdout=out, stderr=subprocess.STDOUT, env={**env, "PORT": str(port), "DEMO_MODEL": "scripted"},
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**env, "PORT": str(port), "DEMO_MODEL": "scripted", "DEMO_SESSION_STORE": f"sqlite:{tmp_path / 'sessions.db'}"},
             cwd=tmp_path,
         )
     try:

@@ -8,11 +8,17 @@
 // frame). ws only: `dropSocketAfterChunks: N` closes the socket after N chunk frames of it, then calls
 // chat.resumeStream() (a `resume` on a new socket); `dropContinuationAfterChunks: N` does the same in the
 // response that continues after the step's first approvals are answered (the message's second response).
+// `holdAnswersUntil: PATH` (a step option): once the step's approvals are on screen, the driver writes
+// PATH + '.ready' and answers them only when PATH exists (the test does something in between, such as
+// restarting the agent). `keepGoingAfterError: true` (top level): a step that ends in a Chat error does
+// not end the run, the next step is sent as a person would after reading it; `stepErrors` reports each
+// step's error (null if none).
 // stdout: one JSON report. Exit code 0 whenever a report was produced; the caller asserts on `ok`.
 // stdin may also be an array of such objects: they run concurrently in this one process (loading
 // the SDK dominates a run's cost) and stdout is the array of reports in the same order.
 import { createChat, createTeeFetch, describeChatError, loadSdk, pendingApprovals, waitForIdle } from './lib/chat.mjs';
 import { baseWebSocket, createWsRecorder, loadFrameValidator, loadWebSocketTransport } from './lib/ws.mjs';
+import { existsSync, writeFileSync } from 'node:fs';
 
 async function readStdin() {
   let text = '';
@@ -27,9 +33,18 @@ function decisions(approvals) {
   return () => queue.shift();
 }
 
+async function holdUntil(path, deadline) {
+  writeFileSync(path + '.ready', '');
+  while (!existsSync(path)) {
+    if (Date.now() > deadline) return false;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return true;
+}
+
 async function run(input) {
   const { version, api, chatId, headers, body, timeoutMs = 20000, settleMs = 150, steps = [] } = input;
-  const { transport: transportKind = 'sse', wsUrl = api } = input;
+  const { transport: transportKind = 'sse', wsUrl = api, keepGoingAfterError = false } = input;
   if (transportKind !== 'sse' && transportKind !== 'ws') throw new Error(`unknown transport ${transportKind}`);
   const ws = transportKind === 'ws';
   for (const option of ['dropSocketAfterChunks', 'dropContinuationAfterChunks']) {
@@ -69,6 +84,7 @@ async function run(input) {
   });
 
   let timedOut = false;
+  const stepErrors = [];
   const idle = async () => {
     if (!(await waitForIdle(chat, tee, { settleMs, deadline }))) timedOut = true;
     return !timedOut;
@@ -101,6 +117,10 @@ async function run(input) {
     // Answer like a person would: after the turn has ended and the buttons are on screen.
     // Each answer may trigger the SDK's automatic continuation, whose reply may ask again.
     let dropContinuation = step.dropContinuationAfterChunks;
+    if (step.holdAnswersUntil != null && pendingApprovals(chat).length && !(await holdUntil(step.holdAnswersUntil, deadline))) {
+      timedOut = true;
+      break;
+    }
     for (let parts = pendingApprovals(chat); parts.length && !timedOut; parts = pendingApprovals(chat)) {
       // The next request is the answer's: the continuation is its response.
       armed = dropContinuation == null ? null : tee.arm({ dropAfter: dropContinuation });
@@ -121,7 +141,8 @@ async function run(input) {
       }
       armed = null;
     }
-    if (timedOut || chat.status === 'error') break;
+    stepErrors.push(describeChatError(sdk, chat.error));
+    if (timedOut || (chat.status === 'error' && !keepGoingAfterError)) break;
   }
 
   await tee.settled(timedOut ? 100 : 2000);
@@ -140,6 +161,7 @@ async function run(input) {
     chunks: record.chunks,
     schemaErrors: record.schemaErrors,
     requests: record.requests,
+    stepErrors,
   };
   if (!ws) return { ...report, doneMarkers: record.doneMarkers };
   return {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway import cli
@@ -22,3 +24,46 @@ def test_demo_with_adk_and_the_plugin_runs_here(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_missing_parent_package_is_not_importable() -> None:
     assert not cli._importable("surely_not_installed_pkg.sub")
+
+
+# ---- where the demo agent keeps its ADK sessions (issue 25) ----------------------------------
+
+
+def test_the_demo_keeps_its_sessions_in_sqlite_under_the_checkout_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cli.SESSION_STORE_ENV, raising=False)
+    made: list[Path] = []
+    monkeypatch.setattr(Path, "mkdir", lambda self, **_: made.append(self))
+    uri, where = cli.session_store(None)
+    state = Path(cli.__file__).resolve().parents[1] / ".adk-gateway"
+    # Four slashes: ADK strips one from the URL's path, and the path is absolute.
+    assert uri == f"sqlite:///{state}/sessions.db" and uri.startswith("sqlite:////")
+    assert where == f"in {state}/sessions.db" and made == [state]
+    # Another ADK release keeps its own file: their SQLite schemas need not agree.
+    uri, _ = cli.session_store("sqlite", Path(".venv-adk-1.22.1"))
+    assert uri == f"sqlite:///{state}/sessions-venv-adk-1.22.1.db"
+
+
+def test_the_session_store_is_chosen_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(cli.SESSION_STORE_ENV, "memory")
+    assert cli.session_store(None)[0] == "memory://"
+    db = tmp_path / "deep" / "sessions.db"
+    assert cli.session_store(f"sqlite:{db}") == (f"sqlite:///{db}", f"in {db}")
+    assert db.parent.is_dir()
+    for bad in ("postgres://x", "sqlite:", "disk"):
+        with pytest.raises(ConfigError) as info:
+            cli.session_store(bad)
+        assert "expected memory, sqlite or sqlite:PATH" in info.value.problems[0]
+
+
+def test_a_session_store_whose_folder_cannot_be_made_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError) as info:
+        cli.session_store(f"sqlite:{tmp_path}/file/sessions.db")
+    assert "cannot make the folder" in info.value.problems[0]
+
+
+def test_the_demo_agent_command_carries_the_session_store() -> None:
+    from gateway.demo import api_server_command, sqlite_uri
+
+    argv = api_server_command(8123, session_service_uri=sqlite_uri(Path("/var/lib/adk/sessions.db")))
+    assert argv[argv.index("--session_service_uri") + 1] == "sqlite:////var/lib/adk/sessions.db"

@@ -14,6 +14,7 @@ from gateway.config import parse_config
 from gateway.messages import parse_chat_body
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
+from gateway.upstream import SessionConfirmations
 from tests.unit.test_chat_gates import USER, read, request
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
@@ -23,32 +24,50 @@ CONFIRM_ID = "adk-confirm-1"
 
 
 class NativeAdk:
-    """ADK with a native confirmation: the first run asks, every run after answers; records what it was sent."""
+    """ADK with a native confirmation: a message asks (CONFIRM_ID first), an answer runs the tool;
+    its session holds what was asked and answered, and `restart()` loses it (in-memory sessions).
+    Records what it was sent."""
 
     def __init__(self, answered_in_session: tuple[str, ...] = ()) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.asked: set[str] = set()
         self.answered_in_session = set(answered_in_session)
         self.session_reads = 0
+        self.asks = 0
+
+    def restart(self) -> None:
+        self.asked.clear()
+        self.answered_in_session.clear()
 
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 
-    async def answered_confirmations(self, user_id: str, session_id: str) -> set[str]:
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
         self.session_reads += 1
-        return set(self.answered_in_session)
+        return SessionConfirmations(asked=frozenset(self.asked), answered=frozenset(self.answered_in_session))
 
     async def run_sse_batches(self, *, new_message: dict[str, Any], **_: Any) -> Any:
         self.sent.append(new_message)
-        if len(self.sent) == 1:
-            yield [
-                {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {
-                    "id": CONFIRM_ID, "name": "adk_request_confirmation",
-                    "args": {"originalFunctionCall": {"id": "call-1", "name": "process_payment", "args": {"amount": 50}},
-                             "toolConfirmation": {"hint": "ok?", "confirmed": False}},
-                }}]}, "longRunningToolIds": [CONFIRM_ID]},
-            ]
-        else:
+        answers = {p["functionResponse"]["id"] for p in new_message.get("parts", ()) if "functionResponse" in p}
+        if answers:
+            self.asked -= answers
+            self.answered_in_session |= answers
             yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "Paid."}]}, "finishReason": "STOP"}]
+            return
+        confirm_id = CONFIRM_ID if not self.asks else f"{CONFIRM_ID}-{self.asks}"
+        self.asks += 1
+        self.asked.add(confirm_id)
+        yield [
+            {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {
+                "id": confirm_id, "name": "adk_request_confirmation",
+                "args": {"originalFunctionCall": {"id": "call-1", "name": "process_payment", "args": {"amount": 50}},
+                         "toolConfirmation": {"hint": "ok?", "confirmed": False}},
+            }}]}, "longRunningToolIds": [confirm_id]},
+        ]
+
+
+def user(text: str, message_id: str = "u2") -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
 
 
 def confirmations(adk: NativeAdk) -> int:
@@ -89,10 +108,11 @@ async def test_a_replayed_native_answer_is_410_and_never_reaches_adk() -> None:
     answer = approval_of(first)
     second = await _finished(chats, "alice", request(USER, answer, message_id=answer["id"]))
     assert "text-delta" in [c["type"] for c in second]
+    reads = adk.session_reads
     with pytest.raises(Gone):
         await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"]))
     assert confirmations(adk) == 1
-    assert adk.session_reads == 0  # known here: no need to ask ADK
+    assert adk.session_reads == reads  # known here as answered: no need to ask ADK
 
 
 async def test_after_a_restart_adk_s_session_says_the_answer_was_given() -> None:
@@ -112,7 +132,7 @@ async def test_after_a_restart_adk_s_session_says_the_answer_was_given() -> None
 
 async def test_an_unknown_answer_adk_still_waits_for_is_forwarded() -> None:
     adk = NativeAdk()
-    adk.sent.append({})  # as if the asking run happened before a restart
+    adk.asked.add(CONFIRM_ID)  # asked by a run before this gateway started
     chats = service(adk)
     answer = {
         "id": "msg-1", "role": "assistant", "parts": [{"type": "step-start"}, {
@@ -125,17 +145,21 @@ async def test_an_unknown_answer_adk_still_waits_for_is_forwarded() -> None:
     assert confirmations(adk) == 1
 
 
-def test_the_session_s_confirmation_answers_are_read_in_either_case() -> None:
-    from gateway.upstream import _confirmation_answers
+def test_the_session_s_confirmations_are_read_in_either_case() -> None:
+    from gateway.upstream import _confirmation_ids
 
     session = {"events": [
+        {"content": {"parts": [{"functionCall": {"id": "adk-a", "name": "adk_request_confirmation", "args": {}}}]}},
+        {"content": {"parts": [{"function_call": {"id": "adk-c", "name": "adk_request_confirmation"}}]}},
         {"content": {"parts": [{"functionResponse": {"id": "adk-a", "name": "adk_request_confirmation", "response": {}}}]}},
         {"content": {"parts": [{"function_response": {"id": "adk-b", "name": "adk_request_confirmation"}}]}},
         {"content": {"parts": [{"functionResponse": {"id": "call-1", "name": "process_payment"}}, {"text": "x"}]}},
         {"content": None}, "junk",
     ]}
-    assert _confirmation_answers(session) == {"adk-a", "adk-b"}
-    assert _confirmation_answers({"events": "nope"}) == set() and _confirmation_answers([]) == set()
+    assert _confirmation_ids(session, "functionResponse", "function_response") == {"adk-a", "adk-b"}
+    assert _confirmation_ids(session, "functionCall", "function_call") == {"adk-a", "adk-c"}
+    assert _confirmation_ids({"events": "nope"}, "functionCall", "function_call") == set()
+    assert _confirmation_ids([], "functionCall", "function_call") == set()
 
 
 async def test_a_resume_after_a_native_answer_replays_the_earlier_run_too() -> None:
@@ -158,3 +182,56 @@ async def test_a_resume_after_a_native_answer_replays_the_earlier_run_too() -> N
     said = {"type": "tool-approval-response", "approvalId": CONFIRM_ID, "approved": True}
     assert await read(resumed) == [*first[:-1], boundary, said, *second]
     await chats.close()
+
+
+async def test_an_answer_adk_lost_in_a_restart_is_410_and_never_reaches_adk() -> None:
+    """Issue 25: ADK restarted on in-memory sessions between the ask and the answer. The gateway
+    still holds the confirmation as pending, but ADK's session no longer has the call; forwarded,
+    the answer came back as a 200 whose error chunk was ADK's `ValueError: Function call not found`."""
+    adk = NativeAdk()
+    chats = service(adk)
+    first = await _finished(chats, "alice", request(USER))
+    adk.restart()
+    answer = approval_of(first)
+    with pytest.raises(Gone) as refused:
+        await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"]))
+    assert refused.value.status == 410 and refused.value.code == "approval_gone"
+    assert "restarted and lost this approval" in str(refused.value)
+    assert confirmations(adk) == 0
+    # The lost approval no longer counts as pending, and a new message works.
+    assert chats.metrics.approvals_pending.labels(AGENT)._value.get() == 0
+    again = await _finished(chats, "alice", request(USER, answer, user("pay 50 to Hanako again")))
+    assert confirmations(adk) == 0 and "tool-approval-request" in [c["type"] for c in again]
+    await chats.close()
+
+
+async def test_a_lost_answer_alongside_a_new_message_is_left_out() -> None:
+    adk = NativeAdk()
+    chats = service(adk)
+    first = await _finished(chats, "alice", request(USER))
+    adk.restart()
+    answer = approval_of(first)
+    chunks = await _finished(chats, "alice", request(USER, answer, user("never mind")))
+    assert "error" not in [c["type"] for c in chunks]
+    assert confirmations(adk) == 0
+    await chats.close()
+
+
+async def test_a_native_answer_in_live_mode_is_refused_without_asking_adk() -> None:
+    """Live mode has no ADK confirmations: the answer is a 400 as before, and costs no session read."""
+    from gateway.messages import InvalidRequest
+
+    adk = NativeAdk()
+    config = parse_config("upstream:\n  mode: live\n", env={})
+    chats = ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
+    )
+    answer = {
+        "id": "msg-1", "role": "assistant", "parts": [{"type": "step-start"}, {
+            "type": "tool-process_payment", "toolCallId": "call-1", "state": "approval-responded",
+            "input": {"amount": 50}, "approval": {"id": CONFIRM_ID, "approved": True},
+        }],
+    }
+    with pytest.raises(InvalidRequest):
+        await chats.submit(AGENT, "alice", request(USER, answer, message_id="msg-1"))
+    assert adk.session_reads == 0 and adk.sent == []
