@@ -9,7 +9,7 @@ import pytest
 
 from gateway.chats import ChatBusy, Forbidden, Gone
 from gateway.cluster.shared import SharedStateDown
-from gateway.errors import HttpError, refusal
+from gateway.refusals import HttpError, refusal
 from gateway.limits import Limited
 from gateway.messages import InvalidRequest
 from gateway.registry import ChatNotFound
