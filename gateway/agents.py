@@ -19,7 +19,7 @@ import structlog
 
 from .agent_config import AgentConfig, ToolPolicy
 from .config import GatewayConfig
-from .errors import Refusal
+from .refusals import Refusal
 from .stopping import cancel_and_wait
 from .upstream import AdkClient
 

@@ -13,7 +13,7 @@ import structlog
 
 from .approvals import APPROVAL_ID_PREFIX, CallState, GatedCall, Outcome
 from .chat import Chat
-from .errors import Refusal
+from .refusals import Refusal
 from .messages import ApprovalAnswer, ToolOutput
 from .registry import Registry
 

@@ -25,7 +25,8 @@ from .cluster.memory import MemoryState
 from .cluster.router import Cluster
 from .cluster.shared import SharedState
 from .config import GatewayConfig
-from .errors import Handler, HttpError, error_middleware
+from .errors import Handler, error_middleware
+from .refusals import HttpError
 from .jwks import provider_keys
 from .limits import Admission, Limited
 from .metrics import CONTENT_TYPE_LATEST, GatewayMetrics

@@ -36,7 +36,7 @@ from aiohttp import web
 
 from .agent_config import AgentAccess
 from .auth_config import AuthConfig
-from .errors import HttpError
+from .refusals import HttpError
 from .jwks import Jwks
 
 __all__ = ["Authenticator", "Identity", "warn_token_in_url"]

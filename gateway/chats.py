@@ -29,7 +29,7 @@ from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
 from .driver import RunDriver, RunHooks
-from .errors import Refusal
+from .refusals import Refusal
 from .gates import Gates
 from .ledger import NativeConfirmation
 from .limits import Limited

@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
 import yaml
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
@@ -34,7 +33,6 @@ from .config_values import Duration, Section, Size, parse_duration, parse_size
 __all__ = [
     "AgentAccess", "AgentConfig", "AuthConfig", "ConfigError", "GatewayConfig", "ToolPolicy", "UpstreamConfig", "load_config",
     "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
-    "warn_previous_secret",
 ]
 
 
@@ -137,17 +135,6 @@ class InternalConfig(Section):
     previous_secret: SecretStr | None = None
     # How often the plugin re-reads the tool policy.
     policy_refresh: Duration = Field(30.0, gt=0)
-
-
-def warn_previous_secret(internal: InternalConfig) -> None:
-    """At start and at each reload while a rotation of the internal secret overlaps: the old secret
-    still opens the internal listener until `previous_secret` is dropped."""
-    if internal.previous_secret is not None and internal.previous_secret.get_secret_value():
-        structlog.get_logger("adk_gateway.config").warning(
-            "internal_previous_secret_set",
-            detail="internal.previous_secret is accepted alongside internal.secret: once no "
-            "internal_previous_secret_used line appears, remove it and reload",
-        )
 
 
 # `sessions.secret`: as `logging.user_id_key`, short enough to guess is refused.

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from .agent_config import ToolPolicy
 from .app import metrics as metrics_page
 from .config import GatewayConfig
-from .errors import HttpError, error_middleware
+from .errors import error_middleware
+from .refusals import HttpError
 from .reload import reload_config
 from .state import GATEWAY
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import LimitsConfig
-from .errors import Refusal
+from .refusals import Refusal
 
 __all__ = ["Admission", "Limited", "StreamSlot"]
 

@@ -20,7 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from .converter import CONFIRMATION_TOOL
-from .errors import Refusal
+from .refusals import Refusal
 from .protocol import ClientVersion, client_version
 
 __all__ = [

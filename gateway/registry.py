@@ -16,7 +16,7 @@ runs which chat) is gateway/cluster's.
 from __future__ import annotations
 
 from .chat import Chat
-from .errors import Refusal
+from .refusals import Refusal
 
 __all__ = ["ChatNotFound", "Registry", "TooManyChats"]
 

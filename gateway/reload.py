@@ -30,15 +30,12 @@ import structlog
 import yaml
 
 from .auth import Authenticator, warn_token_in_url
-from .config import (
-    ConfigError, GatewayConfig, parse_config, revalidate, single_agent_form,
-    warn_previous_secret,
-)
+from .config import ConfigError, GatewayConfig, InternalConfig, parse_config, revalidate, single_agent_form
 from .jwks import provider_keys
 from .loosening import loosened
 from .state import Gateway
 
-__all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config"]
+__all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config", "warn_previous_secret"]
 
 log = structlog.get_logger("adk_gateway.reload")
 
@@ -192,3 +189,14 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
         agents_added=changes.added, agents_removed=changes.removed, agents_changed=changes.changed,
     )
     return ReloadResult(True, [], plan.restart_required)
+
+
+def warn_previous_secret(internal: InternalConfig) -> None:
+    """At start and at each reload while a rotation of the internal secret overlaps: the old secret
+    still opens the internal listener until `previous_secret` is dropped."""
+    if internal.previous_secret is not None and internal.previous_secret.get_secret_value():
+        log.warning(
+            "internal_previous_secret_set",
+            detail="internal.previous_secret is accepted alongside internal.secret: once no "
+            "internal_previous_secret_used line appears, remove it and reload",
+        )

@@ -31,10 +31,10 @@ from aiohttp import WSCloseCode, web
 
 from .app import create_app
 from .auth import warn_token_in_url
-from .config import ConfigError, GatewayConfig, load_config, warn_previous_secret
+from .config import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
 from .logs import LogScrubber
-from .reload import reload_config
+from .reload import reload_config, warn_previous_secret
 from .state import GATEWAY, Gateway
 from .stopping import within
 from .transports.aiohttp_raw import GuardedAppRunner, HeadGuard

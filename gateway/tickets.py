@@ -31,7 +31,7 @@ import orjson
 
 from .auth import Identity
 from .cluster.shared import SharedState
-from .errors import HttpError
+from .refusals import HttpError
 
 __all__ = ["QUERY_PARAMETER", "Ticket", "Tickets"]
 

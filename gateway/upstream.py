@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from .agent_config import UpstreamConfig
-from .errors import HttpError, Refusal
+from .refusals import HttpError, Refusal
 from .eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from .live_frames import InvalidLiveFrame, encode_live_frame

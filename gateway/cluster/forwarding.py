@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import structlog
 
 from ..chats import ChatService
-from ..errors import HttpError, refusal
+from ..refusals import HttpError, refusal
 from ..limits import Limited
 from ..messages import parse_chat_body
 from ..metrics import GatewayMetrics

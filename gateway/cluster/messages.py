@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Self, get_args
 
 from ..approvals import Verdict
-from ..errors import HttpError
+from ..refusals import HttpError
 from ..protocol import ClientVersion
 
 __all__ = [

@@ -23,7 +23,7 @@ import structlog
 from ..agent_config import ToolPolicy
 from ..approvals import GatedCall, Verdict
 from ..chats import ChatService
-from ..errors import HttpError
+from ..refusals import HttpError
 from ..metrics import GatewayMetrics
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work

@@ -32,7 +32,7 @@ import structlog
 from ..approvals import Verdict
 from ..chat import Chat
 from ..chats import Attachment, ChatService, Gone
-from ..errors import HttpError
+from ..refusals import HttpError
 from ..messages import ChatRequest
 from ..metrics import GatewayMetrics
 from ..protocol import ClientVersion

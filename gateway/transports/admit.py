@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from ..auth import Identity
-from ..errors import HttpError
+from ..refusals import HttpError
 from ..limits import Limited
 from ..state import GATEWAY
 from ..tickets import QUERY_PARAMETER

@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from ..chats import Attachment
-from ..errors import HttpError, refusal
+from ..refusals import HttpError, refusal
 from ..limits import Limited
 from ..messages import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
 from ..protocol import (

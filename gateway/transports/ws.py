@@ -29,7 +29,7 @@ import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from ..chats import Attachment
-from ..errors import refusal
+from ..refusals import refusal
 from ..limits import Limited
 from ..messages import InvalidRequest, is_chat_id, parse_chat_body
 from ..protocol import VERSION_HEADER, client_version

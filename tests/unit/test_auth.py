@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gateway.auth import Authenticator
 from gateway.config import AuthConfig, parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 
 
 def req(headers: dict[str, str] | None = None, path: str = "/api/chat"):
@@ -100,7 +100,7 @@ def test_origins() -> None:
 
 
 async def test_a_cookie_credential_needs_the_pages_origin_where_state_changes() -> None:
-    from gateway.errors import HttpError
+    from gateway.refusals import HttpError
 
     auth = Authenticator(AuthConfig(mode="api_key", api_keys=[{"id": "u", "key": "k1"}], cookie_name="gw"))
     handshake = make_mocked_request("GET", "/api/chat/ws", headers={"Cookie": "gw=k1", "Upgrade": "websocket", "Connection": "Upgrade"})

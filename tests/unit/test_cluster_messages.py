@@ -20,7 +20,7 @@ from gateway.cluster.messages import (
     WORK, Abort, Audio, Decided, Forwarded, Gate, MalformedMessage, Message, Refused, Relayed, Released, Reply,
     Resume, SocketClosed, Submit, Unfollow, Waiting, from_json,
 )
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from tests.unit.test_cluster_close import RecordingLog, cluster_on
 
 BODY = {"id": "c1", "trigger": "submit-message", "aiSdkVersion": 7, "messages": [{"id": "m1", "role": "user", "parts": []}]}

@@ -28,7 +28,7 @@ from gateway.cluster.remote_gate import Ask, RemoteGate
 from gateway.cluster.shared import SharedStateDown
 from gateway.cluster.tasks import Tasks
 from gateway.config import parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 

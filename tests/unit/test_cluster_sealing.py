@@ -32,7 +32,7 @@ from gateway.cluster.sealing import Seal, Tampered
 from gateway.cluster.shared import RelayEntry
 from gateway.cluster.tasks import Tasks
 from gateway.config import parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.tickets import Tickets

@@ -21,7 +21,7 @@ from gateway.chats import Attachment, ChatBusy, ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
 from gateway.config import parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from tests.unit.test_chat_gates import ScriptedAdk, text_events

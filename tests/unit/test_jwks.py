@@ -26,7 +26,7 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from gateway.app import create_app
 from gateway.auth import Authenticator
 from gateway.config import parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from gateway.jwks import Jwks, KeyCache
 from gateway.state import GATEWAY
 

@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.auth import Identity, warn_token_in_url
 from gateway.cluster.memory import MemoryState
 from gateway.config import AuthConfig, parse_config
-from gateway.errors import HttpError
+from gateway.refusals import HttpError
 from gateway.reload import reload_config
 from gateway.state import GATEWAY
 from gateway.tickets import Tickets
