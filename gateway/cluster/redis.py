@@ -41,8 +41,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from ..registry import ChatNotFound
-from ..stopping import cancel_and_wait
+from ..chat.registry import ChatNotFound
+from ..ops.stopping import cancel_and_wait
 from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal, Tampered, fingerprint

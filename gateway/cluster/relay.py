@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
-from ..chats import Attachment
-from ..metrics import GatewayMetrics
-from ..protocol import encode_chunk
-from ..runs import FollowerLagged, Reader
+from ..chat.service import Attachment
+from ..ops.metrics import GatewayMetrics
+from ..core.protocol import encode_chunk
+from ..chat.chunk_log import FollowerLagged, Reader
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow
 from .shared import RelayEntry, SharedState, SharedStateDown

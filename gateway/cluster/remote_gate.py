@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 import orjson
 import structlog
 
-from ..agent_config import ToolPolicy
-from ..approvals import GatedCall, Verdict
-from ..chats import ChatService
-from ..refusals import HttpError
-from ..metrics import GatewayMetrics
+from ..config.agent import ToolPolicy
+from ..core.approvals import GatedCall, Verdict
+from ..chat.service import ChatService
+from ..core.refusals import HttpError
+from ..ops.metrics import GatewayMetrics
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
 from .shared import SharedState, SharedStateDown

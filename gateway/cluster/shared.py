@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..refusals import Refusal
+from ..core.refusals import Refusal
 
 __all__ = ["Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
 

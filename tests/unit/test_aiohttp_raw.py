@@ -21,7 +21,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import StreamWriter, WebSocketWriter
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.transports import aiohttp_raw
+from gateway.edge import aiohttp_raw
 
 AIOHTTP = f"aiohttp {aiohttp.__version__}"
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.live_frames import InvalidLiveFrame, check_live_frame
+from gateway.core.live_frames import InvalidLiveFrame, check_live_frame
 
 LiveRequest = pytest.importorskip("google.adk.agents.live_request_queue").LiveRequest
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
-from gateway.config import ToolPolicy
-from gateway.ledger import Ledger
-from gateway.turn import (
+from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
+from gateway.config.schema import ToolPolicy
+from gateway.core.ledger import Ledger
+from gateway.core.turn import (
     TRANSITIONS,
     Bypassed,
     CallChanged,
