@@ -41,7 +41,7 @@ from .jwks import Jwks
 
 __all__ = ["Authenticator", "Identity", "warn_token_in_url"]
 
-log = structlog.get_logger("adk_gateway.auth")
+log = structlog.get_logger("adk_gateway.access.auth")
 
 _USER_ID_MAX = 128
 

@@ -37,7 +37,7 @@ from ..ops.stopping import cancel_and_wait
 
 __all__ = ["MAX_DOCUMENT_BYTES", "Jwks", "KeyCache", "provider_keys"]
 
-log = structlog.get_logger("adk_gateway.jwks")
+log = structlog.get_logger("adk_gateway.access.jwks")
 
 # A failed scheduled fetch is retried this much sooner than `jwks_refresh`, bounded below by
 # `jwks_min_refetch`: the provider gets no more than that, and keys come back soon after it does.

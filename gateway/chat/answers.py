@@ -19,7 +19,7 @@ from .registry import Registry
 
 __all__ = ["LOST_APPROVAL", "Forbidden", "Gone", "pending_outputs", "split_answers"]
 
-log = structlog.get_logger("adk_gateway.chats")
+log = structlog.get_logger("adk_gateway.chat.answers")
 
 # A native confirmation ADK's session no longer holds: ADK restarted without keeping its sessions
 # (`memory://`), so the paused call, and the approval with it, are gone.

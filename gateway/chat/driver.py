@@ -39,7 +39,7 @@ from ..upstream.client import UpstreamError
 
 __all__ = ["RunDriver", "RunHooks"]
 
-log = structlog.get_logger("adk_gateway.chats")
+log = structlog.get_logger("adk_gateway.chat.driver")
 
 _BROWSER_OUTCOMES = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}
 

@@ -26,7 +26,7 @@ from ..core.turn import CallChanged
 
 __all__ = ["Gates"]
 
-log = structlog.get_logger("adk_gateway.chats")
+log = structlog.get_logger("adk_gateway.chat.gates")
 
 
 def _refusal(reason: str, text: str) -> Verdict:

@@ -52,7 +52,7 @@ from ..upstream.runs import AgentRuns, Batches
 
 __all__ = ["Attachment", "ChatBusy", "ChatService", "Forbidden", "Gone"]
 
-log = structlog.get_logger("adk_gateway.chats")
+log = structlog.get_logger("adk_gateway.chat.service")
 
 # How long a new message waits for the previous run to wind down after its calls were cancelled.
 _SETTLE_SECONDS = 10.0

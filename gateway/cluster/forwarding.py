@@ -46,7 +46,7 @@ from .shared import SharedState, SharedStateDown
 
 __all__ = ["Asker", "ForwardedRequests"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.forwarding")
 
 # A handler of one kind of work: (the service, the work, the message it came in) -> the answer.
 Handler = Callable[[Any, Any, Forwarded], Awaitable[Answer | None]]

@@ -50,7 +50,7 @@ from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedState
 
 __all__ = ["RedisState"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.redis")
 
 _RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
 _RELAY_TTL_MS = 300_000

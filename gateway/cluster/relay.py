@@ -32,7 +32,7 @@ from .tasks import Tasks
 
 __all__ = ["RelayFeed", "Relays"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.relay")
 
 _CONTACT_LOST = "The gateway lost contact with the replica running this response; reload the chat to resume it."
 _OWNER_STOPPED = "The gateway replica running this response stopped; send your message again."

@@ -32,7 +32,7 @@ from .tasks import Tasks
 
 __all__ = ["Ask", "RemoteGate"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.remote_gate")
 
 # Forward work to a replica and wait for its answer (Asker.ask): refusals raise HttpError.
 Ask = Callable[[str, Work], Awaitable[Answer]]

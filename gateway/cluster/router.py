@@ -60,7 +60,7 @@ from .tasks import Tasks
 
 __all__ = ["Cluster"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.router")
 
 _RUN_LOST = (
     "The gateway replica that was running this chat's response stopped before it finished; "

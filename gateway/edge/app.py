@@ -39,7 +39,7 @@ from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
 
-log = structlog.get_logger("adk_gateway.app")
+log = structlog.get_logger("adk_gateway.edge.app")
 
 STATIC_DIR = Path(__file__).parents[1] / "static"
 

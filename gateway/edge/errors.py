@@ -17,7 +17,7 @@ from ..core.refusals import Refusal
 
 __all__ = ["Handler", "error_middleware", "json_error"]
 
-log = structlog.get_logger("adk_gateway.http")
+log = structlog.get_logger("adk_gateway.edge.errors")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

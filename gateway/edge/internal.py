@@ -38,7 +38,7 @@ from .state import GATEWAY
 
 __all__ = ["create_internal_app"]
 
-log = structlog.get_logger("adk_gateway.internal")
+log = structlog.get_logger("adk_gateway.edge.internal")
 
 
 class ToolCallRequest(BaseModel):

@@ -37,7 +37,7 @@ from .state import Gateway
 
 __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config", "warn_previous_secret"]
 
-log = structlog.get_logger("adk_gateway.reload")
+log = structlog.get_logger("adk_gateway.edge.reload")
 
 # Sections whose running values stay until a restart: the listeners, the metrics endpoint, logging
 # and the shared session store are built once, at start.

@@ -43,7 +43,7 @@ __all__ = ["STOP_GRACE", "StopWatchdog", "drain", "listeners", "serve", "stop_li
 
 _GC_YOUNG_THRESHOLD = 10_000
 
-log = structlog.get_logger("adk_gateway.server")
+log = structlog.get_logger("adk_gateway.edge.server")
 
 
 # Once the drain's own time is up, how long the rest of the stop may take (ending runs, letting

@@ -36,7 +36,7 @@ from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
 
-log = structlog.get_logger("adk_gateway.sse")
+log = structlog.get_logger("adk_gateway.edge.sse")
 
 _TRANSPORT: Final = "sse"
 _KEEPALIVE: Final = b": keep-alive\n\n"

@@ -40,7 +40,7 @@ from .aiohttp_raw import send_text_frames, write_text_frames_now
 
 __all__ = ["routes"]
 
-log = structlog.get_logger("adk_gateway.ws")
+log = structlog.get_logger("adk_gateway.edge.ws")
 
 _TRANSPORT: Final = "ws"
 _MAX_REQUEST_ID = 128

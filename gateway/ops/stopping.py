@@ -16,7 +16,7 @@ import structlog
 
 __all__ = ["cancel_and_wait", "within"]
 
-log = structlog.get_logger("adk_gateway.stopping")
+log = structlog.get_logger("adk_gateway.ops.stopping")
 
 
 async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]], timeout: float, *, what: str) -> set[asyncio.Task[Any]]:

@@ -25,7 +25,7 @@ from .client import AdkClient
 
 __all__ = ["Agent", "AgentChanges", "Agents", "UnknownAgent"]
 
-log = structlog.get_logger("adk_gateway.agents")
+log = structlog.get_logger("adk_gateway.upstream.agents")
 
 # How often a retired client checks whether a run still streams through it.
 _RETIRE_POLL = 1.0

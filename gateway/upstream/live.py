@@ -20,7 +20,7 @@ from .client import LiveConnection, UpstreamError, parse_live_event
 
 __all__ = ["LiveLink"]
 
-log = structlog.get_logger("adk_gateway.live")
+log = structlog.get_logger("adk_gateway.upstream.live")
 
 # What a turn's queue receives when the socket is gone.
 _CLOSED: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from .client import AdkClient, SessionConfirmations, UpstreamError
 
 __all__ = ["AgentRuns"]
 
-log = structlog.get_logger("adk_gateway.chats")
+log = structlog.get_logger("adk_gateway.upstream.runs")
 
 Batches = AsyncIterator[Iterable[dict[str, Any]]]
 
