@@ -94,7 +94,15 @@ TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._browser_series(self.registry)
+        self._upstream_series(self.registry)
+        self._approval_series(self.registry)
+        self._gateway_series(self.registry)
+        self._gc_series(self.registry)
+        self._export_known_at_zero()
+
+    def _browser_series(self, r: CollectorRegistry) -> None:
+        """What browsers asked and were answered: requests, streams, chunks, WebSocket frames, refusals."""
         self.http_requests = Counter(
             "adk_gateway_http_requests_total", "HTTP requests answered, by route, method and status.",
             ["route", "method", "status"], registry=r,
@@ -112,6 +120,26 @@ class GatewayMetrics:
         # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: dict[str, int] = {}
         r.register(_ChunkCollector(self.chunk_counts))
+        self.ws_connections = Gauge(
+            "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
+        )
+        self.ws_frames = Counter(
+            "adk_gateway_ws_frames_total", "WebSocket frames, by direction (in, out) and frame type.",
+            ["direction", "type"], registry=r,
+        )
+        self.audio_bytes = Counter(
+            "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
+            ["direction"], registry=r,
+        )
+        self.limited = Counter(
+            "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
+            "gateway_busy, too_many_chats, too_many_messages, body_too_large, body_timeout, header_timeout, draining, "
+            "unauthorized, origin_not_allowed, ...).",
+            ["reason"], registry=r,
+        )
+
+    def _upstream_series(self, r: CollectorRegistry) -> None:
+        """Each agent's upstream: its health, its errors, its runs and live sessions."""
         self.upstream_errors = Counter(
             "adk_gateway_upstream_errors_total",
             "Failed upstream interactions, by agent and kind (connect, timeout, reset, http, protocol, session_missing, run_error).",
@@ -129,6 +157,12 @@ class GatewayMetrics:
             "adk_gateway_runs_total", "Upstream runs finished, by agent and outcome (completed, waiting, error, cancelled).",
             ["agent", "outcome"], registry=r,
         )
+        self.live_sessions = Gauge(
+            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
+        )
+
+    def _approval_series(self, r: CollectorRegistry) -> None:
+        """Tool calls that wait for a person, and what the ADK plugin asked."""
         self.approvals_pending = Gauge(
             "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision, by agent.", ["agent"], registry=r
         )
@@ -159,26 +193,9 @@ class GatewayMetrics:
             "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
             ["agent", "tool"], registry=r,
         )
-        self.ws_connections = Gauge(
-            "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
-        )
-        self.ws_frames = Counter(
-            "adk_gateway_ws_frames_total", "WebSocket frames, by direction (in, out) and frame type.",
-            ["direction", "type"], registry=r,
-        )
-        self.live_sessions = Gauge(
-            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
-        )
-        self.audio_bytes = Counter(
-            "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
-            ["direction"], registry=r,
-        )
-        self.limited = Counter(
-            "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
-            "gateway_busy, too_many_chats, too_many_messages, body_too_large, body_timeout, header_timeout, draining, "
-            "unauthorized, origin_not_allowed, ...).",
-            ["reason"], registry=r,
-        )
+
+    def _gateway_series(self, r: CollectorRegistry) -> None:
+        """The gateway's own state: reloads, readiness, drain, identity keys, replicas."""
         self.config_reloads = Counter(
             "adk_gateway_config_reloads_total", "Configuration reloads, by result (success, failure).",
             ["result"], registry=r,
@@ -224,6 +241,8 @@ class GatewayMetrics:
             ["what"], registry=r,
         )
 
+    def _gc_series(self, r: CollectorRegistry) -> None:
+        """The garbage collector's pauses (watch_gc)."""
         self.gc_pause = Histogram(
             "adk_gateway_gc_pause_seconds",
             "Python garbage collector pauses (the event loop, and so every stream, stands still), by generation.",
@@ -231,6 +250,9 @@ class GatewayMetrics:
         )
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
+
+    def _export_known_at_zero(self) -> None:
+        """Every known label value at 0 from the start (KNOWN_LABEL_VALUES says why)."""
         for attribute, label_sets in KNOWN_LABEL_VALUES.items():
             if attribute in AGENT_LABELLED:
                 continue  # per agent: know_agents
