@@ -330,7 +330,7 @@ def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
 def _ws_frame_types(source: Source, resolver: Resolver, direction: str) -> set[str]:
     if direction == "in":  # the frame types the socket has a handler for; the rest count as invalid
         handlers = [v for _, n in source.nodes(ast.Assign) for t in n.targets  # type: ignore[attr-defined]
-                    if isinstance(t, ast.Name) and t.id == "_HANDLERS" for v in [n.value]]  # type: ignore[attr-defined]
+                    if isinstance(t, ast.Name) and t.id == "HANDLERS" for v in [n.value]]  # type: ignore[attr-defined]
         return _constants(resolver, [k for h in handlers if isinstance(h, ast.Dict) for k in h.keys])
     frames = [a for _, call in source.calls_to("send") for a in call.args[:1] if isinstance(a, ast.Dict)]
     return _constants(resolver, [v for d in frames for k, v in zip(d.keys, d.values, strict=True)
