@@ -266,7 +266,7 @@ def exported_series(exposition: str) -> dict[str, set[str]]:
 
 
 def declared_labels() -> dict[str, set[str]]:
-    """Series name -> label names, from the metric objects of gateway/metrics.py (a labelled metric
+    """Series name -> label names, from the metric objects of gateway/ops/metrics.py (a labelled metric
     with no child yet has no sample in a scrape to read its labels from)."""
     from prometheus_client.metrics import MetricWrapperBase
 
@@ -1135,7 +1135,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     series = exported_series(text)
     assert any(n.startswith("adk_gateway_") for n in series), f"the gateway's /metrics exports no adk_gateway_ metric:\n{text[:500]}"
     for name, labels in declared_labels().items():
-        assert name in series, f"gateway/metrics.py declares {name}, but a scrape of a running gateway does not show it"
+        assert name in series, f"gateway/ops/metrics.py declares {name}, but a scrape of a running gateway does not show it"
         series[name] |= labels
     return series
 

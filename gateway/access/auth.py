@@ -5,9 +5,9 @@
   digests, so the config may carry digests instead of keys and no key sits in memory in clear.
 - `jwt`: `Authorization: Bearer <token>`, checked with PyJWT (signature, exp, nbf, aud, iss, the
   required claims) against a shared secret, a PEM key, or the identity provider's published keys
-  (jwks.py); its `user_claim` (default `sub`) is the user id.
+  (access/jwks.py); its `user_claim` (default `sub`) is the user id.
 Browsers cannot set headers on a WebSocket handshake: a page there uses the `auth.cookie_name`
-cookie or a ticket (tickets.py; admit.py redeems it). `?access_token=` in a URL is read only with
+cookie or a ticket (access/tickets.py; admit.py redeems it). `?access_token=` in a URL is read only with
 `auth.allow_token_in_url` (the access log records paths without their query string).
 
 Every refusal writes one `auth_refused` line at info (the default level) with a reason code from
@@ -139,13 +139,13 @@ class Authenticator:
             raise _unauthorized("malformed", "invalid token: kid is not a string")
         found = await self._jwks.key(kid)
         if found is None:
-            # Fetched again already if allowed (jwks.py): a key the provider does not publish.
+            # Fetched again already if allowed (access/jwks.py): a key the provider does not publish.
             raise _unauthorized("unknown_kid", "invalid token: signed with a key the identity provider does not publish")
         return found.key
 
     @staticmethod
     def may_use(identity: Identity, access: AgentAccess) -> bool:
-        """Whether `identity` may use an agent with this `access:` (config.py validates that the
+        """Whether `identity` may use an agent with this `access:` (config/schema.py validates that the
         lists fit the auth mode: an API key list under api_key, claims under jwt)."""
         if access.api_keys is not None and identity.user_id not in access.api_keys:
             return False

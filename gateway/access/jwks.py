@@ -9,7 +9,7 @@ names a key id not held yet. Those unknown-key-id fetches are spaced from each o
 they are not spaced from the start-up or scheduled fetches, so a key the provider publishes and
 signs with a second after one of those is fetched at once rather than refused for a while. While
 the provider is down, the keys held keep working. Whoever answers these fetches decides which
-tokens pass, so where they go is held to `auth_config.key_source_problem` (https, the operator's
+tokens pass, so where they go is held to config/auth.py's `key_source_problem` (https, the operator's
 hosts; a redirect too) and what they read to `MAX_DOCUMENT_BYTES`; a document that fails either is
 refused and the keys held stay. Parsing a JWK into a key is PyJWT's (`PyJWKSet`); nothing here
 handles key material.

@@ -15,14 +15,14 @@ hole in it.
 Who reads a response is counted: each request that reads one holds a `Reader` from the moment it
 is admitted until it stops, and says how to tell whether its browser is still there. A response
 nobody reads any more (the AI SDK's `stop()` dropped the request) does not make its chat busy: a
-new message ends its run instead (chats.py).
+new message ends its run instead (chat/service.py).
 
 A resume reads the whole assistant message so far as one stream (a `Reader` with the message's
 earlier chunks before the current response), because the AI SDK
 rebuilds the message from nothing at a resumed stream's first `start` (`resumeStreamIsReplay`), so
 a replay of the latest response alone would lose the responses before it (a tool output whose call
 is in an earlier response fails the SDK's reducer). The responses are concatenated, with what the
-browser itself added between two of them (chats.py says what); the `finish` of each but the last
+browser itself added between two of them (chat/service.py says what); the `finish` of each but the last
 becomes a `message-metadata` chunk with the same metadata, so the stream ends once, where the
 message does, and every chunk keeps its position (a WebSocket `lastSequence` means the same chunk
 in every replay). The chunks before the current response are kept while
@@ -60,7 +60,7 @@ def _as_earlier(frames: Sequence[bytes]) -> tuple[bytes, ...]:
 
 
 class Run:
-    """The log of one run's responses; when a response opens and closes is the turn's (turn.py).
+    """The log of one run's responses; when a response opens and closes is the turn's (core/turn.py).
 
     `earlier` is the message so far when this run continues one that an earlier run began (a
     native confirmation's answer starts a new run on the same message): None if its beginning

@@ -1,7 +1,7 @@
 """The I/O shell of one turn: its task, its run log, and what the turn's outputs ask for.
 
-A `RunDriver` feeds a `Turn` (turn.py) the upstream events of its run as they are read, and carries
-out each output the turn returns: chunks are encoded into the run's log (runs.py), where the
+A `RunDriver` feeds a `Turn` (core/turn.py) the upstream events of its run as they are read, and carries
+out each output the turn returns: chunks are encoded into the run's log (chat/chunk_log.py), where the
 browser requests follow them; responses open and close there; a released gated call's verdict goes
 to the plugin's waiting request; metrics and log lines are recorded. It also keeps the upstream
 stream's idle timer told whether the run waits for a person (a wait is not idleness).

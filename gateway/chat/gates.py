@@ -1,10 +1,10 @@
 """The plugin's side of a gated tool call: opened here, shown by the chat's turn, waited on here.
 
-The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; internal.py takes
+The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
 the request, cluster/ sends it to the replica that runs the chat). `Gates` answers at once when the
 tool is not gated or nobody could answer, else records a `GatedCall` in the chat's ledger, has the
 chat's turn show it to the browser, and holds the plugin's request until the turn releases the
-call (the person, the browser, a deadline or the end of the run decide: turn.py) and its verdict
+call (the person, the browser, a deadline or the end of the run decide: core/turn.py) and its verdict
 comes back here.
 """
 

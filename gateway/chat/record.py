@@ -1,7 +1,7 @@
 """A chat, as this replica remembers it between requests.
 
 A chat is keyed by (user id, AI SDK chat id): a browser can only ever reach chats of its own user.
-It belongs to one agent (agents.py), whose routes alone reach it. It holds its ADK session (on
+It belongs to one agent (upstream/agents.py), whose routes alone reach it. It holds its ADK session (on
 the client of its agent's upstream it was made with), its current run (the run log that requests follow, and the driver that
 runs it), its live session in live mode, and its ledger: the calls that wait for a person.
 """
@@ -37,7 +37,7 @@ class Chat:
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None
     # The browser socket that drove the chat closed while its run went on, and no request of the
-    # chat came since: its live session closes when the run ends (upstream_runs.py).
+    # chat came since: its live session closes when the run ends (upstream/runs.py).
     browser_left: bool = False
     ledger: Ledger = field(default_factory=Ledger)
 

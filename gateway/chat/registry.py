@@ -7,7 +7,7 @@ was first used on: on another agent's routes the id does not exist either.
 
 Approval ids of gated calls are indexed to their chat, so an answer that names another chat's
 approval is told so (403) rather than taken for a stale one. What the calls are and how they
-stand is each chat's ledger's (ledger.py), not the registry's.
+stand is each chat's ledger's (core/ledger.py), not the registry's.
 
 Everything here is this process's memory. With several replicas, what they share (which replica
 runs which chat) is gateway/cluster's.

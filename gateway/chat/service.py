@@ -2,12 +2,12 @@
 
 `ChatService` admits one streaming response per chat at a time (a new message in a chat whose
 response nobody reads any more ends that run first, as an abort would), matches the answers a
-request carries to what the chat's ledger says waits (ledger.py), makes sure the ADK session
-exists, and starts each run as a turn (turn.py) with its driver's task (driver.py), so the run
+request carries to what the chat's ledger says waits (core/ledger.py), makes sure the ADK session
+exists, and starts each run as a turn (core/turn.py) with its driver's task (chat/driver.py), so the run
 outlives the browser request. Two kinds of approval meet here (DESIGN.md decision 3):
 - native ADK confirmations end the ADK run; the person's answer starts a new run that continues
   the same assistant message;
-- gateway-gated calls (tool policy, enforced by the ADK plugin, gates.py) pause the run while it
+- gateway-gated calls (tool policy, enforced by the ADK plugin, chat/gates.py) pause the run while it
   stays open upstream; the answering request re-attaches to the same turn, which carries on.
 Transports and the internal listener reach this service through the cluster router
 (cluster/router.py), which sends work for a chat run by another replica there instead.
@@ -85,7 +85,7 @@ class Attachment:
 
 def _browser_added(version: ClientVersion, answers: list[ApprovalAnswer], outputs: list[ToolOutput]) -> list[bytes]:
     """What the browser put into the message between two of its responses, as chunks for a replay
-    (runs.py), which the AI SDK rebuilds the message from: the browser tools' outputs and, for ai 7,
+    (chat/chunk_log.py), which the AI SDK rebuilds the message from: the browser tools' outputs and, for ai 7,
     the person's answers (ai 6 has no chunk for an answer: its replay shows an answered part's
     later states, without `approval.approved`)."""
     chunks: list[dict[str, object]] = []

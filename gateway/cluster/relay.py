@@ -6,10 +6,10 @@ the relay (`RelayFeed`) as a transport follows a local response, until the respo
 owner dies or the shared state is lost; each of the last two ends the browser's response with an
 `error` chunk, unless the response had already ended.
 
-A relay counts as a reader of the owner's response (runs.py `Reader`) while its browser reads it:
+A relay counts as a reader of the owner's response (chat/chunk_log.py `Reader`) while its browser reads it:
 the replica holding the browser looks at it each time the relay wakes it (at least every
 `sessions.heartbeat_interval`), and once the browser is gone tells the owner (`Unfollow`), which
-stops the relay. A new message in that chat is then taken instead of refused as busy (chats.py).
+stops the relay. A new message in that chat is then taken instead of refused as busy (chat/service.py).
 """
 
 from __future__ import annotations

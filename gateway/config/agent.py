@@ -1,6 +1,6 @@
 """One agent's configuration: its ADK upstream, its tool policy, who may use it and its own caps.
 
-`GatewayConfig.agents` (config.py) maps each agent's name to an `AgentConfig`; the rules across
+`GatewayConfig.agents` (config/schema.py) maps each agent's name to an `AgentConfig`; the rules across
 agents (names, unique app names, access lists that fit the auth mode) are GatewayConfig's.
 """
 

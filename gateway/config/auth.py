@@ -1,6 +1,6 @@
 """Who may call the gateway, as configured: the auth mode, API keys, JWT settings and browser origins.
 
-`GatewayConfig.auth` (config.py) is an `AuthConfig`; auth.py carries it out per request.
+`GatewayConfig.auth` (config/schema.py) is an `AuthConfig`; access/auth.py carries it out per request.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class AuthConfig(Section):
     cookie_name: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
     # A WebSocket ticket's lifetime: a page trades its credential (in a header) for a single-use
-    # ticket at `POST .../api/chat/ws-ticket` and opens the socket with `?ticket=` (tickets.py).
+    # ticket at `POST .../api/chat/ws-ticket` and opens the socket with `?ticket=` (access/tickets.py).
     ws_ticket_ttl: Duration = Field(30.0, gt=0, le=600)
     # Also accept the credential itself as `?access_token=` in a URL. Off: a long-lived token in a
     # URL is kept by proxies' logs and browsers' histories. Only for clients that cannot move to a

@@ -19,7 +19,7 @@ agent's settings (its `access:` and its tools' gates) are judged for every agent
 the agent that would take its place: the agent of the same name (its routes), the agent serving
 the same ADK app (the plugin's policy is keyed by app: a renamed agent keeps its gates), and the
 agent `/api/chat` would move to when that one is new (a single-agent file's agent is named after its
-app, so a cut `upstream:` is a new agent on the same route). Two agents never share an app (config.py).
+app, so a cut `upstream:` is a new agent on the same route). Two agents never share an app (config/schema.py).
 An agent removed with its app is not judged: its routes and its app's policy are gone, and the
 plugin refuses that app's gated calls.
 """

@@ -1,5 +1,5 @@
 """The values a configuration is written in: durations (`30s`, `5m`), sizes (`4MiB`), and `Section`,
-the strict base of every section (config.py, agent_config.py).
+the strict base of every section (config/schema.py, config/agent.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _values_as_lists(value: Any) -> Any:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
-# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); auth.py `_holds` matches them.
+# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); access/auth.py `_holds` matches them.
 ClaimValues = Annotated[dict[str, list[str]], BeforeValidator(_values_as_lists)]
 
 

@@ -6,8 +6,8 @@ for a person's approval, for the browser to run it and send its output, or for b
 run the tool, or answer the call with this response instead. A call is released once and only
 once: a replayed decision, a late output or a timeout after the fact changes nothing.
 
-No clock is read here: callers pass `now`. No I/O either: the turn (turn.py) changes calls, and
-the plugin's side (gates.py) delivers their verdicts.
+No clock is read here: callers pass `now`. No I/O either: the turn (core/turn.py) changes calls, and
+the plugin's side (chat/gates.py) delivers their verdicts.
 """
 
 from __future__ import annotations

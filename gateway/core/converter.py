@@ -1,7 +1,7 @@
 """ADK events in, AI SDK UI message chunks out: the sans-IO heart of the gateway.
 
 A `Converter` turns the events of ADK runs into the chunks of ONE assistant message. On top of the
-framing rules it inherits (message_writer.py), it owns what ADK's events mean for the client: a
+framing rules it inherits (core/message_writer.py), it owns what ADK's events mean for the client: a
 tool part exists before any chunk that names its `toolCallId`; ADK's streamed `partial` text is not
 repeated when the aggregated final event arrives; ADK's confirmation machinery
 (`adk_request_confirmation` and its placeholder response) never reaches the browser as tool parts
@@ -10,7 +10,7 @@ of its own; gated calls are shown as the tool policy says.
 It does no I/O and reads no clock: events are plain dicts straight from the upstream JSON (the
 upstream is trusted, so nothing is validated chunk by chunk on this hot path), chunks are plain
 dicts ready to encode. What it learns about calls that wait for a person goes into the chat's
-ledger (ledger.py); when a response ends is the turn's to decide (turn.py).
+ledger (core/ledger.py); when a response ends is the turn's to decide (core/turn.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ One ledger per chat. It holds both kinds of approval (DESIGN.md decision 3):
 What a run asked or was told (the gated calls it expects, the confirmations it asked, the calls the
 person denied in the request that started it) is reset by `begin_run`: a chat runs one run at a time.
 
-Sans-IO: no clock (callers pass `now`), no I/O, no asyncio. The turn (turn.py) changes it; the chat
+Sans-IO: no clock (callers pass `now`), no I/O, no asyncio. The turn (core/turn.py) changes it; the chat
 service looks answers up in it; the converter asks it how to show a call.
 """
 

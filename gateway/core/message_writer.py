@@ -3,7 +3,7 @@
 A `MessageWriter` makes the chunks that frame a message, whatever its content came from: `start`
 and `finish` of each response, `start-step`/`finish-step` around each model call, and text or
 reasoning blocks opened before their deltas and closed before the step ends (DESIGN.md section 2).
-The converter (converter.py) builds on it with what ADK's events say.
+The converter (core/converter.py) builds on it with what ADK's events say.
 
 Sans-IO: chunks are plain dicts ready to encode; nothing is read or written here.
 """

@@ -1,7 +1,7 @@
 """What a refused request is: the kinds of refusal, each with the status and code it is answered with.
 
 Pure data (no HTTP server here): the sans-IO core raises these, and the shells answer them, as JSON
-with this status (errors.py), an `error` frame on a WebSocket, or a reply to another replica.
+with this status (edge/errors.py), an `error` frame on a WebSocket, or a reply to another replica.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A `Turn` is what happens between a browser request that starts an agent run and the end of that
 run. It takes inputs (upstream events, a gated call the plugin opened, the person's answers and the
 browser's tool outputs, a deadline reached, an abort, a failure; the caller supplies the time) and
-returns outputs, in order, for the I/O shell (driver.py) to carry out:
+returns outputs, in order, for the I/O shell (chat/driver.py) to carry out:
 
 - `OpenResponse`, `Chunks`, `CloseResponse`: the browser responses the run's chunks go into. A
   run that waits for a person ends its response (`finish` with reason `tool-calls`) so the AI SDK
@@ -13,7 +13,7 @@ returns outputs, in order, for the I/O shell (driver.py) to carry out:
 - `Raised`: an error the turn cannot judge (the upstream's or a bug), for the shell to act on.
 
 Its states and the moves between them are in `TRANSITIONS`; an input that its state does not
-allow raises `TurnError` and leaves the turn FAILED. The chat's ledger (ledger.py) is the one
+allow raises `TurnError` and leaves the turn FAILED. The chat's ledger (core/ledger.py) is the one
 record of the calls that wait; the turn is the only thing that changes a gated call.
 
 No sockets, no clocks, no asyncio: every input is a method call, every effect an output.

@@ -87,7 +87,7 @@ async def _redeem_ticket(request: web.Request, value: str, *, socket: bool) -> I
 
 async def identify(request: web.Request, *, socket: bool = False) -> Identity:
     """Who calls, from a page that may call: the first two checks, for routes of no one agent.
-    The handshake of a `socket` route may carry a ticket (tickets.py) instead of a credential."""
+    The handshake of a `socket` route may carry a ticket (access/tickets.py) instead of a credential."""
     gateway = request.app[GATEWAY]
     try:
         ticket = request.query.get(QUERY_PARAMETER)

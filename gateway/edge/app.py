@@ -1,6 +1,6 @@
 """The aiohttp application: routes, middleware and the lifecycle of long-lived parts.
 
-`create_app(config)` builds everything and hangs it off the Application (see state.py). The
+`create_app(config)` builds everything and hangs it off the Application (see edge/state.py). The
 `cleanup_ctx` starts the agents' upstream clients and health probes and the background duties (idle
 chat sweeper, deadline sweeper) and stops them in reverse order.
 """

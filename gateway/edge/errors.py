@@ -1,7 +1,7 @@
 """How failures reach an HTTP client: one JSON shape, never a traceback.
 
 Every error answer is `{"error": {"code": "...", "message": "..."}}` with a fitting status. Each
-kind of refusal is a `Refusal` subclass (refusals.py) that carries its own status and code, defined
+kind of refusal is a `Refusal` subclass (core/refusals.py) that carries its own status and code, defined
 beside the code that raises it; the middleware turns any of them into that shape and anything unexpected into a logged 500 whose body
 says nothing about the gateway's insides.
 """

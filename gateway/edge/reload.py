@@ -8,7 +8,7 @@ the decision out on a running `Gateway`.
 
 What a reload may not do, on top of what start refuses (docs/configuration.md#reloading):
 - fall back to defaults because the file is empty: an empty file is refused outright;
-- let in anyone, or any tool call, that the running configuration keeps out: loosening.py holds
+- let in anyone, or any tool call, that the running configuration keeps out: config/loosening.py holds
   the one table of the settings that decide it (auth: the mode, keys, JWT checks, origins, cookie,
   tickets, tokens in URLs; per agent: `access:` and the tools' gates), each with its direction.
   An agent is judged against the agent that takes its place by name, by ADK app (the plugin's

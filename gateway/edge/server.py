@@ -8,7 +8,7 @@
   `drain_timeout` + STOP_GRACE (+2 s) a watchdog thread ends the process (exit 1) whatever its
   tasks do.
 - SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file
-  (reload.py decides whether the new file may run, and applies it).
+  (edge/reload.py decides whether the new file may run, and applies it).
 
 Both listeners hold each request's head (request line and headers) to `listen.header_timeout`:
 aiohttp has no such bound, so a client trickling header lines held a connection indefinitely.

@@ -2,8 +2,8 @@
 
 `POST /api/chat` starts (or continues) a chat turn and streams it; `GET /api/chat/{id}/stream` is
 the AI SDK's `resume: true` route: it replays the whole assistant message the chat's latest
-response belongs to (a `runs.Reader` of the whole message) and follows it, or answers 204 when there is none. Those are the default agent's; every agent has the same routes
-under `/agents/{name}`. Handlers only admit, parse and follow; chats.py does the rest.
+response belongs to (a `Reader` (chat/response.py) of the whole message) and follows it, or answers 204 when there is none. Those are the default agent's; every agent has the same routes
+under `/agents/{name}`. Handlers only admit, parse and follow; chat/service.py does the rest.
 Responses idle for `chat.keepalive_interval` get a `: keep-alive` comment line, which the AI SDK
 ignores and which keeps proxies with idle timeouts from cutting the stream.
 """
@@ -140,7 +140,7 @@ def _connected(request: web.Request) -> Callable[[], bool]:
 
 async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
     feed = attachment.response
-    # A chat whose response nobody reads takes the person's next message (chats.py).
+    # A chat whose response nobody reads takes the person's next message (chat/service.py).
     feed.connected = _connected(request)
     try:
         return await _follow(request, feed, caller, chat_id)

@@ -35,13 +35,13 @@ class Gateway:
     metrics: GatewayMetrics
     registry: Registry
     auth: Authenticator
-    # The agents served, each with its upstream client and health (agents.py).
+    # The agents served, each with its upstream client and health (upstream/agents.py).
     agents: Agents
     chats: ChatService
     # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
     cluster: Cluster
     admission: Admission
-    # WebSocket tickets, kept where every replica can redeem them (tickets.py).
+    # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
@@ -53,7 +53,7 @@ class Gateway:
     started_from: GatewayConfig | None = None
     # `--upstream-mode`, which a reload keeps applying to every agent.
     upstream_mode: str | None = None
-    # The identity provider's keys, when auth.jwt takes them from it (jwks.py).
+    # The identity provider's keys, when auth.jwt takes them from it (access/jwks.py).
     jwks: Jwks | None = None
     # Short clean-ups started where nothing can await them (a reload closing what it replaced).
     background: set[asyncio.Task[None]] = field(default_factory=set)

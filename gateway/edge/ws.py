@@ -6,9 +6,9 @@ in: `send` (a chat turn, same body as the SSE POST), `resume {id, lastSequence?}
 out: `start` (a resume found something), `chunk {sequence}` (0, 1, 2... per request, no gaps), `end`,
 `error {errorText}`, `no-active`.
 
-Requests attach to the same runs as SSE requests do (chats.py), so a run that waits for a person
+Requests attach to the same runs as SSE requests do (chat/service.py), so a run that waits for a person
 ends the request with `end`, the answering `send` re-attaches, and `resume` replays the whole
-message from the run's log (a `runs.Reader` of the whole message), numbered over it. A malformed frame gets an `error` frame naming the problem and the socket stays up;
+message from the run's log (a `Reader` (chat/response.py) of the whole message), numbered over it. A malformed frame gets an `error` frame naming the problem and the socket stays up;
 frames over the size limit close it with 1009. Closing the socket stops the requests' followers
 (runs go on, unless aborted) and tells each chat it used (`ChatService.socket_closed`): a live chat's
 session closes then, or when the turn under way ends (docs/websocket.md).
@@ -17,7 +17,7 @@ What each incoming frame does is ws_frames.py's; this module owns the socket: it
 flight, the frames it sends, its life from handshake to close.
 
 `POST /api/chat/ws-ticket` issues the single-use ticket a page without a cookie opens the socket
-with (`?ticket=`, tickets.py): browsers cannot set headers on a handshake.
+with (`?ticket=`, access/tickets.py): browsers cannot set headers on a handshake.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class Connection:
 
     def watch(self, request_id: str, feed: Feed) -> None:
         """Tell the chat how to see that this request no longer reads `feed`: the socket closed or
-        the request was aborted (a chat whose response nobody reads takes the next message, chats.py).
+        the request was aborted (a chat whose response nobody reads takes the next message, chat/service.py).
         Set as soon as the request has its feed, so a request that never gets to follow it counts
         as gone with its socket."""
         ws, aborted = self.ws, self.aborted
@@ -297,7 +297,7 @@ async def chat_socket(request: web.Request) -> web.WebSocketResponse:
 
 
 async def issue_ticket(request: web.Request) -> web.Response:
-    """A single-use ticket for one socket on this route's agent (tickets.py), for a page that holds
+    """A single-use ticket for one socket on this route's agent (access/tickets.py), for a page that holds
     its credential in script: it asks with the credential in a header, then opens the socket with
     `?ticket=`, so no long-lived token is in the socket's URL."""
     gateway = request.app[GATEWAY]

@@ -1,8 +1,8 @@
 """The agents this gateway serves, as they run: each one's config, its ADK client and its health.
 
-`Agents` is built from the config's `agents:` section (config.py) and changed in place by a reload:
+`Agents` is built from the config's `agents:` section (config/schema.py) and changed in place by a reload:
 an added agent gets a client and a health probe; a removed one's probe stops and its client closes
-once none of its runs streams through it (the reload ends those runs: chats.py); an agent whose
+once none of its runs streams through it (the reload ends those runs: chat/service.py); an agent whose
 upstream changed gets a new client, which its chats take at their next turn, and the old client
 closes the same way. Requests name an agent by its route (`/agents/{name}/...`, or the default
 agent's `/api/chat`), the ADK plugin by its app name.
@@ -101,7 +101,7 @@ class Agents:
         return agent
 
     def for_app(self, app_name: str) -> Agent | None:
-        """The agent whose ADK app is `app_name` (app names are unique across agents: config.py)."""
+        """The agent whose ADK app is `app_name` (app names are unique across agents: config/schema.py)."""
         for agent in self._agents.values():
             if agent.config.upstream.app_name == app_name:
                 return agent

@@ -270,7 +270,7 @@ class LiveConnection:
     """One ADK `/run_live` socket.
 
     ADK stops reading a live socket for good after one frame it cannot validate, and says nothing.
-    So every frame is checked before it is sent (live_frames.py, the gateway's own model of what
+    So every frame is checked before it is sent (core/live_frames.py, the gateway's own model of what
     ADK's `LiveRequest` accepts), and a frame that would fail is refused here instead.
     """
 

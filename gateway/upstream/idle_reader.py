@@ -2,7 +2,7 @@
 
 `IdleReader` reads an ADK `/run_sse` body and fails with TimeoutError once the stream has been
 silent for `upstream.idle_timeout`; `WaitSignal` is how the run's owner tells it that the silence
-is a person deciding (an approval), not idleness. `gateway.upstream` reads every run through one.
+is a person deciding (an approval), not idleness. `upstream/client.py` reads every run through one.
 """
 
 from __future__ import annotations

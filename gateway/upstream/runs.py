@@ -1,7 +1,7 @@
 """How a chat's runs reach ADK: the event stream of one turn, over `/run_sse` or the chat's live session.
 
 `AgentRuns` makes sure the chat's ADK session exists on its agent's upstream, re-creates it once if
-the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, live.py) open
+the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, upstream/live.py) open
 across its turns, while a browser is there to take them: a session whose browser socket closed
 mid-turn is closed when that turn ends (a live model connection is paid for while it is open),
 and the next turn opens another. The turn's driver reads the events as a list per upstream read.

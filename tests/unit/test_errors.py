@@ -1,4 +1,4 @@
-"""Each refusal carries its own HTTP answer; errors.py needs no table of the layers above it."""
+"""Each refusal carries its own HTTP answer; edge/errors.py needs no table of the layers above it."""
 
 from __future__ import annotations
 

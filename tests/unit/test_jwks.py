@@ -369,7 +369,7 @@ async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider
         path.write_text(text + "    leeway: 5s\n")
         assert reload_config(gateway, path).ok
         assert gateway.jwks is held and held.cache.status == "ok"  # not dropped, not refetched
-        # Where the keys come from cannot change by a reload (gateway/loosening.py); how they are fetched can.
+        # Where the keys come from cannot change by a reload (gateway/config/loosening.py); how they are fetched can.
         path.write_text(text.replace("jwks_min_refetch: 30s", "jwks_min_refetch: 10s") + "    leeway: 5s\n")
         assert reload_config(gateway, path).ok
         assert gateway.jwks is not held and gateway.jwks is not None

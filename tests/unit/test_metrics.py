@@ -316,7 +316,7 @@ def _returned_labels(source: Source) -> list[ast.AST | None]:
 
 
 def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
-    """How turns end (turn.py): what `_outcome` is set to, and what `fail` is told, by default too."""
+    """How turns end (core/turn.py): what `_outcome` is set to, and what `fail` is told, by default too."""
     exprs: list[ast.AST | None] = [
         node.value for path, node in source.nodes(ast.Assign) if path == "core/turn.py"  # type: ignore[attr-defined]
         for target in node.targets if isinstance(target, ast.Attribute) and target.attr == "_outcome"  # type: ignore[attr-defined]
@@ -395,7 +395,7 @@ def contract_problems(source: Source) -> list[str]:
     problems = []
     for path, call in source.calls_to("labels"):
         if path == "ops/metrics.py" or not isinstance(call.func, ast.Attribute):
-            continue  # metrics.py makes the series from the contract itself
+            continue  # ops/metrics.py makes the series from the contract itself
         where = f"gateway/{path}:{call.lineno}"
         metric = _metric_name(call.func.value, aliases)
         if metric is None:

@@ -1,6 +1,6 @@
-"""The turn (gateway/turn.py) as the state machine it is: inputs in, outputs out, no I/O, no clock.
+"""The turn (gateway/core/turn.py) as the state machine it is: inputs in, outputs out, no I/O, no clock.
 
-Every test drives a `Turn` by hand, as the I/O shell (gateway/driver.py) would, and reads what it
+Every test drives a `Turn` by hand, as the I/O shell (gateway/chat/driver.py) would, and reads what it
 hands back. `Shell` below does with the outputs what `RunDriver.apply` does with them, minus the
 I/O: chunks go into the current response, `OpenResponse` starts the next one, `CloseResponse`
 ends it; everything else is recorded. Each response it assembles is checked against the AI SDK's
@@ -73,7 +73,7 @@ def _gate(
 
 
 def _opened(turn: Turn, call: GatedCall) -> GatedCall:
-    """What the plugin side (gateway/gates.py) does before the turn shows a call: record it."""
+    """What the plugin side (gateway/chat/gates.py) does before the turn shows a call: record it."""
     return turn.ledger.add(call)
 
 

@@ -1,4 +1,4 @@
-"""WebSocket tickets (gateway/tickets.py) and `?access_token=` behind `auth.allow_token_in_url` (issue 17).
+"""WebSocket tickets (gateway/access/tickets.py) and `?access_token=` behind `auth.allow_token_in_url` (issue 17).
 
 Through the real app (aiohttp's test server, the memory backend; tests/unit/test_cluster_state.py
 holds Redis to the same store contract): a ticket opens one socket of its agent, as its user, from
@@ -145,7 +145,7 @@ async def test_a_reload_that_changes_the_auth_settings_voids_outstanding_tickets
     gateway = client.app[GATEWAY]  # type: ignore[index]
     before = await ticket(client, ALICE)
     path = tmp_path / "gateway.yaml"
-    # Bob's key revoked (a reload may only narrow who gets in: gateway/loosening.py).
+    # Bob's key revoked (a reload may only narrow who gets in: gateway/config/loosening.py).
     path.write_text((CONFIG % "30s").replace("    - {id: bob, key: k-bob}\n", ""))
     assert reload_config(gateway, path).ok
     assert await handshake(client, f"/api/chat/ws?ticket={before}") == 401
