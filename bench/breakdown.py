@@ -81,7 +81,7 @@ def breakdown(seconds: float = 1.0, trials: int = 3, raws: list[bytes] | None = 
             out[name] = None
             out[f"{name}_error"] = repr(exc)
 
-    from gateway.eventstream import EventStreamDecoder
+    from gateway.core.eventstream import EventStreamDecoder
 
     def decode(reads: list[bytes]) -> Callable[[], Any]:
         def run() -> None:
@@ -124,7 +124,7 @@ def breakdown(seconds: float = 1.0, trials: int = 3, raws: list[bytes] | None = 
     finally:
         loop.close()
 
-    from gateway.converter import Converter
+    from gateway.core.converter import Converter
 
     def convert() -> list[list[dict[str, Any]]]:
         c = Converter("msg-bench")
@@ -135,8 +135,8 @@ def breakdown(seconds: float = 1.0, trials: int = 3, raws: list[bytes] | None = 
     chunks = [c for cl in chunk_lists for c in cl]
     out["chunks_per_event"] = len(chunks) / n
 
-    from gateway.metrics import GatewayMetrics
-    from gateway.protocol import encode_chunk, sse_frame
+    from gateway.ops.metrics import GatewayMetrics
+    from gateway.core.protocol import encode_chunk, sse_frame
 
     metrics = GatewayMetrics()
     kinds = [c["type"] for c in chunks]
@@ -152,10 +152,10 @@ def breakdown(seconds: float = 1.0, trials: int = 3, raws: list[bytes] | None = 
     stage("frame_sse_us", lambda: [b"".join(map(sse_frame, batch)) for batch in encoded])
 
     def publish() -> None:
-        from gateway.driver import RunDriver, RunHooks
-        from gateway.ledger import Ledger
-        from gateway.runs import Run
-        from gateway.turn import Chunks, Turn
+        from gateway.chat.driver import RunDriver, RunHooks
+        from gateway.core.ledger import Ledger
+        from gateway.chat.chunk_log import Run
+        from gateway.core.turn import Chunks, Turn
 
         run = Run("msg-bench", limit=10_000_000)
         hooks = RunHooks(metrics, time.monotonic, lambda call: None)
@@ -171,7 +171,7 @@ def breakdown(seconds: float = 1.0, trials: int = 3, raws: list[bytes] | None = 
 
     def follow(idle: float | None) -> Callable[[], Any]:
         async def run() -> None:
-            from gateway.runs import Response
+            from gateway.chat.chunk_log import Response
 
             response = Response(10_000_000)
             got = 0

@@ -210,7 +210,7 @@ _LIMIT_OVERRIDES = {
 
 def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = "") -> str:
     """A bench config, like tests/procs.py writes: loopback, the fake upstream, warning logs."""
-    from gateway.config import GatewayConfig
+    from gateway.config.schema import GatewayConfig
 
     text = (
         f"listen:\n  host: 127.0.0.1\n  port: {port}\n"

@@ -40,8 +40,8 @@ def pct(values: list[float] | list[int], q: float) -> float:
 
 def _convert_all(runs: Runs) -> int:
     """JSON bytes in, SSE bytes out, the way the gateway does it: parse, convert, encode, frame."""
-    from gateway.converter import Converter
-    from gateway.protocol import encode_chunk, sse_frame
+    from gateway.core.converter import Converter
+    from gateway.core.protocol import encode_chunk, sse_frame
 
     loads = orjson.loads
     out_bytes = 0
@@ -59,7 +59,7 @@ def _convert_all(runs: Runs) -> int:
 
 def _feed_only(runs: Runs) -> int:
     """The converter's share: events already parsed, chunks not encoded."""
-    from gateway.converter import Converter
+    from gateway.core.converter import Converter
 
     count = 0
     for _name, events in runs:

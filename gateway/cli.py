@@ -30,9 +30,9 @@ import structlog
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from .config import ConfigError, GatewayConfig, load_config
-from .logs import configure_logging
-from .server import serve
+from .config.schema import ConfigError, GatewayConfig, load_config
+from .ops.logs import configure_logging
+from .edge.server import serve
 
 __all__ = ["main"]
 

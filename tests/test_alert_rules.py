@@ -82,7 +82,7 @@ def _panel_expr(title: str) -> str:
     return str(target["expr"]).replace("$instance", ".*")
 
 
-# One replica in each state /readyz (gateway/app.py) tells apart: only r1 answers 200, which its
+# One replica in each state /readyz (gateway/edge/app.py) tells apart: only r1 answers 200, which its
 # adk_gateway_ready says (gateway.app.readiness; tests/unit/test_agents.py holds the two together).
 REPLICA_STATES = {
     "r1:8080": {"upstream_up": 1, "sessions_backend_up": 1, "draining": 0, "ready": 1},

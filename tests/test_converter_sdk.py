@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.converter import Converter
+from gateway.core.converter import Converter
 from tests.jsdriver import check_streams
 from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gateway.config import ConfigError, load_config
+from gateway.config.schema import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -762,8 +762,8 @@ def test_healthcheck_probes_healthz_and_fails_when_unhealthy(final: Stage, stub_
 
 
 def test_the_gateway_serves_the_route_the_healthcheck_probes(final: Stage) -> None:
-    from gateway.app import create_app
-    from gateway.config import GatewayConfig
+    from gateway.edge.app import create_app
+    from gateway.config.schema import GatewayConfig
 
     probed = re.findall(r"/[A-Za-z0-9_-]+(?=['\"?])", final.last("HEALTHCHECK").args)
     routes = {r.resource.canonical for r in create_app(GatewayConfig()).router.routes() if r.method == "GET"}
@@ -802,7 +802,7 @@ PENDING_CONFIG_VARS = {"SESSIONS_BACKEND": "sessions", "REDIS_URL": "sessions"}
 
 
 def pending_config_var(name: str, refs: dict[str, str | None]) -> bool:
-    from gateway.config import GatewayConfig
+    from gateway.config.schema import GatewayConfig
 
     section = PENDING_CONFIG_VARS.get(name)
     return name not in refs and section is not None and section not in GatewayConfig.model_fields

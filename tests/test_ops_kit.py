@@ -48,7 +48,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config.schema import ConfigError, GatewayConfig, load_config
 from tests.procs import free_port, gateway_process, metric_value, stop_process
 from tests.test_deploy_files import (
     CONFIG,
@@ -266,11 +266,11 @@ def exported_series(exposition: str) -> dict[str, set[str]]:
 
 
 def declared_labels() -> dict[str, set[str]]:
-    """Series name -> label names, from the metric objects of gateway/metrics.py (a labelled metric
+    """Series name -> label names, from the metric objects of gateway/ops/metrics.py (a labelled metric
     with no child yet has no sample in a scrape to read its labels from)."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from gateway.metrics import GatewayMetrics
+    from gateway.ops.metrics import GatewayMetrics
 
     out: dict[str, set[str]] = {}
     for metric in vars(GatewayMetrics()).values():
@@ -606,7 +606,7 @@ def _servers_by_port(http: Directive) -> dict[int, Directive]:
 
 def _route_samples(config: GatewayConfig) -> list[tuple[str, str, str]]:
     """(method, sample path, handler module) of every route of the public listener."""
-    from gateway.app import create_app
+    from gateway.edge.app import create_app
 
     out = []
     for route in create_app(config).router.routes():
@@ -622,8 +622,8 @@ def _route_samples(config: GatewayConfig) -> list[tuple[str, str, str]]:
 
 def _internal_paths() -> tuple[set[str], set[str]]:
     """Paths of the internal listener, and the ones the ADK plugin calls."""
-    from gateway.app import create_app
-    from gateway.internal import create_internal_app
+    from gateway.edge.app import create_app
+    from gateway.edge.internal import create_internal_app
 
     routes = {r.resource.canonical for r in create_internal_app(create_app(GatewayConfig())).router.routes()}
     import inspect
@@ -1135,7 +1135,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     series = exported_series(text)
     assert any(n.startswith("adk_gateway_") for n in series), f"the gateway's /metrics exports no adk_gateway_ metric:\n{text[:500]}"
     for name, labels in declared_labels().items():
-        assert name in series, f"gateway/metrics.py declares {name}, but a scrape of a running gateway does not show it"
+        assert name in series, f"gateway/ops/metrics.py declares {name}, but a scrape of a running gateway does not show it"
         series[name] |= labels
     return series
 

@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.approvals import GatedCall, Verdict
-from gateway.chats import _browser_added
-from gateway.converter import Converter
-from gateway.messages import ApprovalAnswer, parse_chat_body
-from gateway.runs import Run
+from gateway.core.approvals import GatedCall, Verdict
+from gateway.chat.service import _browser_added
+from gateway.core.converter import Converter
+from gateway.core.chat_request import ApprovalAnswer, parse_chat_body
+from gateway.chat.chunk_log import Run
 from tests.jsdriver import JS_DIR
 from tests.unit.fixtures import continuing, convert
 from tests.unit.test_chat_gates import CALL, call_event, read, response_event, scripted_service, text_events

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import structlog
 
-from ..chats import ChatService
-from ..refusals import HttpError, refusal
-from ..limits import Limited
-from ..messages import parse_chat_body
-from ..metrics import GatewayMetrics
+from ..chat.service import ChatService
+from ..core.refusals import HttpError, refusal
+from ..core.limits import Limited
+from ..core.chat_request import parse_chat_body
+from ..ops.metrics import GatewayMetrics
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import (
     Abort,
@@ -46,7 +46,7 @@ from .shared import SharedState, SharedStateDown
 
 __all__ = ["Asker", "ForwardedRequests"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.forwarding")
 
 # A handler of one kind of work: (the service, the work, the message it came in) -> the answer.
 Handler = Callable[[Any, Any, Forwarded], Awaitable[Answer | None]]

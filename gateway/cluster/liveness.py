@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..refusals import HttpError
+from ..core.refusals import HttpError
 from .shared import SharedState, SharedStateDown
 
 __all__ = ["Liveness", "OwnerDied", "OwnerLost", "OwnerSilent"]

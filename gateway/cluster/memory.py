@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..registry import ChatNotFound
+from ..chat.registry import ChatNotFound
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
 
 __all__ = ["MemoryHub", "MemoryState"]

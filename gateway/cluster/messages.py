@@ -23,9 +23,9 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Self, get_args
 
-from ..approvals import Verdict
-from ..refusals import HttpError
-from ..protocol import ClientVersion
+from ..core.approvals import Verdict
+from ..core.refusals import HttpError
+from ..core.protocol import ClientVersion
 
 __all__ = [
     "WORK", "Abort", "Answer", "Audio", "Decided", "Forwarded", "Gate", "MalformedMessage", "Message",

@@ -41,8 +41,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from ..registry import ChatNotFound
-from ..stopping import cancel_and_wait
+from ..chat.registry import ChatNotFound
+from ..ops.stopping import cancel_and_wait
 from .backoff import Backoff
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal, Tampered, fingerprint
@@ -50,7 +50,7 @@ from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedState
 
 __all__ = ["RedisState"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.redis")
 
 _RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
 _RELAY_TTL_MS = 300_000

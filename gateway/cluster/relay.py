@@ -6,10 +6,10 @@ the relay (`RelayFeed`) as a transport follows a local response, until the respo
 owner dies or the shared state is lost; each of the last two ends the browser's response with an
 `error` chunk, unless the response had already ended.
 
-A relay counts as a reader of the owner's response (runs.py `Reader`) while its browser reads it:
+A relay counts as a reader of the owner's response (chat/chunk_log.py `Reader`) while its browser reads it:
 the replica holding the browser looks at it each time the relay wakes it (at least every
 `sessions.heartbeat_interval`), and once the browser is gone tells the owner (`Unfollow`), which
-stops the relay. A new message in that chat is then taken instead of refused as busy (chats.py).
+stops the relay. A new message in that chat is then taken instead of refused as busy (chat/service.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
-from ..chats import Attachment
-from ..metrics import GatewayMetrics
-from ..protocol import encode_chunk
-from ..runs import FollowerLagged, Reader
+from ..chat.service import Attachment
+from ..ops.metrics import GatewayMetrics
+from ..core.protocol import encode_chunk
+from ..chat.chunk_log import FollowerLagged, Reader
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow
 from .shared import RelayEntry, SharedState, SharedStateDown
@@ -32,7 +32,7 @@ from .tasks import Tasks
 
 __all__ = ["RelayFeed", "Relays"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.relay")
 
 _CONTACT_LOST = "The gateway lost contact with the replica running this response; reload the chat to resume it."
 _OWNER_STOPPED = "The gateway replica running this response stopped; send your message again."

@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 import orjson
 import structlog
 
-from ..agent_config import ToolPolicy
-from ..approvals import GatedCall, Verdict
-from ..chats import ChatService
-from ..refusals import HttpError
-from ..metrics import GatewayMetrics
+from ..config.agent import ToolPolicy
+from ..core.approvals import GatedCall, Verdict
+from ..chat.service import ChatService
+from ..core.refusals import HttpError
+from ..ops.metrics import GatewayMetrics
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
 from .shared import SharedState, SharedStateDown
@@ -32,7 +32,7 @@ from .tasks import Tasks
 
 __all__ = ["Ask", "RemoteGate"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.remote_gate")
 
 # Forward work to a replica and wait for its answer (Asker.ask): refusals raise HttpError.
 Ask = Callable[[str, Work], Awaitable[Answer]]

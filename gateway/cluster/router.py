@@ -29,13 +29,13 @@ from typing import Any
 
 import structlog
 
-from ..approvals import Verdict
-from ..chat import Chat
-from ..chats import Attachment, ChatService, Gone
-from ..refusals import HttpError
-from ..messages import ChatRequest
-from ..metrics import GatewayMetrics
-from ..protocol import ClientVersion
+from ..core.approvals import Verdict
+from ..chat.record import Chat
+from ..chat.service import Attachment, ChatService, Gone
+from ..core.refusals import HttpError
+from ..core.chat_request import ChatRequest
+from ..ops.metrics import GatewayMetrics
+from ..core.protocol import ClientVersion
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
@@ -60,7 +60,7 @@ from .tasks import Tasks
 
 __all__ = ["Cluster"]
 
-log = structlog.get_logger("adk_gateway.cluster")
+log = structlog.get_logger("adk_gateway.cluster.router")
 
 _RUN_LOST = (
     "The gateway replica that was running this chat's response stopped before it finished; "

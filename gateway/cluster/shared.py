@@ -14,7 +14,7 @@ drives do that):
   replica holding the browser's connection;
 - gated-call records: every gated call with its chat, owner and (once released) verdict, kept
   for the call's deadline;
-- WebSocket tickets: short-lived, single-use credentials for a socket's handshake (tickets.py),
+- WebSocket tickets: short-lived, single-use credentials for a socket's handshake (access/tickets.py),
   so a ticket issued by one replica opens a socket on any.
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..refusals import Refusal
+from ..core.refusals import Refusal
 
 __all__ = ["Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
 
@@ -113,7 +113,7 @@ class SharedState(abc.ABC):
     ) -> Claim:
         """The chat's owner; this replica becomes it if nobody (alive) is.
 
-        Raises ChatNotFound (registry.py) when the chat id belongs to another user or another agent
+        Raises ChatNotFound (chat/registry.py) when the chat id belongs to another user or another agent
         (a record written before agents existed is `default_agent`'s). The record lives
         `ttl` seconds after the last claim. With `create` false an unknown chat is answered as local
         without being recorded (a resume of a chat that never ran must not take its id).

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from ..stopping import cancel_and_wait
+from ..ops.stopping import cancel_and_wait
 
 __all__ = ["Tasks"]
 

@@ -1,1 +1,1 @@
-"""Fault injection for tests: an ADK API server look-alike that misbehaves on demand (see upstream.py)."""
+"""Fault injection for tests: an ADK API server look-alike that misbehaves on demand (see upstream/client.py)."""

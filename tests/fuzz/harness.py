@@ -32,7 +32,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from gateway.config import ChatConfig, GatewayConfig, WebSocketConfig
+from gateway.config.schema import ChatConfig, GatewayConfig, WebSocketConfig
 from tests.chatflow import assistant_from, new_chat, types, user
 from tests.faults.client import TimedReply, bounded_request, check_stream, config_section
 from tests.fuzz.tally import TALLY
@@ -274,7 +274,7 @@ def limits_config() -> str:
     """One anonymous user sends everything: production caps would turn most cases into 429s."""
     if "limits" not in GatewayConfig.model_fields:
         return ""
-    from gateway.config import LimitsConfig
+    from gateway.config.schema import LimitsConfig
 
     return config_section(
         "limits", LimitsConfig, max_chats_per_user=10_000_000, rate_per_user=1_000_000,

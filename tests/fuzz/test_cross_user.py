@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import AuthConfig
+from gateway.config.schema import AuthConfig
 from tests.chatflow import assistant_from, new_chat, user
 from tests.faults.stack import demo_stack
 from tests.fuzz.harness import FUZZ_TOOLS, Fuzz, budget, final_check, fuzz_config, send, setup_victims, ws_exchange

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import ChatConfig
+from gateway.config.schema import ChatConfig
 from tests.chatflow import new_chat, user
 from tests.faults.client import bounded_request, check_stream, config_section, upstream_with
 from tests.faults.upstream import FaultUpstream, directive

@@ -216,7 +216,7 @@ def test_health_ready_metrics_and_json_404(gateway: GatewayProcess) -> None:
     ):
         assert f"# TYPE {name}" in text, name
     # The served process times its collector's pauses. A turn leaves only a few hundred objects
-    # behind (young collections count survivors, every 10,000: server.py), so it takes some chats
+    # behind (young collections count survivors, every 10,000: edge/server.py), so it takes some chats
     # for one to happen.
     for _ in range(400):
         young = metric_value(gateway.base, "adk_gateway_gc_pause_seconds_count", {"generation": "0"})

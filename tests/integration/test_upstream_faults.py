@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.config import ChatConfig
+from gateway.config.schema import ChatConfig
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.faults.client import TimedReply, bounded_request, check_stream, config_section, model_has, upstream_with
 from tests.faults.stack import demo_stack

@@ -333,7 +333,7 @@ def test_reload_good_bad_and_empty(shared: Replicas) -> None:
     three = [user("hello"), user("there"), user("weather in Tokyo")]
     try:
         # Good, by SIGHUP on A: a lower cap on a request's messages. (Not a new key: a reload may
-        # only narrow who gets in, gateway/loosening.py.)
+        # only narrow who gets in, gateway/config/loosening.py.)
         ok_before = metric(r.a, "config_reloads_total", result="success")
         r.a.config_path.write_text(original[r.a.port] + "limits:\n  max_messages: 2\n")
         r.a.proc.send_signal(signal.SIGHUP)

@@ -8,10 +8,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gateway.converter import Converter
-from gateway.ledger import Ledger
-from gateway.protocol import ClientVersion
-from gateway.upstream import _parsed
+from gateway.core.converter import Converter
+from gateway.core.ledger import Ledger
+from gateway.core.protocol import ClientVersion
+from gateway.upstream.client import _parsed
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 # Recorded from `/run_sse` (tests/fixtures/adk) and from `/run_live` (tests/fixtures/adk_live) of the

@@ -12,7 +12,7 @@ from aiohttp import web
 from google.adk.tools.function_tool import FunctionTool
 from google.genai import types
 
-from gateway import approvals
+from gateway.core import approvals
 from gateway.agent_plugin import REFUSAL_KEY, GatewayPlugin
 
 

@@ -17,18 +17,18 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.agents import Agents, UnknownAgent
-from gateway.app import create_app
-from gateway.approvals import REFUSAL_KEY, GatedCall, Verdict
-from gateway.auth import Authenticator, Identity
-from gateway.chats import ChatService
+from gateway.upstream.agents import Agents, UnknownAgent
+from gateway.edge.app import create_app
+from gateway.core.approvals import REFUSAL_KEY, GatedCall, Verdict
+from gateway.access.auth import Authenticator, Identity
+from gateway.chat.service import ChatService
 from gateway.cli import describe_agents
-from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.internal import create_internal_app, merged_policy
-from gateway.metrics import GatewayMetrics
-from gateway.registry import ChatNotFound, Registry
-from gateway.reload import plan_reload, reload_config
-from gateway.state import GATEWAY
+from gateway.config.schema import ConfigError, GatewayConfig, parse_config
+from gateway.edge.internal import create_internal_app, merged_policy
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import ChatNotFound, Registry
+from gateway.edge.reload import plan_reload, reload_config
+from gateway.edge.state import GATEWAY
 from tests.unit.test_chat_gates import USER, ScriptedAdk, call_event, read, text_events
 
 TWO_AGENTS = """\
@@ -175,7 +175,7 @@ async def env() -> AsyncIterator[Env]:
 
 
 def body(chat_id: str = "chat-1", *messages: dict[str, Any]) -> Any:
-    from gateway.messages import parse_chat_body
+    from gateway.core.chat_request import parse_chat_body
 
     return parse_chat_body(
         {"id": chat_id, "messages": list(messages) or [USER], "trigger": "submit-message"}, version_header=None, default_version=6
@@ -430,7 +430,7 @@ async def test_the_agent_list_answers_a_cross_origin_preflight() -> None:
 
 
 async def test_the_probe_calls_an_agent_down_when_its_server_does_not_serve_its_app() -> None:
-    from gateway.upstream import AdkClient
+    from gateway.upstream.client import AdkClient
 
     listing: list[Any] = ["other_app"]
 

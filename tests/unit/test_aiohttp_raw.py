@@ -1,4 +1,4 @@
-"""aiohttp's private attributes that gateway/transports/aiohttp_raw.py relies on, checked on real
+"""aiohttp's private attributes that gateway/edge/aiohttp_raw.py relies on, checked on real
 aiohttp objects: when an aiohttp release changes them, this fails, naming what changed, instead of
 the gateway silently taking the slow path (or writing bad frames).
 
@@ -21,7 +21,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import StreamWriter, WebSocketWriter
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.transports import aiohttp_raw
+from gateway.edge import aiohttp_raw
 
 AIOHTTP = f"aiohttp {aiohttp.__version__}"
 
@@ -33,7 +33,7 @@ Handler = Callable[[web.WebSocketResponse], Awaitable[None]]  # a check run insi
 
 def attribute(owner: object, name: str, kind: type | tuple[type, ...]) -> Any:
     where = f"{type(owner).__module__}.{type(owner).__qualname__}.{name}"
-    assert hasattr(owner, name), f"{AIOHTTP} has no {where}, which gateway/transports/aiohttp_raw.py uses"
+    assert hasattr(owner, name), f"{AIOHTTP} has no {where}, which gateway/edge/aiohttp_raw.py uses"
     value = getattr(owner, name)
     assert isinstance(value, kind), f"{AIOHTTP}: {where} is a {type(value).__name__} now, not {kind}"
     return value

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, refusal_code
-from gateway.config import ToolPolicy
+from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, refusal_code
+from gateway.config.schema import ToolPolicy
 
 
 def make(approval: bool = True, runs_in: str = "server", timeout: float = 10, on_timeout: str = "deny") -> GatedCall:

@@ -14,9 +14,9 @@ from aiohttp.test_utils import make_mocked_request
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gateway.auth import Authenticator
-from gateway.config import AuthConfig, parse_config
-from gateway.refusals import HttpError
+from gateway.access.auth import Authenticator
+from gateway.config.schema import AuthConfig, parse_config
+from gateway.core.refusals import HttpError
 
 
 def req(headers: dict[str, str] | None = None, path: str = "/api/chat"):
@@ -100,7 +100,7 @@ def test_origins() -> None:
 
 
 async def test_a_cookie_credential_needs_the_pages_origin_where_state_changes() -> None:
-    from gateway.refusals import HttpError
+    from gateway.core.refusals import HttpError
 
     auth = Authenticator(AuthConfig(mode="api_key", api_keys=[{"id": "u", "key": "k1"}], cookie_name="gw"))
     handshake = make_mocked_request("GET", "/api/chat/ws", headers={"Cookie": "gw=k1", "Upgrade": "websocket", "Connection": "Upgrade"})
@@ -142,7 +142,7 @@ def test_any_origin_gets_cors_without_credentials_and_a_listed_one_with_them() -
 async def test_a_cookie_credential_is_never_let_in_through_any_origin() -> None:
     """The config refuses cookie_name with "*" (tests/unit/test_config.py); should an Authenticator be
     built without that check, a cross-site handshake riding on the cookie is still refused."""
-    from gateway.auth_config import ApiKey
+    from gateway.config.auth import ApiKey
 
     config = AuthConfig.model_construct(
         mode="api_key", api_keys=[ApiKey(id="u", key="k1")], cookie_name="gw", allowed_origins=["*"],

@@ -10,13 +10,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, GatedCall, Outcome
-from gateway.agents import Agents
-from gateway.chats import Attachment, ChatService
-from gateway.config import parse_config
-from gateway.messages import parse_chat_body
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
+from gateway.core.approvals import REFUSAL_KEY, GatedCall, Outcome
+from gateway.upstream.agents import Agents
+from gateway.chat.service import Attachment, ChatService
+from gateway.config.schema import parse_config
+from gateway.core.chat_request import parse_chat_body
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
 from tests.unit.fixtures import check_stream_rules, types
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).

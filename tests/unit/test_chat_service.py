@@ -17,14 +17,14 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
-from gateway.chat import Chat
-from gateway.agents import Agents
-from gateway.chats import Attachment, ChatBusy, ChatService, Forbidden, Gone
-from gateway.config import parse_config
-from gateway.messages import parse_chat_body
-from gateway.metrics import GatewayMetrics
-from gateway.registry import ChatNotFound, Registry
+from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
+from gateway.chat.record import Chat
+from gateway.upstream.agents import Agents
+from gateway.chat.service import Attachment, ChatBusy, ChatService, Forbidden, Gone
+from gateway.config.schema import parse_config
+from gateway.core.chat_request import parse_chat_body
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import ChatNotFound, Registry
 from tests.unit.fixtures import check_stream_rules, types
 from tests.unit.test_chat_gates import (
     CALL,

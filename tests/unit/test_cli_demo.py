@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway import cli
-from gateway.config import ConfigError
+from gateway.config.schema import ConfigError
 
 
 def test_demo_without_adk_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:

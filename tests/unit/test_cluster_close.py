@@ -19,18 +19,18 @@ from typing import Any
 
 import pytest
 
-from gateway.agents import Agents
-from gateway.chats import ChatService
+from gateway.upstream.agents import Agents
+from gateway.chat.service import ChatService
 from gateway.cluster import redis as redis_module
-from gateway import stopping as stopping_module
+from gateway.ops import stopping as stopping_module
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.router import Cluster
 from gateway.cluster.shared import SharedState
-from gateway.config import parse_config
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Chat, Registry
+from gateway.config.schema import parse_config
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Chat, Registry
 from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.approvals import RUN, Verdict
+from gateway.core.approvals import RUN, Verdict
 from gateway.cluster import router as router_module
 from gateway.cluster.forwarding import ForwardedRequests
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -20,7 +20,7 @@ from gateway.cluster.messages import (
     WORK, Abort, Audio, Decided, Forwarded, Gate, MalformedMessage, Message, Refused, Relayed, Released, Reply,
     Resume, SocketClosed, Submit, Unfollow, Waiting, from_json,
 )
-from gateway.refusals import HttpError
+from gateway.core.refusals import HttpError
 from tests.unit.test_cluster_close import RecordingLog, cluster_on
 
 BODY = {"id": "c1", "trigger": "submit-message", "aiSdkVersion": 7, "messages": [{"id": "m1", "role": "user", "parts": []}]}

@@ -18,14 +18,14 @@ import orjson
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from gateway.app import create_app, readyz
+from gateway.edge.app import create_app, readyz
 from gateway.cluster import redis as redis_module
 from gateway.cluster.backoff import Backoff
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
-from gateway.config import parse_config
-from gateway.state import GATEWAY
+from gateway.config.schema import parse_config
+from gateway.edge.state import GATEWAY
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
 

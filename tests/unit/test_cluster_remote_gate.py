@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, RUN, Verdict
-from gateway.agents import Agents
-from gateway.chats import ChatService
+from gateway.core.approvals import REFUSAL_KEY, RUN, Verdict
+from gateway.upstream.agents import Agents
+from gateway.chat.service import ChatService
 from gateway.cluster.forwarding import Asker
 from gateway.cluster.liveness import Liveness, OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -27,10 +27,10 @@ from gateway.cluster.messages import (
 from gateway.cluster.remote_gate import Ask, RemoteGate
 from gateway.cluster.shared import SharedStateDown
 from gateway.cluster.tasks import Tasks
-from gateway.config import parse_config
-from gateway.refusals import HttpError
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
+from gateway.config.schema import parse_config
+from gateway.core.refusals import HttpError
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
 
 CONFIG = """
 internal:

@@ -19,10 +19,10 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.agents import Agents
-from gateway.approvals import REFUSAL_KEY, RUN
-from gateway.auth import Identity
-from gateway.chats import ChatService
+from gateway.upstream.agents import Agents
+from gateway.core.approvals import REFUSAL_KEY, RUN
+from gateway.access.auth import Identity
+from gateway.chat.service import ChatService
 from gateway.cluster import redis as redis_module
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.messages import Decided, Refused, Released, Reply, from_json
@@ -31,11 +31,11 @@ from gateway.cluster.remote_gate import RemoteGate
 from gateway.cluster.sealing import Seal, Tampered
 from gateway.cluster.shared import RelayEntry
 from gateway.cluster.tasks import Tasks
-from gateway.config import parse_config
-from gateway.refusals import HttpError
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
-from gateway.tickets import Tickets
+from gateway.config.schema import parse_config
+from gateway.core.refusals import HttpError
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
+from gateway.access.tickets import Tickets
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
 

@@ -19,7 +19,7 @@ from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedStateDown
-from gateway.registry import ChatNotFound
+from gateway.chat.registry import ChatNotFound
 from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1

@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.agents import Agents
-from gateway.chats import Attachment, ChatBusy, ChatService
+from gateway.upstream.agents import Agents
+from gateway.chat.service import Attachment, ChatBusy, ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
-from gateway.config import parse_config
-from gateway.refusals import HttpError
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
+from gateway.config.schema import parse_config
+from gateway.core.refusals import HttpError
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
 from tests.unit.test_chat_gates import ScriptedAdk, text_events
 from tests.unit.test_chat_service import NEW_MESSAGE, body, text_of
 from tests.unit.test_chat_gates import USER

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import Authenticator
-from gateway.config import ConfigError, load_config, parse_config, parse_duration, parse_size, revalidate
+from gateway.access.auth import Authenticator
+from gateway.config.schema import ConfigError, load_config, parse_config, parse_duration, parse_size, revalidate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -313,7 +313,7 @@ def test_check_config_and_serve_refuse_a_cookie_with_any_origin_in_one_line(tmp_
 
 
 def test_a_reload_to_a_cookie_with_any_origin_is_refused_and_the_running_config_kept() -> None:
-    from gateway.reload import plan_reload
+    from gateway.edge.reload import plan_reload
 
     env = {"COOKIE": "gw_session", "ORIGINS": "https://app.example.com"}
     running = parse_config(COOKIE_CONFIG, env=env)

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.approvals import GatedCall
-from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.internal import create_internal_app, merged_policy
-from gateway.ledger import Ledger, NativeConfirmation
-from gateway.turn import CloseResponse, NativeAsked, Turn, TurnState
+from gateway.edge.app import create_app
+from gateway.core.approvals import GatedCall
+from gateway.config.schema import ConfigError, GatewayConfig, parse_config
+from gateway.edge.internal import create_internal_app, merged_policy
+from gateway.core.ledger import Ledger, NativeConfirmation
+from gateway.core.turn import CloseResponse, NativeAsked, Turn, TurnState
 from tests.unit.fixtures import events
 from tests.unit.test_turn import Shell
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.approvals import REFUSAL_KEY
-from gateway.converter import Converter, map_finish_reason
+from gateway.core.approvals import REFUSAL_KEY
+from gateway.core.converter import Converter, map_finish_reason
 from tests.unit.fixtures import (
     continuing,
     LIVE_FOLDERS,
@@ -240,7 +240,7 @@ def test_finish_reason_mapping(adk: Any, sdk: str) -> None:
 
 
 def test_v7_only_finish_reason_is_downgraded_for_v6() -> None:
-    from gateway.protocol import finish_reason_for
+    from gateway.core.protocol import finish_reason_for
 
     assert finish_reason_for("interrupted", 6) == "other"
     assert finish_reason_for("interrupted", 7) == "interrupted"
@@ -249,7 +249,7 @@ def test_v7_only_finish_reason_is_downgraded_for_v6() -> None:
 # ---- gated calls the plugin never opened (the turn's own tests: test_turn.py) ----------------
 
 def _policy(name: str):
-    from gateway.config import ToolPolicy
+    from gateway.config.schema import ToolPolicy
 
     return {"pay": ToolPolicy(approval=True)}.get(name, ToolPolicy())
 

@@ -1,4 +1,4 @@
-"""Each refusal carries its own HTTP answer; errors.py needs no table of the layers above it."""
+"""Each refusal carries its own HTTP answer; edge/errors.py needs no table of the layers above it."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.chats import ChatBusy, Forbidden, Gone
+from gateway.chat.service import ChatBusy, Forbidden, Gone
 from gateway.cluster.shared import SharedStateDown
-from gateway.refusals import HttpError, refusal
-from gateway.limits import Limited
-from gateway.messages import InvalidRequest
-from gateway.registry import ChatNotFound
-from gateway.upstream import UpstreamError
+from gateway.core.refusals import HttpError, refusal
+from gateway.core.limits import Limited
+from gateway.core.chat_request import InvalidRequest
+from gateway.chat.registry import ChatNotFound
+from gateway.upstream.client import UpstreamError
 
 
 @pytest.mark.parametrize(("exc", "status", "code", "message", "headers"), [
@@ -50,5 +50,5 @@ def test_refusals_import_no_gateway_module_and_errors_only_them() -> None:
         tree = ast.parse((Path(__file__).parents[2] / "gateway" / name).read_text())
         return [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
 
-    assert relative("refusals.py") == []
-    assert relative("errors.py") == ["refusals"]
+    assert relative("core/refusals.py") == []
+    assert relative("edge/errors.py") == ["core.refusals"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.eventstream import EventStreamDecoder, EventStreamError
+from gateway.core.eventstream import EventStreamDecoder, EventStreamError
 
 STREAM = b'data: {"a": 1}\n\ndata: {"b": 2}\n\n: keep-alive\n\ndata:{"c":3}\n\n'
 

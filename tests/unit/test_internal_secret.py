@@ -16,12 +16,12 @@ import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from adk_gateway_plugin import GatewayPlugin
-from gateway import internal
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.internal import create_internal_app
-from gateway.reload import reload_config
-from gateway.state import GATEWAY
+from gateway.edge import internal
+from gateway.edge.app import create_app
+from gateway.config.schema import parse_config
+from gateway.edge.internal import create_internal_app
+from gateway.edge.reload import reload_config
+from gateway.edge.state import GATEWAY
 
 CONFIG = """\
 upstream:

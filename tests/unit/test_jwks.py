@@ -23,12 +23,12 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from gateway.app import create_app
-from gateway.auth import Authenticator
-from gateway.config import parse_config
-from gateway.refusals import HttpError
-from gateway.jwks import Jwks, KeyCache
-from gateway.state import GATEWAY
+from gateway.edge.app import create_app
+from gateway.access.auth import Authenticator
+from gateway.config.schema import parse_config
+from gateway.core.refusals import HttpError
+from gateway.access.jwks import Jwks, KeyCache
+from gateway.edge.state import GATEWAY
 
 AUDIENCE = "my-app"
 
@@ -332,7 +332,7 @@ async def test_tokens_for_another_agent_are_refused_and_readyz_reports_the_keys(
     ],
 )
 def test_what_the_jwt_section_refuses(jwt_yaml: str, problem: str) -> None:
-    from gateway.config import ConfigError
+    from gateway.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as info:
         parse_config(f"auth:\n  mode: jwt\n  jwt:\n    {jwt_yaml}", env={})
@@ -355,7 +355,7 @@ async def test_a_provider_that_moves_its_keys_is_discovered_again(provider: Prov
 
 
 async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider: Provider, tmp_path: Any) -> None:
-    from gateway.reload import reload_config
+    from gateway.edge.reload import reload_config
 
     text = jwt_config(provider)
     client = TestClient(TestServer(create_app(parse_config(text, env={}))))
@@ -369,7 +369,7 @@ async def test_a_reload_keeps_the_keys_held_unless_their_source_changed(provider
         path.write_text(text + "    leeway: 5s\n")
         assert reload_config(gateway, path).ok
         assert gateway.jwks is held and held.cache.status == "ok"  # not dropped, not refetched
-        # Where the keys come from cannot change by a reload (gateway/loosening.py); how they are fetched can.
+        # Where the keys come from cannot change by a reload (gateway/config/loosening.py); how they are fetched can.
         path.write_text(text.replace("jwks_min_refetch: 30s", "jwks_min_refetch: 10s") + "    leeway: 5s\n")
         assert reload_config(gateway, path).ok
         assert gateway.jwks is not held and gateway.jwks is not None
@@ -432,7 +432,7 @@ def test_the_key_cache_spaces_only_unknown_key_id_fetches() -> None:
 async def test_a_huge_keys_document_is_refused_without_being_read_whole(provider: Provider, gate: Gate) -> None:
     """Defect 7: a 64 MiB (valid) JWKS document is refused like a bad one (the keys held stay, the
     fetch counts as failed), and the gateway stops reading it past the cap."""
-    from gateway.jwks import MAX_DOCUMENT_BYTES
+    from gateway.access.jwks import MAX_DOCUMENT_BYTES
 
     outcomes: list[bool] = []
     gate.jwks._on_fetch = outcomes.append
@@ -469,7 +469,7 @@ async def test_a_huge_discovery_document_is_refused(provider: Provider) -> None:
 
 
 async def test_a_declared_length_over_the_cap_is_refused_before_reading() -> None:
-    from gateway.jwks import MAX_DOCUMENT_BYTES
+    from gateway.access.jwks import MAX_DOCUMENT_BYTES
 
     async def declared(request: web.Request) -> web.Response:
         return web.Response(body=b" " * (MAX_DOCUMENT_BYTES + 1), content_type="application/json")
@@ -562,7 +562,7 @@ async def test_a_redirect_is_held_to_the_same_rule_as_the_url_discovery_named(pr
     ],
 )
 def test_where_the_keys_may_come_from(url: str, allow_http: bool, hosts: set[str] | None, refused: bool) -> None:
-    from gateway.auth_config import key_source_problem
+    from gateway.config.auth import key_source_problem
 
     assert (key_source_problem(url, allow_http=allow_http, hosts=hosts) is not None) == refused
 
@@ -576,7 +576,7 @@ def test_where_the_keys_may_come_from(url: str, allow_http: bool, hosts: set[str
     ],
 )
 def test_the_configured_provider_is_reached_over_https(jwt_yaml: str, problem: str) -> None:
-    from gateway.config import ConfigError
+    from gateway.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as info:
         parse_config(f"auth:\n  mode: jwt\n  jwt:\n    algorithms: [RS256]\n    {jwt_yaml}", env={})

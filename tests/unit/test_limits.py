@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import LimitsConfig
-from gateway.limits import Admission, Limited
+from gateway.config.schema import LimitsConfig
+from gateway.core.limits import Admission, Limited
 
 
 def test_bucket_allows_the_burst_then_refills_at_the_rate() -> None:

@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
-from gateway.app import create_app
-from gateway.config import ConfigError, parse_config
-from gateway.server import listeners
-from gateway.state import GATEWAY
+from gateway.edge.app import create_app
+from gateway.config.schema import ConfigError, parse_config
+from gateway.edge.server import listeners
+from gateway.edge.state import GATEWAY
 
 SECRET = "internal-secret-0123456789"
 

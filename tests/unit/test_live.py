@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from gateway.agents import Agents
-from gateway.approvals import GatedCall, Outcome, Verdict
-from gateway.chat import Chat
-from gateway.chats import Attachment, ChatService
-from gateway.config import parse_config
-from gateway.live import LiveLink
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
-from gateway.upstream import UpstreamError
+from gateway.upstream.agents import Agents
+from gateway.core.approvals import GatedCall, Outcome, Verdict
+from gateway.chat.record import Chat
+from gateway.chat.service import Attachment, ChatService
+from gateway.config.schema import parse_config
+from gateway.upstream.live import LiveLink
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
+from gateway.upstream.client import UpstreamError
 from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events, types
 from tests.unit.test_chat_gates import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
 from tests.unit.test_chat_service import until

@@ -1,6 +1,6 @@
 """The gateway's model of a live frame, held against ADK's own `LiveRequest` (test environment).
 
-The daemon checks frames with gateway/live_frames.py, not ADK's class (it does not depend on
+The daemon checks frames with gateway/core/live_frames.py, not ADK's class (it does not depend on
 google-adk). The model may be stricter than ADK, never looser: a frame it lets through must be
 one ADK reads, or ADK would silently stop reading the session. These tests fail if a new ADK
 refuses a frame the gateway sends.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.live_frames import InvalidLiveFrame, check_live_frame
+from gateway.core.live_frames import InvalidLiveFrame, check_live_frame
 
 LiveRequest = pytest.importorskip("google.adk.agents.live_request_queue").LiveRequest
 
@@ -37,7 +37,7 @@ def gateway_sends(frame: Any) -> bool:
     return True
 
 
-# What the gateway writes (gateway/messages.py, transports/ws.py audio, live.py), and near misses.
+# What the gateway writes (gateway/core/chat_request.py, edge/ws.py audio, upstream/live.py), and near misses.
 GOOD = [
     {"content": {"role": "user", "parts": [{"text": "hello there"}]}},
     {"content": {"role": "user", "parts": [{"text": "look"}, {"inlineData": {"mimeType": "image/png", "data": "aGVsbG8="}}]}},

@@ -15,8 +15,8 @@ import structlog
 from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine, HttpProcessingError, InvalidHeader, InvalidURLError, LineTooLong
 from aiohttp.http_parser import HttpRequestParser
 
-from gateway.config import parse_config
-from gateway.logs import LogScrubber, configure_logging, safe_error_summary, secret_values, user_id_digest, user_id_rewriter
+from gateway.config.schema import parse_config
+from gateway.ops.logs import LogScrubber, configure_logging, safe_error_summary, secret_values, user_id_digest, user_id_rewriter
 
 KEY = "k" * 32
 

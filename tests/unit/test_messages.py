@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import InvalidRequest, confirmation_message, parse_chat_body, parse_chat_request, plan_turn
+from gateway.core.chat_request import InvalidRequest, confirmation_message, parse_chat_body, parse_chat_request, plan_turn
 
 
 def body(*messages: dict[str, Any], **extra: Any) -> bytes:

@@ -19,9 +19,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 import gateway
-from gateway.approvals import Outcome
-from gateway.config import ToolPolicy, parse_config
-from gateway.metrics import AGENT_LABELLED, KNOWN_LABEL_VALUES, TOOL_OUTCOMES, GatewayMetrics
+from gateway.core.approvals import Outcome
+from gateway.config.schema import ToolPolicy, parse_config
+from gateway.ops.metrics import AGENT_LABELLED, KNOWN_LABEL_VALUES, TOOL_OUTCOMES, GatewayMetrics
 
 GATEWAY_DIR = Path(gateway.__file__).parent
 
@@ -316,13 +316,13 @@ def _returned_labels(source: Source) -> list[ast.AST | None]:
 
 
 def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
-    """How turns end (turn.py): what `_outcome` is set to, and what `fail` is told, by default too."""
+    """How turns end (core/turn.py): what `_outcome` is set to, and what `fail` is told, by default too."""
     exprs: list[ast.AST | None] = [
-        node.value for path, node in source.nodes(ast.Assign) if path == "turn.py"  # type: ignore[attr-defined]
+        node.value for path, node in source.nodes(ast.Assign) if path == "core/turn.py"  # type: ignore[attr-defined]
         for target in node.targets if isinstance(target, ast.Attribute) and target.attr == "_outcome"  # type: ignore[attr-defined]
     ]
     exprs += [k.value for _, call in source.calls_to("fail") for k in call.keywords if k.arg == "outcome"]
-    exprs += [d for path, f in source.nodes(ast.FunctionDef) if path == "turn.py" and f.name == "fail"  # type: ignore[attr-defined]
+    exprs += [d for path, f in source.nodes(ast.FunctionDef) if path == "core/turn.py" and f.name == "fail"  # type: ignore[attr-defined]
               for d in f.args.kw_defaults]  # type: ignore[attr-defined]
     return _constants(resolver, exprs)
 
@@ -330,7 +330,7 @@ def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
 def _ws_frame_types(source: Source, resolver: Resolver, direction: str) -> set[str]:
     if direction == "in":  # the frame types the socket has a handler for; the rest count as invalid
         handlers = [v for _, n in source.nodes(ast.Assign) for t in n.targets  # type: ignore[attr-defined]
-                    if isinstance(t, ast.Name) and t.id == "_HANDLERS" for v in [n.value]]  # type: ignore[attr-defined]
+                    if isinstance(t, ast.Name) and t.id == "HANDLERS" for v in [n.value]]  # type: ignore[attr-defined]
         return _constants(resolver, [k for h in handlers if isinstance(h, ast.Dict) for k in h.keys])
     frames = [a for _, call in source.calls_to("send") for a in call.args[:1] if isinstance(a, ast.Dict)]
     return _constants(resolver, [v for d in frames for k, v in zip(d.keys, d.values, strict=True)
@@ -344,7 +344,7 @@ DYNAMIC_SOURCES: dict[tuple[str, int], DynamicSource] = {
     ("upstream_errors", 0): lambda s, r, _: _constants(r, _call_args(s, "UpstreamError", 0)),
     # admit counts what auth refuses with 403 by its code, and every Limited by its code.
     ("limited", 0): lambda s, r, _: _constants(
-        r, _call_args(s, "Limited", 1) + _call_args(s, "HttpError", 1, first=403, module="auth.py")
+        r, _call_args(s, "Limited", 1) + _call_args(s, "HttpError", 1, first=403, module="access/auth.py")
     ),
     ("plugin_requests", 0): lambda s, r, _: _constants(
         r, [k.value for _, c in s.calls_to("Verdict") for k in c.keywords if k.arg == "reason"] + _returned_labels(s)
@@ -394,8 +394,8 @@ def contract_problems(source: Source) -> list[str]:
     known_tool_outcomes = {name: {(o,) for o in outcomes} for name, outcomes in TOOL_OUTCOMES.items()}
     problems = []
     for path, call in source.calls_to("labels"):
-        if path == "metrics.py" or not isinstance(call.func, ast.Attribute):
-            continue  # metrics.py makes the series from the contract itself
+        if path == "ops/metrics.py" or not isinstance(call.func, ast.Attribute):
+            continue  # ops/metrics.py makes the series from the contract itself
         where = f"gateway/{path}:{call.lineno}"
         metric = _metric_name(call.func.value, aliases)
         if metric is None:
@@ -458,7 +458,7 @@ def test_the_scan_finds_every_counted_value() -> None:
     assert {"send", "audio"} <= DYNAMIC_SOURCES["ws_frames", 1](source, resolver, [{"in"}])
     assert {"start", "end", "no-active"} <= DYNAMIC_SOURCES["ws_frames", 1](source, resolver, [{"out"}])
     assert DYNAMIC_SOURCES["runs", 0](source, resolver, []) == {"completed", "waiting", "error", "cancelled"}
-    refusal = next(c for p, c in source.calls_to("labels") if p == "transports/admit.py")
+    refusal = next(c for p, c in source.calls_to("labels") if p == "edge/admit.py")
     assert {"draining", "body_too_large", "unauthorized"} <= resolver.values(refusal.args[0])
 
 
@@ -519,8 +519,8 @@ def test_a_made_up_method_counts_as_other_and_adds_no_series() -> None:
 async def test_a_request_with_an_unusual_method_is_counted_as_other() -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gateway.app import create_app
-    from gateway.state import GATEWAY
+    from gateway.edge.app import create_app
+    from gateway.edge.state import GATEWAY
 
     app = create_app(parse_config("upstream: {url: 'http://127.0.0.1:9', health_interval: 1h}\n", env={}))
     async with TestClient(TestServer(app)) as client:

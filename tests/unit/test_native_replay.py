@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from gateway.agents import Agents
-from gateway.chats import ChatService, Gone
-from gateway.config import parse_config
-from gateway.messages import parse_chat_body
-from gateway.metrics import GatewayMetrics
-from gateway.registry import Registry
-from gateway.upstream import SessionConfirmations
+from gateway.upstream.agents import Agents
+from gateway.chat.service import ChatService, Gone
+from gateway.config.schema import parse_config
+from gateway.core.chat_request import parse_chat_body
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
+from gateway.upstream.client import SessionConfirmations
 from tests.unit.test_chat_gates import USER, read, request
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
@@ -146,7 +146,7 @@ async def test_an_unknown_answer_adk_still_waits_for_is_forwarded() -> None:
 
 
 def test_the_session_s_confirmations_are_read_in_either_case() -> None:
-    from gateway.upstream import _confirmation_ids
+    from gateway.upstream.client import _confirmation_ids
 
     session = {"events": [
         {"content": {"parts": [{"functionCall": {"id": "adk-a", "name": "adk_request_confirmation", "args": {}}}]}},
@@ -219,7 +219,7 @@ async def test_a_lost_answer_alongside_a_new_message_is_left_out() -> None:
 
 async def test_a_native_answer_in_live_mode_is_refused_without_asking_adk() -> None:
     """Live mode has no ADK confirmations: the answer is a 400 as before, and costs no session read."""
-    from gateway.messages import InvalidRequest
+    from gateway.core.chat_request import InvalidRequest
 
     adk = NativeAdk()
     config = parse_config("upstream:\n  mode: live\n", env={})

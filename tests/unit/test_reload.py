@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.loosening import RULES, UNJUDGED, Rule
-from gateway.reload import plan_reload, reload_config
-from gateway.state import GATEWAY
+from gateway.edge.app import create_app
+from gateway.config.schema import parse_config
+from gateway.config.loosening import RULES, UNJUDGED, Rule
+from gateway.edge.reload import plan_reload, reload_config
+from gateway.edge.state import GATEWAY
 
 # What an operator runs in production: every interface, API keys, a payment needing approval.
 PRODUCTION = """\
@@ -253,7 +253,7 @@ def test_a_single_agent_files_refusal_names_the_keys_it_has() -> None:
 async def test_the_internal_reload_endpoint_refuses_the_rename_and_the_policy_keeps_the_gate(tmp_path: Path) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gateway.internal import create_internal_app
+    from gateway.edge.internal import create_internal_app
 
     app = create_app(running(TWO_AGENTS))
     gateway = app[GATEWAY]
@@ -474,8 +474,8 @@ def test_the_cases_are_the_tables() -> None:
 def test_every_setting_of_who_gets_in_is_in_the_table_or_said_not_to_be() -> None:
     """A new field of the auth config or of an agent's access or gates fails here until it is
     classified: in RULES with its direction, or in UNJUDGED with why it does not decide who gets in."""
-    from gateway.agent_config import AgentAccess, AgentConfig, ToolPolicy
-    from gateway.auth_config import ApiKey, AuthConfig, JwtConfig
+    from gateway.config.agent import AgentAccess, AgentConfig, ToolPolicy
+    from gateway.config.auth import ApiKey, AuthConfig, JwtConfig
 
     models = {
         "auth": AuthConfig, "auth.jwt": JwtConfig, "auth.api_keys[]": ApiKey,
@@ -484,7 +484,7 @@ def test_every_setting_of_who_gets_in_is_in_the_table_or_said_not_to_be() -> Non
     sections = set(models) | {"agents.<name>.tools"}
     fields = {f"{prefix}.{name}" for prefix, model in models.items() for name in model.model_fields} - sections
     classified = {rule.path for rule in RULES} | {path for rule in RULES for path in rule.covers} | set(UNJUDGED)
-    assert fields - classified == set(), "classify these in gateway/loosening.py (RULES or UNJUDGED)"
+    assert fields - classified == set(), "classify these in gateway/config/loosening.py (RULES or UNJUDGED)"
     assert classified - fields == set(), "the table names settings that do not exist"
     assert all(rule.why and rule.direction for rule in RULES) and all(UNJUDGED.values())
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.runs import Feed, FollowerLagged, Reader, Response, Run
+from gateway.chat.chunk_log import Feed, FollowerLagged, Reader, Response, Run
 
 
 async def collect(response: Feed, start: int = 0) -> list[bytes]:

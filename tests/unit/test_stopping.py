@@ -15,11 +15,11 @@ from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.relay import RelayFeed
 from gateway.cluster.router import Cluster
 from gateway.cluster.shared import RelayEntry
-from gateway.config import GatewayConfig
-from gateway.metrics import GatewayMetrics
-from gateway.protocol import encode_chunk
-from gateway.server import stop_listeners
-from gateway.stopping import cancel_and_wait, within
+from gateway.config.schema import GatewayConfig
+from gateway.ops.metrics import GatewayMetrics
+from gateway.core.protocol import encode_chunk
+from gateway.edge.server import stop_listeners
+from gateway.ops.stopping import cancel_and_wait, within
 
 
 async def _stubborn(swallow: int, released: asyncio.Event | None = None) -> None:
@@ -86,7 +86,7 @@ async def test_stop_listeners_goes_on_when_a_runner_cleanup_hangs() -> None:
 def test_the_watchdog_ends_a_process_whose_stop_hangs() -> None:
     script = textwrap.dedent("""
         import time
-        from gateway.server import StopWatchdog
+        from gateway.edge.server import StopWatchdog
         StopWatchdog(0.3).start()
         time.sleep(60)  # a stop that never ends, with the event loop itself stuck
     """)

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.state import GATEWAY
-from gateway.transports import ws as ws_transport
+from gateway.edge.app import create_app
+from gateway.config.schema import parse_config
+from gateway.edge.state import GATEWAY
+from gateway.edge import ws as ws_transport
 from tests.unit.test_chat_gates import ScriptedAdk, text_events
 
 CONFIG = """

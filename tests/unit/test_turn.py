@@ -1,6 +1,6 @@
-"""The turn (gateway/turn.py) as the state machine it is: inputs in, outputs out, no I/O, no clock.
+"""The turn (gateway/core/turn.py) as the state machine it is: inputs in, outputs out, no I/O, no clock.
 
-Every test drives a `Turn` by hand, as the I/O shell (gateway/driver.py) would, and reads what it
+Every test drives a `Turn` by hand, as the I/O shell (gateway/chat/driver.py) would, and reads what it
 hands back. `Shell` below does with the outputs what `RunDriver.apply` does with them, minus the
 I/O: chunks go into the current response, `OpenResponse` starts the next one, `CloseResponse`
 ends it; everything else is recorded. Each response it assembles is checked against the AI SDK's
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from gateway.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
-from gateway.config import ToolPolicy
-from gateway.ledger import Ledger
-from gateway.turn import (
+from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
+from gateway.config.schema import ToolPolicy
+from gateway.core.ledger import Ledger
+from gateway.core.turn import (
     TRANSITIONS,
     Bypassed,
     CallChanged,
@@ -73,7 +73,7 @@ def _gate(
 
 
 def _opened(turn: Turn, call: GatedCall) -> GatedCall:
-    """What the plugin side (gateway/gates.py) does before the turn shows a call: record it."""
+    """What the plugin side (gateway/chat/gates.py) does before the turn shows a call: record it."""
     return turn.ledger.add(call)
 
 

@@ -8,7 +8,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from gateway.idle_reader import IdleReader, WaitSignal
+from gateway.upstream.idle_reader import IdleReader, WaitSignal
 
 IDLE = 1.0
 

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.config import UpstreamConfig
-from gateway.upstream import AdkClient, UpstreamError
+from gateway.config.schema import UpstreamConfig
+from gateway.upstream.client import AdkClient, UpstreamError
 from tests.unit.fixtures import ROOT, SSE_FOLDERS, _load, events, fixture_names
 
 MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}

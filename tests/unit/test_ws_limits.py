@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.state import GATEWAY
+from gateway.edge.app import create_app
+from gateway.config.schema import parse_config
+from gateway.edge.state import GATEWAY
 
 # A bucket of three with no refill worth speaking of: the handshake takes one, two frames the rest.
 CONFIG = """

@@ -1,4 +1,4 @@
-"""WebSocket tickets (gateway/tickets.py) and `?access_token=` behind `auth.allow_token_in_url` (issue 17).
+"""WebSocket tickets (gateway/access/tickets.py) and `?access_token=` behind `auth.allow_token_in_url` (issue 17).
 
 Through the real app (aiohttp's test server, the memory backend; tests/unit/test_cluster_state.py
 holds Redis to the same store contract): a ticket opens one socket of its agent, as its user, from
@@ -18,14 +18,14 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.auth import Identity, warn_token_in_url
+from gateway.edge.app import create_app
+from gateway.access.auth import Identity, warn_token_in_url
 from gateway.cluster.memory import MemoryState
-from gateway.config import AuthConfig, parse_config
-from gateway.refusals import HttpError
-from gateway.reload import reload_config
-from gateway.state import GATEWAY
-from gateway.tickets import Tickets
+from gateway.config.schema import AuthConfig, parse_config
+from gateway.core.refusals import HttpError
+from gateway.edge.reload import reload_config
+from gateway.edge.state import GATEWAY
+from gateway.access.tickets import Tickets
 
 CONFIG = """
 auth:
@@ -145,7 +145,7 @@ async def test_a_reload_that_changes_the_auth_settings_voids_outstanding_tickets
     gateway = client.app[GATEWAY]  # type: ignore[index]
     before = await ticket(client, ALICE)
     path = tmp_path / "gateway.yaml"
-    # Bob's key revoked (a reload may only narrow who gets in: gateway/loosening.py).
+    # Bob's key revoked (a reload may only narrow who gets in: gateway/config/loosening.py).
     path.write_text((CONFIG % "30s").replace("    - {id: bob, key: k-bob}\n", ""))
     assert reload_config(gateway, path).ok
     assert await handshake(client, f"/api/chat/ws?ticket={before}") == 401
@@ -160,7 +160,7 @@ async def test_the_token_in_a_url_is_refused_unless_switched_on() -> None:
     keys = {"mode": "api_key", "api_keys": [{"id": "bob", "key": "k-bob"}]}
     from aiohttp.test_utils import make_mocked_request
 
-    from gateway.auth import Authenticator
+    from gateway.access.auth import Authenticator
 
     request = make_mocked_request("GET", "/api/chat/ws?access_token=k-bob")
     with pytest.raises(HttpError) as off:
@@ -256,7 +256,7 @@ def test_the_auth_settings_digest_is_keyed_with_their_secrets_and_agreed_by_ever
 
     from pydantic import SecretStr
 
-    from gateway.auth import Authenticator
+    from gateway.access.auth import Authenticator
 
     config = parse_config(CONFIG % "30s", env={}).auth
     digest = Authenticator(config).fingerprint
@@ -276,7 +276,7 @@ def test_the_auth_settings_digest_covers_the_public_keys_contents(tmp_path: Path
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from gateway.auth import Authenticator
+    from gateway.access.auth import Authenticator
 
     def pem() -> bytes:
         return ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(

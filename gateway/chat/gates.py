@@ -1,0 +1,149 @@
+"""The plugin's side of a gated tool call: opened here, shown by the chat's turn, waited on here.
+
+The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
+the request, cluster/ sends it to the replica that runs the chat). `Gates` answers at once when the
+tool is not gated or nobody could answer, else records a `GatedCall` in the chat's ledger, has the
+chat's turn show it to the browser, and holds the plugin's request until the turn releases the
+call (the person, the browser, a deadline or the end of the run decide: core/turn.py) and its verdict
+comes back here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ..upstream.agents import Agents
+from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
+from .record import Chat
+from ..config.schema import GatewayConfig
+from ..ops.metrics import GatewayMetrics
+from .registry import Registry
+from ..core.turn import CallChanged
+
+__all__ = ["Gates"]
+
+log = structlog.get_logger("adk_gateway.chat.gates")
+
+
+def _refusal(reason: str, text: str) -> Verdict:
+    return Verdict(run=False, reason=reason, response={"error": text, REFUSAL_KEY: reason})
+
+
+class Gates:
+    def __init__(
+        self, registry: Registry, agents: Agents, metrics: GatewayMetrics, config: Callable[[], GatewayConfig],
+        clock: Callable[[], float],
+    ) -> None:
+        self._registry = registry
+        self._agents = agents
+        self._metrics = metrics
+        self._config = config
+        self._clock = clock
+        self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
+        # Chats with a call not released yet, for the deadline sweep.
+        self._open: dict[str, Chat] = {}
+
+    def now(self) -> float:
+        return self._clock()
+
+    def runs_here(self, user_id: str, session_id: str) -> bool:
+        """Whether this process is running the chat behind an ADK session right now."""
+        chat = self._registry.find_session(user_id, session_id)
+        return chat is not None and chat.running
+
+    def open(
+        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
+        announce: bool = True,
+    ) -> GatedCall | Verdict:
+        """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
+
+        With `announce` false the browser is not told yet: the caller records the call somewhere
+        first, then calls `announce`.
+        """
+        agent = self._agents.for_app(app_name)
+        if agent is None:
+            # An app this gateway does not serve: nobody here can answer for it.
+            return _refusal("unknown_agent", f"The gateway serves no agent for ADK app {app_name!r}; the call was not run.")
+        policy = agent.tool_policy(tool)
+        if not policy.gated:
+            return RUN
+        chat = self._registry.find_session(user_id, session_id)
+        if chat is not None and chat.agent != agent.name:
+            chat = None  # the session id is another agent's chat: not this app's session
+        existing = chat.ledger.call(tool_call_id) if chat is not None else None
+        if existing is not None:
+            return existing
+        if chat is None or not chat.running:
+            return _refusal("no_browser", "No browser is attached to this session, so nobody can answer; the call was not run.")
+        if len(chat.ledger.unreleased()) >= self._config().max_pending_approvals_per_chat(agent.name):
+            return _refusal(
+                "too_many_pending", "Too many tool calls are already waiting for the user in this chat; the call was not run."
+            )
+        call = chat.ledger.add(
+            GatedCall.open(
+                user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
+                tool=tool, args=args, policy=policy, now=self._clock(),
+            )
+        )
+        self._registry.index_approval(call.id, chat)
+        self._open[call.id] = chat
+        if call.state is CallState.AWAITING_APPROVAL:
+            self._metrics.approvals_pending.labels(agent.name).inc()
+        log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
+        if announce:
+            self.announce(call)
+        return call
+
+    def announce(self, call: GatedCall) -> None:
+        """Show the call to the browser (once), asking for approval if it needs one."""
+        chat = self._registry.find_session(call.user_id, call.session_id)
+        if chat is not None and chat.running and chat.driver is not None:
+            chat.driver.apply(chat.driver.turn.show_gate(call, self._clock()))
+
+    def cancel(self, call: GatedCall, why: str) -> None:
+        chat = self._registry.find_session(call.user_id, call.session_id)
+        if chat is not None and chat.driver is not None:
+            chat.driver.apply(chat.driver.turn.cancel(call, why, self._clock()))
+
+    async def wait(self, call: GatedCall) -> Verdict:
+        """The call's verdict, once it is released."""
+        if call.verdict is not None:
+            return call.verdict
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(call.id, []).append(future)
+        try:
+            return await future
+        finally:
+            waiters = self._waiters.get(call.id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+
+    def release(self, call: GatedCall) -> None:
+        """Deliver a released call's verdict to everyone waiting for it (the turn released it)."""
+        assert call.verdict is not None
+        self._open.pop(call.id, None)
+        for future in self._waiters.pop(call.id, []):
+            if not future.done():
+                future.set_result(call.verdict)
+
+    def expire_due(self) -> int:
+        """Apply deadlines (the sweeper calls this); returns how many calls timed out."""
+        now = self._clock()
+        expired = 0
+        for chat in set(self._open.values()):
+            if chat.driver is not None:
+                outputs = chat.driver.turn.expire(now)
+                chat.driver.apply(outputs)
+                expired += sum(1 for o in outputs if isinstance(o, CallChanged) and o.call.outcome is Outcome.TIMEOUT)
+        return expired
+
+    def forget(self, chats: list[Chat]) -> None:
+        """Chats forgotten as idle: nothing of theirs is open any more."""
+        for chat in chats:
+            for call in chat.ledger.calls():
+                self._open.pop(call.id, None)
+                self._waiters.pop(call.id, None)

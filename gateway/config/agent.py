@@ -1,0 +1,120 @@
+"""One agent's configuration: its ADK upstream, its tool policy, who may use it and its own caps.
+
+`GatewayConfig.agents` (config/schema.py) maps each agent's name to an `AgentConfig`; the rules across
+agents (names, unique app names, access lists that fit the auth mode) are GatewayConfig's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AnyHttpUrl, Field, model_validator
+
+from .values import ClaimValues, Duration, Section
+
+__all__ = ["AGENT_NAME_PATTERN", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
+
+
+class UpstreamConfig(Section):
+    url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
+    app_name: str = Field("demo_agent", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    # sse: one `/run_sse` request per turn. live: one `/run_live` session per chat, kept across turns
+    # (Gemini Live models; audio). Approvals and browser tools work in both through the plugin.
+    mode: Literal["sse", "live"] = "sse"
+    # Response modalities asked of a live session.
+    live_modalities: list[Literal["TEXT", "AUDIO"]] = Field(default_factory=lambda: ["TEXT"], min_length=1)
+    connect_timeout: Duration = Field(5.0, gt=0)
+    # Longest silence tolerated on a running stream. There is deliberately no total timeout:
+    # a run may legitimately stream for a long time.
+    idle_timeout: Duration = Field(300.0, gt=0)
+    # Pooled connections to the upstream; every streaming run holds one for its whole length.
+    max_connections: int = Field(1000, ge=1)
+    # How often /readyz may probe the upstream; between probes the last answer is reused.
+    health_interval: Duration = Field(5.0, gt=0)
+    # How the plugin waits for a person on a tool with `approval: true` (docs/approvals.md).
+    # hold: it blocks inside the tool call on a long request to the gateway until the decision
+    # (the pending approval lives in that request and in the gateway's memory). confirm (sse
+    # only): it asks ADK for a confirmation of the call instead, so the run ends and the request
+    # is kept in ADK's session; the answer re-runs the call. Browser tools stay on hold.
+    approvals: Literal["hold", "confirm"] = "hold"
+
+    @model_validator(mode="after")
+    def _confirm_needs_sse(self) -> UpstreamConfig:
+        if self.approvals == "confirm" and self.mode == "live":
+            # ADK's live flow has no tool confirmation: the plugin must block there.
+            raise ValueError("approvals: confirm needs mode: sse (ADK's live flow has no tool confirmations); use hold")
+        return self
+
+
+class ToolPolicy(Section):
+    """What the gateway does with calls to one tool (enforced by the ADK plugin in the agent)."""
+
+    # A person must approve each call before it runs.
+    approval: bool = False
+    # `browser`: the call is answered by the browser (the AI SDK's onToolCall + addToolOutput).
+    runs_in: Literal["server", "browser"] = "server"
+    # How long to wait for the person (approval) or the browser (output).
+    timeout: Duration = Field(300.0, gt=0)
+    # What a timeout means for the call: `deny` (the tool does not run, the model is told it was
+    # rejected; the browser sees tool-output-denied) or `error` (tool-output-error).
+    on_timeout: Literal["deny", "error"] = "deny"
+    # Shown to the person next to the approval request.
+    hint: str | None = None
+    # Live mode only: declare the tool NON_BLOCKING to the model (ADK `types.Behavior`), so the
+    # conversation goes on while the call waits for a person; the result reaches the model later.
+    # Default (blocking): the model's output stalls until the decision, though input keeps flowing.
+    non_blocking: bool = False
+
+    @property
+    def gated(self) -> bool:
+        """The plugin must ask the gateway before the call may proceed."""
+        return self.approval or self.runs_in == "browser"
+
+
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class AgentLimits(Section):
+    """An agent's own caps; a key left out takes the gateway-wide `limits:` value."""
+
+    max_messages: int | None = Field(None, ge=1)
+    max_pending_approvals_per_chat: int | None = Field(None, ge=1)
+
+
+class AgentAccess(Section):
+    """Who may use an agent. Empty: every caller the gateway authenticates."""
+
+    # `auth.mode: api_key`: the ids (in `auth.api_keys`) whose keys may use this agent.
+    api_keys: list[str] | None = None
+    # `auth.mode: jwt`: claims the token must carry, each with the values allowed: a string claim
+    # must equal one, a list claim (`groups`, `aud`) must hold one. Every claim listed must match.
+    jwt_claims: ClaimValues | None = None
+
+
+class AgentConfig(Section):
+    """One agent the gateway serves: its ADK upstream, its tool policy, who may use it, its caps."""
+
+    upstream: UpstreamConfig = UpstreamConfig()
+    # Per-tool policy; the key `default` applies to every tool not listed.
+    tools: dict[str, ToolPolicy] = Field(default_factory=dict)
+    access: AgentAccess = AgentAccess()
+    limits: AgentLimits = AgentLimits()
+
+    def tool_policy(self, name: str) -> ToolPolicy:
+        return self.tools.get(name) or self.tools.get("default") or _NO_POLICY
+
+    @property
+    def upstream_base(self) -> str:
+        return str(self.upstream.url).rstrip("/")
+
+    def confirms(self, name: str) -> bool:
+        """Whether the plugin asks ADK's confirmation of this tool's calls instead of blocking."""
+        policy = self.tool_policy(name)
+        return self.upstream.approvals == "confirm" and policy.approval and policy.runs_in == "server"
+
+    @property
+    def gated_tools(self) -> list[str]:
+        return sorted(name for name, policy in self.tools.items() if policy.gated)
+
+
+_NO_POLICY = ToolPolicy()

@@ -1,0 +1,66 @@
+"""The values a configuration is written in: durations (`30s`, `5m`), sizes (`4MiB`), and `Section`,
+the strict base of every section (config/schema.py, config/agent.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+__all__ = ["ClaimValues", "Duration", "Section", "Size", "parse_duration", "parse_size"]
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `30s`, `5m`, `250ms`, `1.5h` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 5m or 250ms")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"invalid duration {value!r}: use a number with ms, s, m, h or d (e.g. 30s)")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from `1MiB`, `64KiB`, `500KB` or a bare number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 1MiB")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"invalid size {value!r}: use bytes or a unit such as 64KiB, 1MiB")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+
+
+def _values_as_lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); access/auth.py `_holds` matches them.
+ClaimValues = Annotated[dict[str, list[str]], BeforeValidator(_values_as_lists)]
+
+
+class Section(BaseModel):
+    # Strict about keys (a typo must not silently become a default), lax about "8080" vs 8080,
+    # because ${PORT:-8080} substitution always produces strings.
+    model_config = ConfigDict(extra="forbid", frozen=True)

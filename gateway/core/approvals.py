@@ -1,0 +1,204 @@
+"""Gateway-owned tool calls that wait for a person: the state machine of one call (sans-IO).
+
+The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b). The call then waits
+for a person's approval, for the browser to run it and send its output, or for both in that order
+(a browser tool that needs approval). Every path ends in exactly one `Verdict` for the plugin:
+run the tool, or answer the call with this response instead. A call is released once and only
+once: a replayed decision, a late output or a timeout after the fact changes nothing.
+
+No clock is read here: callers pass `now`. No I/O either: the turn (core/turn.py) changes calls, and
+the plugin's side (chat/gates.py) delivers their verdicts.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ..config.agent import ToolPolicy
+
+__all__ = ["REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
+
+APPROVAL_ID_PREFIX = "gw-"
+
+# Marks a tool response that the plugin or the gateway wrote instead of running the tool, next to
+# ADK's `{"error": ...}`; its value says why. Without it a refusal looks like a tool that ran and
+# failed, and the converter would count a gated call the plugin refused before the gateway could
+# announce it as a bypass. ADK passes a before_tool_callback's dict through as the function
+# response unchanged. The plugin (plugin/adk_gateway_plugin) keeps its own copy (it is installed
+# without the gateway's modules); tests/unit/test_agent_plugin.py checks that the two agree.
+REFUSAL_KEY = "adk_gateway_refusal"
+
+
+def refusal_code(response: Any) -> str | None:
+    """Why the plugin or the gateway answered a call in place of the tool; None for a tool's own result."""
+    if isinstance(response, dict) and isinstance(response.get("error"), str):
+        code = response.get(REFUSAL_KEY)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+def new_approval_id() -> str:
+    # Unguessable: the id is what the browser sends back to decide.
+    return APPROVAL_ID_PREFIX + secrets.token_urlsafe(16)
+
+
+class CallState(Enum):
+    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_OUTPUT = "awaiting_output"
+    RELEASED = "released"
+
+
+class Outcome(Enum):
+    APPROVED = "approved"
+    DENIED = "denied"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    OUTPUT = "output"
+    OUTPUT_ERROR = "output_error"
+    # The plugin stopped waiting before any verdict (its ADK_GATEWAY_MAX_WAIT ran out, the replica
+    # holding its request died, a proxy cut it) and answered ADK itself: the tool did not run.
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the plugin does with the call: let the tool run, or answer with `response`."""
+
+    run: bool
+    response: dict[str, Any] | None = None
+    # Why the gateway answered at once rather than asking a person (a metrics label).
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"verdict": "run"} if self.run else {"verdict": "respond", "response": self.response}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        """The verdict `as_json` wrote (passed between replicas); anything else refuses the call."""
+        if data.get("verdict") == "run":
+            return RUN
+        response = data.get("response")
+        return cls(run=False, response=response) if isinstance(response, dict) else cls.refuse("The call was not run.")
+
+    @classmethod
+    def refuse(cls, text: str, code: str = "refused") -> Verdict:
+        # ADK's own convention for a call that did not run: {"error": ...}; the model reads it.
+        # The marker tells the converter that the tool did not run (see REFUSAL_KEY).
+        return cls(run=False, response={"error": text, REFUSAL_KEY: code})
+
+
+RUN = Verdict(run=True)
+
+
+@dataclass(eq=False)
+class GatedCall:
+    id: str
+    user_id: str
+    chat_id: str
+    session_id: str
+    tool_call_id: str
+    tool: str
+    args: dict[str, Any]
+    policy: ToolPolicy
+    created: float
+    deadline: float
+    state: CallState = CallState.AWAITING_APPROVAL
+    outcome: Outcome | None = None
+    verdict: Verdict | None = None
+    # When the wait that the metrics time started: the approval wait, then the browser's.
+    waiting_since: float = 0.0
+    approved: bool = field(default=False)
+
+    @classmethod
+    def open(
+        cls, *, user_id: str, chat_id: str, session_id: str, tool_call_id: str, tool: str,
+        args: dict[str, Any], policy: ToolPolicy, now: float, approval_id: str | None = None,
+    ) -> GatedCall:
+        state = CallState.AWAITING_APPROVAL if policy.approval else CallState.AWAITING_OUTPUT
+        return cls(
+            approval_id or new_approval_id(), user_id, chat_id, session_id, tool_call_id, tool, dict(args),
+            policy, now, now + policy.timeout, state, waiting_since=now,
+        )
+
+    @property
+    def released(self) -> bool:
+        return self.state is CallState.RELEASED
+
+    @property
+    def runs_in_browser(self) -> bool:
+        return self.policy.runs_in == "browser"
+
+    # ---- transitions: each returns True when it changed the call ---------------------------
+
+    def decide(self, approved: bool, now: float, reason: str | None = None) -> bool:
+        """The person's answer. Only the first answer counts."""
+        if self.state is not CallState.AWAITING_APPROVAL:
+            return False
+        self.approved = approved
+        if not approved:
+            text = "The user rejected this tool call; it was not run."
+            self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text, "denied"), Outcome.DENIED)
+        elif self.runs_in_browser:
+            # Approved: now the browser runs it, with a fresh deadline for that wait.
+            self.state = CallState.AWAITING_OUTPUT
+            self.waiting_since = now
+            self.deadline = now + self.policy.timeout
+        else:
+            self._release(RUN, Outcome.APPROVED)
+        return True
+
+    def deliver_output(self, output: Any = None, error_text: str | None = None) -> bool:
+        """The browser ran the tool; its output (or its error) becomes the tool's response."""
+        if self.state is not CallState.AWAITING_OUTPUT:
+            return False
+        if error_text is not None:
+            # The tool did run, in the browser, and failed: a result, not a refusal.
+            self._release(Verdict(run=False, response={"error": error_text}), Outcome.OUTPUT_ERROR)
+        else:
+            response = output if isinstance(output, dict) else {"result": output}
+            self._release(Verdict(run=False, response=response), Outcome.OUTPUT)
+        return True
+
+    def expire(self, now: float) -> bool:
+        """Apply the policy's timeout outcome if the deadline has passed."""
+        if self.released or now < self.deadline:
+            return False
+        waited = "approval" if self.state is CallState.AWAITING_APPROVAL else "the browser"
+        self._release(Verdict.refuse(f"Timed out waiting for {waited}; the call was not run.", "timeout"), Outcome.TIMEOUT)
+        return True
+
+    def cancel(self, why: str) -> bool:
+        """Nobody will answer any more (the user moved on, the run or the gateway stopped)."""
+        if self.released:
+            return False
+        self._release(Verdict.refuse(f"The call was cancelled: {why}", "cancelled"), Outcome.CANCELLED)
+        return True
+
+    def abandon(self, why: str | None) -> bool:
+        """The plugin answered ADK without waiting for a verdict (`why`: its refusal code, if it
+        gave one). Nobody takes a verdict any more; the later answer of a person changes nothing."""
+        if self.released:
+            return False
+        self._release(
+            Verdict.refuse(f"The plugin stopped waiting ({why or 'no reason given'}); the call was not run.", "abandoned"),
+            Outcome.ABANDONED,
+        )
+        return True
+
+    def _release(self, verdict: Verdict, outcome: Outcome) -> None:
+        self.state = CallState.RELEASED
+        self.verdict = verdict
+        self.outcome = outcome
+
+    # ---- how the browser should see the outcome -----------------------------------------
+
+    @property
+    def shown_as_denied(self) -> bool:
+        """The browser shows `tool-output-denied` rather than an output or an error."""
+        if self.outcome in (Outcome.DENIED, Outcome.CANCELLED):
+            return True
+        return self.outcome is Outcome.TIMEOUT and self.policy.on_timeout == "deny"

@@ -1,0 +1,216 @@
+"""The ledger: the one record of a chat's tool calls that wait, or waited, for a person.
+
+One ledger per chat. It holds both kinds of approval (DESIGN.md decision 3):
+- gateway-gated calls (the plugin's: approvals and browser tools), from the moment the model's
+  output shows a gated tool ("expected": the plugin has not asked yet), through the plugin opening
+  the call and the browser being shown it ("open"), to its release with a verdict. Released calls
+  stay, so a replayed answer or a late browser output finds what became of its call;
+- native ADK confirmations (`adk_request_confirmation`): asked by one run, answered by the request
+  that starts the next; answered ones are remembered (bounded) so a replay never reaches ADK twice.
+
+What a run asked or was told (the gated calls it expects, the confirmations it asked, the calls the
+person denied in the request that started it) is reset by `begin_run`: a chat runs one run at a time.
+
+Sans-IO: no clock (callers pass `now`), no I/O, no asyncio. The turn (core/turn.py) changes it; the chat
+service looks answers up in it; the converter asks it how to show a call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .approvals import GatedCall, Outcome
+
+__all__ = ["Ledger", "NativeConfirmation"]
+
+# Answered native confirmations a chat remembers; older ones are looked up in ADK's session.
+_ANSWERED_KEPT = 256
+
+
+@dataclass(eq=False, slots=True)
+class NativeConfirmation:
+    """A native ADK confirmation a run asked for."""
+
+    approval_id: str
+    tool_call_id: str
+    tool: str
+    # When the run that asked ended (the metrics time the wait from there); None while it runs.
+    asked_at: float | None = None
+
+
+class Ledger:
+    # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
+    __slots__ = (
+        "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_denied", "_expected", "_native", "_open",
+        "_seen",
+    )
+
+    def __init__(self) -> None:
+        self._calls: dict[str, GatedCall] = {}  # every gated call opened in this chat, by tool call id
+        self._by_approval: dict[str, GatedCall] = {}
+        self._open: dict[str, GatedCall] = {}  # shown to the browser and not released
+        self._current: dict[str, None] = {}  # this run: the gated calls opened in it
+        self._expected: dict[str, None] = {}  # this run: gated calls in the model's output the plugin has not opened
+        # This run: gated calls ADK is to confirm (`upstream.approvals: confirm`) that it has not
+        # asked about yet. Unlike `_expected`, they do not hold back a pause: ADK asks only once
+        # every call of the model's event returned, a browser tool's too.
+        self._confirmable: dict[str, None] = {}
+        self._seen: dict[str, None] = {}  # this run: every gated call it showed (expected once at most)
+        self._denied: dict[str, None] = {}  # this run: tool calls the person denied natively
+        self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
+        self._native: dict[str, NativeConfirmation] = {}  # asked, not answered, by approval id
+        self._answered: dict[str, None] = {}  # answered native approval ids, oldest first
+
+    def begin_run(self, denied: Iterable[str] = ()) -> None:
+        """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies."""
+        self._expected.clear()
+        self._confirmable.clear()
+        self._seen.clear()
+        self._current.clear()
+        self._asking.clear()
+        self._denied = dict.fromkeys(denied)
+
+    # ---- gated calls -----------------------------------------------------------------------
+
+    def add(self, call: GatedCall) -> GatedCall:
+        """Record a call the plugin opened, or return the one already recorded for its tool call."""
+        existing = self._calls.get(call.tool_call_id)
+        if existing is not None:
+            return existing
+        self._calls[call.tool_call_id] = call
+        self._by_approval[call.id] = call
+        self._current[call.tool_call_id] = None
+        return call
+
+    def of_current_run(self, call: GatedCall) -> bool:
+        """The call was opened in the chat's current (or last) run, not in one before it."""
+        return call.tool_call_id in self._current
+
+    def call(self, tool_call_id: str) -> GatedCall | None:
+        return self._calls.get(tool_call_id)
+
+    def by_approval(self, approval_id: str) -> GatedCall | None:
+        return self._by_approval.get(approval_id)
+
+    def calls(self) -> list[GatedCall]:
+        return list(self._calls.values())
+
+    def unreleased(self) -> list[GatedCall]:
+        return [c for c in self._calls.values() if not c.released]
+
+    def expect(self, tool_call_id: str, *, confirmed_by_adk: bool = False) -> None:
+        """The model's output shows a gated call: the run waits until the plugin opens it, or,
+        `confirmed_by_adk`, expects ADK to ask its confirmation (without waiting for that)."""
+        if tool_call_id not in self._seen:
+            self._seen[tool_call_id] = None
+            call = self._calls.get(tool_call_id)
+            # One released before it could be shown (cancelled, decided early) is never shown: no wait for it.
+            if tool_call_id not in self._open and (call is None or not call.released):
+                (self._confirmable if confirmed_by_adk else self._expected)[tool_call_id] = None
+
+    def expected(self, tool_call_id: str) -> bool:
+        """Neither opened by the plugin nor confirmed by ADK yet: a result now ran unasked."""
+        return tool_call_id in self._expected or tool_call_id in self._confirmable
+
+    def shown(self, call: GatedCall) -> None:
+        """The browser was shown the call: while it is not released, the run waits for a person."""
+        self._seen[call.tool_call_id] = None
+        self._expected.pop(call.tool_call_id, None)
+        # A plugin that blocks (live, or from before confirm mode) opened a call ADK was to confirm.
+        self._confirmable.pop(call.tool_call_id, None)
+        if not call.released:
+            self._open[call.tool_call_id] = call
+
+    def is_open(self, tool_call_id: str) -> bool:
+        return tool_call_id in self._open
+
+    def closed(self, tool_call_id: str) -> None:
+        """The call no longer waits: released, or answered by ADK without a verdict."""
+        self._open.pop(tool_call_id, None)
+        self._expected.pop(tool_call_id, None)
+        self._confirmable.pop(tool_call_id, None)
+
+    def answered_unexpectedly(self, tool_call_id: str) -> None:
+        """ADK answered a call the run expected the plugin to open or ADK to confirm (nobody asked)."""
+        self._expected.pop(tool_call_id, None)
+        self._confirmable.pop(tool_call_id, None)
+
+    @property
+    def gates_open(self) -> bool:
+        """Some call shown to the browser is not released. Only showing a call opens one, so
+        while this is false no upstream event can make the run wait for a person."""
+        return bool(self._open)
+
+    @property
+    def waiting_for_person(self) -> bool:
+        """Every gated call the run expects was shown, and at least one waits for a person."""
+        return bool(self._open) and not self._expected
+
+    def concerns(self, tool_call_id: str) -> bool:
+        """Whether a gated call, an expectation, a native confirmation or a native denial concerns
+        the tool call. When none does (an ungated tool, the usual case) its function response is a
+        plain result: one check instead of the five below."""
+        return (
+            tool_call_id in self._calls or tool_call_id in self._expected or tool_call_id in self._asking
+            or tool_call_id in self._denied or tool_call_id in self._confirmable
+        )
+
+    def shown_as_denied(self, tool_call_id: str) -> bool:
+        if tool_call_id in self._denied:
+            return True
+        call = self._calls.get(tool_call_id)
+        return call is not None and call.released and call.shown_as_denied
+
+    def answered_in_browser(self, tool_call_id: str) -> bool:
+        """The browser produced the call's output itself: ADK's echo of it is not news to it."""
+        call = self._calls.get(tool_call_id)
+        return call is not None and call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR)
+
+    # ---- native confirmations --------------------------------------------------------------
+
+    def ask(self, confirmation: NativeConfirmation) -> None:
+        """The run asked ADK's confirmation of a call (the converter saw it)."""
+        self._asking[confirmation.tool_call_id] = confirmation
+        # A gated call confirmed this way is never opened by the plugin's blocking path: the run
+        # must not wait for it to be.
+        self._expected.pop(confirmation.tool_call_id, None)
+        self._confirmable.pop(confirmation.tool_call_id, None)
+
+    def confirming(self, tool_call_id: str) -> bool:
+        """This run asked a confirmation of the call: ADK's placeholder response is bookkeeping."""
+        return tool_call_id in self._asking
+
+    @property
+    def asking(self) -> bool:
+        return bool(self._asking)
+
+    def settle_asked(self, now: float) -> list[NativeConfirmation]:
+        """The run ended: its confirmations now wait for the person; returns those newly pending."""
+        new = []
+        for confirmation in self._asking.values():
+            if confirmation.approval_id not in self._native and confirmation.approval_id not in self._answered:
+                confirmation.asked_at = now
+                self._native[confirmation.approval_id] = confirmation
+                new.append(confirmation)
+        return new
+
+    def knows_native(self, approval_id: str) -> bool:
+        """Pending or answered here; an unknown one is ADK's session's to say."""
+        return approval_id in self._native or approval_id in self._answered
+
+    def native_pending(self, approval_id: str) -> bool:
+        return approval_id in self._native
+
+    def native_answered(self, approval_id: str) -> bool:
+        return approval_id in self._answered
+
+    def answer_native(self, approval_id: str) -> NativeConfirmation | None:
+        """Record an answer forwarded to ADK; returns the confirmation if it was pending here."""
+        self._answered[approval_id] = None
+        if len(self._answered) > _ANSWERED_KEPT:
+            del self._answered[next(iter(self._answered))]
+        return self._native.pop(approval_id, None)
+
+    def pending_native(self) -> list[NativeConfirmation]:
+        return list(self._native.values())

@@ -1,0 +1,238 @@
+"""The aiohttp application: routes, middleware and the lifecycle of long-lived parts.
+
+`create_app(config)` builds everything and hangs it off the Application (see edge/state.py). The
+`cleanup_ctx` starts the agents' upstream clients and health probes and the background duties (idle
+chat sweeper, deadline sweeper) and stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from ..upstream.agents import Agents
+from ..access.auth import Authenticator
+from ..chat.service import ChatService
+from ..cluster.memory import MemoryState
+from ..cluster.router import Cluster
+from ..cluster.shared import SharedState
+from ..config.schema import GatewayConfig
+from .errors import Handler, error_middleware
+from ..core.refusals import HttpError
+from ..access.jwks import provider_keys
+from ..core.limits import Admission, Limited
+from ..ops.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ..chat.registry import Registry
+from .state import GATEWAY, Gateway
+from ..ops.stopping import within
+from ..access.tickets import Tickets
+from . import sse, ws
+from .admit import count_refusal, identify, preflight
+
+__all__ = ["STATIC_DIR", "create_app"]
+
+log = structlog.get_logger("adk_gateway.edge.app")
+
+STATIC_DIR = Path(__file__).parents[1] / "static"
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# How often gated calls past their deadline are timed out. Deadlines are minutes long in practice;
+# a quarter second keeps tests with 1 s timeouts fast and costs nothing measurable.
+_DEADLINE_TICK = 0.25
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind ids for every log line of this request, then write one access line and count it."""
+    incoming = request.headers.get("X-Request-Id", "")
+    request_id = incoming if _REQUEST_ID.match(incoming) else secrets.token_hex(8)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers.setdefault("X-Request-Id", request_id)
+            # Error answers too: a cross-origin page must be able to read why it was refused.
+            response.headers.update(request.app[GATEWAY].auth.cors_headers(request))
+        return response
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        request.app[GATEWAY].metrics.count_request(route, request.method, str(status))
+        log.info(
+            "http_request", method=request.method, path=request.path, route=route, status=status,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+
+
+async def demo_page(request: web.Request) -> web.StreamResponse:
+    page = STATIC_DIR / "demo" / "index.html"
+    if not page.is_file():
+        raise HttpError(404, "demo_not_built", "the demo page is not built: run `make run` (it builds it)")
+    return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when the default agent's upstream, and the shared session store, answer. Every agent's
+    upstream is reported under `agents`; another agent's outage leaves the replica ready (the
+    balancer cannot route around one agent) and shows as `adk_gateway_upstream_up{agent}` 0."""
+    gateway = request.app[GATEWAY]
+    agents = {agent.name: "up" if agent.up else "unreachable" for agent in gateway.agents}
+    status = readiness(gateway)
+    body: dict[str, object] = {"status": status, "agents": agents}
+    if gateway.jwks is not None:
+        # Detail, not readiness: the keys held keep working while the provider is down.
+        body["jwks"] = gateway.jwks.cache.status
+    return web.json_response(body, status=200 if status == "ready" else 503)
+
+
+def readiness(gateway: Gateway) -> str:
+    """What /readyz says (and `adk_gateway_ready` counts): "ready", or why not."""
+    if gateway.draining:
+        return "draining"
+    if not gateway.agents.default.up:
+        return "upstream_unreachable"
+    if not gateway.cluster.available:
+        return "sessions_unavailable"
+    if gateway.cluster.restoring:
+        # Redis came back empty: new chats are refused until every owner has written its chats back.
+        return "sessions_restoring"
+    return "ready"
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    """The agents the caller may use, and their routes: what a page needs to offer a choice."""
+    gateway = request.app[GATEWAY]
+    identity = await identify(request)
+    try:
+        gateway.admission.check_rate(identity.user_id, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+    config = gateway.config
+    agents = [
+        {"name": name, "default": name == config.default, "mode": agent.upstream.mode,
+         "api": f"/agents/{name}/api/chat", "ws": f"/agents/{name}/api/chat/ws"}
+        for name, agent in config.agents.items() if gateway.auth.may_use(identity, agent.access)
+    ]
+    return web.json_response({"default": config.default, "agents": agents})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _enforce_deadlines(gateway: Gateway) -> None:
+    while True:
+        await asyncio.sleep(_DEADLINE_TICK)
+        expired = gateway.chats.gates.expire_due()
+        if expired:
+            log.info("gates_timed_out", count=expired)
+
+
+async def _sweep_idle_chats(gateway: Gateway) -> None:
+    while True:
+        ttl = gateway.config.chat.idle_chat_ttl  # read each time: a reload may change it
+        await asyncio.sleep(min(ttl, 60.0))
+        now = gateway.clock()
+        forgotten = await gateway.cluster.forget_idle(now - ttl)
+        gateway.admission.forget_idle_buckets(now)
+        if forgotten:
+            log.info("idle_chats_forgotten", count=forgotten)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    gateway = app[GATEWAY]
+    gateway.metrics.watch_gc()
+    await gateway.agents.start()
+    if gateway.jwks is not None:
+        gateway.jwks.open()
+    await gateway.cluster.start()
+    log.info(
+        "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
+        agents=[agent.name for agent in gateway.agents],
+    )
+    duties = [
+        asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
+        asyncio.create_task(_enforce_deadlines(gateway), name="deadline-sweeper"),
+    ]
+    yield
+    for task in duties:
+        task.cancel()
+    await asyncio.gather(*duties, return_exceptions=True)
+    await gateway.chats.close()
+    await gateway.cluster.close()
+    await gateway.agents.close()
+    if gateway.jwks is not None:
+        await gateway.jwks.close()
+    if gateway.background:
+        await within(asyncio.gather(*gateway.background, return_exceptions=True), 2.0, what="background clean-ups")
+    gateway.metrics.unwatch_gc()
+
+
+def shared_state(config: GatewayConfig) -> SharedState:
+    """The configured backend for what replicas share, as this replica's view of it."""
+    replica_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
+    sessions = config.sessions
+    if sessions.backend == "memory":
+        return MemoryState(replica_id)
+    from ..cluster.redis import RedisState
+    from ..cluster.sealing import Seal
+
+    assert sessions.redis_url is not None  # the config requires it with backend redis
+    return RedisState(
+        replica_id, sessions.redis_url.get_secret_value(), prefix=sessions.key_prefix,
+        heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
+        seal=Seal(config.seal_secrets()),  # the config refuses backend redis without one
+    )
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    metrics_ = GatewayMetrics()
+    metrics_.know_agents(config)
+    registry = Registry(config.limits.max_chats_per_user)
+    agents = Agents(config, on_health=metrics_.upstream_health)
+    chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
+    jwks = provider_keys(config.auth, metrics_.jwks_fetched)
+    shared = shared_state(config)
+    gateway = Gateway(
+        config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
+        agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
+        admission=Admission(config.limits), tickets=Tickets(shared), jwks=jwks,
+    )
+    metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
+    metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
+    app = web.Application(
+        middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
+    )
+    app[GATEWAY] = gateway
+    app.cleanup_ctx.append(_lifecycle)
+    app.add_routes(sse.routes())
+    app.add_routes(ws.routes())
+    # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
+    app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
+    if config.demo.page:
+        app.add_routes([web.get("/", demo_page)])
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    # An app on an allowed origin may read the list cross-origin, with its credential in a header.
+    app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", preflight)])
+    if config.metrics.enabled and config.metrics.listener == "public":
+        app.add_routes([web.get(config.metrics.path, metrics)])
+    return app
+

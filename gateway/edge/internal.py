@@ -1,0 +1,173 @@
+"""The internal listener: where the gateway's ADK plugin asks what to do with a gated tool call.
+
+It is a separate aiohttp Application on its own host and port (loopback by default), so nothing
+here is reachable through the browser-facing routes. Every request carries the shared secret as a
+bearer token, compared in constant time: `internal.secret`, or during a rotation
+`internal.previous_secret` (each use of which is logged, so the operator sees which agents still
+have to move to the new one before it is dropped).
+
+- `GET /internal/v1/policy?app_name=APP`: the tool policy of the agent whose ADK app is APP, so
+  the plugin only calls back for gated tools (404 for an app no agent has). A tool marked
+  `confirm` (the agent's `upstream.approvals: confirm`) is gated by ADK's own confirmation
+  instead: the plugin asks ADK, not this listener. Without `app_name`
+  (a plugin from before several agents): every agent's policies merged, each tool as gated as
+  any agent has it.
+- `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
+  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
+- `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
+  when the new file is bad (the old config stays).
+- `GET /metrics` (`metrics.path`), with `metrics.listener: internal`: the Prometheus metrics,
+  without the secret, which a scraper holding it could also use to call the routes above.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from ..config.agent import ToolPolicy
+from .app import metrics as metrics_page
+from ..config.schema import GatewayConfig
+from .errors import error_middleware
+from ..core.refusals import HttpError
+from .reload import reload_config
+from .state import GATEWAY
+
+__all__ = ["create_internal_app"]
+
+log = structlog.get_logger("adk_gateway.edge.internal")
+
+
+class ToolCallRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    app_name: str = Field(min_length=1, max_length=256)
+    user_id: str = Field(min_length=1, max_length=256)
+    session_id: str = Field(min_length=1, max_length=256)
+    function_call_id: str = Field(min_length=1, max_length=256)
+    tool: str = Field(min_length=1, max_length=256)
+    args: dict = Field(default_factory=dict)
+    invocation_id: str | None = None
+
+
+_METRICS_ROUTE = "metrics"
+
+
+def _matches(given: bytes, secret: SecretStr | None) -> bool:
+    expected = secret.get_secret_value().encode() if secret is not None else b""
+    # Compared first, whatever is configured; an empty secret authenticates nobody (an unset
+    # ${VAR:-} must not open the listener).
+    return hmac.compare_digest(given, expected) and bool(expected)
+
+
+@web.middleware
+async def require_secret(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    if request.match_info.route.name == _METRICS_ROUTE:
+        return await handler(request)
+    gateway = request.app[GATEWAY]
+    settings = gateway.config.internal
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip().encode()
+    # Both compared every time: which one matched must not show in the timing either.
+    current, previous = _matches(given, settings.secret), _matches(given, settings.previous_secret)
+    if not (current or previous):
+        gateway.metrics.plugin_requests.labels("", "unauthorized").inc()
+        log.warning("internal_unauthorized", path=request.path)
+        raise HttpError(401, "unauthorized", "missing or wrong internal secret")
+    if previous and not current:
+        log.warning(
+            "internal_previous_secret_used", path=request.path,
+            detail="an agent still authenticates with internal.previous_secret: restart it with the new "
+            "ADK_GATEWAY_SECRET before dropping previous_secret",
+        )
+    return await handler(request)
+
+
+def _entry(p: ToolPolicy, confirm: bool = False) -> dict[str, object]:
+    return {
+        "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
+        # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
+        # A plugin from before this key ignores it and blocks: still gated.
+        "confirm": confirm, "hint": p.hint,
+    }
+
+
+def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
+    """Every agent's tool policy as one, for a plugin that does not say its app: a tool is as gated
+    as the agent that gates it most (fail closed: no agent's gated tool runs unasked)."""
+    agents = list(config.agents.values())
+    names = {name for agent in agents for name in agent.tools} | {"default"}
+    merged = {}
+    for name in sorted(names):
+        policies = [agent.tool_policy(name) for agent in agents]
+        merged[name] = {
+            "approval": any(p.approval for p in policies),
+            "runs_in": "browser" if any(p.runs_in == "browser" for p in policies) else "server",
+            "timeout": max((p.timeout for p in policies if p.gated), default=policies[0].timeout),
+            "gated": any(p.gated for p in policies),
+            "non_blocking": all(p.non_blocking for p in policies),
+            # Without the app, the plugin blocks (hold): it gates for every agent alike.
+            "confirm": False,
+            "hint": None,
+        }
+    return merged
+
+
+async def policy(request: web.Request) -> web.Response:
+    config = request.app[GATEWAY].config
+    app = request.query.get("app_name")
+    if app is None:
+        tools = merged_policy(config)
+    else:
+        agent = config.agent_for_app(app)
+        if agent is None:
+            log.warning("policy_for_unknown_app", app_name=app)
+            raise HttpError(404, "agent_not_found", f"no agent of this gateway has the ADK app name {app!r}")
+        settings = config.agents[agent]
+        tools = {name: _entry(p, settings.confirms(name)) for name, p in settings.tools.items()}
+    return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
+
+
+async def tool_call(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        body = ToolCallRequest.model_validate_json(await request.read())
+    except ValidationError as exc:
+        gateway.metrics.plugin_requests.labels("", "invalid").inc()
+        first = exc.errors()[0]
+        raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    structlog.contextvars.bind_contextvars(
+        session_id=body.session_id, tool_call_id=body.function_call_id, tool=body.tool
+    )
+    verdict, result = await gateway.cluster.gate(
+        app_name=body.app_name, user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
+        tool=body.tool, args=body.args,
+    )
+    # The agent label is bounded by the config: an app no agent has counts under "".
+    gateway.metrics.plugin_requests.labels(gateway.config.agent_for_app(body.app_name) or "", result).inc()
+    return web.json_response(verdict.as_json())
+
+
+async def reload(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    if gateway.config_path is None:
+        raise HttpError(409, "no_config_file", "this gateway was not started from a config file")
+    result = reload_config(gateway, gateway.config_path)
+    return web.json_response(result.as_json(), status=200 if result.ok else 422)
+
+
+def create_internal_app(public: web.Application) -> web.Application:
+    """The internal Application, sharing the public one's state."""
+    app = web.Application(middlewares=[error_middleware, require_secret], client_max_size=1024 * 1024)
+    app[GATEWAY] = public[GATEWAY]
+    app.add_routes([
+        web.get("/internal/v1/policy", policy),
+        web.post("/internal/v1/tool-calls", tool_call),
+        web.post("/internal/v1/reload", reload),
+    ])
+    metrics = app[GATEWAY].config.metrics
+    if metrics.enabled and metrics.listener == "internal":
+        app.add_routes([web.get(metrics.path, metrics_page, name=_METRICS_ROUTE)])
+    return app

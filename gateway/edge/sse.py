@@ -1,0 +1,206 @@
+"""The SSE transport: the AI SDK's `DefaultChatTransport` over HTTP.
+
+`POST /api/chat` starts (or continues) a chat turn and streams it; `GET /api/chat/{id}/stream` is
+the AI SDK's `resume: true` route: it replays the whole assistant message the chat's latest
+response belongs to (a `Reader` (chat/response.py) of the whole message) and follows it, or answers 204 when there is none. Those are the default agent's; every agent has the same routes
+under `/agents/{name}`. Handlers only admit, parse and follow; chat/service.py does the rest.
+Responses idle for `chat.keepalive_interval` get a `: keep-alive` comment line, which the AI SDK
+ignores and which keeps proxies with idle timeouts from cutting the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final
+
+import structlog
+from aiohttp import web
+
+from ..chat.service import Attachment
+from ..core.refusals import HttpError, refusal
+from ..core.limits import Limited
+from ..core.chat_request import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
+from ..core.protocol import (
+    DONE_FRAME,
+    SSE_HEADERS,
+    VERSION_HEADER,
+    encode_chunk,
+    sse_frame,
+    sse_frames,
+)
+from ..chat.chunk_log import Feed, FollowerLagged, Reader
+from .state import GATEWAY
+from .admit import Caller, admit, count_refusal, preflight
+from .aiohttp_raw import chunk_writer, forget_body
+
+__all__ = ["routes"]
+
+log = structlog.get_logger("adk_gateway.edge.sse")
+
+_TRANSPORT: Final = "sse"
+_KEEPALIVE: Final = b": keep-alive\n\n"
+
+
+async def post_chat(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    caller = await admit(request)
+    user_id = caller.user_id
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Browsers never compress request bodies; aiohttp's decoders can wait forever on a
+        # truncated deflate stream and answer unsupported ones in plain text.
+        raise HttpError(415, "unsupported_encoding", "compressed request bodies are not accepted")
+    try:
+        async with asyncio.timeout(gateway.config.chat.body_timeout):
+            raw = await request.read()
+    except TimeoutError:
+        count_refusal(request, "body_timeout")
+        raise HttpError(408, "body_timeout", "the request body did not arrive in time") from None
+    except web.HTTPRequestEntityTooLarge:
+        count_refusal(request, "body_too_large")
+        raise
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        # A body that does not decode (e.g. Content-Encoding: gzip over bytes that are not gzip).
+        raise HttpError(400, "invalid_body", f"the request body could not be read: {type(exc).__name__}") from None
+    try:
+        chat_request = parse_chat_request(
+            raw, version_header=request.headers.get(VERSION_HEADER), default_version=gateway.config.chat.default_protocol
+        )
+    except InvalidRequest as exc:
+        raise HttpError(400, "invalid_request", str(exc)) from None
+    del raw  # a held stream keeps neither the body nor, once submitted, the parsed request
+    chat_id = chat_request.chat_id
+    structlog.contextvars.bind_contextvars(chat_id=chat_id)
+    slot = _open_stream(request, user_id)
+    try:
+        attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request)
+    except Exception as exc:
+        slot.release()
+        answer = refusal(exc)
+        if answer is None:
+            raise
+        if isinstance(exc, Limited):
+            count_refusal(request, exc.code)
+        raise answer from None
+    finally:
+        del chat_request
+        forget_body(request)  # nothing reads the body again
+    try:
+        return await _stream(request, attachment, caller, chat_id)
+    finally:
+        slot.release()
+
+
+async def resume_stream(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    caller = await admit(request, new_work=False)
+    chat_id = request.match_info["chat_id"]
+    structlog.contextvars.bind_contextvars(chat_id=chat_id)
+    try:
+        attachment = await gateway.cluster.resume(caller.agent, caller.user_id, chat_id)
+    except Exception as exc:
+        answer = refusal(exc)
+        if answer is None:
+            raise
+        raise answer from None
+    if attachment is None:
+        return web.Response(status=204, headers=gateway.auth.cors_headers(request))
+    try:
+        slot = _open_stream(request, caller.user_id)
+    except Limited:
+        attachment.response.close()
+        raise
+    try:
+        return await _stream(request, attachment, caller, chat_id)
+    finally:
+        slot.release()
+
+
+def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped-def]
+    try:
+        return request.app[GATEWAY].admission.open_stream(user_id)
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+
+
+def _connected(request: web.Request) -> Callable[[], bool]:
+    """Whether the browser is still there: aiohttp drops the transport when the connection is lost,
+    which a write would only notice at the next chunk (a tool call may be minutes away)."""
+
+    def connected() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    return connected
+
+
+async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
+    feed = attachment.response
+    # A chat whose response nobody reads takes the person's next message (chat/service.py).
+    feed.connected = _connected(request)
+    try:
+        return await _follow(request, feed, caller, chat_id)
+    finally:
+        feed.close()
+
+
+async def _follow(request: web.Request, feed: Feed, caller: Caller, chat_id: str) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
+    request_id = structlog.contextvars.get_contextvars().get("request_id", "")
+    response = web.StreamResponse(
+        headers={**SSE_HEADERS, **gateway.auth.cors_headers(request), "X-Request-Id": request_id}
+    )
+    await response.prepare(request)
+    gauge.inc()
+    completed = False
+    idle = gateway.config.chat.keepalive_interval
+    write_chunk = chunk_writer(response) if isinstance(feed, Reader) else None
+    try:
+        if isinstance(feed, Reader) and write_chunk is not None:
+            batches = feed.follow_direct(lambda frames: write_chunk(sse_frames(frames)), idle=idle)
+        else:
+            batches = feed.follow(idle=idle)
+        async for batch in batches:
+            await response.write(sse_frames(batch) if batch else _KEEPALIVE)
+        # With the body's end: one send instead of two, per response (and so per turn).
+        await response.write_eof(DONE_FRAME)
+        completed = True
+    except FollowerLagged as exc:
+        log.warning("follower_lagged", reason=str(exc))
+        error = {"type": "error", "errorText": "This response fell too far behind and cannot continue; reload the chat."}
+        await response.write_eof(sse_frame(encode_chunk(error)) + DONE_FRAME)
+        completed = True
+    except ConnectionError:
+        log.info("client_disconnected")
+    except Exception:
+        # Headers are gone already: no JSON 500 can follow. End the stream as the AI SDK expects.
+        log.exception("stream_failed")
+        error = {"type": "error", "errorText": "The gateway failed while streaming this response."}
+        try:
+            await response.write_eof(sse_frame(encode_chunk(error)) + DONE_FRAME)
+        except ConnectionError:
+            pass
+    finally:
+        gauge.dec()
+        if not completed and gateway.config.chat.on_disconnect == "cancel":
+            await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
+    return response
+
+
+def routes() -> list[web.RouteDef]:
+    stream_path = "/api/chat/{chat_id:" + CHAT_ID_PATTERN.strip("^$") + "}/stream"
+    out = []
+    # `/api/chat` is the default agent's; each agent also has its own base path.
+    for base in ("", "/agents/{agent}"):
+        out += [
+            web.post(base + "/api/chat", post_chat),
+            web.options(base + "/api/chat", preflight),
+            web.get(base + stream_path, resume_stream),
+            web.options(base + stream_path, preflight),
+        ]
+    return out

@@ -1,0 +1,67 @@
+"""The application's state: one `Gateway` object hung off the aiohttp Application.
+
+Everything that lives longer than a request (config, metrics, the registry, the agents and their
+upstream clients, the chat service) is reached through `request.app[GATEWAY]`; nothing is module-global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..upstream.agents import Agents
+from ..access.auth import Authenticator
+from ..chat.service import ChatService
+from ..cluster.router import Cluster
+from ..config.schema import GatewayConfig
+from ..access.jwks import Jwks
+from ..core.limits import Admission
+from ..ops.metrics import GatewayMetrics
+from ..chat.registry import Registry
+from ..access.tickets import Tickets
+
+__all__ = ["GATEWAY", "Gateway"]
+
+
+@dataclass(eq=False)
+class Gateway:
+    config: GatewayConfig
+    metrics: GatewayMetrics
+    registry: Registry
+    auth: Authenticator
+    # The agents served, each with its upstream client and health (upstream/agents.py).
+    agents: Agents
+    chats: ChatService
+    # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
+    cluster: Cluster
+    admission: Admission
+    # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
+    tickets: Tickets
+    clock: Callable[[], float] = time.monotonic
+    draining: bool = False
+    # Open browser WebSockets, so a drain can close them with 1001.
+    sockets: set[web.WebSocketResponse] = field(default_factory=set)
+    # The file the config came from, for reloads (None: built in code, nothing to reload), and
+    # that file as it was at start (reloads compare against it to say what needs a restart).
+    config_path: Path | None = None
+    started_from: GatewayConfig | None = None
+    # `--upstream-mode`, which a reload keeps applying to every agent.
+    upstream_mode: str | None = None
+    # The identity provider's keys, when auth.jwt takes them from it (access/jwks.py).
+    jwks: Jwks | None = None
+    # Short clean-ups started where nothing can await them (a reload closing what it replaced).
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+GATEWAY = web.AppKey("gateway", Gateway)

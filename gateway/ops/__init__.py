@@ -1,0 +1,2 @@
+"""What operators see and rely on: metrics, structured logs, and bounded stops.
+"""

@@ -1,0 +1,349 @@
+"""Prometheus metrics: every series the gateway exports, in one registry per application.
+
+The registry hangs off the application rather than prometheus_client's global default, so two
+gateways in one process (the tests run several) never share counters. Names and labels here are
+the contract with dashboards and alerts; docs/metrics.md documents each one. So are the label
+values in `KNOWN_LABEL_VALUES` and `TOOL_OUTCOMES`: every one is exported at 0 from the start.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from ..config.agent import ToolPolicy
+    from ..config.schema import GatewayConfig
+
+__all__ = ["AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "GatewayMetrics"]
+
+# Approvals wait for people: from seconds to an hour.
+_APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# Garbage collector pauses stall every stream at once: from a young collection (~1 ms) to a full one.
+_GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+# Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
+_FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def _each(*values: str) -> tuple[tuple[str, ...], ...]:
+    return tuple((v,) for v in values)
+
+
+# Every label-value tuple each labelled series is counted with, by GatewayMetrics attribute. All are
+# exported at 0 from construction: `increase()` needs a sample from before an event to see it, and a
+# series born at its first increment has none, so an alert on it would miss the first event after
+# every restart. tests/unit/test_metrics.py fails when gateway/ counts with a value missing here.
+# Not listed, so born at first use: http_requests (any status), chunks (any chunk type), and the
+# per-tool series, which `GatewayMetrics.know_agents` creates from each agent's tool policy.
+# Metrics in AGENT_LABELLED carry the agent first; their values here are those after it, and
+# `know_agents` creates them for each agent of the config.
+KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
+    "active_streams": _each("sse", "ws"),
+    "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
+    "runs": _each("completed", "waiting", "error", "cancelled"),
+    "plugin_requests": _each(
+        "run", "respond", "not_gated", "no_browser", "too_many_pending", "unauthorized", "invalid",
+        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent",
+    ),
+    "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
+    + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
+    "audio_bytes": _each("in", "out"),
+    "limited": _each(
+        "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
+        "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
+        "agent_not_allowed", "origin_required", "header_timeout",
+    ),
+    "config_reloads": _each("success", "failure"),
+    "jwks_fetches": _each("success", "failure"),
+    "ws_tickets": _each("issued", "redeemed", "refused"),
+    "forwarded": _each("out", "in"),
+    "owner_lost": _each("run", "approval", "gated_call", "stream"),
+    "gc_pause": _each("0", "1", "2"),
+})
+
+# The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
+# Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
+AGENT_LABELLED: frozenset[str] = frozenset({
+    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
+    "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
+})
+
+# The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
+TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "approval_wait": ("approved", "denied", "timeout", "cancelled", "abandoned"),
+    "browser_tool_wait": ("output", "error", "timeout", "cancelled", "abandoned"),
+})
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._browser_series(self.registry)
+        self._upstream_series(self.registry)
+        self._approval_series(self.registry)
+        self._gateway_series(self.registry)
+        self._gc_series(self.registry)
+        self._export_known_at_zero()
+
+    def _browser_series(self, r: CollectorRegistry) -> None:
+        """What browsers asked and were answered: requests, streams, chunks, WebSocket frames, refusals."""
+        self.http_requests = Counter(
+            "adk_gateway_http_requests_total", "HTTP requests answered, by route, method and status.",
+            ["route", "method", "status"], registry=r,
+        )
+        # Its children by (route, method, status): every request counts one, and prometheus_client's
+        # labels() validates and locks per call (~1.5% of a short turn's CPU, bench turns phase).
+        self._http_children: dict[tuple[str, str, str], Any] = {}
+        self.active_streams = Gauge(
+            "adk_gateway_active_streams", "Browser responses being streamed right now, by transport.",
+            ["transport"], registry=r,
+        )
+        # Counted in a plain dict and exported by a collector: a labelled Counter takes a lock per
+        # inc(), a measurable share of an event's cost on the hot path.
+        # UI chunks emitted by type: a plain dict that the run drivers add to directly (a Counter
+        # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
+        self.chunk_counts: dict[str, int] = {}
+        r.register(_ChunkCollector(self.chunk_counts))
+        self.ws_connections = Gauge(
+            "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
+        )
+        self.ws_frames = Counter(
+            "adk_gateway_ws_frames_total", "WebSocket frames, by direction (in, out) and frame type.",
+            ["direction", "type"], registry=r,
+        )
+        self.audio_bytes = Counter(
+            "adk_gateway_audio_bytes_total", "Audio bytes relayed, by direction (in: browser to agent, out).",
+            ["direction"], registry=r,
+        )
+        self.limited = Counter(
+            "adk_gateway_limited_total", "Requests refused by a limit, by reason (rate_limited, too_many_streams, "
+            "gateway_busy, too_many_chats, too_many_messages, body_too_large, body_timeout, header_timeout, draining, "
+            "unauthorized, origin_not_allowed, ...).",
+            ["reason"], registry=r,
+        )
+
+    def _upstream_series(self, r: CollectorRegistry) -> None:
+        """Each agent's upstream: its health, its errors, its runs and live sessions."""
+        self.upstream_errors = Counter(
+            "adk_gateway_upstream_errors_total",
+            "Failed upstream interactions, by agent and kind (connect, timeout, reset, http, protocol, session_missing, run_error).",
+            ["agent", "kind"], registry=r,
+        )
+        self.upstream_first_event = Histogram(
+            "adk_gateway_upstream_first_event_seconds", "From sending a run upstream to its first event, by agent.",
+            ["agent"], buckets=_FIRST_EVENT_BUCKETS, registry=r,
+        )
+        self.upstream_up = Gauge(
+            "adk_gateway_upstream_up", "1 when the last health probe of the agent's upstream succeeded, by agent.",
+            ["agent"], registry=r,
+        )
+        self.runs = Counter(
+            "adk_gateway_runs_total", "Upstream runs finished, by agent and outcome (completed, waiting, error, cancelled).",
+            ["agent", "outcome"], registry=r,
+        )
+        self.live_sessions = Gauge(
+            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
+        )
+
+    def _approval_series(self, r: CollectorRegistry) -> None:
+        """Tool calls that wait for a person, and what the ADK plugin asked."""
+        self.approvals_pending = Gauge(
+            "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision, by agent.", ["agent"], registry=r
+        )
+        self.approval_wait = Histogram(
+            "adk_gateway_approval_wait_seconds",
+            "From an approval request reaching the browser to the decision, by agent, tool and outcome "
+            "(approved, denied, timeout, cancelled, abandoned).",
+            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+        )
+        self.approval_timeouts = Counter(
+            "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by agent and tool.",
+            ["agent", "tool"], registry=r,
+        )
+        self.browser_tool_wait = Histogram(
+            "adk_gateway_browser_tool_wait_seconds",
+            "From a browser tool call being handed to the browser to its output, by agent, tool and outcome "
+            "(output, error, timeout, cancelled, abandoned).",
+            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+        )
+        self.plugin_requests = Counter(
+            "adk_gateway_plugin_requests_total",
+            "Decision requests from the ADK plugin, by agent (\"\" when the request names no agent's app) and "
+            "result (run, respond, not_gated, no_browser, too_many_pending, unknown_agent, unauthorized, invalid).",
+            ["agent", "result"], registry=r,
+        )
+        self.policy_bypassed = Counter(
+            "adk_gateway_policy_bypassed_total",
+            "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
+            ["agent", "tool"], registry=r,
+        )
+
+    def _gateway_series(self, r: CollectorRegistry) -> None:
+        """The gateway's own state: reloads, readiness, drain, identity keys, replicas."""
+        self.config_reloads = Counter(
+            "adk_gateway_config_reloads_total", "Configuration reloads, by result (success, failure).",
+            ["result"], registry=r,
+        )
+        self.config_last_reload = Gauge(
+            "adk_gateway_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful configuration load.", registry=r,
+        )
+        self.draining = Gauge("adk_gateway_draining", "1 while the gateway drains before stopping.", registry=r)
+        self.jwks_fetches = Counter(
+            "adk_gateway_jwks_fetches_total",
+            "Fetches of the identity provider's signing keys (auth.jwt.jwks_url or discovery), by result.",
+            ["result"], registry=r,
+        )
+        self.jwks_up = Gauge(
+            "adk_gateway_jwks_up",
+            "1 when the last fetch of the identity provider's keys succeeded; 0 while it fails (the keys held "
+            "keep working). Absent without provider keys.", registry=r,
+        )
+        self.ws_tickets = Counter(
+            "adk_gateway_ws_tickets_total",
+            "WebSocket tickets (POST .../api/chat/ws-ticket), by outcome: issued, redeemed by a handshake, "
+            "refused (unknown, used, expired, or issued for another agent, origin or auth settings).",
+            ["outcome"], registry=r,
+        )
+        self.ready = Gauge(
+            "adk_gateway_ready", "1 when /readyz answers 200 (the default agent's upstream and the session store up, "
+            "not draining), else 0.", registry=r,
+        )
+        self.sessions_up = Gauge(
+            "adk_gateway_sessions_backend_up",
+            "1 when the shared session store (sessions.backend) is reachable; always 1 for memory.", registry=r,
+        )
+        self.forwarded = Counter(
+            "adk_gateway_forwarded_total",
+            "Requests forwarded between replicas, by direction (out: sent to the chat's owner, in: served for another replica).",
+            ["direction"], registry=r,
+        )
+        self.owner_lost = Counter(
+            "adk_gateway_owner_lost_total",
+            "Work lost with a dead replica, by what (run: a chat taken over mid-run, approval: an answer to one "
+            "of its calls, gated_call: a plugin request released fail-closed, stream: a relayed response cut).",
+            ["what"], registry=r,
+        )
+
+    def _gc_series(self, r: CollectorRegistry) -> None:
+        """The garbage collector's pauses (watch_gc)."""
+        self.gc_pause = Histogram(
+            "adk_gateway_gc_pause_seconds",
+            "Python garbage collector pauses (the event loop, and so every stream, stands still), by generation.",
+            ["generation"], buckets=_GC_PAUSE_BUCKETS, registry=r,
+        )
+        self._gc_started = 0.0
+        self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
+
+    def _export_known_at_zero(self) -> None:
+        """Every known label value at 0 from the start (KNOWN_LABEL_VALUES says why)."""
+        for attribute, label_sets in KNOWN_LABEL_VALUES.items():
+            if attribute in AGENT_LABELLED:
+                continue  # per agent: know_agents
+            metric = getattr(self, attribute)
+            for values in label_sets:
+                metric.labels(*values)
+        # Plugin requests that name no agent's app (unauthorized, invalid, an unknown app).
+        for values in KNOWN_LABEL_VALUES["plugin_requests"]:
+            self.plugin_requests.labels("", *values)
+
+    def count_request(self, route: str, method: str, status: str) -> None:
+        """Count one answered request. `route` is a route template or "unmatched", never the path;
+        a method outside the standard ones counts as "other" (aiohttp's pure-Python parser takes any
+        token as a method: each would otherwise be a new series)."""
+        if method not in HTTP_METHODS:
+            method = "other"
+        key = (route, method, status)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children[key] = self.http_requests.labels(route, method, status)
+        child.inc()
+
+    def jwks_fetched(self, ok: bool) -> None:
+        self.jwks_fetches.labels("success" if ok else "failure").inc()
+        self.jwks_up.set(1 if ok else 0)
+
+    def upstream_health(self, agent: str, up: bool) -> None:
+        self.upstream_up.labels(agent).set(1 if up else 0)
+
+    def know_agents(self, config: GatewayConfig) -> None:
+        """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls
+        it again for the agents and tools it adds; series of agents it removes stay (at their last value)."""
+        for name, agent in config.agents.items():
+            for attribute in ("upstream_up", "approvals_pending", "live_sessions", "upstream_first_event"):
+                getattr(self, attribute).labels(name)
+            for attribute in AGENT_LABELLED & KNOWN_LABEL_VALUES.keys():
+                metric = getattr(self, attribute)
+                for values in KNOWN_LABEL_VALUES[attribute]:
+                    metric.labels(name, *values)
+            self.know_tools(name, agent.tools)
+
+    def know_tools(self, agent: str, tools: Mapping[str, ToolPolicy]) -> None:
+        """Export the per-tool series of each tool the policy names, at 0 until counted.
+
+        Only the series a tool's policy can move: a tool without approval never times out waiting
+        for a person. `default` names no tool (the tools it covers show up when first counted).
+        Idempotent, so a reload calls it again for the tools it adds; series of tools it drops stay.
+        """
+        for name, policy in tools.items():
+            if name == "default":
+                continue
+            if policy.gated:
+                self.policy_bypassed.labels(agent, name)
+            if policy.approval:
+                self.approval_timeouts.labels(agent, name)
+                for outcome in TOOL_OUTCOMES["approval_wait"]:
+                    self.approval_wait.labels(agent, name, outcome)
+            if policy.runs_in == "browser":
+                for outcome in TOOL_OUTCOMES["browser_tool_wait"]:
+                    self.browser_tool_wait.labels(agent, name, outcome)
+
+    def watch_gc(self) -> None:
+        """Time the collector's pauses into `adk_gateway_gc_pause_seconds` until `unwatch_gc`."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_pause_by_generation[info["generation"]].observe(time.perf_counter() - self._gc_started)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ChunkCollector(Collector):
+    """`adk_gateway_chunks_total{type}` from the gateway's plain counts (one event loop, no lock)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])
+        for chunk_type, count in list(self._counts.items()):
+            family.add_metric([chunk_type], count)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])

@@ -1,0 +1,169 @@
+"""How a chat's runs reach ADK: the event stream of one turn, over `/run_sse` or the chat's live session.
+
+`AgentRuns` makes sure the chat's ADK session exists on its agent's upstream, re-creates it once if
+the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, upstream/live.py) open
+across its turns, while a browser is there to take them: a session whose browser socket closed
+mid-turn is closed when that turn ends (a live model connection is paid for while it is open),
+and the next turn opens another. The turn's driver reads the events as a list per upstream read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import structlog
+
+from .agents import Agent, Agents
+from ..chat.record import Chat
+from .idle_reader import WaitSignal
+from .live import LiveLink
+from ..core.chat_request import ApprovalAnswer, confirmation_message
+from ..ops.metrics import GatewayMetrics
+from .client import AdkClient, SessionConfirmations, UpstreamError
+
+__all__ = ["AgentRuns"]
+
+log = structlog.get_logger("adk_gateway.upstream.runs")
+
+Batches = AsyncIterator[Iterable[dict[str, Any]]]
+
+
+class AgentRuns:
+    def __init__(self, agents: Agents, metrics: GatewayMetrics, clock: Callable[[], float]) -> None:
+        self._agents = agents
+        self.metrics = metrics
+        self._clock = clock
+
+    def _client(self, chat: Chat) -> AdkClient:
+        if chat.upstream is None:
+            chat.upstream = self._agents.need(chat.agent).client
+        return chat.upstream
+
+    async def take_upstream(self, chat: Chat, agent: Agent) -> None:
+        """Before a turn: move the chat to its agent's current upstream client if a reload changed
+        it (the session is checked again there, a live session reopened)."""
+        if chat.upstream is agent.client:
+            return
+        if chat.upstream is not None:
+            chat.session_ready = False
+            await self.close_live(chat)
+        chat.upstream = agent.client
+
+    async def ensure_session(self, chat: Chat) -> None:
+        if not chat.session_ready:
+            await self._client(chat).ensure_session(chat.user_id, chat.session_id)
+            chat.session_ready = True
+
+    async def confirmations(self, chat: Chat) -> SessionConfirmations:
+        """The native confirmations ADK's session asked and holds answers to (a round trip)."""
+        return await self._client(chat).confirmations(chat.user_id, chat.session_id)
+
+    def live(self, chat: Chat) -> bool:
+        """Whether the chat's turns run over a live session (its agent is in live mode)."""
+        agent = self._agents.get(chat.agent)
+        return agent is not None and agent.live
+
+    def turn(
+        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
+    ) -> Batches:
+        """The events of the turn that sends `message` (None: the native answers alone)."""
+        if self.live(chat):
+            return self._live_events(chat, message if message is not None else confirmation_message(native))
+        if native and message is not None:
+            return self._after_drain(chat, confirmation_message(native), message, wait)
+        # No wrapper generator for the usual turn: a held run keeps every frame it stacks.
+        return self._events(chat, message if message is not None else confirmation_message(native), wait)
+
+    async def _after_drain(
+        self, chat: Chat, answers: dict[str, Any], message: dict[str, Any], wait: WaitSignal
+    ) -> Batches:
+        # The person typed instead of answering: settle ADK's paused calls first, out of sight.
+        await self._drain(chat, answers)
+        del answers
+        async for batch in self._events(chat, message, wait):
+            yield batch
+            batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+
+    async def _events(self, chat: Chat, message: dict[str, Any], wait: WaitSignal | None) -> Batches:
+        """The run's events, a list per upstream read, re-creating the ADK session once if the
+        upstream lost it (a restart)."""
+        started = self._clock()
+        first = True
+        for attempt in (1, 2):
+            try:
+                async for batch in self._client(chat).run_sse_batches(
+                    user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait
+                ):
+                    if first:
+                        self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
+                        first = False
+                        message = {}  # never sent again once events came: a held run keeps no message
+                    yield batch
+                    batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+                return
+            except UpstreamError as exc:
+                if exc.kind != "session_missing" or attempt == 2 or not first:
+                    raise
+                self.metrics.upstream_errors.labels(chat.agent, exc.kind).inc()
+                log.info("session_recreated", reason="upstream lost the session")
+                chat.session_ready = False
+                await self.ensure_session(chat)
+
+    async def _drain(self, chat: Chat, message: dict[str, Any]) -> None:
+        async for batch in self._events(chat, message, None):
+            for event in batch:
+                if "error" in event and "author" not in event:
+                    log.warning("implicit_rejection_failed", reason=str(event.get("error")))
+
+    async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> Batches:
+        """One live turn's events, a list per wake-up; `message` is the user's content (None: the
+        turn is already under way)."""
+        link = await self.live_link(chat)
+        started = self._clock()
+        first = True
+        try:
+            async for batch in link.turn_batches({"content": message} if message is not None else None):
+                if first:
+                    self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
+                    first = False
+                yield batch
+        finally:
+            await self._turn_ended(chat)
+
+    async def audio_turn(self, chat: Chat, blob: dict[str, Any]) -> Batches:
+        """The live turn that the person's speech starts."""
+        link = await self.live_link(chat)
+        try:
+            async for batch in link.turn_batches(blob):
+                yield batch
+        finally:
+            await self._turn_ended(chat)
+
+    async def _turn_ended(self, chat: Chat) -> None:
+        # The browser left during the turn and has not come back: the session was kept only so the
+        # turn (and any approval it waited on) could end and be resumed; nobody is there to speak next.
+        if chat.browser_left:
+            chat.browser_left = False
+            await self.close_live(chat)
+            log.info("live_session_released", reason="the browser socket closed during the turn")
+
+    async def live_link(self, chat: Chat) -> LiveLink:
+        if chat.live is not None and chat.live.alive:
+            return chat.live
+        await self.ensure_session(chat)
+        modalities = list(self._agents.need(chat.agent).config.upstream.live_modalities)
+        connection = await self._client(chat).open_live(
+            user_id=chat.user_id, session_id=chat.session_id, modalities=modalities
+        )
+        sessions = self.metrics.live_sessions.labels(chat.agent)
+        sessions.inc()
+        chat.live = LiveLink(connection, on_closed=sessions.dec)
+        log.info("live_session_opened")
+        return chat.live
+
+    async def close_live(self, chat: Chat) -> None:
+        link, chat.live = chat.live, None
+        if link is not None:
+            await link.close()
+            log.info("live_session_closed", dropped_events=link.dropped)
