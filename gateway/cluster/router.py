@@ -152,7 +152,7 @@ class Cluster:
         if claim.local:
             if claim.orphaned_run is not None:
                 raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return self.chats.resume(agent, user_id, chat_id)
+            return await self.chats.resume_waiting(agent, user_id, chat_id)
         return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
 
     async def send_audio(
