@@ -1,0 +1,92 @@
+"""A page reloaded from scratch after the gateway lost its memory resumes into the waiting approval
+(issue 25, item 5): the stock ADK API server with the plugin in confirm mode (and, on the newest ADK,
+a tool's own `require_confirmation`), the real gateway killed (-9) and started again on the memory
+backend, and a fresh stock ai 6 / ai 7 Chat (tests/js/chat-driver.mjs) that calls resumeStream()
+over SSE and over WebSocket: it is shown the approval request again, approves, the continuation
+streams, and the payment runs exactly once (the demo's ledger of real executions).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chatflow import new_chat
+from tests.demo_rows import said, tool_states
+from tests.integration.test_adk_restart import native_stack
+from tests.integration.test_confirm_mode import adk, confirm_stack, runs  # noqa: F401 - adk is a fixture
+from tests.jsdriver import assert_clean, run_chats
+from tests.procs import GatewayProcess, gateway_process, request
+
+pytestmark = [pytest.mark.integration, pytest.mark.js, pytest.mark.timeout(900)]
+
+CLIENTS = [(6, "sse"), (7, "sse"), (6, "ws"), (7, "ws")]
+
+
+def _runs(gw: GatewayProcess, chats: dict[tuple[int, str], str], steps: list[dict]) -> dict[tuple[int, str], dict]:
+    batch = [
+        {"version": version, "api": f"{gw.base}/api/chat", "chat_id": chats[(version, transport)], "steps": steps,
+         "transport": transport, "ws_url": gw.base.replace("http", "ws", 1) + "/api/chat/ws"}
+        for version, transport in chats
+    ]
+    return dict(zip(chats, run_chats(batch, timeout=60)))
+
+
+def _asked_then_killed(gw: GatewayProcess, chats: dict[tuple[int, str], str]) -> None:
+    asked = _runs(gw, chats, [{"send": "pay 50 to Hanako"}])
+    for client, result in asked.items():
+        assert_clean(result)
+        assert tool_states(result) == ["approval-requested"], client
+    gw.proc.kill()  # kill -9: the gateway's memory (its chats, their runs, its ledger) is gone
+    gw.proc.wait()
+
+
+def _resumed_and_approved(gw: GatewayProcess, chats: dict[tuple[int, str], str]) -> dict[tuple[int, str], dict]:
+    # A fresh page: no messages of its own, it resumes, is shown the request, approves.
+    resumed = _runs(gw, chats, [{"resume": True, "approvals": "approve"}])
+    for client, result in resumed.items():
+        assert_clean(result)
+        assert result["status"] == "ready", client
+        [message] = result["messages"]
+        assert message["role"] == "assistant" and message["id"].startswith("msg-adk-"), message
+        assert tool_states(result) == ["output-available"], (client, message["parts"])
+        assert "Done: sent 50 USD to Hanako" in said(result), client
+        first = result["requests"][0]
+        if client[1] == "sse":
+            assert first["method"] == "GET" and first["status"] == 200, first
+        else:
+            assert first["type"] == "resume" and result["terminals"][0] == "end", result["terminals"]
+    return resumed
+
+
+def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
+    ledger = tmp_path / "ledger.jsonl"
+    chats = {client: new_chat() for client in CLIENTS}
+    with confirm_stack(tmp_path, adk, ledger) as (server, gw, extra):
+        _asked_then_killed(gw, chats)
+        assert runs(ledger) == []
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
+            _resumed_and_approved(again, chats)
+            # Each payment ran exactly once, each in its own chat.
+            assert sorted(r["session_id"] for r in runs(ledger)) == sorted(chats.values())
+            # Answered: a resume now replays the finished message, and nothing waits any more.
+            for chat in chats.values():
+                replay = request(again.base, "GET", f"/api/chat/{chat}/stream")
+                assert replay.status in (200, 204), replay.body[:300]
+            rebuilt = [line for line in again.log_lines() if line.get("event") == "approval_rebuilt"]
+            assert len(rebuilt) == len(chats), rebuilt
+        # A gateway started afresh once more: ADK's sessions wait for nothing, a resume is a 204.
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as third:
+            for chat in chats.values():
+                assert request(third.base, "GET", f"/api/chat/{chat}/stream").status == 204
+        assert len(runs(ledger)) == len(chats)
+
+
+def test_with_the_tool_s_own_require_confirmation_too(tmp_path: Path) -> None:
+    chats = {client: new_chat() for client in CLIENTS[:2]}
+    with native_stack(tmp_path, None, "memory://") as stack:
+        _asked_then_killed(stack.gateway, chats)
+        with gateway_process(tmp_path, stack.server.base, port=stack.gateway.port) as again:
+            _resumed_and_approved(again, chats)
+            assert sorted(p["session_id"] for p in stack.payments()) == sorted(chats.values())
