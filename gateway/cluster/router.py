@@ -15,7 +15,9 @@ When the owner is dead (no heartbeat for `sessions.owner_timeout`), the next req
 moves it here. The dead replica's run is lost with its ADK connection: a resume of it is answered
 410 `run_lost`, an answer to one of its approvals 410 `approval_gone` saying so, and a new message
 works as usual (ADK keeps the session). A plugin request waiting on the dead owner is released
-fail-closed: the tool does not run.
+fail-closed: the tool does not run. A chat whose run had ended (waiting on native confirmations,
+which ADK's session keeps) lost nothing: a resume here rebuilds its waiting message from that
+session (chats.py `resume_waiting`), and its answer works here as anywhere.
 
 This module also keeps the directory current: which run goes on in each chat this replica owns.
 With the memory backend there is one replica and every chat is local: nothing is forwarded.
