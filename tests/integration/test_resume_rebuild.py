@@ -3,7 +3,8 @@
 a tool's own `require_confirmation`), the real gateway killed (-9) and started again on the memory
 backend, and a fresh stock ai 6 / ai 7 Chat (tests/js/chat-driver.mjs) that calls resumeStream()
 over SSE and over WebSocket: it is shown the approval request again, approves, the continuation
-streams, and the payment runs exactly once (the demo's ledger of real executions).
+streams, and the payment runs exactly once (the demo's ledger of real executions). And with two
+replicas on Redis, a resume on the survivor of a kill -9 of the replica that asked.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.chatflow import new_chat
+from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import said, tool_states
 from tests.integration.test_adk_restart import native_stack
 from tests.integration.test_confirm_mode import adk, confirm_stack, runs  # noqa: F401 - adk is a fixture
 from tests.jsdriver import assert_clean, run_chats
+from tests.ops.stack import replicas, wait_until
 from tests.procs import GatewayProcess, gateway_process, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.js, pytest.mark.timeout(900)]
@@ -90,3 +92,31 @@ def test_with_the_tool_s_own_require_confirmation_too(tmp_path: Path) -> None:
         with gateway_process(tmp_path, stack.server.base, port=stack.gateway.port) as again:
             _resumed_and_approved(again, chats)
             assert sorted(p["session_id"] for p in stack.payments()) == sorted(chats.values())
+
+
+def test_a_resume_on_b_after_a_died_rebuilds_the_approval_a_asked(tmp_path: Path) -> None:
+    """Two replicas on Redis, confirm mode: A asked and its run ended (nothing lives in A but the
+    chat's record), A is killed; a reloaded page's resume reaches B, which takes the chat over and
+    rebuilds the approval from ADK's session; the Approve on B runs the payment once."""
+    with replicas(tmp_path, approvals="confirm") as r:
+        chat, first_message = new_chat(), user("pay 50 to Hanako")
+        first = post(r.a, chat, [first_message])
+        assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"], first.body[-2000:]
+        r.a.proc.kill()
+        r.a.proc.wait()
+        # Until A is known dead the resume is forwarded to it (and fails); then B takes the chat over.
+        resumed = wait_until(
+            lambda: (reply := request(r.b.base, "GET", f"/api/chat/{chat}/stream")).status == 200 and reply,
+            "B to take the chat over and rebuild its message",
+        )
+        assert types(resumed) == types(first), resumed.body[-2000:]
+        ask = resumed.chunks[4]
+        assert ask["approvalId"] == first.chunks[4]["approvalId"] and ask["toolCallId"] == first.chunks[4]["toolCallId"]
+        message_id = resumed.chunks[0]["messageId"]
+        answer = assistant_from(resumed, [True])
+        second = post(r.b, chat, [answer], messageId=message_id)
+        assert second.status == 200 and second.chunks[0] == {"type": "start", "messageId": message_id}, second.body[-2000:]
+        assert second.chunks[1]["type"] == "tool-output-available" and second.chunks[1]["output"]["success"] is True
+        assert len(r.ledger.of(chat)) == 1
+        replay = post(r.b, chat, [answer], messageId=message_id)
+        assert replay.status == 410 and len(r.ledger.of(chat)) == 1
