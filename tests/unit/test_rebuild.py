@@ -1,5 +1,5 @@
 """A waiting message rebuilt from ADK's session (gateway/rebuild.py), on sessions recorded from the
-stock ADK API server, 2.13 and 1.22.1 (tests/fixtures/adk_sessions/record.py)."""
+stock ADK API server, 2.13 and 1.22.1 (tests/fixtures/waiting_sessions/record.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gateway.agent_config import ToolPolicy
 from gateway.ledger import Ledger
 from gateway.rebuild import waiting_message, replay
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "adk_sessions"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
 VERSIONS = ("newest", "1.22.1")
 HINT = "Money leaves the account when you approve."
 

@@ -22,7 +22,7 @@ from gateway.upstream import SessionConfirmations, UpstreamError, _confirmation_
 from tests.unit.test_chat_gates import read, request
 
 AGENT = "demo_agent"
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "adk_sessions"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
 USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}
 
 
