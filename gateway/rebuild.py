@@ -132,8 +132,9 @@ def waiting_message(session: Any) -> WaitingMessage | None:
         for part in _parts(event):
             call = _confirmation(part, "functionCall")
             if call is not None:
-                original = (call.get("args") or {}).get("originalFunctionCall") or {}
-                asked[call["id"]] = str(original.get("id") or "")
+                args = call.get("args")
+                original = args.get("originalFunctionCall") if isinstance(args, dict) else None
+                asked[call["id"]] = str(original.get("id") or "") if isinstance(original, dict) else ""
                 last_ask = index
     answered = {part["functionResponse"]["id"] for e in events for part in _parts(e) if _confirmation(part, "functionResponse")}
     pending = frozenset(a for a in asked if a not in answered)

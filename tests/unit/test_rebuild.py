@@ -97,6 +97,18 @@ def test_anything_else_waits_for_nothing(bad: Any) -> None:
     assert waiting_message(bad) is None
 
 
+@pytest.mark.parametrize("args", [None, [], "x", {"originalFunctionCall": "x"}, {"originalFunctionCall": {"id": 3}}])
+def test_a_confirmation_with_odd_arguments_is_read_without_a_crash(args: Any) -> None:
+    session = copy.deepcopy(sessions("newest")["confirm_pay"])
+    for event in session["events"]:
+        for part in event["content"]["parts"]:
+            if part.get("functionCall", {}).get("name") == "adk_request_confirmation":
+                part["functionCall"]["args"] = args
+    message = waiting_message(session)
+    assert message is not None and len(message.pending) == 1
+    replay(message, ledger=Ledger(), now=0.0)  # the converter skips what it cannot show
+
+
 def _answered_then_asked(label: str, approved: bool) -> dict[str, Any]:
     """A message that asked, was answered (the run went on: the tool's result) and asked again:
     confirm_paid's first run and answer, then confirm_pay's run, without its person message."""
