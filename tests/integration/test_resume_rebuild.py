@@ -1,7 +1,8 @@
 """A page reloaded from scratch after the gateway lost its memory resumes into the waiting approval
-(issue 25, item 5): the stock ADK API server with the plugin in confirm mode (and, on the newest ADK,
-a tool's own `require_confirmation`), the real gateway killed (-9) and started again on the memory
-backend, and a fresh stock ai 6 / ai 7 Chat (tests/js/chat-driver.mjs) that calls resumeStream()
+(issue 25, item 5): the stock ADK API server with the plugin in confirm mode (and a tool's own
+`require_confirmation`), on the newest ADK and the oldest supported one (ADK_VERSIONS, as
+test_confirm_mode.py), the real gateway killed (-9) and started again on the memory backend, and a
+fresh stock ai 6 / ai 7 Chat (tests/js/chat-driver.mjs) that calls resumeStream()
 over SSE and over WebSocket: it is shown the approval request again, approves, the continuation
 streams, and the payment runs exactly once (the demo's ledger of real executions). And with two
 replicas on Redis, a resume on the survivor of a kill -9 of the replica that asked.
@@ -85,9 +86,9 @@ def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tup
         assert len(runs(ledger)) == len(chats)
 
 
-def test_with_the_tool_s_own_require_confirmation_too(tmp_path: Path) -> None:
+def test_with_the_tool_s_own_require_confirmation_too(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
     chats = {client: new_chat() for client in CLIENTS[:2]}
-    with native_stack(tmp_path, None, "memory://") as stack:
+    with native_stack(tmp_path, None if adk[1] is None else adk[1] / "bin" / "adk", "memory://") as stack:
         _asked_then_killed(stack.gateway, chats)
         with gateway_process(tmp_path, stack.server.base, port=stack.gateway.port) as again:
             _resumed_and_approved(again, chats)
