@@ -310,10 +310,13 @@ class ChatService:
         reader = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if reader is None else Attachment(chat.run, reader)
 
-    async def resume_waiting(self, agent_name: str, user_id: str, chat_id: str) -> Attachment | None:
+    async def resume_waiting(
+        self, agent_name: str, user_id: str, chat_id: str, version: ClientVersion | None = None
+    ) -> Attachment | None:
         """`resume`; and if this replica has no run of the chat (it restarted, never ran it, or
         forgot it), the message ADK's session says waits for the person's answers to its
-        confirmations, rebuilt (rebuild.py) and read as that message's resume. None: nothing to read."""
+        confirmations, rebuilt (rebuild.py) for a client of `version` (default: the configured
+        one) and read as that message's resume. None: nothing to read."""
         attachment = self.resume(agent_name, user_id, chat_id)
         if attachment is not None:
             return attachment
@@ -337,15 +340,15 @@ class ChatService:
         if chat.run is not seen or chat.running:
             # A request of the chat got in while ADK answered: that is what a resume follows.
             return self.resume(agent_name, user_id, chat_id)
-        return self._rebuilt_run(agent, chat, message)
+        return self._rebuilt_run(agent, chat, message, version or self.config.chat.default_protocol)
 
-    def _rebuilt_run(self, agent: Agent, chat: Chat, message: WaitingMessage) -> Attachment | None:
+    def _rebuilt_run(self, agent: Agent, chat: Chat, message: WaitingMessage, version: ClientVersion) -> Attachment | None:
         """Make the rebuilt message the chat's last run, as if its runs had ended here: the
         answer that follows continues it, and a replay of that answer is refused."""
         now = self._clock()
         before = {c.approval_id for c in chat.ledger.pending_native()}
         rebuilt = replay(
-            message, ledger=chat.ledger, now=now, version=self.config.chat.default_protocol,
+            message, ledger=chat.ledger, now=now, version=version,
             policy=agent.config.tool_policy, confirms=agent.config.confirms,
         )
         if rebuilt is None:

@@ -148,13 +148,16 @@ class Cluster:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment
 
-    async def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
-        """`ChatService.resume`, wherever the chat runs."""
+    async def resume(
+        self, agent: str, user_id: str, chat_id: str, version: ClientVersion | None = None
+    ) -> Attachment | None:
+        """`ChatService.resume_waiting`, wherever the chat runs (the owner of another replica's chat
+        rebuilds a forgotten message for its configured client version)."""
         claim = await self._claim(agent, user_id, chat_id, create=False)
         if claim.local:
             if claim.orphaned_run is not None:
                 raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return await self.chats.resume_waiting(agent, user_id, chat_id)
+            return await self.chats.resume_waiting(agent, user_id, chat_id, version)
         return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
 
     async def send_audio(

@@ -242,3 +242,15 @@ async def test_live_agents_have_no_confirmations_to_rebuild() -> None:
     chats = service(adk, yaml="upstream:\n  url: http://127.0.0.1:1\n  mode: live\n")
     assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
     assert adk.asked_for == []
+
+
+@pytest.mark.parametrize("version", [6, 7])
+async def test_the_answers_between_two_runs_are_replayed_for_the_client_s_version(version: int) -> None:
+    from tests.unit.test_rebuild import _answered_then_asked
+
+    chats = service(SessionAdk(_answered_then_asked("newest", approved=True)))
+    resumed = await chats.resume_waiting(AGENT, "alice", "chat-1", version)  # type: ignore[arg-type]
+    assert resumed is not None
+    said = [c for c in await read(resumed) if c["type"] == "tool-approval-response"]
+    assert [c["approved"] for c in said] == ([True] if version == 7 else [])
+    await chats.close()
