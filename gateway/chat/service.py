@@ -43,6 +43,7 @@ from ..core.chat_request import (
 )
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import ClientVersion, encode_chunk
+from ..core.rebuild import WaitingMessage, replay, waiting_message
 from .registry import Registry, TooManyChats
 from .chunk_log import Feed, Reader, Response, Run
 from ..ops.stopping import cancel_and_wait, within
@@ -101,6 +102,13 @@ def _browser_added(version: ClientVersion, answers: list[ApprovalAnswer], output
         else:
             chunks.append({"type": "tool-output-available", "toolCallId": output.tool_call_id, "output": output.output})
     return [encode_chunk(chunk) for chunk in chunks]
+
+
+def _may_wait_unseen(chat: Chat) -> bool:
+    """Whether a resume that found nothing to replay in a chat this replica remembers should ask
+    ADK's session: the chat has no run (it failed to start), or its last run ended on native
+    confirmations still pending here and its message is past the replay's retention."""
+    return chat.run is None or (not chat.running and bool(chat.ledger.pending_native()))
 
 
 def new_message_id() -> str:
@@ -301,6 +309,65 @@ class ChatService:
             chat.driver.apply(chat.driver.turn.resume())
         reader = chat.run.resumable(self._clock(), self.config.chat.run_retention)
         return None if reader is None else Attachment(chat.run, reader)
+
+    async def resume_waiting(
+        self, agent_name: str, user_id: str, chat_id: str, version: ClientVersion | None = None
+    ) -> Attachment | None:
+        """`resume`; and if this replica has no run of the chat (it restarted, never ran it, or
+        forgot it), the message ADK's session says waits for the person's answers to its
+        confirmations, rebuilt (rebuild.py) for a client of `version` (default: the configured
+        one) and read as that message's resume. None: nothing to read."""
+        attachment = self.resume(agent_name, user_id, chat_id)
+        if attachment is not None:
+            return attachment
+        agent = self.agents.need(agent_name)
+        known = self._registry.find(agent_name, user_id, chat_id)
+        seen = None if known is None else known.run
+        if agent.live or (known is not None and not _may_wait_unseen(known)):
+            return None  # no confirmations in live mode; a run here says all there is
+        try:
+            # The chat's ADK session id is its chat id, under the caller's own user (registry.py).
+            session = await agent.client.session(user_id, chat_id)
+        except UpstreamError as exc:
+            # A resume is a page's probe at load: nothing to show beats an error on every load.
+            self.metrics.upstream_errors.labels(agent.name, exc.kind).inc()
+            log.warning("resume_session_unreadable", kind=exc.kind, reason=str(exc))
+            return None
+        message = waiting_message(session)
+        if message is None:
+            return None
+        chat = self._chat(agent, user_id, chat_id)
+        if chat.run is not seen or chat.running:
+            # A request of the chat got in while ADK answered: that is what a resume follows.
+            return self.resume(agent_name, user_id, chat_id)
+        return self._rebuilt_run(agent, chat, message, version or self.config.chat.default_protocol)
+
+    def _rebuilt_run(self, agent: Agent, chat: Chat, message: WaitingMessage, version: ClientVersion) -> Attachment | None:
+        """Make the rebuilt message the chat's last run, as if its runs had ended here: the
+        answer that follows continues it, and a replay of that answer is refused."""
+        now = self._clock()
+        before = {c.approval_id for c in chat.ledger.pending_native()}
+        rebuilt = replay(
+            message, ledger=chat.ledger, now=now, version=version,
+            policy=agent.config.tool_policy, confirms=agent.config.confirms,
+        )
+        if rebuilt is None:
+            log.warning("resume_rebuild_failed", reason="the session's events did not convert")
+            return None
+        run = Run(rebuilt.message_id, limit=self.config.chat.run_buffer_chunks)
+        for index, response in enumerate(rebuilt.responses):
+            if index:
+                run.next_response()
+            run.browser_added([encode_chunk(chunk) for chunk in response.added])
+            run.publish([encode_chunk(chunk) for chunk in response.chunks])
+            run.end_response(now)
+        chat.run = run
+        for pending in rebuilt.pending:
+            if pending.approval_id not in before:
+                self.metrics.approvals_pending.labels(agent.name).inc()
+            log.info("approval_rebuilt", approval_id=pending.approval_id, tool=pending.tool, message_id=run.message_id)
+        reader = run.resumable(now, self.config.chat.run_retention)
+        return None if reader is None else Attachment(run, reader)
 
     def abort(self, agent: str, user_id: str, chat_id: str) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""

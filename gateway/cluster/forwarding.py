@@ -150,7 +150,7 @@ class ForwardedRequests:
         return Relayed(self._relays.open(await self._chats.submit(work.agent, work.user, request)))
 
     async def _resume(self, work: Resume, asked: Forwarded) -> Answer:
-        return Relayed(self._relays.open(self._chats.resume(work.agent, work.user, work.chat)))
+        return Relayed(self._relays.open(await self._chats.resume_waiting(work.agent, work.user, work.chat)))
 
     async def _audio(self, work: Audio, asked: Forwarded) -> Answer:
         self._refuse_new_work_while_draining()

@@ -15,7 +15,9 @@ When the owner is dead (no heartbeat for `sessions.owner_timeout`), the next req
 moves it here. The dead replica's run is lost with its ADK connection: a resume of it is answered
 410 `run_lost`, an answer to one of its approvals 410 `approval_gone` saying so, and a new message
 works as usual (ADK keeps the session). A plugin request waiting on the dead owner is released
-fail-closed: the tool does not run.
+fail-closed: the tool does not run. A chat whose run had ended (waiting on native confirmations,
+which ADK's session keeps) lost nothing: a resume here rebuilds its waiting message from that
+session (chats.py `resume_waiting`), and its answer works here as anywhere.
 
 This module also keeps the directory current: which run goes on in each chat this replica owns.
 With the memory backend there is one replica and every chat is local: nothing is forwarded.
@@ -146,13 +148,16 @@ class Cluster:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment
 
-    async def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
-        """`ChatService.resume`, wherever the chat runs."""
+    async def resume(
+        self, agent: str, user_id: str, chat_id: str, version: ClientVersion | None = None
+    ) -> Attachment | None:
+        """`ChatService.resume_waiting`, wherever the chat runs (the owner of another replica's chat
+        rebuilds a forgotten message for its configured client version)."""
         claim = await self._claim(agent, user_id, chat_id, create=False)
         if claim.local:
             if claim.orphaned_run is not None:
                 raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return self.chats.resume(agent, user_id, chat_id)
+            return await self.chats.resume_waiting(agent, user_id, chat_id, version)
         return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
 
     async def send_audio(

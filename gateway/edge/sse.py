@@ -25,6 +25,7 @@ from ..core.protocol import (
     DONE_FRAME,
     SSE_HEADERS,
     VERSION_HEADER,
+    client_version,
     encode_chunk,
     sse_frame,
     sse_frames,
@@ -100,7 +101,8 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     try:
-        attachment = await gateway.cluster.resume(caller.agent, caller.user_id, chat_id)
+        version = client_version(request.headers.get(VERSION_HEADER), None, gateway.config.chat.default_protocol)
+        attachment = await gateway.cluster.resume(caller.agent, caller.user_id, chat_id, version)
     except Exception as exc:
         answer = refusal(exc)
         if answer is None:

@@ -16,7 +16,7 @@ import structlog
 
 from ..core.chat_request import InvalidRequest, is_chat_id, parse_chat_body
 from ..core.limits import Limited
-from ..core.protocol import VERSION_HEADER, client_version
+from ..core.protocol import VERSION_HEADER, ClientVersion, client_version
 from ..core.refusals import refusal
 
 if TYPE_CHECKING:
@@ -73,13 +73,14 @@ async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -
     last = frame.get("lastSequence")
     if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < -1):
         raise FrameError("lastSequence: a non-negative integer, or absent to replay from the start")
-    conn.start_request(request_id, _run_resume(conn, request_id, chat_id, -1 if last is None else last))
+    version = client_version(_version_header(frame), None, conn.default_version)
+    conn.start_request(request_id, _run_resume(conn, request_id, chat_id, -1 if last is None else last, version))
 
 
-async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int) -> None:
+async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int, version: ClientVersion) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_id, ws_request_id=request_id)
     try:
-        attachment = await conn.gateway.cluster.resume(conn.agent, conn.user_id, chat_id)
+        attachment = await conn.gateway.cluster.resume(conn.agent, conn.user_id, chat_id, version)
     except Exception as exc:
         raise refused(conn, exc) from None
     # This socket now follows the chat: its close tells the chat, as a `send`'s does (a live

@@ -119,22 +119,28 @@ class AdkClient:
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
 
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        """The native confirmations the session asked and those it holds an answer to (a download
-        of the session's history)."""
+    async def session(self, user_id: str, session_id: str) -> Any:
+        """The session as ADK's GET answers it (its whole history), or None if it does not exist."""
         try:
             async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
                 if resp.status == 404:
-                    return SessionConfirmations()
+                    return None
                 if resp.status != 200:
                     raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
-                session = orjson.loads(await resp.read())
+                return orjson.loads(await resp.read())
         except aiohttp.ClientError as exc:
             raise _client_error(exc) from None
         except TimeoutError:
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
         except orjson.JSONDecodeError:
             raise UpstreamError("protocol", "the agent service's session is not JSON") from None
+
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
+        """The native confirmations the session asked and those it holds an answer to (a download
+        of the session's history)."""
+        session = await self.session(user_id, session_id)
+        if session is None:
+            return SessionConfirmations()
         return SessionConfirmations(
             asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
             answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),

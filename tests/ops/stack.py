@@ -184,13 +184,14 @@ class Replicas:
 def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
-    upstream_mode: str = "sse",
+    upstream_mode: str = "sse", approvals: str = "hold",
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
     `plugin_via`: "a" or "b" (that replica's internal listener) or "balancer" (a `Balancer` over
     both, sending every new connection to `prefer` while it is up). `api_keys` (id -> key) turns
-    auth on; browsers then use the first key.
+    auth on; browsers then use the first key. `approvals`: the upstream's `approvals` mode (`confirm`:
+    gated calls wait in ADK's session).
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -235,7 +236,10 @@ def replicas(
 
         a, b = (
             stack.enter_context(
-                gateway_process(tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode)
+                gateway_process(
+                    tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
+                    approvals=approvals,
+                )
             )
             for name in ("a", "b")
         )

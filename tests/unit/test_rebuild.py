@@ -1,0 +1,164 @@
+"""A waiting message rebuilt from ADK's session (gateway/rebuild.py), on sessions recorded from the
+stock ADK API server, 2.13 and 1.22.1 (tests/fixtures/waiting_sessions/record.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config.agent import ToolPolicy
+from gateway.core.ledger import Ledger
+from gateway.core.rebuild import waiting_message, replay
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
+VERSIONS = ("newest", "1.22.1")
+HINT = "Money leaves the account when you approve."
+
+
+def sessions(label: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{label}.json").read_text())
+
+
+def types(chunks: list[dict[str, Any]]) -> list[str]:
+    return [c["type"] for c in chunks]
+
+
+def _confirmation_ids(session: dict[str, Any]) -> list[str]:
+    return [
+        p["functionCall"]["id"] for e in session["events"] for p in e["content"]["parts"]
+        if p.get("functionCall", {}).get("name") == "adk_request_confirmation"
+    ]
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+@pytest.mark.parametrize("scenario", ["confirm_pay", "native_pay"])
+def test_a_pending_payment_is_rebuilt_as_the_live_run_showed_it(label: str, scenario: str) -> None:
+    session = sessions(label)[scenario]
+    message = waiting_message(session)
+    assert message is not None
+    [approval_id] = _confirmation_ids(session)
+    assert message.pending == {approval_id}
+    # Stable: ADK's invocation id, the same on every replica and every resume.
+    assert message.message_id == "msg-adk-" + session["events"][0]["invocationId"]
+    assert waiting_message(copy.deepcopy(session)) == message
+
+    ledger = Ledger()
+    rebuilt = replay(message, ledger=ledger, now=5.0)
+    assert rebuilt is not None
+    [response] = rebuilt.responses
+    chunks = response.chunks
+    # What a live run sends for these events (tests/integration/test_confirm_mode.py's first response).
+    assert types(chunks) == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
+    ]
+    assert chunks[0] == {"type": "start", "messageId": message.message_id}
+    request = chunks[4]
+    assert request["approvalId"] == approval_id and request["toolCallId"] == chunks[2]["toolCallId"]
+    assert request.get("approvalDescriptor") == ({"hint": HINT} if scenario == "confirm_pay" else None)
+    assert chunks[3]["input"] == {"amount": 50, "recipient": "Hanako", "currency": "USD"}
+    assert chunks[-1]["finishReason"] == "tool-calls"
+    # The ledger holds the confirmation as the end of the live run left it.
+    assert [c.approval_id for c in rebuilt.pending] == [approval_id]
+    assert ledger.native_pending(approval_id) and not ledger.native_answered(approval_id)
+    assert rebuilt.pending[0].asked_at == 5.0 and rebuilt.pending[0].tool == "process_payment"
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+def test_two_pending_payments_are_both_asked(label: str) -> None:
+    session = sessions(label)["confirm_two"]
+    message = waiting_message(session)
+    assert message is not None and message.pending == set(_confirmation_ids(session))
+    rebuilt = replay(message, ledger=Ledger(), now=0.0)
+    assert rebuilt is not None
+    [response] = rebuilt.responses
+    assert types(response.chunks).count("tool-approval-request") == 2
+    assert {c.approval_id for c in rebuilt.pending} == message.pending
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+@pytest.mark.parametrize("scenario", ["confirm_paid", "hello", "confirm_two_one_answered"])
+def test_nothing_waits(label: str, scenario: str) -> None:
+    # Answered; no confirmation at all; one left unanswered but the model went on without it.
+    assert waiting_message(sessions(label)[scenario]) is None
+
+
+def test_a_later_message_leaves_an_old_confirmation_behind() -> None:
+    session = copy.deepcopy(sessions("newest")["confirm_pay"])
+    session["events"] += copy.deepcopy(sessions("newest")["hello"]["events"])
+    assert waiting_message(session) is None
+
+
+@pytest.mark.parametrize("bad", [None, [], {}, {"events": None}, {"events": [1, "x", None]}, {"events": []}])
+def test_anything_else_waits_for_nothing(bad: Any) -> None:
+    assert waiting_message(bad) is None
+
+
+@pytest.mark.parametrize("args", [None, [], "x", {"originalFunctionCall": "x"}, {"originalFunctionCall": {"id": 3}}])
+def test_a_confirmation_with_odd_arguments_is_read_without_a_crash(args: Any) -> None:
+    session = copy.deepcopy(sessions("newest")["confirm_pay"])
+    for event in session["events"]:
+        for part in event["content"]["parts"]:
+            if part.get("functionCall", {}).get("name") == "adk_request_confirmation":
+                part["functionCall"]["args"] = args
+    message = waiting_message(session)
+    assert message is not None and len(message.pending) == 1
+    replay(message, ledger=Ledger(), now=0.0)  # the converter skips what it cannot show
+
+
+def _answered_then_asked(label: str, approved: bool) -> dict[str, Any]:
+    """A message that asked, was answered (the run went on: the tool's result) and asked again:
+    confirm_paid's first run and answer, then confirm_pay's run, without its person message."""
+    paid = copy.deepcopy(sessions(label)["confirm_paid"]["events"])
+    answer = next(i for i, e in enumerate(paid) if e["author"] == "user" and i)
+    paid[answer]["content"]["parts"][0]["functionResponse"]["response"] = {"confirmed": approved}
+    again = copy.deepcopy(sessions(label)["confirm_pay"]["events"][1:])
+    return {"events": [*paid[: answer + 2], *again]}
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_message_over_two_runs_is_rebuilt_as_two_responses(label: str, version: int) -> None:
+    session = _answered_then_asked(label, approved=True)
+    message = waiting_message(session)
+    assert message is not None
+    first_ask, second_ask = _confirmation_ids(session)
+    assert message.pending == {second_ask} and len(message.segments) == 2
+    ledger = Ledger()
+    rebuilt = replay(message, ledger=ledger, now=1.0, version=version)
+    assert rebuilt is not None
+    first, second = rebuilt.responses
+    assert types(first.chunks)[-1] == "finish" and first.added == []
+    # The answer between them, as a live replay shows it (ai 7 only: ai 6 has no chunk for it).
+    assert second.added == ([{"type": "tool-approval-response", "approvalId": first_ask, "approved": True}] if version == 7 else [])
+    paid_call = first.chunks[2]["toolCallId"]
+    # The continuation starts on the same message; the paid call's result, then the new ask.
+    assert second.chunks[0] == {"type": "start", "messageId": message.message_id}
+    assert second.chunks[1]["type"] == "tool-output-available" and second.chunks[1]["toolCallId"] == paid_call
+    assert second.chunks[1]["output"]["success"] is True
+    assert "tool-approval-request" in types(second.chunks) and second.chunks[-1]["finishReason"] == "tool-calls"
+    # The first is answered (a replay of it is refused), the second pending.
+    assert ledger.native_answered(first_ask) and not ledger.native_pending(first_ask)
+    assert [c.approval_id for c in rebuilt.pending] == [second_ask]
+
+
+def test_a_denied_call_in_an_earlier_run_shows_as_denied() -> None:
+    session = _answered_then_asked("newest", approved=False)
+    rebuilt = replay(waiting_message(session), ledger=Ledger(), now=1.0)
+    assert rebuilt is not None
+    second = rebuilt.responses[1].chunks
+    assert second[1] == {"type": "tool-output-denied", "toolCallId": rebuilt.responses[0].chunks[2]["toolCallId"]}
+
+
+def test_a_gated_tool_of_confirm_mode_is_not_waited_for_twice() -> None:
+    # With the agent's policy (confirm mode): the payment is gated and confirmed by ADK.
+    policy = ToolPolicy(approval=True)
+    message = waiting_message(sessions("newest")["confirm_pay"])
+    assert message is not None
+    rebuilt = replay(message, ledger=Ledger(), now=0.0, policy=lambda name: policy, confirms=lambda name: True)
+    assert rebuilt is not None
+    assert types(rebuilt.responses[0].chunks).count("tool-approval-request") == 1
+    assert rebuilt.responses[0].chunks[-1]["finishReason"] == "tool-calls"

@@ -1,0 +1,256 @@
+"""A resume that reaches a gateway which forgot the chat (a restart on the memory backend, a replica
+that never ran it) finds the approval ADK's session still waits for (issue 25, item 5): the message
+is rebuilt from the session (rebuild.py), the Approve that follows continues it and runs the tool
+once, a replay of that Approve is refused. Sessions recorded from the stock ADK API server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.upstream.agents import Agents
+from gateway.chat.service import ChatService, Gone
+from gateway.config.schema import parse_config
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import ChatNotFound, Registry
+from gateway.upstream.client import SessionConfirmations, UpstreamError, _confirmation_ids
+from tests.unit.test_chat_gates import read, request
+
+AGENT = "demo_agent"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
+USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}
+
+
+class SessionAdk:
+    """ADK as its session holds a chat: `session` answers the recorded JSON (for `owner` only, as
+    ADK scopes sessions by user); an answer appends to it and runs the payment (counted)."""
+
+    def __init__(self, recorded: dict[str, Any] | None, owner: str = "alice") -> None:
+        self.recorded = copy.deepcopy(recorded)
+        self.owner = owner
+        self.asked_for: list[tuple[str, str]] = []
+        self.paid = 0
+        self.sent: list[dict[str, Any]] = []
+        self.down = False
+
+    async def session(self, user_id: str, session_id: str) -> Any:
+        self.asked_for.append((user_id, session_id))
+        if self.down:
+            raise UpstreamError("connect", "the agent service is unreachable")
+        return self.recorded if user_id == self.owner else None
+
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
+        session = await self.session(user_id, session_id)
+        return SessionConfirmations(
+            asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
+            answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
+        )
+
+    async def ensure_session(self, user_id: str, session_id: str) -> None:
+        return None
+
+    async def run_sse_batches(self, *, new_message: dict[str, Any], **_: Any) -> Any:
+        self.sent.append(new_message)
+        assert self.recorded is not None
+        self.recorded["events"].append({"author": "user", "content": new_message})
+        [part] = new_message["parts"]
+        call = self.tool_call_id()
+        if part["functionResponse"]["response"]["confirmed"]:
+            self.paid += 1
+            result = {"success": True}
+        else:
+            result = {"error": "This tool call is rejected."}
+        yield [
+            {"author": "demo_agent", "content": {"role": "user", "parts": [
+                {"functionResponse": {"id": call, "name": "process_payment", "response": result}}]}},
+            {"author": "demo_agent", "content": {"role": "model", "parts": [{"text": "Done."}]}, "finishReason": "STOP"},
+        ]
+
+    def tool_call_id(self) -> str:
+        assert self.recorded is not None
+        for event in self.recorded["events"]:
+            for part in event["content"]["parts"]:
+                call = part.get("functionCall")
+                if call and call["name"] == "adk_request_confirmation":
+                    return call["args"]["originalFunctionCall"]["id"]
+        raise AssertionError("no confirmation")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def service(adk: SessionAdk, clock: Clock | None = None, yaml: str = "") -> ChatService:
+    config = parse_config(yaml, env={})
+    return ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(),  # type: ignore[arg-type, return-value]
+        config=config, clock=clock or Clock(),
+    )
+
+
+def recorded(label: str, scenario: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / f"{label}.json").read_text())[scenario]
+
+
+def approved(chunks: list[dict[str, Any]], yes: bool = True) -> dict[str, Any]:
+    """The assistant message a fresh page holds after the resume, its Approve (or Deny) clicked."""
+    call = next(c for c in chunks if c["type"] == "tool-input-available")
+    ask = next(c for c in chunks if c["type"] == "tool-approval-request")
+    return {
+        "id": chunks[0]["messageId"], "role": "assistant", "parts": [{"type": "step-start"}, {
+            "type": "tool-process_payment", "toolCallId": call["toolCallId"], "state": "approval-responded",
+            "input": call["input"], "approval": {"id": ask["approvalId"], "approved": yes},
+        }],
+    }
+
+
+def pending_gauge(chats: ChatService) -> float:
+    return chats.metrics.approvals_pending.labels(AGENT)._value.get()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("label", ["newest", "1.22.1"])
+@pytest.mark.parametrize("scenario", ["confirm_pay", "native_pay"])
+async def test_a_fresh_gateway_resumes_into_the_waiting_approval_and_the_approve_runs_once(label: str, scenario: str) -> None:
+    adk = SessionAdk(recorded(label, scenario))
+    chats = service(adk)
+    assert chats.resume(AGENT, "alice", "chat-1") is None  # nothing of it here
+
+    resumed = await chats.resume_waiting(AGENT, "alice", "chat-1")
+
+    assert resumed is not None
+    chunks = await read(resumed)
+    assert [c["type"] for c in chunks] == [
+        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
+    ]
+    message_id = chunks[0]["messageId"]
+    assert message_id.startswith("msg-adk-") and chunks[-1]["finishReason"] == "tool-calls"
+    assert adk.asked_for == [("alice", "chat-1")]  # the caller's own session, by its chat id
+    assert pending_gauge(chats) == 1
+
+    # The page (fresh: no user message) approves; the SDK sends the rebuilt message back.
+    answer = approved(chunks)
+    second = await read(await chats.submit(AGENT, "alice", request(answer, message_id=message_id)))
+    await asyncio.sleep(0)
+    assert second[0] == {"type": "start", "messageId": message_id}
+    assert {"type": "tool-output-available", "toolCallId": answer["parts"][1]["toolCallId"], "output": {"success": True}} in second
+    assert second[-1]["finishReason"] == "stop"
+    assert adk.paid == 1 and pending_gauge(chats) == 0
+
+    # A resume now replays the whole message: the rebuilt ask, then the continuation.
+    again = chats.resume(AGENT, "alice", "chat-1")
+    assert again is not None
+    replayed = await read(again)
+    assert replayed[: len(chunks) - 1] == chunks[:-1] and replayed[len(chunks) :] == second
+    # The Approve again (a replay): refused, known here as answered, nothing reaches ADK.
+    with pytest.raises(Gone):
+        await chats.submit(AGENT, "alice", request(answer, message_id=message_id))
+    assert adk.paid == 1 and len(adk.sent) == 1
+    await chats.close()
+
+
+async def test_a_deny_after_the_rebuild_runs_nothing() -> None:
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    chats = service(adk)
+    resumed = await chats.resume_waiting(AGENT, "alice", "chat-1")
+    assert resumed is not None
+    chunks = await read(resumed)
+    answer = approved(chunks, yes=False)
+    second = await read(await chats.submit(AGENT, "alice", request(answer, message_id=chunks[0]["messageId"])))
+    assert {"type": "tool-output-denied", "toolCallId": answer["parts"][1]["toolCallId"]} in second
+    assert adk.paid == 0
+    await chats.close()
+
+
+async def test_a_session_left_with_the_user_message_of_a_page_that_kept_it_is_answered_too() -> None:
+    # A page that kept its messages sends the user message along with the answer.
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    chats = service(adk)
+    chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
+    answer = approved(chunks)
+    second = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    assert second[0]["messageId"] == answer["id"] and adk.paid == 1
+    await chats.close()
+
+
+@pytest.mark.parametrize("scenario", ["confirm_paid", "hello", "confirm_two_one_answered", None])
+async def test_nothing_pending_is_still_nothing_to_resume(scenario: str | None) -> None:
+    adk = SessionAdk(None if scenario is None else recorded("newest", scenario))
+    chats = service(adk)
+    assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
+    # And the chat is not taken for it: no run, nothing counted.
+    assert chats.local_chats() == [] and pending_gauge(chats) == 0
+
+
+async def test_another_user_finds_nothing_of_it() -> None:
+    adk = SessionAdk(recorded("newest", "confirm_pay"), owner="alice")
+    chats = service(adk)
+    assert await chats.resume_waiting(AGENT, "mallory", "chat-1") is None
+    assert adk.asked_for == [("mallory", "chat-1")]  # ADK scopes sessions by user
+    # Once alice's chat is known here, the id is hers: mallory's resume is 404, ADK not asked.
+    assert await chats.resume_waiting(AGENT, "alice", "chat-1") is not None
+    with pytest.raises(ChatNotFound):
+        await chats.resume_waiting(AGENT, "mallory", "chat-1")
+    assert len(adk.asked_for) == 2
+
+
+async def test_an_unreachable_agent_service_leaves_nothing_to_resume() -> None:
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk.down = True
+    chats = service(adk)
+    assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
+    assert chats.metrics.upstream_errors.labels(AGENT, "connect")._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_past_the_replay_retention_a_known_waiting_chat_is_rebuilt_again() -> None:
+    """A gateway that did not restart: the message asked, was read, and a minute later the page
+    reloads; the run's replay is past `chat.run_retention`, ADK's session still waits."""
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    clock = Clock()
+    chats = service(adk, clock)
+    first = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
+    clock.now += 3600
+    assert chats.resume(AGENT, "alice", "chat-1") is None
+    again = await chats.resume_waiting(AGENT, "alice", "chat-1")
+    assert again is not None and await read(again) == first
+    assert pending_gauge(chats) == 1  # the same approval, counted once
+    await chats.close()
+
+
+async def test_a_resume_while_a_run_goes_on_follows_it_without_asking_adk() -> None:
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    chats = service(adk)
+    chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
+    asked = len(adk.asked_for)
+    # Within the retention the rebuilt message replays from memory.
+    assert await chats.resume_waiting(AGENT, "alice", "chat-1") is not None
+    assert len(adk.asked_for) == asked
+    assert chunks[-1]["finishReason"] == "tool-calls"
+    await chats.close()
+
+
+async def test_live_agents_have_no_confirmations_to_rebuild() -> None:
+    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    chats = service(adk, yaml="upstream:\n  url: http://127.0.0.1:1\n  mode: live\n")
+    assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
+    assert adk.asked_for == []
+
+
+@pytest.mark.parametrize("version", [6, 7])
+async def test_the_answers_between_two_runs_are_replayed_for_the_client_s_version(version: int) -> None:
+    from tests.unit.test_rebuild import _answered_then_asked
+
+    chats = service(SessionAdk(_answered_then_asked("newest", approved=True)))
+    resumed = await chats.resume_waiting(AGENT, "alice", "chat-1", version)  # type: ignore[arg-type]
+    assert resumed is not None
+    said = [c for c in await read(resumed) if c["type"] == "tool-approval-response"]
+    assert [c["approved"] for c in said] == ([True] if version == 7 else [])
+    await chats.close()
