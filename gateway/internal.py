@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from .agent_config import ToolPolicy
 from .app import metrics as metrics_page
 from .config import GatewayConfig
-from .errors import error_middleware
+from .errors import error_middleware, json_error
 from .refusals import HttpError, Refusal
 from .reload import reload_config
 from .state import GATEWAY
@@ -151,10 +151,15 @@ async def tool_call(request: web.Request) -> web.Response:
             tool_call_id=body.function_call_id, tool=body.tool, args=body.args,
         )
     except Refusal as exc:
-        # Answered as JSON by the error middleware: `retry_elsewhere` (this replica drains) and
-        # the plugin asks again; the tool has not run.
-        gateway.metrics.plugin_requests.labels(agent, exc.code).inc()
-        raise
+        # `retry_elsewhere` (this replica drains, the chat runs on another): the plugin asks again;
+        # nothing was decided and the tool has not run.
+        answer = exc.http()
+        gateway.metrics.plugin_requests.labels(agent, answer.code).inc()
+        response = json_error(answer.status, answer.code, answer.message, answer.headers)
+        # A balancer keeps a connection on the replica it chose: closed, the next ask on it goes
+        # to a replica that stays.
+        response.force_close()
+        return response
     gateway.metrics.plugin_requests.labels(agent, result).inc()
     return web.json_response(verdict.as_json())
 

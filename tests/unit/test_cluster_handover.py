@@ -16,8 +16,10 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.agents import Agents
+from gateway.app import create_app
 from gateway.approvals import RUN, GatedCall, Verdict
 from gateway.chats import Attachment, ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -25,8 +27,10 @@ from gateway.cluster.remote_gate import HandedOver
 from gateway.cluster.router import Cluster
 from gateway.cluster.shared import SharedStateDown
 from gateway.config import parse_config
+from gateway.internal import create_internal_app
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
+from gateway.state import GATEWAY
 from tests.unit.test_chat_gates import CALL, USER, ScriptedAdk, answered, call_event, request, response_event
 
 AGENT = "demo_agent"
@@ -212,3 +216,29 @@ async def test_a_repeated_ask_through_another_replica_waits_for_the_same_verdict
     # The tool ran once: ADK answers the call once, and the run goes on.
     pair.adk.reads.put_nowait([response_event(TOOL, {"success": True})])
     assert pair.sample("adk_gateway_approval_wait_seconds_count", tool=TOOL, outcome="approved") == 1
+
+
+async def test_the_internal_listener_answers_a_handed_back_ask_with_a_503_on_a_closed_connection() -> None:
+    """What the plugin reads: a JSON 503 `retry_elsewhere` with Retry-After, on a connection the
+    replica closes (a balancer would send the next ask down the same one), counted by result."""
+    app = create_app(parse_config(CONFIG, env={}))
+    gateway = app[GATEWAY]
+
+    async def handed_over(**_: Any) -> tuple[Verdict, str]:
+        raise HandedOver()
+
+    gateway.cluster.gate = handed_over  # type: ignore[method-assign]
+    client = TestClient(TestServer(create_internal_app(app)))
+    await client.start_server()
+    try:
+        body = {"app_name": AGENT, "user_id": "u", "session_id": "chat-1", "function_call_id": CALL, "tool": TOOL}
+        resp = await client.post("/internal/v1/tool-calls", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == "retry_elsewhere"
+        assert resp.headers["Retry-After"] == "1" and resp.headers.get("Connection", "").lower() == "close"
+    finally:
+        await client.close()
+    sample = gateway.metrics.registry.get_sample_value(
+        "adk_gateway_plugin_requests_total", {"agent": AGENT, "result": "retry_elsewhere"}
+    )
+    assert sample == 1
