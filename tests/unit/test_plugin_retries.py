@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from google.adk.tools.function_tool import FunctionTool
 
+from adk_gateway_plugin.asking import Retries
 from gateway.agent_plugin import REFUSAL_KEY, GatewayPlugin
 
 RUN = {"verdict": "run"}
@@ -177,3 +178,29 @@ async def test_a_cancelled_run_cancels_the_retries(replicas: tuple[Replicas, str
     await asyncio.sleep(0.6)
     assert len(fake.asked) == asked
     await plugin.close()
+
+
+def test_the_pause_doubles_to_its_cap_and_a_retry_after_only_lengthens_it() -> None:
+    retries = Retries(started=0.0, max_wait=3600, retry_for=30)
+    assert [retries.next_pause(t, t, None) for t in (0.0, 1.0, 2.0, 3.0, 4.0)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+    fresh = Retries(started=0.0, max_wait=3600, retry_for=30)
+    assert fresh.next_pause(0.0, 0.0, 1.0) == 1.0  # the gateway's Retry-After: 1
+    assert fresh.next_pause(1.0, 1.0, 0.0) == 0.5  # a Retry-After: 0 does not hammer
+    assert fresh.next_pause(2.0, 2.0, 60.0) == 2.0  # nor does a long one stall the call
+
+
+def test_the_window_counts_from_the_first_failure_and_a_held_request_starts_a_new_one() -> None:
+    retries = Retries(started=0.0, max_wait=3600, retry_for=5)
+    # Held for ten minutes (a person was being asked), then handed back: five seconds from now.
+    assert retries.next_pause(0.0, 600.0, None) is not None
+    assert retries.next_pause(600.5, 602.0, None) is not None
+    assert retries.next_pause(602.5, 605.5, None) is None  # quick failures use the window up
+    # A later hand-back of a request held again opens a new window.
+    assert retries.next_pause(606.0, 900.0, None) is not None
+
+
+def test_no_retry_goes_past_max_wait() -> None:
+    retries = Retries(started=0.0, max_wait=10, retry_for=30)
+    assert retries.time_left(9.0) == 1.0
+    assert retries.next_pause(9.0, 9.9, None) is None
+    assert retries.time_left(11.0) == 0.0
