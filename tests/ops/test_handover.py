@@ -48,8 +48,13 @@ def approved_once_each(r: Replicas, pending: list[tuple[str, dict, list]]) -> No
     r.ledger.assert_no_double_execution()
 
 
-def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
-    with replicas(tmp_path, plugin_via="balancer", prefer="a") as r:
+@pytest.mark.parametrize("upstream_mode", ["sse", "live"])
+def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(
+    tmp_path: Path, upstream_mode: str,
+) -> None:
+    """`live`: the gateway's runs are ADK live sessions, which have no confirmations: the blocking
+    path is theirs for good."""
+    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode=upstream_mode) as r:
         pending = held_by_a(r)
         r.a.proc.send_signal(signal.SIGTERM)
         assert r.a.proc.wait(timeout=30) == 0
