@@ -12,19 +12,44 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.ops.checks import assert_one_terminal, assert_sdk_clean
+from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
 from tests.ops.stack import Replicas, payment_responses, replicas, wait_until
-from tests.ops.test_failure_modes import approve, log_events, metric, start_payment
+from tests.procs import GatewayProcess, metric_value
 
 pytestmark = pytest.mark.integration
 
 PAYMENTS = ("pay 50 to Hanako", "pay 60 to Kenji")
+Chunks = list[dict[str, Any]]
 
 
-def held_by_a(r: Replicas) -> list[tuple[str, dict, list]]:
+def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
+    return metric_value(gw.base, f"adk_gateway_{name}", labels)
+
+
+def log_events(gw: GatewayProcess, event: str) -> list[dict[str, Any]]:
+    return [line for line in gw.log_lines() if line.get("event") == event]
+
+
+def start_payment(r: Replicas, gw: GatewayProcess, text: str) -> tuple[str, dict[str, Any], Chunks]:
+    """A new chat on `gw` whose first response ends waiting for the person's approval."""
+    chat, message = new_chat(), user(text)
+    first = Browser(r.headers).post(gw.base, chat, [message])
+    assert first.status == 200, first.body
+    chunks = assert_one_terminal(first, error=False)
+    assert types_of(chunks)[-3:] == ["tool-approval-request", "finish-step", "finish"], types_of(chunks)
+    return chat, message, chunks
+
+
+def approve(r: Replicas, gw: GatewayProcess, chat: str, message: dict[str, Any], first: Chunks) -> Stream:
+    reply = answer(first)
+    return Browser(r.headers).post(gw.base, chat, [message, reply], messageId=reply["id"])
+
+
+def held_by_a(r: Replicas) -> list[tuple[str, dict[str, Any], Chunks]]:
     """Two payments in chats B owns, each waiting for the person, their plugin requests held by A."""
     forwarded = metric(r.a, "forwarded_total", direction="out")
     pending = [start_payment(r, r.b, text) for text in PAYMENTS]
@@ -34,7 +59,7 @@ def held_by_a(r: Replicas) -> list[tuple[str, dict, list]]:
     return pending
 
 
-def approved_once_each(r: Replicas, pending: list[tuple[str, dict, list]]) -> None:
+def approved_once_each(r: Replicas, pending: list[tuple[str, dict[str, Any], Chunks]]) -> None:
     """Approve every payment on B: each runs exactly once, and the browser reads its result."""
     for chat, message, first in pending:
         paid = approve(r, r.b, chat, message, first)
