@@ -71,9 +71,7 @@ class Gates:
         policy = agent.tool_policy(tool)
         if not policy.gated:
             return RUN
-        chat = self._registry.find_session(user_id, session_id)
-        if chat is not None and chat.agent != agent.name:
-            chat = None  # the session id is another agent's chat: not this app's session
+        chat = self._chat_of(agent.name, user_id, session_id)
         existing = chat.ledger.call(tool_call_id) if chat is not None else None
         if existing is not None:
             return existing
@@ -97,6 +95,19 @@ class Gates:
         if announce:
             self.announce(call)
         return call
+
+    def find(self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str) -> GatedCall | None:
+        """The call the plugin of ADK app `app_name` already asked about for this tool call, if any:
+        a repeated ask (the plugin asking again after a replica handed its request back, or after
+        its connection was cut) is the same call, not a new one."""
+        agent = self._agents.for_app(app_name)
+        chat = self._chat_of(agent.name, user_id, session_id) if agent is not None else None
+        return chat.ledger.call(tool_call_id) if chat is not None else None
+
+    def _chat_of(self, agent: str, user_id: str, session_id: str) -> Chat | None:
+        chat = self._registry.find_session(user_id, session_id)
+        # A session id that is another agent's chat is not this app's session.
+        return chat if chat is not None and chat.agent == agent else None
 
     def announce(self, call: GatedCall) -> None:
         """Show the call to the browser (once), asking for approval if it needs one."""

@@ -9,6 +9,12 @@ which answers at once (`Decided`) or says the call waits for a person (`Waiting`
 verdict when a person or the deadline decides (`Released`), recording it too. The waiting replica
 takes whichever it sees first, the message or the record, and refuses the call (the tool does not
 run) when the owner dies first, or when nothing comes by the call's deadline and a margin.
+
+A replica that stops does not take the requests it holds for other replicas' chats down with it:
+from the start of its drain it answers each of them, and every new one, `HandedOver` (503
+`retry_elsewhere`), and the plugin asks again through the balancer. The owner takes a repeated
+ask for a call it already holds as the same call (`here`): it re-attaches to the call's verdict,
+never opens, records or shows it twice, and answers a call already released with its verdict.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ import structlog
 from ..config.agent import ToolPolicy
 from ..core.approvals import GatedCall, Verdict
 from ..chat.service import ChatService
-from ..core.refusals import HttpError
+from ..core.refusals import HttpError, Refusal
 from ..ops.metrics import GatewayMetrics
+from ..ops.stopping import cancel_and_wait
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
 from .shared import SharedState, SharedStateDown
 from .tasks import Tasks
 
-__all__ = ["Ask", "RemoteGate"]
+__all__ = ["Ask", "HandedOver", "RemoteGate"]
 
 log = structlog.get_logger("adk_gateway.cluster.remote_gate")
 
@@ -44,6 +51,23 @@ _EARLY_VERDICT_KEEP = 60.0
 # How long a call's recorded verdict stays readable after it was written (the asker reads it
 # within a heartbeat or two; the margin covers a Redis outage in between).
 _VERDICT_RECORD_TTL = 120
+# How long a handed-over ask waits for the cancelled forward to end (it ends at once unless a
+# cancellation is lost inside a Redis call): the plugin is answered either way.
+_HANDOVER_GRACE = 1.0
+
+
+class HandedOver(Refusal):
+    """This replica stops, and the chat runs on another: the plugin asks again through the balancer,
+    which sends it to a replica that stays (the owner re-attaches the repeated ask to the call)."""
+
+    status = 503
+    code = "retry_elsewhere"
+    retry_after = 1
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this gateway replica is shutting down and the chat runs on another one: ask again (the call is kept there)"
+        )
 
 
 class RemoteGate:
@@ -62,11 +86,42 @@ class RemoteGate:
         self._forward_timeout = forward_timeout
         # Verdicts of calls waiting on another replica, by approval id.
         self._verdicts: dict[str, asyncio.Future[Decided]] = {}
+        # Set when this replica starts to stop: what it holds for other replicas is handed back.
+        self._handing_over = asyncio.Event()
 
     # ---- holding the plugin's request -----------------------------------------------------
 
+    def hand_over(self, on: bool = True) -> None:
+        """From now on (the drain), answer every plugin request held or asked here for a chat
+        another replica owns with `HandedOver`, so that it is asked again of a replica that stays."""
+        if on:
+            self._handing_over.set()
+        else:
+            self._handing_over.clear()
+
     async def ask_owner(self, owner: str, gate: Gate) -> tuple[Verdict, str]:
-        """The verdict `owner`, which runs the chat, gives the call; and its label for the metrics."""
+        """The verdict `owner`, which runs the chat, gives the call; and its label for the metrics.
+
+        Raises HandedOver when this replica starts to stop before the verdict came: the call stays
+        open on its owner, and the plugin's repeated ask finds it there.
+        """
+        if self._handing_over.is_set():
+            raise HandedOver()
+        asking = asyncio.ensure_future(self._ask_owner(owner, gate))
+        handing_over = asyncio.ensure_future(self._handing_over.wait())
+        try:
+            await asyncio.wait((asking, handing_over), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            handing_over.cancel()
+            if not asking.done():
+                # Handed over, or the plugin went away: nothing here waits for the verdict any more.
+                await cancel_and_wait((asking,), _HANDOVER_GRACE, what="handed-over ask")
+        if asking.done() and not asking.cancelled():
+            return asking.result()  # a verdict that came with the drain is still given
+        log.info("gated_call_handed_over", owner=owner, tool_call_id=gate.tool_call_id)
+        raise HandedOver()
+
+    async def _ask_owner(self, owner: str, gate: Gate) -> tuple[Verdict, str]:
         self.metrics.forwarded.labels("out").inc()
         try:
             answer = await self._ask_through_outages(owner, gate)
@@ -157,31 +212,46 @@ class RemoteGate:
 
     async def here(self, gate: Gate, on_waiting: Callable[[GatedCall], Awaitable[None]] | None = None) -> tuple[Verdict, str]:
         """Open, record and announce the call here, and wait for its verdict; `on_waiting` is
-        called once the call waits for a person (not when the answer is immediate)."""
-        opened = self._chats.gates.open(
-            app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id, tool=gate.tool,
-            args=gate.args, announce=False,
-        )
-        if isinstance(opened, Verdict):
-            return opened, "not_gated" if opened.run else (opened.reason or "respond")
-        call = opened
-        ttl = max(call.deadline - self._chats.gates.now(), 0) + 60
-        try:
-            # Recorded before the browser can see it, so any replica can tell what became of it.
-            await self._state.put_call(call.id, {
-                "user": call.user_id, "chat": call.chat_id, "owner": self._state.replica_id, "tool": call.tool,
-            }, ttl=ttl)
-        except SharedStateDown:
-            self._chats.gates.cancel(call, "the gateway's shared session store is unreachable")
+        called once the call waits for a person (not when the answer is immediate).
+
+        A call already open here (the plugin asks again) is re-attached to: its verdict once
+        released, at once if it was; it is not recorded, shown or counted again.
+        """
+        gates = self._chats.gates
+        call = gates.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
+        reattached = call is not None
+        if call is not None:
+            log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
+        else:
+            opened = gates.open(
+                app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
+                tool=gate.tool, args=gate.args, announce=False,
+            )
+            if isinstance(opened, Verdict):
+                return opened, "not_gated" if opened.run else (opened.reason or "respond")
+            call = opened
+            await self._record_open(call)
         if on_waiting is not None and not call.released:
             await on_waiting(call)
-        self._chats.gates.announce(call)
-        verdict = await self._chats.gates.wait(call)
+        if not reattached:
+            # Shown by the ask that opened it, once recorded: a repeated ask shows nothing.
+            gates.announce(call)
+        verdict = await gates.wait(call)
         if on_waiting is not None:
             # Another replica holds the plugin's request and reads the verdict from the record
             # if the message is lost: keep trying through a Redis outage.
             self._tasks.spawn(self._record_verdict(call.id, verdict))
         return verdict, "run" if verdict.run else "respond"
+
+    async def _record_open(self, call: GatedCall) -> None:
+        """Record a call just opened, before the browser can see it, so any replica can tell what became of it."""
+        ttl = max(call.deadline - self._chats.gates.now(), 0) + 60
+        try:
+            await self._state.put_call(call.id, {
+                "user": call.user_id, "chat": call.chat_id, "owner": self._state.replica_id, "tool": call.tool,
+            }, ttl=ttl)
+        except SharedStateDown:
+            self._chats.gates.cancel(call, "the gateway's shared session store is unreachable")
 
     async def serve(self, gate: Gate, asked: Forwarded) -> Answer | None:
         """A Gate forwarded here: the verdict if immediate; else Waiting now, and Released later."""

@@ -9,7 +9,8 @@ land on any replica behind the load balancer:
 - on the owner, or for a chat nobody owns yet: it is handled here, as with a single replica;
 - elsewhere: it is forwarded to the owner (forwarding.py), which does the work and relays the
   response's chunks back through the shared state (relay.py); a plugin request waits here for
-  the verdict the owner sends back (remote_gate.py).
+  the verdict the owner sends back (remote_gate.py), unless this replica drains: then it is
+  handed back to the plugin, which asks again elsewhere.
 
 When the owner is dead (no heartbeat for `sessions.owner_timeout`), the next request for the chat
 moves it here. The dead replica's run is lost with its ADK connection: a resume of it is answered
@@ -110,12 +111,14 @@ class Cluster:
 
     @property
     def draining(self) -> bool:
-        """Set by the drain: new work forwarded here is refused, as the transports refuse their own."""
+        """Set by the drain: new work forwarded here is refused, as the transports refuse their own,
+        and the plugin requests held here for chats other replicas own are handed back (HandedOver)."""
         return self._forwarded.draining
 
     @draining.setter
     def draining(self, value: bool) -> None:
         self._forwarded.draining = value
+        self._gates.hand_over(value)
 
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
@@ -208,7 +211,11 @@ class Cluster:
     async def gate(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]
     ) -> tuple[Verdict, str]:
-        """The verdict for a gated call the plugin of ADK app `app_name` asks about, and its label for the metrics."""
+        """The verdict for a gated call the plugin of ADK app `app_name` asks about, and its label for the metrics.
+
+        Raises HandedOver (503 `retry_elsewhere`) once this replica drains, for a chat another
+        replica owns: the plugin asks again, and lands on a replica that stays.
+        """
         request = Gate(app_name, user_id, session_id, tool_call_id, tool, args)
         if not self.chats.gates.runs_here(user_id, session_id):
             try:

@@ -13,7 +13,9 @@ have to move to the new one before it is dropped).
   (a plugin from before several agents): every agent's policies merged, each tool as gated as
   any agent has it.
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
-  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`.
+  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`; or, from a replica that
+  drains while the call's chat runs on another, 503 `retry_elsewhere` (the plugin asks again, and
+  the chat's replica takes the repeated ask as the same call).
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
   when the new file is bad (the old config stays).
 - `GET /metrics` (`metrics.path`), with `metrics.listener: internal`: the Prometheus metrics,
@@ -31,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from ..config.agent import ToolPolicy
 from .app import metrics as metrics_page
 from ..config.schema import GatewayConfig
-from .errors import error_middleware
-from ..core.refusals import HttpError
+from .errors import error_middleware, json_error
+from ..core.refusals import HttpError, Refusal
 from .reload import reload_config
 from .state import GATEWAY
 
@@ -141,12 +143,24 @@ async def tool_call(request: web.Request) -> web.Response:
     structlog.contextvars.bind_contextvars(
         session_id=body.session_id, tool_call_id=body.function_call_id, tool=body.tool
     )
-    verdict, result = await gateway.cluster.gate(
-        app_name=body.app_name, user_id=body.user_id, session_id=body.session_id, tool_call_id=body.function_call_id,
-        tool=body.tool, args=body.args,
-    )
     # The agent label is bounded by the config: an app no agent has counts under "".
-    gateway.metrics.plugin_requests.labels(gateway.config.agent_for_app(body.app_name) or "", result).inc()
+    agent = gateway.config.agent_for_app(body.app_name) or ""
+    try:
+        verdict, result = await gateway.cluster.gate(
+            app_name=body.app_name, user_id=body.user_id, session_id=body.session_id,
+            tool_call_id=body.function_call_id, tool=body.tool, args=body.args,
+        )
+    except Refusal as exc:
+        # `retry_elsewhere` (this replica drains, the chat runs on another): the plugin asks again;
+        # nothing was decided and the tool has not run.
+        answer = exc.http()
+        gateway.metrics.plugin_requests.labels(agent, answer.code).inc()
+        response = json_error(answer.status, answer.code, answer.message, answer.headers)
+        # A balancer keeps a connection on the replica it chose: closed, the next ask on it goes
+        # to a replica that stays.
+        response.force_close()
+        return response
+    gateway.metrics.plugin_requests.labels(agent, result).inc()
     return web.json_response(verdict.as_json())
 
 

@@ -57,7 +57,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "runs": _each("completed", "waiting", "error", "cancelled"),
     "plugin_requests": _each(
         "run", "respond", "not_gated", "no_browser", "too_many_pending", "unauthorized", "invalid",
-        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent",
+        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
     + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
@@ -185,7 +185,8 @@ class GatewayMetrics:
         self.plugin_requests = Counter(
             "adk_gateway_plugin_requests_total",
             "Decision requests from the ADK plugin, by agent (\"\" when the request names no agent's app) and "
-            "result (run, respond, not_gated, no_browser, too_many_pending, unknown_agent, unauthorized, invalid).",
+            "result (run, respond, not_gated, no_browser, too_many_pending, unknown_agent, unauthorized, invalid, "
+            "retry_elsewhere, ...).",
             ["agent", "result"], registry=r,
         )
         self.policy_bypassed = Counter(

@@ -43,7 +43,9 @@ Environment: ADK_GATEWAY_URL (default http://127.0.0.1:8081), ADK_GATEWAY_SECRET
 ADK_GATEWAY_SECRET_FILE (a file holding it, such as a mounted secret: read again before each
 policy fetch and after a refusal, so the secret can be rotated without restarting the agent),
 ADK_GATEWAY_CONNECT_TIMEOUT (seconds, default 5), ADK_GATEWAY_MAX_WAIT (seconds a call may wait,
-default 3600; the gateway's own deadlines normally end the wait much sooner).
+default 3600; the gateway's own deadlines normally end the wait much sooner), ADK_GATEWAY_RETRY_FOR
+(seconds, default 30; 0: never): how long a call is asked again when no replica decided it (one
+handed the request back as it stopped, a connection was cut, a balancer found no replica; asking.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.genai import types
 
+from .asking import NoVerdict, ask
 from .confirmation import CannotConfirm, confirm, is_live
 
 if TYPE_CHECKING:
@@ -116,6 +119,7 @@ class GatewayPlugin(BasePlugin):
         secret_file: str | None = None,
         connect_timeout: float | None = None,
         max_wait: float | None = None,
+        retry_for: float | None = None,
     ) -> None:
         super().__init__(name=name)
         self._url = (url or os.environ.get("ADK_GATEWAY_URL") or _DEFAULT_URL).rstrip("/")
@@ -127,6 +131,7 @@ class GatewayPlugin(BasePlugin):
             self._reread_secret()
         self._connect_timeout = connect_timeout or float(os.environ.get("ADK_GATEWAY_CONNECT_TIMEOUT", "5"))
         self._max_wait = max_wait or float(os.environ.get("ADK_GATEWAY_MAX_WAIT", "3600"))
+        self._retry_for = retry_for if retry_for is not None else float(os.environ.get("ADK_GATEWAY_RETRY_FOR", "30"))
         # Per ADK app name ("" when the app is unknown: the gateway answers with every agent's
         # gated tools together). One API server may serve several apps, with one plugin.
         self._policies: dict[str, dict[str, dict[str, Any]]] = {}
@@ -281,12 +286,14 @@ class GatewayPlugin(BasePlugin):
         self._secret = value
         return True
 
-    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """One request to the internal listener. Refused (401) while the secret file holds a newer
-        secret: sent again once with it, as the gateway may have dropped the old one already."""
-        resp = await self._client().request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+    async def _send(self, method: str, url: str, *, client: httpx.AsyncClient | None = None, **kwargs: Any) -> httpx.Response:
+        """One request to the internal listener (through `client`, else the shared one). Refused
+        (401) while the secret file holds a newer secret: sent again once with it, as the gateway
+        may have dropped the old one already."""
+        http = client or self._client()
+        resp = await http.request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
         if resp.status_code == 401 and self._reread_secret():
-            resp = await self._client().request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+            resp = await http.request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
         return resp
 
     async def _tool_policy(self, tool: str, app: str = "") -> dict[str, Any] | None:
@@ -334,34 +341,15 @@ class GatewayPlugin(BasePlugin):
             "tool": tool,
             "args": args,
         }
-        try:
-            resp = await asyncio.wait_for(
-                self._send("POST", f"{self._url}/internal/v1/tool-calls", json=payload), timeout=self._max_wait
-            )
-        except httpx.HTTPError as exc:
-            # Could not connect (a connect timeout too), or the connection closed while waiting.
-            logger.warning("gateway unreachable while deciding %s: %r", tool, exc)
-            return {"verdict": "respond", "response": _refuse(
-                "The approval gateway went away before anyone decided; the call was not run.", "gateway_unreachable",
-            )}
-        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin TimeoutError before Python 3.11 (ADK 1.x runs on 3.10)
-            logger.warning("no decision on %s within ADK_GATEWAY_MAX_WAIT (%s s)", tool, self._max_wait)
-            return {"verdict": "respond", "response": _refuse(
-                f"Nobody decided within the plugin's longest wait (ADK_GATEWAY_MAX_WAIT, {self._max_wait:g} s); "
-                "the call was not run.",
-                "max_wait",
-            )}
-        if resp.status_code != 200:
-            logger.warning("gateway refused the decision request: HTTP %s", resp.status_code)
-            return {"verdict": "respond", "response": _refuse(
-                f"The approval gateway refused to decide (HTTP {resp.status_code}); the call was not run.",
-                "gateway_refused",
-            )}
-        try:
-            verdict = resp.json()
-        except ValueError:
-            return {}  # not JSON: answered as unexpected
-        return verdict if isinstance(verdict, dict) else {}
+        url = f"{self._url}/internal/v1/tool-calls"
+        answer = await ask(
+            lambda client: self._send("POST", url, client=client, json=payload), tool=tool,
+            call_id=str(payload["function_call_id"]), max_wait=self._max_wait, retry_for=self._retry_for,
+            connect_timeout=self._connect_timeout,
+        )
+        if isinstance(answer, NoVerdict):
+            return {"verdict": "respond", "response": _refuse(answer.text, answer.code)}
+        return answer
 
     async def close(self) -> None:
         if self._http is not None:

@@ -144,7 +144,8 @@ async def test_a_wait_past_max_wait_is_refused_and_says_so(gateway: tuple[FakeGa
 async def test_a_gateway_that_drops_the_wait_is_refused(gateway: tuple[FakeGateway, str]) -> None:
     fake, url = gateway
     fake.behaviour = "drop"
-    plugin = GatewayPlugin(url=url, secret="s3cret")
+    # Asked again for up to a second (a cut is retried: tests/unit/test_plugin_retries.py), then refused.
+    plugin = GatewayPlugin(url=url, secret="s3cret", retry_for=1)
     response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=context())
     assert response[REFUSAL_KEY] == "gateway_unreachable" and "not run" in response["error"]
     await plugin.close()
