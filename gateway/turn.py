@@ -174,8 +174,9 @@ class Turn:
         denied_tool_calls: Iterable[str] = (),
         policy: Callable[[str], ToolPolicy] | None = None,
         confirms: Callable[[str], bool] | None = None,
+        delivered_tool_calls: Iterable[str] = (),
     ) -> None:
-        ledger.begin_run(denied_tool_calls)
+        ledger.begin_run(denied_tool_calls, delivered_tool_calls)
         self.ledger = ledger
         self.converter = Converter(message_id, version, known_tool_calls, policy, ledger, confirms)
         self.state = TurnState.STREAMING
