@@ -10,7 +10,10 @@ once. Shown here with the ledger of real executions (the demo's DEMO_TOOL_LEDGER
 - "pay 50 to Hanako" through the gateway, approved and denied, with no plugin request at all;
 - the same answered after a kill -9 of the gateway and a fresh start (memory backend): ADK, which
   kept the request, runs the payment once;
-- every demo row with the stock ai 6 and ai 7 Chats over SSE and WebSocket.
+- every demo row with the stock ai 6 and ai 7 Chats over SSE and WebSocket;
+- browser tools (change_bgm, and get_location after an approval): shown chunk for chunk as hold
+  mode shows them, their output carried to ADK as the confirmation's payload (the tool's server
+  stand-in never runs), an answer replayed refused, and an output after a kill -9 of the gateway.
 
 `ADK_VERSIONS` names the old versions (default 1.22.1); `ADK_VENV_DIR` may point at a ready venv of
 the first one instead of building .venv-adk-<version> here. Each old-ADK process loads this
@@ -33,11 +36,11 @@ import pytest
 from gateway.demo import adk_venv
 from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
-from tests.demo_rows import SCENARIOS as DEMO_ROWS
-from tests.demo_rows import check_rows
+from tests.demo_rows import LOCATION, SCENARIOS as DEMO_ROWS
+from tests.demo_rows import check_rows, said
 from tests.jsdriver import run_chats
 from tests.procs import (
-    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, stop_process,
+    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, request, stop_process,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -246,3 +249,191 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
         ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == "process_payment" and "approval_id" in line}
         assert ids and all(i.startswith("adk-") for i in ids), sorted(ids)
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+
+
+# ---- browser tools in confirm mode -----------------------------------------------------------------
+
+# What hold mode shows for these rows (tests/integration/test_gateway_approvals.py, docs/protocol.md).
+BGM_FIRST = ["start", "start-step", "tool-input-start", "tool-input-available", "finish-step", "finish"]
+LOCATION_FIRST = ["start", "start-step", "tool-input-start", "tool-input-delta", "tool-approval-request", "finish-step", "finish"]
+
+
+def with_output(message: dict, call_id: str, output: object, *, error: str | None = None) -> dict:
+    """The assistant message after the browser ran `call_id` (the AI SDK's addToolOutput)."""
+    parts = []
+    for part in message["parts"]:
+        if part.get("toolCallId") == call_id:
+            part = {**part, "state": "output-error", "errorText": error} if error else {**part, "state": "output-available", "output": output}
+        parts.append(part)
+    return {**message, "parts": parts}
+
+
+def handed_over(message: dict, reply) -> dict:
+    """The message after the handover response: the tool part's input is available (and runs)."""
+    inputs = {c["toolCallId"]: c["input"] for c in reply.chunks if c["type"] == "tool-input-available"}
+    return {**message, "parts": [
+        {**p, "input": inputs[p["toolCallId"]]} if p.get("toolCallId") in inputs else p for p in message["parts"]
+    ]}
+
+
+def session_result(server: AdkServer, chat: str, call_id: str) -> list[object]:
+    """Every response ADK's session holds for the call (the placeholder, then the result)."""
+    reply = request(server.base, "GET", f"/apps/demo_agent/users/anonymous/sessions/{chat}")
+    assert reply.status == 200, reply.body[-500:]
+    found = []
+    for event in reply.json().get("events", []):
+        for part in (event.get("content") or {}).get("parts") or []:
+            response = part.get("functionResponse") or part.get("function_response")
+            if response and response.get("id") == call_id:
+                found.append(response.get("response"))
+    return found
+
+
+def play(gw: GatewayProcess) -> tuple[str, dict, object, str]:
+    chat, first_message = new_chat(), user("play track 2")
+    first = post(gw, chat, [first_message])
+    assert types(first) == BGM_FIRST, first.body[-2000:]
+    assert first.chunks[3]["toolName"] == "change_bgm" and first.chunks[3]["input"] == {"track": 2}
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    return chat, first_message, first, first.chunks[3]["toolCallId"]
+
+
+def locate(gw: GatewayProcess) -> tuple[str, dict, object, str, str]:
+    chat, first_message = new_chat(), user("where am I")
+    first = post(gw, chat, [first_message])
+    assert types(first) == LOCATION_FIRST, first.body[-2000:]
+    request_chunk = first.chunks[4]
+    assert request_chunk["approvalId"].startswith("adk-")  # ADK's confirmation, under the original call
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    return chat, first_message, first, request_chunk["toolCallId"], request_chunk["approvalId"]
+
+
+def approve_location(gw: GatewayProcess, chat: str, first_message: dict, first, call_id: str) -> dict:
+    """Approve: the call is handed to the browser as hold mode hands it over; ADK hears nothing yet."""
+    approved = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, approved], messageId=approved["id"])
+    assert second.status == 200, second.body[-2000:]
+    assert second.chunks == [
+        {"type": "start", "messageId": approved["id"]},
+        {"type": "tool-input-available", "toolCallId": call_id, "toolName": "get_location", "input": {}},
+        {"type": "finish", "finishReason": "tool-calls"},
+    ], second.body[-2000:]
+    return handed_over(approved, second)
+
+
+def send_output(gw: GatewayProcess, chat: str, first_message: dict, message: dict, call_id: str, output: object) -> object:
+    done = with_output(message, call_id, output)
+    reply = post(gw, chat, [first_message, done], messageId=done["id"])
+    assert reply.status == 200, reply.body[-2000:]
+    assert reply.chunks[0] == {"type": "start", "messageId": done["id"]}
+    # The browser has the output: not echoed (as in hold mode), and ADK's machinery never shown.
+    assert not [c for c in reply.chunks if c.get("toolCallId")], reply.body[-2000:]
+    assert reply.chunks[-1]["finishReason"] == "stop"
+    return reply
+
+
+def test_browser_tools_hold_nothing_and_their_output_answers_adk(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    with confirm_stack(tmp_path, adk, ledger) as (server, gw, _extra):
+        # change_bgm: no approval; the output is the confirmation's answer.
+        chat, first_message, first, call_id = play(gw)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]  # waiting in ADK's session
+        reply = send_output(gw, chat, first_message, assistant_from(first), call_id, {"playing": 2})
+        assert "track 2" in text(reply)
+        # The browser's output is the call's result; the tool's server stand-in never ran.
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"playing": 2}]
+        replay = post(gw, chat, [first_message, with_output(assistant_from(first), call_id, {"playing": 2})], messageId=first.chunks[0]["messageId"])
+        assert replay.status == 410 and replay.json()["error"]["code"] == "approval_gone", replay.body[-500:]
+        assert len(session_result(server, chat, call_id)) == 2
+
+        # get_location: approved (nothing reaches ADK), run, its output answers ADK.
+        chat, first_message, first, call_id, _approval = locate(gw)
+        message = approve_location(gw, chat, first_message, first, call_id)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
+        reply = send_output(gw, chat, first_message, message, call_id, LOCATION)
+        assert "35.6812" in text(reply)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, LOCATION]
+        replay = post(gw, chat, [first_message, with_output(message, call_id, LOCATION)], messageId=message["id"])
+        assert replay.status == 410, replay.body[-500:]
+
+        # get_location denied: ADK is told at once; the browser never gets the call to run.
+        chat, first_message, first, call_id, _approval = locate(gw)
+        denied = assistant_from(first, [False])
+        reply = post(gw, chat, [first_message, denied], messageId=denied["id"])
+        assert reply.chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}, reply.body[-2000:]
+        assert "tool-input-available" not in types(reply) and reply.chunks[-1]["finishReason"] == "stop"
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"error": "This tool call is rejected."}]
+
+        # The browser's error is the call's result too.
+        chat, first_message, first, call_id = play(gw)
+        failed = with_output(assistant_from(first), call_id, None, error="Autoplay is blocked")
+        reply = post(gw, chat, [first_message, failed], messageId=failed["id"])
+        assert reply.status == 200 and not [c for c in reply.chunks if c.get("toolCallId")], reply.body[-2000:]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"error": "Autoplay is blocked"}]
+
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0  # nothing held open
+        assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+        assert metric_value(gw.base, "adk_gateway_approvals_pending") == 0
+        for tool, outcome, count in (("change_bgm", "output", 1), ("change_bgm", "error", 1), ("get_location", "output", 1)):
+            assert metric_value(
+                gw.base, "adk_gateway_browser_tool_wait_seconds_count", {"tool": tool, "outcome": outcome},
+            ) == count, (tool, outcome)
+        for outcome in ("approved", "denied"):
+            assert metric_value(
+                gw.base, "adk_gateway_approval_wait_seconds_count", {"tool": "get_location", "outcome": outcome},
+            ) == 1
+
+
+def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    if adk[0] != "newest":
+        pytest.skip("the gateway's own checks: one ADK shows them")
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, _extra):
+        chat, first_message, first, call_id = play(gw)
+        # Another chat names the call: not one of its own, refused, and the real one still works.
+        other = new_chat()
+        refused = post(gw, other, [first_message, with_output(assistant_from(first), call_id, {"playing": 9})])
+        assert refused.status == 400 and refused.json()["error"]["code"] == "invalid_request", refused.body[-500:]
+        # An output for a server tool's call, even named as a browser tool's, answers nothing: the
+        # payment is neither run nor rejected by it.
+        pay_chat, pay_message, pay_first, pay_call = ask_to_pay(gw)
+        for name in ("process_payment", "change_bgm"):
+            forged = with_output(assistant_from(pay_first), pay_call, {"success": True})
+            forged["parts"] = [{**p, "type": f"tool-{name}"} if p.get("toolCallId") == pay_call else p for p in forged["parts"]]
+            refused = post(gw, pay_chat, [pay_message, forged], messageId=forged["id"])
+            assert refused.status == 400 and refused.json()["error"]["code"] == "invalid_request", refused.body[-500:]
+        assert session_result(server, pay_chat, pay_call) == [PLACEHOLDER]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
+        # An output before the approval it needs (the browser never had the call to run) is no answer.
+        chat_b, message_b, first_b, call_b, _approval = locate(gw)
+        early = with_output(assistant_from(first_b), call_b, LOCATION)
+        refused = post(gw, chat_b, [message_b, early], messageId=early["id"])
+        assert refused.status == 400, refused.body[-500:]
+        assert session_result(server, chat_b, call_b) == [PLACEHOLDER]
+        reply = send_output(gw, chat, first_message, assistant_from(first), call_id, {"playing": 2})
+        assert "track 2" in text(reply)
+
+
+def test_browser_outputs_after_the_gateway_was_killed_and_restarted(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+        bgm = play(gw)
+        before_approval = locate(gw)
+        after_approval = locate(gw)
+        handed = approve_location(gw, *after_approval[:4])
+        gw.proc.kill()  # kill -9: the chats and their ledgers are gone
+        gw.proc.wait()
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
+            chat, first_message, first, call_id = bgm
+            assert "track 2" in text(send_output(again, chat, first_message, assistant_from(first), call_id, {"playing": 2}))
+            assert session_result(server, chat, call_id) == [PLACEHOLDER, {"playing": 2}]
+            # Approved before the restart: the output alone goes on.
+            chat, first_message, _first, call_id, _approval = after_approval
+            assert "35.6812" in text(send_output(again, chat, first_message, handed, call_id, LOCATION))
+            # Asked before the restart: the approval is handed over from ADK's session, then the output.
+            chat, first_message, first, call_id, _approval = before_approval
+            message = approve_location(again, chat, first_message, first, call_id)
+            assert "35.6812" in text(send_output(again, chat, first_message, message, call_id, LOCATION))
+            # A replay, to the restarted gateway, reaches ADK no more.
+            replay = post(again, chat, [first_message, with_output(message, call_id, LOCATION)], messageId=message["id"])
+            assert replay.status == 410, replay.body[-500:]
+            assert session_result(server, chat, call_id) == [PLACEHOLDER, LOCATION]
+        stop_process(gw.proc)
