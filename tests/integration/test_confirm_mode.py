@@ -26,6 +26,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,9 +40,10 @@ from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import LOCATION, SCENARIOS as DEMO_ROWS
 from tests.demo_rows import check_rows, said
-from tests.jsdriver import run_chats
+from tests.jsdriver import assert_clean, run_chat, run_chats
 from tests.procs import (
-    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, request, stop_process,
+    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, plugin_stack, request,
+    stop_process,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -221,9 +224,9 @@ def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_o
 
 @pytest.mark.js
 def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
-    """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: the payments go
-    through ADK's confirmation (browser tools keep the plugin's blocking path), each approved
-    payment runs exactly once, no denied or abandoned one ever."""
+    """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: every gated call,
+    the browser tools' too, goes through ADK's confirmation (no plugin request at all), each
+    approved payment runs exactly once, no denied or abandoned one ever."""
     ledger = tmp_path / "ledger.jsonl"
     with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
         names = list(DEMO_ROWS)
@@ -245,9 +248,11 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
         # Per client and transport: "approve" pays Hanako once, "two" pays one of Alice and Bob;
         # "deny" and "moved_on" (a new message instead of an answer) never pay.
         assert paid["Hanako"] == 4 and paid["Alice"] + paid["Bob"] == 4, paid
-        # Browser tools went through the plugin's requests; no payment did (a gateway gate's id is gw-...).
-        ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == "process_payment" and "approval_id" in line}
-        assert ids and all(i.startswith("adk-") for i in ids), sorted(ids)
+        # Nothing went through the plugin's held requests (a gateway gate's id is gw-...).
+        for tool in ("process_payment", "get_location", "change_bgm"):
+            ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == tool and "approval_id" in line}
+            assert ids and all(i.startswith("adk-") for i in ids), (tool, sorted(ids))
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
 
 
@@ -436,4 +441,95 @@ def test_browser_outputs_after_the_gateway_was_killed_and_restarted(adk: tuple[s
             replay = post(again, chat, [first_message, with_output(message, call_id, LOCATION)], messageId=message["id"])
             assert replay.status == 410, replay.body[-500:]
             assert session_result(server, chat, call_id) == [PLACEHOLDER, LOCATION]
+        stop_process(gw.proc)
+
+
+BROWSER_ROWS = ("bgm", "location", "location_denied")
+
+
+def wire(result: dict) -> list[list[dict]]:
+    """What each request of a stock Chat received, ids made comparable across two servers, the
+    model's words left out (a denial's reads ADK's rejection text in confirm mode)."""
+    names: dict[str, str] = {}
+
+    def same(value: object) -> object:
+        if isinstance(value, str) and (value.startswith(("adk-", "gw-", "msg-")) or value in names):
+            return names.setdefault(value, f"id{len(names)}")
+        return value
+
+    responses: dict[int, list[dict]] = {}
+    for index, chunk in result["chunks"]:
+        if chunk["type"] == "text-delta":
+            continue
+        keep = {k: same(v) for k, v in chunk.items() if k not in ("messageMetadata",)}
+        if keep["type"] == "tool-input-start" or "toolCallId" in keep:
+            keep["toolCallId"] = names.setdefault(chunk["toolCallId"], f"call{len(names)}")
+        responses.setdefault(index, []).append(keep)
+    return list(responses.values())
+
+
+@pytest.mark.js
+def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
+    mode receive, request by request, what the same rows receive in hold mode (only ids and the
+    model's words differ)."""
+    if adk[0] != "newest":
+        pytest.skip("the chunks are the gateway's: one ADK shows them (the rows run on each ADK above)")
+    batch = [(version, name) for version in (6, 7) for name in BROWSER_ROWS]
+
+    def rows(base: str) -> list[dict]:
+        return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
+
+    (tmp_path / "hold").mkdir()
+    with plugin_stack(tmp_path / "hold") as hold:
+        held = rows(hold.gateway.base)
+        assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (_, gw, _extra):
+        confirmed = rows(gw.base)
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0
+    for (version, name), before, after in zip(batch, held, confirmed):
+        assert_clean(before)
+        assert_clean(after)
+        assert wire(after) == wire(before), f"ai {version}, {name}"
+        assert [p["state"] for m in after["messages"] for p in m["parts"] if p["type"].startswith("tool-")] == [
+            p["state"] for m in before["messages"] for p in m["parts"] if p["type"].startswith("tool-")
+        ]
+    check_rows_browser = {name: r for (v, name), r in zip(batch, confirmed)}
+    assert "35.6812" in said(check_rows_browser["location"]) and "track 2" in said(check_rows_browser["bgm"])
+    assert check_rows_browser["location_denied"]["toolCalls"] == []
+
+
+@pytest.mark.js
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_stock_chat_runs_a_browser_tool_approved_after_a_gateway_kill(
+    adk: tuple[str, Path | None], tmp_path: Path, version: int,
+) -> None:
+    """"where am I": the Chat holds its Approve while the gateway is killed (-9) and started again;
+    then the approval hands the call over (from ADK's session), the browser runs it, and its output
+    reaches the model."""
+    if adk[0] != "newest" and version == 6:
+        pytest.skip("one client on the old ADK is enough here")
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+        hold = tmp_path / f"answer-{version}"
+        result: dict = {}
+        steps = [{**DEMO_ROWS["location"][0], "holdAnswersUntil": str(hold)}]
+        driver = threading.Thread(target=lambda: result.update(run_chat(version, f"{gw.base}/api/chat", steps=steps, timeout=120)))
+        driver.start()
+        ready = hold.with_name(hold.name + ".ready")
+        deadline = time.monotonic() + 60
+        while not ready.exists() and driver.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the approval never reached the Chat"
+        gw.proc.kill()
+        gw.proc.wait()
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port):
+            hold.write_text("")
+            driver.join(150)
+        assert result, "the chat driver did not report"
+        assert_clean(result)
+        [part] = [p for m in result["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+        assert part["state"] == "output-available" and part["output"] == LOCATION
+        assert "35.6812" in said(result)
+        assert [c["toolName"] for c in result["toolCalls"]] == ["get_location"]
+        assert session_result(server, result["chatId"], part["toolCallId"]) == [PLACEHOLDER, LOCATION]
         stop_process(gw.proc)
