@@ -550,7 +550,7 @@ class ChatService:
         for answer in answers:
             pending = chat.ledger.answer_native(answer.approval_id)
             if pending is not None:
-                self._observe_native(chat.agent, pending, "cancelled", now)
+                self._observe_cancelled(chat.agent, pending, now)
             log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
 
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
@@ -561,20 +561,38 @@ class ChatService:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
-            if answer.payload is not None:
-                # A browser tool's output (or its error) answers it.
-                outcome = "error" if "error" in answer.payload.get(NAMESPACE, {}) else "output"
-            else:
-                outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
+            if answer.payload is not None or pending.awaits_output:
+                self._record_browser_answer(chat.agent, pending, answer, now)
+                continue
+            outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
             self._observe_native(chat.agent, pending, outcome, now)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
-    def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
-        if confirmation.awaits_output:
-            # A browser tool's wait for its output, timed as hold mode times it.
-            since = confirmation.approved_at or confirmation.asked_at or now
-            self.metrics.browser_tool_wait.labels(agent, confirmation.tool, outcome).observe(now - since)
+    def _record_browser_answer(self, agent: str, pending: NativeConfirmation, answer: ApprovalAnswer, now: float) -> None:
+        """A browser tool's confirmation answered: by its output or error, or rejected unrun."""
+        if answer.payload is None:
+            self._observe_browser(agent, pending, "cancelled", now)
             return
+        if pending.approval and pending.approved_at is None:
+            # Approved where this replica did not see it (the part shows the approval): counted now.
+            self._observe_native(agent, pending, "approved", now)
+            pending.approved_at = now
+        outcome = "error" if "error" in answer.payload.get(NAMESPACE, {}) else "output"
+        self._observe_browser(agent, pending, outcome, now)
+        log.info("browser_tool_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
+
+    def _observe_browser(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
+        # A browser tool's wait for its output, timed as hold mode times it.
+        since = confirmation.approved_at or confirmation.asked_at or now
+        self.metrics.browser_tool_wait.labels(agent, confirmation.tool, outcome).observe(now - since)
+
+    def _observe_cancelled(self, agent: str, confirmation: NativeConfirmation, now: float) -> None:
+        if confirmation.awaits_output:
+            self._observe_browser(agent, confirmation, "cancelled", now)
+        else:
+            self._observe_native(agent, confirmation, "cancelled", now)
+
+    def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
         self.metrics.approvals_pending.labels(agent).dec()
         self.metrics.approval_wait.labels(agent, confirmation.tool, outcome).observe(now - (confirmation.asked_at or now))
 
@@ -586,5 +604,5 @@ class ChatService:
         for chat in gone:
             await self.runs.close_live(chat)
             for pending in chat.ledger.pending_native():
-                self._observe_native(chat.agent, pending, "cancelled", now)
+                self._observe_cancelled(chat.agent, pending, now)
         return gone
