@@ -194,8 +194,9 @@ class GatewayPlugin(BasePlugin):
                 )
             if not policy.get("gated"):
                 return None
-            if policy.get("confirm") and not is_live(tool_context):
-                return self._confirm(tool.name, policy.get("hint"), tool_context, browser=policy.get("runs_in") == "browser")
+            browser = policy.get("runs_in") == "browser"
+            if policy.get("confirm_browser" if browser else "confirm") and not is_live(tool_context):
+                return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
             verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")

@@ -530,7 +530,7 @@ async def test_a_hold_policy_ignores_an_earlier_confirmation_and_asks_the_gatewa
 
 # ---- browser tools in confirm mode: the browser's output is the confirmation's payload ---------
 
-BROWSER_CONFIRM = {"approval": False, "runs_in": "browser", "gated": True, "confirm": True, "hint": None}
+BROWSER_CONFIRM = {"approval": False, "runs_in": "browser", "gated": True, "confirm": False, "confirm_browser": True, "hint": None}
 
 
 def where() -> dict[str, Any]:
@@ -607,6 +607,19 @@ async def test_a_rejected_browser_tool_gets_adks_rejection(gateway: tuple[FakeGa
     ctx = sse_context(answer=answered(False))
     response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
     assert response == {"error": "This tool call is rejected."}
+    await plugin.close()
+
+
+async def test_a_browser_tool_marked_only_confirm_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+    # Only `confirm_browser` sends a browser tool through ADK's confirmation: the gateway says so
+    # only once it carries the output as the answer's payload.
+    fake, url = gateway
+    fake.tools = {"where": {**BROWSER_CONFIRM, "confirm": True, "confirm_browser": False}}
+    fake.verdict = {"verdict": "respond", "response": {"latitude": 1}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"latitude": 1}
+    assert [a["tool"] for a in fake.asked] == ["where"] and ctx.request_confirmation.requested == []
     await plugin.close()
 
 
