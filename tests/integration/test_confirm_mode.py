@@ -414,6 +414,11 @@ def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[st
         refused = post(gw, chat_b, [message_b, early], messageId=early["id"])
         assert refused.status == 400, refused.body[-500:]
         assert session_result(server, chat_b, call_b) == [PLACEHOLDER]
+        # An output past the request limit (chat.max_body_bytes) is refused before anything reads it.
+        huge = with_output(assistant_from(first), call_id, {"playing": "x" * (5 * 1024 * 1024)})
+        refused = post(gw, chat, [first_message, huge], messageId=huge["id"])
+        assert refused.status == 413 and refused.headers["content-type"].startswith("application/json"), refused.body[-500:]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
         reply = send_output(gw, chat, first_message, assistant_from(first), call_id, {"playing": 2})
         assert "track 2" in text(reply)
 
