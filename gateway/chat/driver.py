@@ -117,8 +117,12 @@ class RunDriver:
                 metrics.policy_bypassed.labels(self.agent, tool).inc()
                 log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
             case NativeAsked(confirmation=asked):
-                metrics.approvals_pending.labels(self.agent).inc()
-                log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
+                if asked.approval:
+                    metrics.approvals_pending.labels(self.agent).inc()
+                    log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
+                else:
+                    # A browser tool nobody approves (confirm mode): it waits for the browser's output.
+                    log.info("browser_tool_requested", approval_id=asked.approval_id, tool=asked.tool)
             case RunEnded():
                 metrics.runs.labels(self.agent, output.outcome).inc()
                 log.info("run_finished", outcome=output.outcome)

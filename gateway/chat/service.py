@@ -28,6 +28,7 @@ from .answers import LOST_APPROVAL, Forbidden, Gone, pending_outputs, split_answ
 from ..core.approvals import CallState, GatedCall
 from .record import Chat
 from ..config.schema import GatewayConfig
+from ..core.browser_confirmations import NAMESPACE, BrowserCalls, handover_chunks, output_answers, plan_browser
 from .driver import RunDriver, RunHooks
 from ..core.refusals import Refusal
 from .gates import Gates
@@ -190,10 +191,15 @@ class ChatService:
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
         outputs = pending_outputs(chat, plan.outputs)
+        browser = BrowserCalls(chat.ledger, agent.config.tool_policy)
+        carried: list[ToolOutput] = []
+        held: SessionConfirmations | None = None
+        if not agent.live:
+            native, carried, held = await self._browser_outputs(chat, agent, plan, native, browser)
         if native and not agent.live:
             # Strict: nothing but these answers to go on with, so one ADK lost is the request's end.
             only_native = plan.new_message is None and not (gated or outputs)
-            fresh = await self._unanswered_native(chat, native, strict=only_native)
+            fresh = await self._unanswered_native(chat, native, strict=only_native, held=held)
             if plan.new_message is None and not fresh and not (gated or outputs):
                 # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
                 raise Gone("this approval was already answered; send a new message to go on")
@@ -212,11 +218,63 @@ class ChatService:
             if plan.new_message is None:
                 raise InvalidRequest("this approval is not pending (ADK confirmations do not exist in live mode)")
             native = []
-        return await self._start_run(agent, chat, plan, gated, native, request.version)
+        if not agent.live:
+            split = plan_browser(
+                native, browser.by_id, new_message=plan.new_message is not None, waiting=chat.ledger.pending_native(),
+            )
+            if split.handover:
+                return self._hand_over(chat, plan, native, split.handover, request.version)
+            native = split.forward
+        sent = {a.tool_call_id for a in native}
+        carried = [o for o in carried if o.tool_call_id in sent]
+        return await self._start_run(agent, chat, plan, gated, native, request.version, carried)
+
+    async def _browser_outputs(
+        self, chat: Chat, agent: Agent, plan: TurnPlan, native: list[ApprovalAnswer], browser: BrowserCalls,
+    ) -> tuple[list[ApprovalAnswer], list[ToolOutput], SessionConfirmations | None]:
+        """Confirm mode: the browser tools' outputs as answers to their ADK confirmations, with the
+        request's other native answers, and the outputs they carry. ADK's session is asked (and
+        returned, for the answers' check) only when the chat's ledger does not know a browser
+        tool's call or approval the request names (the gateway restarted, or never ran the chat)."""
+        mine = [o for o in plan.outputs if chat.ledger.call(o.tool_call_id) is None]  # not a held gate's
+        held = None
+        if agent.config.upstream.approvals == "confirm" and browser.need_session(mine, native):
+            held = await self.runs.confirmations(chat)
+            browser.originals = held.originals
+        answers, carried = output_answers(mine, browser.of_output)
+        if not answers:
+            return native, [], held
+        taken = {a.approval_id for a in answers}
+        return [*answers, *(a for a in native if a.approval_id not in taken)], carried, held
+
+    def _hand_over(
+        self, chat: Chat, plan: TurnPlan, answers: list[ApprovalAnswer], calls: list[NativeConfirmation],
+        version: ClientVersion,
+    ) -> Attachment:
+        """Approved browser tools go to the browser to run, as hold mode hands them over; ADK hears
+        of the approval with their output, so nothing is sent to it and nothing runs meanwhile."""
+        if chat.run is not None and chat.run.streaming:
+            raise ChatBusy("a response is already streaming for this chat")
+        message_id = plan.continue_message_id or self._new_id()
+        run = Run(message_id, limit=self.config.chat.run_buffer_chunks, earlier=self._message_so_far(chat, message_id))
+        handed = {c.approval_id for c in calls}
+        run.browser_added(_browser_added(version, [a for a in answers if a.approval_id in handed], []))
+        reader = run.current.reader()
+        run.publish([encode_chunk(chunk) for chunk in handover_chunks(message_id, calls, version)])
+        now = self._clock()
+        run.end_response(now)
+        chat.run = run
+        for call in calls:
+            pending = chat.ledger.native(call.approval_id)
+            if pending is not None and pending.in_browser and pending.approved_at is None:
+                self._observe_native(chat.agent, pending, "approved", now)
+                chat.ledger.approve_in_browser(call.approval_id, now)
+                log.info("approval_answered", approval_id=call.approval_id, tool=call.tool, outcome="approved")
+        return Attachment(run, reader)
 
     async def _start_run(
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
-        native: list[ApprovalAnswer], version: ClientVersion,
+        native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None = None,
     ) -> Attachment:
         before = chat.run
         if before is not None and before.streaming and not await self._nobody_reads(before.current):
@@ -241,7 +299,7 @@ class ChatService:
             plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks,
             earlier=self._message_so_far(chat, plan.continue_message_id),
         )
-        run.browser_added(_browser_added(version, [a for a in native if not a.implicit], []))
+        run.browser_added(_browser_added(version, [a for a in native if not a.implicit and a.payload is None], carried or []))
         # Claimed, and read, before the first await, so a concurrent request for this chat sees it busy.
         chat.run = run
         reader = run.current.reader()
@@ -257,7 +315,7 @@ class ChatService:
         turn = Turn(
             run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
             denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
-            confirms=agent.config.confirms,
+            confirms=agent.config.confirms, delivered_tool_calls=[o.tool_call_id for o in carried or ()],
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)
@@ -531,7 +589,7 @@ class ChatService:
     # ---- native approval bookkeeping -----------------------------------------------------
 
     async def _unanswered_native(
-        self, chat: Chat, answers: list[ApprovalAnswer], *, strict: bool
+        self, chat: Chat, answers: list[ApprovalAnswer], *, strict: bool, held: SessionConfirmations | None = None,
     ) -> list[ApprovalAnswer]:
         """The answers to native confirmations that nobody gave before and ADK still waits for.
 
@@ -540,11 +598,13 @@ class ChatService:
         whether it still holds the paused call. An ADK that restarted on in-memory sessions does not,
         and an answer forwarded then fails inside ADK's run; such an answer is refused (`strict`:
         the request carries nothing else to go on with) or left out (a new message, or other
-        answers, ride along), and the approval is settled here as cancelled.
+        answers, ride along), and the approval is settled here as cancelled. `held`: ADK's session,
+        if the caller fetched it already.
         """
         ledger = chat.ledger
         open_ = [a for a in answers if not ledger.native_answered(a.approval_id)]
-        held = await self.runs.confirmations(chat) if open_ else SessionConfirmations()
+        if held is None:
+            held = await self.runs.confirmations(chat) if open_ else SessionConfirmations()
         lost = [a for a in open_ if a.approval_id not in held.asked and a.approval_id not in held.answered]
         if lost:
             self._lose_native(chat, lost)
@@ -557,20 +617,47 @@ class ChatService:
         for answer in answers:
             pending = chat.ledger.answer_native(answer.approval_id)
             if pending is not None:
-                self._observe_native(chat.agent, pending, "cancelled", now)
+                self._observe_cancelled(chat.agent, pending, now)
             log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
 
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
-            pending = chat.ledger.answer_native(answer.approval_id)
+            pending = chat.ledger.answer_native(answer.approval_id, answer.tool_call_id)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
+            if answer.payload is not None or pending.awaits_output:
+                self._record_browser_answer(chat.agent, pending, answer, now)
+                continue
             outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
             self._observe_native(chat.agent, pending, outcome, now)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
+
+    def _record_browser_answer(self, agent: str, pending: NativeConfirmation, answer: ApprovalAnswer, now: float) -> None:
+        """A browser tool's confirmation answered: by its output or error, or rejected unrun."""
+        if answer.payload is None:
+            self._observe_browser(agent, pending, "cancelled", now)
+            return
+        if pending.approval and pending.approved_at is None:
+            # Approved where this replica did not see it (the part shows the approval): counted now.
+            self._observe_native(agent, pending, "approved", now)
+            pending.approved_at = now
+        outcome = "error" if "error" in answer.payload.get(NAMESPACE, {}) else "output"
+        self._observe_browser(agent, pending, outcome, now)
+        log.info("browser_tool_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
+
+    def _observe_browser(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
+        # A browser tool's wait for its output, timed as hold mode times it.
+        since = confirmation.approved_at or confirmation.asked_at or now
+        self.metrics.browser_tool_wait.labels(agent, confirmation.tool, outcome).observe(now - since)
+
+    def _observe_cancelled(self, agent: str, confirmation: NativeConfirmation, now: float) -> None:
+        if confirmation.awaits_output:
+            self._observe_browser(agent, confirmation, "cancelled", now)
+        else:
+            self._observe_native(agent, confirmation, "cancelled", now)
 
     def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
         self.metrics.approvals_pending.labels(agent).dec()
@@ -584,5 +671,5 @@ class ChatService:
         for chat in gone:
             await self.runs.close_live(chat)
             for pending in chat.ledger.pending_native():
-                self._observe_native(chat.agent, pending, "cancelled", now)
+                self._observe_cancelled(chat.agent, pending, now)
         return gone

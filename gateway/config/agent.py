@@ -35,7 +35,8 @@ class UpstreamConfig(Section):
     # hold: it blocks inside the tool call on a long request to the gateway until the decision
     # (the pending approval lives in that request and in the gateway's memory). confirm (sse
     # only): it asks ADK for a confirmation of the call instead, so the run ends and the request
-    # is kept in ADK's session; the answer re-runs the call. Browser tools stay on hold.
+    # is kept in ADK's session; the answer re-runs the call (a browser tool's output is the answer's
+    # payload, returned as the call's result).
     approvals: Literal["hold", "confirm"] = "hold"
 
     @model_validator(mode="after")
@@ -108,9 +109,9 @@ class AgentConfig(Section):
         return str(self.upstream.url).rstrip("/")
 
     def confirms(self, name: str) -> bool:
-        """Whether the plugin asks ADK's confirmation of this tool's calls instead of blocking."""
-        policy = self.tool_policy(name)
-        return self.upstream.approvals == "confirm" and policy.approval and policy.runs_in == "server"
+        """Whether the plugin asks ADK's confirmation of this tool's calls instead of blocking: every
+        gated tool (approval, browser or both) of an agent with `approvals: confirm`."""
+        return self.upstream.approvals == "confirm" and self.tool_policy(name).gated
 
     @property
     def gated_tools(self) -> list[str]:

@@ -30,6 +30,7 @@ __all__ = [
     "ToolOutput",
     "TurnPlan",
     "confirmation_message",
+    "confirmation_response",
     "is_chat_id",
     "parse_chat_body",
     "parse_chat_request",
@@ -138,6 +139,8 @@ class ApprovalAnswer:
     # True when the person never answered and moved on: the gateway rejects on their behalf.
     implicit: bool = False
     reason: str | None = None
+    # Sent to ADK with the answer (`{"adk_gateway": {...}}`): a browser tool's output or error.
+    payload: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class ToolOutput:
     tool_name: str
     output: Any
     error_text: str | None = None
+    # The approval the tool part shows (a tool that needed one): True only if the person approved.
+    approved: bool = False
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,8 @@ def _outputs(message: UIMessage, where: str) -> list[ToolOutput]:
             continue
         tool = _parse_part(_ToolPart, part, f"{where}.parts[{i}]")
         error = (tool.errorText or "the browser tool failed") if tool.state == "output-error" else None
-        outputs.append(ToolOutput(tool.toolCallId, _tool_name(part), tool.output, error))
+        approved = tool.approval is not None and tool.approval.approved is True
+        outputs.append(ToolOutput(tool.toolCallId, _tool_name(part), tool.output, error, approved))
     return outputs
 
 
@@ -340,21 +346,18 @@ def plan_turn(request: ChatRequest) -> TurnPlan:
     raise InvalidRequest(f"{where}.role: the last message must come from the user or answer an approval")
 
 
-def confirmation_message(answers: tuple[ApprovalAnswer, ...] | list[ApprovalAnswer]) -> dict[str, Any]:
-    """The ADK message that answers native confirmations: function responses and nothing else.
+def confirmation_response(approval_id: str, confirmed: bool, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One answer to ADK's `adk_request_confirmation` call `approval_id`, as a function response part.
 
-    ADK answers HTTP 500 to extra keys in `response`, so only `confirmed` is sent.
+    ADK answers HTTP 500 to extra keys in `response`: only `confirmed` and, when given, `payload`
+    (the one other key ADK accepts, which it puts on the re-run call's `tool_confirmation`).
     """
-    return {
-        "role": "user",
-        "parts": [
-            {
-                "functionResponse": {
-                    "id": a.approval_id,
-                    "name": CONFIRMATION_TOOL,
-                    "response": {"confirmed": a.approved},
-                }
-            }
-            for a in answers
-        ],
-    }
+    response: dict[str, Any] = {"confirmed": confirmed}
+    if payload is not None:
+        response["payload"] = payload
+    return {"functionResponse": {"id": approval_id, "name": CONFIRMATION_TOOL, "response": response}}
+
+
+def confirmation_message(answers: tuple[ApprovalAnswer, ...] | list[ApprovalAnswer]) -> dict[str, Any]:
+    """The ADK message that answers native confirmations: function responses and nothing else."""
+    return {"role": "user", "parts": [confirmation_response(a.approval_id, a.approved, a.payload) for a in answers]}

@@ -197,7 +197,18 @@ class Converter(MessageWriter):
         if not tool_call_id or not approval_id:
             return
         name = original.get("name") or ""
-        self._show_tool(out, tool_call_id, name, original.get("args") or {})
+        call_args = original.get("args") or {}
+        self._show_tool(out, tool_call_id, name, call_args)
+        policy = self.policy(name) if self.policy is not None else None
+        if policy is not None and policy.runs_in == "browser":
+            # Confirm mode's browser tool: shown as hold mode shows it (the gateway's policy says
+            # which tools run in the browser, not ADK's payload), its approval the policy's.
+            self.ledger.ask(NativeConfirmation(
+                approval_id, tool_call_id, name, in_browser=True, approval=policy.approval, args=dict(call_args),
+            ))
+            if policy.approval:
+                out.append(_approval_request(approval_id, tool_call_id, policy.hint))
+            return
         self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name))
         hint = (args.get("toolConfirmation") or {}).get("hint")
         out.append(_approval_request(approval_id, tool_call_id, None if _is_default_hint(hint) else hint))

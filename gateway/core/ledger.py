@@ -7,6 +7,8 @@ One ledger per chat. It holds both kinds of approval (DESIGN.md decision 3):
   stay, so a replayed answer or a late browser output finds what became of its call;
 - native ADK confirmations (`adk_request_confirmation`): asked by one run, answered by the request
   that starts the next; answered ones are remembered (bounded) so a replay never reaches ADK twice.
+  In confirm mode a browser tool's call is one too (`in_browser`): approved, it waits for the
+  browser's output, which answers it.
 
 What a run asked or was told (the gated calls it expects, the confirmations it asked, the calls the
 person denied in the request that started it) is reset by `begin_run`: a chat runs one run at a time.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .approvals import GatedCall, Outcome
 
@@ -37,13 +40,26 @@ class NativeConfirmation:
     tool: str
     # When the run that asked ended (the metrics time the wait from there); None while it runs.
     asked_at: float | None = None
+    # A browser tool's (confirm mode): the browser runs it, and its output answers the confirmation.
+    in_browser: bool = False
+    # Whether a person approves it first (a browser tool without approval asks nobody).
+    approval: bool = True
+    # The call's arguments, handed to the browser once approved (a browser tool's).
+    args: dict[str, Any] | None = None
+    # When the person approved it (a browser tool's: its output is awaited since).
+    approved_at: float | None = None
+
+    @property
+    def awaits_output(self) -> bool:
+        """A browser tool's that nobody has to approve first, or that was approved."""
+        return self.in_browser and (not self.approval or self.approved_at is not None)
 
 
 class Ledger:
     # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
     __slots__ = (
-        "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_denied", "_expected", "_native", "_open",
-        "_seen",
+        "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_delivered", "_denied", "_expected",
+        "_native", "_open", "_seen",
     )
 
     def __init__(self) -> None:
@@ -58,18 +74,22 @@ class Ledger:
         self._confirmable: dict[str, None] = {}
         self._seen: dict[str, None] = {}  # this run: every gated call it showed (expected once at most)
         self._denied: dict[str, None] = {}  # this run: tool calls the person denied natively
+        # This run: tool calls whose output the browser sent as their confirmation's answer.
+        self._delivered: dict[str, None] = {}
         self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
         self._native: dict[str, NativeConfirmation] = {}  # asked, not answered, by approval id
-        self._answered: dict[str, None] = {}  # answered native approval ids, oldest first
+        self._answered: dict[str, str] = {}  # answered native approval ids (-> tool call id), oldest first
 
-    def begin_run(self, denied: Iterable[str] = ()) -> None:
-        """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies."""
+    def begin_run(self, denied: Iterable[str] = (), delivered: Iterable[str] = ()) -> None:
+        """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies;
+        `delivered`: tool calls whose confirmation it answers with the browser's output."""
         self._expected.clear()
         self._confirmable.clear()
         self._seen.clear()
         self._current.clear()
         self._asking.clear()
         self._denied = dict.fromkeys(denied)
+        self._delivered = dict.fromkeys(delivered)
 
     # ---- gated calls -----------------------------------------------------------------------
 
@@ -153,7 +173,7 @@ class Ledger:
         plain result: one check instead of the five below."""
         return (
             tool_call_id in self._calls or tool_call_id in self._expected or tool_call_id in self._asking
-            or tool_call_id in self._denied or tool_call_id in self._confirmable
+            or tool_call_id in self._denied or tool_call_id in self._confirmable or tool_call_id in self._delivered
         )
 
     def shown_as_denied(self, tool_call_id: str) -> bool:
@@ -164,6 +184,8 @@ class Ledger:
 
     def answered_in_browser(self, tool_call_id: str) -> bool:
         """The browser produced the call's output itself: ADK's echo of it is not news to it."""
+        if tool_call_id in self._delivered:
+            return True
         call = self._calls.get(tool_call_id)
         return call is not None and call.outcome in (Outcome.OUTPUT, Outcome.OUTPUT_ERROR)
 
@@ -205,12 +227,34 @@ class Ledger:
     def native_answered(self, approval_id: str) -> bool:
         return approval_id in self._answered
 
-    def answer_native(self, approval_id: str) -> NativeConfirmation | None:
+    def answer_native(self, approval_id: str, tool_call_id: str = "") -> NativeConfirmation | None:
         """Record an answer forwarded to ADK; returns the confirmation if it was pending here."""
-        self._answered[approval_id] = None
+        pending = self._native.pop(approval_id, None)
+        self._answered[approval_id] = pending.tool_call_id if pending is not None else tool_call_id
         if len(self._answered) > _ANSWERED_KEPT:
             del self._answered[next(iter(self._answered))]
-        return self._native.pop(approval_id, None)
+        return pending
+
+    def native(self, approval_id: str) -> NativeConfirmation | None:
+        """The pending native confirmation `approval_id`, if this chat asked it."""
+        return self._native.get(approval_id)
+
+    def native_of_call(self, tool_call_id: str) -> NativeConfirmation | None:
+        """The pending native confirmation of a tool call, if this chat asked one."""
+        return next((c for c in self._native.values() if c.tool_call_id == tool_call_id), None)
+
+    def answered_of_call(self, tool_call_id: str) -> str | None:
+        """The approval id of the answered native confirmation of a tool call, if remembered."""
+        return next((a for a, call in self._answered.items() if call == tool_call_id), None)
+
+    def approve_in_browser(self, approval_id: str, now: float) -> NativeConfirmation | None:
+        """The person approved a pending browser tool's confirmation; its output is awaited now.
+        Returns it the first time only (a replayed approval changes nothing)."""
+        pending = self._native.get(approval_id)
+        if pending is None or not pending.in_browser or pending.approved_at is not None:
+            return None
+        pending.approved_at = now
+        return pending
 
     def pending_native(self) -> list[NativeConfirmation]:
         return list(self._native.values())

@@ -3,7 +3,7 @@
 A `Turn` is what happens between a browser request that starts an agent run and the end of that
 run. It takes inputs (upstream events, a gated call the plugin opened, the person's answers and the
 browser's tool outputs, a deadline reached, an abort, a failure; the caller supplies the time) and
-returns outputs, in order, for the I/O shell (chat/driver.py) to carry out:
+returns outputs (defined in turn_outputs.py), in order, for the I/O shell (chat/driver.py) to carry out:
 
 - `OpenResponse`, `Chunks`, `CloseResponse`: the browser responses the run's chunks go into. A
   run that waits for a person ends its response (`finish` with reason `tool-calls`) so the AI SDK
@@ -22,16 +22,18 @@ No sockets, no clocks, no asyncio: every input is a method call, every effect an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
 from ..config.agent import ToolPolicy
-from .approvals import CallState, GatedCall
+from .approvals import GatedCall
 from .converter import Converter
-from .ledger import Ledger, NativeConfirmation
+from .ledger import Ledger
 from .message_writer import Chunk
 from .protocol import ClientVersion
+from .turn_outputs import (
+    Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded,
+)
 
 __all__ = [
     "TRANSITIONS", "CallChanged", "Bypassed", "Chunks", "CloseResponse", "Raised", "Move", "NativeAsked",
@@ -96,66 +98,6 @@ class TurnError(Exception):
     """An input the turn's state does not allow (a bug in the caller); the turn is now FAILED."""
 
 
-# ---- outputs ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OpenResponse:
-    """Start a new browser response (the chunks that follow begin with `start`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chunks:
-    chunks: list[Chunk]
-
-
-@dataclass(frozen=True, slots=True)
-class CloseResponse:
-    """The current response is complete; `waiting`: the run now waits for a person."""
-
-    waiting: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CallChanged:
-    """A gated call changed state (`before` it was in, after `waited` seconds in it)."""
-
-    call: GatedCall
-    before: CallState
-    waited: float
-    # Why it changed, where the outcome alone does not say: the plugin's refusal code when it gave up.
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Bypassed:
-    """A gated tool answered without the plugin asking (is it installed?)."""
-
-    tool: str
-
-
-@dataclass(frozen=True, slots=True)
-class NativeAsked:
-    """The run ended on a native ADK confirmation that now waits for the person."""
-
-    confirmation: NativeConfirmation
-
-
-@dataclass(frozen=True, slots=True)
-class RunEnded:
-    outcome: str  # completed, waiting (for a native confirmation), error, cancelled
-
-
-@dataclass(frozen=True, slots=True)
-class Raised:
-    """Taking a batch raised (the upstream's events could not be read, or a bug): the chunks of the
-    events before it are out; the shell raises `error` where it reads events, and ends the turn."""
-
-    error: Exception
-
-
-Output = OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised
-
 _OPEN: Final = OpenResponse()
 
 
@@ -174,8 +116,9 @@ class Turn:
         denied_tool_calls: Iterable[str] = (),
         policy: Callable[[str], ToolPolicy] | None = None,
         confirms: Callable[[str], bool] | None = None,
+        delivered_tool_calls: Iterable[str] = (),
     ) -> None:
-        ledger.begin_run(denied_tool_calls)
+        ledger.begin_run(denied_tool_calls, delivered_tool_calls)
         self.ledger = ledger
         self.converter = Converter(message_id, version, known_tool_calls, policy, ledger, confirms)
         self.state = TurnState.STREAMING

@@ -88,11 +88,16 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
 
 
 def _entry(p: ToolPolicy, confirm: bool = False) -> dict[str, object]:
+    browser = p.runs_in == "browser"
     return {
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
         # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
         # A plugin from before this key ignores it and blocks: still gated.
-        "confirm": confirm, "hint": p.hint,
+        "confirm": confirm and not browser, "hint": p.hint,
+        # The same for a browser tool, whose output comes back as the answer's payload: its own key,
+        # so that a plugin from before it (which would run the tool's server function on a bare
+        # confirmation) blocks for it instead.
+        "confirm_browser": confirm and browser,
     }
 
 
@@ -112,6 +117,7 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
             "non_blocking": all(p.non_blocking for p in policies),
             # Without the app, the plugin blocks (hold): it gates for every agent alike.
             "confirm": False,
+            "confirm_browser": False,
             "hint": None,
         }
     return merged

@@ -10,8 +10,8 @@ stream for as long as it likes while it keeps talking.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -52,6 +52,8 @@ class SessionConfirmations:
 
     asked: frozenset[str] = frozenset()
     answered: frozenset[str] = frozenset()
+    # Each asked confirmation's original call: approval id -> (tool call id, tool name, args).
+    originals: Mapping[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
 
 
 class AdkClient:
@@ -144,6 +146,7 @@ class AdkClient:
         return SessionConfirmations(
             asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
             answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
+            originals=_originals(session),
         )
 
     async def run_sse_batches(
@@ -341,3 +344,23 @@ def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
                 found.add(call["id"])
     return found
 
+
+
+def _originals(session: Any) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """The original call of each `adk_request_confirmation` call in a session's events (its
+    `originalFunctionCall` argument), by confirmation id."""
+    found: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    events = session.get("events") if isinstance(session, dict) else None
+    for event in events if isinstance(events, list) else ():
+        content = event.get("content") if isinstance(event, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            call = (part.get("functionCall") or part.get("function_call")) if isinstance(part, dict) else None
+            if not isinstance(call, dict) or call.get("name") != "adk_request_confirmation" or not isinstance(call.get("id"), str):
+                continue
+            args = call.get("args")
+            original = (args.get("originalFunctionCall") or args.get("original_function_call")) if isinstance(args, dict) else None
+            if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
+                original_args = original.get("args")
+                found[call["id"]] = (original["id"], original["name"], original_args if isinstance(original_args, dict) else {})
+    return found

@@ -17,7 +17,10 @@ With the agent's `upstream.approvals: confirm` (the policy marks such a tool `co
 that needs approval on an SSE run is not held: the plugin asks ADK's own tool confirmation
 (`tool_context.request_confirmation`, as `require_confirmation` does), ADK ends the run with the
 request in its session, and ADK's re-run after the answer runs the tool (confirmed) or answers
-ADK's rejection. A live run (which has no confirmations) and a browser tool keep the blocking path.
+ADK's rejection. A browser tool (`runs_in: browser`) is asked the same way, marked as one in the
+confirmation's payload: the gateway answers with the browser's output as the answer's payload, which
+the re-run returns as the tool's result (its server function never runs). A live run (which has no
+confirmations) keeps the blocking path.
 
 It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
 error saying why and the tool does not run. It never raises, because a plugin exception aborts the
@@ -65,7 +68,7 @@ from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.genai import types
 
 from .asking import NoVerdict, ask
-from .confirmation import CannotConfirm, confirm, is_live
+from .confirmation import BROWSER_PAYLOAD, CannotConfirm, confirm, is_live
 
 if TYPE_CHECKING:
     # Only for annotations: ADK 2.x made ToolContext an alias of its Context class.
@@ -196,8 +199,9 @@ class GatewayPlugin(BasePlugin):
                 )
             if not policy.get("gated"):
                 return None
-            if policy.get("confirm") and not is_live(tool_context):
-                return self._confirm(tool.name, policy.get("hint"), tool_context)
+            browser = policy.get("runs_in") == "browser"
+            if policy.get("confirm_browser" if browser else "confirm") and not is_live(tool_context):
+                return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
             verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")
@@ -212,9 +216,18 @@ class GatewayPlugin(BasePlugin):
         return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
 
     @staticmethod
-    def _confirm(tool: str, hint: Any, tool_context: ToolContext) -> dict[str, Any] | None:
+    def _confirm(tool: str, hint: Any, tool_context: ToolContext, *, browser: bool = False) -> dict[str, Any] | None:
         try:
-            return confirm(tool, hint, tool_context)
+            if not browser:
+                return confirm(tool, hint, tool_context)
+            result = confirm(tool, hint, tool_context, BROWSER_PAYLOAD)
+            if result is None:
+                # Confirmed without the browser's output (a bare `confirmed: true`, whoever sent it):
+                # the tool's server function is a stand-in for the browser and must never run.
+                return _refuse(
+                    "This browser tool call was confirmed without the browser's output; it was not run.", "no_output",
+                )
+            return result
         except CannotConfirm:
             logger.error("this ADK cannot request a tool confirmation from a plugin; refusing %s", tool)
             return _refuse(

@@ -11,13 +11,17 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["CannotConfirm", "confirm", "is_live"]
+__all__ = ["BROWSER_PAYLOAD", "CannotConfirm", "confirm", "is_live"]
 
 # ADK's own texts for a call that waits for, or was refused, a confirmation
 # (google/adk/tools/function_tool.py, the same in 1.22 and 2.x): the gateway and the model read
 # the plugin's confirmations exactly as they read a native `require_confirmation`.
 _PLACEHOLDER = "This tool call requires confirmation, please approve or reject."
 _REJECTED = "This tool call is rejected."
+# The namespace of the gateway's keys in a confirmation's payload (both directions).
+_NAMESPACE = "adk_gateway"
+# Asked with a browser tool's confirmation: the gateway reads it in ADK's session.
+BROWSER_PAYLOAD = {_NAMESPACE: {"runs_in": "browser"}}
 _DEFAULT_HINT = (
     "Please approve or reject the tool call {tool}() by responding with a FunctionResponse with an expected "
     "ToolConfirmation payload."
@@ -42,7 +46,13 @@ def is_live(context: Any) -> bool:
     return getattr(invocation, "live_request_queue", True) is not None
 
 
-def confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
+def _gateway_payload(payload: Any) -> dict[str, Any] | None:
+    """The gateway's keys in a confirmation's payload; None when it has none."""
+    ours = payload.get(_NAMESPACE) if isinstance(payload, dict) else None
+    return ours if isinstance(ours, dict) else None
+
+
+def confirm(tool: str, hint: Any, context: Any, payload: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """`upstream.approvals: confirm`: ask ADK's own confirmation of the call instead of blocking.
 
     What ADK's `FunctionTool(require_confirmation=True)` does, in 1.22 and 2.x alike: no answer yet
@@ -50,10 +60,17 @@ def confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
     answer the call with ADK's placeholder; ADK re-runs the call once with the answer: confirmed
     -> None (the tool runs), rejected -> ADK's rejection result. Raises when the context cannot
     ask: CannotConfirm when it has no `request_confirmation`, anything else from ADK (the caller
-    refuses the call either way).
+    refuses the call either way). `payload` goes with the request (a browser tool's mark); the
+    gateway's payload in the answer, an output or an error, is the call's result instead of the tool.
     """
     answer = getattr(context, "tool_confirmation", None)
     if answer is not None:
+        ours = _gateway_payload(getattr(answer, "payload", None))
+        if ours is not None and "error" in ours:
+            return {"error": str(ours["error"])}
+        if ours is not None and "output" in ours and getattr(answer, "confirmed", False) is True:
+            out = ours["output"]
+            return out if isinstance(out, dict) else {"result": out}
         if getattr(answer, "confirmed", False) is True:
             return None
         return {"error": _REJECTED}
@@ -63,7 +80,12 @@ def confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
     with warnings.catch_warnings():
         # ADK 1.x: "[EXPERIMENTAL] ToolConfirmation ..." each time one is built, here by ADK itself.
         warnings.filterwarnings("ignore", message=r".*EXPERIMENTAL.*", category=UserWarning)
-        request(hint=hint if isinstance(hint, str) and hint else _DEFAULT_HINT.format(tool=tool))
+        text = hint if isinstance(hint, str) and hint else _DEFAULT_HINT.format(tool=tool)
+        if payload is None:
+            request(hint=text)
+        else:
+            request(hint=text, payload=payload)
     # As ADK's own: the model is not asked to comment on a call that waits for a person.
     context.actions.skip_summarization = True
     return {"error": _PLACEHOLDER}
+

@@ -10,7 +10,10 @@ once. Shown here with the ledger of real executions (the demo's DEMO_TOOL_LEDGER
 - "pay 50 to Hanako" through the gateway, approved and denied, with no plugin request at all;
 - the same answered after a kill -9 of the gateway and a fresh start (memory backend): ADK, which
   kept the request, runs the payment once;
-- every demo row with the stock ai 6 and ai 7 Chats over SSE and WebSocket.
+- every demo row with the stock ai 6 and ai 7 Chats over SSE and WebSocket;
+- browser tools (change_bgm, and get_location after an approval): shown chunk for chunk as hold
+  mode shows them, their output carried to ADK as the confirmation's payload (the tool's server
+  stand-in never runs), an answer replayed refused, and an output after a kill -9 of the gateway.
 
 `ADK_VERSIONS` names the old versions (default 1.22.1); `ADK_VENV_DIR` may point at a ready venv of
 the first one instead of building .venv-adk-<version> here. Each old-ADK process loads this
@@ -23,6 +26,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,11 +38,12 @@ import pytest
 from gateway.demo import adk_venv
 from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
-from tests.demo_rows import SCENARIOS as DEMO_ROWS
-from tests.demo_rows import check_rows
-from tests.jsdriver import run_chats
+from tests.demo_rows import LOCATION, SCENARIOS as DEMO_ROWS
+from tests.demo_rows import check_rows, said
+from tests.jsdriver import assert_clean, run_chat, run_chats
 from tests.procs import (
-    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, stop_process,
+    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, plugin_stack, request,
+    stop_process,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -218,9 +224,9 @@ def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_o
 
 @pytest.mark.js
 def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
-    """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: the payments go
-    through ADK's confirmation (browser tools keep the plugin's blocking path), each approved
-    payment runs exactly once, no denied or abandoned one ever."""
+    """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: every gated call,
+    the browser tools' too, goes through ADK's confirmation (no plugin request at all), each
+    approved payment runs exactly once, no denied or abandoned one ever."""
     ledger = tmp_path / "ledger.jsonl"
     with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
         names = list(DEMO_ROWS)
@@ -242,7 +248,293 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
         # Per client and transport: "approve" pays Hanako once, "two" pays one of Alice and Bob;
         # "deny" and "moved_on" (a new message instead of an answer) never pay.
         assert paid["Hanako"] == 4 and paid["Alice"] + paid["Bob"] == 4, paid
-        # Browser tools went through the plugin's requests; no payment did (a gateway gate's id is gw-...).
-        ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == "process_payment" and "approval_id" in line}
-        assert ids and all(i.startswith("adk-") for i in ids), sorted(ids)
+        # Nothing went through the plugin's held requests (a gateway gate's id is gw-...).
+        for tool in ("process_payment", "get_location", "change_bgm"):
+            ids = {line["approval_id"] for line in gw.log_lines() if line.get("tool") == tool and "approval_id" in line}
+            assert ids and all(i.startswith("adk-") for i in ids), (tool, sorted(ids))
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+
+
+# ---- browser tools in confirm mode -----------------------------------------------------------------
+
+# What hold mode shows for these rows (tests/integration/test_gateway_approvals.py, docs/protocol.md).
+BGM_FIRST = ["start", "start-step", "tool-input-start", "tool-input-available", "finish-step", "finish"]
+LOCATION_FIRST = ["start", "start-step", "tool-input-start", "tool-input-delta", "tool-approval-request", "finish-step", "finish"]
+
+
+def with_output(message: dict, call_id: str, output: object, *, error: str | None = None) -> dict:
+    """The assistant message after the browser ran `call_id` (the AI SDK's addToolOutput)."""
+    parts = []
+    for part in message["parts"]:
+        if part.get("toolCallId") == call_id:
+            part = {**part, "state": "output-error", "errorText": error} if error else {**part, "state": "output-available", "output": output}
+        parts.append(part)
+    return {**message, "parts": parts}
+
+
+def handed_over(message: dict, reply) -> dict:
+    """The message after the handover response: the tool part's input is available (and runs)."""
+    inputs = {c["toolCallId"]: c["input"] for c in reply.chunks if c["type"] == "tool-input-available"}
+    return {**message, "parts": [
+        {**p, "input": inputs[p["toolCallId"]]} if p.get("toolCallId") in inputs else p for p in message["parts"]
+    ]}
+
+
+def session_result(server: AdkServer, chat: str, call_id: str) -> list[object]:
+    """Every response ADK's session holds for the call (the placeholder, then the result)."""
+    reply = request(server.base, "GET", f"/apps/demo_agent/users/anonymous/sessions/{chat}")
+    assert reply.status == 200, reply.body[-500:]
+    found = []
+    for event in reply.json().get("events", []):
+        for part in (event.get("content") or {}).get("parts") or []:
+            response = part.get("functionResponse") or part.get("function_response")
+            if response and response.get("id") == call_id:
+                found.append(response.get("response"))
+    return found
+
+
+def play(gw: GatewayProcess) -> tuple[str, dict, object, str]:
+    chat, first_message = new_chat(), user("play track 2")
+    first = post(gw, chat, [first_message])
+    assert types(first) == BGM_FIRST, first.body[-2000:]
+    assert first.chunks[3]["toolName"] == "change_bgm" and first.chunks[3]["input"] == {"track": 2}
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    return chat, first_message, first, first.chunks[3]["toolCallId"]
+
+
+def locate(gw: GatewayProcess) -> tuple[str, dict, object, str, str]:
+    chat, first_message = new_chat(), user("where am I")
+    first = post(gw, chat, [first_message])
+    assert types(first) == LOCATION_FIRST, first.body[-2000:]
+    request_chunk = first.chunks[4]
+    assert request_chunk["approvalId"].startswith("adk-")  # ADK's confirmation, under the original call
+    assert first.chunks[-1]["finishReason"] == "tool-calls"
+    return chat, first_message, first, request_chunk["toolCallId"], request_chunk["approvalId"]
+
+
+def approve_location(gw: GatewayProcess, chat: str, first_message: dict, first, call_id: str) -> dict:
+    """Approve: the call is handed to the browser as hold mode hands it over; ADK hears nothing yet."""
+    approved = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, approved], messageId=approved["id"])
+    assert second.status == 200, second.body[-2000:]
+    assert second.chunks == [
+        {"type": "start", "messageId": approved["id"]},
+        {"type": "tool-input-available", "toolCallId": call_id, "toolName": "get_location", "input": {}},
+        {"type": "finish", "finishReason": "tool-calls"},
+    ], second.body[-2000:]
+    return handed_over(approved, second)
+
+
+def send_output(gw: GatewayProcess, chat: str, first_message: dict, message: dict, call_id: str, output: object) -> object:
+    done = with_output(message, call_id, output)
+    reply = post(gw, chat, [first_message, done], messageId=done["id"])
+    assert reply.status == 200, reply.body[-2000:]
+    assert reply.chunks[0] == {"type": "start", "messageId": done["id"]}
+    # The browser has the output: not echoed (as in hold mode), and ADK's machinery never shown.
+    assert not [c for c in reply.chunks if c.get("toolCallId")], reply.body[-2000:]
+    assert reply.chunks[-1]["finishReason"] == "stop"
+    return reply
+
+
+def test_browser_tools_hold_nothing_and_their_output_answers_adk(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    with confirm_stack(tmp_path, adk, ledger) as (server, gw, _extra):
+        # change_bgm: no approval; the output is the confirmation's answer.
+        chat, first_message, first, call_id = play(gw)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]  # waiting in ADK's session
+        reply = send_output(gw, chat, first_message, assistant_from(first), call_id, {"playing": 2})
+        assert "track 2" in text(reply)
+        # The browser's output is the call's result; the tool's server stand-in never ran.
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"playing": 2}]
+        replay = post(gw, chat, [first_message, with_output(assistant_from(first), call_id, {"playing": 2})], messageId=first.chunks[0]["messageId"])
+        assert replay.status == 410 and replay.json()["error"]["code"] == "approval_gone", replay.body[-500:]
+        assert len(session_result(server, chat, call_id)) == 2
+
+        # get_location: approved (nothing reaches ADK), run, its output answers ADK.
+        chat, first_message, first, call_id, _approval = locate(gw)
+        message = approve_location(gw, chat, first_message, first, call_id)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
+        reply = send_output(gw, chat, first_message, message, call_id, LOCATION)
+        assert "35.6812" in text(reply)
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, LOCATION]
+        replay = post(gw, chat, [first_message, with_output(message, call_id, LOCATION)], messageId=message["id"])
+        assert replay.status == 410, replay.body[-500:]
+
+        # get_location denied: ADK is told at once; the browser never gets the call to run.
+        chat, first_message, first, call_id, _approval = locate(gw)
+        denied = assistant_from(first, [False])
+        reply = post(gw, chat, [first_message, denied], messageId=denied["id"])
+        assert reply.chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}, reply.body[-2000:]
+        assert "tool-input-available" not in types(reply) and reply.chunks[-1]["finishReason"] == "stop"
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"error": "This tool call is rejected."}]
+
+        # The browser's error is the call's result too.
+        chat, first_message, first, call_id = play(gw)
+        failed = with_output(assistant_from(first), call_id, None, error="Autoplay is blocked")
+        reply = post(gw, chat, [first_message, failed], messageId=failed["id"])
+        assert reply.status == 200 and not [c for c in reply.chunks if c.get("toolCallId")], reply.body[-2000:]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER, {"error": "Autoplay is blocked"}]
+
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0  # nothing held open
+        assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+        assert metric_value(gw.base, "adk_gateway_approvals_pending") == 0
+        for tool, outcome, count in (("change_bgm", "output", 1), ("change_bgm", "error", 1), ("get_location", "output", 1)):
+            assert metric_value(
+                gw.base, "adk_gateway_browser_tool_wait_seconds_count", {"tool": tool, "outcome": outcome},
+            ) == count, (tool, outcome)
+        for outcome in ("approved", "denied"):
+            assert metric_value(
+                gw.base, "adk_gateway_approval_wait_seconds_count", {"tool": "get_location", "outcome": outcome},
+            ) == 1
+
+
+def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    if adk[0] != "newest":
+        pytest.skip("the gateway's own checks: one ADK shows them")
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, _extra):
+        chat, first_message, first, call_id = play(gw)
+        # Another chat names the call: not one of its own, refused, and the real one still works.
+        other = new_chat()
+        refused = post(gw, other, [first_message, with_output(assistant_from(first), call_id, {"playing": 9})])
+        assert refused.status == 400 and refused.json()["error"]["code"] == "invalid_request", refused.body[-500:]
+        # An output for a server tool's call, even named as a browser tool's, answers nothing: the
+        # payment is neither run nor rejected by it.
+        pay_chat, pay_message, pay_first, pay_call = ask_to_pay(gw)
+        for name in ("process_payment", "change_bgm"):
+            forged = with_output(assistant_from(pay_first), pay_call, {"success": True})
+            forged["parts"] = [{**p, "type": f"tool-{name}"} if p.get("toolCallId") == pay_call else p for p in forged["parts"]]
+            refused = post(gw, pay_chat, [pay_message, forged], messageId=forged["id"])
+            assert refused.status == 400 and refused.json()["error"]["code"] == "invalid_request", refused.body[-500:]
+        assert session_result(server, pay_chat, pay_call) == [PLACEHOLDER]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
+        # An output before the approval it needs (the browser never had the call to run) is no answer.
+        chat_b, message_b, first_b, call_b, _approval = locate(gw)
+        early = with_output(assistant_from(first_b), call_b, LOCATION)
+        refused = post(gw, chat_b, [message_b, early], messageId=early["id"])
+        assert refused.status == 400, refused.body[-500:]
+        assert session_result(server, chat_b, call_b) == [PLACEHOLDER]
+        # An output past the request limit (chat.max_body_bytes) is refused before anything reads it.
+        huge = with_output(assistant_from(first), call_id, {"playing": "x" * (5 * 1024 * 1024)})
+        refused = post(gw, chat, [first_message, huge], messageId=huge["id"])
+        assert refused.status == 413 and refused.headers["content-type"].startswith("application/json"), refused.body[-500:]
+        assert session_result(server, chat, call_id) == [PLACEHOLDER]
+        reply = send_output(gw, chat, first_message, assistant_from(first), call_id, {"playing": 2})
+        assert "track 2" in text(reply)
+
+
+def test_browser_outputs_after_the_gateway_was_killed_and_restarted(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+        bgm = play(gw)
+        before_approval = locate(gw)
+        after_approval = locate(gw)
+        handed = approve_location(gw, *after_approval[:4])
+        gw.proc.kill()  # kill -9: the chats and their ledgers are gone
+        gw.proc.wait()
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
+            chat, first_message, first, call_id = bgm
+            assert "track 2" in text(send_output(again, chat, first_message, assistant_from(first), call_id, {"playing": 2}))
+            assert session_result(server, chat, call_id) == [PLACEHOLDER, {"playing": 2}]
+            # Approved before the restart: the output alone goes on.
+            chat, first_message, _first, call_id, _approval = after_approval
+            assert "35.6812" in text(send_output(again, chat, first_message, handed, call_id, LOCATION))
+            # Asked before the restart: the approval is handed over from ADK's session, then the output.
+            chat, first_message, first, call_id, _approval = before_approval
+            message = approve_location(again, chat, first_message, first, call_id)
+            assert "35.6812" in text(send_output(again, chat, first_message, message, call_id, LOCATION))
+            # A replay, to the restarted gateway, reaches ADK no more.
+            replay = post(again, chat, [first_message, with_output(message, call_id, LOCATION)], messageId=message["id"])
+            assert replay.status == 410, replay.body[-500:]
+            assert session_result(server, chat, call_id) == [PLACEHOLDER, LOCATION]
+        stop_process(gw.proc)
+
+
+BROWSER_ROWS = ("bgm", "location", "location_denied")
+
+
+def wire(result: dict) -> list[list[dict]]:
+    """What each request of a stock Chat received, ids made comparable across two servers, the
+    model's words left out (a denial's reads ADK's rejection text in confirm mode)."""
+    names: dict[str, str] = {}
+
+    def same(value: object) -> object:
+        if isinstance(value, str) and (value.startswith(("adk-", "gw-", "msg-")) or value in names):
+            return names.setdefault(value, f"id{len(names)}")
+        return value
+
+    responses: dict[int, list[dict]] = {}
+    for index, chunk in result["chunks"]:
+        if chunk["type"] == "text-delta":
+            continue
+        keep = {k: same(v) for k, v in chunk.items() if k not in ("messageMetadata",)}
+        if keep["type"] == "tool-input-start" or "toolCallId" in keep:
+            keep["toolCallId"] = names.setdefault(chunk["toolCallId"], f"call{len(names)}")
+        responses.setdefault(index, []).append(keep)
+    return list(responses.values())
+
+
+@pytest.mark.js
+def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+    """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
+    mode receive, request by request, what the same rows receive in hold mode (only ids and the
+    model's words differ)."""
+    if adk[0] != "newest":
+        pytest.skip("the chunks are the gateway's: one ADK shows them (the rows run on each ADK above)")
+    batch = [(version, name) for version in (6, 7) for name in BROWSER_ROWS]
+
+    def rows(base: str) -> list[dict]:
+        return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
+
+    (tmp_path / "hold").mkdir()
+    with plugin_stack(tmp_path / "hold") as hold:
+        held = rows(hold.gateway.base)
+        assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (_, gw, _extra):
+        confirmed = rows(gw.base)
+        assert metric_value(gw.base, "adk_gateway_plugin_requests_total") == 0
+    for (version, name), before, after in zip(batch, held, confirmed):
+        assert_clean(before)
+        assert_clean(after)
+        assert wire(after) == wire(before), f"ai {version}, {name}"
+        assert [p["state"] for m in after["messages"] for p in m["parts"] if p["type"].startswith("tool-")] == [
+            p["state"] for m in before["messages"] for p in m["parts"] if p["type"].startswith("tool-")
+        ]
+    check_rows_browser = {name: r for (v, name), r in zip(batch, confirmed)}
+    assert "35.6812" in said(check_rows_browser["location"]) and "track 2" in said(check_rows_browser["bgm"])
+    assert check_rows_browser["location_denied"]["toolCalls"] == []
+
+
+@pytest.mark.js
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_stock_chat_runs_a_browser_tool_approved_after_a_gateway_kill(
+    adk: tuple[str, Path | None], tmp_path: Path, version: int,
+) -> None:
+    """"where am I": the Chat holds its Approve while the gateway is killed (-9) and started again;
+    then the approval hands the call over (from ADK's session), the browser runs it, and its output
+    reaches the model."""
+    if adk[0] != "newest" and version == 6:
+        pytest.skip("one client on the old ADK is enough here")
+    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+        hold = tmp_path / f"answer-{version}"
+        result: dict = {}
+        steps = [{**DEMO_ROWS["location"][0], "holdAnswersUntil": str(hold)}]
+        driver = threading.Thread(target=lambda: result.update(run_chat(version, f"{gw.base}/api/chat", steps=steps, timeout=120)))
+        driver.start()
+        ready = hold.with_name(hold.name + ".ready")
+        deadline = time.monotonic() + 60
+        while not ready.exists() and driver.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the approval never reached the Chat"
+        gw.proc.kill()
+        gw.proc.wait()
+        with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port):
+            hold.write_text("")
+            driver.join(150)
+        assert result, "the chat driver did not report"
+        assert_clean(result)
+        [part] = [p for m in result["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+        assert part["state"] == "output-available" and part["output"] == LOCATION
+        assert "35.6812" in said(result)
+        assert [c["toolName"] for c in result["toolCalls"]] == ["get_location"]
+        assert session_result(server, result["chatId"], part["toolCallId"]) == [PLACEHOLDER, LOCATION]
+        stop_process(gw.proc)

@@ -529,6 +529,122 @@ async def test_a_hold_policy_ignores_an_earlier_confirmation_and_asks_the_gatewa
     await plugin.close()
 
 
+# ---- browser tools in confirm mode: the browser's output is the confirmation's payload ---------
+
+BROWSER_CONFIRM = {"approval": False, "runs_in": "browser", "gated": True, "confirm": False, "confirm_browser": True, "hint": None}
+
+
+def where() -> dict[str, Any]:
+    raise AssertionError("a browser tool's server function ran")
+
+
+def answered(confirmed: bool, payload: Any = None) -> Any:
+    from google.adk.tools.tool_confirmation import ToolConfirmation
+
+    return ToolConfirmation(confirmed=confirmed, payload=payload)
+
+
+@pytest.mark.parametrize("approval", [False, True])
+async def test_a_browser_tool_asks_adk_with_the_browser_mark_and_holds_nothing(
+    gateway: tuple[FakeGateway, str], approval: bool,
+) -> None:
+    fake, url = gateway
+    fake.tools = {"where": {**BROWSER_CONFIRM, "approval": approval, "hint": "Shares where you are."}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
+    assert response == {"error": "This tool call requires confirmation, please approve or reject."}
+    assert ctx.request_confirmation.requested == [{"hint": "Shares where you are.", "payload": {"adk_gateway": {"runs_in": "browser"}}}]
+    assert fake.asked == []
+    await plugin.close()
+
+
+@pytest.mark.parametrize(("output", "result"), [
+    ({"latitude": 35.6812}, {"latitude": 35.6812}),
+    (2, {"result": 2}),  # wrapped as ADK wraps a tool's non-dict result
+    ("track 2", {"result": "track 2"}),
+    (None, {"result": None}),
+])
+async def test_the_rerun_returns_the_browsers_output_without_running_the_tool(
+    gateway: tuple[FakeGateway, str], output: Any, result: Any,
+) -> None:
+    fake, url = gateway
+    fake.tools = {"where": BROWSER_CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(answer=answered(True, {"adk_gateway": {"output": output}}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == result
+    assert ctx.request_confirmation.requested == [] and fake.asked == []
+    await plugin.close()
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+async def test_the_browsers_error_is_the_calls_result(gateway: tuple[FakeGateway, str], confirmed: bool) -> None:
+    fake, url = gateway
+    fake.tools = {"where": BROWSER_CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(answer=answered(confirmed, {"adk_gateway": {"error": "Permission denied"}}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"error": "Permission denied"}
+    await plugin.close()
+
+
+@pytest.mark.parametrize("payload", [None, {}, {"adk_gateway": {}}, {"adk_gateway": "x"}, {"output": 1}])
+async def test_a_browser_tool_confirmed_without_the_gateways_output_is_refused_not_run(
+    gateway: tuple[FakeGateway, str], payload: Any,
+) -> None:
+    # Its server function is a stand-in for the browser: a bare approval must not run it.
+    fake, url = gateway
+    fake.tools = {"where": BROWSER_CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(answer=answered(True, payload))
+    response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
+    assert response[REFUSAL_KEY] == "no_output" and "not run" in response["error"]
+    await plugin.close()
+
+
+async def test_a_rejected_browser_tool_gets_adks_rejection(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"where": {**BROWSER_CONFIRM, "approval": True}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(answer=answered(False))
+    response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
+    assert response == {"error": "This tool call is rejected."}
+    await plugin.close()
+
+
+async def test_a_browser_tool_marked_only_confirm_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+    # Only `confirm_browser` sends a browser tool through ADK's confirmation: the gateway says so
+    # only once it carries the output as the answer's payload.
+    fake, url = gateway
+    fake.tools = {"where": {**BROWSER_CONFIRM, "confirm": True, "confirm_browser": False}}
+    fake.verdict = {"verdict": "respond", "response": {"latitude": 1}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"latitude": 1}
+    assert [a["tool"] for a in fake.asked] == ["where"] and ctx.request_confirmation.requested == []
+    await plugin.close()
+
+
+async def test_a_browser_tool_on_a_live_run_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    fake.tools = {"where": BROWSER_CONFIRM}
+    fake.verdict = {"verdict": "respond", "response": {"latitude": 1}}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(live=True)
+    assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"latitude": 1}
+    assert [a["tool"] for a in fake.asked] == ["where"] and ctx.request_confirmation.requested == []
+    await plugin.close()
+
+
+async def test_a_server_tool_takes_the_gateways_output_or_error_payload_too(gateway: tuple[FakeGateway, str]) -> None:
+    # The one protocol for every gated tool (a deadline's `on_timeout: error` answers this way).
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context(answer=answered(False, {"adk_gateway": {"error": "Timed out"}}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx) == {"error": "Timed out"}
+    await plugin.close()
+
+
 def test_confirm_mode_builds_no_experimental_warning_on_adk_1x() -> None:
     import warnings
 

@@ -58,9 +58,9 @@ def test_hold_is_the_default_and_confirm_is_per_agent() -> None:
     agents = config().agents
     assert agents["support"].upstream.approvals == "hold"
     assert agents["payments"].upstream.approvals == "confirm"
-    # Only a server tool that needs approval: a browser tool's output cannot travel that way yet.
+    # Every gated tool: a browser tool's output travels as the confirmation's payload.
     assert agents["payments"].confirms("process_payment")
-    assert not agents["payments"].confirms("get_location") and not agents["payments"].confirms("change_bgm")
+    assert agents["payments"].confirms("get_location") and agents["payments"].confirms("change_bgm")
     assert not agents["payments"].confirms("get_weather")
     assert not agents["support"].confirms("process_payment")
 
@@ -101,7 +101,12 @@ async def test_the_policy_tells_the_plugin_which_tools_adk_confirms_and_with_wha
         pay = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app"}, headers=auth)).json())["tools"]
         assert pay["process_payment"]["confirm"] is True and pay["process_payment"]["gated"] is True
         assert pay["process_payment"]["hint"] == "Money leaves the account."
+        # Browser tools under their own key: a plugin from before it blocks for them (it would run
+        # the tool's server stand-in on a bare confirmation), this one carries their output.
         assert pay["get_location"]["confirm"] is False and pay["change_bgm"]["confirm"] is False
+        assert pay["get_location"]["confirm_browser"] is True and pay["change_bgm"]["confirm_browser"] is True
+        assert pay["process_payment"]["confirm_browser"] is False
+        assert pay["get_location"]["runs_in"] == pay["change_bgm"]["runs_in"] == "browser"
         support = (await (await client.get("/internal/v1/policy", params={"app_name": "support_app"}, headers=auth)).json())["tools"]
         assert support["process_payment"]["confirm"] is False and support["process_payment"]["gated"] is True
     finally:

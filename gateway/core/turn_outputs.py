@@ -1,0 +1,75 @@
+"""What a turn asks its I/O shell to do: the outputs `Turn` (turn.py) returns, in order (sans-IO).
+
+The shell (chat/driver.py) carries each one out: responses opened and closed in the chat's chunk
+log, chunks written there, a released call's verdict sent to the plugin, metrics and log lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .approvals import CallState, GatedCall
+from .ledger import NativeConfirmation
+from .message_writer import Chunk
+
+__all__ = [
+    "Bypassed", "CallChanged", "Chunks", "CloseResponse", "NativeAsked", "OpenResponse", "Output", "Raised", "RunEnded",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenResponse:
+    """Start a new browser response (the chunks that follow begin with `start`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    chunks: list[Chunk]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseResponse:
+    """The current response is complete; `waiting`: the run now waits for a person."""
+
+    waiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallChanged:
+    """A gated call changed state (`before` it was in, after `waited` seconds in it)."""
+
+    call: GatedCall
+    before: CallState
+    waited: float
+    # Why it changed, where the outcome alone does not say: the plugin's refusal code when it gave up.
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bypassed:
+    """A gated tool answered without the plugin asking (is it installed?)."""
+
+    tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class NativeAsked:
+    """The run ended on a native ADK confirmation that now waits for the person."""
+
+    confirmation: NativeConfirmation
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    outcome: str  # completed, waiting (for a native confirmation), error, cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """Taking a batch raised (the upstream's events could not be read, or a bug): the chunks of the
+    events before it are out; the shell raises `error` where it reads events, and ends the turn."""
+
+    error: Exception
+
+
+Output = OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised
