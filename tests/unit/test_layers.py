@@ -18,7 +18,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # The sans-IO core: the turn and what it is made of, the browser's and ADK's formats.
 CORE = (
     "turn", "converter", "message_writer", "ledger", "approvals", "protocol", "messages",
-    "live_frames", "eventstream", "limits", "loosening",
+    "live_frames", "eventstream", "limits", "loosening", "deadlines",
 )
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)
