@@ -30,6 +30,7 @@ __all__ = [
     "ToolOutput",
     "TurnPlan",
     "confirmation_message",
+    "confirmation_response",
     "is_chat_id",
     "parse_chat_body",
     "parse_chat_request",
@@ -138,6 +139,9 @@ class ApprovalAnswer:
     # True when the person never answered and moved on: the gateway rejects on their behalf.
     implicit: bool = False
     reason: str | None = None
+    # The confirmation's payload for ADK (`{"adk_gateway": {...}}`, docs/approvals.md): a
+    # timeout's error, say. Never from the browser.
+    payload: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -340,21 +344,18 @@ def plan_turn(request: ChatRequest) -> TurnPlan:
     raise InvalidRequest(f"{where}.role: the last message must come from the user or answer an approval")
 
 
-def confirmation_message(answers: tuple[ApprovalAnswer, ...] | list[ApprovalAnswer]) -> dict[str, Any]:
-    """The ADK message that answers native confirmations: function responses and nothing else.
+def confirmation_response(approval_id: str, confirmed: bool, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One function response answering the native confirmation `approval_id`.
 
-    ADK answers HTTP 500 to extra keys in `response`, so only `confirmed` is sent.
+    `payload` is the one extra key ADK accepts in `response` (it answers HTTP 500 to others) and
+    hands to the re-run call as `tool_context.tool_confirmation.payload`.
     """
-    return {
-        "role": "user",
-        "parts": [
-            {
-                "functionResponse": {
-                    "id": a.approval_id,
-                    "name": CONFIRMATION_TOOL,
-                    "response": {"confirmed": a.approved},
-                }
-            }
-            for a in answers
-        ],
-    }
+    response: dict[str, Any] = {"confirmed": confirmed}
+    if payload is not None:
+        response["payload"] = payload
+    return {"functionResponse": {"id": approval_id, "name": CONFIRMATION_TOOL, "response": response}}
+
+
+def confirmation_message(answers: tuple[ApprovalAnswer, ...] | list[ApprovalAnswer]) -> dict[str, Any]:
+    """The ADK message that answers native confirmations: function responses and nothing else."""
+    return {"role": "user", "parts": [confirmation_response(a.approval_id, a.approved, a.payload) for a in answers]}

@@ -42,6 +42,15 @@ def is_live(context: Any) -> bool:
     return getattr(invocation, "live_request_queue", True) is not None
 
 
+def _gateway_payload(payload: Any) -> dict[str, Any] | None:
+    """The gateway's part of a confirmation's payload (`{"adk_gateway": {...}}`), or None: a
+    timeout's error or a browser tool's output travel there (docs/approvals.md)."""
+    if not isinstance(payload, dict):
+        return None
+    ours = payload.get("adk_gateway")
+    return ours if isinstance(ours, dict) else None
+
+
 def confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
     """`upstream.approvals: confirm`: ask ADK's own confirmation of the call instead of blocking.
 
@@ -54,6 +63,12 @@ def confirm(tool: str, hint: Any, context: Any) -> dict[str, Any] | None:
     """
     answer = getattr(context, "tool_confirmation", None)
     if answer is not None:
+        ours = _gateway_payload(getattr(answer, "payload", None))
+        if ours is not None and "error" in ours:
+            return {"error": str(ours["error"])}
+        if ours is not None and "output" in ours and getattr(answer, "confirmed", False) is True:
+            out = ours["output"]
+            return out if isinstance(out, dict) else {"result": out}
         if getattr(answer, "confirmed", False) is True:
             return None
         return {"error": _REJECTED}
