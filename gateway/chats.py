@@ -28,6 +28,8 @@ from .answers import LOST_APPROVAL, Forbidden, Gone, pending_outputs, split_answ
 from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
+from .confirm_timeouts import ConfirmTimeouts
+from .deadlines import Deadline, passed
 from .driver import RunDriver, RunHooks
 from .refusals import Refusal
 from .gates import Gates
@@ -43,7 +45,7 @@ from .messages import (
 )
 from .metrics import GatewayMetrics
 from .protocol import ClientVersion, encode_chunk
-from .registry import Registry, TooManyChats
+from .registry import ChatNotFound, Registry, TooManyChats
 from .runs import Feed, Reader, Response, Run
 from .stopping import cancel_and_wait, within
 from .turn import Turn
@@ -60,6 +62,8 @@ _SETTLE_SECONDS = 10.0
 _READER_POLL = 0.05
 # How long a shutdown waits for cancelled runs to publish their last chunks, and for live sessions to close.
 _CLOSE_TIMEOUT = 2.0
+# How long a passed deadline waits before it is tried again when its chat is busy or ADK failed.
+_EXPIRY_RETRY = 1.0
 
 
 class ChatBusy(Refusal):
@@ -119,6 +123,7 @@ class ChatService:
         config: GatewayConfig,
         clock: Callable[[], float] = time.monotonic,
         new_id: Callable[[], str] = new_message_id,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
         self.agents = agents
@@ -137,6 +142,11 @@ class ChatService:
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.
         self.on_run: Callable[[Chat, str], None] | None = None
+        # Confirm mode's deadlines: the cluster keeps them (cluster/deadline_timer.py), told of
+        # each new one, and of each confirmation answered before its deadline (by its key).
+        self.timeouts = ConfirmTimeouts(agents, wall)
+        self.on_deadline: Callable[[Deadline], None] | None = None
+        self.on_settled: Callable[[str], None] | None = None
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         if self.on_run is not None:
@@ -187,6 +197,8 @@ class ChatService:
             only_native = plan.new_message is None and not (gated or outputs)
             fresh = await self._unanswered_native(chat, native, strict=only_native)
             if plan.new_message is None and not fresh and not (gated or outputs):
+                if any(chat.ledger.native_timed_out(a.approval_id) for a in native):
+                    return self._late_native(chat)
                 # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
                 raise Gone("this approval was already answered; send a new message to go on")
             native = fresh
@@ -248,7 +260,9 @@ class ChatService:
         self._record_native_answers(chat, native)
         turn = Turn(
             run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
-            denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
+            # A rejection carrying the gateway's error (a timeout's) ends as that error, not denied.
+            denied_tool_calls=[a.tool_call_id for a in native if not a.approved and a.payload is None],
+            policy=agent.config.tool_policy,
             confirms=agent.config.confirms,
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
@@ -289,6 +303,9 @@ class ChatService:
         chat = self._tasks.pop(task, None)
         if chat is not None:
             self.run_changed(chat, "")
+            for deadline in self.timeouts.new_deadlines(chat):
+                if self.on_deadline is not None:
+                    self.on_deadline(deadline)
 
     def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """The response to replay and follow for a reconnecting browser; None if there is none."""
@@ -483,7 +500,9 @@ class ChatService:
             self._lose_native(chat, lost)
             if strict:
                 raise Gone(LOST_APPROVAL)
-        return [a for a in open_ if a.approval_id in held.asked and a.approval_id not in held.answered]
+        fresh = [a for a in open_ if a.approval_id in held.asked and a.approval_id not in held.answered]
+        # Given after the deadline, which nobody answered (the gateway was down then): the timeout's answer goes instead.
+        return self.timeouts.too_late(self.agents.need(chat.agent), chat, fresh, held)
 
     def _lose_native(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
@@ -496,14 +515,73 @@ class ChatService:
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
-            pending = chat.ledger.answer_native(answer.approval_id)
+            if self.on_settled is not None:
+                self.on_settled(f"{chat.chat_id}/{answer.approval_id}")
+            if answer.timed_out:
+                pending = chat.ledger.time_out_native(answer.approval_id)
+                self.metrics.approval_timeouts.labels(chat.agent, answer.tool_name).inc()
+                log.info("approval_timed_out", approval_id=answer.approval_id, tool=answer.tool_name, payload=answer.payload is not None)
+            else:
+                pending = chat.ledger.answer_native(answer.approval_id)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
-            outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
+            outcome = "timeout" if answer.timed_out else "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
             self._observe_native(chat.agent, pending, outcome, now)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
+
+    def _late_native(self, chat: Chat) -> Attachment:
+        """A person's answer after the gateway answered its confirmation's timeout: as a late
+        answer on the blocking path, it reads what followed the timeout if nobody read it yet."""
+        run = chat.run
+        unread = run.unread() if run is not None else None
+        if run is None or unread is None:
+            raise Gone("this approval timed out and the agent went on; send a new message to go on")
+        return Attachment(run, unread.reader())
+
+    async def expire_confirmation(self, deadline: Deadline) -> float | None:
+        """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
+        tool's `on_timeout`, unless someone answered it already. ADK's session decides what is
+        still asked, and when it was. Returns when to look again (the chat is busy, ADK did not
+        answer, the deadline ADK's session gives is later), or None: answered, or nothing to do."""
+        agent = self.agents.get(deadline.agent)
+        if agent is None or agent.live:
+            return None
+        try:
+            chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
+        except (ChatNotFound, Limited):
+            return None
+        retry = self.timeouts.wall() + _EXPIRY_RETRY
+        if chat.ledger.native_answered(deadline.approval_id):
+            return None
+        if chat.running or (chat.run is not None and chat.run.streaming):
+            return retry
+        try:
+            held = await self.runs.confirmations(chat)
+        except UpstreamError:
+            return retry
+        call = held.calls.get(deadline.approval_id)
+        if call is None or deadline.approval_id in held.answered:
+            return None
+        due = self.timeouts.due(agent, chat, deadline.approval_id, call)
+        if due is None:
+            return None
+        if not passed(due, self.timeouts.wall()):
+            return due
+        if chat.ledger.native_answered(deadline.approval_id):  # answered while ADK was asked
+            return None
+        answer = self.timeouts.answer(agent, deadline.approval_id, call)
+        message_id = chat.run.message_id if chat.run is not None else None
+        known = frozenset({call.tool_call_id}) if message_id is not None else frozenset()
+        version = chat.driver.turn.converter.version if chat.driver is not None else 6
+        try:
+            attachment = await self._start_run(agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version)
+        except (ChatBusy, UpstreamError):
+            return retry
+        # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
+        attachment.response.close()
+        return None
 
     def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
         self.metrics.approvals_pending.labels(agent).dec()

@@ -37,13 +37,16 @@ class NativeConfirmation:
     tool: str
     # When the run that asked ended (the metrics time the wait from there); None while it runs.
     asked_at: float | None = None
+    # When the gateway first saw it pending, on the wall clock (its deadline runs from the later
+    # of this and ADK's own time: deadlines.py); None until its deadline is set.
+    seen_at: float | None = None
 
 
 class Ledger:
     # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
     __slots__ = (
         "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_denied", "_expected", "_native", "_open",
-        "_seen",
+        "_seen", "_timed_out",
     )
 
     def __init__(self) -> None:
@@ -61,6 +64,7 @@ class Ledger:
         self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
         self._native: dict[str, NativeConfirmation] = {}  # asked, not answered, by approval id
         self._answered: dict[str, None] = {}  # answered native approval ids, oldest first
+        self._timed_out: dict[str, None] = {}  # of those, the ones the gateway answered at their deadline
 
     def begin_run(self, denied: Iterable[str] = ()) -> None:
         """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies."""
@@ -211,6 +215,17 @@ class Ledger:
         if len(self._answered) > _ANSWERED_KEPT:
             del self._answered[next(iter(self._answered))]
         return self._native.pop(approval_id, None)
+
+    def time_out_native(self, approval_id: str) -> NativeConfirmation | None:
+        """Record the gateway's answer to a confirmation whose deadline passed (`answer_native`,
+        remembered as a timeout so that the person's late answer is told so)."""
+        self._timed_out[approval_id] = None
+        if len(self._timed_out) > _ANSWERED_KEPT:
+            del self._timed_out[next(iter(self._timed_out))]
+        return self.answer_native(approval_id)
+
+    def native_timed_out(self, approval_id: str) -> bool:
+        return approval_id in self._timed_out
 
     def pending_native(self) -> list[NativeConfirmation]:
         return list(self._native.values())

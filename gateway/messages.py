@@ -142,6 +142,8 @@ class ApprovalAnswer:
     # The confirmation's payload for ADK (`{"adk_gateway": {...}}`, docs/approvals.md): a
     # timeout's error, say. Never from the browser.
     payload: dict[str, Any] | None = None
+    # The gateway's answer to a confirmation whose deadline passed (implicit too).
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ stream for as long as it likes while it keeps talking.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -24,7 +24,7 @@ from .eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from .live_frames import InvalidLiveFrame, encode_live_frame
 
-__all__ = ["AdkClient", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
+__all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -52,6 +52,18 @@ class SessionConfirmations:
 
     asked: frozenset[str] = frozenset()
     answered: frozenset[str] = frozenset()
+    # What each asked confirmation is about, by approval id (deadlines.py works a deadline out from it).
+    calls: Mapping[str, AskedCall] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AskedCall:
+    """The call an `adk_request_confirmation` asks about, and when ADK asked (its event's
+    `timestamp`, seconds since the epoch; None if the event has none)."""
+
+    tool_call_id: str
+    tool: str
+    timestamp: float | None
 
 
 class AdkClient:
@@ -138,6 +150,7 @@ class AdkClient:
         return SessionConfirmations(
             asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
             answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
+            calls=_asked_calls(session),
         )
 
     async def run_sse_batches(
@@ -335,3 +348,23 @@ def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
                 found.add(call["id"])
     return found
 
+
+
+def _asked_calls(session: Any) -> dict[str, AskedCall]:
+    """The calls a session's `adk_request_confirmation` calls ask about, by approval id."""
+    found: dict[str, AskedCall] = {}
+    events = session.get("events") if isinstance(session, dict) else None
+    for event in events if isinstance(events, list) else ():
+        content = event.get("content") if isinstance(event, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        stamp = event.get("timestamp") if isinstance(event, dict) else None
+        timestamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
+        for part in parts if isinstance(parts, list) else ():
+            call = (part.get("functionCall") or part.get("function_call")) if isinstance(part, dict) else None
+            if not isinstance(call, dict) or call.get("name") != "adk_request_confirmation" or not isinstance(call.get("id"), str):
+                continue
+            args = call.get("args")
+            original = (args.get("originalFunctionCall") or args.get("original_function_call")) if isinstance(args, dict) else None
+            if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
+                found[call["id"]] = AskedCall(original["id"], original["name"], timestamp)
+    return found
