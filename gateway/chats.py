@@ -573,7 +573,9 @@ class ChatService:
             return None
         answer = self.timeouts.answer(agent, deadline.approval_id, call)
         message_id = chat.run.message_id if chat.run is not None else None
-        known = frozenset({call.tool_call_id}) if message_id is not None else frozenset()
+        # The browser holds the call in the message this continues, also when the chat moved here
+        # (a new message id then: the AI SDK continues its last message whatever id comes).
+        known = frozenset({call.tool_call_id})
         version = chat.driver.turn.converter.version if chat.driver is not None else 6
         try:
             attachment = await self._start_run(agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version)

@@ -184,7 +184,7 @@ class Replicas:
 def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
-    upstream_mode: str = "sse",
+    upstream_mode: str = "sse", approvals: str = "hold",
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -235,7 +235,9 @@ def replicas(
 
         a, b = (
             stack.enter_context(
-                gateway_process(tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode)
+                gateway_process(
+                    tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode, approvals=approvals,
+                )
             )
             for name in ("a", "b")
         )
