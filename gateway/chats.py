@@ -147,6 +147,8 @@ class ChatService:
         self.timeouts = ConfirmTimeouts(agents, wall)
         self.on_deadline: Callable[[Deadline], None] | None = None
         self.on_settled: Callable[[str], None] | None = None
+        # Confirmations whose answer is going out now (True: the deadline's), by approval id.
+        self._answering: dict[str, bool] = {}
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         if self.on_run is not None:
@@ -219,6 +221,24 @@ class ChatService:
         return await self._start_run(agent, chat, plan, gated, native, request.version)
 
     async def _start_run(
+        self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
+        native: list[ApprovalAnswer], version: ClientVersion, *, browser: bool = True,
+    ) -> Attachment:
+        # A confirmation is answered once: from here until the ledger records it (or the run
+        # fails to start), another answer to it (the person's, the deadline's) does not go out.
+        ids = [a.approval_id for a in native]
+        if any(i in self._answering for i in ids):
+            if browser and any(self._answering.get(i) for i in ids):
+                return self._late_native(chat)  # the deadline's answer is on its way: read its outcome
+            raise ChatBusy("this approval is being answered")
+        self._answering.update({a.approval_id: a.timed_out for a in native})
+        try:
+            return await self._start_answered_run(agent, chat, plan, gated, native, version)
+        finally:
+            for i in ids:
+                self._answering.pop(i, None)
+
+    async def _start_answered_run(
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
         native: list[ApprovalAnswer], version: ClientVersion,
     ) -> Attachment:
@@ -500,7 +520,11 @@ class ChatService:
             self._lose_native(chat, lost)
             if strict:
                 raise Gone(LOST_APPROVAL)
-        fresh = [a for a in open_ if a.approval_id in held.asked and a.approval_id not in held.answered]
+        # Not answered here meanwhile either (the deadline's answer may have gone while ADK was asked).
+        fresh = [
+            a for a in open_
+            if a.approval_id in held.asked and a.approval_id not in held.answered and not ledger.native_answered(a.approval_id)
+        ]
         # Given after the deadline, which nobody answered (the gateway was down then): the timeout's answer goes instead.
         return self.timeouts.too_late(self.agents.need(chat.agent), chat, fresh, held)
 
@@ -578,7 +602,9 @@ class ChatService:
         known = frozenset({call.tool_call_id})
         version = chat.driver.turn.converter.version if chat.driver is not None else 6
         try:
-            attachment = await self._start_run(agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version)
+            attachment = await self._start_run(
+                agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,
+            )
         except (ChatBusy, UpstreamError):
             return retry
         # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
