@@ -6,9 +6,9 @@ answers when it passes: `on_timeout: deny` as ADK's rejection, `error` as a reje
 gateway's error. Shown with the stock ADK API server and the plugin, on the newest ADK and the
 oldest supported one, with the ledger of real executions (the demo's DEMO_TOOL_LEDGER):
 
-- each timeout answered exactly once in ADK's session, the payment never made, and the person's
-  later Approve (and a reload) reading the outcome and the model's words, through ai 6's and
-  ai 7's own parsers;
+- each timeout answered exactly once in ADK's session, the payment never made; the person's later
+  Approve (deny) reading the outcome and the model's words, a reload (both) replaying the whole
+  message, through ai 6's and ai 7's own parsers, and an Approve after that answered 410;
 - an Approve after a kill -9 of the gateway and a restart past the deadline (nobody answered it):
   the timeout's answer goes to ADK instead, the payment is not made;
 - two replicas on a real redis-server: the deadline of a chat whose owner was killed is answered
@@ -134,20 +134,25 @@ def test_a_timeout_is_answered_to_adk_once_and_the_late_approve_reads_it(
         ) == 1
         assert metric_value(gw.base, "adk_gateway_approvals_pending") == 0
 
-        # The person clicks Approve after the deadline: it reads what followed the timeout.
-        reply = assistant_from(first, [True])
-        late = post(gw, chat, [first_message, reply], messageId=reply["id"])
-        assert late.status == 200, late.body[-2000:]
         outcome, state = expected_outcome(on_timeout, call_id)
-        assert late.chunks[1] == outcome, late.chunks
-        assert "tool-output-available" not in types(late) and late.chunks[-1]["finishReason"] == "stop"
-        said = "".join(c["delta"] for c in late.chunks if c["type"] == "text-delta")
-        assert said, late.chunks
-        assert sdk_message(first, late.chunks, call_id) == [state]
-        # A reload replays the whole message, the outcome last.
+        reply = assistant_from(first, [True])
+        if on_timeout == "deny":
+            # The person clicks Approve after the deadline: it reads what followed the timeout.
+            late = post(gw, chat, [first_message, reply], messageId=reply["id"])
+            assert late.status == 200, late.body[-2000:]
+            assert late.chunks[1] == outcome, late.chunks
+            assert "tool-output-available" not in types(late) and late.chunks[-1]["finishReason"] == "stop"
+            assert any(c["type"] == "text-delta" for c in late.chunks), late.chunks
+            assert sdk_message(first, late.chunks, call_id) == [state]
+        # A reload replays the whole message, the outcome last, and the SDK rebuilds it from that.
         resumed = request(gw.base, "GET", f"/api/chat/{chat}/stream")
-        assert resumed.status == 200 and resumed.chunks[-len(late.chunks):] == late.chunks, resumed.body[-2000:]
-        # A replay of the Approve now: nothing pending any more.
+        assert resumed.status == 200 and outcome in resumed.chunks, resumed.body[-2000:]
+        assert resumed.chunks[-1]["type"] == "finish" and "tool-output-available" not in types(resumed)
+        for version in (6, 7):
+            [rebuilt] = check_streams([{"version": version, "chunks": resumed.chunks}])
+            assert rebuilt["schemaErrors"] == [] and rebuilt["streamError"] is None, rebuilt
+            assert [p["state"] for p in rebuilt["message"]["parts"] if p.get("toolCallId") == call_id] == [state]
+        # The Approve now (after the reload read the outcome, or a replay of it): nothing pending any more.
         again = post(gw, chat, [first_message, reply], messageId=reply["id"])
         assert again.status == 410, again.body[-2000:]
 
