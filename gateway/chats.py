@@ -28,8 +28,8 @@ from .answers import LOST_APPROVAL, Forbidden, Gone, pending_outputs, split_answ
 from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
-from .confirm_timeouts import ConfirmTimeouts
-from .deadlines import Deadline, passed
+from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
+from .deadlines import Deadline
 from .driver import RunDriver, RunHooks
 from .refusals import Refusal
 from .gates import Gates
@@ -62,8 +62,6 @@ _SETTLE_SECONDS = 10.0
 _READER_POLL = 0.05
 # How long a shutdown waits for cancelled runs to publish their last chunks, and for live sessions to close.
 _CLOSE_TIMEOUT = 2.0
-# How long a passed deadline waits before it is tried again when its chat is busy or ADK failed.
-_EXPIRY_RETRY = 1.0
 
 
 class ChatBusy(Refusal):
@@ -576,26 +574,10 @@ class ChatService:
             chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
         except (ChatNotFound, Limited):
             return None
-        retry = self.timeouts.wall() + _EXPIRY_RETRY
-        if chat.ledger.native_answered(deadline.approval_id):
-            return None
-        if chat.running or (chat.run is not None and chat.run.streaming):
-            return retry
-        try:
-            held = await self.runs.confirmations(chat)
-        except UpstreamError:
-            return retry
-        call = held.calls.get(deadline.approval_id)
-        if call is None or deadline.approval_id in held.answered:
-            return None
-        due = self.timeouts.due(agent, chat, deadline.approval_id, call)
-        if due is None:
-            return None
-        if not passed(due, self.timeouts.wall()):
-            return due
-        if chat.ledger.native_answered(deadline.approval_id):  # answered while ADK was asked
-            return None
-        answer = self.timeouts.answer(agent, deadline.approval_id, call)
+        decided = await self.timeouts.decide(agent, chat, deadline.approval_id, self.runs.confirmations)
+        if not isinstance(decided, tuple):
+            return decided
+        answer, call = decided
         message_id = chat.run.message_id if chat.run is not None else None
         # The browser holds the call in the message this continues, also when the chat moved here
         # (a new message id then: the AI SDK continues its last message whatever id comes).
@@ -606,7 +588,7 @@ class ChatService:
                 agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,
             )
         except (ChatBusy, UpstreamError):
-            return retry
+            return self.timeouts.wall() + EXPIRY_RETRY
         # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
         attachment.response.close()
         return None

@@ -11,15 +11,18 @@ rule works from ADK's own record of when it asked, so it holds after any restart
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .agents import Agent, Agents
 from .chat import Chat
 from .deadlines import Deadline, asked_at, due_at, passed, timeout_payload
 from .messages import ApprovalAnswer
-from .upstream import AskedCall, SessionConfirmations
+from .upstream import AskedCall, SessionConfirmations, UpstreamError
 
-__all__ = ["ConfirmTimeouts"]
+__all__ = ["EXPIRY_RETRY", "ConfirmTimeouts"]
+
+# How long a passed deadline waits before it is tried again when its chat is busy or ADK failed.
+EXPIRY_RETRY = 1.0
 
 
 class ConfirmTimeouts:
@@ -55,6 +58,34 @@ class ConfirmTimeouts:
             return None
         seen = next((c.seen_at for c in chat.ledger.pending_native() if c.approval_id == approval_id), None)
         return due_at(asked_at(call.timestamp, seen), agent.config.tool_policy(call.tool).timeout)
+
+    async def decide(
+        self, agent: Agent, chat: Chat, approval_id: str, confirmations: Callable[[Chat], Awaitable[SessionConfirmations]],
+    ) -> tuple[ApprovalAnswer, AskedCall] | float | None:
+        """What a passed deadline of the chat calls for: the timeout's answer to send now (and the
+        call it answers), when to look again (the chat's run streams, ADK did not answer, the
+        deadline ADK's session gives is later), or None: answered already, or not asked any more.
+        ADK's session has the last word, so a deadline claimed twice answers ADK once."""
+        retry = self.wall() + EXPIRY_RETRY
+        if chat.ledger.native_answered(approval_id):
+            return None
+        if chat.running or (chat.run is not None and chat.run.streaming):
+            return retry
+        try:
+            held = await confirmations(chat)
+        except UpstreamError:
+            return retry
+        call = held.calls.get(approval_id)
+        if call is None or approval_id in held.answered:
+            return None
+        due = self.due(agent, chat, approval_id, call)
+        if due is None:
+            return None
+        if not passed(due, self.wall()):
+            return due
+        if chat.ledger.native_answered(approval_id):  # answered while ADK was asked
+            return None
+        return self.answer(agent, approval_id, call), call
 
     @staticmethod
     def answer(agent: Agent, approval_id: str, call: AskedCall) -> ApprovalAnswer:
