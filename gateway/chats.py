@@ -29,7 +29,7 @@ from .approvals import CallState, GatedCall
 from .chat import Chat
 from .config import GatewayConfig
 from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
-from .deadlines import Deadline
+from .deadlines import Deadline, deadline_key
 from .driver import RunDriver, RunHooks
 from .refusals import Refusal
 from .gates import Gates
@@ -538,7 +538,7 @@ class ChatService:
         now = self._clock()
         for answer in answers:
             if self.on_settled is not None:
-                self.on_settled(f"{chat.chat_id}/{answer.approval_id}")
+                self.on_settled(deadline_key(chat.chat_id, answer.approval_id))
             if answer.timed_out:
                 pending = chat.ledger.time_out_native(answer.approval_id)
                 self.metrics.approval_timeouts.labels(chat.agent, answer.tool_name).inc()

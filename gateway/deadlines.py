@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
 __all__ = [
-    "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "due_at", "passed", "timeout_payload",
+    "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "deadline_key", "due_at", "passed", "timeout_payload",
 ]
 
 # The same words as a timeout on the blocking path (approvals.py), so both modes read alike.
@@ -49,6 +49,11 @@ def due_at(asked: float | None, timeout: float | None) -> float | None:
     if asked is None or timeout is None:
         return None
     return asked + timeout
+
+
+def deadline_key(chat_id: str, approval_id: str) -> str:
+    """A confirmation's deadline's key: ADK's approval ids are unique per session, chat ids global."""
+    return f"{chat_id}/{approval_id}"
 
 
 def passed(due: float | None, now: float) -> bool:
@@ -78,8 +83,7 @@ class Deadline:
 
     @property
     def key(self) -> str:
-        """Unique per confirmation: ADK's approval ids are unique per session, chat ids global."""
-        return f"{self.chat}/{self.approval_id}"
+        return deadline_key(self.chat, self.approval_id)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
