@@ -10,7 +10,7 @@ since the epoch): the `timestamp` of ADK's event that carries the `adk_request_c
 When it passes, the gateway answers ADK itself with the policy's `on_timeout`: `deny` is ADK's
 rejection (confirmed false, no payload: the browser sees tool-output-denied), `error` a rejection
 carrying the gateway's error (the plugin answers it as the call's result: tool-output-error).
-CONFIRM-PAYLOAD in docs/approvals.md is the payload's format.
+docs/approvals.md ("Timeouts in confirm mode") describes the payload.
 
 `DeadlineQueue` orders pending deadlines by due time for the one timer that waits for the next.
 
