@@ -180,3 +180,45 @@ async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_
         assert await chats.expire_confirmation(kept[0]) is None
     assert answers(adk) == [{"confirmed": False}]
     await chats.close()
+
+
+async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_live_owner() -> None:
+    """B claimed a deadline of a chat A runs: A answers it (an `expire` notice), and the deadline
+    stays in the store until A handled it, so a notice lost with A would be claimed again."""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.router import Cluster
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    clusters = []
+    for name in ("a", "b"):
+        chats, _ = service(adk, wall)
+        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
+        await cluster.start()
+        clusters.append(cluster)
+    a, b = clusters
+    try:
+        first = await read(await a.submit(AGENT, "alice", request(USER)))
+        await asyncio.sleep(0.01)  # the run ended: A keeps its deadline in the store
+        deadline = hub.deadlines.get(f"chat-1/{CONFIRM_ID}")
+        assert deadline is not None
+        wall.now = deadline.due
+        assert await b._answer_deadline(deadline) is None  # handed to A
+        assert hub.deadlines.get(deadline.key) is not None  # back in the store until A handled it
+        async with asyncio.timeout(5):
+            while hub.deadlines.get(deadline.key) is not None or not answers(adk):
+                await asyncio.sleep(0.01)
+        assert answers(adk) == [{"confirmed": False}]
+        assert a.chats.metrics.registry.get_sample_value(
+            "adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": "process_payment"},
+        ) == 1
+        # Claimed again anyway (a notice that looked lost): ADK's session says it was answered.
+        assert await b._answer_deadline(deadline) is None
+        await asyncio.sleep(0.05)
+        assert answers(adk) == [{"confirmed": False}]
+        answer = approval_of(first)
+        late = await read(await b.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
+    finally:
+        for cluster in clusters:
+            await cluster.chats.close()
+            await cluster.close()
