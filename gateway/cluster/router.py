@@ -101,7 +101,10 @@ class Cluster:
         chats.on_run = self._on_run
         # Confirm mode's deadlines, shared by the replicas (deadline_timer.py).
         self._recheck = settings.owner_timeout
-        self._deadlines = DeadlineTimer(state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=chats.timeouts.wall)
+        # On the chat service's wall clock, read when needed (deadlines are compared with ADK's).
+        self._deadlines = DeadlineTimer(
+            state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=lambda: self.chats.timeouts.wall(),
+        )
         chats.on_deadline = self._deadlines.add
         chats.on_settled = self._deadlines.drop
         self._forwarded.expire = self._expire_forwarded
