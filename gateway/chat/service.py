@@ -29,6 +29,8 @@ from ..core.approvals import CallState, GatedCall
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..core.browser_confirmations import NAMESPACE, BrowserCalls, handover_chunks, output_answers, plan_browser
+from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
+from ..core.deadlines import Deadline, deadline_key
 from .driver import RunDriver, RunHooks
 from ..core.refusals import Refusal
 from .gates import Gates
@@ -45,7 +47,7 @@ from ..core.chat_request import (
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import ClientVersion, encode_chunk
 from ..core.rebuild import WaitingMessage, replay, waiting_message
-from .registry import Registry, TooManyChats
+from .registry import ChatNotFound, Registry, TooManyChats
 from .chunk_log import Feed, Reader, Response, Run
 from ..ops.stopping import cancel_and_wait, within
 from ..core.turn import Turn
@@ -128,6 +130,7 @@ class ChatService:
         config: GatewayConfig,
         clock: Callable[[], float] = time.monotonic,
         new_id: Callable[[], str] = new_message_id,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
         self.agents = agents
@@ -146,6 +149,13 @@ class ChatService:
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.
         self.on_run: Callable[[Chat, str], None] | None = None
+        # Confirm mode's deadlines: the cluster keeps them (cluster/deadline_timer.py), told of
+        # each new one, and of each confirmation answered before its deadline (by its key).
+        self.timeouts = ConfirmTimeouts(agents, wall)
+        self.on_deadline: Callable[[Deadline], None] | None = None
+        self.on_settled: Callable[[str], None] | None = None
+        # Confirmations whose answer is going out now (True: the deadline's), by approval id.
+        self._answering: dict[str, bool] = {}
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         if self.on_run is not None:
@@ -201,6 +211,8 @@ class ChatService:
             only_native = plan.new_message is None and not (gated or outputs)
             fresh = await self._unanswered_native(chat, native, strict=only_native, held=held)
             if plan.new_message is None and not fresh and not (gated or outputs):
+                if any(chat.ledger.native_timed_out(a.approval_id) for a in native):
+                    return self._late_native(chat)
                 # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
                 raise Gone("this approval was already answered; send a new message to go on")
             native = fresh
@@ -274,7 +286,26 @@ class ChatService:
 
     async def _start_run(
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
-        native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None = None,
+        native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None = None, *,
+        browser: bool = True,
+    ) -> Attachment:
+        # A confirmation is answered once: from here until the ledger records it (or the run
+        # fails to start), another answer to it (the person's, the deadline's) does not go out.
+        ids = [a.approval_id for a in native]
+        if any(i in self._answering for i in ids):
+            if browser and any(self._answering.get(i) for i in ids):
+                return self._late_native(chat)  # the deadline's answer is on its way: read its outcome
+            raise ChatBusy("this approval is being answered")
+        self._answering.update({a.approval_id: a.timed_out for a in native})
+        try:
+            return await self._start_answered_run(agent, chat, plan, gated, native, version, carried)
+        finally:
+            for i in ids:
+                self._answering.pop(i, None)
+
+    async def _start_answered_run(
+        self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
+        native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None,
     ) -> Attachment:
         before = chat.run
         if before is not None and before.streaming and not await self._nobody_reads(before.current):
@@ -314,8 +345,10 @@ class ChatService:
         self._record_native_answers(chat, native)
         turn = Turn(
             run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
-            denied_tool_calls=[a.tool_call_id for a in native if not a.approved], policy=agent.config.tool_policy,
-            confirms=agent.config.confirms, delivered_tool_calls=[o.tool_call_id for o in carried or ()],
+            # A rejection carrying the gateway's error (a timeout's) ends as that error, not denied.
+            denied_tool_calls=[a.tool_call_id for a in native if not a.approved and a.payload is None],
+            policy=agent.config.tool_policy, confirms=agent.config.confirms,
+            delivered_tool_calls=[o.tool_call_id for o in carried or ()],
         )
         driver = RunDriver(turn, run, self._hooks, agent.name)
         return self._launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)
@@ -355,6 +388,9 @@ class ChatService:
         chat = self._tasks.pop(task, None)
         if chat is not None:
             self.run_changed(chat, "")
+            for deadline in self.timeouts.new_deadlines(chat):
+                if self.on_deadline is not None:
+                    self.on_deadline(deadline)
 
     def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """The response to replay and follow for a reconnecting browser; None if there is none."""
@@ -610,7 +646,13 @@ class ChatService:
             self._lose_native(chat, lost)
             if strict:
                 raise Gone(LOST_APPROVAL)
-        return [a for a in open_ if a.approval_id in held.asked and a.approval_id not in held.answered]
+        # Not answered here meanwhile either (the deadline's answer may have gone while ADK was asked).
+        fresh = [
+            a for a in open_
+            if a.approval_id in held.asked and a.approval_id not in held.answered and not ledger.native_answered(a.approval_id)
+        ]
+        # Given after the deadline, which nobody answered (the gateway was down then): the timeout's answer goes instead.
+        return self.timeouts.too_late(self.agents.need(chat.agent), chat, fresh, held)
 
     def _lose_native(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
@@ -623,15 +665,22 @@ class ChatService:
     def _record_native_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
-            pending = chat.ledger.answer_native(answer.approval_id, answer.tool_call_id)
+            if self.on_settled is not None:
+                self.on_settled(deadline_key(chat.chat_id, answer.approval_id))
+            if answer.timed_out:
+                pending = chat.ledger.time_out_native(answer.approval_id)
+                self.metrics.approval_timeouts.labels(chat.agent, answer.tool_name).inc()
+                log.info("approval_timed_out", approval_id=answer.approval_id, tool=answer.tool_name, payload=answer.payload is not None)
+            else:
+                pending = chat.ledger.answer_native(answer.approval_id, answer.tool_call_id)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
-            if answer.payload is not None or pending.awaits_output:
+            if not answer.timed_out and (answer.payload is not None or pending.awaits_output):
                 self._record_browser_answer(chat.agent, pending, answer, now)
                 continue
-            outcome = "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
+            outcome = "timeout" if answer.timed_out else "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
             self._observe_native(chat.agent, pending, outcome, now)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
@@ -658,6 +707,46 @@ class ChatService:
             self._observe_browser(agent, confirmation, "cancelled", now)
         else:
             self._observe_native(agent, confirmation, "cancelled", now)
+
+    def _late_native(self, chat: Chat) -> Attachment:
+        """A person's answer after the gateway answered its confirmation's timeout: as a late
+        answer on the blocking path, it reads what followed the timeout if nobody read it yet."""
+        run = chat.run
+        unread = run.unread() if run is not None else None
+        if run is None or unread is None:
+            raise Gone("this approval timed out and the agent went on; send a new message to go on")
+        return Attachment(run, unread.reader())
+
+    async def expire_confirmation(self, deadline: Deadline) -> float | None:
+        """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
+        tool's `on_timeout`, unless someone answered it already. ADK's session decides what is
+        still asked, and when it was. Returns when to look again (the chat is busy, ADK did not
+        answer, the deadline ADK's session gives is later), or None: answered, or nothing to do."""
+        agent = self.agents.get(deadline.agent)
+        if agent is None or agent.live:
+            return None
+        try:
+            chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
+        except (ChatNotFound, Limited):
+            return None
+        decided = await self.timeouts.decide(agent, chat, deadline.approval_id, self.runs.confirmations)
+        if not isinstance(decided, tuple):
+            return decided
+        answer, call = decided
+        message_id = chat.run.message_id if chat.run is not None else None
+        # The browser holds the call in the message this continues, also when the chat moved here
+        # (a new message id then: the AI SDK continues its last message whatever id comes).
+        known = frozenset({call.tool_call_id})
+        version = chat.driver.turn.converter.version if chat.driver is not None else 6
+        try:
+            attachment = await self._start_run(
+                agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,
+            )
+        except (ChatBusy, UpstreamError):
+            return self.timeouts.wall() + EXPIRY_RETRY
+        # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
+        attachment.response.close()
+        return None
 
     def _observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
         self.metrics.approvals_pending.labels(agent).dec()

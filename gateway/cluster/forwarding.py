@@ -29,6 +29,7 @@ from .messages import (
     Abort,
     Answer,
     Audio,
+    Expire,
     Forwarded,
     Gate,
     Refused,
@@ -113,6 +114,8 @@ class ForwardedRequests:
         self._gates = gates
         # Set by the drain: new work forwarded here is refused, as the transports refuse their own.
         self.draining = False
+        # Takes a passed deadline another replica claimed for a chat run here (deadline_timer.py).
+        self.expire: Callable[[str], None] | None = None
 
     async def serve(self, asked: Forwarded) -> None:
         """Do the work, and reply to the replica that sent it (unless it is a notice)."""
@@ -124,7 +127,7 @@ class ForwardedRequests:
             answer = await self.DISPATCH[type(work)](self, work, asked)
         except Exception as exc:
             answer = self._refused(exc)
-        if answer is not None and not isinstance(work, (Abort, SocketClosed, Unfollow)):
+        if answer is not None and not isinstance(work, (Abort, SocketClosed, Unfollow, Expire)):
             with contextlib.suppress(SharedStateDown):
                 await self._state.send(asked.sender, Reply(asked.request_id, answer).to_json())
 
@@ -166,10 +169,14 @@ class ForwardedRequests:
     async def _unfollow(self, work: Unfollow, asked: Forwarded) -> None:
         self._relays.unfollow(work.key)
 
+    async def _expire(self, work: Expire, asked: Forwarded) -> None:
+        if self.expire is not None:
+            self.expire(work.deadline)
+
     async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
         return await self._gates.serve(work, asked)
 
     DISPATCH: ClassVar[Mapping[type[Work], Handler]] = MappingProxyType({
         Submit: _submit, Resume: _resume, Audio: _audio, Abort: _abort, SocketClosed: _socket_closed,
-        Unfollow: _unfollow, Gate: _gate,
+        Unfollow: _unfollow, Gate: _gate, Expire: _expire,
     })

@@ -5,6 +5,7 @@ production there is one replica and one hub per process, so every chat is local 
 ever forwarded. Tests put several replicas on one hub to run the same contract as the Redis
 backend (tests/unit/test_cluster_state.py) and to drive the router without a network.
 Chat records expire `ttl` after their last claim, as in Redis; call records after theirs.
+Confirmation deadlines live as long as the process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..chat.registry import ChatNotFound
+from ..core.deadlines import Deadline, DeadlineQueue
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
 
 __all__ = ["MemoryHub", "MemoryState"]
@@ -47,6 +49,9 @@ class MemoryHub:
     relays: dict[str, _Relay] = field(default_factory=dict)
     calls: dict[str, dict[str, str]] = field(default_factory=dict)
     tickets: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Confirmation deadlines: kept by the process, so lost with it (the late-answer rule covers
+    # a restart: docs/approvals.md).
+    deadlines: DeadlineQueue = field(default_factory=DeadlineQueue)
     next_sweep: float = 0.0
 
 
@@ -151,3 +156,18 @@ class MemoryState(SharedState):
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
         return self.hub.tickets.pop(key, None)
+
+    async def add_deadline(self, deadline: Deadline) -> None:
+        self.hub.deadlines.add(deadline)
+
+    async def drop_deadline(self, key: str) -> None:
+        self.hub.deadlines.drop(key)
+
+    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
+        due = self.hub.deadlines.pop_due(now)
+        for deadline in due[limit:]:
+            self.hub.deadlines.add(deadline)
+        return due[:limit]
+
+    async def next_deadline(self) -> float | None:
+        return self.hub.deadlines.next_due()

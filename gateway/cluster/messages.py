@@ -3,8 +3,8 @@
 Three kinds of message reach a replica's inbox (the backends carry them as JSON objects):
 
 - `Forwarded`: work for a chat this replica owns, from the replica that received the request.
-  `Submit`, `Resume`, `Audio` and `Gate` want a `Reply`; `Abort`, `SocketClosed` and `Unfollow`
-  are notices, answered by nothing.
+  `Submit`, `Resume`, `Audio` and `Gate` want a `Reply`; `Abort`, `SocketClosed`, `Unfollow`
+  and `Expire` are notices, answered by nothing.
 - `Reply`: the owner's answer to one of them: `Relayed` (the relay that carries the response),
   `Refused` (the HTTP refusal the asker answers with), `Decided` (a gated call's verdict, given at
   once) or `Waiting` (the gated call waits for a person; its verdict follows as `Released`).
@@ -28,7 +28,7 @@ from ..core.refusals import HttpError
 from ..core.protocol import ClientVersion
 
 __all__ = [
-    "WORK", "Abort", "Answer", "Audio", "Decided", "Forwarded", "Gate", "MalformedMessage", "Message",
+    "WORK", "Abort", "Answer", "Audio", "Decided", "Expire", "Forwarded", "Gate", "MalformedMessage", "Message",
     "Refused", "Relayed", "Released", "Reply", "Resume", "SocketClosed", "Submit", "Unfollow", "Waiting", "Work",
     "from_json",
 ]
@@ -128,8 +128,18 @@ class Gate(_Work):
     args: dict[str, Any]
 
 
-Work = Submit | Resume | Audio | Abort | SocketClosed | Unfollow | Gate
-WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Unfollow, Gate)
+@dataclass(frozen=True)
+class Expire(_Work):
+    """A confirmation's deadline passed (a notice): the owner answers it (deadline_timer.py)."""
+
+    op: ClassVar[str] = "expire"
+    user: str
+    # The deadline as deadlines.Deadline writes it: the owner reads it again, as its own.
+    deadline: str
+
+
+Work = Submit | Resume | Audio | Abort | SocketClosed | Unfollow | Gate | Expire
+WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Unfollow, Gate, Expire)
 _WORK_BY_OP: MappingProxyType[str, type[Work]] = MappingProxyType({kind.op: kind for kind in WORK})
 
 

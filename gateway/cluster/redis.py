@@ -13,6 +13,7 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
+- `{p}:deadlines`, `{p}:deadline`: confirmation deadlines (redis_deadlines.py).
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
 ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
@@ -44,6 +45,8 @@ from redis.exceptions import RedisError
 from ..chat.registry import ChatNotFound
 from ..ops.stopping import cancel_and_wait
 from .backoff import Backoff
+from ..core.deadlines import Deadline
+from .redis_deadlines import RedisDeadlines
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal, Tampered, fingerprint
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
@@ -105,6 +108,7 @@ class RedisState(SharedState):
         self._claim = self._redis.register_script(CLAIM)
         self._owner_set = self._redis.register_script(OWNER_SET)
         self._new_epoch = self._redis.register_script(NEW_EPOCH)
+        self._deadlines = RedisDeadlines(self._redis, prefix, seal)
         self._beat_now = asyncio.Event()
         # Set by every heartbeat that reached Redis: a reconnecting inbox retries then, not only
         # when its backoff runs out.
@@ -462,6 +466,27 @@ class RedisState(SharedState):
             return None
         record: dict[str, str] = stored["record"]
         return record
+
+    async def add_deadline(self, deadline: Deadline) -> None:
+        await self._deadline_op(self._deadlines.add(deadline))
+
+    async def drop_deadline(self, key: str) -> None:
+        await self._deadline_op(self._deadlines.drop(key))
+
+    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
+        return await self._deadline_op(self._deadlines.claim(now, limit))  # type: ignore[no-any-return]
+
+    async def next_deadline(self) -> float | None:
+        return await self._deadline_op(self._deadlines.next_due())  # type: ignore[no-any-return]
+
+    async def _deadline_op(self, op: Any) -> Any:
+        try:
+            self._check()
+            return await op
+        except (RedisError, OSError) as exc:
+            raise self._down(exc) from None
+        finally:
+            op.close()  # not awaited when the store is down: no "never awaited" warning
 
     def _down(self, exc: BaseException) -> SharedStateDown:
         if self.available:

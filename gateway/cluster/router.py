@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -39,12 +41,16 @@ from ..core.refusals import HttpError
 from ..core.chat_request import ChatRequest
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import ClientVersion
+from ..core.deadlines import Deadline, MalformedDeadline
+from ..chat.registry import ChatNotFound
+from .deadline_timer import DeadlineTimer
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
     Abort,
     Answer,
     Audio,
+    Expire,
     Forwarded,
     Gate,
     MalformedMessage,
@@ -96,6 +102,15 @@ class Cluster:
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()
         chats.on_run = self._on_run
+        # Confirm mode's deadlines, shared by the replicas (deadline_timer.py).
+        self._recheck = settings.owner_timeout
+        # On the chat service's wall clock, read when needed (deadlines are compared with ADK's).
+        self._deadlines = DeadlineTimer(
+            state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=lambda: self.chats.timeouts.wall(),
+        )
+        chats.on_deadline = self._deadlines.add
+        chats.on_settled = self._deadlines.drop
+        self._forwarded.expire = self._expire_forwarded
 
     @property
     def replica_id(self) -> str:
@@ -123,12 +138,14 @@ class Cluster:
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
         self._tasks.spawn(self._write_marks())
+        self._deadlines.start()
 
     async def close(self) -> None:
         """Stop this replica's tasks, then leave the shared state; bounded, whatever the tasks do."""
         # The mark writer wakes after the tasks are marked closed (close() does that before its
         # first await), and sees it.
         self._marks_due.set()
+        self._deadlines.close()
         await self._tasks.close(_STOP_GRACE)
         await self.state.close()
 
@@ -225,6 +242,46 @@ class Cluster:
             if owner is not None and owner != self.replica_id:
                 return await self._gates.ask_owner(owner, request)
         return await self._gates.here(request)
+
+    # ---- confirmation deadlines -------------------------------------------------------------
+
+    async def _answer_deadline(self, deadline: Deadline) -> float | None:
+        """A passed deadline this replica claimed: answered where its chat runs (here, also when
+        the owner is dead and the chat moves here), or handed to its live owner."""
+        retry = self.chats.timeouts.wall() + 1.0
+        try:
+            claim = await self._claim(deadline.agent, deadline.user, deadline.chat, create=False)
+        except SharedStateDown:
+            return retry
+        except ChatNotFound:
+            return None
+        if claim.local:
+            return await self.chats.expire_confirmation(deadline)
+        try:
+            # Back in the store before the notice goes: if the owner dies with it, it is claimed
+            # again, from a dead owner by then. The owner drops it once it handled it.
+            await self.state.add_deadline(replace(deadline, due=self.chats.timeouts.wall() + self._recheck))
+            await self.state.send(
+                claim.owner, Forwarded(self.replica_id, secrets.token_hex(8), Expire(deadline.user, deadline.to_json())).to_json()
+            )
+        except SharedStateDown:
+            return retry
+        return None
+
+    def _expire_forwarded(self, raw: str) -> None:
+        try:
+            deadline = Deadline.from_json(raw)
+        except MalformedDeadline:
+            log.warning("deadline_malformed")
+            return
+        self._tasks.spawn(self._expire_here(deadline))
+
+    async def _expire_here(self, deadline: Deadline) -> None:
+        again = await self.chats.expire_confirmation(deadline)
+        if again is None:
+            self._deadlines.drop(deadline.key)
+        else:
+            self._deadlines.add(replace(deadline, due=again))
 
     # ---- the inbox -------------------------------------------------------------------------
 

@@ -15,7 +15,9 @@ drives do that):
 - gated-call records: every gated call with its chat, owner and (once released) verdict, kept
   for the call's deadline;
 - WebSocket tickets: short-lived, single-use credentials for a socket's handshake (access/tickets.py),
-  so a ticket issued by one replica opens a socket on any.
+  so a ticket issued by one replica opens a socket on any;
+- confirmation deadlines (confirm mode, core/deadlines.py): ordered by due time, each claimed by exactly
+  one replica once it passed (deadline_timer.py answers it on the chat's owner).
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
 
 __all__ = ["Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
@@ -161,6 +164,25 @@ class SharedState(abc.ABC):
     @abc.abstractmethod
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         """A gated call's record, or None."""
+
+    # ---- confirmation deadlines -------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def add_deadline(self, deadline: Deadline) -> None:
+        """Keep a deadline until it is claimed or dropped (one per key: the latest add wins)."""
+
+    @abc.abstractmethod
+    async def drop_deadline(self, key: str) -> None:
+        """Forget a deadline (its confirmation was answered)."""
+
+    @abc.abstractmethod
+    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
+        """Remove and return deadlines due at `now` (wall clock): each is returned to exactly one
+        caller, whichever replica asks."""
+
+    @abc.abstractmethod
+    async def next_deadline(self) -> float | None:
+        """When the earliest deadline kept is due, or None."""
 
     # ---- WebSocket tickets -----------------------------------------------------------------
 

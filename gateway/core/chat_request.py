@@ -139,8 +139,11 @@ class ApprovalAnswer:
     # True when the person never answered and moved on: the gateway rejects on their behalf.
     implicit: bool = False
     reason: str | None = None
-    # Sent to ADK with the answer (`{"adk_gateway": {...}}`): a browser tool's output or error.
+    # The confirmation's payload for ADK (`{"adk_gateway": {...}}`, docs/approvals.md), made by the
+    # gateway: a browser tool's output or error, a timeout's error. Never a browser's payload as sent.
     payload: dict[str, Any] | None = None
+    # The gateway's answer to a confirmation whose deadline passed (implicit too).
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ class NativeConfirmation:
     # When the person approved it (a browser tool's: its output is awaited since).
     approved_at: float | None = None
 
+    # When the gateway first saw it pending, on the wall clock (its deadline runs from the later
+    # of this and ADK's own time: deadlines.py); None until its deadline is set.
+    seen_at: float | None = None
+
     @property
     def awaits_output(self) -> bool:
         """A browser tool's that nobody has to approve first, or that was approved."""
@@ -59,7 +63,7 @@ class Ledger:
     # A chat keeps its ledger for as long as it is remembered: dicts (64 bytes empty), not sets (216).
     __slots__ = (
         "_answered", "_asking", "_by_approval", "_calls", "_confirmable", "_current", "_delivered", "_denied", "_expected",
-        "_native", "_open", "_seen",
+        "_native", "_open", "_seen", "_timed_out",
     )
 
     def __init__(self) -> None:
@@ -79,6 +83,7 @@ class Ledger:
         self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
         self._native: dict[str, NativeConfirmation] = {}  # asked, not answered, by approval id
         self._answered: dict[str, str] = {}  # answered native approval ids (-> tool call id), oldest first
+        self._timed_out: dict[str, None] = {}  # of those, the ones the gateway answered at their deadline
 
     def begin_run(self, denied: Iterable[str] = (), delivered: Iterable[str] = ()) -> None:
         """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies;
@@ -255,6 +260,17 @@ class Ledger:
             return None
         pending.approved_at = now
         return pending
+
+    def time_out_native(self, approval_id: str) -> NativeConfirmation | None:
+        """Record the gateway's answer to a confirmation whose deadline passed (`answer_native`,
+        remembered as a timeout so that the person's late answer is told so)."""
+        self._timed_out[approval_id] = None
+        if len(self._timed_out) > _ANSWERED_KEPT:
+            del self._timed_out[next(iter(self._timed_out))]
+        return self.answer_native(approval_id)
+
+    def native_timed_out(self, approval_id: str) -> bool:
+        return approval_id in self._timed_out
 
     def pending_native(self) -> list[NativeConfirmation]:
         return list(self._native.values())

@@ -24,7 +24,7 @@ from ..core.eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
 
-__all__ = ["AdkClient", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
+__all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -52,8 +52,24 @@ class SessionConfirmations:
 
     asked: frozenset[str] = frozenset()
     answered: frozenset[str] = frozenset()
-    # Each asked confirmation's original call: approval id -> (tool call id, tool name, args).
-    originals: Mapping[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
+    # What each asked confirmation is about, by approval id (deadlines.py works a deadline out from it).
+    calls: Mapping[str, AskedCall] = field(default_factory=dict)
+
+    @property
+    def originals(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """Each asked confirmation's original call: approval id -> (tool call id, tool name, args)."""
+        return {approval: (c.tool_call_id, c.tool, c.args) for approval, c in self.calls.items()}
+
+
+@dataclass(frozen=True)
+class AskedCall:
+    """The call an `adk_request_confirmation` asks about, and when ADK asked (its event's
+    `timestamp`, seconds since the epoch; None if the event has none)."""
+
+    tool_call_id: str
+    tool: str
+    timestamp: float | None
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 class AdkClient:
@@ -146,7 +162,7 @@ class AdkClient:
         return SessionConfirmations(
             asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
             answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
-            originals=_originals(session),
+            calls=_asked_calls(session),
         )
 
     async def run_sse_batches(
@@ -346,14 +362,15 @@ def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
 
 
 
-def _originals(session: Any) -> dict[str, tuple[str, str, dict[str, Any]]]:
-    """The original call of each `adk_request_confirmation` call in a session's events (its
-    `originalFunctionCall` argument), by confirmation id."""
-    found: dict[str, tuple[str, str, dict[str, Any]]] = {}
+def _asked_calls(session: Any) -> dict[str, AskedCall]:
+    """The calls a session's `adk_request_confirmation` calls ask about, by approval id."""
+    found: dict[str, AskedCall] = {}
     events = session.get("events") if isinstance(session, dict) else None
     for event in events if isinstance(events, list) else ():
         content = event.get("content") if isinstance(event, dict) else None
         parts = content.get("parts") if isinstance(content, dict) else None
+        stamp = event.get("timestamp") if isinstance(event, dict) else None
+        timestamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
         for part in parts if isinstance(parts, list) else ():
             call = (part.get("functionCall") or part.get("function_call")) if isinstance(part, dict) else None
             if not isinstance(call, dict) or call.get("name") != "adk_request_confirmation" or not isinstance(call.get("id"), str):
@@ -362,5 +379,7 @@ def _originals(session: Any) -> dict[str, tuple[str, str, dict[str, Any]]]:
             original = (args.get("originalFunctionCall") or args.get("original_function_call")) if isinstance(args, dict) else None
             if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
                 original_args = original.get("args")
-                found[call["id"]] = (original["id"], original["name"], original_args if isinstance(original_args, dict) else {})
+                found[call["id"]] = AskedCall(
+                    original["id"], original["name"], timestamp, original_args if isinstance(original_args, dict) else {}
+                )
     return found

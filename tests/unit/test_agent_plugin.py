@@ -457,6 +457,28 @@ async def test_the_rerun_after_an_approval_runs_the_tool_and_after_a_rejection_d
     await plugin.close()
 
 
+async def test_a_timeout_answered_with_the_gateways_error_refuses_the_call_with_it(gateway: tuple[FakeGateway, str]) -> None:
+    # `on_timeout: error` in confirm mode: the gateway rejects with its error as the payload
+    # (docs/approvals.md); the tool does not run and the call ends with that error.
+    from google.adk.tools.tool_confirmation import ToolConfirmation
+
+    fake, url = gateway
+    fake.tools = {"pay": CONFIRM}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    text = "Timed out waiting for approval; the call was not run."
+    timed_out = sse_context(answer=ToolConfirmation(confirmed=False, payload={"adk_gateway": {"error": text}}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=timed_out) == {"error": text}
+    # Someone else's payload is not the gateway's: a plain rejection, or a plain approval.
+    foreign = sse_context(answer=ToolConfirmation(confirmed=False, payload={"error": "x"}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=foreign) == {
+        "error": "This tool call is rejected."
+    }
+    approved = sse_context(answer=ToolConfirmation(confirmed=True, payload={"adk_gateway": "nonsense"}))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=approved) is None
+    assert fake.asked == []
+    await plugin.close()
+
+
 async def test_a_live_run_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
     # ADK's live flow has no confirmation: asked there, nobody would ever answer.
     fake, url = gateway

@@ -16,7 +16,7 @@ from gateway.config.schema import GatewayConfig
 from gateway.core.ledger import Ledger, NativeConfirmation
 from gateway.core.chat_request import ApprovalAnswer, ToolOutput, confirmation_message, confirmation_response
 from gateway.core.turn import NativeAsked, Turn, TurnState
-from gateway.upstream.client import _originals
+from gateway.upstream.client import SessionConfirmations, _asked_calls
 from tests.unit.test_confirm_mode import config
 from tests.unit.test_turn import Shell
 
@@ -285,5 +285,6 @@ def test_adks_session_names_each_confirmations_original_call_in_either_case() ->
         {"content": {"parts": [{"functionCall": {"id": "adk-3", "name": "adk_request_confirmation", "args": "junk"}}]}},
         {"content": {"parts": [{"functionCall": {"id": "c4", "name": "change_bgm", "args": {}}}]}},
     ]}
-    assert _originals(session) == {"adk-1": ("c1", "get_location", {}), "adk-2": ("c2", "change_bgm", {"track": 2})}
-    assert _originals({"events": "junk"}) == {} and _originals(None) == {}
+    originals = SessionConfirmations(calls=_asked_calls(session)).originals
+    assert originals == {"adk-1": ("c1", "get_location", {}), "adk-2": ("c2", "change_bgm", {"track": 2})}
+    assert _asked_calls({"events": "junk"}) == {} and _asked_calls(None) == {}

@@ -18,7 +18,7 @@ from gateway.cluster.forwarding import ForwardedRequests
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.messages import (
     WORK, Abort, Audio, Decided, Forwarded, Gate, MalformedMessage, Message, Refused, Relayed, Released, Reply,
-    Resume, SocketClosed, Submit, Unfollow, Waiting, from_json,
+    Resume, SocketClosed, Submit, Unfollow, Waiting, from_json, Expire,
 )
 from gateway.core.refusals import HttpError
 from tests.unit.test_cluster_close import RecordingLog, cluster_on
@@ -33,6 +33,7 @@ MESSAGES: list[Message] = [
     Forwarded("b", "r4", Abort("alice", "c1", "demo_agent")),
     Forwarded("b", "r5", SocketClosed("alice", "c1", "demo_agent")),
     Forwarded("b", "r7", Unfollow("alice", "relay-key")),
+    Forwarded("b", "r8", Expire("alice", '{"agent":"demo_agent"}')),
     Forwarded("b", "r6", Gate("demo_agent", "alice", "c1", "fc-1", "process_payment", {"amount": 5, "to": ["x"]})),
     Reply("r1", Relayed("k-123")),
     Reply("r2", Relayed(None)),

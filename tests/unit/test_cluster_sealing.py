@@ -248,6 +248,24 @@ async def test_a_forged_call_record_reads_as_absent(cluster: Any) -> None:
     assert await b.get_call("gw-4") is None
 
 
+async def test_a_forged_or_moved_deadline_is_never_claimed(cluster: Any) -> None:
+    from gateway.core.deadlines import Deadline
+
+    a, b, inbox, forger = cluster
+    genuine = Deadline("demo_agent", "alice", "c1", "adk-1", "call-1", "pay", 10.0)
+    await a.add_deadline(genuine)
+    # A deadline written by the forger, due now, for someone else's confirmation.
+    forged = Deadline("demo_agent", "bob", "c2", "adk-2", "call-2", "pay", 5.0)
+    await forger.redis.zadd(forger.key("deadlines"), {forged.key: 5.0})
+    await forger.redis.hset(forger.key("deadline"), forged.key, forged.to_json())
+    # The genuine sealed record copied to another confirmation's key.
+    sealed = await forger.redis.hget(forger.key("deadline"), genuine.key)
+    await forger.redis.zadd(forger.key("deadlines"), {"c3/adk-3": 5.0})
+    await forger.redis.hset(forger.key("deadline"), "c3/adk-3", sealed)
+    assert await b.claim_deadlines(100.0) == [genuine]
+    assert await a.claim_deadlines(100.0) == [] and await a.next_deadline() is None
+
+
 async def test_a_forged_ticket_record_opens_no_socket(cluster: Any) -> None:
     a, b, inbox, forger = cluster
     issued = await Tickets(a).issue(Identity("alice", {}), agent="demo_agent", origin=None, fingerprint="f", ttl=30)

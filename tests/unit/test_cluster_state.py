@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.core.deadlines import Deadline
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedStateDown
@@ -240,6 +241,36 @@ async def test_gated_call_records_merge_and_expire(pair: tuple[Replica, Replica]
     }
     await asyncio.sleep(0.5)
     assert await b.state.get_call(call) is None
+
+
+def _deadline(name: str, due: float) -> Deadline:
+    return Deadline("demo_agent", "u1", "chat-" + name, "adk-" + name, "call-" + name, "process_payment", due)
+
+
+async def test_a_passed_deadline_is_claimed_by_exactly_one_replica(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    assert await a.state.next_deadline() is None
+    await a.state.add_deadline(_deadline("x", 100.0))
+    await b.state.add_deadline(_deadline("y", 50.0))
+    await a.state.add_deadline(_deadline("z", 300.0))
+    assert await b.state.next_deadline() == 50.0
+    assert await a.state.claim_deadlines(49.0) == []
+    # Replicas racing for what passed: each deadline goes to exactly one of them.
+    claims = await asyncio.gather(*(r.state.claim_deadlines(150.0) for r in (a, b, a, b)))
+    assert sorted(d.approval_id for claim in claims for d in claim) == ["adk-x", "adk-y"]
+    assert [d for claim in claims for d in claim if d.approval_id == "adk-x"] == [_deadline("x", 100.0)]
+    assert await a.state.next_deadline() == 300.0
+    await b.state.drop_deadline(_deadline("z", 0).key)
+    assert await a.state.next_deadline() is None and await a.state.claim_deadlines(1e12) == []
+
+
+async def test_a_deadline_added_again_keeps_the_latest_due_time(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    await a.state.add_deadline(_deadline("x", 100.0))
+    await b.state.add_deadline(_deadline("x", 200.0))
+    assert await a.state.next_deadline() == 200.0
+    assert await a.state.claim_deadlines(150.0) == []
+    assert await b.state.claim_deadlines(200.0) == [_deadline("x", 200.0)]
 
 
 async def test_a_ticket_is_taken_once_by_any_replica_and_expires(pair: tuple[Replica, Replica]) -> None:

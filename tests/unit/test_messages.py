@@ -75,6 +75,16 @@ def test_approval_answers_continue_the_assistant_message() -> None:
     }
 
 
+def test_a_confirmation_payload_is_the_one_extra_key_and_only_when_given() -> None:
+    from gateway.core.chat_request import confirmation_response
+
+    assert confirmation_response("adk-1", False) == {
+        "functionResponse": {"id": "adk-1", "name": "adk_request_confirmation", "response": {"confirmed": False}}
+    }
+    payload = {"adk_gateway": {"error": "Timed out waiting for approval; the call was not run."}}
+    assert confirmation_response("adk-1", False, payload)["functionResponse"]["response"] == {"confirmed": False, "payload": payload}
+
+
 def test_unanswered_approvals_are_rejected_when_the_user_moves_on() -> None:
     p = plan(body(user("pay"), assistant(tool("approval-requested", "c1", {"id": "a1"})), user("never mind", id="u2")))
     assert p.new_message["parts"] == [{"text": "never mind"}]

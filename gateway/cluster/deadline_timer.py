@@ -1,0 +1,132 @@
+"""Confirmation deadlines (confirm mode) kept in the shared store, and answered when they pass.
+
+Each replica arms one timer for the earliest deadline in the store, not a polling loop. It knows
+at once of the deadlines it adds itself; of those other replicas add (Redis), it learns by reading
+the earliest due time again every `poll` seconds, the one slow safety poll: a replica that dies
+leaves its chats' deadlines to the others, and a chat cannot move to another replica before its
+owner is `sessions.owner_timeout` silent anyway (the poll's period).
+
+When the timer fires, the replica claims what passed (the store gives each deadline to exactly
+one replica) and has each answered where its chat runs (`answer`, the cluster router's): here,
+also for a chat it takes over from a dead owner, or on the live owner, told by an `Expire` notice.
+A deadline is removed only once answered or moot: what cannot be answered yet (the chat busy, ADK
+unreachable) comes back due when to try again; one handed to another replica comes back due
+`recheck` later, before the notice is sent, and that replica drops it once it handled it, so a
+notice lost with its replica is claimed again, by then from a dead owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import structlog
+
+from ..core.deadlines import Deadline
+from .shared import SharedState, SharedStateDown
+from .tasks import Tasks
+
+__all__ = ["DeadlineTimer"]
+
+log = structlog.get_logger("adk_gateway.cluster.deadline_timer")
+
+# How many passed deadlines one claim takes; more are claimed at once after those.
+_CLAIM_BATCH = 100
+# A store that is down is tried again this much later.
+_STORE_RETRY = 1.0
+
+# Answers a passed deadline; returns when to try again (wall clock), or None: answered, moot, or
+# handed to the owner.
+Answer = Callable[[Deadline], Awaitable[float | None]]
+
+
+class DeadlineTimer:
+    def __init__(
+        self, state: SharedState, tasks: Tasks, answer: Answer, *, poll: float | None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._state = state
+        self._tasks = tasks
+        self._answer = answer
+        self._poll = poll
+        self._wall = wall
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_for: float | None = None
+
+    def start(self) -> None:
+        self._tasks.spawn(self._watch())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def add(self, deadline: Deadline) -> None:
+        """Keep a new deadline (a run here left a confirmation pending)."""
+        self._tasks.spawn(self._keep(deadline))
+
+    def drop(self, key: str) -> None:
+        """Forget a deadline: its confirmation was answered, or handled here for another replica."""
+        self._tasks.spawn(self._drop(key))
+
+    async def _keep(self, deadline: Deadline) -> None:
+        try:
+            await self._state.add_deadline(deadline)
+        except SharedStateDown:
+            # Lost: the rule that a late answer gets the timeout still holds (docs/approvals.md).
+            log.warning("deadline_not_kept", approval_id=deadline.approval_id, reason="the shared store is unreachable")
+            return
+        self._arm(deadline.due)
+
+    async def _drop(self, key: str) -> None:
+        with contextlib.suppress(SharedStateDown):
+            await self._state.drop_deadline(key)
+
+    def _arm(self, due: float) -> None:
+        """The timer fires at `due` unless it already fires sooner."""
+        if self._tasks.closed or (self._handle is not None and self._armed_for is not None and self._armed_for <= due):
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_for = due
+        self._handle = asyncio.get_running_loop().call_later(max(0.0, due - self._wall()), self._fire)
+
+    def _fire(self) -> None:
+        self._handle = self._armed_for = None
+        if not self._tasks.closed:
+            self._tasks.spawn(self._claim())
+
+    async def _claim(self) -> None:
+        try:
+            claimed = await self._state.claim_deadlines(self._wall(), limit=_CLAIM_BATCH)
+            upcoming = await self._state.next_deadline()
+        except SharedStateDown:
+            self._arm(self._wall() + _STORE_RETRY)
+            return
+        for deadline in claimed:
+            self._tasks.spawn(self._settle(deadline))
+        if upcoming is not None:
+            self._arm(upcoming)
+
+    async def _settle(self, deadline: Deadline) -> None:
+        try:
+            again = await self._answer(deadline)
+        except Exception:
+            log.exception("deadline_failed", approval_id=deadline.approval_id)
+            again = self._wall() + _STORE_RETRY
+        if again is not None:
+            await self._keep(replace(deadline, due=again))
+
+    async def _watch(self) -> None:
+        """The earliest deadline now, then again every `poll` seconds (None: only now)."""
+        while not self._tasks.closed:
+            with contextlib.suppress(SharedStateDown):
+                upcoming = await self._state.next_deadline()
+                if upcoming is not None:
+                    self._arm(upcoming)
+            if self._poll is None:
+                return
+            await asyncio.sleep(self._poll)

@@ -1,0 +1,148 @@
+"""Deadlines of ADK confirmations (`upstream.approvals: confirm`): when one passes, what answers it.
+
+In confirm mode a gated call waits in ADK's session, not in any process, so its `timeout` cannot
+be a timer in the replica that showed it: it is a deadline anyone can work out again. It runs
+from when the confirmation was asked, which is the later of two times (both wall clock, seconds
+since the epoch): the `timestamp` of ADK's event that carries the `adk_request_confirmation` call
+(in ADK's session, so known after any restart) and the gateway's first sight of it, when known
+(the person is never given less than the timeout from when the gateway could first show it).
+
+When it passes, the gateway answers ADK itself with the policy's `on_timeout`: `deny` is ADK's
+rejection (confirmed false, no payload: the browser sees tool-output-denied), `error` a rejection
+carrying the gateway's error (the plugin answers it as the call's result: tool-output-error).
+docs/approvals.md ("Timeouts in confirm mode") describes the payload.
+
+`DeadlineQueue` orders pending deadlines by due time for the one timer that waits for the next.
+
+Sans-IO: no clock (callers pass `now`), no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal
+
+__all__ = [
+    "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "deadline_key", "due_at", "passed", "timeout_payload",
+]
+
+# The same words as a timeout on the blocking path (approvals.py), so both modes read alike.
+TIMEOUT_ERROR: Final = "Timed out waiting for approval; the call was not run."
+
+
+class MalformedDeadline(ValueError):
+    """A stored deadline that is not one this gateway wrote."""
+
+
+def asked_at(adk_timestamp: float | None, first_seen: float | None) -> float | None:
+    """When a confirmation was asked: the later of ADK's event timestamp and the gateway's first
+    sight (either may be unknown; None if both are)."""
+    known = [t for t in (adk_timestamp, first_seen) if t is not None]
+    return max(known) if known else None
+
+
+def due_at(asked: float | None, timeout: float | None) -> float | None:
+    """The deadline of a confirmation asked at `asked` for a tool with `timeout` seconds (None: no
+    deadline, as for a tool the gateway does not gate, or an ask of unknown time)."""
+    if asked is None or timeout is None:
+        return None
+    return asked + timeout
+
+
+def deadline_key(chat_id: str, approval_id: str) -> str:
+    """A confirmation's deadline's key: ADK's approval ids are unique per session, chat ids global."""
+    return f"{chat_id}/{approval_id}"
+
+
+def passed(due: float | None, now: float) -> bool:
+    return due is not None and now >= due
+
+
+def timeout_payload(on_timeout: Literal["deny", "error"]) -> dict[str, Any] | None:
+    """The confirmation payload that answers a timeout (confirmed is always false): none for
+    `deny` (ADK's own rejection), the gateway's error for `error`."""
+    if on_timeout == "error":
+        return {"adk_gateway": {"error": TIMEOUT_ERROR}}
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """One confirmation's deadline, with what a replica needs to answer it: the chat (agent, user,
+    chat id) and the confirmation (ADK's approval id, the original call and its tool)."""
+
+    agent: str
+    user: str
+    chat: str
+    approval_id: str
+    tool_call_id: str
+    tool: str
+    due: float
+
+    @property
+    def key(self) -> str:
+        return deadline_key(self.chat, self.approval_id)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Deadline:
+        try:
+            data = json.loads(raw)
+            fields = {name: data[name] for name in ("agent", "user", "chat", "approval_id", "tool_call_id", "tool")}
+            if not all(isinstance(v, str) and v for v in fields.values()):
+                raise MalformedDeadline("a deadline's names must be non-empty strings")
+            due = data["due"]
+            if isinstance(due, bool) or not isinstance(due, (int, float)):
+                raise MalformedDeadline("a deadline's due time must be a number")
+            return cls(**fields, due=float(due))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MalformedDeadline(type(exc).__name__) from None
+
+
+class DeadlineQueue:
+    """Pending deadlines by due time; one per key, the latest `add` wins."""
+
+    __slots__ = ("_by_key", "_heap")
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Deadline] = {}
+        # (due, key, deadline); entries whose deadline was dropped or replaced are skipped lazily.
+        self._heap: list[tuple[float, str, Deadline]] = []
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def add(self, deadline: Deadline) -> None:
+        self._by_key[deadline.key] = deadline
+        heapq.heappush(self._heap, (deadline.due, deadline.key, deadline))
+
+    def drop(self, key: str) -> Deadline | None:
+        return self._by_key.pop(key, None)
+
+    def get(self, key: str) -> Deadline | None:
+        return self._by_key.get(key)
+
+    def next_due(self) -> float | None:
+        """When the earliest pending deadline passes; None if none is pending."""
+        self._skip_stale()
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float) -> list[Deadline]:
+        """Remove and return every deadline that passed at `now`, earliest first."""
+        out: list[Deadline] = []
+        while True:
+            self._skip_stale()
+            if not self._heap or self._heap[0][0] > now:
+                return out
+            _, key, deadline = heapq.heappop(self._heap)
+            del self._by_key[key]
+            out.append(deadline)
+
+    def _skip_stale(self) -> None:
+        heap = self._heap
+        while heap and self._by_key.get(heap[0][1]) is not heap[0][2]:
+            heapq.heappop(heap)

@@ -1,0 +1,224 @@
+"""Confirm mode's timeouts in the chat service, against a fake ADK (the real one:
+tests/integration/test_confirm_timeouts.py): the deadline's answer goes to ADK once, a late answer
+never goes as the person's, and the two racing still make one answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.upstream.agents import Agents
+from gateway.chat.service import ChatService
+from gateway.config.schema import parse_config
+from gateway.core.deadlines import TIMEOUT_ERROR, Deadline
+from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.registry import Registry
+from gateway.upstream.client import AskedCall, SessionConfirmations
+from tests.unit.test_chat_gates import USER, read, request
+from tests.unit.test_native_replay import CONFIRM_ID, NativeAdk, approval_of
+
+AGENT = "demo_agent"
+ASKED_AT = 1_700_000_000.0  # ADK's event timestamp
+TIMEOUT = 10.0
+
+CONFIG = """\
+internal:
+  secret: s3cret
+upstream:
+  url: http://adk:8000
+  app_name: demo_agent
+  approvals: confirm
+tools:
+  process_payment: {{approval: true, timeout: {timeout}s, on_timeout: {on_timeout}}}
+"""
+
+
+class ConfirmingAdk(NativeAdk):
+    """The fake ADK of test_native_replay with what confirm mode reads: when it asked (its event's
+    timestamp), and the plugin's answer to a rejected call. `slow` holds each session read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = asyncio.Event()
+        self.slow.set()
+
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
+        await self.slow.wait()
+        held = await super().confirmations(user_id, session_id)
+        calls = {i: AskedCall("call-1", "process_payment", ASKED_AT) for i in held.asked | held.answered}
+        return SessionConfirmations(held.asked, held.answered, calls)
+
+    async def run_sse_batches(self, *, new_message: dict[str, Any], **kw: Any) -> Any:
+        responses = [p["functionResponse"]["response"] for p in new_message.get("parts", ()) if "functionResponse" in p]
+        if responses and not responses[0]["confirmed"]:
+            self.sent.append(new_message)
+            self.asked.clear()
+            self.answered_in_session.add(CONFIRM_ID)
+            error = (responses[0].get("payload") or {}).get("adk_gateway", {}).get("error", "This tool call is rejected.")
+            yield [
+                {"author": "a", "content": {"role": "user", "parts": [
+                    {"functionResponse": {"id": "call-1", "name": "process_payment", "response": {"error": error}}},
+                ]}},
+                {"author": "a", "content": {"role": "model", "parts": [{"text": "Not paid."}]}, "finishReason": "STOP"},
+            ]
+            return
+        async for batch in super().run_sse_batches(new_message=new_message, **kw):
+            yield batch
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.now = ASKED_AT + 0.5
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def service(adk: ConfirmingAdk, wall: Wall, on_timeout: str = "deny") -> tuple[ChatService, list[Deadline]]:
+    config = parse_config(CONFIG.format(timeout=int(TIMEOUT), on_timeout=on_timeout), env={})
+    chats = ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
+        wall=wall,
+    )
+    kept: list[Deadline] = []
+    chats.on_deadline = kept.append
+    return chats, kept
+
+
+def answers(adk: ConfirmingAdk) -> list[dict[str, Any]]:
+    return [
+        p["functionResponse"]["response"] for m in adk.sent for p in m.get("parts", ())
+        if p.get("functionResponse", {}).get("id") == CONFIRM_ID
+    ]
+
+
+async def ask(chats: ChatService) -> list[dict[str, Any]]:
+    first = await read(await chats.submit(AGENT, "alice", request(USER)))
+    await asyncio.sleep(0)  # the run's task ends: its deadline is set
+    return first
+
+
+async def test_a_passed_deadline_is_answered_once_and_the_late_answer_reads_it() -> None:
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, kept = service(adk, wall)
+    first = await ask(chats)
+    [deadline] = kept
+    # Runs from the gateway's first sight (later than ADK's timestamp here).
+    assert deadline.approval_id == CONFIRM_ID and deadline.due == pytest.approx(wall.now + TIMEOUT)
+    assert await chats.expire_confirmation(deadline) == pytest.approx(wall.now + TIMEOUT)  # not yet
+    assert answers(adk) == []
+    wall.now += TIMEOUT
+    assert await chats.expire_confirmation(deadline) is None
+    await asyncio.sleep(0.05)
+    assert answers(adk) == [{"confirmed": False}]
+    assert await chats.expire_confirmation(deadline) is None  # claimed twice: answered once
+    answer = approval_of(first)
+    late = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
+    assert answers(adk) == [{"confirmed": False}]
+    metrics = chats.metrics.render().decode()
+    assert 'adk_gateway_approval_timeouts_total{agent="demo_agent",tool="process_payment"} 1.0' in metrics
+    assert 'outcome="timeout",tool="process_payment"} 1.0' in metrics
+    await chats.close()
+
+
+async def test_on_timeout_error_sends_the_gateways_error_and_the_browser_sees_it() -> None:
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, kept = service(adk, wall, on_timeout="error")
+    first = await ask(chats)
+    wall.now += TIMEOUT
+    assert await chats.expire_confirmation(kept[0]) is None
+    answer = approval_of(first)
+    late = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    assert answers(adk) == [{"confirmed": False, "payload": {"adk_gateway": {"error": TIMEOUT_ERROR}}}]
+    assert {"type": "tool-output-error", "toolCallId": "call-1", "errorText": TIMEOUT_ERROR} in late
+    await chats.close()
+
+
+async def test_an_answer_after_the_deadline_nobody_answered_sends_the_timeout_instead() -> None:
+    """The gateway was down at the deadline (a fresh service knows nothing of the chat): ADK's
+    timestamp decides."""
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, _ = service(adk, wall)
+    first = await ask(chats)
+    fresh, _ = service(adk, wall)
+    answer = approval_of(first)
+    wall.now = ASKED_AT + TIMEOUT - 0.1  # in time by ADK's clock: the person's answer goes
+    # (not sent here: this is the rule's edge) ... and after the deadline it does not:
+    wall.now = ASKED_AT + TIMEOUT
+    late = await read(await fresh.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    assert answers(adk) == [{"confirmed": False}]
+    assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
+    await fresh.close()
+    await chats.close()
+
+
+@pytest.mark.parametrize("browser_first", [False, True])
+async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_timeout(browser_first: bool) -> None:
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, kept = service(adk, wall)
+    first = await ask(chats)
+    wall.now += TIMEOUT
+    answer = approval_of(first)
+    adk.slow.clear()  # both read ADK's session at once
+    if browser_first:
+        answering = asyncio.create_task(chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        await asyncio.sleep(0)
+    expiring = asyncio.create_task(chats.expire_confirmation(kept[0]))
+    if not browser_first:
+        await asyncio.sleep(0)
+        answering = asyncio.create_task(chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    await asyncio.sleep(0.01)
+    adk.slow.set()
+    again = await expiring
+    late = await read(await answering)
+    assert answers(adk) == [{"confirmed": False}]
+    assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
+    if again is not None:  # the browser's request sent the timeout first: the deadline finds it answered
+        assert await chats.expire_confirmation(kept[0]) is None
+    assert answers(adk) == [{"confirmed": False}]
+    await chats.close()
+
+
+async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_live_owner() -> None:
+    """B claimed a deadline of a chat A runs: A answers it (an `expire` notice), and the deadline
+    stays in the store until A handled it, so a notice lost with A would be claimed again."""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.router import Cluster
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    clusters = []
+    for name in ("a", "b"):
+        chats, _ = service(adk, wall)
+        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
+        await cluster.start()
+        clusters.append(cluster)
+    a, b = clusters
+    try:
+        first = await read(await a.submit(AGENT, "alice", request(USER)))
+        await asyncio.sleep(0.01)  # the run ended: A keeps its deadline in the store
+        deadline = hub.deadlines.get(f"chat-1/{CONFIRM_ID}")
+        assert deadline is not None
+        wall.now = deadline.due
+        assert await b._answer_deadline(deadline) is None  # handed to A
+        assert hub.deadlines.get(deadline.key) is not None  # back in the store until A handled it
+        async with asyncio.timeout(5):
+            while hub.deadlines.get(deadline.key) is not None or not answers(adk):
+                await asyncio.sleep(0.01)
+        assert answers(adk) == [{"confirmed": False}]
+        assert a.chats.metrics.registry.get_sample_value(
+            "adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": "process_payment"},
+        ) == 1
+        # Claimed again anyway (a notice that looked lost): ADK's session says it was answered.
+        assert await b._answer_deadline(deadline) is None
+        await asyncio.sleep(0.05)
+        assert answers(adk) == [{"confirmed": False}]
+        answer = approval_of(first)
+        late = await read(await b.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
+    finally:
+        for cluster in clusters:
+            await cluster.chats.close()
+            await cluster.close()

@@ -1,0 +1,81 @@
+"""The deadline timer (gateway/cluster/deadline_timer.py) on the memory backend: one timer for the
+next deadline, each passed deadline answered once, what cannot be answered yet put back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.cluster.deadline_timer import DeadlineTimer
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.tasks import Tasks
+from gateway.core.deadlines import Deadline
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def deadline(name: str, due: float) -> Deadline:
+    return Deadline("demo_agent", "u1", "chat-" + name, "adk-" + name, "call-" + name, "process_payment", due)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() -> None:
+    hub, clock = MemoryHub(), Clock()
+    answered: list[tuple[str, str]] = []
+
+    def replica(name: str) -> tuple[DeadlineTimer, Tasks]:
+        async def answer(d: Deadline) -> float | None:
+            answered.append((name, d.approval_id))
+            return None
+
+        tasks = Tasks()
+        return DeadlineTimer(MemoryState(name, hub), tasks, answer, poll=0.01, wall=clock), tasks
+
+    (a, tasks_a), (b, tasks_b) = replica("a"), replica("b")
+    a.start()
+    b.start()
+    a.add(deadline("x", clock.now + 0.05))
+    b.add(deadline("y", clock.now + 0.05))
+    a.add(deadline("z", clock.now + 60))
+    await asyncio.sleep(0.02)
+    assert answered == []
+    clock.now += 0.05
+    await asyncio.sleep(0.1)
+    assert sorted(approval for _, approval in answered) == ["adk-x", "adk-y"]
+    a.drop(deadline("z", 0).key)
+    clock.now += 60
+    await asyncio.sleep(0.05)
+    assert len(answered) == 2
+    for timer, tasks in ((a, tasks_a), (b, tasks_b)):
+        timer.close()
+        await tasks.close(1.0)
+
+
+async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() -> None:
+    hub, clock = MemoryHub(), Clock()
+    tries: list[float] = []
+
+    async def answer(d: Deadline) -> float | None:
+        tries.append(clock.now)
+        return clock.now + 0.05 if len(tries) == 1 else None  # the chat was busy the first time
+
+    tasks = Tasks()
+    timer = DeadlineTimer(MemoryState("a", hub), tasks, answer, poll=None, wall=clock)
+    timer.start()
+    timer.add(deadline("x", clock.now))
+    await asyncio.sleep(0.02)
+    assert len(tries) == 1 and len(hub.deadlines) == 1
+    clock.now += 0.05
+    await asyncio.sleep(0.1)
+    assert len(tries) == 2 and len(hub.deadlines) == 0
+    timer.close()
+    await tasks.close(1.0)

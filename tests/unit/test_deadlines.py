@@ -1,0 +1,118 @@
+"""The deadline rule of ADK confirmations (gateway/deadlines.py): sans-IO, so milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.core.deadlines import (
+    TIMEOUT_ERROR,
+    Deadline,
+    DeadlineQueue,
+    MalformedDeadline,
+    asked_at,
+    due_at,
+    passed,
+    timeout_payload,
+)
+
+times = st.floats(min_value=1.6e9, max_value=2.2e9, allow_nan=False)
+timeouts = st.floats(min_value=0.001, max_value=1e6, allow_nan=False)
+
+
+def deadline(key: str = "a", due: float = 10.0) -> Deadline:
+    return Deadline("pay", "u1", "chat-" + key, "adk-" + key, "call-" + key, "process_payment", due)
+
+
+def test_asked_at_is_the_later_of_adk_and_first_sight() -> None:
+    assert asked_at(100.0, None) == 100.0
+    assert asked_at(None, 105.0) == 105.0
+    assert asked_at(100.0, 105.0) == 105.0
+    # ADK's clock ahead of the gateway's: ADK's time counts, the person loses nothing.
+    assert asked_at(110.0, 105.0) == 110.0
+    assert asked_at(None, None) is None
+
+
+@given(adk=st.none() | times, seen=st.none() | times, timeout=timeouts, now=times)
+def test_a_deadline_never_passes_before_the_timeout_from_either_sight(
+    adk: float | None, seen: float | None, timeout: float, now: float
+) -> None:
+    due = due_at(asked_at(adk, seen), timeout)
+    if adk is None and seen is None:
+        assert due is None and not passed(due, now)
+        return
+    assert due is not None
+    for sight in (adk, seen):
+        if sight is not None and now < sight + timeout:
+            assert not passed(due, now)
+    assert passed(due, due) and passed(due, due + 1)
+
+
+def test_no_timeout_no_deadline() -> None:
+    assert due_at(100.0, None) is None
+    assert not passed(None, 1e12)
+
+
+def test_the_answer_to_a_timeout_follows_on_timeout() -> None:
+    assert timeout_payload("deny") is None
+    assert timeout_payload("error") == {"adk_gateway": {"error": TIMEOUT_ERROR}}
+    assert TIMEOUT_ERROR.startswith("Timed out waiting for approval; ")
+
+
+@given(st.builds(Deadline, st.text(min_size=1), st.text(min_size=1), st.text(min_size=1), st.text(min_size=1),
+                 st.text(min_size=1), st.text(min_size=1), times))
+def test_a_deadline_round_trips_through_json(d: Deadline) -> None:
+    assert Deadline.from_json(d.to_json()) == d
+
+
+@pytest.mark.parametrize("raw", [b"", b"[]", b"{}", b'{"agent":"a"}', b"not json",
+                                 deadline().to_json().replace('"pay"', '""').encode(),
+                                 deadline().to_json().replace("10.0", '"10"').encode(),
+                                 deadline().to_json().replace("10.0", "true").encode()])
+def test_a_malformed_deadline_is_refused_whole(raw: bytes) -> None:
+    with pytest.raises(MalformedDeadline):
+        Deadline.from_json(raw)
+
+
+def test_the_queue_pops_what_passed_earliest_first() -> None:
+    queue = DeadlineQueue()
+    assert queue.next_due() is None and queue.pop_due(1e12) == []
+    queue.add(deadline("b", 20.0))
+    queue.add(deadline("a", 10.0))
+    queue.add(deadline("c", 30.0))
+    assert queue.next_due() == 10.0
+    assert queue.pop_due(9.9) == []
+    assert [d.key for d in queue.pop_due(20.0)] == ["chat-a/adk-a", "chat-b/adk-b"]
+    assert queue.next_due() == 30.0 and len(queue) == 1
+
+
+def test_a_dropped_or_moved_deadline_does_not_fire() -> None:
+    queue = DeadlineQueue()
+    queue.add(deadline("a", 10.0))
+    queue.add(deadline("b", 15.0))
+    assert queue.drop("chat-a/adk-a") is not None
+    assert queue.drop("chat-a/adk-a") is None
+    queue.add(deadline("b", 40.0))  # the latest add wins
+    assert queue.next_due() == 40.0
+    assert queue.pop_due(39.0) == []
+    assert [d.due for d in queue.pop_due(40.0)] == [40.0]
+    assert len(queue) == 0 and queue.next_due() is None
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.floats(0, 100), st.booleans()), max_size=40), st.floats(0, 100))
+def test_the_queue_pops_exactly_the_live_deadlines_that_passed(ops: list[tuple[str, float, bool]], now: float) -> None:
+    queue = DeadlineQueue()
+    live: dict[str, float] = {}
+    for name, due, drop in ops:
+        if drop:
+            queue.drop(f"chat-{name}/adk-{name}")
+            live.pop(name, None)
+        else:
+            queue.add(deadline(name, due))
+            live[name] = due
+    popped = queue.pop_due(now)
+    assert sorted(d.key for d in popped) == sorted(f"chat-{n}/adk-{n}" for n, due in live.items() if due <= now)
+    assert [d.due for d in popped] == sorted(d.due for d in popped)
+    assert queue.pop_due(now) == []
+    assert len(queue) == sum(1 for due in live.values() if due > now)
