@@ -132,16 +132,30 @@ class Cluster:
     async def submit(self, agent: str, user_id: str, request: ChatRequest) -> Attachment:
         """`ChatService.submit`, wherever the chat runs."""
         claim = await self._claim(agent, user_id, request.chat_id)
-        if claim.local:
+        if not claim.local:
             try:
-                return await self.chats.submit(agent, user_id, request)
-            except Gone:
-                if claim.orphaned_run is None:
+                return await self._submit_to(claim.owner, agent, user_id, request)
+            except OwnerLost:
+                if request.recent[-1].role != "assistant":
                     raise
-                self.metrics.owner_lost.labels("approval").inc()
-                raise Gone(_APPROVAL_LOST) from None
-        answer = await self._asker.ask(claim.owner, Submit(user_id, agent, request.as_body()))
-        attachment = self._attachment(claim.owner, answer, user_id)
+                # The owner died with the request (kill -9): an answer alone is taken over and done
+                # here. Doing it twice is safe: what it answers is either gone with the owner (a
+                # gated call: refused) or in ADK's session, which says whether it is still pending.
+                # A new message is not: the dead owner may have sent it to ADK already.
+                claim = await self._claim(agent, user_id, request.chat_id)
+                if not claim.local:
+                    return await self._submit_to(claim.owner, agent, user_id, request)
+        try:
+            return await self.chats.submit(agent, user_id, request)
+        except Gone:
+            if claim.orphaned_run is None:
+                raise
+            self.metrics.owner_lost.labels("approval").inc()
+            raise Gone(_APPROVAL_LOST) from None
+
+    async def _submit_to(self, owner: str, agent: str, user_id: str, request: ChatRequest) -> Attachment:
+        answer = await self._asker.ask(owner, Submit(user_id, agent, request.as_body()))
+        attachment = self._attachment(owner, answer, user_id)
         if attachment is None:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment

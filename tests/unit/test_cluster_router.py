@@ -1,0 +1,111 @@
+"""The router's side of a dead owner (gateway/cluster/router.py), on the memory backend with a 10 ms
+heartbeat: each case takes milliseconds.
+
+Replica "b" runs the router; "a" owns the chat and dies the moment it receives the forwarded
+request (kill -9 of a replica with approvals pending, issue 25). An answer to an approval, the
+whole request, is taken over and done here: what it answers is in ADK's session (confirm mode)
+and ADK's session says whether it is still pending, so nothing runs twice. A new message is not:
+the dead owner may have sent it to ADK already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gateway.agents import Agents
+from gateway.chats import Attachment, ChatService
+from gateway.cluster.liveness import OwnerLost
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.router import Cluster
+from gateway.config import parse_config
+from gateway.messages import ChatRequest, parse_chat_body
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
+
+CONFIG = """
+sessions:
+  heartbeat_interval: 10ms
+  forward_timeout: 2s
+"""
+BOUND = 2.0
+AGENT = "default"
+
+
+@dataclass
+class Pair:
+    hub: MemoryHub
+    owner: MemoryState
+    cluster: Cluster
+    agent: str
+    # What ChatService.submit was asked here, and what the dead owner received before it died.
+    submitted: list[ChatRequest] = field(default_factory=list)
+    received: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[Pair]:
+    config = parse_config(CONFIG, env={})
+    metrics = GatewayMetrics()
+    chats = ChatService(
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
+    )
+    hub = MemoryHub()
+    owner, here = MemoryState("a", hub), MemoryState("b", hub)
+    cluster = Cluster(here, chats, metrics)
+    p = Pair(hub, owner, cluster, config.default)
+
+    async def submit(agent: str, user_id: str, request: ChatRequest) -> Attachment:
+        p.submitted.append(request)
+        return Attachment(None, None)  # type: ignore[arg-type]  # what the router returns is all that is looked at
+
+    chats.submit = submit  # type: ignore[method-assign]
+
+    def dies_on_receipt(raw: dict[str, Any]) -> None:
+        p.received.append(raw)
+        hub.inboxes.pop("a", None)  # kill -9: no reply, no heartbeat from now on
+
+    await owner.start(dies_on_receipt, lambda: [])
+    await cluster.start()
+    try:
+        yield p
+    finally:
+        await cluster.close()
+
+
+def _request(chat: str, *, answer: bool) -> ChatRequest:
+    messages: list[dict[str, Any]] = [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}]
+    if answer:
+        messages.append({"id": "m1", "role": "assistant", "parts": [{
+            "type": "tool-process_payment", "toolCallId": "fc-1", "state": "approval-responded",
+            "input": {"amount": 50, "recipient": "Hanako"}, "approval": {"id": "adk-1", "approved": True},
+        }]})
+    return parse_chat_body({"id": chat, "messages": messages}, version_header=None, default_version=6)
+
+
+async def _owned_by_a(p: Pair, chat: str) -> None:
+    claim = await p.owner.claim("alice", chat, agent=p.agent, default_agent=p.agent, ttl=60)
+    assert claim.local
+
+
+async def test_an_answer_forwarded_to_an_owner_that_dies_is_taken_over_and_done_here(pair: Pair) -> None:
+    await _owned_by_a(pair, "c1")
+    request = _request("c1", answer=True)
+    async with asyncio.timeout(BOUND):
+        await pair.cluster.submit(pair.agent, "alice", request)
+    assert len(pair.received) == 1  # asked of the owner first, which died with it
+    assert pair.submitted == [request]
+    assert pair.hub.chats["c1"].owner == "b"
+
+
+async def test_a_new_message_forwarded_to_an_owner_that_dies_is_503_not_sent_twice(pair: Pair) -> None:
+    await _owned_by_a(pair, "c2")
+    with pytest.raises(OwnerLost) as refused:
+        async with asyncio.timeout(BOUND):
+            await pair.cluster.submit(pair.agent, "alice", _request("c2", answer=False))
+    assert (refused.value.status, refused.value.code) == (503, "replica_unavailable")
+    assert pair.submitted == []
