@@ -163,11 +163,18 @@ class Cluster:
     async def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """`ChatService.resume`, wherever the chat runs."""
         claim = await self._claim(agent, user_id, chat_id, create=False)
-        if claim.local:
-            if claim.orphaned_run is not None:
-                raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return self.chats.resume(agent, user_id, chat_id)
-        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
+        if not claim.local:
+            try:
+                answer = await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent))
+                return self._attachment(claim.owner, answer, user_id)
+            except OwnerLost:
+                # The owner died with the request: a resume only reads, so it is taken over here.
+                claim = await self._claim(agent, user_id, chat_id, create=False)
+                if not claim.local:
+                    raise
+        if claim.orphaned_run is not None:
+            raise OwnerLost(410, "run_lost", _RUN_LOST)
+        return self.chats.resume(agent, user_id, chat_id)
 
     async def send_audio(
         self, agent: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion

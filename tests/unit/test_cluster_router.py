@@ -109,3 +109,22 @@ async def test_a_new_message_forwarded_to_an_owner_that_dies_is_503_not_sent_twi
             await pair.cluster.submit(pair.agent, "alice", _request("c2", answer=False))
     assert (refused.value.status, refused.value.code) == (503, "replica_unavailable")
     assert pair.submitted == []
+
+
+async def test_a_resume_forwarded_to_an_owner_that_dies_is_taken_over_here(pair: Pair) -> None:
+    """A page reloaded at the kill: nothing was running (confirm mode's approval ended its run),
+    so there is nothing to replay (204) rather than a 503 to retry."""
+    await _owned_by_a(pair, "c3")
+    async with asyncio.timeout(BOUND):
+        assert await pair.cluster.resume(pair.agent, "alice", "c3") is None
+    assert len(pair.received) == 1
+    assert pair.hub.chats["c3"].owner == "b"
+
+
+async def test_a_resume_of_a_run_that_died_with_its_owner_is_410_run_lost(pair: Pair) -> None:
+    await _owned_by_a(pair, "c4")
+    await pair.owner.mark_run("alice", "c4", "msg-1")
+    with pytest.raises(OwnerLost) as lost:
+        async with asyncio.timeout(BOUND):
+            await pair.cluster.resume(pair.agent, "alice", "c4")
+    assert (lost.value.status, lost.value.code) == (410, "run_lost")
