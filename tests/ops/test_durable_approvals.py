@@ -298,9 +298,8 @@ def test_an_approval_answered_after_a_long_wait_runs_once(tmp_path: Path) -> Non
         pendings = pending_on_both(r)
         # Forgotten everywhere: the idle sweeper dropped the chats, Redis expired their records.
         wait_until(lambda: any("idle_chats_forgotten" in gw.log_text() for gw in (r.a, r.b)), "the idle sweep", 15)
-        time.sleep(4)
+        time.sleep(3)  # past the records' TTL in Redis too
         rolling_restart(r)
-        time.sleep(4)
         answer_all(rig, pendings, {"a": "b", "b": "front"})
         assert_kept(rig, pendings)
 
