@@ -114,6 +114,21 @@ class Cluster:
     @draining.setter
     def draining(self, value: bool) -> None:
         self._forwarded.draining = value
+        if value:
+            self._tasks.spawn(self._hand_over_idle_chats())
+
+    async def _hand_over_idle_chats(self) -> None:
+        """Drop this replica's claim on each chat it runs nothing for, so that the replica that
+        gets the chat's next request takes it at once. Such a chat holds nothing here that another
+        replica cannot find (an ADK confirmation waits in ADK's session); kept, every request for
+        it would be refused `draining` until this replica has stopped. A chat whose run goes on
+        is handed over when the run ends (_write_marks)."""
+        for chat in self.chats.local_chats():
+            if self._tasks.closed:
+                return
+            if not chat.running:
+                with contextlib.suppress(SharedStateDown):
+                    await self.state.release(chat.user_id, chat.chat_id)
 
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
@@ -281,7 +296,10 @@ class Cluster:
                 if self._tasks.closed:
                     return
                 try:
-                    await self.state.mark_run(user_id, chat_id, message_id)
+                    if message_id or not self.draining:
+                        await self.state.mark_run(user_id, chat_id, message_id)
+                    else:
+                        await self.state.release(user_id, chat_id)
                 except SharedStateDown:
                     pass  # written back with every local chat once the store is back (_local_chats)
 

@@ -43,6 +43,8 @@ from tests.procs import GatewayProcess, request
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Chunks = list[dict[str, Any]]
+# The demo quotes this in ~14 deltas, one per DEMO_CHUNK_DELAY: a response that outlasts a moment.
+LONG_TEXT = "please repeat after me " + " ".join(f"word{i}" for i in range(36))
 
 
 @dataclass
@@ -71,10 +73,13 @@ class Rig:
 
 
 @contextmanager
-def confirm_stack(tmp: Path, *, prefer: str | None = None, idle_chat_ttl: str = "1h") -> Iterator[Rig]:
+def confirm_stack(
+    tmp: Path, *, prefer: str | None = None, idle_chat_ttl: str = "1h", adk_env: dict[str, str] | None = None,
+) -> Iterator[Rig]:
     """Replicas in confirm mode, ADK on SQLite, the plugin and the browsers each behind a balancer."""
     with replicas(
         tmp, plugin_via="balancer", approvals="confirm", adk_sessions=tmp / "sessions.db", idle_chat_ttl=idle_chat_ttl,
+        adk_env=adk_env,
     ) as r:
         front = Balancer({"a": r.a.port, "b": r.b.port}, prefer=prefer)
         front.start()
@@ -212,13 +217,28 @@ def test_kill_9_of_every_replica_then_start_them_loses_no_approval(tmp_path: Pat
 
 @pytest.mark.chaos
 def test_rolling_restart_loses_no_approval(tmp_path: Path) -> None:
-    """Row 3: SIGTERM to A, A back, then SIGTERM to B, B back: every approval answered, the
-    other replica's included."""
-    with confirm_stack(tmp_path) as rig:
+    """Row 3: SIGTERM to A while it streams a long response, and A's approvals are answered
+    through B during A's drain; A back; then the same for B, whose approvals are answered after
+    it is back: every approval answered, the other replica's included."""
+    with confirm_stack(tmp_path, adk_env={"DEMO_CHUNK_DELAY": "0.15"}) as rig:
         r = rig.r
         pendings = pending_on_both(r)
-        rolling_restart(r)
-        answer_all(rig, pendings, {"a": "front", "b": "a"})
+        for name, during, after in (("a", "b", None), ("b", None, "front")):
+            gw = r.replica(name)
+            streaming = Browser(r.headers).send(gw.base, new_chat(), [user(LONG_TEXT)])
+            assert streaming.status == 200, streaming.body
+            streaming.until(lambda c: c["type"] == "text-delta")
+            gw.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda gw=gw: request(gw.base, "GET", "/readyz").status == 503, f"{name} draining", 5, every=0.01)
+            if during is not None:
+                # The drain waits for the stream; meanwhile the chats waiting on ADK are B's to take.
+                answer_all(rig, [p for p in pendings if p.owner == name], {name: during})
+                assert gw.proc.poll() is None, "the drain ended before the answers: they did not test it"
+            assert "word35" in "".join(c.get("delta", "") for c in assert_one_terminal(streaming.rest(), error=False))
+            assert gw.proc.wait(timeout=40) == 0
+            r.start_again(name)
+            if after is not None:
+                answer_all(rig, [p for p in pendings if p.owner == name], {name: after})
         assert_kept(rig, pendings)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -128,3 +129,59 @@ async def test_a_resume_of_a_run_that_died_with_its_owner_is_410_run_lost(pair: 
         async with asyncio.timeout(BOUND):
             await pair.cluster.resume(pair.agent, "alice", "c4")
     assert (lost.value.status, lost.value.code) == (410, "run_lost")
+
+
+# ---- a draining owner hands its idle chats over -----------------------------------------------
+
+
+@pytest.fixture
+async def draining() -> AsyncIterator[tuple[Cluster, MemoryHub, ChatService]]:
+    """Replica "a" alone on the hub, the owner of the chats the test makes."""
+    config = parse_config(CONFIG, env={})
+    metrics = GatewayMetrics()
+    chats = ChatService(
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
+    )
+    hub = MemoryHub()
+    cluster = Cluster(MemoryState("a", hub), chats, metrics)
+    await cluster.start()
+    try:
+        yield cluster, hub, chats
+    finally:
+        await cluster.close()
+
+
+async def _local_chat(cluster: Cluster, chats: ChatService, chat_id: str, *, running: bool) -> None:
+    agent = chats.config.default
+    await cluster.state.claim("alice", chat_id, agent=agent, default_agent=agent, ttl=60)
+    chat = chats._registry.get(agent, "alice", chat_id, now=0.0)
+    if running:
+        chat.driver = SimpleNamespace(alive=True)  # type: ignore[assignment]  # all `running` reads
+
+
+async def test_a_draining_owner_hands_over_the_chats_it_runs_nothing_for(draining: Any) -> None:
+    """SIGTERM: a chat waiting on an ADK confirmation (confirm mode) holds nothing here, so the
+    replica that gets its answer during the drain takes it (instead of a 503 `draining` from
+    here until this replica has stopped); a chat whose run goes on stays until it ends."""
+    cluster, hub, chats = draining
+    await _local_chat(cluster, chats, "idle", running=False)
+    await _local_chat(cluster, chats, "busy", running=True)
+    cluster.draining = True
+    async with asyncio.timeout(BOUND):
+        while "idle" in hub.chats:
+            await asyncio.sleep(0.01)
+    assert hub.chats["busy"].owner == "a"
+
+    # The run ends during the drain: its chat is handed over too, instead of marked idle.
+    chats.run_changed(chats._registry.find_session("alice", "busy"), "")  # type: ignore[arg-type]
+    async with asyncio.timeout(BOUND):
+        while "busy" in hub.chats:
+            await asyncio.sleep(0.01)
+
+
+async def test_an_owner_that_is_not_draining_keeps_its_idle_chats(draining: Any) -> None:
+    cluster, hub, chats = draining
+    await _local_chat(cluster, chats, "idle", running=False)
+    chats.run_changed(chats._registry.find_session("alice", "idle"), "")  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert hub.chats["idle"].owner == "a"
