@@ -43,8 +43,8 @@ from tests.procs import GatewayProcess, request
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Chunks = list[dict[str, Any]]
-# The demo quotes this in ~14 deltas, one per DEMO_CHUNK_DELAY: a response that outlasts a moment.
-LONG_TEXT = "please repeat after me " + " ".join(f"word{i}" for i in range(36))
+# The demo quotes this in ~24 deltas, one per DEMO_CHUNK_DELAY: a response that outlasts a moment.
+LONG_TEXT = "please repeat after me " + " ".join(f"word{i}" for i in range(60))
 
 
 @dataclass
@@ -220,7 +220,7 @@ def test_rolling_restart_loses_no_approval(tmp_path: Path) -> None:
     """Row 3: SIGTERM to A while it streams a long response, and A's approvals are answered
     through B during A's drain; A back; then the same for B, whose approvals are answered after
     it is back: every approval answered, the other replica's included."""
-    with confirm_stack(tmp_path, adk_env={"DEMO_CHUNK_DELAY": "0.15"}) as rig:
+    with confirm_stack(tmp_path, adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         for name, during, after in (("a", "b", None), ("b", None, "front")):
@@ -234,7 +234,7 @@ def test_rolling_restart_loses_no_approval(tmp_path: Path) -> None:
                 # The drain waits for the stream; meanwhile the chats waiting on ADK are B's to take.
                 answer_all(rig, [p for p in pendings if p.owner == name], {name: during})
                 assert gw.proc.poll() is None, "the drain ended before the answers: they did not test it"
-            assert "word35" in "".join(c.get("delta", "") for c in assert_one_terminal(streaming.rest(), error=False))
+            assert "word59" in "".join(c.get("delta", "") for c in assert_one_terminal(streaming.rest(), error=False))
             assert gw.proc.wait(timeout=40) == 0
             r.start_again(name)
             if after is not None:
