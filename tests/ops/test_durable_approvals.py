@@ -38,7 +38,7 @@ import pytest
 from tests.jsdriver import run_chat
 from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
 from tests.ops.stack import Balancer, Replicas, payment_responses, replicas, wait_ready, wait_until
-from tests.procs import GatewayProcess, request
+from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -150,6 +150,11 @@ def assert_kept(rig: Rig, pendings: list[Pending]) -> None:
     for p in pendings:
         assert len(r.ledger.of(p.chat)) == (1 if p.approved else 0)
     r.ledger.assert_no_double_execution()
+    # Nothing counted lost either, by the replicas that run now.
+    for name in alive:
+        gw = r.replica(name)
+        assert metric_value(gw.base, "adk_gateway_owner_lost_total", {"what": "approval"}) == 0
+        assert not [line for line in gw.log_lines() if line.get("event") == "native_approval_lost"]
 
 
 def answer_all(rig: Rig, pendings: list[Pending], via: dict[str, str]) -> list[Chunks]:
