@@ -12,10 +12,13 @@ land on any replica behind the load balancer:
   the verdict the owner sends back (remote_gate.py).
 
 When the owner is dead (no heartbeat for `sessions.owner_timeout`), the next request for the chat
-moves it here. The dead replica's run is lost with its ADK connection: a resume of it is answered
-410 `run_lost`, an answer to one of its approvals 410 `approval_gone` saying so, and a new message
-works as usual (ADK keeps the session). A plugin request waiting on the dead owner is released
-fail-closed: the tool does not run.
+moves it here; an answer or a resume forwarded to an owner that dies meanwhile is taken over too,
+once the owner is known dead. The dead replica's run is lost with its ADK connection: a resume of
+it is answered 410 `run_lost`, an answer to one of its gated calls 410 `approval_gone` saying so,
+and a new message works as usual (ADK keeps the session). An answer to an ADK confirmation (confirm
+mode) is not lost: ADK's session holds it, and it is answered here. A plugin request waiting on the
+dead owner is released fail-closed: the tool does not run. A draining replica lets go of the chats
+it runs nothing for, so that their next request is taken over at once rather than refused.
 
 This module also keeps the directory current: which run goes on in each chat this replica owns.
 With the memory backend there is one replica and every chat is local: nothing is forwarded.
