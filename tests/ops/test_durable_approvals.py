@@ -37,7 +37,7 @@ import pytest
 
 from tests.jsdriver import run_chat
 from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
-from tests.ops.stack import Balancer, Replicas, payment_responses, replicas, wait_ready, wait_until
+from tests.ops.stack import Balancer, Replicas, payment_responses, replicas, wait_until
 from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -283,15 +283,7 @@ def test_everything_at_once_then_racing_answers(tmp_path: Path) -> None:
     with confirm_stack(tmp_path) as rig:
         r = rig.r
         pendings = pending_on_both(r)
-        kill(r.a)
-        r.agent.kill()
-        r.b.proc.send_signal(signal.SIGTERM)
-        assert r.b.proc.wait(timeout=40) == 0
-        r.agent.start()
-        r.start_again("a")
-        r.start_again("b")
-        for gw in (r.a, r.b):
-            wait_ready(gw)
+        everything_at_once(r)
         outcomes = []
         for p in pendings:
             pair = race(rig, p)
@@ -332,12 +324,28 @@ def test_an_approval_answered_after_a_long_wait_runs_once(tmp_path: Path) -> Non
 # ---- a stock AI SDK Chat that still shows Approve/Deny -----------------------------------------
 
 
+def everything_at_once(r: Replicas) -> None:
+    """Row 5's fault: kill -9 of A and of ADK, SIGTERM to B, then all started again."""
+    kill(r.a)
+    r.agent.kill()
+    r.b.proc.send_signal(signal.SIGTERM)
+    assert r.b.proc.wait(timeout=40) == 0
+    r.agent.start()
+    r.start_again("a")
+    r.start_again("b")
+
+
 @pytest.mark.js
-@pytest.mark.parametrize("version", [pytest.param(6, marks=pytest.mark.chaos), 7])
-def test_a_stock_chat_answers_after_its_replica_was_killed(tmp_path: Path, version: int) -> None:
-    """Item 5 with row 1: the page's Chat (ai 6, ai 7), behind the browsers' balancer, shows the
-    approval its replica (A) asked for; A is killed; the person clicks Approve: the answer reaches
-    ADK through B, the continuation streams, the payment runs once."""
+@pytest.mark.parametrize(("version", "fault"), [
+    pytest.param(6, "owner_killed", marks=pytest.mark.chaos),
+    (7, "owner_killed"),
+    pytest.param(7, "everything_at_once", marks=pytest.mark.chaos),
+])
+def test_a_stock_chat_answers_after_the_fault(tmp_path: Path, version: int, fault: str) -> None:
+    """Item 5: the page's Chat (ai 6, ai 7), behind the browsers' balancer, shows the approval its
+    replica (A) asked for; then the fault (`owner_killed`: row 1, A killed; `everything_at_once`:
+    row 5's); the person clicks Approve: the answer reaches ADK, the continuation streams through
+    the SDK's own parser, the payment runs once."""
     hold = tmp_path / "answer"
     with confirm_stack(tmp_path, prefer="a") as rig:
         r = rig.r
@@ -352,7 +360,10 @@ def test_a_stock_chat_answers_after_its_replica_was_killed(tmp_path: Path, versi
         wait_until(lambda: ready.exists() or not driver.is_alive(), "the approval to reach the Chat", 60)
         assert ready.exists(), result
         assert rig.front.connections["a"] >= 1 and rig.front.connections["b"] == 0
-        kill(r.a)
+        if fault == "owner_killed":
+            kill(r.a)
+        else:
+            everything_at_once(r)
         hold.write_text("")
         driver.join(120)
         assert result, "the chat driver did not report"
