@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import structlog
@@ -75,6 +76,9 @@ _APPROVAL_LOST = (
 )
 # How long close() waits for its cancelled tasks: they stop at once unless a cancellation was lost.
 _STOP_GRACE = 1.0
+# How long a request admitted here has to start its run (or fail) before a drain hands its chat
+# over: its look at ADK's session and the start of its run take well under a second.
+_ADMISSION_SETTLE = 1.0
 
 
 class Cluster:
@@ -85,6 +89,8 @@ class Cluster:
         settings = chats.config.sessions  # a reload keeps the running sessions settings
         self._tasks = Tasks()
         liveness = Liveness(state, settings.heartbeat_interval)
+        self._interval = settings.heartbeat_interval
+        self._forward_timeout = settings.forward_timeout
         self._asker = Asker(state, liveness, forward_timeout=settings.forward_timeout)
         # The responses this replica relays, and those it follows from others (relay.py).
         self.relays = Relays(state, self._tasks, liveness, metrics)
@@ -125,13 +131,24 @@ class Cluster:
         gets the chat's next request takes it at once. Such a chat holds nothing here that another
         replica cannot find (an ADK confirmation waits in ADK's session); kept, every request for
         it would be refused `draining` until this replica has stopped. A chat whose run goes on
-        is handed over when the run ends (_write_marks)."""
-        for chat in self.chats.local_chats():
-            if self._tasks.closed:
-                return
-            if not chat.running:
+        is handed over when the run ends (_write_marks); one a request reached less than
+        _ADMISSION_SETTLE ago, once that request had the time to start its run or fail: until
+        then it may be asking ADK whether its answer is pending, and the same answer sent again
+        to the replica taking the chat over would reach ADK twice. Looked at again every
+        heartbeat interval for as long as the drain lasts."""
+        handed: set[tuple[str, str]] = set()
+        while not self._tasks.closed:
+            settled = time.monotonic() - _ADMISSION_SETTLE  # the chat service's clock
+            for chat in self.chats.local_chats():
+                key = (chat.user_id, chat.chat_id)
+                if key in handed or chat.running or chat.last_active > settled:
+                    continue
+                if self._tasks.closed:
+                    return
                 with contextlib.suppress(SharedStateDown):
                     await self.state.release(chat.user_id, chat.chat_id)
+                    handed.add(key)
+            await asyncio.sleep(self._interval)
 
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
@@ -150,19 +167,23 @@ class Cluster:
     async def submit(self, agent: str, user_id: str, request: ChatRequest) -> Attachment:
         """`ChatService.submit`, wherever the chat runs."""
         claim = await self._claim(agent, user_id, request.chat_id)
-        if not claim.local:
+        deadline = asyncio.get_running_loop().time() + self._forward_timeout
+        while not claim.local:
             try:
                 return await self._submit_to(claim.owner, agent, user_id, request)
-            except OwnerLost:
-                if request.recent[-1].role != "assistant":
-                    raise
-                # The owner died with the request (kill -9): an answer alone is taken over and done
+            except HttpError as exc:
+                # The owner died with the request (kill -9), or drains (SIGTERM) and lets go of the
+                # chat once it runs nothing for it: an answer alone waits for that and is done
                 # here. Doing it twice is safe: what it answers is either gone with the owner (a
                 # gated call: refused) or in ADK's session, which says whether it is still pending.
                 # A new message is not: the dead owner may have sent it to ADK already.
-                claim = await self._claim(agent, user_id, request.chat_id)
-                if not claim.local:
-                    return await self._submit_to(claim.owner, agent, user_id, request)
+                answer_only = request.recent[-1].role == "assistant"
+                going = isinstance(exc, OwnerLost) or exc.code == "draining"
+                if not (answer_only and going) or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                if not isinstance(exc, OwnerLost):
+                    await asyncio.sleep(self._interval)
+            claim = await self._claim(agent, user_id, request.chat_id)
         try:
             return await self.chats.submit(agent, user_id, request)
         except Gone:

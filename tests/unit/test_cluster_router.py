@@ -11,6 +11,7 @@ the dead owner may have sent it to ADK already.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -22,9 +23,11 @@ from gateway.agents import Agents
 from gateway.chats import Attachment, ChatService
 from gateway.cluster.liveness import OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.messages import Refused, Reply
 from gateway.cluster.router import Cluster
 from gateway.config import parse_config
 from gateway.messages import ChatRequest, parse_chat_body
+from gateway.refusals import HttpError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 
@@ -46,6 +49,8 @@ class Pair:
     # What ChatService.submit was asked here, and what the dead owner received before it died.
     submitted: list[ChatRequest] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
+    # Set: the owner drains instead of dying, and lets go of the chat after that many requests.
+    draining: int | None = None
 
 
 @pytest.fixture
@@ -68,6 +73,12 @@ async def pair() -> AsyncIterator[Pair]:
 
     def dies_on_receipt(raw: dict[str, Any]) -> None:
         p.received.append(raw)
+        if p.draining is not None:
+            # Draining: new work is refused (forwarding.py), until the owner lets go of the chat.
+            hub.inboxes["b"](Reply(raw["id"], Refused(503, "draining", "shutting down", {"Retry-After": "5"})).to_json())
+            if len(p.received) == p.draining:
+                del hub.chats[raw["body"]["id"]]  # what the drain's hand-over does
+            return
         hub.inboxes.pop("a", None)  # kill -9: no reply, no heartbeat from now on
 
     await owner.start(dies_on_receipt, lambda: [])
@@ -110,6 +121,29 @@ async def test_a_new_message_forwarded_to_an_owner_that_dies_is_503_not_sent_twi
             await pair.cluster.submit(pair.agent, "alice", _request("c2", answer=False))
     assert (refused.value.status, refused.value.code) == (503, "replica_unavailable")
     assert pair.submitted == []
+
+
+async def test_an_answer_refused_by_a_draining_owner_is_done_here_once_the_owner_lets_go(pair: Pair) -> None:
+    """A rolling restart: the owner refuses new work while it drains, and lets go of the chats it
+    runs nothing for; the answer waits for that (asking again) instead of failing with a 503."""
+    pair.draining = 2
+    await _owned_by_a(pair, "c5")
+    request = _request("c5", answer=True)
+    async with asyncio.timeout(BOUND):
+        await pair.cluster.submit(pair.agent, "alice", request)
+    assert len(pair.received) == 2
+    assert pair.submitted == [request]
+    assert pair.hub.chats["c5"].owner == "b"
+
+
+async def test_a_new_message_refused_by_a_draining_owner_is_503_draining(pair: Pair) -> None:
+    pair.draining = 100
+    await _owned_by_a(pair, "c6")
+    with pytest.raises(HttpError) as refused:
+        async with asyncio.timeout(BOUND):
+            await pair.cluster.submit(pair.agent, "alice", _request("c6", answer=False))
+    assert (refused.value.status, refused.value.code) == (503, "draining")
+    assert len(pair.received) == 1 and pair.submitted == []
 
 
 async def test_a_resume_forwarded_to_an_owner_that_dies_is_taken_over_here(pair: Pair) -> None:
@@ -157,6 +191,23 @@ async def _local_chat(cluster: Cluster, chats: ChatService, chat_id: str, *, run
     chat = chats._registry.get(agent, "alice", chat_id, now=0.0)
     if running:
         chat.driver = SimpleNamespace(alive=True)  # type: ignore[assignment]  # all `running` reads
+
+
+async def test_a_chat_a_request_just_reached_is_handed_over_only_once_that_request_had_time_to_start_its_run(
+    draining: Any,
+) -> None:
+    """A request admitted just before the drain may still be asking ADK whether its answer is
+    pending (it runs nothing yet): handing the chat over now would let the same answer, sent
+    again to another replica, reach ADK twice."""
+    cluster, hub, chats = draining
+    await _local_chat(cluster, chats, "fresh", running=False)
+    chats._registry.find_session("alice", "fresh").last_active = time.monotonic()  # type: ignore[union-attr]
+    cluster.draining = True
+    await asyncio.sleep(0.2)
+    assert hub.chats["fresh"].owner == "a"
+    async with asyncio.timeout(BOUND + 1):
+        while "fresh" in hub.chats:
+            await asyncio.sleep(0.01)
 
 
 async def test_a_draining_owner_hands_over_the_chats_it_runs_nothing_for(draining: Any) -> None:
