@@ -204,6 +204,7 @@ def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
     upstream_mode: str = "sse", approvals: str = "hold", adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
+    adk: Path | None = None,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -212,7 +213,8 @@ def replicas(
     auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals` (hold
     or confirm). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
     that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
-    `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis).
+    `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
+    venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -230,7 +232,7 @@ def replicas(
         else:
             plugin_url = internal[plugin_via]
         redis = stack.enter_context(redis_server(tmp))
-        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
+        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), adk=adk, sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
             "ADK_GATEWAY_URL": plugin_url, "ADK_GATEWAY_SECRET": secret, "DEMO_TOOL_LEDGER": str(ledger.path),
             # This checkout's plugin first, whatever copy the venv holds.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")])),

@@ -18,12 +18,16 @@ then every person answers. Each row asserts with the ledger of real executions:
 
 The whole table runs in `make chaos`; the critical rows (a replica killed, everything at once with
 racing answers, and the stock ai 7 Chat clicking Approve after its replica was killed) also run in
-`make test`, which deselects the rest (marker `chaos`).
+`make test`, which deselects the rest (marker `chaos`). On this venv's ADK (2.13) unless
+OPS_ADK_VERSION names another release (e.g. `OPS_ADK_VERSION=1.22.1 make chaos`; every row passes on
+1.22.1 too, where ADK runs a confirmed tool again for a replayed answer, so the gateway's own
+refusal of replays is what keeps the ledger at one).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -35,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from gateway.demo import adk_venv
 from tests.jsdriver import run_chat
 from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
 from tests.ops.stack import Balancer, Replicas, payment_responses, replicas, wait_until
@@ -72,6 +77,17 @@ class Rig:
         return self.front.url
 
 
+def _adk() -> Path | None:
+    """OPS_ADK_VERSION's `adk` command (its venv built once by gateway.demo.adk_venv); this venv's without it."""
+    version = os.environ.get("OPS_ADK_VERSION")
+    if not version:
+        return None
+    try:
+        return adk_venv.ensure(version) / "bin" / "adk"
+    except adk_venv.VenvError as exc:
+        pytest.fail(str(exc))
+
+
 @contextmanager
 def confirm_stack(
     tmp: Path, *, prefer: str | None = None, idle_chat_ttl: str = "1h", adk_env: dict[str, str] | None = None,
@@ -79,7 +95,7 @@ def confirm_stack(
     """Replicas in confirm mode, ADK on SQLite, the plugin and the browsers each behind a balancer."""
     with replicas(
         tmp, plugin_via="balancer", approvals="confirm", adk_sessions=tmp / "sessions.db", idle_chat_ttl=idle_chat_ttl,
-        adk_env=adk_env,
+        adk_env=adk_env, adk=_adk(),
     ) as r:
         front = Balancer({"a": r.a.port, "b": r.b.port}, prefer=prefer)
         front.start()
