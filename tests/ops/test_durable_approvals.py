@@ -352,12 +352,13 @@ def everything_at_once(r: Replicas) -> None:
 
 
 @pytest.mark.js
-@pytest.mark.parametrize(("version", "fault"), [
-    pytest.param(6, "owner_killed", marks=pytest.mark.chaos),
-    (7, "owner_killed"),
-    pytest.param(7, "everything_at_once", marks=pytest.mark.chaos),
+@pytest.mark.parametrize(("version", "fault", "transport"), [
+    pytest.param(6, "owner_killed", "sse", marks=pytest.mark.chaos),
+    (7, "owner_killed", "sse"),
+    pytest.param(7, "owner_killed", "ws", marks=pytest.mark.chaos),
+    pytest.param(7, "everything_at_once", "sse", marks=pytest.mark.chaos),
 ])
-def test_a_stock_chat_answers_after_the_fault(tmp_path: Path, version: int, fault: str) -> None:
+def test_a_stock_chat_answers_after_the_fault(tmp_path: Path, version: int, fault: str, transport: str) -> None:
     """Item 5: the page's Chat (ai 6, ai 7), behind the browsers' balancer, shows the approval its
     replica (A) asked for; then the fault (`owner_killed`: row 1, A killed; `everything_at_once`:
     row 5's); the person clicks Approve: the answer reaches ADK, the continuation streams through
@@ -370,6 +371,7 @@ def test_a_stock_chat_answers_after_the_fault(tmp_path: Path, version: int, faul
         driver = threading.Thread(target=lambda: result.update(run_chat(
             version, f"{rig.front_url}/api/chat", keep_going_after_error=True, timeout=90, headers=r.headers,
             steps=[{"send": "pay 50 to Hanako", "approvals": "approve", "holdAnswersUntil": str(hold)}],
+            transport=transport, ws_url=rig.front_url.replace("http", "ws", 1) + "/api/chat/ws",
         )))
         driver.start()
         ready = hold.with_name(hold.name + ".ready")
