@@ -13,12 +13,14 @@ land on any replica behind the load balancer:
   handed back to the plugin, which asks again elsewhere.
 
 When the owner is dead (no heartbeat for `sessions.owner_timeout`), the next request for the chat
-moves it here. The dead replica's run is lost with its ADK connection: a resume of it is answered
-410 `run_lost`, an answer to one of its approvals 410 `approval_gone` saying so, and a new message
-works as usual (ADK keeps the session). A plugin request waiting on the dead owner is released
-fail-closed: the tool does not run. A chat whose run had ended (waiting on native confirmations,
-which ADK's session keeps) lost nothing: a resume here rebuilds its waiting message from that
-session (chats.py `resume_waiting`), and its answer works here as anywhere.
+moves it here; an answer or a resume forwarded to an owner that dies meanwhile is taken over too,
+once the owner is known dead. The dead replica's run is lost with its ADK connection: a resume of
+it is answered 410 `run_lost`, an answer to one of its gated calls 410 `approval_gone` saying so,
+and a new message works as usual (ADK keeps the session). An answer to an ADK confirmation (confirm
+mode) is not lost: ADK's session holds it, and it is answered here; a resume here rebuilds the
+waiting message from that session (chat/service.py `resume_waiting`). A plugin request waiting on the
+dead owner is released fail-closed: the tool does not run. A draining replica lets go of the chats
+it runs nothing for, so that their next request is taken over at once rather than refused.
 
 This module also keeps the directory current: which run goes on in each chat this replica owns.
 With the memory backend there is one replica and every chat is local: nothing is forwarded.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -81,6 +84,9 @@ _APPROVAL_LOST = (
 )
 # How long close() waits for its cancelled tasks: they stop at once unless a cancellation was lost.
 _STOP_GRACE = 1.0
+# How long a request admitted here has to start its run (or fail) before a drain hands its chat
+# over: its look at ADK's session and the start of its run take well under a second.
+_ADMISSION_SETTLE = 1.0
 
 
 class Cluster:
@@ -91,6 +97,8 @@ class Cluster:
         settings = chats.config.sessions  # a reload keeps the running sessions settings
         self._tasks = Tasks()
         liveness = Liveness(state, settings.heartbeat_interval)
+        self._interval = settings.heartbeat_interval
+        self._forward_timeout = settings.forward_timeout
         self._asker = Asker(state, liveness, forward_timeout=settings.forward_timeout)
         # The responses this replica relays, and those it follows from others (relay.py).
         self.relays = Relays(state, self._tasks, liveness, metrics)
@@ -134,6 +142,29 @@ class Cluster:
     def draining(self, value: bool) -> None:
         self._forwarded.draining = value
         self._gates.hand_over(value)
+        if value:
+            self._tasks.spawn(self._hand_over_idle_chats())
+
+    async def _hand_over_idle_chats(self) -> None:
+        """Let go of each chat this replica runs nothing for (an ADK confirmation waits in ADK's
+        session, which any replica reads), so its next request is taken over at once instead of
+        refused `draining` until this replica stops. A running chat goes when its run ends
+        (_write_marks); one a request reached under _ADMISSION_SETTLE ago, once that request had
+        time to start its run: it may still be asking ADK whether its answer is pending, and the
+        same answer sent to the new owner would reach ADK twice. Every heartbeat while draining."""
+        handed: set[tuple[str, str]] = set()
+        while not self._tasks.closed:
+            settled = time.monotonic() - _ADMISSION_SETTLE  # the chat service's clock
+            for chat in self.chats.local_chats():
+                key = (chat.user_id, chat.chat_id)
+                if key in handed or chat.running or chat.last_active > settled:
+                    continue
+                if self._tasks.closed:
+                    return
+                with contextlib.suppress(SharedStateDown):
+                    await self.state.release(chat.user_id, chat.chat_id)
+                    handed.add(key)
+            await asyncio.sleep(self._interval)
 
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
@@ -154,16 +185,34 @@ class Cluster:
     async def submit(self, agent: str, user_id: str, request: ChatRequest) -> Attachment:
         """`ChatService.submit`, wherever the chat runs."""
         claim = await self._claim(agent, user_id, request.chat_id)
-        if claim.local:
+        deadline = asyncio.get_running_loop().time() + self._forward_timeout
+        while not claim.local:
             try:
-                return await self.chats.submit(agent, user_id, request)
-            except Gone:
-                if claim.orphaned_run is None:
+                return await self._submit_to(claim.owner, agent, user_id, request)
+            except HttpError as exc:
+                # The owner died with the request (kill -9), or drains (SIGTERM) and lets go of the
+                # chat once it runs nothing for it: an answer alone waits for that and is done
+                # here. Doing it twice is safe: what it answers is either gone with the owner (a
+                # gated call: refused) or in ADK's session, which says whether it is still pending.
+                # A new message is not: the dead owner may have sent it to ADK already.
+                answer_only = request.recent[-1].role == "assistant"
+                going = isinstance(exc, OwnerLost) or exc.code == "draining"
+                if not (answer_only and going) or asyncio.get_running_loop().time() >= deadline:
                     raise
-                self.metrics.owner_lost.labels("approval").inc()
-                raise Gone(_APPROVAL_LOST) from None
-        answer = await self._asker.ask(claim.owner, Submit(user_id, agent, request.as_body()))
-        attachment = self._attachment(claim.owner, answer, user_id)
+                if not isinstance(exc, OwnerLost):
+                    await asyncio.sleep(self._interval)
+            claim = await self._claim(agent, user_id, request.chat_id)
+        try:
+            return await self.chats.submit(agent, user_id, request)
+        except Gone:
+            if claim.orphaned_run is None:
+                raise
+            self.metrics.owner_lost.labels("approval").inc()
+            raise Gone(_APPROVAL_LOST) from None
+
+    async def _submit_to(self, owner: str, agent: str, user_id: str, request: ChatRequest) -> Attachment:
+        answer = await self._asker.ask(owner, Submit(user_id, agent, request.as_body()))
+        attachment = self._attachment(owner, answer, user_id)
         if attachment is None:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
         return attachment
@@ -174,11 +223,18 @@ class Cluster:
         """`ChatService.resume_waiting`, wherever the chat runs (the owner of another replica's chat
         rebuilds a forgotten message for its configured client version)."""
         claim = await self._claim(agent, user_id, chat_id, create=False)
-        if claim.local:
-            if claim.orphaned_run is not None:
-                raise OwnerLost(410, "run_lost", _RUN_LOST)
-            return await self.chats.resume_waiting(agent, user_id, chat_id, version)
-        return self._attachment(claim.owner, await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent)), user_id)
+        if not claim.local:
+            try:
+                answer = await self._asker.ask(claim.owner, Resume(user_id, chat_id, agent))
+                return self._attachment(claim.owner, answer, user_id)
+            except OwnerLost:
+                # The owner died with the request: a resume only reads, so it is taken over here.
+                claim = await self._claim(agent, user_id, chat_id, create=False)
+                if not claim.local:
+                    raise
+        if claim.orphaned_run is not None:
+            raise OwnerLost(410, "run_lost", _RUN_LOST)
+        return await self.chats.resume_waiting(agent, user_id, chat_id, version)
 
     async def send_audio(
         self, agent: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion
@@ -329,7 +385,10 @@ class Cluster:
                 if self._tasks.closed:
                     return
                 try:
-                    await self.state.mark_run(user_id, chat_id, message_id)
+                    if message_id or not self.draining:
+                        await self.state.mark_run(user_id, chat_id, message_id)
+                    else:
+                        await self.state.release(user_id, chat_id)
                 except SharedStateDown:
                     pass  # written back with every local chat once the store is back (_local_chats)
 

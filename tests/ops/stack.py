@@ -8,7 +8,9 @@ balancer over both internal listeners run in the test process: what an SRE puts 
 docs/scaling.md recommends.
 
 Every process can be made to fail on its own: `GatewayProcess.proc` (kill -9, SIGTERM),
-`RedisServer.stop()/start()` (back empty), `AdkServer.kill()/start()` (same port, sessions lost).
+`RedisServer.stop()/start()` (back empty), `AdkServer.kill()/start()` (same port; sessions lost,
+unless `adk_sessions` gave ADK a SQLite file), `Replicas.start_again(name)` (a replica that was killed
+or stopped, on its own ports and config).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tests.ops.checks import Ledger
+from gateway.demo import MEMORY, sqlite_uri
 from tests.procs import (
-    DEMO_TOOLS, PLUGIN, AdkServer, GatewayProcess, RedisServer, free_port, gateway_process, redis_server, request,
+    DEMO_TOOLS, PLUGIN, ROOT, AdkServer, GatewayProcess, RedisServer, free_port, gateway_process, redis_server,
+    request,
 )
 
 __all__ = [
@@ -175,23 +179,42 @@ class Replicas:
     # run as in ADK (the key's id; "anonymous" without auth).
     headers: dict[str, str] = field(default_factory=dict)
     user: str = "anonymous"
+    # What starts a replica again (start_again): its gateway_process arguments, and the stack
+    # whose exit stops it.
+    _start: dict[str, Callable[[], GatewayProcess]] = field(default_factory=dict)
 
     def internal_post(self, name: str, path: str) -> Any:
         return request(self.internal[name], "POST", path, headers={"Authorization": f"Bearer {self.secret}"})
+
+    def replica(self, name: str) -> GatewayProcess:
+        return self.a if name == "a" else self.b
+
+    def start_again(self, name: str) -> GatewayProcess:
+        """Replica `name` ("a" or "b"), killed or stopped, started again on its ports with its
+        config (a new process: nothing of the old one's memory), and ready."""
+        assert self.replica(name).proc.poll() is not None, f"replica {name} still runs"
+        gw = self._start[name]()
+        setattr(self, name, gw)
+        wait_ready(gw)
+        return gw
 
 
 @contextmanager
 def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
-    upstream_mode: str = "sse", approvals: str = "hold",
+    upstream_mode: str = "sse", approvals: str = "hold", adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
+    adk: Path | None = None,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
     `plugin_via`: "a" or "b" (that replica's internal listener) or "balancer" (a `Balancer` over
     both, sending every new connection to `prefer` while it is up). `api_keys` (id -> key) turns
-    auth on; browsers then use the first key. `approvals`: the upstream's `approvals` mode (`confirm`:
-    gated calls wait in ADK's session).
+    auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals` (hold
+    or confirm). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
+    that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
+    `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
+    venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -209,8 +232,10 @@ def replicas(
         else:
             plugin_url = internal[plugin_via]
         redis = stack.enter_context(redis_server(tmp))
-        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), env={
+        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), adk=adk, sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
             "ADK_GATEWAY_URL": plugin_url, "ADK_GATEWAY_SECRET": secret, "DEMO_TOOL_LEDGER": str(ledger.path),
+            # This checkout's plugin first, whatever copy the venv holds.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")])),
             **(adk_env or {}),
         })
         stack.callback(agent.stop)
@@ -230,26 +255,25 @@ def replicas(
                 + f"  heartbeat_interval: {HEARTBEAT}\n  owner_timeout: {OWNER_TIMEOUT}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
                 # fails the test instead of hanging it.
-                + "chat:\n  keepalive_interval: 60s\n"
+                + f"chat:\n  keepalive_interval: 60s\n  idle_chat_ttl: {idle_chat_ttl}\n"
                 + auth
             )
 
-        a, b = (
-            stack.enter_context(
-                gateway_process(
-                    tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
-                    approvals=approvals,
-                )
-            )
-            for name in ("a", "b")
-        )
+        def start(name: str, port: int | None = None) -> GatewayProcess:
+            return stack.enter_context(gateway_process(
+                tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
+                approvals=approvals, port=port,
+            ))
+
+        a, b = start("a"), start("b")
         for gw in (a, b):
             wait_ready(gw)
         headers, user = {}, "anonymous"
         if api_keys:
             user, key = next(iter(api_keys.items()))
             headers = {"Authorization": f"Bearer {key}"}
-        yield Replicas(a, b, redis, agent.base, agent, ledger, secret, internal, balancer, headers, user)
+        again = {"a": lambda: start("a", a.port), "b": lambda: start("b", b.port)}
+        yield Replicas(a, b, redis, agent.base, agent, ledger, secret, internal, balancer, headers, user, again)
 
 
 # ---- what Redis served ----
