@@ -8,23 +8,46 @@ same reasons SSE answers with (`refused`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
+from ..chat.response import Feed
+from ..chat.service import Attachment
 from ..core.chat_request import InvalidRequest, is_chat_id, parse_chat_body
 from ..core.limits import Limited
 from ..core.protocol import VERSION_HEADER, ClientVersion, client_version
 from ..core.refusals import refusal
-
-if TYPE_CHECKING:
-    from .ws import Connection
+from .state import Gateway
 
 __all__ = ["HANDLERS", "FrameError", "refused"]
 
 _AUDIO_MIME_PREFIX = "audio/pcm"
+
+
+class Connection(Protocol):
+    """What a frame's handler uses of the socket the frame came on (ws.py's `Connection`): its
+    caller, its requests in flight, and how it sends and follows a response."""
+
+    gateway: Gateway
+    user_id: str
+    agent: str
+    default_version: ClientVersion
+    requests: dict[str, asyncio.Task[None]]
+    request_chats: dict[str, str]
+    aborted: set[str]
+    chats: set[str]
+
+    async def send(self, frame: dict[str, Any]) -> None: ...
+
+    def start_request(self, request_id: str, work: Any) -> None: ...
+
+    def watch(self, request_id: str, feed: Feed) -> None: ...
+
+    async def pump(self, request_id: str, attachment: Attachment, *, first_sequence: int = 0) -> None: ...
 
 
 class FrameError(Exception):
