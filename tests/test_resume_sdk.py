@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from gateway.core.approvals import GatedCall, Verdict
-from gateway.chat.service import _browser_added
+from gateway.chat.attachment import browser_added
 from gateway.core.converter import Converter
 from gateway.core.chat_request import ApprovalAnswer, parse_chat_body
 from gateway.chat.chunk_log import Run
@@ -112,7 +112,7 @@ def native_streams(version: int) -> tuple[list[dict[str, Any]], list[dict[str, A
     asked.end_response(0.0)
     goes_on = Run("m1", earlier=asked.message())
     answer = ApprovalAnswer(ask["approvalId"], ask["toolCallId"], TOOL, approved=True)
-    goes_on.browser_added(_browser_added(version, [answer], []))  # type: ignore[arg-type]
+    goes_on.browser_added(browser_added(version, [answer], []))  # type: ignore[arg-type]
     goes_on.publish([orjson.dumps(c) for c in continuation[:3]])
     replay = goes_on.resumable(0.0, 60.0)
     assert replay is not None

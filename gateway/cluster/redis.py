@@ -14,6 +14,9 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
 - `{p}:deadlines`, `{p}:deadline`: confirmation deadlines (redis_deadlines.py).
+This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
+run marks); the inbox is redis_inbox.py's, the relays, call records and tickets redis_records.py's,
+the deadlines redis_deadlines.py's, each given the client, prefix and seal.
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
 ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
@@ -35,7 +38,6 @@ import secrets
 import time
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.retry import Retry
@@ -44,30 +46,22 @@ from redis.exceptions import RedisError
 
 from ..chat.registry import ChatNotFound
 from ..ops.stopping import cancel_and_wait
-from .backoff import Backoff
 from ..core.deadlines import Deadline
 from .redis_deadlines import RedisDeadlines
+from .redis_inbox import RedisInbox
+from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
-from .sealing import Seal, Tampered, fingerprint
+from .sealing import Seal
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["RedisState"]
 
 log = structlog.get_logger("adk_gateway.cluster.redis")
 
-_RELAY_CAP = 20_000  # entries; a relay carries one response, itself bounded by chat.run_buffer_chunks
-_RELAY_TTL_MS = 300_000
 # Redis on the same network answers in a millisecond: a connect slower than 2 s is a Redis that is
 # down, and a command waiting 5 s is one that hangs (relay reads pass shorter deadlines of their own).
 _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
-# The inbox's read wakes this often to notice close() and a broken subscription.
-_INBOX_POLL = 1.0
-# How far from now (on Redis's clock) an inbox message's stamp may be. Pub/sub delivers in
-# milliseconds: an older message is a replay, and the ones inside the window are told apart by
-# their seals, remembered that long.
-_INBOX_WINDOW = 30.0
-
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
 # (deleting the heartbeat) and closing the connections each get a second: a Redis that does not
@@ -77,6 +71,8 @@ _GOODBYE_TIMEOUT = 1.0
 
 
 class RedisState(SharedState):
+    """The Redis backend: its parts share one client, and their Redis errors become SharedStateDown here."""
+
     def __init__(
         self,
         replica_id: str,
@@ -90,10 +86,6 @@ class RedisState(SharedState):
         super().__init__(replica_id)
         self.available = False
         self._prefix = prefix
-        # What this replica writes for others to act on is sealed, and what it reads is opened
-        # before use (sealing.py): Redis is not trusted with the integrity of gated calls, tickets,
-        # relayed chunks and forwarded work.
-        self._seal = seal
         self._interval = heartbeat_interval
         self._owner_timeout = owner_timeout
         # One immediate retry: after Redis restarts, every pooled connection fails once before
@@ -120,7 +112,14 @@ class RedisState(SharedState):
         # Redis's clock minus this process's monotonic one (ms), measured at every heartbeat:
         # inbox messages are stamped and checked on Redis's clock, so hosts' clocks do not matter.
         self._clock_offset: float | None = None
-        self._received = _Received(_INBOX_WINDOW)
+        # What this replica writes for others to act on is sealed, and what it reads is opened
+        # before use (sealing.py): Redis is not trusted with the integrity of gated calls, tickets,
+        # relayed chunks and forwarded work.
+        self._records = RedisRecords(self._redis, prefix, seal, replica_id, self._redis_ms)
+        self._inbox_link = RedisInbox(
+            self._redis, prefix, seal, replica_id,
+            redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
+        )
 
     @property
     def restoring(self) -> bool:
@@ -132,14 +131,13 @@ class RedisState(SharedState):
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self, inbox: Inbox, reassert: Reassert) -> None:
-        self._inbox = inbox
         self._reassert = reassert
         # The first beat before serving, so /readyz is true as soon as Redis is; a Redis that is
         # down at start is not fatal (the loop keeps trying and /readyz says why).
         await self._beat()
         self._tasks = [
             asyncio.create_task(self._heartbeats(), name="redis-heartbeat"),
-            asyncio.create_task(self._listen(), name="redis-inbox"),
+            asyncio.create_task(self._inbox_link.listen(inbox, self._interval), name="redis-inbox"),
         ]
 
     async def close(self) -> None:
@@ -226,60 +224,6 @@ class RedisState(SharedState):
                 await pipe.execute()
         self._epoch = seen
 
-    async def _listen(self) -> None:
-        channel = self._key("inbox", self.replica_id)
-        # Retries back off (Redis may be down for minutes) but start again at once when a
-        # heartbeat gets through; only the changes are logged, not every attempt.
-        backoff = Backoff(self._interval / 2, 5 * self._interval)
-        while not self._closed:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(channel)
-                failed = backoff.succeeded()
-                if failed:
-                    log.info("inbox_reconnected", failed_attempts=failed)
-                while not self._closed:
-                    message = await pubsub.get_message(timeout=_INBOX_POLL)
-                    if message is not None and message.get("type") == "message":
-                        self._receive(channel, message["data"])
-            except (RedisError, OSError) as exc:
-                if not backoff.failing:
-                    log.info("inbox_reconnecting", reason=_reason(exc))
-                delay = backoff.failed()
-                self._beat_ok.clear()
-                self._beat_now.set()  # is Redis there? The heartbeat finds out now
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._beat_ok.wait()
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-
-    def _receive(self, channel: str, data: bytes) -> None:
-        try:
-            stamp, _, body = self._seal.open(data, channel).partition(b"\n")
-            sent = int(stamp)
-        except (Tampered, ValueError):
-            log.warning("inbox_message_tampered", replica=self.replica_id)
-            return
-        now = self._redis_ms()
-        if now is None:
-            # Before this replica's first heartbeat: it cannot tell a replay yet.
-            log.warning("inbox_message_replayed", replica=self.replica_id, reason="no clock yet")
-            return
-        if abs(now - sent) > _INBOX_WINDOW * 1000:
-            log.warning("inbox_message_replayed", replica=self.replica_id, reason="stale", age_s=round((now - sent) / 1000))
-            return
-        if not self._received.first(fingerprint(data)):
-            log.warning("inbox_message_replayed", replica=self.replica_id, reason="received already")
-            return
-        try:
-            message = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            log.warning("inbox_message_malformed")
-            return
-        self._inbox(message)
-
     def _redis_ms(self) -> int | None:
         """Now on Redis's clock, as of the last heartbeat (None before the first)."""
         return None if self._clock_offset is None else int(time.monotonic() * 1000 + self._clock_offset)
@@ -357,129 +301,40 @@ class RedisState(SharedState):
             raise self._down(exc) from None
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
-        self._check()
-        channel = self._key("inbox", replica_id)
-        # Stamped inside the seal, so a message published again later is told from the original.
-        payload = b"%d\n%s" % (self._redis_ms() or 0, orjson.dumps(message))
-        try:
-            await self._redis.publish(channel, self._seal.seal(payload, channel))
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        await self._op(self._inbox_link.send(replica_id, message))
 
     async def relay_append(self, key: str, entry: RelayEntry) -> None:
-        self._check()
-        name = self._key("relay", key)
-        # One seal per entry, and an entry is a batch of chunks: the cost is one HMAC per batch.
-        # The entry's number is inside the seal, so a genuine entry copied further down the stream
-        # reads as the hole it makes.
-        payload = b"%d\n%s\n%s" % (entry.seq, (entry.end or "").encode(), b"\n".join(entry.frames))
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(name, {"s": self._seal.seal(payload, name)}, maxlen=_RELAY_CAP, approximate=True)
-                pipe.pexpire(name, _RELAY_TTL_MS)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        await self._op(self._records.relay_append(key, entry))
 
     async def relay_read(self, key: str, after: str, *, timeout: float) -> tuple[str, list[RelayEntry]]:
-        self._check()
-        name = self._key("relay", key)
-        try:
-            answer = await self._redis.xread({name: after or "0-0"}, block=max(1, int(timeout * 1000)), count=500)
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-        if not answer:
-            return after, []
-        entries = []
-        position = after
-        for entry_id, fields in answer[0][1]:
-            position = entry_id.decode()
-            try:
-                seq, end, frames = self._seal.open(fields.get(b"s", b""), name).split(b"\n", 2)
-            except (Tampered, ValueError):
-                # Skipped: the genuine entry of that number still comes, or its absence is the hole
-                # the reader ends the response at (relay.py).
-                log.warning("relay_entry_tampered", replica=self.replica_id)
-                continue
-            entries.append(RelayEntry(int(seq), frames.split(b"\n") if frames else [], end.decode() or None))
-        return position, entries
+        return await self._op(self._records.relay_read(key, after, timeout=timeout))  # type: ignore[no-any-return]
 
     async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
-        self._check()
-        name = self._key("call", call_id)
-        # Field by field: the verdict is written after the rest, by the same owner. Each seal
-        # covers the call and the field's name, so no sealed value can be moved to another.
-        sealed = {field: self._seal.seal(value.encode(), f"{name}:{field}") for field, value in record.items()}
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(name, mapping=sealed)
-                pipe.pexpire(name, int(ttl * 1000))
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        await self._op(self._records.put_call(call_id, record, ttl=ttl))
 
     async def get_call(self, call_id: str) -> dict[str, str] | None:
-        self._check()
-        name = self._key("call", call_id)
-        try:
-            raw = await self._redis.hgetall(name)
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-        try:
-            return {k.decode(): self._seal.open(v, f"{name}:{k.decode()}").decode() for k, v in raw.items()} or None
-        except (Tampered, UnicodeDecodeError):
-            # A record with one forged field is lost whole: the asker then refuses the call when
-            # its deadline passes (remote_gate.py), as when Redis lost it.
-            log.warning("call_record_tampered", replica=self.replica_id, approval_id=call_id)
-            return None
+        return await self._op(self._records.get_call(call_id))  # type: ignore[no-any-return]
 
     async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None:
-        self._check()
-        name = self._key("ticket", key)
-        # The expiry goes inside the seal, on Redis's clock: a sealed record written back into
-        # Redis after it expired (or was taken) opens nothing once the ticket's lifetime is over.
-        until = (self._redis_ms() or 0) + ttl * 1000
-        sealed = self._seal.seal(orjson.dumps({"until": until, "record": record}), name)
-        try:
-            await self._redis.set(name, sealed, px=max(int(ttl * 1000), 1))
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        await self._op(self._records.put_ticket(key, record, ttl=ttl))
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
-        self._check()
-        name = self._key("ticket", key)
-        try:
-            # GETDEL (Redis 6.2): two replicas handed the same ticket cannot both take it.
-            raw = await self._redis.getdel(name)
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-        if raw is None:
-            return None
-        try:
-            stored = orjson.loads(self._seal.open(raw, name))
-        except (Tampered, orjson.JSONDecodeError):
-            log.warning("ticket_record_tampered", replica=self.replica_id)
-            return None
-        now = self._redis_ms()
-        if now is None or stored["until"] < now:
-            log.warning("ticket_record_replayed", replica=self.replica_id)
-            return None
-        record: dict[str, str] = stored["record"]
-        return record
+        return await self._op(self._records.take_ticket(key))  # type: ignore[no-any-return]
 
     async def add_deadline(self, deadline: Deadline) -> None:
-        await self._deadline_op(self._deadlines.add(deadline))
+        await self._op(self._deadlines.add(deadline))
 
     async def drop_deadline(self, key: str) -> None:
-        await self._deadline_op(self._deadlines.drop(key))
+        await self._op(self._deadlines.drop(key))
 
     async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
-        return await self._deadline_op(self._deadlines.claim(now, limit))  # type: ignore[no-any-return]
+        return await self._op(self._deadlines.claim(now, limit))  # type: ignore[no-any-return]
 
     async def next_deadline(self) -> float | None:
-        return await self._deadline_op(self._deadlines.next_due())  # type: ignore[no-any-return]
+        return await self._op(self._deadlines.next_due())  # type: ignore[no-any-return]
 
-    async def _deadline_op(self, op: Any) -> Any:
+    async def _op(self, op: Any) -> Any:
+        # One operation of a part (records, inbox, deadlines), which raises what redis-py raises.
         try:
             self._check()
             return await op
@@ -494,27 +349,6 @@ class RedisState(SharedState):
         self.available = False
         self._beat_now.set()
         return SharedStateDown("the shared session store (Redis) is unreachable")
-
-
-class _Received:
-    """The inbox messages (their seals' fingerprints) received in the last `window` seconds: one that
-    comes again in that time is a replay. Forgotten in arrival order, so the check is O(1)."""
-
-    def __init__(self, window: float) -> None:
-        self._window = window
-        self._seen: dict[bytes, float] = {}
-
-    def first(self, fingerprint: bytes) -> bool:
-        now = time.monotonic()
-        while self._seen:
-            oldest, at = next(iter(self._seen.items()))
-            if at > now - self._window:
-                break
-            del self._seen[oldest]
-        if fingerprint in self._seen:
-            return False
-        self._seen[fingerprint] = now
-        return True
 
 
 def _reason(exc: BaseException) -> str:

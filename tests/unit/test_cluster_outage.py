@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.edge.app import create_app, readyz
-from gateway.cluster import redis as redis_module
+from gateway.cluster import redis_inbox as inbox_module
 from gateway.cluster.backoff import Backoff
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
@@ -67,7 +67,7 @@ async def test_a_lost_inbox_is_logged_when_lost_and_when_back_and_retried_with_b
     server: RedisServer, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log = RecordingLog()
-    monkeypatch.setattr(redis_module, "log", log)
+    monkeypatch.setattr(inbox_module, "log", log)
     prefix = "inbox" + secrets.token_hex(3)
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     a, b = _state(server, "a", prefix), _state(server, "b", prefix)

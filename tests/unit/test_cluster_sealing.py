@@ -23,7 +23,7 @@ from gateway.upstream.agents import Agents
 from gateway.core.approvals import REFUSAL_KEY, RUN
 from gateway.access.auth import Identity
 from gateway.chat.service import ChatService
-from gateway.cluster import redis as redis_module
+from gateway.cluster import redis_inbox as inbox_module
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.messages import Decided, Refused, Released, Reply, from_json
 from gateway.cluster.redis import RedisState
@@ -162,7 +162,7 @@ async def _until(condition: Any) -> None:
 async def test_an_inbox_message_not_sealed_by_a_replica_is_dropped(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, inbox, forger = cluster
     log = RecordingLog()
-    monkeypatch.setattr(redis_module, "log", log)
+    monkeypatch.setattr(inbox_module, "log", log)
     await asyncio.sleep(0.2)  # b's subscription is up
     release = Released("gw-1", Decided(RUN, "run")).to_json()
     await forger.publish("b", release)  # no seal at all
@@ -214,7 +214,7 @@ async def test_a_sealed_message_older_than_its_window_is_dropped(cluster: Any, m
     """Captured long ago (past the window a replica remembers messages it received), it is stale."""
     a, b, inbox, forger = cluster
     log = RecordingLog()
-    monkeypatch.setattr(redis_module, "log", log)
+    monkeypatch.setattr(inbox_module, "log", log)
     await asyncio.sleep(0.2)
     channel = forger.key("inbox", "b")
     # As a sent it, but stamped a minute ago on Redis's clock.
