@@ -26,7 +26,7 @@ from ..core.protocol import ClientVersion, encode_chunk
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import SessionConfirmations
-from ..upstream.runs import AgentRuns
+from .agent_runs import AgentRuns
 from .answers import LOST_APPROVAL, Gone
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run

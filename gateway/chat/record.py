@@ -37,7 +37,7 @@ class Chat:
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None
     # The browser socket that drove the chat closed while its run went on, and no request of the
-    # chat came since: its live session closes when the run ends (upstream/runs.py).
+    # chat came since: its live session closes when the run ends (chat/agent_runs.py).
     browser_left: bool = False
     ledger: Ledger = field(default_factory=Ledger)
 

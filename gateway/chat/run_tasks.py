@@ -17,7 +17,7 @@ import structlog
 from ..core.approvals import GatedCall
 from ..core.chat_request import ApprovalAnswer
 from ..ops.stopping import cancel_and_wait
-from ..upstream.runs import Batches
+from .agent_runs import Batches
 from .attachment import Attachment
 from .chunk_log import Reader
 from .driver import RunDriver

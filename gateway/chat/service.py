@@ -38,7 +38,7 @@ from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
-from ..upstream.runs import AgentRuns
+from .agent_runs import AgentRuns
 from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run

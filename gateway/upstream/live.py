@@ -2,7 +2,7 @@
 
 In live mode the agent keeps one bidirectional session per chat. The gateway opens it on the
 chat's first turn and keeps it across turns until the browser socket closes (once the turn under
-way has ended: upstream/runs.py) or the chat goes idle. A reader
+way has ended: chat/agent_runs.py) or the chat goes idle. A reader
 task takes every event off the socket and hands it to the turn in progress, which ends at ADK's
 `turnComplete`. Events that arrive with no turn in progress (the model speaking up by itself)
 are dropped and counted: the AI SDK has no request to carry them.

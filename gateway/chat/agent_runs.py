@@ -14,17 +14,17 @@ from typing import Any
 
 import structlog
 
-from .agents import Agent, Agents
-from ..chat.record import Chat
-from .idle_reader import WaitSignal
-from .live import LiveLink
+from ..upstream.agents import Agent, Agents
+from .record import Chat
+from ..upstream.idle_reader import WaitSignal
+from ..upstream.live import LiveLink
 from ..core.chat_request import ApprovalAnswer, confirmation_message
 from ..ops.metrics import GatewayMetrics
-from .client import AdkClient, SessionConfirmations, UpstreamError
+from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
 
 __all__ = ["AgentRuns"]
 
-log = structlog.get_logger("adk_gateway.upstream.runs")
+log = structlog.get_logger("adk_gateway.chat.agent_runs")
 
 Batches = AsyncIterator[Iterable[dict[str, Any]]]
 
