@@ -45,6 +45,9 @@ TOOL = "process_payment"
 CONFIG = """\
 internal:
   secret: s3cret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 tools:
   process_payment:
     approval: true
