@@ -55,13 +55,14 @@ class UpstreamConfig(Section):
         """This upstream in `mode` (`--upstream-mode`), validated again: approvals the file left
         unset follow the new mode; an explicit confirm on live is refused as in the file."""
         data = self.model_dump()
-        if "approvals" not in self.model_fields_set:
+        if not self.approvals_explicit:
             del data["approvals"]
         return UpstreamConfig.model_validate({**data, "mode": mode})
 
     @property
     def approvals_explicit(self) -> bool:
-        """Whether the file set `approvals` (rather than taking the mode's default)."""
+        """Whether the file set `approvals` (rather than taking the mode's default). A config
+        rebuilt from a dump (`revalidate`) has it set: the mode it was resolved for is final there."""
         return "approvals" in self.model_fields_set
 
 
