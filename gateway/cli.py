@@ -71,11 +71,14 @@ def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: s
     if port is not None:
         listen["port"] = port
     # The demo's ADK server serves every agent of the demo config; --upstream-mode is every agent's.
-    for agent in data["agents"].values():
+    for name, agent in data["agents"].items():
         if upstream:
             agent["upstream"]["url"] = upstream
         if args.upstream_mode:
             agent["upstream"]["mode"] = args.upstream_mode
+            if not config.agents[name].upstream.approvals_explicit:
+                # Left unset in the file: the new mode's default (hold on live), not sse's confirm.
+                del agent["upstream"]["approvals"]
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
@@ -281,7 +284,7 @@ def describe_agents(config: GatewayConfig, *, single_agent_keys: bool) -> list[s
         gated = ", ".join(agent.gated_tools) or "none"
         lines.append(
             f"agent {name}{default}: /agents/{name}/api/chat -> {agent.upstream_base} app {agent.upstream.app_name} "
-            f"({agent.upstream.mode}); gated tools: {gated}"
+            f"({agent.upstream.mode}, approvals {agent.upstream.approvals}); gated tools: {gated}"
         )
     if single_agent_keys:
         name = config.default

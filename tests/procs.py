@@ -152,10 +152,12 @@ class GatewayProcess:
 @contextmanager
 def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
-    upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str = "hold",
+    upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str | None = None,
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
-    an `agents:` section in it, `upstream` is unused (each agent names its own)."""
+    an `agents:` section in it, `upstream` is unused (each agent names its own). `approvals`: the
+    agent's `upstream.approvals`; None leaves it unset (the default: confirm on sse, hold on live),
+    "hold" for the tests of the blocking path."""
     port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(
@@ -163,7 +165,8 @@ def gateway_process(
         f"logging:\n  level: debug\n  format: json\n" + config
         # The tests run many chats at once as one anonymous user: the production caps would bite.
         + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n")
-        + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n  approvals: {approvals}\n")
+        + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
+            + (f"  approvals: {approvals}\n" if approvals else ""))
     )
     log = tmp / f"gateway-{port}.log"
     with log.open("w") as out:
@@ -234,7 +237,7 @@ class PluginStack:
 def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
-    adk: Path | None = None, plugin: str = PLUGIN, approvals: str = "hold",
+    adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None,
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 

@@ -31,20 +31,39 @@ class UpstreamConfig(Section):
     max_connections: int = Field(1000, ge=1)
     # How often /readyz may probe the upstream; between probes the last answer is reused.
     health_interval: Duration = Field(5.0, gt=0)
-    # How the plugin waits for a person on a tool with `approval: true` (docs/approvals.md).
-    # hold: it blocks inside the tool call on a long request to the gateway until the decision
-    # (the pending approval lives in that request and in the gateway's memory). confirm (sse
-    # only): it asks ADK for a confirmation of the call instead, so the run ends and the request
-    # is kept in ADK's session; the answer re-runs the call (a browser tool's output is the answer's
-    # payload, returned as the call's result).
-    approvals: Literal["hold", "confirm"] = "hold"
+    # How the plugin waits for a person on a gated tool (docs/approvals.md). Unset: confirm on
+    # sse, hold on live, so a stock deploy keeps its pending approvals through gateway and ADK
+    # restarts. confirm (sse only): the plugin asks ADK for a confirmation of the call, so the run
+    # ends and the request is kept in ADK's session; the answer re-runs the call (a browser tool's
+    # output is the answer's payload, returned as the call's result). hold: it blocks inside the
+    # tool call on a long request to the gateway until the decision (the pending approval lives in
+    # that request and in the gateway's memory); the only path ADK's live flow has. Both gate every
+    # call the policy gates. Resolved by the validator: every reader sees "hold" or "confirm".
+    approvals: Literal["hold", "confirm"] | None = None
 
     @model_validator(mode="after")
     def _confirm_needs_sse(self) -> UpstreamConfig:
-        if self.approvals == "confirm" and self.mode == "live":
+        if self.approvals is None:
+            # Not in the fields set, so a mode set later (`with_mode`) derives it again.
+            object.__setattr__(self, "approvals", "confirm" if self.mode == "sse" else "hold")
+        elif self.approvals == "confirm" and self.mode == "live":
             # ADK's live flow has no tool confirmation: the plugin must block there.
             raise ValueError("approvals: confirm needs mode: sse (ADK's live flow has no tool confirmations); use hold")
         return self
+
+    def with_mode(self, mode: Literal["sse", "live"]) -> UpstreamConfig:
+        """This upstream in `mode` (`--upstream-mode`), validated again: approvals the file left
+        unset follow the new mode; an explicit confirm on live is refused as in the file."""
+        data = self.model_dump()
+        if not self.approvals_explicit:
+            del data["approvals"]
+        return UpstreamConfig.model_validate({**data, "mode": mode})
+
+    @property
+    def approvals_explicit(self) -> bool:
+        """Whether the file set `approvals` (rather than taking the mode's default). A config
+        rebuilt from a dump (`revalidate`) has it set: the mode it was resolved for is final there."""
+        return "approvals" in self.model_fields_set
 
 
 class ToolPolicy(Section):

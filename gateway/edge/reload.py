@@ -28,6 +28,7 @@ from pathlib import Path
 
 import structlog
 import yaml
+from pydantic import ValidationError
 
 from ..access.auth import Authenticator, warn_token_in_url
 from ..config.schema import ConfigError, GatewayConfig, InternalConfig, parse_config, revalidate, single_agent_form
@@ -84,10 +85,16 @@ def plan_reload(
     except ConfigError as exc:
         return ReloadPlan(None, exc.problems)
     if upstream_mode is not None:
-        new = new.model_copy(update={"agents": {
-            name: agent.model_copy(update={"upstream": agent.upstream.model_copy(update={"mode": upstream_mode})})
-            for name, agent in new.agents.items()
-        }})
+        try:
+            new = new.model_copy(update={"agents": {
+                name: agent.model_copy(update={"upstream": agent.upstream.with_mode(upstream_mode)})
+                for name, agent in new.agents.items()
+            }})
+        except ValidationError as exc:
+            # An explicit `approvals: confirm` under `--upstream-mode live`: refused as at start.
+            return ReloadPlan(None, [
+                f"{source} with --upstream-mode {upstream_mode}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+            ])
     started = started or running
     restart = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(started, key)]
     if (new.internal.host, new.internal.port) != (started.internal.host, started.internal.port):

@@ -118,7 +118,8 @@ def test_metrics_count_each_agents_approvals_apart(demo: GatewayProcess) -> None
 
 def test_agents_on_two_adk_servers_behind_one_gateway_and_one_plugin_secret(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Each agent on its own ADK server, each server with the plugin pointed at the one internal
-    listener: each plugin gets its own app's policy, and each agent's approval round trip works."""
+    listener: each plugin gets its own app's policy, and each agent's approval round trip works.
+    On the blocking path (`approvals: hold`), whose plugin requests are counted per agent below."""
     tmp = tmp_path_factory.mktemp("two-servers")
     internal_port, secret = free_port(), "two-servers-" + os.urandom(6).hex()
     plugin_env = {"ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret}
@@ -127,9 +128,9 @@ def test_agents_on_two_adk_servers_behind_one_gateway_and_one_plugin_secret(tmp_
         config = (
             f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n"
             "default_agent: payments\nagents:\n"
-            f"  payments:\n    upstream: {{url: '{one}', app_name: demo_agent, health_interval: 200ms}}\n"
+            f"  payments:\n    upstream: {{url: '{one}', app_name: demo_agent, health_interval: 200ms, approvals: hold}}\n"
             "    tools:\n      process_payment: {approval: true}\n"
-            f"  support:\n    upstream: {{url: '{two}', app_name: support_agent, health_interval: 200ms}}\n"
+            f"  support:\n    upstream: {{url: '{two}', app_name: support_agent, health_interval: 200ms, approvals: hold}}\n"
             "    tools:\n      issue_refund: {approval: true, on_timeout: error}\n"
         )
         with gateway_process(tmp, "", config) as gw:

@@ -486,7 +486,7 @@ def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tupl
         return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
 
     (tmp_path / "hold").mkdir()
-    with plugin_stack(tmp_path / "hold") as hold:
+    with plugin_stack(tmp_path / "hold", approvals="hold") as hold:
         held = rows(hold.gateway.base)
         assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
     with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (_, gw, _extra):

@@ -1,10 +1,13 @@
-"""Gateway-owned approvals and browser tools: the tool policy enforced by the plugin in the real ADK server."""
+"""Gateway-owned approvals and browser tools: the tool policy enforced by the plugin in the real ADK server,
+on the blocking path (`upstream.approvals: hold`: the plugin's held request, `gw-` ids), which live
+upstreams use and an agent may choose on sse (the sse default, confirm: tests/integration/test_confirm_mode.py)."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,13 @@ from tests.procs import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+    """The demo's topology on the blocking path (conftest's `stack` takes the default, confirm)."""
+    with plugin_stack(tmp_path_factory.mktemp("held"), approvals="hold") as s:
+        yield s
 
 
 def wait_count(stack: PluginStack, tool: str, outcome: str) -> float:
@@ -132,7 +142,7 @@ def test_every_demo_row_with_stock_chats(stack: PluginStack) -> None:
 
 
 def test_timeouts_resume_and_late_answers(tmp: Path) -> None:
-    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as stack:
+    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", adk_env={"DEMO_CHUNK_DELAY": "0.1"}, approvals="hold") as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
@@ -194,7 +204,7 @@ def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
 
 
 def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path) -> None:
-    with plugin_stack(tmp) as stack:
+    with plugin_stack(tmp, approvals="hold") as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
@@ -202,7 +212,7 @@ def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path) -> None:
         gw.proc.terminate()
         gw.proc.wait(timeout=15)
         # Same ports, same policy: a restarted gateway that lost its memory.
-        with gateway_process(tmp, stack.adk, _policy_and_internal(stack), port=gw.port) as again:
+        with gateway_process(tmp, stack.adk, _policy_and_internal(stack), port=gw.port, approvals="hold") as again:
             answer = assistant_from(first, [True])
             reply = post(again, chat, [first_message, answer], messageId=answer["id"])
             assert reply.status == 410

@@ -35,6 +35,7 @@ tools:
 """
     with demo_stack(
         tmp_path_factory.mktemp("gave-up"), tools=tools, adk_env={"ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
+        upstream={"approvals": "hold"},  # the plugin waits (and gives up) only on the blocking path
     ) as running:
         yield running
         log = running.gateway.log_lines()

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    with replicas(tmp_path_factory.mktemp("replicas")) as r:
+    # The blocking path: the plugin's gate requests reach B for chats A runs (remote gates); the sse
+    # default, confirm, holds none (across replicas: tests/integration/test_confirm_mode.py, tests/ops/test_durable_approvals.py).
+    with replicas(tmp_path_factory.mktemp("replicas"), approvals="hold") as r:
         yield r
 
 

@@ -305,7 +305,8 @@ def test_pending_approval_outlives_the_upstream_idle_timeout(tmp_path: Path) -> 
     # ADK has a whole idle period after the decision for its next event, plenty on a loaded
     # machine; the person's wait only has to be longer than one, and its length decides nothing.
     idle = 2.0
-    with demo_stack(tmp_path, payment_timeout="60s", upstream={"idle_timeout": f"{idle}s"}) as stack:
+    # The blocking path: ADK's run is held open (the sse default, confirm, ends it).
+    with demo_stack(tmp_path, payment_timeout="60s", upstream={"idle_timeout": f"{idle}s", "approvals": "hold"}) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])

@@ -203,7 +203,7 @@ class Replicas:
 def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
-    upstream_mode: str = "sse", approvals: str = "hold", adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
+    upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
     adk: Path | None = None,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
@@ -211,7 +211,7 @@ def replicas(
     `plugin_via`: "a" or "b" (that replica's internal listener) or "balancer" (a `Balancer` over
     both, sending every new connection to `prefer` while it is up). `api_keys` (id -> key) turns
     auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals` (hold
-    or confirm). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
+    or confirm; None leaves it unset: confirm on sse, hold on live). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
     that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
     `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
     venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.

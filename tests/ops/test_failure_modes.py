@@ -35,6 +35,9 @@ from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = pytest.mark.integration
 
+# Every row here is the blocking path (the plugin's held requests), which live upstreams use; the
+# sse default, confirm, has its own table: test_durable_approvals.py.
+HOLD = "hold"
 MAX_WAIT = 4  # the shared stack's ADK_GATEWAY_MAX_WAIT, seconds: answer its approvals at once
 # The demo quotes this in ~14 deltas, one per DEMO_CHUNK_DELAY: a stream that lasts long enough
 # to break it mid-way.
@@ -46,7 +49,7 @@ RESET = "The agent service failed: the agent service closed the connection mid-s
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     with replicas(
-        tmp_path_factory.mktemp("ops-shared"), plugin_via="balancer", api_keys=KEYS,
+        tmp_path_factory.mktemp("ops-shared"), plugin_via="balancer", api_keys=KEYS, approvals=HOLD,
         adk_env={"DEMO_CHUNK_DELAY": "0.2", "ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
     ) as r:
         yield r
@@ -117,7 +120,7 @@ def log_events(gw: GatewayProcess, event: str) -> list[dict[str, Any]]:
 def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> None:
     """A (the owner) is killed while two payments wait for a person. `plugin_at`: the balancer put
     the plugin's requests on B (forwarded to A) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a") as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", approvals=HOLD) as r:
         browser = Browser(r.headers)
         lost = {what: metric(r.b, "owner_lost_total", what=what) for what in ("approval", "gated_call", "run")}
         chat1, msg1, first1 = start_payment(r, r.a, "pay 50 to Hanako")
@@ -176,7 +179,7 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
 def test_redis_restart_mid_approval(tmp_path: Path, plugin_at: str) -> None:
     """Redis stops while a payment waits, and comes back empty. `plugin_at`: the plugin's request
     on B (forwarded to A, the path that depends on Redis most) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a") as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", approvals=HOLD) as r:
         browser = Browser(r.headers)
         chat, message, first = start_payment(r, r.a)
         if plugin_at == "other":
@@ -237,7 +240,7 @@ def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, drain: str) -> N
     `short`: the drain (1 s) cuts them (~3.5 s)."""
     drain_timeout, delay = ("20s", "0.15") if drain == "long" else ("1s", "0.25")
     with replicas(
-        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": delay}, drain_timeout=drain_timeout
+        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": delay}, drain_timeout=drain_timeout, approvals=HOLD,
     ) as r:
         browser = Browser(r.headers)
         relayed_chat, relayed_history = owned_by(r, r.a)

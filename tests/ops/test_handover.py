@@ -79,7 +79,7 @@ def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_rep
 ) -> None:
     """`live`: the gateway's runs are ADK live sessions, which have no confirmations: the blocking
     path is theirs for good."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode=upstream_mode) as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode=upstream_mode, approvals="hold") as r:
         pending = held_by_a(r)
         r.a.proc.send_signal(signal.SIGTERM)
         assert r.a.proc.wait(timeout=30) == 0
@@ -97,7 +97,7 @@ def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_rep
 
 
 def test_kill_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
-    with replicas(tmp_path, plugin_via="balancer", prefer="a") as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="a", approvals="hold") as r:
         pending = held_by_a(r)
         r.a.proc.kill()
         r.a.proc.wait()

@@ -7,6 +7,7 @@ ADK is scripted in process, one per agent (tests/unit/test_chat_gates.py's fake)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from gateway.edge.app import create_app
 from gateway.core.approvals import REFUSAL_KEY, GatedCall, Verdict
 from gateway.access.auth import Authenticator, Identity
 from gateway.chat.service import ChatService
-from gateway.cli import describe_agents
+from gateway.cli import _with_overrides, describe_agents
 from gateway.config.schema import ConfigError, GatewayConfig, parse_config
 from gateway.edge.internal import create_internal_app, merged_policy
 from gateway.ops.metrics import GatewayMetrics
@@ -129,7 +130,7 @@ def test_an_access_list_must_name_configured_keys() -> None:
 def test_check_config_explains_the_single_agent_keys() -> None:
     config = parse_config("upstream:\n  url: http://agent:8000\n  app_name: shop\n", env={})
     lines = describe_agents(config, single_agent_keys=True)
-    assert lines[0].startswith("agent shop (default: also /api/chat): /agents/shop/api/chat -> http://agent:8000 app shop (sse)")
+    assert lines[0].startswith("agent shop (default: also /api/chat): /agents/shop/api/chat -> http://agent:8000 app shop (sse, approvals confirm)")
     assert "the top-level upstream: and tools: keys are the single agent 'shop'" in lines[1]
     mapped = "\n".join(line[2:] for line in lines[2:])
     assert parse_config(mapped, env={}).agents["shop"].upstream_base == "http://agent:8000"  # the mapping loads
@@ -390,6 +391,28 @@ def test_a_reload_keeps_the_upstream_mode_the_command_line_set() -> None:
     assert plan.config is not None and {a.upstream.mode for a in plan.config.agents.values()} == {"sse"}
     plan = plan_reload(TWO_AGENTS, source="g.yaml", running=running, env={})  # the file's own modes
     assert plan.config is not None and plan.config.agents["support"].upstream.mode == "live"
+
+
+def test_a_reload_under_upstream_mode_live_holds_what_the_file_leaves_unset() -> None:
+    """Approvals left unset follow the command line's mode (hold on live); an explicit confirm is
+    refused there with the reason, as at start."""
+    running = two_agents()
+    plan = plan_reload(TWO_AGENTS, source="g.yaml", running=running, env={}, upstream_mode="live")
+    assert plan.config is not None
+    assert {a.upstream.approvals for a in plan.config.agents.values()} == {"hold"}
+    assert plan_reload(TWO_AGENTS, source="g.yaml", running=running, env={}).config.agents["payments"].upstream.approvals == "confirm"
+    explicit = TWO_AGENTS.replace("      app_name: pay_app\n", "      app_name: pay_app\n      approvals: confirm\n")
+    plan = plan_reload(explicit, source="g.yaml", running=running, env={}, upstream_mode="live")
+    assert plan.config is None and any("live flow has no tool confirmations" in p for p in plan.problems), plan.problems
+
+
+def test_the_command_lines_upstream_mode_takes_its_own_default_approvals() -> None:
+    args = argparse.Namespace(host=None, port=8080, upstream_mode="live")
+    config = _with_overrides(two_agents(), args)
+    assert {a.upstream.approvals for a in config.agents.values()} == {"hold"}
+    explicit = two_agents(TWO_AGENTS.replace("      app_name: pay_app\n", "      app_name: pay_app\n      approvals: confirm\n"))
+    with pytest.raises(ConfigError, match="live flow has no tool confirmations"):
+        _with_overrides(explicit, args)
 
 
 async def test_an_open_socket_is_held_to_its_agents_access_at_every_request(gateway_client: TestClient) -> None:

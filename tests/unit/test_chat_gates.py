@@ -25,6 +25,9 @@ AGENT = "demo_agent"
 CONFIG = """\
 internal:
   secret: s3cret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 tools:
   process_payment:
     approval: true

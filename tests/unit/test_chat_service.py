@@ -45,6 +45,9 @@ TOOL = "process_payment"
 CONFIG = """\
 internal:
   secret: s3cret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 tools:
   process_payment:
     approval: true
@@ -280,6 +283,38 @@ async def test_an_approved_gated_call_runs_once_and_its_answer_reads_the_result_
     assert wait_count(env.metrics, WAIT, TOOL, "approved") == 1
     assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
     assert env.runs("completed") == 1
+
+
+async def test_a_plugin_that_ignores_confirm_still_gates_the_call_as_in_hold_mode() -> None:
+    """`approvals` left unset (confirm on sse) while the agent runs a plugin from before confirm mode,
+    which blocks: its ask is shown as a `gw-` approval and decided as on the blocking path, so the
+    call never runs unasked (docs/approvals.md, "Upgrade the plugin with the gateway")."""
+    adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
+    ids = iter(f"msg-{n}" for n in range(1, 100))
+    config = parse_config(CONFIG.replace("upstream:\n  approvals: hold\n", ""), env={})
+    assert config.agents[AGENT].confirms(TOOL)
+    service = ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
+        config=config, clock=clock, new_id=lambda: next(ids),
+    )
+    env = Env(adk, service, metrics, clock)
+    try:
+        call, first = await gated_call(env)
+        assert call.id.startswith("gw-")
+        plugin = asyncio.create_task(env.service.gates.wait(call))
+        await asyncio.sleep(0)
+        assert not plugin.done()
+        attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
+        assert await asyncio.wait_for(plugin, 1) == Verdict(run=True) and call.outcome is Outcome.APPROVED
+        env.plugin_answers(Verdict(run=True), {"success": True})
+        env.says("Paid.")
+        env.ends()
+        chunks = await read(attachment)
+        assert chunks[1] == {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}}
+        await env.run_ended()
+        assert env.sample("adk_gateway_policy_bypassed_total", {"agent": AGENT, "tool": TOOL}) == 0
+    finally:
+        await service.close()
 
 
 async def test_a_denied_gated_call_is_refused_to_the_plugin_and_shown_denied(env: Env) -> None:

@@ -39,6 +39,9 @@ ARGS = {"amount": 50, "recipient": "Hanako", "currency": "USD"}
 CONFIG = """
 internal:
   secret: s3cret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 sessions:
   heartbeat_interval: 50ms
   owner_timeout: 1s

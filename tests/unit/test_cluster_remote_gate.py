@@ -35,6 +35,9 @@ from gateway.chat.registry import Registry
 CONFIG = """
 internal:
   secret: test-secret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 sessions:
   heartbeat_interval: 10ms
   forward_timeout: 30ms

@@ -313,6 +313,9 @@ async def test_a_forged_relay_entry_is_not_handed_out(cluster: Any) -> None:
 GATED = """
 internal:
   secret: test-secret
+# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+upstream:
+  approvals: hold
 tools:
   pay:
     approval: true

@@ -20,6 +20,15 @@ def test_reference_file_loads_with_defaults() -> None:
     assert config.chat.max_body_bytes == 4 * 1024 * 1024
 
 
+def test_the_reference_agents_take_the_default_approvals_path_of_their_mode() -> None:
+    """The demo and the deploy kit keep pending approvals in ADK's session on sse; `make run-live`
+    (ADK_UPSTREAM_MODE=live) starts, on the blocking path."""
+    sse = load_config(ROOT / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
+    assert {a.upstream.approvals for a in sse.agents.values()} == {"confirm"}
+    live = load_config(ROOT / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s", "ADK_UPSTREAM_MODE": "live"})
+    assert {a.upstream.approvals for a in live.agents.values()} == {"hold"}
+
+
 def test_environment_substitution() -> None:
     config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000", "ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 9001

@@ -41,6 +41,7 @@ agents:
     upstream:
       url: http://adk-b:8000
       app_name: support_app
+      approvals: hold
     tools:
       process_payment:
         approval: true
@@ -54,7 +55,7 @@ def config(text: str = CONFIRMING) -> GatewayConfig:
 # ---- the setting -------------------------------------------------------------------------------
 
 
-def test_hold_is_the_default_and_confirm_is_per_agent() -> None:
+def test_confirm_is_the_default_on_sse_and_hold_is_per_agent() -> None:
     agents = config().agents
     assert agents["support"].upstream.approvals == "hold"
     assert agents["payments"].upstream.approvals == "confirm"
@@ -63,6 +64,30 @@ def test_hold_is_the_default_and_confirm_is_per_agent() -> None:
     assert agents["payments"].confirms("get_location") and agents["payments"].confirms("change_bgm")
     assert not agents["payments"].confirms("get_weather")
     assert not agents["support"].confirms("process_payment")
+
+
+def test_unset_approvals_are_confirm_on_sse_and_hold_on_live() -> None:
+    """A stock deploy keeps its pending approvals in ADK's session; live has only the blocking path."""
+    text = CONFIRMING.replace("      approvals: confirm\n", "")
+    assert config(text).agents["payments"].upstream.approvals == "confirm"
+    assert config(text).agents["payments"].confirms("process_payment")
+    live = config(text.replace("      app_name: pay_app\n", "      app_name: pay_app\n      mode: live\n"))
+    assert live.agents["payments"].upstream.approvals == "hold"
+    assert not live.agents["payments"].confirms("process_payment")
+    assert GatewayConfig().agents[GatewayConfig().default].upstream.approvals == "confirm"
+
+
+def test_the_default_follows_a_mode_set_later_and_an_explicit_value_stays() -> None:
+    """`--upstream-mode live` on a file that leaves approvals unset takes hold; an explicit
+    confirm is still refused there (and an explicit hold stays hold on sse)."""
+    unset = config(CONFIRMING.replace("      approvals: confirm\n", "")).agents["payments"].upstream
+    assert unset.with_mode("live").approvals == "hold"
+    assert unset.with_mode("live").with_mode("sse").approvals == "confirm"
+    explicit = config().agents["payments"].upstream
+    with pytest.raises(ValueError, match="live flow has no tool confirmations"):
+        explicit.with_mode("live")
+    held = config(CONFIRMING.replace("approvals: confirm", "approvals: hold")).agents["payments"].upstream
+    assert held.with_mode("live").with_mode("sse").approvals == "hold"
 
 
 def test_confirm_is_refused_on_a_live_upstream_with_the_reason() -> None:
