@@ -142,9 +142,12 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
             wait_until(lambda: metric(r.b, "owner_lost_total", what="gated_call") >= lost["gated_call"] + 2,
                        "B to release the two calls it held for A")
         else:
-            # A's connection to ADK died with A: ADK aborted the runs (or the plugin, its connection
-            # broken too, refused the calls), and B held nothing to release.
-            assert metric(r.b, "owner_lost_total", what="gated_call") == lost["gated_call"]
+            # A's connection to ADK died with A: ADK aborts the runs. The plugin's connection broke
+            # too, and a plugin that asks again before ADK cancels it (asking.py) reaches B, which
+            # finds the owner dead and refuses the call, counting it: zero, one or both calls,
+            # depending on that race. Nothing runs either way (above).
+            held = metric(r.b, "owner_lost_total", what="gated_call")
+            assert lost["gated_call"] <= held <= lost["gated_call"] + 2
 
         # Its retry: the same 410, nothing runs.
         late = approve(r, r.b, chat1, msg1, first1)
