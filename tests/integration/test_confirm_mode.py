@@ -122,12 +122,15 @@ def test_on_live_the_plugin_keeps_the_blocking_path(adk: tuple[str, Path | None]
 
 
 @contextmanager
-def confirm_stack(tmp: Path, adk: tuple[str, Path | None], ledger: Path) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
-    """The demo topology with `approvals: confirm`; yields (adk, gateway, the gateway's YAML extra)."""
+def confirm_stack(
+    tmp: Path, adk: tuple[str, Path | None], ledger: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny",
+) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
+    """The demo topology with `approvals: confirm`; yields (adk, gateway, the gateway's YAML extra).
+    `payment_timeout`, `on_timeout`: process_payment's policy."""
     internal_port = free_port()
     secret = "test-secret-" + os.urandom(6).hex()
     extra = (
-        DEMO_TOOLS.format(payment_timeout="5m", on_timeout="deny")
+        DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n"
     )
     env = {

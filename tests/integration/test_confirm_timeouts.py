@@ -17,20 +17,18 @@ oldest supported one, with the ledger of real executions (the demo's DEMO_TOOL_L
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
-from tests.integration.test_confirm_mode import HINT, PLUGIN, _plugin_env, adk  # noqa: F401 - adk is a fixture
+from tests.integration.test_confirm_mode import _plugin_env, adk, confirm_stack  # noqa: F401 - adk is a fixture
 from tests.jsdriver import check_streams
 from tests.ops.stack import adk_events, replicas
-from tests.procs import DEMO_TOOLS, AdkServer, GatewayProcess, Reply, free_port, gateway_process, metric_value, request
+from tests.procs import AdkServer, GatewayProcess, Reply, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -38,25 +36,8 @@ TIMEOUT = 2.0  # the payment's policy timeout, seconds
 TIMED_OUT = "Timed out waiting for approval; the call was not run."
 
 
-@contextmanager
 def stack(tmp: Path, adk: tuple[str, Path | None], ledger: Path, on_timeout: str) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
-    internal_port = free_port()
-    secret = "test-secret-" + os.urandom(6).hex()
-    extra = (
-        DEMO_TOOLS.format(payment_timeout=f"{TIMEOUT}s", on_timeout=on_timeout)
-        + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n"
-    )
-    env = {
-        "ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret,
-        "DEMO_TOOL_LEDGER": str(ledger), **_plugin_env(),
-    }
-    server = AdkServer(tmp, extra_plugins=(PLUGIN,), env=env, adk=None if adk[1] is None else adk[1] / "bin" / "adk")
-    server.start()
-    try:
-        with gateway_process(tmp, server.base, extra, approvals="confirm") as gw:
-            yield server, gw, extra
-    finally:
-        server.stop()
+    return confirm_stack(tmp, adk, ledger, payment_timeout=f"{TIMEOUT}s", on_timeout=on_timeout)
 
 
 def paid(ledger: Path, chat: str) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from google.adk.tools.function_tool import FunctionTool
 
 from adk_gateway_plugin.asking import Retries
 from gateway.agent_plugin import REFUSAL_KEY, GatewayPlugin
+from tests.unit.test_agent_plugin import context
 
 RUN = {"verdict": "run"}
 
@@ -68,13 +68,6 @@ async def replicas(aiohttp_server: Any) -> AsyncIterator[tuple[Replicas, str]]:
     fake = Replicas()
     server = await aiohttp_server(fake.app())
     yield fake, str(server.make_url("")).rstrip("/")
-
-
-def context() -> Any:
-    return SimpleNamespace(
-        session=SimpleNamespace(app_name="app", id="chat-1"), user_id="u1", invocation_id="inv",
-        function_call_id="call-1", tool_confirmation=None,
-    )
 
 
 async def decide(plugin: GatewayPlugin) -> tuple[dict[str, Any] | None, float]:
