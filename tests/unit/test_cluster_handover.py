@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.upstream.agents import Agents
 from gateway.edge.app import create_app
 from gateway.core.approvals import RUN, GatedCall, Verdict
-from gateway.chat.service import Attachment, ChatService
+from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.remote_gate import HandedOver
 from gateway.cluster.router import Cluster
@@ -32,6 +31,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.edge.state import GATEWAY
 from tests.unit.test_chat_gates import CALL, USER, ScriptedAdk, answered, call_event, request, response_event
+from tests.unit.test_cluster_stop import read_all
 
 AGENT = "demo_agent"
 TOOL = "process_payment"
@@ -117,20 +117,6 @@ async def pair() -> AsyncIterator[Pair]:
         for cluster in clusters:
             await cluster.chats.close()
             await cluster.close()
-
-
-async def read_all(attachment: Attachment) -> list[dict[str, Any]]:
-    frames: list[bytes] = []
-
-    async def follow() -> None:
-        async for batch in attachment.response.follow():
-            frames.extend(batch)
-
-    try:
-        await asyncio.wait_for(follow(), BOUND)
-    finally:
-        attachment.response.close()
-    return [orjson.loads(f) for f in frames]
 
 
 async def waiting_for_the_person(pair: Pair, via: Cluster) -> tuple[list[dict[str, Any]], asyncio.Task[tuple[Verdict, str]]]:
