@@ -26,9 +26,10 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.integration.test_confirm_mode import _plugin_env, adk, confirm_stack  # noqa: F401 - adk is a fixture
+from tests.integration.test_plugin_gave_up import sdk_check
 from tests.jsdriver import check_streams
 from tests.ops.stack import adk_events, replicas
-from tests.procs import AdkServer, GatewayProcess, Reply, metric_value, request
+from tests.procs import AdkServer, GatewayProcess, Reply, gateway_process, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -77,19 +78,8 @@ def until(what: str, check: Any, timeout: float = 20.0) -> Any:
 def sdk_message(first: Reply, later: list[dict[str, Any]], call_id: str) -> list[str]:
     """The call's states once the later chunks continue the first response's message, as ai 6's and
     ai 7's own parsers build it (the person answered Approve in the browser meanwhile)."""
-    states: list[str] = []
-    for version in (6, 7):
-        [opened] = check_streams([{"version": version, "chunks": first.chunks}])
-        assert opened["schemaErrors"] == [] and opened["streamError"] is None, opened
-        message = opened["message"]
-        for part in message["parts"]:
-            if part.get("state") == "approval-requested":
-                part["state"] = "approval-responded"
-                part["approval"]["approved"] = True
-        [continued] = check_streams([{"version": version, "chunks": later, "message": message}])
-        assert continued["schemaErrors"] == [] and continued["streamError"] is None, continued
-        states = [p["state"] for p in continued["message"]["parts"] if p.get("toolCallId") == call_id]
-    return states
+    message = sdk_check(first, later)
+    return [p["state"] for p in message["parts"] if p.get("toolCallId") == call_id]
 
 
 def expected_outcome(on_timeout: str, call_id: str) -> tuple[dict[str, Any], str]:
