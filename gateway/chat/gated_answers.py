@@ -3,8 +3,8 @@
 A call the tool policy gates (the ADK plugin asks, chat/gates.py) pauses its run while it stays
 open upstream (DESIGN.md decision 3). The request that carries the person's decisions, or a
 browser tool's outputs, for such calls does not start a run: it reads the same run's next
-response (`Turn.attach`), into which what the browser added is written first, and the decisions
-and outputs reach the run as one input (`Turn.answer`).
+response (the machine's `Attached`), into which what the browser added is written first, and the
+decisions and outputs reach the run as one event (`Answered`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import structlog
 
 from ..core.approvals import CallState, GatedCall
+from ..core.chat_events import Answered, Attached
 from ..core.chat_request import ApprovalAnswer, ToolOutput
 from .answers import Gone
 from .attachment import Attachment, browser_added
@@ -28,36 +29,37 @@ def continue_gated_run(
 ) -> Attachment:
     """Attach the answering request to the chat's run that waits for these calls, and give the
     run the answers and outputs; raises Gone if that run is over (or the calls were of an earlier one)."""
-    driver = chat.driver
+    actor = chat.actor
     # Answers to calls of an earlier run (a new message ended it) ride along in the history, or
     # come from a tab left behind: they must not attach to the run that runs now.
     answers = [(answer, call) for answer, call in answers if chat.ledger.of_current_run(call)]
     outputs = [(output, call) for output, call in outputs if chat.ledger.of_current_run(call)]
-    if driver is None or not (answers or outputs):
+    run, turn = actor.run, chat.machine.turn
+    if run is None or turn is None or not (answers or outputs):
         raise Gone("these calls were already answered and the run has ended")
-    unread = driver.run.unread()
-    if unread is None and not driver.alive:
+    unread = run.unread()
+    if unread is None and not chat.running:
         # The run ended while nobody was attached (a deadline passed): its last words are kept.
         raise Gone("these calls were already answered and the run has ended")
     added = browser_added(
-        driver.turn.converter.version,
+        turn.converter.version,
         [answer for answer, call in answers if call.state is CallState.AWAITING_APPROVAL and not answer.implicit],
         [output for output, call in outputs if call.state is CallState.AWAITING_OUTPUT],
     )
     if unread is None:
-        driver.apply(driver.turn.attach())
-        unread = driver.run.current
+        actor.handle(Attached())
+        unread = run.current
         # Before anything can read the new response, so no position in a replay moves.
-        driver.run.browser_added(added)
+        run.browser_added(added)
     elif not unread.closed:
         # The run wrote while the person decided: the answer comes in the middle of that
         # response, where it is written (the browser that sent it finds what it has).
-        driver.run.publish(added)
-    attachment = Attachment(driver.run, unread.reader())
-    structlog.contextvars.bind_contextvars(message_id=driver.run.message_id)
+        run.publish(added)
+    attachment = Attachment(run, unread.reader())
+    structlog.contextvars.bind_contextvars(message_id=run.message_id)
     # As one input: a replayed answer changes nothing, and if the run still waits for a person
     # the response just opened is closed rather than left empty and open.
-    driver.apply(driver.turn.answer(
+    actor.handle(Answered(
         [(call, answer.approved, answer.reason) for answer, call in answers],
         [(call, output.output, output.error_text) for output, call in outputs],
         now,

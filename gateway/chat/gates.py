@@ -3,9 +3,9 @@
 The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
 the request, cluster/ sends it to the replica that runs the chat). `Gates` answers at once when the
 tool is not gated or nobody could answer, else records a `GatedCall` in the chat's ledger, has the
-chat's turn show it to the browser, and holds the plugin's request until the turn releases the
-call (the person, the browser, a deadline or the end of the run decide: core/turn.py) and its verdict
-comes back here.
+chat's actor show it to the browser, and holds the plugin's request until the chat's machine
+releases the call (the person, the browser, a deadline or the end of the run decide:
+core/chat_machine.py) and its verdict comes back here.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 import structlog
 
 from ..upstream.agents import Agents
-from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Outcome, Verdict
+from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
+from ..core.chat_events import CallCancelled, GateOpened
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics
 from .registry import Registry
-from ..core.turn import CallChanged
 
 __all__ = ["Gates"]
 
@@ -44,8 +44,6 @@ class Gates:
         self._config = config
         self._clock = clock
         self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
-        # Chats with a call not released yet, for the deadline sweep.
-        self._open: dict[str, Chat] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -88,7 +86,6 @@ class Gates:
             )
         )
         self._registry.index_approval(call.id, chat)
-        self._open[call.id] = chat
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
@@ -112,13 +109,13 @@ class Gates:
     def announce(self, call: GatedCall) -> None:
         """Show the call to the browser (once), asking for approval if it needs one."""
         chat = self._registry.find_session(call.user_id, call.session_id)
-        if chat is not None and chat.running and chat.driver is not None:
-            chat.driver.apply(chat.driver.turn.show_gate(call, self._clock()))
+        if chat is not None and chat.running:
+            chat.actor.handle(GateOpened(call, self._clock()))
 
     def cancel(self, call: GatedCall, why: str) -> None:
         chat = self._registry.find_session(call.user_id, call.session_id)
-        if chat is not None and chat.driver is not None:
-            chat.driver.apply(chat.driver.turn.cancel(call, why, self._clock()))
+        if chat is not None:
+            chat.actor.handle(CallCancelled(call, why, self._clock()))
 
     async def wait(self, call: GatedCall) -> Verdict:
         """The call's verdict, once it is released."""
@@ -134,27 +131,14 @@ class Gates:
                 waiters.remove(future)
 
     def release(self, call: GatedCall) -> None:
-        """Deliver a released call's verdict to everyone waiting for it (the turn released it)."""
+        """Deliver a released call's verdict to everyone waiting for it (the chat's machine released it)."""
         assert call.verdict is not None
-        self._open.pop(call.id, None)
         for future in self._waiters.pop(call.id, []):
             if not future.done():
                 future.set_result(call.verdict)
-
-    def expire_due(self) -> int:
-        """Apply deadlines (the sweeper calls this); returns how many calls timed out."""
-        now = self._clock()
-        expired = 0
-        for chat in set(self._open.values()):
-            if chat.driver is not None:
-                outputs = chat.driver.turn.expire(now)
-                chat.driver.apply(outputs)
-                expired += sum(1 for o in outputs if isinstance(o, CallChanged) and o.call.outcome is Outcome.TIMEOUT)
-        return expired
 
     def forget(self, chats: list[Chat]) -> None:
         """Chats forgotten as idle: nothing of theirs is open any more."""
         for chat in chats:
             for call in chat.ledger.calls():
-                self._open.pop(call.id, None)
                 self._waiters.pop(call.id, None)

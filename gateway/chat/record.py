@@ -2,16 +2,19 @@
 
 A chat is keyed by (user id, AI SDK chat id): a browser can only ever reach chats of its own user.
 It belongs to one agent (upstream/agents.py), whose routes alone reach it. It holds its ADK session (on
-the client of its agent's upstream it was made with), its current run (the run log that requests follow, and the driver that
-runs it), its live session in live mode, and its ledger: the calls that wait for a person.
+the client of its agent's upstream it was made with), its current run log (that requests follow),
+its live session in live mode, its machine (core/chat_machine.py: the ledger of calls that wait
+for a person and the current turn, as data) and the actor that alone drives that machine
+(chat/actor.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .driver import RunDriver
+from ..core.chat_machine import ChatMachine
 from ..core.ledger import Ledger
+from .actor import ChatActor
 from ..upstream.live import LiveLink
 from .chunk_log import Run
 from ..upstream.client import AdkClient
@@ -32,16 +35,20 @@ class Chat:
     upstream: AdkClient | None = None
     session_ready: bool = False
     run: Run | None = None
-    # Drives `run`; its task is alive while the run's upstream stream is open.
-    driver: RunDriver | None = None
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None
     # The browser socket that drove the chat closed while its run went on, and no request of the
     # chat came since: its live session closes when the run ends (chat/agent_runs.py).
     browser_left: bool = False
-    ledger: Ledger = field(default_factory=Ledger)
+    machine: ChatMachine = field(default_factory=ChatMachine)
+    # The only caller of `machine`; the registry makes it with the chat.
+    actor: ChatActor = field(init=False, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.machine.ledger
 
     @property
     def running(self) -> bool:
-        """An upstream run of this chat is going on here."""
-        return self.driver is not None and self.driver.alive
+        """A run of this chat is under way here (the machine says so, not a task)."""
+        return self.machine.running

@@ -15,8 +15,11 @@ runs which chat) is gateway/cluster's.
 
 from __future__ import annotations
 
-from .record import Chat
+from collections.abc import Callable
+
 from ..core.refusals import Refusal
+from .actor import ChatActor
+from .record import Chat
 
 __all__ = ["ChatNotFound", "Registry", "TooManyChats"]
 
@@ -35,9 +38,15 @@ class TooManyChats(Exception):
     """The user already has as many chats as the gateway keeps per user."""
 
 
+def _no_actor(chat: Chat) -> ChatActor:
+    raise RuntimeError("no chat service makes the actors of this registry's chats")
+
+
 class Registry:
     def __init__(self, max_chats_per_user: int = 1_000_000) -> None:
         self.max_chats_per_user = max_chats_per_user
+        # Makes each new chat's actor: the chat service that drives the chats sets it.
+        self.new_actor: Callable[[Chat], ChatActor] = _no_actor
         self._chats: dict[tuple[str, str], Chat] = {}
         self._owners: dict[str, str] = {}
         self._per_user: dict[str, int] = {}
@@ -61,7 +70,9 @@ class Registry:
                 raise ChatNotFound(chat_id)
             if self._per_user.get(user_id, 0) >= self.max_chats_per_user:
                 raise TooManyChats(user_id)
-            chat = self._chats[(user_id, chat_id)] = Chat(user_id, chat_id, chat_id, now, agent)
+            chat = Chat(user_id, chat_id, chat_id, now, agent)
+            chat.actor = self.new_actor(chat)
+            self._chats[(user_id, chat_id)] = chat
             self._owners[chat_id] = user_id
             self._per_user[user_id] = self._per_user.get(user_id, 0) + 1
         chat.last_active = now
@@ -97,6 +108,7 @@ class Registry:
             if chat.last_active < idle_before and (chat.run is None or not chat.run.streaming) and not chat.running
         ]
         for chat in gone:
+            chat.actor.disarm()
             del self._chats[(chat.user_id, chat.chat_id)]
             self._owners.pop(chat.chat_id, None)
             left = self._per_user.get(chat.user_id, 1) - 1

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import structlog
 
 from ..config.schema import GatewayConfig
+from ..core.chat_events import Resumed
 from ..core.protocol import ClientVersion, encode_chunk
 from ..core.rebuild import WaitingMessage, replay, waiting_message
 from ..ops.metrics import GatewayMetrics
@@ -63,9 +64,9 @@ class Resumes:
         if chat is None or chat.run is None:
             return None
         chat.browser_left = False  # a browser is back (see ChatService.socket_closed)
-        if chat.running and chat.driver is not None:
+        if chat.running:
             # What the run wrote while a person decides is held for the next reader: this one.
-            chat.driver.apply(chat.driver.turn.resume())
+            chat.actor.handle(Resumed())
         reader = chat.run.resumable(self._clock(), self._config().chat.run_retention)
         return None if reader is None else Attachment(chat.run, reader)
 

@@ -3,8 +3,9 @@
 `ChatService` admits one streaming response per chat at a time (a new message in a chat whose
 response nobody reads any more ends that run first, as an abort would), matches the answers a
 request carries to what the chat's ledger says waits (core/ledger.py), makes sure the ADK session
-exists, and starts each run as a turn (core/turn.py) with its driver's task (chat/driver.py), so the run
-outlives the browser request. Two kinds of approval meet here (DESIGN.md decision 3):
+exists, and starts each run through the chat's actor (chat/actor.py, the only caller of the chat's
+machine, core/chat_machine.py) with its task, so the run outlives the browser request. Two kinds
+of approval meet here (DESIGN.md decision 3):
 - native ADK confirmations end the ADK run; the person's answer starts a new run that continues
   the same assistant message;
 - gateway-gated calls (tool policy, enforced by the ADK plugin, chat/gates.py) pause the run while it
@@ -33,18 +34,19 @@ from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, Too
 from ..core.deadlines import Deadline
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
-from ..core.turn import Turn
+from ..core.chat_events import RunStarts
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
+from ..upstream.idle_reader import WaitSignal
 from .agent_runs import AgentRuns
 from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
 from .confirmations import NativeConfirmations
-from .driver import RunDriver, RunHooks
+from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
 from .record import Chat
@@ -89,6 +91,7 @@ class ChatService:
         self.gates = Gates(registry, agents, metrics, lambda: self.config, clock)
         agents.in_use = self._carries_run
         self._hooks = RunHooks(metrics, clock, self.gates.release)
+        registry.new_actor = lambda chat: ChatActor(chat.machine, self._hooks, chat.agent)
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.
         self.on_run: Callable[[Chat, str], None] | None = None
@@ -225,12 +228,11 @@ class ChatService:
             # Another new message got in while this one waited for a relayed reader to leave.
             raise ChatBusy("a response is already streaming for this chat")
         if chat.running:
-            driver = chat.driver
-            assert driver is not None
-            if driver.run.streaming and not driver.turn.waiting_for_person:
+            current = chat.actor.run
+            if current is not None and current.streaming and not chat.machine.waiting_for_person:
                 # Nobody reads the response any more (the AI SDK's stop() dropped its request and
                 # the run went on, `chat.on_disconnect: continue`): end the run as an abort does.
-                await self._tasks.stop_unread(driver)
+                await self._tasks.stop_unread(chat)
             else:
                 # The person typed instead of answering: release what the old run waits for, let it end.
                 await self._tasks.settle(chat, gated)
@@ -254,15 +256,15 @@ class ChatService:
             chat.run = None
             raise
         self._native.record_answers(chat, native)
-        turn = Turn(
-            run.message_id, ledger=chat.ledger, version=version, known_tool_calls=plan.known_tool_calls,
+        start = RunStarts(
+            run.message_id, self._clock(), version=version, known_tool_calls=plan.known_tool_calls,
             # A rejection carrying the gateway's error (a timeout's) ends as that error, not denied.
             denied_tool_calls=[a.tool_call_id for a in native if not a.approved and a.payload is None],
             policy=agent.config.tool_policy, confirms=agent.config.confirms,
             delivered_tool_calls=[o.tool_call_id for o in carried or ()],
         )
-        driver = RunDriver(turn, run, self._hooks, agent.name)
-        return self._tasks.launch(chat, driver, self.runs.turn(chat, plan.new_message, native, driver.upstream_wait), reader)
+        wait = WaitSignal()
+        return self._tasks.launch(chat, run, start, self.runs.turn(chat, plan.new_message, native, wait), wait, reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
@@ -309,8 +311,8 @@ class ChatService:
             await link.send(blob)
             return None
         run = Run(self._new_id(), limit=self.config.chat.run_buffer_chunks)
-        turn = Turn(run.message_id, ledger=chat.ledger, version=version, policy=agent.config.tool_policy)
-        return self._tasks.launch(chat, RunDriver(turn, run, self._hooks, agent.name), self.runs.audio_turn(chat, blob))
+        start = RunStarts(run.message_id, self._clock(), version=version, policy=agent.config.tool_policy)
+        return self._tasks.launch(chat, run, start, self.runs.audio_turn(chat, blob), WaitSignal())
 
     async def socket_closed(self, agent: str, user_id: str, chat_id: str) -> None:
         """The browser socket that drove this chat went away (on this replica or another).
@@ -324,10 +326,9 @@ class ChatService:
         chat = self._registry.find_session(user_id, chat_id)
         if chat is None or chat.agent != agent or not self.runs.live(chat):
             return
-        task = chat.driver.task if chat.running and chat.driver is not None else None
-        if task is not None and self.config.chat.on_disconnect == "cancel":
+        if chat.running and self.config.chat.on_disconnect == "cancel":
             self.abort(agent, user_id, chat_id)
-            await asyncio.gather(task, return_exceptions=True)
+            await chat.actor.ended(_CLOSE_TIMEOUT)
         if chat.running:
             chat.browser_left = True
             return
@@ -363,7 +364,8 @@ class ChatService:
         # The browser holds the call in the message this continues, also when the chat moved here
         # (a new message id then: the AI SDK continues its last message whatever id comes).
         known = frozenset({call.tool_call_id})
-        version = chat.driver.turn.converter.version if chat.driver is not None else 6
+        turn = chat.machine.turn
+        version = turn.converter.version if turn is not None else 6
         try:
             attachment = await self._start_run(
                 agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,

@@ -3,7 +3,8 @@
 A `Turn` is what happens between a browser request that starts an agent run and the end of that
 run. It takes inputs (upstream events, a gated call the plugin opened, the person's answers and the
 browser's tool outputs, a deadline reached, an abort, a failure; the caller supplies the time) and
-returns outputs (defined in turn_outputs.py), in order, for the I/O shell (chat/driver.py) to carry out:
+returns outputs (defined in turn_outputs.py), in order, for the chat's machine (core/chat_machine.py)
+to hand to its actor (chat/actor.py):
 
 - `OpenResponse`, `Chunks`, `CloseResponse`: the browser responses the run's chunks go into. A
   run that waits for a person ends its response (`finish` with reason `tool-calls`) so the AI SDK
@@ -132,6 +133,11 @@ class Turn:
     @property
     def waiting_for_person(self) -> bool:
         return self.ledger.waiting_for_person
+
+    @property
+    def reported(self) -> bool:
+        """`end` reported how the run ended: the run is over for its chat."""
+        return self._reported
 
     def _move(self, move: Move) -> None:
         after = TRANSITIONS.get((self.state, move))

@@ -1,6 +1,6 @@
 """What a turn asks its I/O shell to do: the outputs `Turn` (turn.py) returns, in order (sans-IO).
 
-The shell (chat/driver.py) carries each one out: responses opened and closed in the chat's chunk
+The chat's actor (chat/actor.py) carries each one out: responses opened and closed in the chat's chunk
 log, chunks written there, a released call's verdict sent to the plugin, metrics and log lines.
 """
 

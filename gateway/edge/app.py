@@ -1,8 +1,9 @@
 """The aiohttp application: routes, middleware and the lifecycle of long-lived parts.
 
 `create_app(config)` builds everything and hangs it off the Application (see edge/state.py). The
-`cleanup_ctx` starts the agents' upstream clients and health probes and the background duties (idle
-chat sweeper, deadline sweeper) and stops them in reverse order.
+`cleanup_ctx` starts the agents' upstream clients and health probes and the background duty (the idle
+chat sweeper) and stops them in reverse order. A gated call's deadline is its chat actor's timer
+(chat/actor.py), not a sweep.
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ log = structlog.get_logger("adk_gateway.edge.app")
 STATIC_DIR = Path(__file__).parents[1] / "static"
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-# How often gated calls past their deadline are timed out. Deadlines are minutes long in practice;
-# a quarter second keeps tests with 1 s timeouts fast and costs nothing measurable.
-_DEADLINE_TICK = 0.25
 
 
 @web.middleware
@@ -138,14 +136,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _enforce_deadlines(gateway: Gateway) -> None:
-    while True:
-        await asyncio.sleep(_DEADLINE_TICK)
-        expired = gateway.chats.gates.expire_due()
-        if expired:
-            log.info("gates_timed_out", count=expired)
-
-
 async def _sweep_idle_chats(gateway: Gateway) -> None:
     while True:
         ttl = gateway.config.chat.idle_chat_ttl  # read each time: a reload may change it
@@ -170,7 +160,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     )
     duties = [
         asyncio.create_task(_sweep_idle_chats(gateway), name="idle-chat-sweeper"),
-        asyncio.create_task(_enforce_deadlines(gateway), name="deadline-sweeper"),
     ]
     yield
     for task in duties:

@@ -116,7 +116,7 @@ class GatewayMetrics:
         )
         # Counted in a plain dict and exported by a collector: a labelled Counter takes a lock per
         # inc(), a measurable share of an event's cost on the hot path.
-        # UI chunks emitted by type: a plain dict that the run drivers add to directly (a Counter
+        # UI chunks emitted by type: a plain dict that the chat actors add to directly (a Counter
         # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: dict[str, int] = {}
         r.register(_ChunkCollector(self.chunk_counts))

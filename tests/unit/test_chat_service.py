@@ -80,9 +80,8 @@ class Env:
         return chat
 
     async def run_ended(self, user: str = "u", chat_id: str = "chat-1") -> None:
-        driver = self.chat(user, chat_id).driver
-        assert driver is not None and driver.task is not None
-        await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 5)
+        chat = self.chat(user, chat_id)
+        assert await chat.actor.ended(5) and not chat.running
 
     def runs(self, outcome: str) -> float:
         return self.metrics.registry.get_sample_value("adk_gateway_runs_total", {"agent": AGENT, "outcome": outcome}) or 0.0
@@ -492,8 +491,8 @@ async def test_two_new_messages_after_a_stop_start_one_run_and_the_other_is_busy
 async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_run_and_starts_a_new_one(env: Env) -> None:
     call, first = await gated_call(env)
     plugin = asyncio.create_task(env.service.gates.wait(call))
-    old_driver = env.chat().driver
-    assert old_driver is not None
+    old_run = env.chat().actor.run
+    assert old_run is not None and env.chat().running
 
     submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
     verdict = await asyncio.wait_for(plugin, 1)
@@ -506,8 +505,8 @@ async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_
     env.says("Cancelled.")
     env.ends()
     attachment = await asyncio.wait_for(submitted, 5)
-    assert old_driver.task is not None and old_driver.task.done()
-    assert env.chat().driver is not old_driver
+    assert not old_run.streaming and env.chat().running
+    assert env.chat().actor.run is not old_run
 
     env.says("It is ", "noon.")
     env.ends()
@@ -568,16 +567,16 @@ async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what
     plugin = asyncio.create_task(env.service.gates.wait(call))
 
     env.clock.now += 1.9
-    assert env.service.gates.expire_due() == 0 and not call.released
+    assert env.chat().actor.deadline_passed() == 0 and not call.released
     env.clock.now += 0.2
-    assert env.service.gates.expire_due() == 1
+    assert env.chat().actor.deadline_passed() == 1
     verdict = await asyncio.wait_for(plugin, 1)
     assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "timeout"
     assert call.outcome is Outcome.TIMEOUT
     assert wait_count(env.metrics, WAIT, TOOL, "timeout") == 1
     assert env.sample("adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": TOOL}) == 1
     assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
-    assert env.service.gates.expire_due() == 0  # once
+    assert env.chat().actor.deadline_passed() == 0  # once
 
     # The model carries on while nobody is attached; what it says is kept for the browser.
     env.plugin_answers(verdict)

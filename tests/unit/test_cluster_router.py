@@ -200,7 +200,7 @@ async def _local_chat(cluster: Cluster, chats: ChatService, chat_id: str, *, run
     await cluster.state.claim("alice", chat_id, agent=agent, default_agent=agent, ttl=60)
     chat = chats._registry.get(agent, "alice", chat_id, now=0.0)
     if running:
-        chat.driver = SimpleNamespace(alive=True)  # type: ignore[assignment]  # all `running` reads
+        chat.machine.turn = SimpleNamespace(reported=False)  # type: ignore[assignment]  # all `running` reads
 
 
 async def test_a_chat_a_request_just_reached_is_handed_over_only_once_that_request_had_time_to_start_its_run(

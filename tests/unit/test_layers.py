@@ -191,11 +191,11 @@ def test_each_module_logs_under_its_own_name() -> None:
 
 def test_the_contract_can_fail() -> None:
     """The checker sees an import of each kind (a test that cannot fail is a defect)."""
-    outside, inside = _imports("chat.driver")
+    outside, inside = _imports("chat.actor")
     assert "asyncio" in outside and "core.turn" in inside
     assert set(FORBIDDEN) & {pkg for m, pkgs in _closure("chat.service").items() for pkg in pkgs}
     assert "edge.ws" in _imports("edge.app")[1]  # `from . import ws`-style and `.ws import` alike
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
-    assert "core.turn" in _load_graph()["chat.service"]
+    assert "core.chat_events" in _load_graph()["chat.service"]
     assert CORE[0].startswith("core.") and "core.turn" in CORE

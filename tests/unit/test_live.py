@@ -193,9 +193,8 @@ class LiveEnv:
         await self.service.socket_closed(AGENT, "u", "chat-1")
 
     async def turn_ended(self) -> None:
-        driver = self.chat().driver
-        assert driver is not None and driver.task is not None
-        await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 5)
+        chat = self.chat()
+        assert await chat.actor.ended(5) and not chat.running
 
 
 def live_env(on_disconnect: str) -> AsyncIterator[LiveEnv]:

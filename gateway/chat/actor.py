@@ -1,0 +1,295 @@
+"""The actor of one chat: the only caller of its machine, and the I/O of what the machine asks for.
+
+Each chat has one `ChatActor` (made with it by the registry). Everything that changes the chat's
+approvals or runs reaches its machine (core/chat_machine.py) through `handle`, which applies one
+typed event and carries out the outputs at once, with no await in between: on the one event loop
+that makes the actor the machine's only caller, one event at a time. Carrying out means: chunks
+are encoded into the run's log (chat/chunk_log.py), where the browser requests follow them;
+responses open and close there; a released gated call's verdict goes to the plugin's waiting
+request; metrics and log lines are recorded; the upstream stream's idle timer is told whether the
+run waits for a person (a wait is not idleness); and one timer is kept for the machine's next
+deadline.
+
+A run's upstream stream is read by a task (`start`); the run outlives the browser request that
+started it. Whether a run goes on is the machine's to say, not the task's: when the task ends
+before the machine heard the run's end (cancelled before its first step), the actor tells it.
+
+Everything here is thin on purpose: what happens next is decided in the machine, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import structlog
+
+from ..core.approvals import CallState, GatedCall, Outcome
+from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, RunFailed, RunStarts, UpstreamRead
+from ..core.chat_machine import ChatMachine
+from ..core.protocol import encode_chunk
+from ..core.turn import Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded
+from ..ops.metrics import GatewayMetrics
+from ..upstream.client import UpstreamError
+from ..upstream.idle_reader import WaitSignal
+from .chunk_log import Run
+
+__all__ = ["ChatActor", "RunHooks"]
+
+log = structlog.get_logger("adk_gateway.chat.actor")
+
+Batches = AsyncIterator[Iterable[dict[str, Any]]]
+
+_BROWSER_OUTCOMES = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What every actor of a chat service shares."""
+
+    metrics: GatewayMetrics
+    clock: Callable[[], float]
+    # Hands a released call's verdict to the plugin's request waiting for it.
+    release: Callable[[GatedCall], None]
+
+
+class ChatActor:
+    """One chat's machine, driven: events in, the machine's outputs carried out."""
+
+    # Every remembered chat keeps its actor: no per-instance dict.
+    __slots__ = (
+        "_counts", "_due", "_hooks", "_task", "_timer", "aborting", "agent", "closing_reason", "machine", "run",
+        "upstream_wait",
+    )
+
+    def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str) -> None:
+        self.machine = machine
+        # The chat's agent: the `agent` label of what its runs count.
+        self.agent = agent
+        self._hooks = hooks
+        self._counts = hooks.metrics.chunk_counts
+        # The run log the current (or last) run writes to.
+        self.run: Run | None = None
+        self._task: asyncio.Task[None] | None = None
+        # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
+        self.aborting = False
+        # Tells the upstream stream's idle timer when the run waits for a person.
+        self.upstream_wait = WaitSignal()
+        # Why the run is being cancelled, when it is this run alone (its agent was removed).
+        self.closing_reason: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._due: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.machine.running
+
+    def handle(self, event: ChatEvent) -> list[Output]:
+        """Apply `event` to the machine and carry out what it asks for, in order."""
+        outputs = self.machine.handle(event)
+        try:
+            self._carry_out(outputs)
+        finally:
+            self.upstream_wait.set(self.machine.waiting_for_person)
+            self._arm()
+        return outputs
+
+    # ---- the run's task --------------------------------------------------------------------
+
+    def start(
+        self, run: Run, event: RunStarts, batches: Batches, wait: WaitSignal, closing_reason: Callable[[], str]
+    ) -> asyncio.Task[None]:
+        """Start a run writing into `run`, reading `batches` (whose idle timer `wait` tells of
+        waits for a person); the chat has no run under way."""
+        self.run, self.upstream_wait = run, wait
+        self.aborting, self.closing_reason = False, None
+        self.handle(event)
+        task = self._task = asyncio.create_task(self._drive(run, batches, closing_reason))
+        task.add_done_callback(partial(self._task_done, run, closing_reason))
+        return task
+
+    async def _drive(self, run: Run, batches: Batches, closing_reason: Callable[[], str]) -> None:
+        """Feed the machine the run's upstream events until the run ends, whatever ends it."""
+        clock, metrics, handle = self._hooks.clock, self._hooks.metrics, partial(self._of_run, run)
+        try:
+            async for batch in batches:
+                # One publish per upstream read: one encode list, one wake-up of the followers.
+                handle(UpstreamRead(batch, clock()))
+                batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+            turn = self.machine.turn
+            if self.run is run and turn is not None and turn.converter.failed:
+                metrics.upstream_errors.labels(self.agent, "run_error").inc()
+        except UpstreamError as exc:
+            metrics.upstream_errors.labels(self.agent, exc.kind).inc()
+            log.warning("upstream_failed", kind=exc.kind, status=exc.status, reason=str(exc))
+            handle(RunFailed(f"The agent service failed: {exc}", clock()))
+        except asyncio.CancelledError:
+            handle(self._cancelled(closing_reason))
+            raise
+        except Exception:
+            # A bug here must not leave the browser hanging on an open stream.
+            log.exception("run_crashed")
+            handle(RunFailed("The gateway failed while streaming this response.", clock()))
+        finally:
+            handle(RunClosed(clock()))
+
+    def _of_run(self, run: Run, event: ChatEvent) -> None:
+        # A run that was made to end (a new message could not wait for it) says nothing more.
+        if self.run is run and self.machine.running:
+            self.handle(event)
+
+    def _cancelled(self, closing_reason: Callable[[], str]) -> ChatEvent:
+        now = self._hooks.clock()
+        if self.aborting:
+            return Aborted(now)
+        return RunFailed(self.closing_reason or closing_reason(), now, outcome="cancelled")
+
+    def _task_done(self, run: Run, closing_reason: Callable[[], str], task: asyncio.Task[None]) -> None:
+        # Cancelled before its first step, the task never ran its own end: the machine hears it here.
+        self._of_run(run, self._cancelled(closing_reason))
+        self._of_run(run, RunClosed(self._hooks.clock()))
+        if self._task is task:
+            self._task = None
+
+    def abort(self) -> bool:
+        """The browser stopped the response: cancel the run. True if one was under way."""
+        if not self.running or self._task is None:
+            return False
+        self.aborting = True
+        self._task.cancel()
+        return True
+
+    def close_soon(self, reason: str) -> bool:
+        """End the run with an error chunk saying `reason` (its agent was removed). True if one was under way."""
+        if not self.running or self._task is None:
+            return False
+        self.closing_reason = reason
+        # After the task's first step, not now: a run admitted a moment ago has not started yet.
+        asyncio.get_running_loop().call_soon(self._task.cancel)
+        return True
+
+    async def stop(self, timeout: float, *, abort: bool = True) -> None:
+        """Cancel the run (as an abort does, or as a shutdown does: `abort` false) and wait up to
+        `timeout` for its task; a run whose task is stuck is ended here, so that it cannot keep
+        the chat busy for ever."""
+        task, run = self._task, self.run
+        if task is not None:
+            self.aborting = abort
+            task.cancel()
+            await asyncio.wait((task,), timeout=timeout)
+        if self.run is run and self.running:  # not a run started since by another request
+            log.warning("previous_run_stuck", reason="it did not end after it was cancelled")
+            now = self._hooks.clock()
+            self.handle(Aborted(now) if abort else RunFailed("This response was cancelled.", now, outcome="cancelled"))
+            self.handle(RunClosed(now))
+
+    async def ended(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the run's task to end; whether it did."""
+        task = self._task
+        if task is None:
+            return True
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+        return bool(done)
+
+    # ---- carrying out ----------------------------------------------------------------------
+
+    def _carry_out(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            if type(output) is Chunks:
+                self._write(output.chunks)
+            elif type(output) is OpenResponse:
+                self._log().next_response()
+            elif type(output) is CloseResponse:
+                self._log().end_response(self._hooks.clock())
+            else:
+                self._observe(output)
+
+    def _log(self) -> Run:
+        assert self.run is not None  # a turn writes only after `start` gave it its run
+        return self.run
+
+    def _write(self, chunks: list[dict[str, Any]]) -> None:
+        # One pass: counted (a plain dict, read at scrape time) and encoded together.
+        counts = self._counts
+        encoded = []
+        for chunk in chunks:
+            kind = chunk["type"]
+            counts[kind] = counts.get(kind, 0) + 1
+            if kind == "data-pcm":
+                self._hooks.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
+            encoded.append(encode_chunk(chunk))
+        self._log().publish(encoded)
+
+    def _observe(self, output: Output) -> None:
+        metrics = self._hooks.metrics
+        match output:
+            case CallChanged(call=call, before=before, waited=waited):
+                _observe_call(metrics, self.agent, call, before, waited)
+                if call.outcome is Outcome.ABANDONED:
+                    log.warning("gated_call_abandoned", approval_id=call.id, tool=call.tool, reason=output.reason)
+                if call.released:
+                    self._hooks.release(call)
+            case Bypassed(tool=tool):
+                metrics.policy_bypassed.labels(self.agent, tool).inc()
+                log.warning("policy_bypassed", tool=tool, reason="the ADK plugin did not ask about a gated tool")
+            case NativeAsked(confirmation=asked):
+                if asked.approval:
+                    metrics.approvals_pending.labels(self.agent).inc()
+                    log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
+                else:
+                    # A browser tool nobody approves (confirm mode): it waits for the browser's output.
+                    log.info("browser_tool_requested", approval_id=asked.approval_id, tool=asked.tool)
+            case RunEnded():
+                metrics.runs.labels(self.agent, output.outcome).inc()
+                log.info("run_finished", outcome=output.outcome)
+            case Raised(error=error):
+                raise error
+
+    # ---- the deadline timer ----------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """One timer, for the machine's next deadline (none while nothing waits for a person)."""
+        due = self.machine.next_deadline()
+        if due == self._due:
+            return
+        self.disarm()
+        if due is None:
+            return
+        self._due = due
+        delay = max(0.0, due - self._hooks.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self.deadline_passed)
+
+    def disarm(self) -> None:
+        """Stop the deadline timer (the chat is forgotten)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._due = None, None
+
+    def deadline_passed(self) -> int:
+        """The timer fired (or a test with its own clock says so): apply the deadlines due now;
+        how many calls timed out."""
+        self._timer, self._due = None, None
+        outputs = self.handle(DeadlineReached(self._hooks.clock()))
+        expired = sum(1 for o in outputs if isinstance(o, CallChanged) and o.call.outcome is Outcome.TIMEOUT)
+        if expired:
+            log.info("gates_timed_out", count=expired)
+        return expired
+
+
+def _observe_call(metrics: GatewayMetrics, agent: str, call: GatedCall, before: CallState, waited: float) -> None:
+    tool = call.tool
+    if before is CallState.AWAITING_APPROVAL:
+        metrics.approvals_pending.labels(agent).dec()
+        outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
+        metrics.approval_wait.labels(agent, tool, outcome).observe(waited)
+        if call.outcome is Outcome.TIMEOUT:
+            metrics.approval_timeouts.labels(agent, tool).inc()
+    elif before is CallState.AWAITING_OUTPUT and call.outcome is not None:
+        metrics.browser_tool_wait.labels(agent, tool, _BROWSER_OUTCOMES.get(call.outcome, call.outcome.value)).observe(waited)
+    log.info(
+        "gate_changed", approval_id=call.id, tool=tool, state=call.state.value,
+        outcome=call.outcome.value if call.outcome else None, waited_s=round(waited, 3),
+    )

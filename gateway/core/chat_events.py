@@ -1,0 +1,133 @@
+"""What happens to a chat, as the typed events its machine (core/chat_machine.py) takes (sans-IO).
+
+Each event is a fact the shell observed, with the time it observed it (`now`, on the gateway's
+clock) where the machine's answer depends on time: a browser request's plan starting a run, a read
+of upstream events, the plugin's ask, the person's answers, an abort, a deadline, the run's end.
+The machine answers each with the outputs of core/turn_outputs.py; it never reads a clock itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config.agent import ToolPolicy
+from .approvals import GatedCall
+from .protocol import ClientVersion
+
+__all__ = [
+    "Aborted", "Answered", "Attached", "CallCancelled", "ChatEvent", "DeadlineReached", "GateOpened", "Resumed",
+    "RunClosed", "RunFailed", "RunStarts", "Settled", "UpstreamRead",
+]
+
+Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
+BrowserResult = tuple[GatedCall, Any, "str | None"]  # (call, the browser's output, its error text)
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarts:
+    """A browser request (or a deadline's answer) starts a run that writes message `message_id`.
+
+    `known_tool_calls`: tool calls the client already holds in that message; `denied_tool_calls`
+    and `delivered_tool_calls`: calls whose ADK confirmation this run answers with a denial or with
+    the browser's output. `policy` and `confirms` are the agent's configuration, read, not kept.
+    """
+
+    message_id: str
+    now: float
+    version: ClientVersion = 6
+    known_tool_calls: Iterable[str] = ()
+    denied_tool_calls: Iterable[str] = ()
+    delivered_tool_calls: Iterable[str] = ()
+    policy: Callable[[str], ToolPolicy] | None = field(default=None, compare=False)
+    confirms: Callable[[str], bool] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRead:
+    """One read's worth of the run's upstream events."""
+
+    batch: Iterable[dict[str, Any]]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class GateOpened:
+    """The plugin asked about `call` (already in the chat's ledger): show it to the browser."""
+
+    call: GatedCall
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A request that answers wants a new response of the run to read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The person's decisions and the browser's tool outputs, applied as one."""
+
+    decisions: Iterable[Decision]
+    outputs: Iterable[BrowserResult]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A reconnecting browser reads the response held for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The person sent a new message instead of answering: `decisions` they did make count, the
+    rest of what the run waits for is cancelled."""
+
+    decisions: Iterable[Decision]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallCancelled:
+    """Nobody will answer `call` any more (its plugin request went away, or could not be recorded)."""
+
+    call: GatedCall
+    why: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineReached:
+    """The machine's next deadline passed: apply every deadline due by `now`."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    """The run cannot go on: the upstream failed, the gateway closes it (`outcome` cancelled), or it broke."""
+
+    text: str
+    now: float
+    outcome: str = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    """The browser stopped the response."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunClosed:
+    """The run's upstream stream is over, whatever ended it."""
+
+    now: float
+
+
+ChatEvent = (
+    RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
+    | RunFailed | Aborted | RunClosed
+)

@@ -1,0 +1,175 @@
+"""One chat as a state machine: its ledger of calls that wait for a person and its current turn (sans-IO).
+
+A `ChatMachine` is the single owner of what a chat is waiting for. It takes the typed events of
+core/chat_events.py and returns the outputs of core/turn_outputs.py for the chat's actor
+(chat/actor.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
+
+- NEW: no run yet;
+- RUNNING: a run's turn (core/turn.py) is under way, from `RunStarts` until `RunClosed` reported it;
+- IDLE: the last run reported how it ended; what it asked ADK to confirm waits in the ledger.
+
+`TRANSITIONS` says which events each phase takes; any other is a `MachineError` (a bug in the
+caller), raised before anything changes. Within a run the turn's own table (turn.TRANSITIONS)
+decides. `next_deadline` is when the machine next wants a `DeadlineReached`: the shell keeps one
+timer for it, not a sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, Final
+
+from .approvals import GatedCall
+from .chat_events import (
+    Aborted, Answered, Attached, CallCancelled, ChatEvent, DeadlineReached, GateOpened, Resumed, RunClosed, RunFailed,
+    RunStarts, Settled, UpstreamRead,
+)
+from .ledger import Ledger
+from .turn import CallChanged, Output, Turn
+
+__all__ = ["TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
+
+
+class Phase(Enum):
+    NEW = "new"
+    RUNNING = "running"
+    IDLE = "idle"
+
+
+class MachineError(Exception):
+    """An event the machine's phase does not take (a bug in the caller); nothing was changed."""
+
+
+_RUN_EVENTS: Final = (
+    UpstreamRead, GateOpened, Attached, Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
+    RunClosed,
+)
+# Between runs a late answer, cancel, deadline or end reaches the last turn, which no longer
+# writes but still releases a call and reports once; nothing may feed it events or attach to it.
+_AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
+
+# (phase, event type) the machine takes. One run at a time: a run that must make way for a new
+# one is ended first (RunFailed or Aborted, then RunClosed).
+TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
+    {(Phase.NEW, RunStarts), (Phase.NEW, CallCancelled), (Phase.NEW, DeadlineReached)}
+    | {(Phase.RUNNING, kind) for kind in _RUN_EVENTS}
+    | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN)}
+)
+
+
+class ChatMachine:
+    """The state of one chat's approvals and runs, changed only by `handle`."""
+
+    __slots__ = ("ledger", "turn")
+
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        self.ledger = ledger if ledger is not None else Ledger()
+        # The current run's turn, or the last one's once it ended (its client version, message).
+        self.turn: Turn | None = None
+
+    @property
+    def phase(self) -> Phase:
+        if self.turn is None:
+            return Phase.NEW
+        return Phase.IDLE if self.turn.reported else Phase.RUNNING
+
+    @property
+    def running(self) -> bool:
+        """A run of this chat is under way."""
+        return self.turn is not None and not self.turn.reported
+
+    @property
+    def waiting_for_person(self) -> bool:
+        return self.running and self.ledger.waiting_for_person
+
+    def next_deadline(self) -> float | None:
+        """When the earliest call still waiting for a person times out; None if none waits."""
+        return min((call.deadline for call in self.ledger.unreleased()), default=None)
+
+    def handle(self, event: ChatEvent) -> list[Output]:
+        """Apply `event`; the outputs to carry out, in order."""
+        if (self.phase, type(event)) not in TRANSITIONS:
+            raise MachineError(f"a chat that is {self.phase.value} does not take {type(event).__name__}")
+        return _HANDLERS[type(event)](self, event)
+
+    # ---- handlers ---------------------------------------------------------------------------
+
+    def _start(self, event: RunStarts) -> list[Output]:
+        self.turn = Turn(
+            event.message_id, ledger=self.ledger, version=event.version, known_tool_calls=event.known_tool_calls,
+            denied_tool_calls=event.denied_tool_calls, delivered_tool_calls=event.delivered_tool_calls,
+            policy=event.policy, confirms=event.confirms,
+        )
+        return self.turn.begin()
+
+    def _cancel(self, event: CallCancelled) -> list[Output]:
+        if self.turn is not None:
+            return self.turn.cancel(event.call, event.why, event.now)
+        return _release_alone(self.ledger, event.call, lambda c: c.cancel(event.why), event.now)
+
+    def _expire(self, event: DeadlineReached) -> list[Output]:
+        if self.turn is not None:
+            return self.turn.expire(event.now)
+        out: list[Output] = []
+        for call in self.ledger.unreleased():
+            if event.now >= call.deadline:
+                out += _release_alone(self.ledger, call, lambda c: c.expire(event.now), event.now)
+        return out
+
+    def _show(self, event: GateOpened) -> list[Output]:
+        return self._current().show_gate(event.call, event.now)
+
+    def _feed(self, event: UpstreamRead) -> list[Output]:
+        return self._current().feed(event.batch, event.now)
+
+    def _attach(self, event: Attached) -> list[Output]:
+        return self._current().attach()
+
+    def _answer(self, event: Answered) -> list[Output]:
+        return self._current().answer(event.decisions, event.outputs, event.now)
+
+    def _resume(self, event: Resumed) -> list[Output]:
+        return self._current().resume()
+
+    def _settle(self, event: Settled) -> list[Output]:
+        return self._current().settle(event.decisions, event.now)
+
+    def _fail(self, event: RunFailed) -> list[Output]:
+        return self._current().fail(event.text, event.now, outcome=event.outcome)
+
+    def _abort(self, event: Aborted) -> list[Output]:
+        return self._current().abort(event.now)
+
+    def _close(self, event: RunClosed) -> list[Output]:
+        return self._current().end(event.now)
+
+    def _current(self) -> Turn:
+        assert self.turn is not None  # TRANSITIONS lets these in only once a run started
+        return self.turn
+
+
+def _release_alone(ledger: Ledger, call: GatedCall, change: Callable[[GatedCall], bool], now: float) -> list[Output]:
+    """Change a call no turn shows (none ran in this chat yet): the plugin still gets its verdict."""
+    before, since = call.state, call.waiting_since
+    if not change(call):
+        return []
+    if call.released:
+        ledger.closed(call.tool_call_id)
+    return [CallChanged(call, before, now - since)]
+
+
+_HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
+    RunStarts: ChatMachine._start,
+    UpstreamRead: ChatMachine._feed,
+    GateOpened: ChatMachine._show,
+    Attached: ChatMachine._attach,
+    Answered: ChatMachine._answer,
+    Resumed: ChatMachine._resume,
+    Settled: ChatMachine._settle,
+    CallCancelled: ChatMachine._cancel,
+    DeadlineReached: ChatMachine._expire,
+    RunFailed: ChatMachine._fail,
+    Aborted: ChatMachine._abort,
+    RunClosed: ChatMachine._close,
+}

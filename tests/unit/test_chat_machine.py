@@ -1,0 +1,144 @@
+"""The chat machine (core/chat_machine.py): its phases as data, its transition table, its next deadline.
+
+The turn's own behaviour is test_turn.py's; here, what the machine adds around it: which events each
+phase takes (and that a refused event changes nothing), that `running` is the machine's state and not
+a task's, and the one deadline the shell's timer waits for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.config.schema import ToolPolicy
+from gateway.core.approvals import GatedCall, Outcome
+from gateway.core.chat_events import (
+    Aborted, Answered, Attached, CallCancelled, DeadlineReached, GateOpened, Resumed, RunClosed, RunFailed, RunStarts,
+    Settled, UpstreamRead,
+)
+from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
+from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
+
+PAY = ToolPolicy(approval=True, timeout=30)
+
+
+def _policy(name: str) -> ToolPolicy:
+    return PAY if name == "pay" else ToolPolicy()
+
+
+def _start(now: float = 0.0) -> RunStarts:
+    return RunStarts("m1", now, policy=_policy)
+
+
+def _call(call_id: str, now: float = 0.0) -> GatedCall:
+    return GatedCall.open(
+        user_id="u", chat_id="c", session_id="c", tool_call_id=call_id, tool="pay", args={}, policy=PAY, now=now,
+    )
+
+
+def _asks(machine: ChatMachine, call_id: str, now: float = 0.0) -> GatedCall:
+    """The model calls `pay`, the plugin asks: the call waits for a person."""
+    event = {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": "pay", "args": {}}}]}}
+    machine.handle(UpstreamRead([event], now))
+    call = machine.ledger.add(_call(call_id, now))
+    machine.handle(GateOpened(call, now))
+    return call
+
+
+def _chunk_types(outputs: list[Any]) -> list[str]:
+    return [c["type"] for o in outputs if isinstance(o, Chunks) for c in o.chunks]
+
+
+def test_a_chat_is_new_then_running_then_idle_by_its_own_state() -> None:
+    machine = ChatMachine()
+    assert machine.phase is Phase.NEW and not machine.running
+    assert _chunk_types(machine.handle(_start())) == ["start"]
+    assert machine.phase is Phase.RUNNING and machine.running
+    out = machine.handle(RunClosed(1.0))
+    assert machine.phase is Phase.IDLE and not machine.running
+    assert [o.outcome for o in out if isinstance(o, RunEnded)] == ["completed"]
+    # A second run starts from idle, on the same ledger.
+    ledger = machine.ledger
+    machine.handle(_start(2.0))
+    assert machine.running and machine.ledger is ledger
+
+
+@pytest.mark.parametrize("event", [UpstreamRead([], 0.0), GateOpened(_call("x"), 0.0), Attached(), Answered([], [], 0.0)])
+def test_a_run_event_before_any_run_is_refused_and_changes_nothing(event: Any) -> None:
+    machine = ChatMachine()
+    with pytest.raises(MachineError, match="new"):
+        machine.handle(event)
+    assert machine.phase is Phase.NEW and machine.turn is None
+
+
+def test_one_run_at_a_time_a_new_run_waits_for_the_old_ones_end() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    turn = machine.turn
+    with pytest.raises(MachineError, match="running does not take RunStarts"):
+        machine.handle(RunStarts("m2", 1.0))
+    assert machine.turn is turn and machine.running
+    machine.handle(Aborted(1.0))
+    machine.handle(RunClosed(1.0))
+    machine.handle(RunStarts("m2", 2.0))
+    assert machine.turn is not turn
+
+
+def test_an_ended_run_takes_no_more_upstream_events_nor_attaches() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    machine.handle(RunClosed(1.0))
+    for event in (UpstreamRead([], 2.0), Attached(), GateOpened(_call("x"), 2.0)):
+        with pytest.raises(MachineError, match="idle"):
+            machine.handle(event)
+
+
+def test_the_table_lists_every_event_in_some_phase() -> None:
+    kinds = {kind for _, kind in TRANSITIONS}
+    assert kinds == {
+        RunStarts, UpstreamRead, GateOpened, Attached, Answered, Resumed, Settled, CallCancelled, DeadlineReached,
+        RunFailed, Aborted, RunClosed,
+    }
+
+
+def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    assert machine.next_deadline() is None
+    first = _asks(machine, "c1", now=0.0)
+    assert machine.waiting_for_person and machine.next_deadline() == 30.0
+    # The person's answer releases it: nothing left to time.
+    out = machine.handle(Answered([(first, True, None)], [], 5.0))
+    assert any(isinstance(o, CallChanged) and o.call is first for o in out)
+    assert first.outcome is Outcome.APPROVED and machine.next_deadline() is None
+
+
+def test_a_deadline_times_out_only_what_is_due() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    call = _asks(machine, "c1", now=0.0)
+    assert machine.handle(DeadlineReached(29.9)) == [] and not call.released
+    out = machine.handle(DeadlineReached(30.0))
+    assert call.outcome is Outcome.TIMEOUT
+    assert [o.call for o in out if isinstance(o, CallChanged)] == [call]
+    assert machine.next_deadline() is None
+
+
+def test_a_cancel_before_any_run_still_releases_the_call_for_its_plugin() -> None:
+    machine = ChatMachine()
+    call = machine.ledger.add(_call("c1"))
+    out = machine.handle(CallCancelled(call, "nobody is attached", 1.0))
+    assert call.outcome is Outcome.CANCELLED and call.verdict is not None and not call.verdict.run
+    assert [type(o) for o in out] == [CallChanged]
+
+
+def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    call = _asks(machine, "c1")
+    out = machine.handle(RunFailed("The agent service failed.", 3.0))
+    out += machine.handle(RunClosed(3.0))
+    assert call.outcome is Outcome.CANCELLED and not machine.running
+    assert any(isinstance(o, CloseResponse) for o in out)
+    assert [o.outcome for o in out if isinstance(o, RunEnded)] == ["error"]
