@@ -365,3 +365,51 @@ async def test_the_approving_replica_moves_the_stored_deadline_so_another_replic
         for cluster in clusters:
             await cluster.chats.close()
             await cluster.close()
+
+
+async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_replica_that_took_it() -> None:
+    """The store did not take the moved deadline (Redis unreachable at the approval): the first one
+    stays, and when it passes the approving replica, which runs the chat, finds the approval in its
+    ledger and puts the deadline back at approved_at + timeout. (A replica that took the chat over
+    from a dead owner does not know of the approval: it answers the timeout at the first due time,
+    the fallback that never runs the call unapproved or twice.)"""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.router import Cluster
+    from gateway.cluster.shared import SharedStateDown
+
+    class Flaky(MemoryState):
+        down = False
+
+        async def add_deadline(self, deadline: Deadline) -> None:
+            if self.down:
+                raise SharedStateDown("unreachable")
+            await super().add_deadline(deadline)
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    chats, _ = service(adk, wall, browser=True)
+    state = Flaky("a", hub)
+    cluster = Cluster(state, chats, chats.metrics)
+    await cluster.start()
+    try:
+        first = await read(await cluster.submit(AGENT, "alice", request(USER)))
+        await asyncio.sleep(0.01)
+        key = f"chat-1/{CONFIRM_ID}"
+        asked = hub.deadlines.get(key)
+        assert asked is not None
+        wall.now = asked.due - 0.1 * TIMEOUT
+        state.down = True
+        answer = approval_of(first)
+        await read(await cluster.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        await asyncio.sleep(0.01)
+        approved = wall.now
+        assert hub.deadlines.get(key) == asked  # not moved
+        state.down = False
+        wall.now = asked.due
+        [claimed] = await state.claim_deadlines(wall.now)
+        await cluster._deadlines._settle(claimed)
+        kept = hub.deadlines.get(key)
+        assert kept is not None and kept.due == pytest.approx(approved + TIMEOUT)
+        assert answers(adk) == []
+    finally:
+        await chats.close()
+        await cluster.close()
