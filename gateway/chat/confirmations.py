@@ -7,8 +7,8 @@ replay is left out, one ADK lost in a restart is settled here as cancelled); whe
 records it in the ledger with its wait's metric and log line (`record_answers`). Confirm mode's
 browser tools (`upstream.approvals: confirm`) answer theirs with their output (`browser_outputs`),
 and an approval alone is handed to the browser to run the tool, with nothing sent to ADK
-(`hand_over`). A person's answer given after the gateway answered the deadline's reads what
-followed (`late`).
+(`hand_over`): the browser's wait gets its own deadline, the whole timeout from the approval. A
+person's answer given after the gateway answered the deadline's reads what followed (`late`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import structlog
 from ..config.schema import GatewayConfig
 from ..core.browser_confirmations import NAMESPACE, BrowserCalls, handover_chunks, output_answers
 from ..core.chat_request import ApprovalAnswer, ToolOutput, TurnPlan
-from ..core.deadlines import deadline_key
+from ..core.deadlines import Deadline, deadline_key
 from ..core.ledger import NativeConfirmation
 from ..core.protocol import ClientVersion, encode_chunk
 from ..ops.metrics import GatewayMetrics
@@ -40,7 +40,8 @@ log = structlog.get_logger("adk_gateway.chat.confirmations")
 
 class NativeConfirmations:
     """The native confirmations' side of admission, for the chat service. `settled` is told the
-    deadline key of each confirmation answered (the cluster drops its deadline)."""
+    deadline key of each confirmation answered (the cluster drops its deadline), `kept` the new
+    deadline of each browser tool's call approved (the cluster replaces the stored one)."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class NativeConfirmations:
         clock: Callable[[], float],
         new_id: Callable[[], str],
         settled: Callable[[str], None],
+        kept: Callable[[Deadline], None],
     ) -> None:
         self._agents = agents
         self._runs = runs
@@ -62,6 +64,7 @@ class NativeConfirmations:
         self._clock = clock
         self._new_id = new_id
         self._settled = settled
+        self._kept = kept
 
     async def unanswered(
         self, chat: Chat, answers: list[ApprovalAnswer], *, strict: bool, held: SessionConfirmations | None = None,
@@ -192,6 +195,9 @@ class NativeConfirmations:
                 self.observe_native(chat.agent, pending, "approved", now)
                 chat.ledger.approve_in_browser(call.approval_id, now)
                 log.info("approval_answered", approval_id=call.approval_id, tool=call.tool, outcome="approved")
+                deadline = self._timeouts.approved(chat, pending)
+                if deadline is not None:
+                    self._kept(deadline)
         return Attachment(run, reader)
 
     @staticmethod

@@ -107,7 +107,7 @@ class ChatService:
         )
         self._native = NativeConfirmations(
             agents=agents, runs=self.runs, metrics=metrics, timeouts=self.timeouts, config=lambda: self.config,
-            clock=clock, new_id=new_id, settled=self._settled,
+            clock=clock, new_id=new_id, settled=self._settled, kept=self._kept,
         )
         self._resumes = Resumes(
             registry=registry, agents=agents, metrics=metrics, config=lambda: self.config, clock=clock, chat=self._chat,
@@ -120,8 +120,11 @@ class ChatService:
     def _run_done(self, chat: Chat) -> None:
         self.run_changed(chat, "")
         for deadline in self.timeouts.new_deadlines(chat):
-            if self.on_deadline is not None:
-                self.on_deadline(deadline)
+            self._kept(deadline)
+
+    def _kept(self, deadline: Deadline) -> None:
+        if self.on_deadline is not None:
+            self.on_deadline(deadline)
 
     def _settled(self, key: str) -> None:
         if self.on_settled is not None:
@@ -356,7 +359,7 @@ class ChatService:
             chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
         except (ChatNotFound, Limited):
             return None
-        decided = await self.timeouts.decide(agent, chat, deadline.approval_id, self.runs.confirmations)
+        decided = await self.timeouts.decide(agent, chat, deadline, self.runs.confirmations)
         if not isinstance(decided, tuple):
             return decided
         answer, call = decided

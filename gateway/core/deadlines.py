@@ -6,6 +6,9 @@ from when the confirmation was asked, which is the later of two times (both wall
 since the epoch): the `timestamp` of ADK's event that carries the `adk_request_confirmation` call
 (in ADK's session, so known after any restart) and the gateway's first sight of it, when known
 (the person is never given less than the timeout from when the gateway could first show it).
+A browser tool's call waits twice, as on the blocking path: for the person's approval, then for
+the browser to run it; once approved, its deadline runs from the approval (`approved_at`, kept in
+the stored deadline by the replica that took it), so the browser's wait gets the whole timeout.
 
 When it passes, the gateway answers ADK itself with the policy's `on_timeout`: `deny` is ADK's
 rejection (confirmed false, no payload: the browser sees tool-output-denied), `error` a rejection
@@ -25,11 +28,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
 __all__ = [
-    "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "deadline_key", "due_at", "passed", "timeout_payload",
+    "BROWSER_TIMEOUT_ERROR", "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "deadline_key",
+    "due_at", "passed", "timeout_payload",
 ]
 
 # The same words as a timeout on the blocking path (approvals.py), so both modes read alike.
 TIMEOUT_ERROR: Final = "Timed out waiting for approval; the call was not run."
+# The second wait of an approved browser tool's call, worded as the blocking path words it.
+BROWSER_TIMEOUT_ERROR: Final = "Timed out waiting for the browser; the call was not run."
 
 
 class MalformedDeadline(ValueError):
@@ -43,12 +49,14 @@ def asked_at(adk_timestamp: float | None, first_seen: float | None) -> float | N
     return max(known) if known else None
 
 
-def due_at(asked: float | None, timeout: float | None) -> float | None:
+def due_at(asked: float | None, timeout: float | None, approved: float | None = None) -> float | None:
     """The deadline of a confirmation asked at `asked` for a tool with `timeout` seconds (None: no
-    deadline, as for a tool the gateway does not gate, or an ask of unknown time)."""
+    deadline, as for a tool the gateway does not gate, or an ask of unknown time). `approved`: when
+    a person approved a browser tool's call, whose browser then gets the whole timeout from there
+    (the later of the two counts, whichever clock ran ahead)."""
     if asked is None or timeout is None:
         return None
-    return asked + timeout
+    return max(asked, approved if approved is not None else asked) + timeout
 
 
 def deadline_key(chat_id: str, approval_id: str) -> str:
@@ -60,18 +68,21 @@ def passed(due: float | None, now: float) -> bool:
     return due is not None and now >= due
 
 
-def timeout_payload(on_timeout: Literal["deny", "error"]) -> dict[str, Any] | None:
+def timeout_payload(on_timeout: Literal["deny", "error"], *, approved: bool = False) -> dict[str, Any] | None:
     """The confirmation payload that answers a timeout (confirmed is always false): none for
-    `deny` (ADK's own rejection), the gateway's error for `error`."""
+    `deny` (ADK's own rejection), the gateway's error for `error`, which names the wait that timed
+    out (`approved`: a browser tool's call the person approved waited for the browser)."""
     if on_timeout == "error":
-        return {"adk_gateway": {"error": TIMEOUT_ERROR}}
+        return {"adk_gateway": {"error": BROWSER_TIMEOUT_ERROR if approved else TIMEOUT_ERROR}}
     return None
 
 
 @dataclass(frozen=True, slots=True)
 class Deadline:
     """One confirmation's deadline, with what a replica needs to answer it: the chat (agent, user,
-    chat id) and the confirmation (ADK's approval id, the original call and its tool)."""
+    chat id) and the confirmation (ADK's approval id, the original call and its tool), and, for a
+    browser tool's call a person approved, when (wall clock): only the replica that took the
+    approval knows it otherwise."""
 
     agent: str
     user: str
@@ -80,6 +91,7 @@ class Deadline:
     tool_call_id: str
     tool: str
     due: float
+    approved_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -98,7 +110,10 @@ class Deadline:
             due = data["due"]
             if isinstance(due, bool) or not isinstance(due, (int, float)):
                 raise MalformedDeadline("a deadline's due time must be a number")
-            return cls(**fields, due=float(due))
+            approved = data.get("approved_at")
+            if approved is not None and (isinstance(approved, bool) or not isinstance(approved, (int, float))):
+                raise MalformedDeadline("a deadline's approval time must be a number")
+            return cls(**fields, due=float(due), approved_at=None if approved is None else float(approved))
         except (ValueError, TypeError, KeyError) as exc:
             raise MalformedDeadline(type(exc).__name__) from None
 

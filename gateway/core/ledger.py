@@ -52,6 +52,9 @@ class NativeConfirmation:
     # When the gateway first saw it pending, on the wall clock (its deadline runs from the later
     # of this and ADK's own time: deadlines.py); None until its deadline is set.
     seen_at: float | None = None
+    # When the person approved it, on the wall clock (a browser tool's: its deadline runs from
+    # here, deadlines.py); None until then, or when approved where this replica did not see it.
+    approved_wall: float | None = None
 
     @property
     def awaits_output(self) -> bool:

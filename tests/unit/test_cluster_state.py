@@ -273,6 +273,20 @@ async def test_a_deadline_added_again_keeps_the_latest_due_time(pair: tuple[Repl
     assert await b.state.claim_deadlines(200.0) == [_deadline("x", 200.0)]
 
 
+async def test_a_deadline_an_approval_moved_is_claimed_at_its_new_time_with_the_approval(pair: tuple[Replica, Replica]) -> None:
+    """The replica that took a browser tool's approval replaces the stored deadline (confirm mode):
+    no replica claims it at the first due time, and the one that claims it later knows of the
+    approval (sealed with the rest on Redis)."""
+    a, b = pair
+    await a.state.add_deadline(_deadline("x", 100.0))
+    moved = Deadline("demo_agent", "u1", "chat-x", "adk-x", "call-x", "process_payment", 395.0, approved_at=95.0)
+    await b.state.add_deadline(moved)
+    assert await a.state.claim_deadlines(100.0) == []
+    assert await a.state.next_deadline() == 395.0
+    assert await a.state.claim_deadlines(395.0) == [moved]
+    assert await b.state.claim_deadlines(1e12) == []
+
+
 async def test_a_ticket_is_taken_once_by_any_replica_and_expires(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     record = {"user": "alice", "claims": "{}", "agent": "demo_agent", "origin": "", "auth": "f"}

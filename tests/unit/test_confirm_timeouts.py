@@ -12,7 +12,7 @@ import pytest
 from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService
 from gateway.config.schema import parse_config
-from gateway.core.deadlines import TIMEOUT_ERROR, Deadline
+from gateway.core.deadlines import BROWSER_TIMEOUT_ERROR, TIMEOUT_ERROR, Deadline
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.upstream.client import AskedCall, SessionConfirmations
@@ -76,8 +76,13 @@ class Wall:
         return self.now
 
 
-def service(adk: ConfirmingAdk, wall: Wall, on_timeout: str = "deny") -> tuple[ChatService, list[Deadline]]:
-    config = parse_config(CONFIG.format(timeout=int(TIMEOUT), on_timeout=on_timeout), env={})
+def service(
+    adk: ConfirmingAdk, wall: Wall, on_timeout: str = "deny", *, browser: bool = False,
+) -> tuple[ChatService, list[Deadline]]:
+    text = CONFIG.format(timeout=int(TIMEOUT), on_timeout=on_timeout)
+    if browser:  # the same call, run by the browser once approved
+        text = text.replace("{approval: true,", "{approval: true, runs_in: browser,")
+    config = parse_config(text, env={})
     chats = ChatService(
         agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
         wall=wall,
@@ -222,3 +227,189 @@ async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_liv
         for cluster in clusters:
             await cluster.chats.close()
             await cluster.close()
+
+
+# ---- a browser tool's second wait ----------------------------------------------------------------
+
+
+def browser_output(first: list[dict[str, Any]], output: Any) -> dict[str, Any]:
+    """The assistant message a Chat sends once the browser ran the approved call (onToolCall)."""
+    message = approval_of(first)
+    part = message["parts"][1]
+    message["parts"][1] = {**part, "state": "output-available", "output": output}
+    return message
+
+
+async def send_output(chats: ChatService, first: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    body = request(USER, browser_output(first, {"paid": 50}), message_id=first[0]["messageId"])
+    return await read(await chats.submit(AGENT, "alice", body))
+
+
+async def approve_in_browser(chats: ChatService, first: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    answer = approval_of(first)
+    handed = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    handover = {"type": "tool-input-available", "toolCallId": "call-1", "toolName": "process_payment", "input": {"amount": 50}}
+    assert handover in handed
+    return handed
+
+
+async def test_an_approved_browser_tool_gets_the_whole_timeout_for_the_browser_and_its_output_goes_once() -> None:
+    """Approved at 0.9 of the timeout, the output at 1.5: hold mode starts a fresh deadline for the
+    browser's wait, and so does confirm mode; the first deadline passing answers nothing."""
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, kept = service(adk, wall, browser=True)
+    first = await ask(chats)
+    [asked] = kept
+    seen = wall.now
+    wall.now = seen + 0.9 * TIMEOUT
+    await approve_in_browser(chats, first)
+    assert answers(adk) == []  # nothing goes to ADK with the approval alone
+    [_, moved] = kept  # the stored deadline is replaced: the browser's wait runs from the approval
+    assert moved.key == asked.key and moved.due == pytest.approx(wall.now + TIMEOUT)
+    assert moved.approved_at == pytest.approx(wall.now)
+    approved = wall.now
+    wall.now = seen + TIMEOUT
+    # The first deadline, claimed before its replacement reached the store: not yet.
+    assert await chats.expire_confirmation(asked) == pytest.approx(approved + TIMEOUT)
+    wall.now = seen + 1.5 * TIMEOUT
+    assert await chats.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
+    assert answers(adk) == []
+    done = await send_output(chats, first)
+    assert any(c.get("delta") == "Paid." for c in done)  # ADK ran on with the tool's result
+    assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
+    # The deadline passing afterwards finds it answered: no timeout goes out.
+    wall.now = approved + TIMEOUT
+    assert await chats.expire_confirmation(moved) is None
+    await asyncio.sleep(0.05)
+    assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
+    assert chats.metrics.registry.get_sample_value(
+        "adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": "process_payment"},
+    ) in (None, 0)
+    await chats.close()
+
+
+async def test_a_browser_that_never_answers_times_out_a_whole_timeout_after_the_approval() -> None:
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, kept = service(adk, wall, on_timeout="error", browser=True)
+    first = await ask(chats)
+    seen = wall.now
+    wall.now = seen + 0.9 * TIMEOUT
+    await approve_in_browser(chats, first)
+    approved, moved = wall.now, kept[-1]
+    for at in (seen + TIMEOUT, approved + TIMEOUT - 0.01):
+        wall.now = at
+        assert await chats.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
+        assert answers(adk) == []
+    wall.now = approved + TIMEOUT
+    assert await chats.expire_confirmation(moved) is None
+    await asyncio.sleep(0.05)
+    # Worded as hold mode words the browser's wait timing out.
+    assert answers(adk) == [{"confirmed": False, "payload": {"adk_gateway": {"error": BROWSER_TIMEOUT_ERROR}}}]
+    # The browser's output after that is not the call's result: it reads the timeout.
+    late = await send_output(chats, first)
+    assert {"type": "tool-output-error", "toolCallId": "call-1", "errorText": BROWSER_TIMEOUT_ERROR} in late
+    assert len(answers(adk)) == 1
+    await chats.close()
+
+
+async def test_an_output_after_the_browsers_own_deadline_sends_the_timeout_instead() -> None:
+    """Nobody answered the deadline (the timer was late): the output, past approved_at + timeout,
+    is replaced by the timeout's answer, as a late approval is."""
+    adk, wall = ConfirmingAdk(), Wall()
+    chats, _ = service(adk, wall, browser=True)
+    first = await ask(chats)
+    wall.now += 0.9 * TIMEOUT
+    await approve_in_browser(chats, first)
+    wall.now += TIMEOUT
+    await send_output(chats, first)
+    assert answers(adk) == [{"confirmed": False}]
+    await chats.close()
+
+
+async def test_the_approving_replica_moves_the_stored_deadline_so_another_replica_claims_it_late() -> None:
+    """The approval is known only where it was taken: that replica replaces the deadline in the
+    shared store, so no replica's timer claims the first one."""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.router import Cluster
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    clusters = []
+    for name in ("a", "b"):
+        chats, _ = service(adk, wall, browser=True)
+        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
+        await cluster.start()
+        clusters.append(cluster)
+    a, b = clusters
+    try:
+        first = await read(await a.submit(AGENT, "alice", request(USER)))
+        await asyncio.sleep(0.01)
+        key = f"chat-1/{CONFIRM_ID}"
+        asked = hub.deadlines.get(key)
+        assert asked is not None and asked.approved_at is None
+        wall.now = asked.due - 0.1 * TIMEOUT
+        answer = approval_of(first)
+        await read(await a.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        await asyncio.sleep(0.01)
+        moved = hub.deadlines.get(key)
+        assert moved is not None and moved.due == pytest.approx(wall.now + TIMEOUT)
+        assert moved.approved_at == pytest.approx(wall.now)
+        wall.now = asked.due
+        assert await b.state.claim_deadlines(wall.now) == []  # nothing due at the first deadline
+        # One claimed before the move still answers nothing on the owner, and comes back at the new time.
+        assert await b._answer_deadline(asked) is None
+        async with asyncio.timeout(5):
+            while (kept := hub.deadlines.get(key)) is None or kept.due != pytest.approx(moved.due):
+                await asyncio.sleep(0.01)
+        assert answers(adk) == []
+    finally:
+        for cluster in clusters:
+            await cluster.chats.close()
+            await cluster.close()
+
+
+async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_replica_that_took_it() -> None:
+    """The store did not take the moved deadline (Redis unreachable at the approval): the first one
+    stays, and when it passes the approving replica, which runs the chat, finds the approval in its
+    ledger and puts the deadline back at approved_at + timeout. (A replica that took the chat over
+    from a dead owner does not know of the approval: it answers the timeout at the first due time,
+    the fallback that never runs the call unapproved or twice.)"""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.router import Cluster
+    from gateway.cluster.shared import SharedStateDown
+
+    class Flaky(MemoryState):
+        down = False
+
+        async def add_deadline(self, deadline: Deadline) -> None:
+            if self.down:
+                raise SharedStateDown("unreachable")
+            await super().add_deadline(deadline)
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    chats, _ = service(adk, wall, browser=True)
+    state = Flaky("a", hub)
+    cluster = Cluster(state, chats, chats.metrics)
+    await cluster.start()
+    try:
+        first = await read(await cluster.submit(AGENT, "alice", request(USER)))
+        await asyncio.sleep(0.01)
+        key = f"chat-1/{CONFIRM_ID}"
+        asked = hub.deadlines.get(key)
+        assert asked is not None
+        wall.now = asked.due - 0.1 * TIMEOUT
+        state.down = True
+        answer = approval_of(first)
+        await read(await cluster.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+        await asyncio.sleep(0.01)
+        approved = wall.now
+        assert hub.deadlines.get(key) == asked  # not moved
+        state.down = False
+        wall.now = asked.due
+        [claimed] = await state.claim_deadlines(wall.now)
+        await cluster._deadlines._settle(claimed)
+        kept = hub.deadlines.get(key)
+        assert kept is not None and kept.due == pytest.approx(approved + TIMEOUT)
+        assert answers(adk) == []
+    finally:
+        await chats.close()
+        await cluster.close()

@@ -79,3 +79,29 @@ async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() ->
     assert len(tries) == 2 and len(hub.deadlines) == 0
     timer.close()
     await tasks.close(1.0)
+
+
+async def test_a_deadline_moved_later_fires_at_its_new_time_only() -> None:
+    """An approval of a browser tool (confirm mode) replaces a deadline the timer is armed for."""
+    hub, clock = MemoryHub(), Clock()
+    answered: list[Deadline] = []
+
+    async def answer(d: Deadline) -> float | None:
+        answered.append(d)
+        return None
+
+    tasks = Tasks()
+    timer = DeadlineTimer(MemoryState("a", hub), tasks, answer, poll=None, wall=clock)
+    timer.start()
+    timer.add(deadline("x", clock.now + 0.05))
+    await settle()
+    moved = Deadline("demo_agent", "u1", "chat-x", "adk-x", "call-x", "process_payment", clock.now + 0.15, approved_at=clock.now)
+    timer.add(moved)
+    clock.now += 0.05
+    await asyncio.sleep(0.1)
+    assert answered == []
+    clock.now = moved.due
+    await asyncio.sleep(0.1)
+    assert answered == [moved]
+    timer.close()
+    await tasks.close(1.0)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.core.deadlines import (
+    BROWSER_TIMEOUT_ERROR,
     TIMEOUT_ERROR,
     Deadline,
     DeadlineQueue,
@@ -49,6 +50,21 @@ def test_a_deadline_never_passes_before_the_timeout_from_either_sight(
     assert passed(due, due) and passed(due, due + 1)
 
 
+@given(asked=times, timeout=timeouts, share=st.floats(min_value=0, max_value=1), now=times)
+def test_an_approved_browser_tools_deadline_gives_the_browser_the_whole_timeout(
+    asked: float, timeout: float, share: float, now: float
+) -> None:
+    """Hold mode starts a fresh deadline for the browser's wait when the person approves: so does
+    confirm mode, an approval at second 295 of 300 leaves the browser 300 s, not 5."""
+    approved = asked + share * timeout
+    due = due_at(asked, timeout, approved)
+    assert due == approved + timeout
+    assert passed(due, approved + timeout) and (now >= approved + timeout or not passed(due, now))
+    # Never earlier than the wait for the approval, whichever clock ran ahead.
+    assert due_at(asked, timeout, asked - 5.0) == asked + timeout
+    assert due_at(None, timeout, approved) is None  # an ask of unknown time has no deadline
+
+
 def test_no_timeout_no_deadline() -> None:
     assert due_at(100.0, None) is None
     assert not passed(None, 1e12)
@@ -60,16 +76,31 @@ def test_the_answer_to_a_timeout_follows_on_timeout() -> None:
     assert TIMEOUT_ERROR.startswith("Timed out waiting for approval; ")
 
 
+def test_the_timeout_of_an_approved_browser_tool_names_the_browsers_wait_as_hold_mode_does() -> None:
+    assert timeout_payload("error", approved=True) == {"adk_gateway": {"error": BROWSER_TIMEOUT_ERROR}}
+    assert BROWSER_TIMEOUT_ERROR == "Timed out waiting for the browser; the call was not run."
+    assert timeout_payload("deny", approved=True) is None
+
+
 @given(st.builds(Deadline, st.text(min_size=1), st.text(min_size=1), st.text(min_size=1), st.text(min_size=1),
                  st.text(min_size=1), st.text(min_size=1), times))
 def test_a_deadline_round_trips_through_json(d: Deadline) -> None:
     assert Deadline.from_json(d.to_json()) == d
 
 
+@given(st.builds(Deadline, st.text(min_size=1), st.text(min_size=1), st.text(min_size=1), st.text(min_size=1),
+                 st.text(min_size=1), st.text(min_size=1), times, st.none() | times))
+def test_a_deadline_keeps_its_approval_time_through_json(d: Deadline) -> None:
+    """The replica that took a browser tool's approval is the only one that knows it: the stored
+    deadline carries it to whichever replica answers it."""
+    assert Deadline.from_json(d.to_json()) == d
+
+
 @pytest.mark.parametrize("raw", [b"", b"[]", b"{}", b'{"agent":"a"}', b"not json",
                                  deadline().to_json().replace('"pay"', '""').encode(),
                                  deadline().to_json().replace("10.0", '"10"').encode(),
-                                 deadline().to_json().replace("10.0", "true").encode()])
+                                 deadline().to_json().replace("10.0", "true").encode(),
+                                 deadline().to_json().replace('"approved_at":null', '"approved_at":"5"').encode()])
 def test_a_malformed_deadline_is_refused_whole(raw: bytes) -> None:
     with pytest.raises(MalformedDeadline):
         Deadline.from_json(raw)
