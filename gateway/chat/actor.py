@@ -20,6 +20,7 @@ Everything here is thin on purpose: what happens next is decided in the machine,
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -171,7 +172,7 @@ class ChatActor:
         asyncio.get_running_loop().call_soon(self._task.cancel)
         return True
 
-    async def stop(self, timeout: float, *, abort: bool = True) -> None:
+    async def stop(self, timeout: float, *, abort: bool = True, reason: str = "This response was cancelled.") -> None:
         """Cancel the run (as an abort does, or as a shutdown does: `abort` false) and wait up to
         `timeout` for its task; a run whose task is stuck is ended here, so that it cannot keep
         the chat busy for ever."""
@@ -183,7 +184,7 @@ class ChatActor:
         if self.run is run and self.running:  # not a run started since by another request
             log.warning("previous_run_stuck", reason="it did not end after it was cancelled")
             now = self._hooks.clock()
-            self.handle(Aborted(now) if abort else RunFailed("This response was cancelled.", now, outcome="cancelled"))
+            self.handle(Aborted(now) if abort else RunFailed(reason, now, outcome="cancelled"))
             self.handle(RunClosed(now))
 
     async def ended(self, timeout: float) -> bool:
@@ -260,7 +261,8 @@ class ChatActor:
             return
         self._due = due
         delay = max(0.0, due - self._hooks.clock())
-        self._timer = asyncio.get_running_loop().call_later(delay, self.deadline_passed)
+        # In a context of its own: whatever request last armed the timer is not the timeout's.
+        self._timer = asyncio.get_running_loop().call_later(delay, self.deadline_passed, context=contextvars.Context())
 
     def disarm(self) -> None:
         """Stop the deadline timer (the chat is forgotten)."""

@@ -129,4 +129,8 @@ class RunTasks:
     async def close(self, reason: str) -> None:
         """Cancel every run still going, each ending with an error chunk saying `reason` (shutdown)."""
         self._closing_reason = reason
+        chats = list(self._tasks.values())
         await cancel_and_wait(list(self._tasks), _CLOSE_TIMEOUT, what="runs")
+        for chat in chats:
+            # A task stuck past the bound: its run still ends, for its machine and its readers.
+            await chat.actor.stop(0, abort=False, reason=reason)

@@ -92,3 +92,23 @@ async def test_stop_ends_a_stuck_run_and_the_timer_is_gone_with_it() -> None:
     assert actor.machine.next_deadline() is None
     # The task ends later: what it says then no longer reaches the machine.
     assert await actor.ended(2) and not actor.running
+
+
+async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
+    actor, _ = _actor()
+
+    async def stuck() -> AsyncIterator[list[dict[str, Any]]]:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)
+        yield []
+
+    _start(actor, stuck())
+    await asyncio.sleep(0.01)
+    await actor.stop(0.05, abort=False, reason="The gateway is shutting down.")
+    run = actor.run
+    assert run is not None and not run.streaming and not actor.running
+    frames = b"".join(run.current.frames)
+    assert b'"type":"error"' in frames and b"The gateway is shutting down." in frames
+    assert await actor.ended(2)
