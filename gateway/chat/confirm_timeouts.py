@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from ..core.chat_events import ConfirmationsSeen
 from ..core.chat_request import ApprovalAnswer
 from ..core.deadlines import Deadline, asked_at, due_at, passed, timeout_payload
 from ..core.ledger import NativeConfirmation
+from ..core.turn_outputs import ConfirmationSeen
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AskedCall, SessionConfirmations, UpstreamError
 from .record import Chat
@@ -43,10 +45,9 @@ class ConfirmTimeouts:
         agent = self._agents.get(chat.agent)
         out: list[Deadline] = []
         now = self.wall()
-        for confirmation in chat.ledger.pending_native():
-            if confirmation.seen_at is not None:
-                continue
-            confirmation.seen_at = now
+        for seen in chat.actor.handle(ConfirmationsSeen(now)):
+            assert isinstance(seen, ConfirmationSeen)
+            confirmation = seen.confirmation
             if agent is None or not agent.config.confirms(confirmation.tool):
                 continue
             due = due_at(asked_at(None, now), agent.config.tool_policy(confirmation.tool).timeout)
@@ -61,8 +62,7 @@ class ConfirmTimeouts:
         """The person approved a browser tool's call (handed to the browser now): its deadline
         runs from here, so the browser's wait gets the whole timeout. Returns the deadline that
         replaces the stored one (None: its tool has none)."""
-        now = self.wall()
-        confirmation.approved_wall = now
+        now = confirmation.approved_wall or self.wall()
         agent = self._agents.get(chat.agent)
         if agent is None or not agent.config.confirms(confirmation.tool):
             return None

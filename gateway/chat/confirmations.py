@@ -19,10 +19,12 @@ import structlog
 
 from ..config.schema import GatewayConfig
 from ..core.browser_confirmations import NAMESPACE, BrowserCalls, handover_chunks, output_answers
+from ..core.chat_events import BrowserToolApproved, NativeAnswered
 from ..core.chat_request import ApprovalAnswer, ToolOutput, TurnPlan
 from ..core.deadlines import Deadline, deadline_key
 from ..core.ledger import NativeConfirmation
 from ..core.protocol import ClientVersion, encode_chunk
+from ..core.turn_outputs import BrowserApproved, NativeSettled, Output
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import SessionConfirmations
@@ -37,6 +39,11 @@ __all__ = ["NativeConfirmations"]
 
 log = structlog.get_logger("adk_gateway.chat.confirmations")
 
+
+
+def settled(outputs: list[Output]) -> NativeConfirmation | None:
+    """The confirmation a `NativeAnswered` settled, if it was pending in the chat."""
+    return next((o.confirmation for o in outputs if isinstance(o, NativeSettled)), None)
 
 class NativeConfirmations:
     """The native confirmations' side of admission, for the chat service. `settled` is told the
@@ -99,7 +106,7 @@ class NativeConfirmations:
     def _lose(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
-            pending = chat.ledger.answer_native(answer.approval_id)
+            pending = settled(chat.actor.handle(NativeAnswered(answer.approval_id)))
             if pending is not None:
                 self.observe_cancelled(chat.agent, pending, now)
             log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
@@ -109,12 +116,11 @@ class NativeConfirmations:
         now = self._clock()
         for answer in answers:
             self._settled(deadline_key(chat.chat_id, answer.approval_id))
+            event = NativeAnswered(answer.approval_id, answer.tool_call_id, timed_out=answer.timed_out)
+            pending = settled(chat.actor.handle(event))
             if answer.timed_out:
-                pending = chat.ledger.time_out_native(answer.approval_id)
                 self._metrics.approval_timeouts.labels(chat.agent, answer.tool_name).inc()
                 log.info("approval_timed_out", approval_id=answer.approval_id, tool=answer.tool_name, payload=answer.payload is not None)
-            else:
-                pending = chat.ledger.answer_native(answer.approval_id, answer.tool_call_id)
             if pending is None:
                 # Unknown here (e.g. the gateway restarted): ADK still holds the paused call, so the
                 # answer is forwarded anyway; ADK matches it against its own session.
@@ -190,10 +196,10 @@ class NativeConfirmations:
         run.end_response(now)
         chat.run = run
         for call in calls:
-            pending = chat.ledger.native(call.approval_id)
-            if pending is not None and pending.in_browser and pending.approved_at is None:
+            for approved in chat.actor.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall())):
+                assert isinstance(approved, BrowserApproved)
+                pending = approved.confirmation
                 self.observe_native(chat.agent, pending, "approved", now)
-                chat.ledger.approve_in_browser(call.approval_id, now)
                 log.info("approval_answered", approval_id=call.approval_id, tool=call.tool, outcome="approved")
                 deadline = self._timeouts.approved(chat, pending)
                 if deadline is not None:

@@ -18,7 +18,7 @@ import structlog
 
 from ..upstream.agents import Agents
 from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.chat_events import CallCancelled, GateOpened
+from ..core.chat_events import CallCancelled, CallRecorded, GateOpened
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics
@@ -79,12 +79,11 @@ class Gates:
             return _refusal(
                 "too_many_pending", "Too many tool calls are already waiting for the user in this chat; the call was not run."
             )
-        call = chat.ledger.add(
-            GatedCall.open(
-                user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
-                tool=tool, args=args, policy=policy, now=self._clock(),
-            )
+        call = GatedCall.open(
+            user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
+            tool=tool, args=args, policy=policy, now=self._clock(),
         )
+        chat.actor.handle(CallRecorded(call))
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()

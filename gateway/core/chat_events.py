@@ -17,8 +17,9 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "Attached", "CallCancelled", "ChatEvent", "DeadlineReached", "GateOpened", "Resumed",
-    "RunClosed", "RunFailed", "RunStarts", "Settled", "UpstreamRead",
+    "Aborted", "Answered", "Attached", "BrowserToolApproved", "CallCancelled", "CallRecorded", "ChatEvent",
+    "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
+    "RunStarts", "Settled", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -127,7 +128,43 @@ class RunClosed:
     now: float
 
 
+@dataclass(frozen=True, slots=True)
+class CallRecorded:
+    """The plugin asked about a gated call of the running run: the chat's ledger records it (it is
+    shown to the browser by `GateOpened`, once the cluster recorded it too)."""
+
+    call: GatedCall
+
+
+@dataclass(frozen=True, slots=True)
+class NativeAnswered:
+    """An answer to ADK confirmation `approval_id` goes out to ADK now, or the confirmation is
+    settled without one (ADK lost it); `timed_out`: the gateway's answer at its deadline."""
+
+    approval_id: str
+    tool_call_id: str = ""
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserToolApproved:
+    """The person approved a browser tool's ADK confirmation: the browser runs it now, and its
+    output will answer the confirmation. `wall`: the wall clock, for its shared deadline."""
+
+    approval_id: str
+    now: float
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationsSeen:
+    """The gateway now knows of the confirmations pending in the chat: those it had not seen yet
+    are seen at `wall` (their deadlines run from the later of this and ADK's own time)."""
+
+    wall: float
+
+
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
-    | RunFailed | Aborted | RunClosed
+    | RunFailed | Aborted | RunClosed | CallRecorded | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
 )

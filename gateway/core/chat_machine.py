@@ -22,11 +22,12 @@ from typing import Any, Final
 
 from .approvals import GatedCall
 from .chat_events import (
-    Aborted, Answered, Attached, CallCancelled, ChatEvent, DeadlineReached, GateOpened, Resumed, RunClosed, RunFailed,
-    RunStarts, Settled, UpstreamRead,
+    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, Settled, UpstreamRead,
 )
 from .ledger import Ledger
 from .turn import CallChanged, Output, Turn
+from .turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
 
 __all__ = ["TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -49,12 +50,16 @@ _RUN_EVENTS: Final = (
 # writes but still releases a call and reports once; nothing may feed it events or attach to it.
 _AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
 
+# ADK's confirmations are asked by one run and answered by the request that starts the next (or
+# settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase.
+_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen)
+
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
-# one is ended first (RunFailed or Aborted, then RunClosed).
+# one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
 TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
-    {(Phase.NEW, RunStarts), (Phase.NEW, CallCancelled), (Phase.NEW, DeadlineReached)}
-    | {(Phase.RUNNING, kind) for kind in _RUN_EVENTS}
-    | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN)}
+    {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, *_NATIVE)}
+    | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, CallRecorded, *_NATIVE)}
+    | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN, *_NATIVE)}
 )
 
 
@@ -144,6 +149,31 @@ class ChatMachine:
     def _close(self, event: RunClosed) -> list[Output]:
         return self._current().end(event.now)
 
+    def _record(self, event: CallRecorded) -> list[Output]:
+        self.ledger.add(event.call)
+        return []
+
+    def _native_answered(self, event: NativeAnswered) -> list[Output]:
+        ledger = self.ledger
+        if event.timed_out:
+            return [NativeSettled(event.approval_id, ledger.time_out_native(event.approval_id))]
+        return [NativeSettled(event.approval_id, ledger.answer_native(event.approval_id, event.tool_call_id))]
+
+    def _browser_approved(self, event: BrowserToolApproved) -> list[Output]:
+        confirmation = self.ledger.approve_in_browser(event.approval_id, event.now)
+        if confirmation is None:
+            return []
+        confirmation.approved_wall = event.wall
+        return [BrowserApproved(confirmation)]
+
+    def _seen(self, event: ConfirmationsSeen) -> list[Output]:
+        out: list[Output] = []
+        for confirmation in self.ledger.pending_native():
+            if confirmation.seen_at is None:
+                confirmation.seen_at = event.wall
+                out.append(ConfirmationSeen(confirmation))
+        return out
+
     def _current(self) -> Turn:
         assert self.turn is not None  # TRANSITIONS lets these in only once a run started
         return self.turn
@@ -172,4 +202,8 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     RunFailed: ChatMachine._fail,
     Aborted: ChatMachine._abort,
     RunClosed: ChatMachine._close,
+    CallRecorded: ChatMachine._record,
+    NativeAnswered: ChatMachine._native_answered,
+    BrowserToolApproved: ChatMachine._browser_approved,
+    ConfirmationsSeen: ChatMachine._seen,
 }

@@ -1,4 +1,5 @@
-"""What a turn asks its I/O shell to do: the outputs `Turn` (turn.py) returns, in order (sans-IO).
+"""What a chat's machine asks its shell to do: the outputs `Turn` (turn.py) and `ChatMachine`
+(chat_machine.py) return, in order (sans-IO).
 
 The chat's actor (chat/actor.py) carries each one out: responses opened and closed in the chat's chunk
 log, chunks written there, a released call's verdict sent to the plugin, metrics and log lines.
@@ -13,7 +14,8 @@ from .ledger import NativeConfirmation
 from .message_writer import Chunk
 
 __all__ = [
-    "Bypassed", "CallChanged", "Chunks", "CloseResponse", "NativeAsked", "OpenResponse", "Output", "Raised", "RunEnded",
+    "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
+    "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded",
 ]
 
 
@@ -72,4 +74,30 @@ class Raised:
     error: Exception
 
 
-Output = OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised
+@dataclass(frozen=True, slots=True)
+class NativeSettled:
+    """A native confirmation is answered (or settled unanswered): `confirmation` if it was pending
+    in this chat, None if only ADK's session knew it. Its metrics are the caller's to observe."""
+
+    approval_id: str
+    confirmation: NativeConfirmation | None
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserApproved:
+    """A browser tool's confirmation was approved, the first time: its output is awaited now."""
+
+    confirmation: NativeConfirmation
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationSeen:
+    """The gateway sees a pending confirmation for the first time: its deadline can be set now."""
+
+    confirmation: NativeConfirmation
+
+
+Output = (
+    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised | NativeSettled
+    | BrowserApproved | ConfirmationSeen
+)

@@ -7,18 +7,20 @@ a task's, and the one deadline the shell's timer waits for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
-    Aborted, Answered, Attached, CallCancelled, DeadlineReached, GateOpened, Resumed, RunClosed, RunFailed, RunStarts,
-    Settled, UpstreamRead,
+    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunStarts, UpstreamRead, RunFailed,
 )
+from gateway.core.ledger import NativeConfirmation
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
+from gateway.core.turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
 
 PAY = ToolPolicy(approval=True, timeout=30)
 
@@ -41,7 +43,8 @@ def _asks(machine: ChatMachine, call_id: str, now: float = 0.0) -> GatedCall:
     """The model calls `pay`, the plugin asks: the call waits for a person."""
     event = {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": "pay", "args": {}}}]}}
     machine.handle(UpstreamRead([event], now))
-    call = machine.ledger.add(_call(call_id, now))
+    call = _call(call_id, now)
+    machine.handle(CallRecorded(call))
     machine.handle(GateOpened(call, now))
     return call
 
@@ -95,11 +98,7 @@ def test_an_ended_run_takes_no_more_upstream_events_nor_attaches() -> None:
 
 
 def test_the_table_lists_every_event_in_some_phase() -> None:
-    kinds = {kind for _, kind in TRANSITIONS}
-    assert kinds == {
-        RunStarts, UpstreamRead, GateOpened, Attached, Answered, Resumed, Settled, CallCancelled, DeadlineReached,
-        RunFailed, Aborted, RunClosed,
-    }
+    assert {kind for _, kind in TRANSITIONS} == set(get_args(ChatEvent))
 
 
 def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released() -> None:
@@ -142,3 +141,48 @@ def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
     assert call.outcome is Outcome.CANCELLED and not machine.running
     assert any(isinstance(o, CloseResponse) for o in out)
     assert [o.outcome for o in out if isinstance(o, RunEnded)] == ["error"]
+
+
+def test_the_plugin_asks_only_while_a_run_runs() -> None:
+    machine = ChatMachine()
+    with pytest.raises(MachineError):
+        machine.handle(CallRecorded(_call("c1")))
+    machine.handle(_start())
+    machine.handle(RunClosed(1.0))
+    with pytest.raises(MachineError):
+        machine.handle(CallRecorded(_call("c1")))
+    assert machine.ledger.call("c1") is None
+
+
+def _asked(machine: ChatMachine, approval_id: str, *, in_browser: bool = False) -> NativeConfirmation:
+    """A run asked ADK's confirmation and ended: it waits for the person."""
+    machine.handle(_start())
+    confirmation = NativeConfirmation(approval_id, "c-" + approval_id, "pay", in_browser=in_browser)
+    machine.ledger.ask(confirmation)
+    machine.handle(RunClosed(1.0))
+    return confirmation
+
+
+def test_confirmations_are_seen_once_answered_once_and_known_answered_after() -> None:
+    machine = ChatMachine()
+    asked = _asked(machine, "a1")
+    assert machine.handle(ConfirmationsSeen(100.0)) == [ConfirmationSeen(asked)] and asked.seen_at == 100.0
+    assert machine.handle(ConfirmationsSeen(200.0)) == [] and asked.seen_at == 100.0
+    assert machine.handle(NativeAnswered("a1", asked.tool_call_id)) == [NativeSettled("a1", asked)]
+    assert machine.ledger.native_answered("a1") and not machine.ledger.native_pending("a1")
+    # A replay is settled again but finds nothing pending: the caller forwards nothing twice.
+    assert machine.handle(NativeAnswered("a1")) == [NativeSettled("a1", None)]
+
+
+def test_a_replica_that_never_ran_the_chat_records_answers_too() -> None:
+    machine = ChatMachine()
+    assert machine.handle(NativeAnswered("a9", "c9", timed_out=True)) == [NativeSettled("a9", None)]
+    assert machine.ledger.native_timed_out("a9") and machine.phase is Phase.NEW
+
+
+def test_a_browser_tool_is_approved_once_with_both_clocks() -> None:
+    machine = ChatMachine()
+    asked = _asked(machine, "b1", in_browser=True)
+    assert machine.handle(BrowserToolApproved("b1", 5.0, 1000.0)) == [BrowserApproved(asked)]
+    assert asked.approved_at == 5.0 and asked.approved_wall == 1000.0 and asked.awaits_output
+    assert machine.handle(BrowserToolApproved("b1", 6.0, 1001.0)) == [] and asked.approved_wall == 1000.0
