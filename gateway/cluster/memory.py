@@ -4,7 +4,8 @@ A `MemoryHub` is what replicas would share; each `MemoryState` is one replica's 
 production there is one replica and one hub per process, so every chat is local and nothing is
 ever forwarded. Tests put several replicas on one hub to run the same contract as the Redis
 backend (tests/unit/test_cluster_state.py) and to drive the router without a network.
-Chat records expire `ttl` after their last claim, as in Redis; call records after theirs.
+Chat records expire `ttl` after their last claim, as in Redis; call records after theirs; chat
+states `ttl` after they were last stored.
 Confirmation deadlines live as long as the process.
 """
 
@@ -14,11 +15,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+import structlog
+
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
 from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
 
 __all__ = ["MemoryHub", "MemoryState"]
+
+log = structlog.get_logger("adk_gateway.cluster.memory")
 
 
 # How long an ended relay stays readable: a reader a little behind still finds its end.
@@ -32,6 +38,15 @@ class _ChatRecord:
     expires: float
     agent: str
     run: str = ""
+
+
+@dataclass(frozen=True)
+class _ChatState:
+    user_id: str
+    # As JSON, as Redis keeps it: what the caller changes afterwards is not stored, and what is
+    # not JSON fails here as it would there.
+    state: bytes
+    expires: float
 
 
 @dataclass
@@ -49,6 +64,7 @@ class MemoryHub:
     relays: dict[str, _Relay] = field(default_factory=dict)
     calls: dict[str, dict[str, str]] = field(default_factory=dict)
     tickets: dict[str, dict[str, str]] = field(default_factory=dict)
+    states: dict[str, _ChatState] = field(default_factory=dict)
     # Confirmation deadlines: kept by the process, so lost with it (the late-answer rule covers
     # a restart: docs/approvals.md).
     deadlines: DeadlineQueue = field(default_factory=DeadlineQueue)
@@ -156,6 +172,28 @@ class MemoryState(SharedState):
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
         return self.hub.tickets.pop(key, None)
+
+    async def put_chat_state(self, user_id: str, chat_id: str, state: dict[str, Any], *, ttl: float) -> None:
+        loop = asyncio.get_running_loop()
+        stored = _ChatState(user_id, orjson.dumps(state), loop.time() + ttl)
+        self.hub.states[chat_id] = stored
+        # Dropped at its expiry unless stored again since (a timer of an earlier put must not
+        # drop a later state).
+        loop.call_later(ttl, self._drop_state, chat_id, stored)
+
+    def _drop_state(self, chat_id: str, stored: _ChatState) -> None:
+        if self.hub.states.get(chat_id) is stored:
+            del self.hub.states[chat_id]
+
+    async def get_chat_state(self, user_id: str, chat_id: str) -> dict[str, Any] | None:
+        stored = self.hub.states.get(chat_id)
+        if stored is None or stored.expires <= asyncio.get_running_loop().time():
+            return None
+        if stored.user_id != user_id:
+            log.warning("chat_state_foreign", replica=self.replica_id, chat_id=chat_id)
+            return None
+        state: dict[str, Any] = orjson.loads(stored.state)
+        return state
 
     async def add_deadline(self, deadline: Deadline) -> None:
         self.hub.deadlines.add(deadline)

@@ -14,15 +14,16 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
 - `{p}:deadlines`, `{p}:deadline`: confirmation deadlines (redis_deadlines.py).
+- `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
 This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
-run marks); the inbox is redis_inbox.py's, the relays, call records and tickets redis_records.py's,
-the deadlines redis_deadlines.py's, each given the client, prefix and seal.
+run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
+redis_records.py's, the deadlines redis_deadlines.py's, each given the client, prefix and seal.
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
-ticket records) is sealed with `sessions.secret` (sealing.py) and opened before use; what does not
-open is logged without its content and treated as absent. Inbox messages are stamped on Redis's
-clock inside their seal: one 30 s old, or received already, is a replay. The directory, heartbeats
-and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
+ticket records, chat states) is sealed with `sessions.secret` (sealing.py) and opened before use;
+what does not open is logged without its content and treated as absent. Inbox messages are stamped
+on Redis's clock inside their seal: one 30 s old, or received already, is a replay. The directory,
+heartbeats and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
 
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
@@ -320,6 +321,12 @@ class RedisState(SharedState):
 
     async def take_ticket(self, key: str) -> dict[str, str] | None:
         return await self._op(self._records.take_ticket(key))  # type: ignore[no-any-return]
+
+    async def put_chat_state(self, user_id: str, chat_id: str, state: dict[str, Any], *, ttl: float) -> None:
+        await self._op(self._records.put_chat_state(user_id, chat_id, state, ttl=ttl))
+
+    async def get_chat_state(self, user_id: str, chat_id: str) -> dict[str, Any] | None:
+        return await self._op(self._records.get_chat_state(user_id, chat_id))  # type: ignore[no-any-return]
 
     async def add_deadline(self, deadline: Deadline) -> None:
         await self._op(self._deadlines.add(deadline))

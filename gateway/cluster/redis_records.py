@@ -1,12 +1,14 @@
 """Sealed records in Redis (`sessions.backend: redis`): what one replica writes for another to read.
 
-Three kinds, under `sessions.key_prefix` (docs/scaling.md has the table):
+Four kinds, under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:relay:{key}`: a stream per relayed response, one sealed entry per batch of chunks, capped
   and expiring;
 - `{p}:call:{approval id}`: a gated call's hash, each field sealed on its own (the verdict is
   written after the rest, by the same owner);
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record, its expiry on Redis's clock
-  inside the seal, taken with GETDEL so it opens one socket.
+  inside the seal, taken with GETDEL so it opens one socket;
+- `{p}:state:{chat id}`: a chat's state (its approvals, as its machine saved them) with its user,
+  one sealed JSON value replaced at every save, expiring with the chat.
 
 Each seal covers where the value is written (sealing.py), so none can be moved elsewhere; what does
 not open is logged without its content and treated as absent. Raises what redis-py raises; the
@@ -16,6 +18,7 @@ owner, RedisState, turns it into SharedStateDown (as with redis_deadlines.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -33,7 +36,7 @@ _RELAY_TTL_MS = 300_000
 
 
 class RedisRecords:
-    """The relays, call records and tickets of one RedisState (its client, key prefix and seal).
+    """The relays, call records, tickets and chat states of one RedisState (its client, key prefix and seal).
     `redis_ms`: now on Redis's clock, as of the last heartbeat (None before the first)."""
 
     def __init__(
@@ -124,3 +127,29 @@ class RedisRecords:
             return None
         record: dict[str, str] = stored["record"]
         return record
+
+    async def put_chat_state(self, user_id: str, chat_id: str, state: dict[str, Any], *, ttl: float) -> None:
+        name = self._key("state", chat_id)
+        # The user inside the seal: chat ids are global, and a state is read back under its user only.
+        sealed = self._seal.seal(orjson.dumps({"user": user_id, "state": state}), name)
+        await self._redis.set(name, sealed, px=max(int(ttl * 1000), 1))
+
+    async def get_chat_state(self, user_id: str, chat_id: str) -> dict[str, Any] | None:
+        name = self._key("state", chat_id)
+        raw = await self._redis.get(name)
+        if raw is None:
+            return None
+        try:
+            stored = orjson.loads(self._seal.open(raw, name))
+        except (Tampered, orjson.JSONDecodeError):
+            log.warning("chat_state_tampered", replica=self._replica_id, chat_id=chat_id)
+            return None
+        state = stored.get("state") if isinstance(stored, dict) else None
+        if not isinstance(state, dict):
+            # Sealed by a replica, so not a forgery: a shape this release does not read.
+            log.warning("chat_state_unreadable", replica=self._replica_id, chat_id=chat_id)
+            return None
+        if stored.get("user") != user_id:
+            log.warning("chat_state_foreign", replica=self._replica_id, chat_id=chat_id)
+            return None
+        return state

@@ -2,9 +2,10 @@
 
 Whoever can write to Redis could otherwise forge what one replica tells another: a verdict that
 runs a gated call, a ticket record that opens a socket, a relayed chunk, a refusal whose headers
-reach a browser. The Redis backend (redis.py) seals every inbox message, gated-call record field,
-relay entry and ticket record it writes, and opens each before use; what does not open is logged
-and treated as absent (docs/security.md, "Trust boundary: Redis").
+reach a browser, a chat's state that approves a call. The Redis backend (redis.py) seals every inbox
+message, gated-call record field, relay entry, ticket record and chat state it writes, and opens each
+before use; what does not open is logged and treated as absent (docs/security.md, "Trust boundary:
+Redis").
 
 A sealed value is a version byte, the 32-byte tag, then the payload, which stays readable: the seal
 gives integrity, not secrecy. The tag covers a context as well as the payload, the Redis key or

@@ -1,6 +1,6 @@
 """The contract of the state that gateway replicas share, and what every backend raises.
 
-A backend owns five things, and nothing about runs, chunks or HTTP (router.py and the modules it
+A backend owns these things, and nothing about runs, chunks or HTTP (router.py and the modules it
 drives do that):
 
 - the chat directory: which user and which agent a chat id belongs to (chat ids are global, so
@@ -17,7 +17,10 @@ drives do that):
 - WebSocket tickets: short-lived, single-use credentials for a socket's handshake (access/tickets.py),
   so a ticket issued by one replica opens a socket on any;
 - confirmation deadlines (confirm mode, core/deadlines.py): ordered by due time, each claimed by exactly
-  one replica once it passed (deadline_timer.py answers it on the chat's owner).
+  one replica once it passed (deadline_timer.py answers it on the chat's owner);
+- chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
+  the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
+  user, and read back under that user only.
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -183,6 +186,19 @@ class SharedState(abc.ABC):
     @abc.abstractmethod
     async def next_deadline(self) -> float | None:
         """When the earliest deadline kept is due, or None."""
+
+    # ---- chat states -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def put_chat_state(self, user_id: str, chat_id: str, state: dict[str, Any], *, ttl: float) -> None:
+        """Store a chat's state (a JSON object) for `ttl` seconds (the chat's idle TTL), replacing
+        the one stored before."""
+
+    @abc.abstractmethod
+    async def get_chat_state(self, user_id: str, chat_id: str) -> dict[str, Any] | None:
+        """The chat's state as last stored, or None: never stored, expired, or stored under another
+        user (chat ids are global: one user's state is never read back under another's id; logged
+        without its content)."""
 
     # ---- WebSocket tickets -----------------------------------------------------------------
 

@@ -308,6 +308,57 @@ async def test_a_forged_relay_entry_is_not_handed_out(cluster: Any) -> None:
     assert entries == [RelayEntry(0, [b'{"type":"start"}', b'{"type":"finish"}']), RelayEntry(2, end="done")]
 
 
+async def test_a_forged_or_moved_chat_state_reads_as_absent(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's state says which calls wait for a person and what was answered: one written by the
+    forger, or a genuine one copied from another chat, is not read (logged without its content)."""
+    from gateway.cluster import redis_records as records_module
+
+    a, b, inbox, forger = cluster
+    log = RecordingLog()
+    monkeypatch.setattr(records_module, "log", log)
+    state = {"ledger": {"adk-1": {"tool": "pay", "secret_arg": "IBAN-123"}}}
+    await a.put_chat_state("alice", "c1", state, ttl=60)
+    assert await b.get_chat_state("alice", "c1") == state
+    # Not sealed at all.
+    await forger.redis.set(forger.key("state", "c2"), orjson.dumps({"user": "alice", "state": state}), px=60_000)
+    assert await b.get_chat_state("alice", "c2") is None
+    # Sealed under another key.
+    other = Seal(["x" * 32]).seal(orjson.dumps({"user": "alice", "state": state}), forger.key("state", "c2"))
+    await forger.redis.set(forger.key("state", "c2"), other, px=60_000)
+    assert await b.get_chat_state("alice", "c2") is None
+    # Alice's genuine state copied to another chat's key (mallory's chat, or another of alice's).
+    copied = await forger.redis.get(forger.key("state", "c1"))
+    await forger.redis.set(forger.key("state", "c3"), copied, px=60_000)
+    assert await b.get_chat_state("alice", "c3") is None
+    assert await b.get_chat_state("mallory", "c3") is None
+    # A byte changed in place.
+    await forger.redis.set(forger.key("state", "c1"), copied[:-2] + b"0}", px=60_000)
+    assert await b.get_chat_state("alice", "c1") is None
+    assert log.named("chat_state_tampered") == [{"replica": "b", "chat_id": c} for c in ("c2", "c2", "c3", "c3", "c1")]
+    assert "IBAN" not in repr(log.events)
+
+
+async def test_a_sealed_chat_state_that_is_no_state_reads_as_absent(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealed by a replica (of another release, say) but not `{"user", "state": {...}}`: not read."""
+    from gateway.cluster import redis_records as records_module
+
+    a, b, inbox, forger = cluster
+    log = RecordingLog()
+    monkeypatch.setattr(records_module, "log", log)
+    seal = Seal([SECRET])
+    for n, payload in enumerate([b"not json", b"[1, 2]", b'{"user": "alice", "state": [1]}', b'{"user": "alice"}']):
+        name = forger.key("state", f"c{n}")
+        await forger.redis.set(name, seal.seal(payload, name), px=60_000)
+        assert await b.get_chat_state("alice", f"c{n}") is None
+    assert len(log.named("chat_state_tampered")) == 1  # not JSON
+    assert len(log.named("chat_state_unreadable")) == 3
+    # Under its user's id only: another's read is refused and said, without the content.
+    await a.put_chat_state("alice", "c9", {"ledger": {"adk-1": {"secret_arg": "IBAN-123"}}}, ttl=60)
+    assert await b.get_chat_state("mallory", "c9") is None
+    assert log.named("chat_state_foreign") == [{"replica": "b", "chat_id": "c9"}]
+    assert "IBAN" not in repr(log.events)
+
+
 # ---- a forged verdict does not release a gated call ---------------------------------------------
 
 GATED = """

@@ -302,6 +302,68 @@ async def test_a_ticket_is_taken_once_by_any_replica_and_expires(pair: tuple[Rep
     assert taken.count(record) == 1
 
 
+# A chat's state as its machine saves it: a JSON object, nested (core/chat_machine.py).
+STATE: dict[str, Any] = {
+    "version": 1,
+    "ledger": {"adk-1": {"tool": "process_payment", "args": {"amount": 12.5, "to": "Bob"}, "due": 1700000300.0}},
+    "answered": ["adk-0"],
+    "held": None,
+}
+
+
+async def test_a_chat_state_stored_by_one_replica_is_read_by_another(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    assert await b.state.get_chat_state("alice", chat) is None  # never stored
+    await a.state.put_chat_state("alice", chat, STATE, ttl=60)
+    assert await b.state.get_chat_state("alice", chat) == STATE
+    assert await a.state.get_chat_state("alice", chat) == STATE
+
+
+async def test_a_chat_state_stored_again_replaces_the_last(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.put_chat_state("alice", chat, STATE, ttl=0.3)
+    later = {"version": 1, "ledger": {}, "answered": ["adk-0", "adk-1"], "held": None}
+    await b.state.put_chat_state("alice", chat, later, ttl=60)
+    assert await a.state.get_chat_state("alice", chat) == later
+    # The later state keeps its own lifetime: the earlier one's expiry does not take it away.
+    await asyncio.sleep(0.5)
+    assert await a.state.get_chat_state("alice", chat) == later
+
+
+async def test_a_chat_state_is_never_read_under_another_user(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.put_chat_state("alice", chat, STATE, ttl=60)
+    for replica in (a, b):
+        assert await replica.state.get_chat_state("mallory", chat) is None
+    assert await b.state.get_chat_state("alice", chat) == STATE  # still alice's
+
+
+async def test_a_chat_state_expires_after_its_ttl(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    chat = chat_id()
+    await a.state.put_chat_state("alice", chat, STATE, ttl=0.2)
+    assert await b.state.get_chat_state("alice", chat) == STATE
+    await asyncio.sleep(0.4)
+    assert await b.state.get_chat_state("alice", chat) is None
+
+
+async def test_a_chat_state_read_back_is_a_copy(pair: tuple[Replica, Replica]) -> None:
+    """What the caller changes after storing, or after reading, is not the stored state (as over a
+    network: the memory backend keeps JSON too)."""
+    a, b = pair
+    chat = chat_id()
+    mine = {"ledger": {"adk-1": {"tool": "pay"}}}
+    await a.state.put_chat_state("alice", chat, mine, ttl=60)
+    mine["ledger"]["adk-2"] = {"tool": "pay"}
+    read = await b.state.get_chat_state("alice", chat)
+    assert read == {"ledger": {"adk-1": {"tool": "pay"}}}
+    read["ledger"].clear()
+    assert await b.state.get_chat_state("alice", chat) == {"ledger": {"adk-1": {"tool": "pay"}}}
+
+
 # ---- Redis only: the store goes away, or comes back empty ---------------------------------------
 
 
@@ -377,4 +439,23 @@ async def test_after_redis_lost_its_data_owners_write_their_chats_back_before_ot
     finally:
         for replica in (a, b):
             await replica.state.close()
+        server.stop()
+
+
+async def test_chat_states_fail_closed_while_redis_is_down(tmp_path: Path) -> None:
+    """A replica that cannot store or read a chat's approvals says so (503), never "no approvals"."""
+    server = RedisServer(tmp_path)
+    server.start()
+    replica = Replica(_redis_state(server, "a", "down-state"))
+    try:
+        await replica.start()
+        chat = chat_id()
+        await replica.state.put_chat_state("alice", chat, STATE, ttl=60)
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(SharedStateDown):
+            await replica.state.get_chat_state("alice", chat)
+        with pytest.raises(SharedStateDown):
+            await replica.state.put_chat_state("alice", chat, STATE, ttl=60)
+    finally:
+        await replica.state.close()
         server.stop()
