@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config.agent import ToolPolicy
-from gateway.core.approvals import GatedCall, Outcome
+from gateway.core.approvals import CallState, GatedCall, Outcome, Verdict
 from gateway.core.ledger import Ledger, MalformedLedger, NativeConfirmation
 from gateway.core.ledger_snapshot import MAX_DEPTH
 
@@ -69,7 +69,7 @@ WEIGHTED = (
     (1, st.tuples(st.just("begin_run"), st.lists(calls, max_size=2), st.lists(calls, max_size=2))),
     (1, st.tuples(st.just("closed"), calls)),
     (1, st.tuples(st.just("answered_unexpectedly"), calls)),
-    (1, st.tuples(st.just("deliver_output"), calls, st.none() | st.integers() | some_args, words)),
+    (1, st.tuples(st.just("deliver_output"), calls, st.none() | st.integers(-(2**63), 2**63) | some_args, words)),
     (1, st.tuples(st.just("expire"), calls, times)),
     (1, st.tuples(st.just("cancel"), calls, st.text(max_size=4))),
     (1, st.tuples(st.just("abandon"), calls, words)),
@@ -249,14 +249,22 @@ def test_the_bounded_answers_keep_their_order_and_forget_the_oldest_first_after_
     assert not restored.native_answered("old-44") and restored.answered_of_call("t1") == "new"
 
 
+verdicts = st.builds(Verdict, run=st.booleans(), response=st.none() | json_objects, reason=words)
+
+
 @FEW
-@given(policy=policies, now=times, call_args=json_objects)
-def test_a_call_comes_back_exactly(policy: ToolPolicy, now: float, call_args: dict[str, Any]) -> None:
+@given(policy=policies, now=times, call_args=json_objects, released=st.none() | st.tuples(verdicts, st.sampled_from(Outcome)))
+def test_a_call_comes_back_exactly(
+    policy: ToolPolicy, now: float, call_args: dict[str, Any], released: tuple[Verdict, Outcome] | None
+) -> None:
     call = GatedCall.open(
         user_id="u", chat_id="c", session_id="s", tool_call_id="t", tool="pay", args=call_args, policy=policy, now=now,
     )
+    if released is not None:  # a verdict as the plugin's side may make it too (with a reason)
+        call.state, (call.verdict, call.outcome) = CallState.RELEASED, released
     back = GatedCall.from_json(orjson.loads(orjson.dumps(call.as_json())))
     assert (back.created, back.deadline, back.waiting_since, back.policy) == (call.created, call.deadline, call.waiting_since, policy)
+    assert (back.state, back.outcome, back.verdict) == (call.state, call.outcome, call.verdict)
     assert back.as_json() == call.as_json()
 
 
@@ -325,6 +333,8 @@ MALFORMED = {
     "a confirmation position out of range": _set(("asking",), [5]),
     "a confirmation position that is true": _set(("asking",), [True]),
     "a confirmation held by nothing": _set(("asking",), []),
+    "a confirmation asked twice": _set(("asking",), [0, 0]),
+    "a confirmation pending twice": _set(("native",), [1, 1]),
     "a confirmation missing a field": _without("confirmations", 0, "in_browser"),
     "a confirmation flag that is a number": _set(("confirmations", 0, "approval"), 1),
     "an answer that is not a pair": _set(("answered",), [["n9"]]),
