@@ -7,17 +7,20 @@ run the tool, or answer the call with this response instead. A call is released 
 once: a replayed decision, a late output or a timeout after the fact changes nothing.
 
 No clock is read here: callers pass `now`. No I/O either: the turn (core/turn.py) changes calls, and
-the plugin's side (chat/gates.py) delivers their verdicts.
+the plugin's side (chat/gates.py) delivers their verdicts. A call is plain JSON data and back
+(`as_json`, `from_json`: a part of its chat's ledger's snapshot, core/ledger_snapshot.py).
 """
 
 from __future__ import annotations
 
+import copy
 import secrets
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from ..config.agent import ToolPolicy
+from .ledger_snapshot import MalformedLedger, flag, json_object, member, number, record, text
 
 __all__ = ["REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
 
@@ -92,6 +95,10 @@ class Verdict:
 
 
 RUN = Verdict(run=True)
+
+_TEXTS = ("id", "user_id", "chat_id", "session_id", "tool_call_id", "tool")
+_TIMES = ("created", "deadline", "waiting_since")
+_CALL_KEYS = (*_TEXTS, "args", "policy", *_TIMES, "state", "outcome", "verdict", "approved")
 
 
 @dataclass(eq=False)
@@ -194,6 +201,41 @@ class GatedCall:
         self.verdict = verdict
         self.outcome = outcome
 
+    # ---- as plain JSON: a part of the chat's ledger's snapshot (core/ledger_snapshot.py) ------
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field as plain JSON data (enums by value, the verdict whole); `from_json` reads it back."""
+        verdict = self.verdict
+        return {
+            **{key: getattr(self, key) for key in (*_TEXTS, *_TIMES)}, "args": copy.deepcopy(self.args),
+            "policy": self.policy.model_dump(mode="json"), "state": self.state.value,
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "verdict": None if verdict is None else {
+                "run": verdict.run, "response": copy.deepcopy(verdict.response), "reason": verdict.reason,
+            },
+            "approved": self.approved,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "call") -> GatedCall:
+        """The call `as_json` wrote; anything else raises MalformedLedger (no call is made of it)."""
+        fields = record(data, _CALL_KEYS, where)
+        try:
+            policy = ToolPolicy.model_validate(fields["policy"])
+        except ValueError as e:  # pydantic's ValidationError is one
+            raise MalformedLedger(f"{where}.policy: not a tool policy ({e.__class__.__name__}: {str(e)[:200]})") from None
+        state = member(CallState, fields, "state", where)
+        outcome = member(Outcome, fields, "outcome", where, optional=True)
+        verdict = None if fields["verdict"] is None else _verdict(fields["verdict"], f"{where}.verdict")
+        # Released once, with both its outcome and its verdict; never one without the other.
+        if len({state is CallState.RELEASED, outcome is not None, verdict is not None}) != 1:
+            raise MalformedLedger(f"{where}: state {state.value}, outcome and verdict do not agree")
+        return cls(
+            *(text(fields, key, where) for key in _TEXTS), json_object(fields, "args", where), policy,
+            number(fields, "created", where), number(fields, "deadline", where), state, outcome, verdict,
+            number(fields, "waiting_since", where), flag(fields, "approved", where),
+        )
+
     # ---- how the browser should see the outcome -----------------------------------------
 
     @property
@@ -202,3 +244,11 @@ class GatedCall:
         if self.outcome in (Outcome.DENIED, Outcome.CANCELLED):
             return True
         return self.outcome is Outcome.TIMEOUT and self.policy.on_timeout == "deny"
+
+
+def _verdict(data: Any, where: str) -> Verdict:
+    fields = record(data, ("run", "response", "reason"), where)
+    return Verdict(
+        flag(fields, "run", where), json_object(fields, "response", where, optional=True),
+        text(fields, "reason", where, optional=True),
+    )

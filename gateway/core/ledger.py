@@ -14,18 +14,23 @@ What a run asked or was told (the gated calls it expects, the confirmations it a
 person denied in the request that started it) is reset by `begin_run`: a chat runs one run at a time.
 
 Sans-IO: no clock (callers pass `now`), no I/O, no asyncio. The turn (core/turn.py) changes it; the chat
-service looks answers up in it; the converter asks it how to show a call.
+service looks answers up in it; the converter asks it how to show a call. Its state is plain JSON
+data and back (`snapshot`, `restore`; the format's checks: core/ledger_snapshot.py).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .approvals import GatedCall, Outcome
+from .ledger_snapshot import (
+    SNAPSHOT_VERSION, MalformedLedger, flag, indices, items, json_object, keyed, names, number, record, refer, text,
+)
 
-__all__ = ["Ledger", "NativeConfirmation"]
+__all__ = ["Ledger", "MalformedLedger", "NativeConfirmation"]
 
 # Answered native confirmations a chat remembers; older ones are looked up in ADK's session.
 _ANSWERED_KEPT = 256
@@ -60,6 +65,30 @@ class NativeConfirmation:
     def awaits_output(self) -> bool:
         """A browser tool's that nobody has to approve first, or that was approved."""
         return self.in_browser and (not self.approval or self.approved_at is not None)
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field as plain JSON data; `from_json` reads it back."""
+        return {key: copy.deepcopy(getattr(self, key)) for key in _NATIVE_KEYS}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "confirmation") -> NativeConfirmation:
+        """The confirmation `as_json` wrote; anything else raises MalformedLedger."""
+        fields = record(data, _NATIVE_KEYS, where)
+        return cls(
+            *(text(fields, key, where) for key in ("approval_id", "tool_call_id", "tool")),
+            asked_at=number(fields, "asked_at", where, optional=True), in_browser=flag(fields, "in_browser", where),
+            approval=flag(fields, "approval", where), args=json_object(fields, "args", where, optional=True),
+            approved_at=number(fields, "approved_at", where, optional=True),
+            seen_at=number(fields, "seen_at", where, optional=True),
+        )
+
+
+_NATIVE_KEYS = (
+    "approval_id", "tool_call_id", "tool", "asked_at", "in_browser", "approval", "args", "approved_at", "seen_at",
+)
+# The ledger's sets of names (dicts of None), under their snapshot's keys (the field is `_` + key).
+_NAME_SETS = ("current", "expected", "confirmable", "seen", "denied", "delivered", "timed_out")
+_SNAPSHOT_KEYS = ("v", "calls", "by_approval", "open", *_NAME_SETS, "confirmations", "asking", "native", "answered")
 
 
 class Ledger:
@@ -277,3 +306,63 @@ class Ledger:
 
     def pending_native(self) -> list[NativeConfirmation]:
         return list(self._native.values())
+
+    # ---- as plain JSON ---------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ledger's state as plain JSON data; `restore` makes an equal ledger of it. Each call
+        (by tool call id) and each confirmation (by position) is written once and named by the
+        maps that hold it, so the restored maps share them as these do. Every map is a list in its
+        order: the bounded ones forget the oldest first. A call the ledger shows is its own (`add`)."""
+        confirmations: dict[int, NativeConfirmation] = {}  # the same one may be asked and pending
+        for confirmation in (*self._asking.values(), *self._native.values()):
+            confirmations.setdefault(id(confirmation), confirmation)
+        position = {key: n for n, key in enumerate(confirmations)}
+        return {
+            "v": SNAPSHOT_VERSION,
+            "calls": [call.as_json() for call in self._calls.values()],
+            "by_approval": [call.tool_call_id for call in self._by_approval.values()],
+            "open": list(self._open),
+            **{key: list(getattr(self, "_" + key)) for key in _NAME_SETS},
+            "confirmations": [confirmation.as_json() for confirmation in confirmations.values()],
+            "asking": [position[id(c)] for c in self._asking.values()],
+            "native": [position[id(c)] for c in self._native.values()],
+            "answered": [[approval_id, tool_call_id] for approval_id, tool_call_id in self._answered.items()],
+        }
+
+    @classmethod
+    def restore(cls, data: Any) -> Ledger:
+        """The ledger `snapshot` wrote. Anything else (a key missing or unknown, a value of the wrong
+        type, a name of a call or confirmation that is not there, another version) raises
+        `MalformedLedger`: fail closed, no ledger is made of it."""
+        version = data.get("v") if isinstance(data, dict) else None
+        if type(version) is not int or version != SNAPSHOT_VERSION:
+            raise MalformedLedger(f"not a ledger snapshot of version {SNAPSHOT_VERSION} (v: {version!r:.60})")
+        fields = record(data, _SNAPSHOT_KEYS, "ledger")
+        ledger = cls()
+        calls = [GatedCall.from_json(raw, f"ledger.calls[{n}]") for n, raw in enumerate(items(fields, "calls", "ledger"))]
+        ledger._calls = keyed(calls, lambda call: call.tool_call_id, "ledger.calls")
+        by_approval = refer(names(fields, "by_approval", "ledger"), ledger._calls, "ledger.by_approval")
+        ledger._by_approval = keyed(by_approval, lambda call: call.id, "ledger.by_approval")
+        shown = refer(names(fields, "open", "ledger"), ledger._calls, "ledger.open")
+        ledger._open = {call.tool_call_id: call for call in shown}
+        for key in _NAME_SETS:
+            most = _ANSWERED_KEPT if key == "timed_out" else None
+            setattr(ledger, "_" + key, dict.fromkeys(names(fields, key, "ledger", most=most)))
+        refer(list(ledger._current), ledger._calls, "ledger.current")  # the calls this run opened are recorded
+        ledger._restore_native(fields)
+        return ledger
+
+    def _restore_native(self, fields: dict[str, Any]) -> None:
+        raw = items(fields, "confirmations", "ledger")
+        pool = [NativeConfirmation.from_json(c, f"ledger.confirmations[{n}]") for n, c in enumerate(raw)]
+        self._asking = keyed(indices(fields, "asking", "ledger", pool), lambda c: c.tool_call_id, "ledger.asking")
+        self._native = keyed(indices(fields, "native", "ledger", pool), lambda c: c.approval_id, "ledger.native")
+        if len({id(c) for c in (*self._asking.values(), *self._native.values())}) != len(pool):
+            raise MalformedLedger("ledger.confirmations: one that is neither asked nor pending")
+        answered = items(fields, "answered", "ledger", most=_ANSWERED_KEPT)
+        for n, pair in enumerate(answered):
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair)):
+                raise MalformedLedger(f"ledger.answered[{n}]: expected [approval id, tool call id]")
+        by_id = keyed(answered, lambda pair: pair[0], "ledger.answered")
+        self._answered = {approval_id: pair[1] for approval_id, pair in by_id.items()}
