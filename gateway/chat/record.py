@@ -40,6 +40,8 @@ class Chat:
     # The browser socket that drove the chat closed while its run went on, and no request of the
     # chat came since: its live session closes when the run ends (chat/agent_runs.py).
     browser_left: bool = False
+    # The chat's kept state was read (or is not needed) here: chat/kept_states.py.
+    adopted: bool = False
     machine: ChatMachine = field(default_factory=ChatMachine)
     # The only caller of `machine`; the registry makes it with the chat.
     actor: ChatActor = field(init=False, repr=False)

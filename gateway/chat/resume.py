@@ -9,7 +9,7 @@ the chat's last run, as if its runs had ended here (protocol.md 1.8).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -50,6 +50,7 @@ class Resumes:
         config: Callable[[], GatewayConfig],
         clock: Callable[[], float],
         chat: Callable[[Agent, str, str], Chat],
+        adopt: Callable[[Chat], Awaitable[None]],
     ) -> None:
         self._registry = registry
         self._agents = agents
@@ -57,6 +58,7 @@ class Resumes:
         self._config = config
         self._clock = clock
         self._chat = chat
+        self._adopt = adopt
 
     def resume(self, agent: str, user_id: str, chat_id: str) -> Attachment | None:
         """The response to replay and follow for a reconnecting browser; None if there is none."""
@@ -97,6 +99,7 @@ class Resumes:
         if message is None:
             return None
         chat = self._chat(agent, user_id, chat_id)
+        await self._adopt(chat)
         if chat.run is not seen or chat.running:
             # A request of the chat got in while ADK answered: that is what a resume follows.
             return self.resume(agent_name, user_id, chat_id)

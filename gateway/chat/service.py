@@ -49,6 +49,8 @@ from .confirmations import NativeConfirmations
 from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
+from .kept_states import KeptStates
+from .live_chats import LiveChats
 from .record import Chat
 from .registry import ChatNotFound, Registry, TooManyChats
 from .resume import Resumes
@@ -109,8 +111,15 @@ class ChatService:
             agents=agents, runs=self.runs, metrics=metrics, timeouts=self.timeouts, config=lambda: self.config,
             clock=clock, new_id=new_id, settled=self._settled, kept=self._kept,
         )
+        self._live = LiveChats(
+            agents=agents, registry=registry, runs=self.runs, tasks=self._tasks, config=lambda: self.config, clock=clock,
+            new_id=new_id, chat=self._chat, abort=self.abort,
+        )
+        # Each chat's state, kept in the shared store by the cluster (chat/kept_states.py).
+        self.states = KeptStates(metrics, clock)
         self._resumes = Resumes(
             registry=registry, agents=agents, metrics=metrics, config=lambda: self.config, clock=clock, chat=self._chat,
+            adopt=self.states.adopt,
         )
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
@@ -119,6 +128,7 @@ class ChatService:
 
     def _run_done(self, chat: Chat) -> None:
         self.run_changed(chat, "")
+        self.states.changed(chat)
         for deadline in self.timeouts.new_deadlines(chat):
             self._kept(deadline)
 
@@ -159,6 +169,7 @@ class ChatService:
         plan = plan_turn(request)
         chat = self._chat(agent, user_id, request.chat_id)
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
+        await self.states.adopt(chat, needed=bool(plan.answers or plan.outputs))
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
         outputs = pending_outputs(chat, plan.outputs)
         browser = BrowserCalls(chat.ledger, agent.config.tool_policy)
@@ -195,7 +206,9 @@ class ChatService:
                 native, browser.by_id, new_message=plan.new_message is not None, waiting=chat.ledger.pending_native(),
             )
             if split.handover:
-                return self._native.hand_over(chat, plan, native, split.handover, request.version)
+                handed = self._native.hand_over(chat, plan, native, split.handover, request.version)
+                self.states.changed(chat)
+                return handed
             native = split.forward
         sent = {a.tool_call_id for a in native}
         carried = [o for o in carried if o.tool_call_id in sent]
@@ -296,46 +309,12 @@ class ChatService:
     async def send_audio(
         self, agent_name: str, user_id: str, chat_id: str, mime_type: str, data: str, version: ClientVersion
     ) -> Attachment | None:
-        """Realtime audio for the chat's live session.
-
-        Audio may start a turn by itself (the person just speaks): then the answer streams into a
-        new assistant message, returned here for the caller to follow. During a turn, audio is
-        only relayed and None is returned.
-        """
-        agent = self.agents.need(agent_name)
-        if not agent.live:
-            raise InvalidRequest("audio needs an agent in live mode (upstream.mode: live)")
-        chat = self._chat(agent, user_id, chat_id)
-        if not chat.running:
-            await self.runs.take_upstream(chat, agent)
-        link = await self.runs.live_link(chat)
-        blob = {"blob": {"mimeType": mime_type, "data": data}}
-        if link.in_turn or chat.running:
-            await link.send(blob)
-            return None
-        run = Run(self._new_id(), limit=self.config.chat.run_buffer_chunks)
-        start = RunStarts(run.message_id, self._clock(), version=version, policy=agent.config.tool_policy)
-        return self._tasks.launch(chat, run, start, self.runs.audio_turn(chat, blob), WaitSignal())
+        """Realtime audio for the chat's live session; the new turn it starts, if it starts one (chat/live_chats.py)."""
+        return await self._live.send_audio(agent_name, user_id, chat_id, mime_type, data, version)
 
     async def socket_closed(self, agent: str, user_id: str, chat_id: str) -> None:
-        """The browser socket that drove this chat went away (on this replica or another).
-
-        A live chat's session is a model connection paid for while it is open, so it is not kept
-        for a browser that left; but a turn under way outlives the socket, as over `/run_sse`, so
-        that a resume on a new socket reads it and an approval it waits on stays answerable: the
-        session closes when that turn ends, unless a request of the chat comes first. With
-        `chat.on_disconnect: cancel` the turn is cancelled (an `abort` chunk) and the session closed.
-        """
-        chat = self._registry.find_session(user_id, chat_id)
-        if chat is None or chat.agent != agent or not self.runs.live(chat):
-            return
-        if chat.running and self.config.chat.on_disconnect == "cancel":
-            self.abort(agent, user_id, chat_id)
-            await chat.actor.ended(_CLOSE_TIMEOUT)
-        if chat.running:
-            chat.browser_left = True
-            return
-        await self.runs.close_live(chat)
+        """The browser socket that drove this chat went away, on this replica or another (chat/live_chats.py)."""
+        await self._live.socket_closed(agent, user_id, chat_id)
 
     async def close(self, reason: str = "The gateway is shutting down.") -> None:
         """Cancel every run still going and close live sessions (shutdown)."""
@@ -359,6 +338,7 @@ class ChatService:
             chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
         except (ChatNotFound, Limited):
             return None
+        await self.states.adopt(chat)
         decided = await self.timeouts.decide(agent, chat, deadline, self.runs.confirmations)
         if not isinstance(decided, tuple):
             return decided

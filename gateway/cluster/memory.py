@@ -65,6 +65,7 @@ class MemoryHub:
     calls: dict[str, dict[str, str]] = field(default_factory=dict)
     tickets: dict[str, dict[str, str]] = field(default_factory=dict)
     states: dict[str, _ChatState] = field(default_factory=dict)
+    states_purge_at: int = 64
     # Confirmation deadlines: kept by the process, so lost with it (the late-answer rule covers
     # a restart: docs/approvals.md).
     deadlines: DeadlineQueue = field(default_factory=DeadlineQueue)
@@ -174,20 +175,22 @@ class MemoryState(SharedState):
         return self.hub.tickets.pop(key, None)
 
     async def put_chat_state(self, user_id: str, chat_id: str, state: dict[str, Any], *, ttl: float) -> None:
-        loop = asyncio.get_running_loop()
-        stored = _ChatState(user_id, orjson.dumps(state), loop.time() + ttl)
-        self.hub.states[chat_id] = stored
-        # Dropped at its expiry unless stored again since (a timer of an earlier put must not
-        # drop a later state).
-        loop.call_later(ttl, self._drop_state, chat_id, stored)
-
-    def _drop_state(self, chat_id: str, stored: _ChatState) -> None:
-        if self.hub.states.get(chat_id) is stored:
-            del self.hub.states[chat_id]
+        now = asyncio.get_running_loop().time()
+        states = self.hub.states
+        states[chat_id] = _ChatState(user_id, orjson.dumps(state), now + ttl)
+        # No timer per put (each would keep its state until the TTL): expired states are dropped
+        # when read, and all at once whenever the table has doubled since the last purge.
+        if len(states) >= self.hub.states_purge_at:
+            for key in [key for key, kept in states.items() if kept.expires <= now]:
+                del states[key]
+            self.hub.states_purge_at = max(64, 2 * len(states))
 
     async def get_chat_state(self, user_id: str, chat_id: str) -> dict[str, Any] | None:
         stored = self.hub.states.get(chat_id)
-        if stored is None or stored.expires <= asyncio.get_running_loop().time():
+        if stored is None:
+            return None
+        if stored.expires <= asyncio.get_running_loop().time():
+            del self.hub.states[chat_id]
             return None
         if stored.user_id != user_id:
             log.warning("chat_state_foreign", replica=self.replica_id, chat_id=chat_id)

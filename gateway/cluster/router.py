@@ -50,24 +50,13 @@ from .deadline_timer import DeadlineTimer
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
-    Abort,
-    Answer,
-    Audio,
-    Expire,
-    Forwarded,
-    Gate,
-    MalformedMessage,
-    Relayed,
-    Released,
-    Reply,
-    Resume,
-    SocketClosed,
-    Submit,
+    Abort, Answer, Audio, Expire, Forwarded, Gate, MalformedMessage, Relayed, Released, Reply, Resume, SocketClosed, Submit,
     from_json,
 )
 from .relay import Relays
 from .remote_gate import RemoteGate
 from .shared import Claim, LocalChat, SharedState, SharedStateDown
+from .state_keeper import StateKeeper
 from .tasks import Tasks
 
 __all__ = ["Cluster"]
@@ -119,6 +108,7 @@ class Cluster:
         chats.on_deadline = self._deadlines.add
         chats.on_settled = self._deadlines.drop
         self._forwarded.expire = self._expire_forwarded
+        StateKeeper(state, chats, self._tasks, timeout=settings.forward_timeout)
 
     @property
     def replica_id(self) -> str:

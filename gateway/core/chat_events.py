@@ -19,7 +19,7 @@ from .protocol import ClientVersion
 __all__ = [
     "Aborted", "Answered", "Attached", "BrowserToolApproved", "CallCancelled", "CallRecorded", "ChatEvent",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "RunStarts", "Settled", "UpstreamRead",
+    "RunStarts", "Settled", "StateRestored", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -164,7 +164,17 @@ class ConfirmationsSeen:
     wall: float
 
 
+@dataclass(frozen=True, slots=True)
+class StateRestored:
+    """The chat's state as a machine saved it elsewhere (`ChatMachine.snapshot`, kept in the shared
+    store): taken by a machine that has done nothing yet, for a chat this process takes over."""
+
+    snapshot: Any
+    now: float
+
+
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | CallRecorded | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
+    | StateRestored
 )

@@ -23,13 +23,17 @@ from typing import Any, Final
 from .approvals import GatedCall
 from .chat_events import (
     Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, Settled, UpstreamRead,
+    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, Settled, StateRestored,
+    UpstreamRead,
 )
 from .ledger import Ledger
+from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
 from .turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
 
-__all__ = ["TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
+__all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
+
+SNAPSHOT_VERSION: Final = 1
 
 
 class Phase(Enum):
@@ -57,7 +61,7 @@ _NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen)
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
 # one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
 TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
-    {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, *_NATIVE)}
+    {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, StateRestored, *_NATIVE)}
     | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, CallRecorded, *_NATIVE)}
     | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN, *_NATIVE)}
 )
@@ -91,6 +95,11 @@ class ChatMachine:
     def next_deadline(self) -> float | None:
         """When the earliest call still waiting for a person times out; None if none waits."""
         return min((call.deadline for call in self.ledger.unreleased()), default=None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The chat's state as plain JSON, for `StateRestored` elsewhere: its ledger. A run under
+        way is not in it: its upstream stream is a connection of this process, gone with it."""
+        return {"v": SNAPSHOT_VERSION, "ledger": self.ledger.snapshot()}
 
     def handle(self, event: ChatEvent) -> list[Output]:
         """Apply `event`; the outputs to carry out, in order."""
@@ -149,6 +158,20 @@ class ChatMachine:
     def _close(self, event: RunClosed) -> list[Output]:
         return self._current().end(event.now)
 
+    def _restore(self, event: StateRestored) -> list[Output]:
+        data = event.snapshot
+        if not isinstance(data, dict) or data.get("v") != SNAPSHOT_VERSION or set(data) != {"v", "ledger"}:
+            raise MalformedLedger(f"not a chat state of version {SNAPSHOT_VERSION}")
+        if not self.ledger.empty:
+            raise MachineError("a chat state is restored only into a chat that has recorded nothing yet")
+        self.ledger = Ledger.restore(data["ledger"])  # raises MalformedLedger: nothing changed then
+        # A call left waiting was held by the process that saved the state: its plugin request went
+        # with that process, and nobody here can show it. It ends as the end of its run would end it.
+        out: list[Output] = []
+        for call in self.ledger.unreleased():
+            out += _release_alone(self.ledger, call, lambda c: c.cancel("the gateway replica that held it stopped"), event.now)
+        return out
+
     def _record(self, event: CallRecorded) -> list[Output]:
         self.ledger.add(event.call)
         return []
@@ -206,4 +229,5 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     NativeAnswered: ChatMachine._native_answered,
     BrowserToolApproved: ChatMachine._browser_approved,
     ConfirmationsSeen: ChatMachine._seen,
+    StateRestored: ChatMachine._restore,
 }

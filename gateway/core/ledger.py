@@ -80,11 +80,13 @@ class NativeConfirmation:
             approval=flag(fields, "approval", where), args=json_object(fields, "args", where, optional=True),
             approved_at=number(fields, "approved_at", where, optional=True),
             seen_at=number(fields, "seen_at", where, optional=True),
+            approved_wall=number(fields, "approved_wall", where, optional=True),
         )
 
 
 _NATIVE_KEYS = (
     "approval_id", "tool_call_id", "tool", "asked_at", "in_browser", "approval", "args", "approved_at", "seen_at",
+    "approved_wall",
 )
 # The ledger's sets of names (dicts of None), under their snapshot's keys (the field is `_` + key).
 _NAME_SETS = ("current", "expected", "confirmable", "seen", "denied", "delivered", "timed_out")
@@ -127,6 +129,11 @@ class Ledger:
         self._asking.clear()
         self._denied = dict.fromkeys(denied)
         self._delivered = dict.fromkeys(delivered)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing was ever recorded here (a new ledger): no call, confirmation or answer."""
+        return not (self._calls or self._asking or self._native or self._answered or self._timed_out)
 
     # ---- gated calls -----------------------------------------------------------------------
 

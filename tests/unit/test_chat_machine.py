@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+import orjson
 import pytest
 
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
     Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunStarts, UpstreamRead, RunFailed,
+    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunFailed, RunStarts, StateRestored, UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
+from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
 from gateway.core.turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
@@ -186,3 +188,59 @@ def test_a_browser_tool_is_approved_once_with_both_clocks() -> None:
     assert machine.handle(BrowserToolApproved("b1", 5.0, 1000.0)) == [BrowserApproved(asked)]
     assert asked.approved_at == 5.0 and asked.approved_wall == 1000.0 and asked.awaits_output
     assert machine.handle(BrowserToolApproved("b1", 6.0, 1001.0)) == [] and asked.approved_wall == 1000.0
+
+
+# ---- the machine's state as plain JSON ----------------------------------------------------------
+
+
+def test_a_chat_state_restores_into_a_fresh_machine_as_plain_json() -> None:
+    machine = ChatMachine()
+    asked = _asked(machine, "a1", in_browser=True)
+    machine.handle(ConfirmationsSeen(100.0))
+    machine.handle(BrowserToolApproved("a1", 5.0, 105.0))
+    machine.handle(NativeAnswered("a0", "c0", timed_out=True))
+    saved = orjson.loads(orjson.dumps(machine.snapshot()))
+
+    other = ChatMachine()
+    assert other.handle(StateRestored(saved, 0.0)) == []
+    assert other.snapshot() == saved
+    restored = other.ledger.native("a1")
+    assert restored is not None and restored.approved_wall == 105.0 and restored.awaits_output
+    assert restored.seen_at == asked.seen_at and other.ledger.native_timed_out("a0")
+
+
+def test_a_call_left_waiting_in_a_saved_state_is_cancelled_on_restore() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    _asks(machine, "c1")
+    saved = machine.snapshot()  # as if saved mid-run (the shell saves at a run's end)
+
+    other = ChatMachine()
+    out = other.handle(StateRestored(saved, 7.0))
+    call = other.ledger.call("c1")
+    assert call is not None and call.outcome is Outcome.CANCELLED and call.verdict is not None and not call.verdict.run
+    assert [o.call for o in out if isinstance(o, CallChanged)] == [call]
+    assert other.next_deadline() is None
+
+
+@pytest.mark.parametrize("saved", [None, [], {"v": 2, "ledger": {}}, {"v": 1}, {"v": 1, "ledger": {"v": 1}}, {"v": 1, "ledger": {}, "x": 1}])
+def test_a_state_that_does_not_validate_is_refused_and_changes_nothing(saved: Any) -> None:
+    machine = ChatMachine()
+    ledger = machine.ledger
+    with pytest.raises(MalformedLedger):
+        machine.handle(StateRestored(saved, 0.0))
+    assert machine.ledger is ledger and machine.phase is Phase.NEW
+
+
+def test_a_state_is_restored_only_into_a_chat_that_has_done_nothing() -> None:
+    saved = ChatMachine().snapshot()
+    answered = ChatMachine()
+    answered.handle(NativeAnswered("a1"))  # an answer recorded here must not be lost to an older state
+    with pytest.raises(MachineError):
+        answered.handle(StateRestored(saved, 0.0))
+    assert answered.ledger.native_answered("a1")
+    busy = ChatMachine()
+    _asked(busy, "a2")
+    with pytest.raises(MachineError):
+        busy.handle(StateRestored(saved, 0.0))
+    assert busy.ledger.native_pending("a2")

@@ -413,3 +413,30 @@ async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_rep
     finally:
         await chats.close()
         await cluster.close()
+
+
+async def test_another_replica_takes_the_browsers_output_after_the_first_deadline_from_the_kept_chat_state() -> None:
+    """Approved on A, whose memory is then gone: B, where the browser's output lands past the first
+    deadline but within the browser's own, knows of the approval from the chat's kept state, so the
+    output goes to ADK once instead of a timeout."""
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.state_keeper import StateKeeper
+    from gateway.cluster.tasks import Tasks
+
+    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    a, _ = service(adk, wall, browser=True)
+    b, _ = service(adk, wall, browser=True)
+    for chats, name in ((a, "a"), (b, "b")):
+        StateKeeper(MemoryState(name, hub), chats, Tasks(), timeout=1.0)
+    first = await ask(a)
+    seen = wall.now
+    wall.now = seen + 0.9 * TIMEOUT
+    await approve_in_browser(a, first)
+    await asyncio.sleep(0.01)  # the kept state is written in the background
+    await a.close()
+
+    wall.now = seen + 1.5 * TIMEOUT
+    done = await send_output(b, first)
+    assert any(c.get("delta") == "Paid." for c in done)
+    assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
+    await b.close()

@@ -61,7 +61,7 @@ WEIGHTED = (
     (2, st.tuples(st.just("expect"), calls, st.booleans())),
     (3, st.tuples(
         st.just("ask"), approvals, calls, st.text(max_size=3), st.booleans(), st.booleans(), st.none() | some_args,
-        st.none() | times,
+        st.none() | times, st.none() | times,
     )),
     (2, st.tuples(st.just("settle_asked"), times)),
     (2, st.tuples(st.just("approve_in_browser"), approvals, times)),
@@ -102,9 +102,10 @@ def apply(ledger: Ledger, op: tuple[Any, ...]) -> None:
     elif name in ("closed", "answered_unexpectedly"):
         getattr(ledger, name)(args[0])
     elif name == "ask":
-        approval_id, tool_call_id, tool, in_browser, approval, native_args, seen_at = args
+        approval_id, tool_call_id, tool, in_browser, approval, native_args, seen_at, approved_wall = args
         ledger.ask(NativeConfirmation(
             approval_id, tool_call_id, tool, in_browser=in_browser, approval=approval, args=native_args, seen_at=seen_at,
+            approved_wall=approved_wall,
         ))
     elif name in ("approve_pending", "answer_pending"):
         pending = ledger.pending_native()
@@ -276,7 +277,8 @@ def _valid() -> dict[str, Any]:
         ("add", "t1", "a1", ToolPolicy(approval=True), {"x": 1}, 1.0), ("shown", "t1"),
         ("add", "t2", "a2", ToolPolicy(runs_in="browser"), {}, 1.0), ("decide", "t2", True, 2.0, None),
         ("deliver_output", "t2", {"ok": True}, None),
-        ("ask", "n1", "t3", "pay", False, True, None, 5.0), ("settle_asked", 6.0), ("ask", "n2", "t3", "pay", False, True, None, None),
+        ("ask", "n1", "t3", "pay", False, True, None, 5.0, 7.0), ("settle_asked", 6.0),
+        ("ask", "n2", "t3", "pay", False, True, None, None, None),
         ("answer_native", "n9", "t9"), ("time_out_native", "n8"),
     ]
     return orjson.loads(orjson.dumps(built(ops).snapshot()))

@@ -1,0 +1,69 @@
+"""Writing chats' states to the shared store and reading them back, for the chat service (chat/kept_states.py).
+
+A save is a background write of the chat's machine snapshot, one at a time per chat: a save asked
+for while one is being written is folded into one more write of the newest state, so the store
+never ends up with an older state written last. Reads and writes are bounded by the forwarding
+timeout; a store that cannot be reached costs a warning, not a request: ADK's session stays the
+authority on what waits (kept_states.py says why that is safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from ..chat.record import Chat
+from ..chat.service import ChatService
+from .shared import SharedState
+from .tasks import Tasks
+
+__all__ = ["StateKeeper"]
+
+log = structlog.get_logger("adk_gateway.cluster.state_keeper")
+
+
+class StateKeeper:
+    """Keeps the states of `chats`' chats (it becomes their `states.save` and `states.load`), each
+    for the chat's idle TTL as configured when it is written."""
+
+    def __init__(self, state: SharedState, chats: ChatService, tasks: Tasks, *, timeout: float) -> None:
+        self._state = state
+        self._tasks = tasks
+        self._ttl = lambda: chats.config.chat.idle_chat_ttl
+        self._timeout = timeout
+        chats.states.save, chats.states.load = self.save, self.load
+        # Chats with a write under way, and whether another was asked for meanwhile.
+        self._writing: dict[tuple[str, str], bool] = {}
+
+    def save(self, chat: Chat) -> None:
+        key = (chat.user_id, chat.chat_id)
+        if key in self._writing:
+            self._writing[key] = True
+            return
+        self._writing[key] = False
+        self._tasks.spawn(self._write(chat, key))
+
+    async def _write(self, chat: Chat, key: tuple[str, str]) -> None:
+        try:
+            again = True
+            while again:
+                self._writing[key] = False
+                snapshot = chat.machine.snapshot()  # the newest, taken when it is written
+                try:
+                    await asyncio.wait_for(
+                        self._state.put_chat_state(chat.user_id, chat.chat_id, snapshot, ttl=self._ttl()), self._timeout,
+                    )
+                except Exception as exc:  # noqa: BLE001 - the store's failure is logged; the chat goes on
+                    log.warning("chat_state_not_kept", chat_id=chat.chat_id, error=type(exc).__name__)
+                again = self._writing[key]
+        finally:
+            del self._writing[key]
+
+    async def load(self, chat: Chat) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(self._state.get_chat_state(chat.user_id, chat.chat_id), self._timeout)
+        except Exception as exc:  # noqa: BLE001 - read as absent: the chat starts from ADK's session
+            log.warning("chat_state_not_read", chat_id=chat.chat_id, error=type(exc).__name__)
+            return None
