@@ -20,6 +20,7 @@ from .record import Chat
 from ..upstream.idle_reader import WaitSignal
 from ..upstream.live import LiveLink
 from ..core.chat_request import ApprovalAnswer, confirmation_message
+from ..core.rebuild import message_id_state
 from ..ops.metrics import GatewayMetrics
 from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
 
@@ -65,35 +66,43 @@ class AgentRuns:
         return agent is not None and agent.live
 
     def turn(
-        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal
+        self, chat: Chat, message: dict[str, Any] | None, native: list[ApprovalAnswer], wait: WaitSignal,
+        message_id: str | None = None,
     ) -> Batches:
-        """The events of the turn that sends `message` (None: the native answers alone)."""
+        """The events of the turn that sends `message` (None: the native answers alone) and writes
+        the assistant message `message_id`. Over `/run_sse` ADK's session keeps that id with the
+        run (core/rebuild.py reads it back); a live session has no such field, and no rebuild."""
         if self.live(chat):
             return self._live_events(chat, message if message is not None else confirmation_message(native))
+        state = None if message_id is None else message_id_state(message_id)
         if native and message is not None:
-            return self._after_drain(chat, confirmation_message(native), message, wait)
+            return self._after_drain(chat, confirmation_message(native), message, wait, state)
         # No wrapper generator for the usual turn: a held run keeps every frame it stacks.
-        return self._events(chat, message if message is not None else confirmation_message(native), wait)
+        return self._events(chat, message if message is not None else confirmation_message(native), wait, state)
 
     async def _after_drain(
-        self, chat: Chat, answers: dict[str, Any], message: dict[str, Any], wait: WaitSignal
+        self, chat: Chat, answers: dict[str, Any], message: dict[str, Any], wait: WaitSignal,
+        state: dict[str, Any] | None,
     ) -> Batches:
         # The person typed instead of answering: settle ADK's paused calls first, out of sight.
         await self._drain(chat, answers)
         del answers
-        async for batch in self._events(chat, message, wait):
+        async for batch in self._events(chat, message, wait, state):
             yield batch
             batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
 
-    async def _events(self, chat: Chat, message: dict[str, Any], wait: WaitSignal | None) -> Batches:
+    async def _events(
+        self, chat: Chat, message: dict[str, Any], wait: WaitSignal | None, state: dict[str, Any] | None = None,
+    ) -> Batches:
         """The run's events, a list per upstream read, re-creating the ADK session once if the
-        upstream lost it (a restart)."""
+        upstream lost it (a restart). `state`: the run's `state_delta`."""
         started = self._clock()
         first = True
         for attempt in (1, 2):
             try:
                 async for batch in self._client(chat).run_sse_batches(
-                    user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait
+                    user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait,
+                    state_delta=state,
                 ):
                     if first:
                         self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)

@@ -280,7 +280,7 @@ class ChatService:
             delivered_tool_calls=[o.tool_call_id for o in carried or ()],
         )
         wait = WaitSignal()
-        return self._tasks.launch(chat, run, start, self.runs.turn(chat, plan.new_message, native, wait), wait, reader)
+        return self._tasks.launch(chat, run, start, self.runs.turn(chat, plan.new_message, native, wait, run.message_id), wait, reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:

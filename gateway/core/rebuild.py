@@ -14,7 +14,12 @@ would have sent: the tool parts, the approval requests, the last response finish
 `tool-calls`. The chat's ledger records the confirmations as the end of those runs would have, so
 the answer that follows is taken as after a normal run, and a replay of it is refused.
 
-The message id is derived from ADK's invocation id: every replica rebuilds the same message.
+The message id is the one the gateway streamed the message under, so a page that kept the message
+(in memory, or in the app's storage) and resumes gets the same message back, which the AI SDK
+replaces, instead of a second one it would add: the gateway sends it with each of a chat's runs as
+ADK's `state_delta` (`MESSAGE_ID_STATE_KEY`), which ADK stores on the user event that starts the
+run. A message whose runs did not carry it (written before, or by another client) takes an id
+derived from ADK's invocation id. Either way every replica rebuilds the same message.
 """
 
 from __future__ import annotations
@@ -30,9 +35,19 @@ from .message_writer import Chunk
 from .protocol import ClientVersion
 from .turn import Chunks, Raised, Turn
 
-__all__ = ["Answer", "Rebuilt", "Segment", "WaitingMessage", "replay", "waiting_message"]
+__all__ = [
+    "MESSAGE_ID_STATE_KEY", "Answer", "Rebuilt", "Segment", "WaitingMessage", "message_id_state", "replay",
+    "waiting_message",
+]
 
+# The session state key under which the gateway tells ADK the id of the message a run writes. Not
+# `temp:` (ADK does not store those), nor `app:`/`user:` (shared beyond the session). ADK's
+# instruction templating reads `{name}` or `{app:|user:|temp:name}` only, so no instruction reads
+# this one, and the gateway's own prefix keeps it apart from an agent's keys.
+MESSAGE_ID_STATE_KEY: Final = "adk_gateway:message_id"
 _MESSAGE_ID_PREFIX: Final = "msg-adk-"
+# As a browser's message ids (chat_request.py): what the rebuild sends back as one.
+_MESSAGE_ID_MAX: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +130,23 @@ def _only_results(event: Mapping[str, Any]) -> bool:
     )
 
 
+def message_id_state(message_id: str) -> dict[str, str]:
+    """The `state_delta` of a `/run_sse` request whose run writes the message `message_id`."""
+    return {MESSAGE_ID_STATE_KEY: message_id}
+
+
+def _streamed_id(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """The message id the gateway sent with the newest of these runs that carried one (the state
+    delta of the user event that started it), or None."""
+    for event in reversed(list(events)):
+        actions = event.get("actions")
+        delta = actions.get("stateDelta") if isinstance(actions, dict) and event.get("author") == "user" else None
+        value = delta.get(MESSAGE_ID_STATE_KEY) if isinstance(delta, dict) else None
+        if isinstance(value, str) and 0 < len(value) <= _MESSAGE_ID_MAX:
+            return value
+    return None
+
+
 def waiting_message(session: Any) -> WaitingMessage | None:
     """The assistant message of `session` (ADK's session JSON) that waits for the person's
     answers to confirmations, or None if nothing waits."""
@@ -150,9 +182,12 @@ def waiting_message(session: Any) -> WaitingMessage | None:
         else:
             run.append(event)
     segments.append(Segment(answers, tuple(run)))
-    first = message[0]
-    anchor = first.get("invocationId") or first.get("id") or ""
-    return WaitingMessage(_MESSAGE_ID_PREFIX + str(anchor), tuple(s for s in segments if s.events or s.answers), pending)
+    # The person's message (if any) started the first run: its event carries that run's id.
+    message_id = _streamed_id(events[max(start - 1, 0):])
+    if message_id is None:
+        first = message[0]
+        message_id = _MESSAGE_ID_PREFIX + str(first.get("invocationId") or first.get("id") or "")
+    return WaitingMessage(message_id, tuple(s for s in segments if s.events or s.answers), pending)
 
 
 def _approval_responses(answers: Iterable[Answer], version: ClientVersion) -> list[Chunk]:

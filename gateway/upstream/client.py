@@ -167,10 +167,11 @@ class AdkClient:
 
     async def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
-        wait: WaitSignal | None = None,
+        wait: WaitSignal | None = None, state_delta: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Iterator[dict[str, Any]]]:
         """Start a run and yield its events until the upstream closes the stream, one batch per
         upstream read: the events that read completed (at least one), as parsed JSON dicts.
+        `state_delta`: session state ADK stores with the new message's event (RunAgentRequest's).
 
         The stream may be silent for `upstream.idle_timeout` at most, not counting the time `wait`
         says the run waits for a person (the approval's own deadline bounds that wait).
@@ -188,6 +189,7 @@ class AdkClient:
             "sessionId": session_id,
             "newMessage": new_message,
             "streaming": True,
+            **({"stateDelta": state_delta} if state_delta else {}),
         })
         del new_message  # a held run keeps neither the message nor the request body
         decoder = EventStreamDecoder()

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config.agent import ToolPolicy
 from gateway.core.ledger import Ledger
-from gateway.core.rebuild import waiting_message, replay
+from gateway.core.rebuild import MESSAGE_ID_STATE_KEY, replay, waiting_message
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
 VERSIONS = ("newest", "1.22.1")
@@ -162,3 +162,57 @@ def test_a_gated_tool_of_confirm_mode_is_not_waited_for_twice() -> None:
     assert rebuilt is not None
     assert types(rebuilt.responses[0].chunks).count("tool-approval-request") == 1
     assert rebuilt.responses[0].chunks[-1]["finishReason"] == "tool-calls"
+
+
+def _streamed_as(session: dict[str, Any], *ids: Any, author: str = "user") -> dict[str, Any]:
+    """`session` as ADK keeps it when the gateway's runs sent these message ids as their state
+    delta: one per event of `author`, in order (None: that run sent none)."""
+    session = copy.deepcopy(session)
+    events = [e for e in session["events"] if e["author"] == author]
+    for event, message_id in zip(events, ids, strict=False):
+        if message_id is not None:
+            event.setdefault("actions", {}).setdefault("stateDelta", {})[MESSAGE_ID_STATE_KEY] = message_id
+    return session
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+@pytest.mark.parametrize("scenario", ["confirm_pay", "native_pay", "confirm_two"])
+def test_the_message_keeps_the_id_the_gateway_streamed_it_under(label: str, scenario: str) -> None:
+    # A page that kept the message resumes into it: the AI SDK replaces a message of the same id,
+    # and adds one of another.
+    session = _streamed_as(sessions(label)[scenario], "msg-live")
+    message = waiting_message(session)
+    assert message is not None and message.message_id == "msg-live"
+    rebuilt = replay(message, ledger=Ledger(), now=0.0)
+    assert rebuilt is not None and rebuilt.message_id == "msg-live"
+    assert rebuilt.responses[0].chunks[0] == {"type": "start", "messageId": "msg-live"}
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+def test_over_two_runs_the_newest_run_s_id_is_the_message_s(label: str) -> None:
+    session = _answered_then_asked(label, approved=True)
+    # The answer continued the message the person's message started (the usual case).
+    assert waiting_message(_streamed_as(session, "msg-1", "msg-1")).message_id == "msg-1"  # type: ignore[union-attr]
+    # The answer's run wrote another id (its replica had no run of the chat): the page read that one.
+    assert waiting_message(_streamed_as(session, "msg-1", "msg-2")).message_id == "msg-2"  # type: ignore[union-attr]
+    # The answer's run carried none (an older gateway): the first run's still names the message.
+    assert waiting_message(_streamed_as(session, "msg-1", None)).message_id == "msg-1"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", [None, 7, "", "x" * 257, ["msg-1"]])
+def test_without_a_usable_id_the_message_takes_adk_s_invocation_id(value: Any) -> None:
+    session = sessions("newest")["confirm_pay"]
+    expected = "msg-adk-" + session["events"][0]["invocationId"]
+    assert waiting_message(_streamed_as(session, value)).message_id == expected  # type: ignore[union-attr]
+
+
+def test_only_the_gateway_s_own_runs_name_the_message() -> None:
+    session = sessions("newest")["confirm_pay"]
+    expected = "msg-adk-" + session["events"][0]["invocationId"]
+    # An agent's event writing the key (a tool's state) does not rename the message.
+    agent_wrote = _streamed_as(session, "msg-tool", author="demo_agent")
+    assert waiting_message(agent_wrote).message_id == expected  # type: ignore[union-attr]
+    # Nor does an earlier message's: the id is the waiting message's.
+    earlier = _streamed_as(sessions("newest")["hello"], "msg-hello")
+    later = {"events": [*earlier["events"], *copy.deepcopy(session["events"])]}
+    assert waiting_message(later).message_id == expected  # type: ignore[union-attr]

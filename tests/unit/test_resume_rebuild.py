@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
 from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService, Gone
 from gateway.config.schema import parse_config
@@ -36,6 +37,7 @@ class SessionAdk:
         self.asked_for: list[tuple[str, str]] = []
         self.paid = 0
         self.sent: list[dict[str, Any]] = []
+        self.deltas: list[Any] = []
         self.down = False
 
     async def session(self, user_id: str, session_id: str) -> Any:
@@ -54,10 +56,12 @@ class SessionAdk:
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 
-    async def run_sse_batches(self, *, new_message: dict[str, Any], **_: Any) -> Any:
+    async def run_sse_batches(self, *, new_message: dict[str, Any], state_delta: Any = None, **_: Any) -> Any:
         self.sent.append(new_message)
+        self.deltas.append(state_delta)
         assert self.recorded is not None
-        self.recorded["events"].append({"author": "user", "content": new_message})
+        # As ADK keeps the run's state delta: on the event of its new message.
+        self.recorded["events"].append({"author": "user", "content": new_message, "actions": {"stateDelta": state_delta or {}}})
         [part] = new_message["parts"]
         call = self.tool_call_id()
         if part["functionResponse"]["response"]["confirmed"]:
@@ -154,6 +158,23 @@ async def test_a_fresh_gateway_resumes_into_the_waiting_approval_and_the_approve
     with pytest.raises(Gone):
         await chats.submit(AGENT, "alice", request(answer, message_id=message_id))
     assert adk.paid == 1 and len(adk.sent) == 1
+    await chats.close()
+
+
+async def test_a_page_that_kept_the_message_resumes_and_answers_into_that_same_message() -> None:
+    """The message was streamed as `msg-live` (its run's state delta says so in ADK's session): the
+    rebuilt stream is that message, for the AI SDK to replace rather than add a second one; the
+    Approve continues it, and its run tells ADK the same id (a later rebuild finds it again)."""
+    session = recorded("newest", "confirm_pay")
+    session["events"][0]["actions"]["stateDelta"] = {MESSAGE_ID_STATE_KEY: "msg-live"}
+    adk = SessionAdk(session)
+    chats = service(adk)
+    chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
+    assert chunks[0] == {"type": "start", "messageId": "msg-live"}
+    answer = approved(chunks)
+    second = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id="msg-live")))
+    assert second[0] == {"type": "start", "messageId": "msg-live"} and adk.paid == 1
+    assert adk.deltas == [{MESSAGE_ID_STATE_KEY: "msg-live"}]
     await chats.close()
 
 

@@ -92,6 +92,23 @@ async def test_adk_1_22s_unescaped_run_error_is_the_runs_error(upstream: Any) ->
     assert await run(client) == [{"error": 'No agent named "x"'}]
 
 
+async def test_a_run_s_state_delta_rides_in_the_request_body(upstream: Any) -> None:
+    # ADK's RunAgentRequest.state_delta (camelCase like the body's other fields), sent only when given.
+    routes, client = upstream
+    bodies: list[dict[str, Any]] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        bodies.append(await request.json())
+        return await sse_body(b'data: {"author": "demo_agent"}\n\n')(request)
+
+    routes[("POST", "/run_sse")] = answer
+    async for _ in client.run_sse_batches(user_id="u1", session_id="s1", new_message=MESSAGE, state_delta={"k": "v"}):
+        pass
+    await run(client)
+    assert bodies[0]["stateDelta"] == {"k": "v"} and bodies[0]["newMessage"] == MESSAGE
+    assert "stateDelta" not in bodies[1]
+
+
 def sessions(folder: str) -> dict[str, Any]:
     return json.loads((ROOT / folder / "sessions.json").read_text())
 
