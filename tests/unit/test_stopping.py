@@ -102,7 +102,7 @@ def test_the_watchdog_ends_a_process_whose_stop_hangs() -> None:
 
 def _cluster(hub: MemoryHub) -> Cluster:
     config = GatewayConfig.model_validate({"sessions": {"heartbeat_interval": "50ms", "owner_timeout": "100ms"}})
-    chats: Any = SimpleNamespace(config=config)
+    chats: Any = SimpleNamespace(config=config, states=SimpleNamespace())
     return Cluster(MemoryState("b", hub), chats, GatewayMetrics())
 
 
