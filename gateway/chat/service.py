@@ -343,9 +343,10 @@ class ChatService:
         if not isinstance(decided, tuple):
             return decided
         answer, call = decided
-        message_id = chat.run.message_id if chat.run is not None else None
-        # The browser holds the call in the message this continues, also when the chat moved here
-        # (a new message id then: the AI SDK continues its last message whatever id comes).
+        # The browser holds the call in the message this continues: the one this replica wrote, or
+        # the one the gateway told ADK it was writing when ADK asked (the chat moved here, or this
+        # replica restarted). A new id would make a stock client show the message twice.
+        message_id = chat.run.message_id if chat.run is not None else call.message_id
         known = frozenset({call.tool_call_id})
         turn = chat.machine.turn
         version = turn.converter.version if turn is not None else 6

@@ -37,7 +37,7 @@ from .turn import Chunks, Raised, Turn
 
 __all__ = [
     "MESSAGE_ID_STATE_KEY", "Answer", "Rebuilt", "Segment", "WaitingMessage", "message_id_state", "replay",
-    "waiting_message",
+    "streamed_message_id", "waiting_message",
 ]
 
 # The session state key under which the gateway tells ADK the id of the message a run writes. Not
@@ -135,7 +135,7 @@ def message_id_state(message_id: str) -> dict[str, str]:
     return {MESSAGE_ID_STATE_KEY: message_id}
 
 
-def _streamed_id(events: Iterable[Mapping[str, Any]]) -> str | None:
+def streamed_message_id(events: Iterable[Mapping[str, Any]]) -> str | None:
     """The message id the gateway sent with the newest of these runs that carried one (the state
     delta of the user event that started it), or None."""
     for event in reversed(list(events)):
@@ -183,7 +183,7 @@ def waiting_message(session: Any) -> WaitingMessage | None:
             run.append(event)
     segments.append(Segment(answers, tuple(run)))
     # The person's message (if any) started the first run: its event carries that run's id.
-    message_id = _streamed_id(events[max(start - 1, 0):])
+    message_id = streamed_message_id(events[max(start - 1, 0):])
     if message_id is None:
         first = message[0]
         message_id = _MESSAGE_ID_PREFIX + str(first.get("invocationId") or first.get("id") or "")

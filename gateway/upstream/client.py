@@ -23,6 +23,7 @@ from ..core.refusals import HttpError, Refusal
 from ..core.eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
+from ..core.rebuild import streamed_message_id
 
 __all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
@@ -70,6 +71,9 @@ class AskedCall:
     tool: str
     timestamp: float | None
     args: dict[str, Any] = field(default_factory=dict)
+    # The message the gateway was writing when ADK asked (the newest id its runs told ADK as
+    # state, core/rebuild.py); None if no run of the gateway's said.
+    message_id: str | None = None
 
 
 class AdkClient:
@@ -368,7 +372,10 @@ def _asked_calls(session: Any) -> dict[str, AskedCall]:
     """The calls a session's `adk_request_confirmation` calls ask about, by approval id."""
     found: dict[str, AskedCall] = {}
     events = session.get("events") if isinstance(session, dict) else None
+    message_id: str | None = None
     for event in events if isinstance(events, list) else ():
+        if isinstance(event, dict):
+            message_id = streamed_message_id((event,)) or message_id
         content = event.get("content") if isinstance(event, dict) else None
         parts = content.get("parts") if isinstance(content, dict) else None
         stamp = event.get("timestamp") if isinstance(event, dict) else None
@@ -382,6 +389,7 @@ def _asked_calls(session: Any) -> dict[str, AskedCall]:
             if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
                 original_args = original.get("args")
                 found[call["id"]] = AskedCall(
-                    original["id"], original["name"], timestamp, original_args if isinstance(original_args, dict) else {}
+                    original["id"], original["name"], timestamp, original_args if isinstance(original_args, dict) else {},
+                    message_id,
                 )
     return found

@@ -13,6 +13,7 @@ from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService
 from gateway.config.schema import parse_config
 from gateway.core.deadlines import BROWSER_TIMEOUT_ERROR, TIMEOUT_ERROR, Deadline
+from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.upstream.client import AskedCall, SessionConfirmations
@@ -43,14 +44,18 @@ class ConfirmingAdk(NativeAdk):
         super().__init__()
         self.slow = asyncio.Event()
         self.slow.set()
+        # The message id the run that asked told ADK as state (as ADK keeps it in the session).
+        self.asked_in: str | None = None
 
     async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
         await self.slow.wait()
         held = await super().confirmations(user_id, session_id)
-        calls = {i: AskedCall("call-1", "process_payment", ASKED_AT) for i in held.asked | held.answered}
+        calls = {i: AskedCall("call-1", "process_payment", ASKED_AT, message_id=self.asked_in) for i in held.asked | held.answered}
         return SessionConfirmations(held.asked, held.answered, calls)
 
     async def run_sse_batches(self, *, new_message: dict[str, Any], **kw: Any) -> Any:
+        if self.asked_in is None and kw.get("state_delta"):
+            self.asked_in = kw["state_delta"].get(MESSAGE_ID_STATE_KEY)
         responses = [p["functionResponse"]["response"] for p in new_message.get("parts", ()) if "functionResponse" in p]
         if responses and not responses[0]["confirmed"]:
             self.sent.append(new_message)
@@ -439,4 +444,23 @@ async def test_another_replica_takes_the_browsers_output_after_the_first_deadlin
     done = await send_output(b, first)
     assert any(c.get("delta") == "Paid." for c in done)
     assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
+    await b.close()
+
+
+async def test_a_deadline_answered_where_the_chat_never_ran_continues_the_message_the_browser_holds() -> None:
+    """B never ran the chat (its owner is gone): the timeout's run continues the message the gateway
+    told ADK it was writing when ADK asked, not a new one a stock client would show twice."""
+    adk, wall = ConfirmingAdk(), Wall()
+    a, kept = service(adk, wall)
+    first = await ask(a)
+    [deadline] = kept
+    await a.close()
+    b, _ = service(adk, wall)
+    wall.now = deadline.due
+    assert await b.expire_confirmation(deadline) is None
+    chat = b._registry.find(AGENT, "alice", "chat-1")  # noqa: SLF001 - the run the timeout started
+    assert chat is not None and chat.run is not None
+    assert chat.run.message_id == first[0]["messageId"]
+    await asyncio.sleep(0.05)
+    assert answers(adk) == [{"confirmed": False}]
     await b.close()

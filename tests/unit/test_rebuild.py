@@ -216,3 +216,24 @@ def test_only_the_gateway_s_own_runs_name_the_message() -> None:
     earlier = _streamed_as(sessions("newest")["hello"], "msg-hello")
     later = {"events": [*earlier["events"], *copy.deepcopy(session["events"])]}
     assert waiting_message(later).message_id == expected  # type: ignore[union-attr]
+
+
+def test_each_asked_confirmation_knows_the_message_the_gateway_was_writing_when_adk_asked() -> None:
+    """ADK's session as the gateway's confirmation bookkeeping reads it (upstream/client.py): the
+    message id of the newest run that told ADK one, before the confirmation was asked."""
+    from gateway.upstream.client import _asked_calls
+
+    def user(message_id: str | None) -> dict[str, Any]:
+        delta = {MESSAGE_ID_STATE_KEY: message_id} if message_id else {}
+        return {"author": "user", "content": {"role": "user", "parts": [{"text": "pay"}]}, "actions": {"stateDelta": delta}}
+
+    def asks(approval_id: str, call_id: str) -> dict[str, Any]:
+        original = {"id": call_id, "name": "pay", "args": {}}
+        call = {"id": approval_id, "name": "adk_request_confirmation", "args": {"originalFunctionCall": original}}
+        return {"author": "a", "content": {"role": "model", "parts": [{"functionCall": call}]}, "timestamp": 1.0}
+
+    session = {"events": [asks("a0", "c0"), user("msg-1"), asks("a1", "c1"), user(None), asks("a2", "c2"), user("msg-2"), asks("a3", "c3")]}
+    calls = _asked_calls(session)
+    assert {approval: call.message_id for approval, call in calls.items()} == {
+        "a0": None, "a1": "msg-1", "a2": "msg-1", "a3": "msg-2",
+    }
