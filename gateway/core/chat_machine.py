@@ -94,7 +94,7 @@ class ChatMachine:
 
     def next_deadline(self) -> float | None:
         """When the earliest call still waiting for a person times out; None if none waits."""
-        return min((call.deadline for call in self.ledger.unreleased()), default=None)
+        return self.ledger.next_deadline()
 
     def snapshot(self) -> dict[str, Any]:
         """The chat's state as plain JSON, for `StateRestored` elsewhere: its ledger. A run under

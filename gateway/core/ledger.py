@@ -163,6 +163,13 @@ class Ledger:
     def unreleased(self) -> list[GatedCall]:
         return [c for c in self._calls.values() if not c.released]
 
+    def next_deadline(self) -> float | None:
+        """When the earliest call not released times out; None if none waits. Asked after every
+        event of a chat: no list, and nothing to walk in a chat that never gated a call."""
+        if not self._calls:
+            return None
+        return min((c.deadline for c in self._calls.values() if not c.released), default=None)
+
     def expect(self, tool_call_id: str, *, confirmed_by_adk: bool = False) -> None:
         """The model's output shows a gated call: the run waits until the plugin opens it, or,
         `confirmed_by_adk`, expects ADK to ask its confirmation (without waiting for that)."""
