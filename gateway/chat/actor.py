@@ -28,10 +28,12 @@ from typing import Any
 
 import structlog
 
+from ..config.agent import ToolPolicy
 from ..core.approvals import CallState, GatedCall, Outcome
 from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, RunFailed, RunStarts, UpstreamRead
 from ..core.chat_machine import ChatMachine
-from ..core.protocol import encode_chunk
+from ..core.protocol import ClientVersion, encode_chunk
+from ..core.rebuild import Rebuilt, WaitingMessage, replay
 from ..core.turn import Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded
 from ..ops.metrics import GatewayMetrics
 from ..upstream.client import UpstreamError
@@ -97,6 +99,15 @@ class ChatActor:
             self.upstream_wait.set(self.machine.waiting_for_person)
             self._arm()
         return outputs
+
+    def replay(
+        self, message: WaitingMessage, *, now: float, version: ClientVersion,
+        policy: Callable[[str], ToolPolicy], confirms: Callable[[str], bool],
+    ) -> Rebuilt | None:
+        """Rebuild the message ADK's session says waits (core/rebuild.py) through the machine, as
+        its runs would have left it; the chunks are returned for a new run log, not carried out
+        (nothing streams: no metrics, no verdicts). The chat has no run under way."""
+        return replay(message, machine=self.machine, now=now, version=version, policy=policy, confirms=confirms)
 
     # ---- the run's task --------------------------------------------------------------------
 

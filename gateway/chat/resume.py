@@ -16,7 +16,7 @@ import structlog
 from ..config.schema import GatewayConfig
 from ..core.chat_events import Resumed
 from ..core.protocol import ClientVersion, encode_chunk
-from ..core.rebuild import WaitingMessage, replay, waiting_message
+from ..core.rebuild import WaitingMessage, waiting_message
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import UpstreamError
@@ -110,9 +110,8 @@ class Resumes:
         answer that follows continues it, and a replay of that answer is refused."""
         now = self._clock()
         before = {c.approval_id for c in chat.ledger.pending_native()}
-        rebuilt = replay(
-            message, ledger=chat.ledger, now=now, version=version,
-            policy=agent.config.tool_policy, confirms=agent.config.confirms,
+        rebuilt = chat.actor.replay(
+            message, now=now, version=version, policy=agent.config.tool_policy, confirms=agent.config.confirms,
         )
         if rebuilt is None:
             log.warning("resume_rebuild_failed", reason="the session's events did not convert")

@@ -8,11 +8,12 @@ backend), or a replica that never ran the chat, has no run to replay to a page t
 `waiting_message` reads the session ADK's GET answers and finds the assistant message that waits:
 the events since the person's last message, when nothing but ADK's placeholder responses follows
 the last confirmation nobody answered (a model that went on without the answer does not wait).
-`replay` feeds those events to turns (turn.py, so the real converter), one per ADK run as the live
-message had them (an answered confirmation started the next), so the page gets what a live run
-would have sent: the tool parts, the approval requests, the last response finished with
-`tool-calls`. The chat's ledger records the confirmations as the end of those runs would have, so
-the answer that follows is taken as after a normal run, and a replay of it is refused.
+`replay` feeds those events to the chat's machine (chat_machine.py, so its turns and the real
+converter), one run per ADK run as the live message had them (an answered confirmation started the
+next), so the page gets what a live run would have sent: the tool parts, the approval requests, the
+last response finished with `tool-calls`. The chat's ledger records the confirmations as the end of
+those runs would have, so the answer that follows is taken as after a normal run, and a replay of
+it is refused.
 
 The message id is the one the gateway streamed the message under, so a page that kept the message
 (in memory, or in the app's storage) and resumes gets the same message back, which the AI SDK
@@ -29,11 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..config.agent import ToolPolicy
+from .chat_events import NativeAnswered, RunClosed, RunStarts, UpstreamRead
+from .chat_machine import ChatMachine
 from .converter import CONFIRMATION_TOOL
-from .ledger import Ledger, NativeConfirmation
+from .ledger import NativeConfirmation
 from .message_writer import Chunk
 from .protocol import ClientVersion
-from .turn import Chunks, Raised, Turn
+from .turn import Chunks, Raised
 
 __all__ = [
     "MESSAGE_ID_STATE_KEY", "Answer", "Rebuilt", "Segment", "WaitingMessage", "message_id_state", "replay",
@@ -200,30 +203,33 @@ def _approval_responses(answers: Iterable[Answer], version: ClientVersion) -> li
 def replay(
     message: WaitingMessage,
     *,
-    ledger: Ledger,
+    machine: ChatMachine,
     now: float,
     version: ClientVersion = 6,
     policy: Callable[[str], ToolPolicy] | None = None,
     confirms: Callable[[str], bool] | None = None,
 ) -> Rebuilt | None:
-    """The message's responses as live runs would have written them, one turn per segment, with
-    `ledger` (the chat's) left as those runs' ends leave it. None if a turn could not take the
-    events (they are not what ADK writes)."""
+    """The message's responses as live runs would have written them: one run of `machine` (the
+    chat's, with no run under way) per segment, through its events, so its ledger and last turn
+    are left as those runs' ends leave them. None if a run could not take the events (they are
+    not what ADK writes)."""
     responses: list[Response] = []
     known: list[str] = []
     for segment in message.segments:
         for answer in segment.answers:
-            ledger.answer_native(answer.approval_id)
-        turn = Turn(
-            message.message_id, ledger=ledger, version=version, known_tool_calls=known,
+            machine.handle(NativeAnswered(answer.approval_id))
+        start = RunStarts(
+            message.message_id, now, version=version, known_tool_calls=list(known),
             denied_tool_calls=[a.tool_call_id for a in segment.answers if not a.approved and a.tool_call_id],
             policy=policy, confirms=confirms,
         )
-        outputs = [*turn.begin(), *turn.feed(segment.events, now), *turn.end(now)]
+        outputs = [
+            *machine.handle(start), *machine.handle(UpstreamRead(segment.events, now)), *machine.handle(RunClosed(now)),
+        ]
         if any(isinstance(o, Raised) for o in outputs):
             return None
         chunks = [chunk for o in outputs if isinstance(o, Chunks) for chunk in o.chunks]
         known += [c["toolCallId"] for c in chunks if c["type"] == "tool-input-start"]
         responses.append(Response(_approval_responses(segment.answers, version), chunks))
-    pending = [c for c in ledger.pending_native() if c.approval_id in message.pending]
+    pending = [c for c in machine.ledger.pending_native() if c.approval_id in message.pending]
     return Rebuilt(message.message_id, responses, pending)
