@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import structlog
 
