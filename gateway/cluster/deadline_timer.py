@@ -6,13 +6,17 @@ the earliest due time again every `poll` seconds, the one slow safety poll: a re
 leaves its chats' deadlines to the others, and a chat cannot move to another replica before its
 owner is `sessions.owner_timeout` silent anyway (the poll's period).
 
-When the timer fires, the replica claims what passed (the store gives each deadline to exactly
-one replica) and has each answered where its chat runs (`answer`, the cluster router's): here,
-also for a chat it takes over from a dead owner, or on the live owner, told by an `Expire` notice.
-A deadline is removed only once answered or moot: what cannot be answered yet (the chat busy, ADK
-unreachable) comes back due when to try again; one handed to another replica comes back due
-`recheck` later, before the notice is sent, and that replica drops it once it handled it, so a
-notice lost with its replica is claimed again, by then from a dead owner.
+When the timer fires, the replica claims what passed and has each answered where its chat runs
+(`answer`, the cluster router's): here, also for a chat it takes over from a dead owner, or on the
+live owner, told by an `Expire` notice. A claim is a lease (shared.py's DEADLINE_LEASE): the
+deadline stays in the store, due again when the lease ends, and nobody else claims it before.
+The claimer settles it when done: drops it once answered or moot; what cannot be answered yet (the
+chat busy, ADK unreachable) it keeps due when to try again; one handed to another replica, due
+`recheck` later, and that replica drops it once it handled it, so a notice lost with its replica is
+claimed again, by then from a dead owner. A replica that dies (or hangs) holding a claim settles
+nothing: the deadline is claimed again when the lease ends, by whichever replica's timer fires
+first. A claimer whose lease ended before it settled changes nothing (the store refuses it): what
+it learnt is older than what the next claimer, or the chat's side, did since.
 """
 
 from __future__ import annotations
@@ -21,12 +25,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import structlog
 
 from ..core.deadlines import Deadline
-from .shared import SharedState, SharedStateDown
+from .shared import DEADLINE_LEASE, SharedState, SharedStateDown
 from .tasks import Tasks
 
 __all__ = ["DeadlineTimer"]
@@ -46,9 +49,10 @@ Answer = Callable[[Deadline], Awaitable[float | None]]
 class DeadlineTimer:
     def __init__(
         self, state: SharedState, tasks: Tasks, answer: Answer, *, poll: float | None,
-        wall: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time, lease: float = DEADLINE_LEASE,
     ) -> None:
         self._state = state
+        self._lease = lease
         self._tasks = tasks
         self._answer = answer
         self._poll = poll
@@ -101,7 +105,7 @@ class DeadlineTimer:
 
     async def _claim(self) -> None:
         try:
-            claimed = await self._state.claim_deadlines(self._wall(), limit=_CLAIM_BATCH)
+            claimed = await self._state.claim_deadlines(self._wall(), limit=_CLAIM_BATCH, lease=self._lease)
             upcoming = await self._state.next_deadline()
         except SharedStateDown:
             self._arm(self._wall() + _STORE_RETRY)
@@ -111,14 +115,23 @@ class DeadlineTimer:
         if upcoming is not None:
             self._arm(upcoming)
 
-    async def _settle(self, deadline: Deadline) -> None:
+    async def _settle(self, claimed: Deadline) -> None:
         try:
-            again = await self._answer(deadline)
+            again = await self._answer(claimed)
         except Exception:
-            log.exception("deadline_failed", approval_id=deadline.approval_id)
+            log.exception("deadline_failed", approval_id=claimed.approval_id)
             again = self._wall() + _STORE_RETRY
-        if again is not None:
-            await self._keep(replace(deadline, due=again))
+        try:
+            settled = await self._state.settle_deadline(claimed, again)
+        except SharedStateDown:
+            # Still leased to this replica in the store: claimed again when the lease ends.
+            log.warning("deadline_not_settled", approval_id=claimed.approval_id, reason="the shared store is unreachable")
+            self._arm(self._wall() + self._lease)
+            return
+        if not settled:
+            log.info("deadline_lease_lapsed", approval_id=claimed.approval_id)
+        elif again is not None:
+            self._arm(again)
 
     async def _watch(self) -> None:
         """The earliest deadline now, then again every `poll` seconds (None: only now)."""

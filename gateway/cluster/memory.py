@@ -20,7 +20,7 @@ import structlog
 
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
-from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState
+from .shared import DEADLINE_LEASE, Claim, Inbox, Reassert, RelayEntry, SharedState
 
 __all__ = ["MemoryHub", "MemoryState"]
 
@@ -204,11 +204,12 @@ class MemoryState(SharedState):
     async def drop_deadline(self, key: str) -> None:
         self.hub.deadlines.drop(key)
 
-    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
-        due = self.hub.deadlines.pop_due(now)
-        for deadline in due[limit:]:
-            self.hub.deadlines.add(deadline)
-        return due[:limit]
+    async def claim_deadlines(self, now: float, *, limit: int = 100, lease: float = DEADLINE_LEASE) -> list[Deadline]:
+        # No await: the claim is one step under the hub, as the Lua script is in Redis.
+        return self.hub.deadlines.claim(now, now + lease, limit)
+
+    async def settle_deadline(self, claimed: Deadline, again: float | None) -> bool:
+        return self.hub.deadlines.settle(claimed, again)
 
     async def next_deadline(self) -> float | None:
         return self.hub.deadlines.next_due()

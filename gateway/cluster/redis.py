@@ -13,7 +13,7 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
 - `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
   ticket, taken with GETDEL so it opens one socket.
-- `{p}:deadlines`, `{p}:deadline`: confirmation deadlines (redis_deadlines.py).
+- `{p}:deadlines`, `{p}:deadline`, `{p}:deadline_claims`: confirmation deadlines (redis_deadlines.py).
 - `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
 This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
 run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
@@ -53,7 +53,7 @@ from .redis_inbox import RedisInbox
 from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
-from .shared import Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
+from .shared import DEADLINE_LEASE, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
 
 __all__ = ["RedisState"]
 
@@ -334,8 +334,11 @@ class RedisState(SharedState):
     async def drop_deadline(self, key: str) -> None:
         await self._op(self._deadlines.drop(key))
 
-    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
-        return await self._op(self._deadlines.claim(now, limit))  # type: ignore[no-any-return]
+    async def claim_deadlines(self, now: float, *, limit: int = 100, lease: float = DEADLINE_LEASE) -> list[Deadline]:
+        return await self._op(self._deadlines.claim(now, limit, now + lease))  # type: ignore[no-any-return]
+
+    async def settle_deadline(self, claimed: Deadline, again: float | None) -> bool:
+        return await self._op(self._deadlines.settle(claimed, again))  # type: ignore[no-any-return]
 
     async def next_deadline(self) -> float | None:
         return await self._op(self._deadlines.next_due())  # type: ignore[no-any-return]

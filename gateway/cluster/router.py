@@ -293,7 +293,8 @@ class Cluster:
 
     async def _answer_deadline(self, deadline: Deadline) -> float | None:
         """A passed deadline this replica claimed: answered where its chat runs (here, also when
-        the owner is dead and the chat moves here), or handed to its live owner."""
+        the owner is dead and the chat moves here), or handed to its live owner. Returns when to
+        look again, or None: answered, or moot (deadline_timer.py settles the claim with it)."""
         retry = self.chats.timeouts.wall() + 1.0
         try:
             claim = await self._claim(deadline.agent, deadline.user, deadline.chat, create=False)
@@ -304,15 +305,16 @@ class Cluster:
         if claim.local:
             return await self.chats.expire_confirmation(deadline)
         try:
-            # Back in the store before the notice goes: if the owner dies with it, it is claimed
-            # again, from a dead owner by then. The owner drops it once it handled it.
-            await self.state.add_deadline(replace(deadline, due=self.chats.timeouts.wall() + self._recheck))
             await self.state.send(
                 claim.owner, Forwarded(self.replica_id, secrets.token_hex(8), Expire(deadline.user, deadline.to_json())).to_json()
             )
         except SharedStateDown:
             return retry
-        return None
+        # Still in the store, leased to this replica, while the notice goes; then due `recheck`
+        # later: if the owner dies with the notice, it is claimed again, from a dead owner by
+        # then. The owner drops it (or moves it) once it handled it, which ends this claim: this
+        # replica's later "again" changes nothing then.
+        return self.chats.timeouts.wall() + self._recheck
 
     def _expire_forwarded(self, raw: str) -> None:
         try:

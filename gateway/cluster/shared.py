@@ -17,7 +17,7 @@ drives do that):
 - WebSocket tickets: short-lived, single-use credentials for a socket's handshake (access/tickets.py),
   so a ticket issued by one replica opens a socket on any;
 - confirmation deadlines (confirm mode, core/deadlines.py): ordered by due time, each claimed by exactly
-  one replica once it passed (deadline_timer.py answers it on the chat's owner);
+  one replica at a time once it passed, for a lease (deadline_timer.py answers it on the chat's owner);
 - chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
   user, and read back under that user only.
@@ -37,7 +37,15 @@ from typing import Any
 from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
 
-__all__ = ["Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
+__all__ = ["DEADLINE_LEASE", "Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
+
+# How long a claim on a passed confirmation deadline holds (seconds) before another replica may
+# claim it again. Above the longest one answer takes with the default settings: the chat's claim
+# and kept state (Redis commands, 5 s each at most), ADK's session read (the agent's
+# connect_timeout + 30 s, 35 s by default) and the start of the run that answers it. Its cost: a
+# replica that dies holding a claim delays that timeout's answer by up to this much (a person's
+# answer meanwhile is still judged late from ADK's timestamps: docs/approvals.md).
+DEADLINE_LEASE = 60.0
 
 # A message from another replica: a JSON object.
 Inbox = Callable[[dict[str, Any]], None]
@@ -172,16 +180,27 @@ class SharedState(abc.ABC):
 
     @abc.abstractmethod
     async def add_deadline(self, deadline: Deadline) -> None:
-        """Keep a deadline until it is claimed or dropped (one per key: the latest add wins)."""
+        """Keep a deadline until it is dropped or its claim settles it (one per key: the latest
+        add wins, and ends any claim on the one it replaces)."""
 
     @abc.abstractmethod
     async def drop_deadline(self, key: str) -> None:
-        """Forget a deadline (its confirmation was answered)."""
+        """Forget a deadline (its confirmation was answered), claimed or not."""
 
     @abc.abstractmethod
-    async def claim_deadlines(self, now: float, *, limit: int = 100) -> list[Deadline]:
-        """Remove and return deadlines due at `now` (wall clock): each is returned to exactly one
-        caller, whichever replica asks."""
+    async def claim_deadlines(self, now: float, *, limit: int = 100, lease: float = DEADLINE_LEASE) -> list[Deadline]:
+        """Deadlines due at `now` (wall clock), each leased to the caller until `now + lease` in the
+        same step: kept, due when the lease ends, so that another replica claims it again only if
+        the caller did not settle it by then (it died or hangs). Returned with `leased_until` set;
+        while a lease holds, nobody else claims the deadline (each claim goes to one caller)."""
+
+    @abc.abstractmethod
+    async def settle_deadline(self, claimed: Deadline, again: float | None) -> bool:
+        """The end of a claim (`claimed` as claim_deadlines returned it): drop the deadline
+        (`again` None: answered, or moot) or keep it due `again` (try again then), only if this
+        claim still holds it; once its lease ended and someone claimed it again, or it was dropped
+        or replaced meanwhile, nothing changes (what the claimer learnt is older). Returns whether
+        it did."""
 
     @abc.abstractmethod
     async def next_deadline(self) -> float | None:

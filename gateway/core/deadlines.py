@@ -15,7 +15,9 @@ rejection (confirmed false, no payload: the browser sees tool-output-denied), `e
 carrying the gateway's error (the plugin answers it as the call's result: tool-output-error).
 docs/approvals.md ("Timeouts in confirm mode") describes the payload.
 
-`DeadlineQueue` orders pending deadlines by due time for the one timer that waits for the next.
+`DeadlineQueue` orders pending deadlines by due time for the one timer that waits for the next,
+and leases the passed ones to whoever claims them (the same contract as the shared store's:
+cluster/shared.py).
 
 Sans-IO: no clock (callers pass `now`), no I/O.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
 __all__ = [
@@ -82,7 +84,11 @@ class Deadline:
     """One confirmation's deadline, with what a replica needs to answer it: the chat (agent, user,
     chat id) and the confirmation (ADK's approval id, the original call and its tool), and, for a
     browser tool's call a person approved, when (wall clock): only the replica that took the
-    approval knows it otherwise."""
+    approval knows it otherwise.
+
+    `leased_until` is set on a deadline a replica claimed: when its claim ends (wall clock), which
+    is also the claim's token (only the claim that set it settles the deadline). It is not part of
+    the deadline: neither compared nor stored."""
 
     agent: str
     user: str
@@ -92,13 +98,16 @@ class Deadline:
     tool: str
     due: float
     approved_at: float | None = None
+    leased_until: float | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
         return deadline_key(self.chat, self.approval_id)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        data = asdict(self)
+        del data["leased_until"]
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Deadline:
@@ -118,46 +127,93 @@ class Deadline:
             raise MalformedDeadline(type(exc).__name__) from None
 
 
-class DeadlineQueue:
-    """Pending deadlines by due time; one per key, the latest `add` wins."""
+@dataclass(eq=False, slots=True)
+class _Kept:
+    deadline: Deadline
+    # When it is due in the queue: its own due time, or the end of the lease of whoever claimed it.
+    at: float
+    lease: float | None = None
 
-    __slots__ = ("_by_key", "_heap")
+
+class DeadlineQueue:
+    """Pending deadlines by due time; one per key, the latest `add` wins. A claimed deadline stays,
+    due again when its lease ends, until the claim settles it (drops it or keeps it due later)."""
+
+    __slots__ = ("_by_key", "_heap", "_puts")
 
     def __init__(self) -> None:
-        self._by_key: dict[str, Deadline] = {}
-        # (due, key, deadline); entries whose deadline was dropped or replaced are skipped lazily.
-        self._heap: list[tuple[float, str, Deadline]] = []
+        self._by_key: dict[str, _Kept] = {}
+        # (at, key, put number, entry); entries dropped, replaced or claimed since are skipped
+        # lazily. The put number orders two entries of one key due at once (entries do not compare).
+        self._heap: list[tuple[float, str, int, _Kept]] = []
+        self._puts = 0
 
     def __len__(self) -> int:
         return len(self._by_key)
 
     def add(self, deadline: Deadline) -> None:
-        self._by_key[deadline.key] = deadline
-        heapq.heappush(self._heap, (deadline.due, deadline.key, deadline))
+        """Keep `deadline`, replacing the one of its key (and any claim on it)."""
+        self._put(_Kept(replace(deadline, leased_until=None), deadline.due))
 
     def drop(self, key: str) -> Deadline | None:
-        return self._by_key.pop(key, None)
+        kept = self._by_key.pop(key, None)
+        return kept.deadline if kept is not None else None
 
     def get(self, key: str) -> Deadline | None:
-        return self._by_key.get(key)
+        kept = self._by_key.get(key)
+        return kept.deadline if kept is not None else None
 
     def next_due(self) -> float | None:
-        """When the earliest pending deadline passes; None if none is pending."""
+        """When the earliest pending deadline (or lease) passes; None if none is pending."""
         self._skip_stale()
         return self._heap[0][0] if self._heap else None
 
     def pop_due(self, now: float) -> list[Deadline]:
         """Remove and return every deadline that passed at `now`, earliest first."""
-        out: list[Deadline] = []
-        while True:
+        out = [kept.deadline for kept in self._take_due(now, None)]
+        for deadline in out:
+            del self._by_key[deadline.key]
+        return out
+
+    def claim(self, now: float, until: float, limit: int | None = None) -> list[Deadline]:
+        """The deadlines (or leases) passed at `now`, earliest first, at most `limit`, each leased
+        until `until` (> now): kept due then, returned with `leased_until` set."""
+        if until <= now:
+            raise ValueError("a lease ends after it starts")
+        out = []
+        for kept in self._take_due(now, limit):
+            self._put(_Kept(kept.deadline, until, until))
+            out.append(replace(kept.deadline, leased_until=until))
+        return out
+
+    def settle(self, claimed: Deadline, again: float | None) -> bool:
+        """A claim's end: drop the deadline (`again` None) or keep it due `again`, if the claim
+        still holds it (nobody claimed, dropped or replaced it since). Returns whether it did."""
+        kept = self._by_key.get(claimed.key)
+        if kept is None or claimed.leased_until is None or kept.lease != claimed.leased_until:
+            return False
+        if again is None:
+            del self._by_key[claimed.key]
+        else:
+            self.add(replace(kept.deadline, due=again))
+        return True
+
+    def _put(self, kept: _Kept) -> None:
+        self._by_key[kept.deadline.key] = kept
+        self._puts += 1
+        heapq.heappush(self._heap, (kept.at, kept.deadline.key, self._puts, kept))
+
+    def _take_due(self, now: float, limit: int | None) -> list[_Kept]:
+        """Off the heap (still in `_by_key`): the entries due at `now`, earliest first."""
+        out: list[_Kept] = []
+        while limit is None or len(out) < limit:
             self._skip_stale()
             if not self._heap or self._heap[0][0] > now:
-                return out
-            _, key, deadline = heapq.heappop(self._heap)
-            del self._by_key[key]
-            out.append(deadline)
+                break
+            out.append(heapq.heappop(self._heap)[3])
+        return out
 
     def _skip_stale(self) -> None:
         heap = self._heap
-        while heap and self._by_key.get(heap[0][1]) is not heap[0][2]:
+        while heap and self._by_key.get(heap[0][1]) is not heap[0][3]:
             heapq.heappop(heap)

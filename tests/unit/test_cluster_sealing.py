@@ -262,8 +262,11 @@ async def test_a_forged_or_moved_deadline_is_never_claimed(cluster: Any) -> None
     sealed = await forger.redis.hget(forger.key("deadline"), genuine.key)
     await forger.redis.zadd(forger.key("deadlines"), {"c3/adk-3": 5.0})
     await forger.redis.hset(forger.key("deadline"), "c3/adk-3", sealed)
-    assert await b.claim_deadlines(100.0) == [genuine]
-    assert await a.claim_deadlines(100.0) == [] and await a.next_deadline() is None
+    assert await b.claim_deadlines(100.0, lease=30.0) == [genuine]
+    # The forged ones are gone for good; only the genuine one comes back, once b's lease ended.
+    assert await a.claim_deadlines(100.0) == [] and await a.next_deadline() == 130.0
+    assert await forger.redis.zrange(forger.key("deadlines"), 0, -1) == [genuine.key.encode()]
+    assert await a.claim_deadlines(1e12) == [genuine]
 
 
 async def test_a_forged_ticket_record_opens_no_socket(cluster: Any) -> None:

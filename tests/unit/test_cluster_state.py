@@ -256,12 +256,83 @@ async def test_a_passed_deadline_is_claimed_by_exactly_one_replica(pair: tuple[R
     assert await b.state.next_deadline() == 50.0
     assert await a.state.claim_deadlines(49.0) == []
     # Replicas racing for what passed: each deadline goes to exactly one of them.
-    claims = await asyncio.gather(*(r.state.claim_deadlines(150.0) for r in (a, b, a, b)))
+    claims = await asyncio.gather(*(r.state.claim_deadlines(150.0, lease=30.0) for r in (a, b, a, b)))
     assert sorted(d.approval_id for claim in claims for d in claim) == ["adk-x", "adk-y"]
     assert [d for claim in claims for d in claim if d.approval_id == "adk-x"] == [_deadline("x", 100.0)]
+    # Claimed, not gone: kept due when the claim's lease ends.
+    assert await a.state.next_deadline() == 180.0
+    for claimed in (d for claim in claims for d in claim):
+        assert await b.state.settle_deadline(claimed, None)
     assert await a.state.next_deadline() == 300.0
     await b.state.drop_deadline(_deadline("z", 0).key)
     assert await a.state.next_deadline() is None and await a.state.claim_deadlines(1e12) == []
+
+
+async def test_a_claimed_deadline_nobody_settles_comes_back_after_the_lease_only(pair: tuple[Replica, Replica]) -> None:
+    """The replica that claimed it died before answering (or hangs): another claims it again once
+    the lease ended, not before; the first one's claim is then spent."""
+    a, b = pair
+    await a.state.add_deadline(_deadline("x", 100.0))
+    [first] = await a.state.claim_deadlines(100.0, lease=30.0)
+    assert first.leased_until == 130.0
+    assert await b.state.claim_deadlines(129.9, lease=30.0) == []
+    [again] = await b.state.claim_deadlines(130.0, lease=30.0)
+    assert again == _deadline("x", 100.0) and again.leased_until == 160.0
+    # The first claimer, back after its lease: it neither drops nor moves what b now holds.
+    assert not await a.state.settle_deadline(first, None)
+    assert not await a.state.settle_deadline(first, 131.0)
+    assert await a.state.next_deadline() == 160.0
+    assert await b.state.claim_deadlines(159.0) == []
+    assert await b.state.settle_deadline(again, 200.0)  # busy: try again at 200
+    assert not await b.state.settle_deadline(again, None)  # a claim is settled once
+    assert await a.state.next_deadline() == 200.0
+    [third] = await a.state.claim_deadlines(200.0, lease=30.0)
+    assert third.due == 200.0 and await a.state.settle_deadline(third, None)
+    assert await b.state.next_deadline() is None and await b.state.claim_deadlines(1e12) == []
+
+
+async def test_a_settled_deadline_is_not_brought_back_by_a_claimer_whose_lease_ended(pair: tuple[Replica, Replica]) -> None:
+    """a's claim lapsed, b claimed and answered it (dropped): a's late retry does not resurrect it.
+    Nor does it when the chat's side dropped it (a person answered) or replaced it (an approval
+    moved it): what the claimer learnt is older than that."""
+    a, b = pair
+    await a.state.add_deadline(_deadline("x", 100.0))
+    [first] = await a.state.claim_deadlines(100.0, lease=30.0)
+    [second] = await b.state.claim_deadlines(130.0, lease=30.0)
+    assert await b.state.settle_deadline(second, None)
+    assert not await a.state.settle_deadline(first, 140.0)
+    assert await a.state.next_deadline() is None and await a.state.claim_deadlines(1e12) == []
+    # Dropped by the chat's side while claimed.
+    await a.state.add_deadline(_deadline("y", 100.0))
+    [claimed] = await a.state.claim_deadlines(100.0, lease=30.0)
+    await b.state.drop_deadline(claimed.key)
+    assert not await a.state.settle_deadline(claimed, 101.0)
+    assert await a.state.claim_deadlines(1e12) == []
+    # Replaced while claimed: the new one stands, claimable at its own time.
+    await a.state.add_deadline(_deadline("z", 100.0))
+    [claimed] = await a.state.claim_deadlines(100.0, lease=30.0)
+    moved = Deadline("demo_agent", "u1", "chat-z", "adk-z", "call-z", "process_payment", 395.0, approved_at=95.0)
+    await b.state.add_deadline(moved)
+    assert not await a.state.settle_deadline(claimed, None)
+    assert await a.state.next_deadline() == 395.0
+    [kept] = await b.state.claim_deadlines(395.0)
+    assert kept == moved and kept.approved_at == 95.0
+
+
+async def test_replicas_claiming_at_once_get_disjoint_deadlines_again_after_the_lease(pair: tuple[Replica, Replica]) -> None:
+    a, b = pair
+    names = [f"n{i}" for i in range(20)]
+    for i, name in enumerate(names):
+        await (a, b)[i % 2].state.add_deadline(_deadline(name, 100.0 + i))
+    for now in (200.0, 260.0):  # the second round: every lease of the first lapsed
+        claims = await asyncio.gather(*(r.state.claim_deadlines(now, limit=7, lease=50.0) for r in (a, b, a, b, a)))
+        got = [d.approval_id for claim in claims for d in claim]
+        assert sorted(got) == sorted("adk-" + n for n in names)  # each once, none lost
+    # Settled under the second round's leases: nothing comes back.
+    for claim in claims:
+        for claimed in claim:
+            assert await a.state.settle_deadline(claimed, None)
+    assert await b.state.next_deadline() is None
 
 
 async def test_a_deadline_added_again_keeps_the_latest_due_time(pair: tuple[Replica, Replica]) -> None:
@@ -283,7 +354,9 @@ async def test_a_deadline_an_approval_moved_is_claimed_at_its_new_time_with_the_
     await b.state.add_deadline(moved)
     assert await a.state.claim_deadlines(100.0) == []
     assert await a.state.next_deadline() == 395.0
-    assert await a.state.claim_deadlines(395.0) == [moved]
+    [claimed] = await a.state.claim_deadlines(395.0)
+    assert claimed == moved and claimed.approved_at == 95.0
+    assert await a.state.settle_deadline(claimed, None)
     assert await b.state.claim_deadlines(1e12) == []
 
 

@@ -105,3 +105,82 @@ async def test_a_deadline_moved_later_fires_at_its_new_time_only() -> None:
     assert answered == [moved]
     timer.close()
     await tasks.close(1.0)
+
+
+async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_after_the_lease() -> None:
+    """Replica a claims a passed deadline and dies before answering it (its answer never returns,
+    then its tasks are gone, as with kill -9): it is not lost with a; b answers it once a's lease
+    ended, and not before."""
+    hub, clock = MemoryHub(), Clock()
+    stuck: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+    claimed_by_a: list[Deadline] = []
+    answered_by_b: list[Deadline] = []
+
+    async def answer_a(d: Deadline) -> float | None:
+        claimed_by_a.append(d)
+        return await stuck  # dies mid-answer
+
+    async def answer_b(d: Deadline) -> float | None:
+        answered_by_b.append(d)
+        return None
+
+    tasks_a, tasks_b = Tasks(), Tasks()
+    a = DeadlineTimer(MemoryState("a", hub), tasks_a, answer_a, poll=None, wall=clock, lease=0.2)
+    a.start()
+    a.add(deadline("x", clock.now))
+    await asyncio.sleep(0.02)
+    assert [d.approval_id for d in claimed_by_a] == ["adk-x"]
+    a.close()
+    await tasks_a.close(0.1)
+    b = DeadlineTimer(MemoryState("b", hub), tasks_b, answer_b, poll=0.01, wall=clock, lease=0.2)
+    b.start()
+    claimed_at = clock.now
+    clock.now = claimed_at + 0.1
+    await asyncio.sleep(0.05)
+    assert answered_by_b == []  # a's lease still holds
+    clock.now = claimed_at + 0.2
+    await asyncio.sleep(0.25)  # b's timer waits on the loop's clock
+    assert [d.approval_id for d in answered_by_b] == ["adk-x"]
+    assert len(hub.deadlines) == 0  # answered: dropped, not claimed again
+    clock.now += 1.0
+    await asyncio.sleep(0.05)
+    assert len(answered_by_b) == 1
+    b.close()
+    await tasks_b.close(1.0)
+
+
+async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_deadline_back() -> None:
+    """a's answer takes longer than its lease: b claims and answers the deadline meanwhile (ADK's
+    session and the chat make the second answer a no-op: here, b finds nothing to do). a's late
+    "try again" is not kept: the deadline stays gone."""
+    hub, clock = MemoryHub(), Clock()
+    slow: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+    answered: list[str] = []
+
+    async def answer_a(d: Deadline) -> float | None:
+        answered.append("a")
+        return await slow
+
+    async def answer_b(d: Deadline) -> float | None:
+        answered.append("b")
+        return None
+
+    tasks_a, tasks_b = Tasks(), Tasks()
+    a = DeadlineTimer(MemoryState("a", hub), tasks_a, answer_a, poll=None, wall=clock, lease=0.2)
+    b = DeadlineTimer(MemoryState("b", hub), tasks_b, answer_b, poll=0.01, wall=clock, lease=0.2)
+    a.start()
+    a.add(deadline("x", clock.now))
+    await asyncio.sleep(0.02)
+    b.start()
+    clock.now += 0.2
+    await asyncio.sleep(0.05)
+    assert answered == ["a", "b"] and len(hub.deadlines) == 0
+    slow.set_result(clock.now + 0.05)  # a, late: "the chat was busy, try again"
+    await asyncio.sleep(0.05)
+    assert len(hub.deadlines) == 0
+    clock.now += 1.0
+    await asyncio.sleep(0.05)
+    assert answered == ["a", "b"]
+    for timer, tasks in ((a, tasks_a), (b, tasks_b)):
+        timer.close()
+        await tasks.close(1.0)

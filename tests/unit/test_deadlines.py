@@ -147,3 +147,24 @@ def test_the_queue_pops_exactly_the_live_deadlines_that_passed(ops: list[tuple[s
     assert [d.due for d in popped] == sorted(d.due for d in popped)
     assert queue.pop_due(now) == []
     assert len(queue) == sum(1 for due in live.values() if due > now)
+
+
+def test_a_claim_leases_what_passed_and_only_that_claim_settles_it() -> None:
+    queue = DeadlineQueue()
+    queue.add(deadline("a", 10.0))
+    queue.add(deadline("b", 20.0))
+    with pytest.raises(ValueError):
+        queue.claim(10.0, 10.0)
+    [first] = queue.claim(15.0, 45.0)
+    assert first.key == "chat-a/adk-a" and first.due == 10.0 and first.leased_until == 45.0
+    assert queue.get(first.key) == deadline("a", 10.0) and len(queue) == 2  # kept, not popped
+    assert "leased_until" not in first.to_json()  # the claim's, not the deadline's: never stored
+    assert queue.next_due() == 20.0 and [d.key for d in queue.claim(44.0, 74.0)] == ["chat-b/adk-b"]
+    [second] = queue.claim(45.0, 75.0)  # the first claim lapsed
+    assert not queue.settle(first, 50.0) and not queue.settle(first, None)
+    assert queue.settle(second, 60.0) and not queue.settle(second, None)
+    assert queue.get(first.key) == deadline("a", 60.0) and queue.get(first.key).leased_until is None
+    [third] = queue.claim(60.0, 90.0, limit=1)
+    queue.add(deadline("a", 100.0))  # replaced meanwhile: the claim ends
+    assert not queue.settle(third, None) and queue.next_due() == 74.0
+    assert queue.claim(1e9, 2e9, limit=0) == []
