@@ -18,7 +18,8 @@ import structlog
 
 from ..upstream.agents import Agents
 from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.chat_events import CallCancelled, CallRecorded, GateOpened
+from ..core.chat_events import CallCancelled, GateOpened, PluginAsked
+from ..core.turn_outputs import AskAnswered
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics
@@ -27,6 +28,13 @@ from .registry import Registry
 __all__ = ["Gates"]
 
 log = structlog.get_logger("adk_gateway.chat.gates")
+
+
+# What the plugin's ask refused at once tells the model, by the machine's reason.
+_REFUSALS = {
+    "no_browser": "No browser is attached to this session, so nobody can answer; the call was not run.",
+    "too_many_pending": "Too many tool calls are already waiting for the user in this chat; the call was not run.",
+}
 
 
 def _refusal(reason: str, text: str) -> Verdict:
@@ -70,20 +78,20 @@ class Gates:
         if not policy.gated:
             return RUN
         chat = self._chat_of(agent.name, user_id, session_id)
-        existing = chat.ledger.call(tool_call_id) if chat is not None else None
-        if existing is not None:
-            return existing
-        if chat is None or not chat.running:
-            return _refusal("no_browser", "No browser is attached to this session, so nobody can answer; the call was not run.")
-        if len(chat.ledger.unreleased()) >= self._config().max_pending_approvals_per_chat(agent.name):
-            return _refusal(
-                "too_many_pending", "Too many tool calls are already waiting for the user in this chat; the call was not run."
-            )
-        call = GatedCall.open(
+        if chat is None:
+            return _refusal("no_browser", _REFUSALS["no_browser"])
+        opened = GatedCall.open(
             user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
             tool=tool, args=args, policy=policy, now=self._clock(),
         )
-        chat.actor.handle(CallRecorded(call))
+        [answer] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
+        assert isinstance(answer, AskAnswered)
+        if answer.call is None:
+            assert answer.refused is not None
+            return _refusal(answer.refused, _REFUSALS[answer.refused])
+        if answer.call is not opened:
+            return answer.call
+        call = opened
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()

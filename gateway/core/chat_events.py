@@ -17,9 +17,9 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "Attached", "BrowserToolApproved", "CallCancelled", "CallRecorded", "ChatEvent",
+    "Aborted", "Answered", "Attached", "BrowserToolApproved", "CallCancelled", "ChatEvent",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "RunStarts", "Settled", "StateRestored", "UpstreamRead",
+    "PluginAsked", "RunStarts", "Settled", "StateRestored", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -129,11 +129,14 @@ class RunClosed:
 
 
 @dataclass(frozen=True, slots=True)
-class CallRecorded:
-    """The plugin asked about a gated call of the running run: the chat's ledger records it (it is
-    shown to the browser by `GateOpened`, once the cluster recorded it too)."""
+class PluginAsked:
+    """The plugin asks about a gated call (`call`, as it would be opened now): the same call again
+    if it asked before, else refused (no run here to show it, or `max_pending` calls already
+    wait) or recorded. A recorded call is shown to the browser by `GateOpened`, once the cluster
+    recorded it too."""
 
     call: GatedCall
+    max_pending: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,6 @@ class StateRestored:
 
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
-    | RunFailed | Aborted | RunClosed | CallRecorded | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
+    | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
     | StateRestored
 )

@@ -22,14 +22,14 @@ from typing import Any, Final
 
 from .approvals import GatedCall
 from .chat_events import (
-    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, Settled, StateRestored,
+    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, Settled, StateRestored,
     UpstreamRead,
 )
 from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
-from .turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
+from .turn_outputs import AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -55,14 +55,15 @@ _RUN_EVENTS: Final = (
 _AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
 
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
-# settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase.
-_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen)
+# settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
+# plugin may ask at any time; the machine refuses what no run here can show.
+_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked)
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
 # one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
 TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
     {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, StateRestored, *_NATIVE)}
-    | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, CallRecorded, *_NATIVE)}
+    | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, *_NATIVE)}
     | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN, *_NATIVE)}
 )
 
@@ -172,9 +173,16 @@ class ChatMachine:
             out += _release_alone(self.ledger, call, lambda c: c.cancel("the gateway replica that held it stopped"), event.now)
         return out
 
-    def _record(self, event: CallRecorded) -> list[Output]:
-        self.ledger.add(event.call)
-        return []
+    def _asked(self, event: PluginAsked) -> list[Output]:
+        ledger = self.ledger
+        existing = ledger.call(event.call.tool_call_id)
+        if existing is not None:
+            return [AskAnswered(existing)]  # asked again (handed back, or its connection cut): the same call
+        if not self.running:
+            return [AskAnswered(None, "no_browser")]  # no run here that could show it to anyone
+        if len(ledger.unreleased()) >= event.max_pending:
+            return [AskAnswered(None, "too_many_pending")]
+        return [AskAnswered(ledger.add(event.call))]
 
     def _native_answered(self, event: NativeAnswered) -> list[Output]:
         ledger = self.ledger
@@ -225,7 +233,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     RunFailed: ChatMachine._fail,
     Aborted: ChatMachine._abort,
     RunClosed: ChatMachine._close,
-    CallRecorded: ChatMachine._record,
+    PluginAsked: ChatMachine._asked,
     NativeAnswered: ChatMachine._native_answered,
     BrowserToolApproved: ChatMachine._browser_approved,
     ConfirmationsSeen: ChatMachine._seen,

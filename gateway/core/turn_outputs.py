@@ -14,7 +14,7 @@ from .ledger import NativeConfirmation
 from .message_writer import Chunk
 
 __all__ = [
-    "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
+    "AskAnswered", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
     "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded",
 ]
 
@@ -75,6 +75,15 @@ class Raised:
 
 
 @dataclass(frozen=True, slots=True)
+class AskAnswered:
+    """What the plugin's ask comes to: `call` (recorded now, or the one it asked about before), or
+    `refused`, why it is answered at once (`no_browser`, `too_many_pending`) and `call` None."""
+
+    call: GatedCall | None
+    refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NativeSettled:
     """A native confirmation is answered (or settled unanswered): `confirmation` if it was pending
     in this chat, None if only ADK's session knew it. Its metrics are the caller's to observe."""
@@ -98,6 +107,6 @@ class ConfirmationSeen:
 
 
 Output = (
-    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised | NativeSettled
-    | BrowserApproved | ConfirmationSeen
+    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised | AskAnswered
+    | NativeSettled | BrowserApproved | ConfirmationSeen
 )

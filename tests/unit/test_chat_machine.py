@@ -15,14 +15,14 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
-    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, CallRecorded, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunFailed, RunStarts, StateRestored, UpstreamRead,
+    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, RunClosed, RunFailed, RunStarts, StateRestored, UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
-from gateway.core.turn_outputs import BrowserApproved, ConfirmationSeen, NativeSettled
+from gateway.core.turn_outputs import AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 PAY = ToolPolicy(approval=True, timeout=30)
 
@@ -46,7 +46,7 @@ def _asks(machine: ChatMachine, call_id: str, now: float = 0.0) -> GatedCall:
     event = {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": "pay", "args": {}}}]}}
     machine.handle(UpstreamRead([event], now))
     call = _call(call_id, now)
-    machine.handle(CallRecorded(call))
+    assert machine.handle(PluginAsked(call, 16)) == [AskAnswered(call)]
     machine.handle(GateOpened(call, now))
     return call
 
@@ -145,15 +145,17 @@ def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
     assert [o.outcome for o in out if isinstance(o, RunEnded)] == ["error"]
 
 
-def test_the_plugin_asks_only_while_a_run_runs() -> None:
+def test_the_plugins_ask_is_refused_without_a_run_to_show_it_and_beyond_the_cap() -> None:
     machine = ChatMachine()
-    with pytest.raises(MachineError):
-        machine.handle(CallRecorded(_call("c1")))
+    assert machine.handle(PluginAsked(_call("c1"), 16)) == [AskAnswered(None, "no_browser")]
     machine.handle(_start())
+    first = _asks(machine, "c1")
+    # Asked again (the plugin's request handed back, or cut): the same call, not a new one.
+    assert machine.handle(PluginAsked(_call("c1"), 16)) == [AskAnswered(first)]
+    assert machine.handle(PluginAsked(_call("c2"), 1)) == [AskAnswered(None, "too_many_pending")]
     machine.handle(RunClosed(1.0))
-    with pytest.raises(MachineError):
-        machine.handle(CallRecorded(_call("c1")))
-    assert machine.ledger.call("c1") is None
+    assert machine.handle(PluginAsked(_call("c3"), 16)) == [AskAnswered(None, "no_browser")]
+    assert machine.ledger.call("c2") is None and machine.ledger.call("c3") is None
 
 
 def _asked(machine: ChatMachine, approval_id: str, *, in_browser: bool = False) -> NativeConfirmation:
