@@ -63,6 +63,7 @@ class MemoryHub:
     inboxes: dict[str, Inbox] = field(default_factory=dict)
     relays: dict[str, _Relay] = field(default_factory=dict)
     calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    call_expiry: dict[str, float] = field(default_factory=dict)
     tickets: dict[str, dict[str, str]] = field(default_factory=dict)
     states: dict[str, _ChatState] = field(default_factory=dict)
     states_purge_at: int = 64
@@ -160,8 +161,16 @@ class MemoryState(SharedState):
         return str(position + len(entries)), entries
 
     async def put_call(self, call_id: str, record: dict[str, str], *, ttl: float) -> None:
+        loop = asyncio.get_running_loop()
         self.hub.calls.setdefault(call_id, {}).update(record)
-        asyncio.get_running_loop().call_later(ttl, self.hub.calls.pop, call_id, None)
+        # The last write's lifetime, as Redis's PEXPIRE: an earlier write's timer leaves it be.
+        expires = self.hub.call_expiry[call_id] = loop.time() + ttl
+        loop.call_later(ttl, self._drop_call, call_id, expires)
+
+    def _drop_call(self, call_id: str, expires: float) -> None:
+        if self.hub.call_expiry.get(call_id) == expires:
+            del self.hub.call_expiry[call_id]
+            self.hub.calls.pop(call_id, None)
 
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         record = self.hub.calls.get(call_id)

@@ -243,6 +243,18 @@ async def test_gated_call_records_merge_and_expire(pair: tuple[Replica, Replica]
     assert await b.state.get_call(call) is None
 
 
+async def test_a_gated_call_record_lives_as_long_as_its_last_write_says(pair: tuple[Replica, Replica]) -> None:
+    """As Redis's PEXPIRE on each write: an earlier, shorter lifetime does not take the record away."""
+    a, b = pair
+    call = "gw-" + secrets.token_hex(6)
+    await a.state.put_call(call, {"user": "alice", "chat": "c1", "owner": "a", "tool": "pay"}, ttl=0.3)
+    await a.state.put_call(call, {"verdict": '{"verdict":"run"}'}, ttl=60)
+    await asyncio.sleep(0.5)
+    assert await b.state.get_call(call) == {
+        "user": "alice", "chat": "c1", "owner": "a", "tool": "pay", "verdict": '{"verdict":"run"}',
+    }
+
+
 def _deadline(name: str, due: float) -> Deadline:
     return Deadline("demo_agent", "u1", "chat-" + name, "adk-" + name, "call-" + name, "process_payment", due)
 
