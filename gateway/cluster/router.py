@@ -385,8 +385,11 @@ class Cluster:
                     pass  # written back with every local chat once the store is back (_local_chats)
 
     def _local_chats(self) -> list[LocalChat]:
+        """The chats to write back after the store lost its data; their kept states are written
+        again too (in the background), so a takeover after that loss still starts from them."""
         out = []
         for chat in self.chats.local_chats():
+            self.chats.states.changed(chat)
             running = chat.run.message_id if chat.running and chat.run is not None else ""
             out.append(LocalChat(chat.user_id, chat.chat_id, chat.agent, running))
         return out

@@ -3,8 +3,10 @@
 A save is a background write of the chat's machine snapshot, one at a time per chat: a save asked
 for while one is being written is folded into one more write of the newest state, so the store
 never ends up with an older state written last. Reads and writes are bounded by the forwarding
-timeout; a store that cannot be reached costs a warning, not a request: ADK's session stays the
-authority on what waits (kept_states.py says why that is safe).
+timeout; a write to a store that is down is tried again for about 10 s (after Redis lost its data,
+the router asks every local chat's state to be written back just before the store serves again);
+a store that cannot be reached costs a warning, not a request: ADK's session stays the authority
+on what waits (kept_states.py says why that is safe).
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import structlog
 
 from ..chat.record import Chat
 from ..chat.service import ChatService
-from .shared import SharedState
+from .shared import SharedState, SharedStateDown
 from .tasks import Tasks
 
 __all__ = ["StateKeeper"]
 
 log = structlog.get_logger("adk_gateway.cluster.state_keeper")
+
+# A store that is down is tried again this often, this many times in all (about 10 s).
+_RETRY = 0.5
+_ATTEMPTS = 20
 
 
 class StateKeeper:
@@ -50,16 +56,29 @@ class StateKeeper:
             again = True
             while again:
                 self._writing[key] = False
-                snapshot = chat.machine.snapshot()  # the newest, taken when it is written
-                try:
-                    await asyncio.wait_for(
-                        self._state.put_chat_state(chat.user_id, chat.chat_id, snapshot, ttl=self._ttl()), self._timeout,
-                    )
-                except Exception as exc:  # noqa: BLE001 - the store's failure is logged; the chat goes on
-                    log.warning("chat_state_not_kept", chat_id=chat.chat_id, error=type(exc).__name__)
+                await self._put(chat)
                 again = self._writing[key]
         finally:
             del self._writing[key]
+
+    async def _put(self, chat: Chat) -> None:
+        # A store that is down (or restoring after it lost its data) is tried again a few times:
+        # the write that puts a state back after such a loss comes just before it serves again.
+        for attempt in range(_ATTEMPTS):
+            snapshot = chat.machine.snapshot()  # the newest, taken when it is written
+            try:
+                await asyncio.wait_for(
+                    self._state.put_chat_state(chat.user_id, chat.chat_id, snapshot, ttl=self._ttl()), self._timeout,
+                )
+                return
+            except SharedStateDown:
+                if attempt + 1 < _ATTEMPTS and not self._tasks.closed:
+                    await asyncio.sleep(_RETRY)
+                    continue
+                log.warning("chat_state_not_kept", chat_id=chat.chat_id, error="SharedStateDown")
+            except Exception as exc:  # noqa: BLE001 - the store's failure is logged; the chat goes on
+                log.warning("chat_state_not_kept", chat_id=chat.chat_id, error=type(exc).__name__)
+            return
 
     async def load(self, chat: Chat) -> dict[str, Any] | None:
         try:

@@ -138,3 +138,30 @@ async def test_readyz_is_503_for_as_long_as_claims_wait_for_the_restore(server: 
     # Ready means a new chat can be claimed; the restore window was seen, and said why.
     assert not [s for s in seen if s[0] == 200 and s[2] == "refused"], seen
     assert (503, "sessions_restoring", "refused") in seen, seen
+
+
+async def test_the_chats_kept_states_are_written_back_after_redis_came_back_empty(server: RedisServer, gateway_on: Any) -> None:
+    """The directory is written back after Redis lost its data, and so is each local chat's kept
+    state: a replica that takes one of them over later still starts from its approvals."""
+    from gateway.core.chat_events import NativeAnswered
+
+    app = gateway_on
+    gateway = app[GATEWAY]
+    state = gateway.cluster.state
+    chat = gateway.chats._registry.get("demo_agent", "alice", "chat-kept", now=0.0)  # noqa: SLF001 - a chat this replica runs
+    chat.actor.handle(NativeAnswered("adk-1", "call-1", timed_out=True))
+    gateway.chats.states.changed(chat)
+    await asyncio.sleep(0.1)
+    assert await state.get_chat_state("alice", "chat-kept") == chat.machine.snapshot()
+    await asyncio.to_thread(server.stop)
+    await _until(lambda: not state.available)
+    await asyncio.to_thread(server.start)  # back, empty
+    kept = None
+    deadline = asyncio.get_running_loop().time() + 10
+    while kept is None and asyncio.get_running_loop().time() < deadline:
+        try:
+            kept = await state.get_chat_state("alice", "chat-kept")
+        except SharedStateDown:
+            pass
+        await asyncio.sleep(0.05)
+    assert kept == chat.machine.snapshot()

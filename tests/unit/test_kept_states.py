@@ -126,23 +126,27 @@ async def test_saves_asked_for_while_one_is_written_fold_into_one_write_of_the_n
     await tasks.close(1.0)
 
 
-async def test_a_store_that_fails_costs_a_warning_not_the_chat(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_store_that_is_down_is_tried_again_and_one_that_hangs_is_given_up() -> None:
     store, chats, tasks = Recording(MemoryHub()), _Chats(), Tasks()
     StateKeeper(store, chats, tasks, timeout=0.05)  # type: ignore[arg-type]
     chat = _chat()
     store.down = True
     store.release.set()
     chats.states.changed(chat)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
     assert store.written == []
+    store.down = False  # back: the next try writes it
+    await asyncio.sleep(0.7)
+    assert store.written == [chat.machine.snapshot()]
     store.release.clear()  # a write that hangs is given up at the bound, and a new one may start
-    store.down = False
+    chat.actor.handle(NativeAnswered("a1"))
     chats.states.changed(chat)
     await asyncio.sleep(0.2)
+    assert len(store.written) == 1
     chats.states.changed(chat)
     store.release.set()
     await asyncio.sleep(0.05)
-    assert store.written == [chat.machine.snapshot()]
+    assert store.written[-1] == chat.machine.snapshot() and len(store.written) == 2
     await tasks.close(1.0)
 
 
