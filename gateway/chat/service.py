@@ -280,7 +280,8 @@ class ChatService:
             delivered_tool_calls=[o.tool_call_id for o in carried or ()],
         )
         wait = WaitSignal()
-        return self._tasks.launch(chat, run, start, self.runs.turn(chat, plan.new_message, native, wait, run.message_id), wait, reader)
+        batches = self.runs.turn(chat, plan.new_message, native, wait, run.message_id)
+        return self._tasks.launch(chat, run, start, batches, wait, reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
         try:
