@@ -1,9 +1,10 @@
 """A chat's state kept outside this process: saved when it changes in a way worth keeping, and read
 once, before this replica first acts on a chat's approvals.
 
-The chat's machine writes its state as plain JSON (`ChatMachine.snapshot`: its ledger); the cluster
-keeps it in the shared store (cluster/shared.py `put_chat_state`: Redis with `sessions.backend:
-redis`, this process's memory otherwise) for the chat's idle TTL. It is saved when a run ends and
+The chat's machine writes its state as plain JSON (`ChatMachine.snapshot`: its ledger); with
+`sessions.backend: redis` the cluster keeps it in the shared store (cluster/shared.py
+`put_chat_state`) for the chat's idle TTL. (The memory backend's replicas are this process, gone
+with it: nothing is kept there, and `adopt` reads nothing.) It is saved when a run ends and
 when a browser tool's approval is handed to the browser (the one change no run carries to ADK). The
 replica that next acts on the chat's approvals (its owner died, drained, or restarted) starts from
 it, so what became of them (answered, timed out, approved and waiting for the browser's output)

@@ -74,6 +74,8 @@ _GOODBYE_TIMEOUT = 1.0
 class RedisState(SharedState):
     """The Redis backend: its parts share one client, and their Redis errors become SharedStateDown here."""
 
+    outlives_process = True
+
     def __init__(
         self,
         replica_id: str,

@@ -108,7 +108,8 @@ class Cluster:
         chats.on_deadline = self._deadlines.add
         chats.on_settled = self._deadlines.drop
         self._forwarded.expire = self._expire_forwarded
-        StateKeeper(state, chats, self._tasks, timeout=settings.forward_timeout)
+        if state.outlives_process:
+            StateKeeper(state, chats, self._tasks, timeout=settings.forward_timeout)
 
     @property
     def replica_id(self) -> str:

@@ -98,6 +98,10 @@ class RelayEntry:
 class SharedState(abc.ABC):
     """What replicas share. Every method may raise SharedStateDown."""
 
+    # Whether what is shared outlives this process (Redis): only then is a chat's state worth
+    # keeping after each run (the memory backend's replicas are this process, gone with it).
+    outlives_process = False
+
     def __init__(self, replica_id: str) -> None:
         self.replica_id = replica_id
         # False while the backend cannot reach its store; /readyz reports it.
