@@ -34,7 +34,8 @@ from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, Too
 from ..core.deadlines import Deadline
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
-from ..core.chat_events import RunStarts
+from ..core.chat_events import BrowserAsked, RunStarts
+from ..core.turn_outputs import Admission
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
 from ..upstream.agents import Agent, Agents
@@ -177,29 +178,21 @@ class ChatService:
         held: SessionConfirmations | None = None
         if not agent.live:
             native, carried, held = await self._native.browser_outputs(chat, agent, plan, native, browser)
+        sent = tuple(a.approval_id for a in native)
         if native and not agent.live:
             # Strict: nothing but these answers to go on with, so one ADK lost is the request's end.
             only_native = plan.new_message is None and not (gated or outputs)
-            fresh = await self._native.unanswered(chat, native, strict=only_native, held=held)
-            if plan.new_message is None and not fresh and not (gated or outputs):
-                if any(chat.ledger.native_timed_out(a.approval_id) for a in native):
-                    return self._native.late(chat)
-                # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
-                raise Gone("this approval was already answered; send a new message to go on")
-            native = fresh
-        if plan.new_message is None and (gated or outputs):
+            native = await self._native.unanswered(chat, native, strict=only_native, held=held)
+        asked = BrowserAsked(plan.new_message is not None, bool(gated or outputs), sent, len(native), agent.live)
+        [admission] = chat.actor.handle(asked)
+        assert isinstance(admission, Admission)
+        if admission.action == "refuse":
+            raise (Gone if admission.status == 410 else InvalidRequest)(admission.text)
+        if admission.action == "late":
+            return self._native.late(chat)
+        if admission.action == "continue":
             return continue_gated_run(chat, gated, outputs, self._clock())
-        if plan.new_message is None and not native:
-            raise InvalidRequest("nothing in the last assistant message is waiting for an answer")
-        if plan.new_message is None and chat.running:
-            # A run in progress here is not paused on an ADK confirmation (those end their run), so
-            # these answers match nothing; they must not disturb what the run does wait for.
-            raise Gone("this approval is not pending; the chat's current run waits for something else")
-        if native and agent.live:
-            # ADK has no confirmations in live mode, and answers sent as function responses would
-            # reach the model as tool results: never forward them.
-            if plan.new_message is None:
-                raise InvalidRequest("this approval is not pending (ADK confirmations do not exist in live mode)")
+        if not admission.forward_native:
             native = []
         if not agent.live:
             split = plan_browser(

@@ -17,7 +17,7 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "Attached", "BrowserToolApproved", "CallCancelled", "ChatEvent",
+    "Aborted", "Answered", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
     "PluginAsked", "RunStarts", "Settled", "StateRestored", "UpstreamRead",
 ]
@@ -168,6 +168,20 @@ class ConfirmationsSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class BrowserAsked:
+    """A browser request, as the shell matched it against the chat: whether it carries a new
+    message, answers (or browser outputs) for gated calls of the chat's current run, and the
+    approval ids of its answers to ADK confirmations (`native_sent`), of which `native_open` are
+    still waited for (ADK's session says so; all of them in live mode, which has none to ask)."""
+
+    new_message: bool
+    answers_gated: bool
+    native_sent: tuple[str, ...]
+    native_open: int
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StateRestored:
     """The chat's state as a machine saved it elsewhere (`ChatMachine.snapshot`, kept in the shared
     store): taken by a machine that has done nothing yet, for a chat this process takes over."""
@@ -179,5 +193,5 @@ class StateRestored:
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
-    | StateRestored
+    | StateRestored | BrowserAsked
 )

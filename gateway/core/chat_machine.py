@@ -22,14 +22,14 @@ from typing import Any, Final
 
 from .approvals import GatedCall
 from .chat_events import (
-    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    Aborted, Answered, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
     DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, Settled, StateRestored,
     UpstreamRead,
 )
 from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
-from .turn_outputs import AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from .turn_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -57,7 +57,7 @@ _AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached,
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
 # plugin may ask at any time; the machine refuses what no run here can show.
-_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked)
+_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked, BrowserAsked)
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
 # one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
@@ -205,9 +205,36 @@ class ChatMachine:
                 out.append(ConfirmationSeen(confirmation))
         return out
 
+    def _browser_asked(self, event: BrowserAsked) -> list[Output]:
+        answers_only = not event.new_message
+        if answers_only and event.native_sent and not (event.native_open or event.answers_gated or event.live):
+            if any(self.ledger.native_timed_out(a) for a in event.native_sent):
+                return [Admission("late")]  # the gateway answered it at its deadline: read what followed
+            # ADK 1.x runs a confirmed tool again for a replayed answer (2.13 ignores it).
+            return [_refused(410, "this approval was already answered; send a new message to go on")]
+        if answers_only and event.answers_gated:
+            return [Admission("continue")]
+        if answers_only and not event.native_open:
+            return [_refused(400, "nothing in the last assistant message is waiting for an answer")]
+        if answers_only and self.running:
+            # A run in progress is not paused on an ADK confirmation (those end their run), so these
+            # answers match nothing; they must not disturb what the run does wait for.
+            return [_refused(410, "this approval is not pending; the chat's current run waits for something else")]
+        if event.native_open and event.live:
+            # ADK has no confirmations in live mode, and answers sent as function responses would
+            # reach the model as tool results: never forward them.
+            if answers_only:
+                return [_refused(400, "this approval is not pending (ADK confirmations do not exist in live mode)")]
+            return [Admission("start", forward_native=False)]
+        return [Admission("start")]
+
     def _current(self) -> Turn:
         assert self.turn is not None  # TRANSITIONS lets these in only once a run started
         return self.turn
+
+
+def _refused(status: int, text: str) -> Admission:
+    return Admission("refuse", status=status, text=text)
 
 
 def _release_alone(ledger: Ledger, call: GatedCall, change: Callable[[GatedCall], bool], now: float) -> list[Output]:
@@ -238,4 +265,5 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     BrowserToolApproved: ChatMachine._browser_approved,
     ConfirmationsSeen: ChatMachine._seen,
     StateRestored: ChatMachine._restore,
+    BrowserAsked: ChatMachine._browser_asked,
 }

@@ -14,7 +14,7 @@ from .ledger import NativeConfirmation
 from .message_writer import Chunk
 
 __all__ = [
-    "AskAnswered", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
+    "Admission", "AskAnswered", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
     "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded",
 ]
 
@@ -75,6 +75,19 @@ class Raised:
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """What a browser request may do in its chat: `continue` the run that waits for its answers,
+    read what followed a deadline's answer (`late`), `start` a run (`forward_native` false: its
+    answers to ADK confirmations are dropped, live mode has none), or `refuse` with `status` and
+    `text` (safe to show the browser)."""
+
+    action: str
+    forward_native: bool = True
+    status: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class AskAnswered:
     """What the plugin's ask comes to: `call` (recorded now, or the one it asked about before), or
     `refused`, why it is answered at once (`no_browser`, `too_many_pending`) and `call` None."""
@@ -108,5 +121,5 @@ class ConfirmationSeen:
 
 Output = (
     OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised | AskAnswered
-    | NativeSettled | BrowserApproved | ConfirmationSeen
+    | NativeSettled | BrowserApproved | ConfirmationSeen | Admission
 )

@@ -15,14 +15,14 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
-    Aborted, Answered, Attached, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    Aborted, Answered, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
     DeadlineReached, GateOpened, NativeAnswered, PluginAsked, RunClosed, RunFailed, RunStarts, StateRestored, UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
-from gateway.core.turn_outputs import AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from gateway.core.turn_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 PAY = ToolPolicy(approval=True, timeout=30)
 
@@ -246,3 +246,48 @@ def test_a_state_is_restored_only_into_a_chat_that_has_done_nothing() -> None:
     with pytest.raises(MachineError):
         busy.handle(StateRestored(saved, 0.0))
     assert busy.ledger.native_pending("a2")
+
+
+# ---- what a browser request may do ------------------------------------------------------------
+
+
+def _browser(new_message: bool = False, gated: bool = False, sent: tuple[str, ...] = (), open_: int = 0, live: bool = False) -> BrowserAsked:
+    return BrowserAsked(new_message, gated, sent, open_, live)
+
+
+def test_answers_to_the_running_runs_gated_calls_continue_it() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    assert machine.handle(_browser(gated=True)) == [Admission("continue")]
+
+
+@pytest.mark.parametrize(("asked", "status", "words"), [
+    (_browser(), 400, "nothing in the last assistant message"),
+    (_browser(sent=("a1",), open_=1, live=True), 400, "do not exist in live mode"),
+])
+def test_answers_that_match_nothing_are_refused_400(asked: BrowserAsked, status: int, words: str) -> None:
+    [admission] = ChatMachine().handle(asked)
+    assert admission.action == "refuse" and admission.status == status and words in admission.text
+
+
+def test_an_answer_adk_no_longer_waits_for_is_gone_unless_the_gateway_timed_it_out() -> None:
+    machine = ChatMachine()
+    [gone] = machine.handle(_browser(sent=("a1",)))
+    assert gone.action == "refuse" and gone.status == 410 and "already answered" in gone.text
+    machine.handle(NativeAnswered("a2", timed_out=True))
+    assert machine.handle(_browser(sent=("a2",))) == [Admission("late")]
+
+
+def test_confirmation_answers_while_another_run_runs_are_gone_and_leave_it_be() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    [gone] = machine.handle(_browser(sent=("a1",), open_=1))
+    assert gone.action == "refuse" and gone.status == 410 and "not pending" in gone.text
+    assert machine.running
+
+
+def test_a_new_message_starts_a_run_and_live_mode_forwards_no_confirmation_answers() -> None:
+    machine = ChatMachine()
+    assert machine.handle(_browser(new_message=True)) == [Admission("start")]
+    assert machine.handle(_browser(sent=("a1",), open_=1)) == [Admission("start")]
+    assert machine.handle(_browser(new_message=True, sent=("a1",), open_=1, live=True)) == [Admission("start", forward_native=False)]
