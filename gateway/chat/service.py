@@ -34,7 +34,7 @@ from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, Too
 from ..core.deadlines import Deadline
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
-from ..core.chat_events import BrowserAsked, RunStarts
+from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStarts, RunWanted
 from ..core.turn_outputs import Admission
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
@@ -103,8 +103,6 @@ class ChatService:
         self.timeouts = ConfirmTimeouts(agents, wall)
         self.on_deadline: Callable[[Deadline], None] | None = None
         self.on_settled: Callable[[str], None] | None = None
-        # Confirmations whose answer is going out now (True: the deadline's), by approval id.
-        self._answering: dict[str, bool] = {}
         self._tasks = RunTasks(
             clock=clock, heartbeat=lambda: self.config.sessions.heartbeat_interval, started=self.run_changed, ended=self._run_done,
         )
@@ -214,17 +212,17 @@ class ChatService:
     ) -> Attachment:
         # A confirmation is answered once: from here until the ledger records it (or the run
         # fails to start), another answer to it (the person's, the deadline's) does not go out.
-        ids = [a.approval_id for a in native]
-        if any(i in self._answering for i in ids):
-            if browser and any(self._answering.get(i) for i in ids):
-                return self._native.late(chat)  # the deadline's answer is on its way: read its outcome
-            raise ChatBusy("this approval is being answered")
-        self._answering.update({a.approval_id: a.timed_out for a in native})
+        ids = tuple(a.approval_id for a in native)
+        [claim] = chat.actor.handle(AnswersGoing(ids, tuple(a.timed_out for a in native), browser))
+        assert isinstance(claim, Admission)
+        if claim.action == "late":
+            return self._native.late(chat)
+        if claim.action == "refuse":
+            raise ChatBusy(claim.text)
         try:
             return await self._start_answered_run(agent, chat, plan, gated, native, version, carried)
         finally:
-            for i in ids:
-                self._answering.pop(i, None)
+            chat.actor.handle(AnswersSent(ids))
 
     async def _start_answered_run(
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
@@ -236,14 +234,13 @@ class ChatService:
         if chat.run is not before:
             # Another new message got in while this one waited for a relayed reader to leave.
             raise ChatBusy("a response is already streaming for this chat")
-        if chat.running:
-            current = chat.actor.run
-            if current is not None and current.streaming and not chat.machine.waiting_for_person:
-                # Nobody reads the response any more (the AI SDK's stop() dropped its request and
-                # the run went on, `chat.on_disconnect: continue`): end the run as an abort does.
+        current = chat.actor.run
+        [wanted] = chat.actor.handle(RunWanted(current is not None and current.streaming))
+        assert isinstance(wanted, Admission)
+        if wanted.action != "start":
+            if wanted.action == "abort":
                 await self._tasks.stop_unread(chat)
             else:
-                # The person typed instead of answering: release what the old run waits for, let it end.
                 await self._tasks.settle(chat, gated)
             if chat.run is not None and chat.run.streaming:
                 # Another new message got in while the old run wound down: it runs, this one waits.

@@ -17,9 +17,9 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
+    "Aborted", "Answered", "AnswersGoing", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "PluginAsked", "RunStarts", "Settled", "StateRestored", "UpstreamRead",
+    "PluginAsked", "RunStarts", "RunWanted", "Settled", "StateRestored", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -182,6 +182,31 @@ class BrowserAsked:
 
 
 @dataclass(frozen=True, slots=True)
+class AnswersGoing:
+    """Answers to these ADK confirmations are about to go out to ADK (`timed_out`, one per id: the
+    deadline's answer); `browser`: a browser request sends them, not the deadline."""
+
+    approval_ids: tuple[str, ...]
+    timed_out: tuple[bool, ...]
+    browser: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AnswersSent:
+    """The answers `AnswersGoing` claimed went out (and were recorded), or their run did not start."""
+
+    approval_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunWanted:
+    """A request is to start a run of the chat; `streaming`: the run under way writes a response
+    that nobody reads any more (the shell asked its readers)."""
+
+    streaming: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StateRestored:
     """The chat's state as a machine saved it elsewhere (`ChatMachine.snapshot`, kept in the shared
     store): taken by a machine that has done nothing yet, for a chat this process takes over."""
@@ -193,5 +218,5 @@ class StateRestored:
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
-    | StateRestored | BrowserAsked
+    | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted
 )

@@ -22,8 +22,9 @@ from typing import Any, Final
 
 from .approvals import GatedCall
 from .chat_events import (
-    Aborted, Answered, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, Settled, StateRestored,
+    Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
+    StateRestored,
     UpstreamRead,
 )
 from .ledger import Ledger
@@ -57,7 +58,9 @@ _AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached,
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
 # plugin may ask at any time; the machine refuses what no run here can show.
-_NATIVE: Final = (NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked, BrowserAsked)
+_NATIVE: Final = (
+    NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked, BrowserAsked, AnswersGoing, AnswersSent, RunWanted,
+)
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
 # one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
@@ -71,10 +74,14 @@ TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
 class ChatMachine:
     """The state of one chat's approvals and runs, changed only by `handle`."""
 
-    __slots__ = ("ledger", "turn")
+    __slots__ = ("answering", "ledger", "turn")
 
     def __init__(self, ledger: Ledger | None = None) -> None:
         self.ledger = ledger if ledger is not None else Ledger()
+        # Confirmations whose answer is going out to ADK now (True: the deadline's), by approval
+        # id: from here until the ledger records it, no second answer to one goes out. Not state
+        # to keep: it lasts one request.
+        self.answering: dict[str, bool] = {}
         # The current run's turn, or the last one's once it ended (its client version, message).
         self.turn: Turn | None = None
 
@@ -228,6 +235,29 @@ class ChatMachine:
             return [Admission("start", forward_native=False)]
         return [Admission("start")]
 
+    def _answers_going(self, event: AnswersGoing) -> list[Output]:
+        taken = [a for a in event.approval_ids if a in self.answering]
+        if taken:
+            if event.browser and any(self.answering[a] for a in taken):
+                return [Admission("late")]  # the deadline's answer is on its way: read its outcome
+            return [_refused(409, "this approval is being answered")]
+        self.answering.update(zip(event.approval_ids, event.timed_out))
+        return [Admission("start")]
+
+    def _answers_sent(self, event: AnswersSent) -> list[Output]:
+        for approval_id in event.approval_ids:
+            self.answering.pop(approval_id, None)
+        return []
+
+    def _run_wanted(self, event: RunWanted) -> list[Output]:
+        if not self.running:
+            return [Admission("start")]
+        if event.streaming and not self.ledger.waiting_for_person:
+            # Nobody reads the response any more (the AI SDK's stop() dropped its request and the
+            # run went on, `chat.on_disconnect: continue`): the run ends as an abort would end it.
+            return [Admission("abort")]
+        return [Admission("settle")]  # the person typed instead of answering: release what it waits for
+
     def _current(self) -> Turn:
         assert self.turn is not None  # TRANSITIONS lets these in only once a run started
         return self.turn
@@ -266,4 +296,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     ConfirmationsSeen: ChatMachine._seen,
     StateRestored: ChatMachine._restore,
     BrowserAsked: ChatMachine._browser_asked,
+    AnswersGoing: ChatMachine._answers_going,
+    AnswersSent: ChatMachine._answers_sent,
+    RunWanted: ChatMachine._run_wanted,
 }

@@ -15,8 +15,9 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
-    Aborted, Answered, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, RunClosed, RunFailed, RunStarts, StateRestored, UpstreamRead,
+    Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, RunClosed, RunFailed, RunStarts, RunWanted, StateRestored,
+    UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
@@ -291,3 +292,27 @@ def test_a_new_message_starts_a_run_and_live_mode_forwards_no_confirmation_answe
     assert machine.handle(_browser(new_message=True)) == [Admission("start")]
     assert machine.handle(_browser(sent=("a1",), open_=1)) == [Admission("start")]
     assert machine.handle(_browser(new_message=True, sent=("a1",), open_=1, live=True)) == [Admission("start", forward_native=False)]
+
+
+def test_a_confirmation_is_answered_once_while_its_answer_goes_out() -> None:
+    machine = ChatMachine()
+    assert machine.handle(AnswersGoing(("a1",), (False,), True)) == [Admission("start")]
+    [busy] = machine.handle(AnswersGoing(("a1",), (False,), True))
+    assert busy.action == "refuse" and busy.status == 409
+    machine.handle(AnswersSent(("a1",)))
+    assert machine.handle(AnswersGoing(("a1",), (False,), True)) == [Admission("start")]
+    # The deadline's answer on its way: the person's late click reads its outcome instead.
+    machine.handle(AnswersSent(("a1",)))
+    machine.handle(AnswersGoing(("a2",), (True,), False))
+    assert machine.handle(AnswersGoing(("a2",), (False,), True)) == [Admission("late")]
+    assert machine.handle(AnswersGoing(("a2",), (True,), False))[0].status == 409  # the deadline's twice
+    assert "answering" not in machine.snapshot()  # one request's business, not state to keep
+
+
+def test_a_new_run_ends_the_old_one_as_an_abort_when_nobody_reads_it_else_settles_it() -> None:
+    machine = ChatMachine()
+    assert machine.handle(RunWanted(streaming=True)) == [Admission("start")]  # nothing runs
+    machine.handle(_start())
+    assert machine.handle(RunWanted(streaming=True)) == [Admission("abort")]
+    _asks(machine, "c1")  # the run now waits for a person
+    assert machine.handle(RunWanted(streaming=False)) == [Admission("settle")]
