@@ -9,7 +9,7 @@ and the next turn opens another. The chat's actor reads the events as a list per
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import structlog

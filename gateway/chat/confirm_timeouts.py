@@ -22,7 +22,7 @@ from ..core.chat_events import ConfirmationsSeen
 from ..core.chat_request import ApprovalAnswer
 from ..core.deadlines import Deadline, asked_at, due_at, passed, timeout_payload
 from ..core.ledger import NativeConfirmation
-from ..core.turn_outputs import ConfirmationSeen
+from ..core.chat_outputs import ConfirmationSeen
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AskedCall, SessionConfirmations, UpstreamError
 from .record import Chat

@@ -24,7 +24,7 @@ from ..core.chat_request import ApprovalAnswer, ToolOutput, TurnPlan
 from ..core.deadlines import Deadline, deadline_key
 from ..core.ledger import NativeConfirmation
 from ..core.protocol import ClientVersion, encode_chunk
-from ..core.turn_outputs import BrowserApproved, NativeSettled, Output
+from ..core.chat_outputs import BrowserApproved, NativeSettled, Output
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import SessionConfirmations

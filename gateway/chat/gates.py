@@ -19,7 +19,7 @@ import structlog
 from ..upstream.agents import Agents
 from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
 from ..core.chat_events import CallCancelled, GateOpened, PluginAsked
-from ..core.turn_outputs import AskAnswered
+from ..core.chat_outputs import AskAnswered
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics

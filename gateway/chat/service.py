@@ -35,7 +35,7 @@ from ..core.deadlines import Deadline
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
 from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStarts, RunWanted
-from ..core.turn_outputs import Admission
+from ..core.chat_outputs import Admission
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
 from ..upstream.agents import Agent, Agents

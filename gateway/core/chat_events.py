@@ -3,7 +3,7 @@
 Each event is a fact the shell observed, with the time it observed it (`now`, on the gateway's
 clock) where the machine's answer depends on time: a browser request's plan starting a run, a read
 of upstream events, the plugin's ask, the person's answers, an abort, a deadline, the run's end.
-The machine answers each with the outputs of core/turn_outputs.py; it never reads a clock itself.
+The machine answers each with the outputs of core/chat_outputs.py; it never reads a clock itself.
 """
 
 from __future__ import annotations

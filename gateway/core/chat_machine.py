@@ -1,7 +1,7 @@
 """One chat as a state machine: its ledger of calls that wait for a person and its current turn (sans-IO).
 
 A `ChatMachine` is the single owner of what a chat is waiting for. It takes the typed events of
-core/chat_events.py and returns the outputs of core/turn_outputs.py for the chat's actor
+core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat's actor
 (chat/actor.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
 
 - NEW: no run yet;
@@ -30,7 +30,7 @@ from .chat_events import (
 from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
-from .turn_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from .chat_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 

@@ -3,7 +3,7 @@
 A `Turn` is what happens between a browser request that starts an agent run and the end of that
 run. It takes inputs (upstream events, a gated call the plugin opened, the person's answers and the
 browser's tool outputs, a deadline reached, an abort, a failure; the caller supplies the time) and
-returns outputs (defined in turn_outputs.py), in order, for the chat's machine (core/chat_machine.py)
+returns outputs (defined in chat_outputs.py), in order, for the chat's machine (core/chat_machine.py)
 to hand to its actor (chat/actor.py):
 
 - `OpenResponse`, `Chunks`, `CloseResponse`: the browser responses the run's chunks go into. A
@@ -32,7 +32,7 @@ from .converter import Converter
 from .ledger import Ledger
 from .message_writer import Chunk
 from .protocol import ClientVersion
-from .turn_outputs import (
+from .chat_outputs import (
     Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded,
 )
 

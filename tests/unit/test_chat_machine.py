@@ -23,7 +23,7 @@ from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
-from gateway.core.turn_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from gateway.core.chat_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
 
 PAY = ToolPolicy(approval=True, timeout=30)
 

@@ -5,6 +5,8 @@ never goes as the person's, and the two racing still make one answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from gateway.core.deadlines import BROWSER_TIMEOUT_ERROR, TIMEOUT_ERROR, Deadlin
 from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.router import Cluster
 from gateway.upstream.client import AskedCall, SessionConfirmations
 from tests.unit.test_chat_gates import USER, read, request
 from tests.unit.test_native_replay import CONFIRM_ID, NativeAdk, approval_of
@@ -95,6 +99,25 @@ def service(
     kept: list[Deadline] = []
     chats.on_deadline = kept.append
     return chats, kept
+
+
+@contextlib.asynccontextmanager
+async def two_replicas(
+    adk: ConfirmingAdk, wall: Wall, hub: MemoryHub, *, browser: bool = False,
+) -> AsyncIterator[tuple[Cluster, Cluster]]:
+    """Replicas A and B of one ADK, sharing `hub` (the memory backend), started and then stopped."""
+    clusters = []
+    for name in ("a", "b"):
+        chats, _ = service(adk, wall, browser=browser)
+        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
+        await cluster.start()
+        clusters.append(cluster)
+    try:
+        yield clusters[0], clusters[1]
+    finally:
+        for cluster in clusters:
+            await cluster.chats.close()
+            await cluster.close()
 
 
 def answers(adk: ConfirmingAdk) -> list[dict[str, Any]]:
@@ -195,18 +218,8 @@ async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_
 async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_live_owner() -> None:
     """B claimed a deadline of a chat A runs: A answers it (an `expire` notice), and the deadline
     stays in the store until A handled it, so a notice lost with A would be claimed again."""
-    from gateway.cluster.memory import MemoryHub, MemoryState
-    from gateway.cluster.router import Cluster
-
     adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
-    clusters = []
-    for name in ("a", "b"):
-        chats, _ = service(adk, wall)
-        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
-        await cluster.start()
-        clusters.append(cluster)
-    a, b = clusters
-    try:
+    async with two_replicas(adk, wall, hub) as (a, b):
         first = await read(await a.submit(AGENT, "alice", request(USER)))
         await asyncio.sleep(0.01)  # the run ended: A keeps its deadline in the store
         deadline = hub.deadlines.get(f"chat-1/{CONFIRM_ID}")
@@ -229,10 +242,6 @@ async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_liv
         answer = approval_of(first)
         late = await read(await b.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
         assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
-    finally:
-        for cluster in clusters:
-            await cluster.chats.close()
-            await cluster.close()
 
 
 # ---- a browser tool's second wait ----------------------------------------------------------------
@@ -335,18 +344,8 @@ async def test_an_output_after_the_browsers_own_deadline_sends_the_timeout_inste
 async def test_the_approving_replica_moves_the_stored_deadline_so_another_replica_claims_it_late() -> None:
     """The approval is known only where it was taken: that replica replaces the deadline in the
     shared store, so no replica's timer claims the first one."""
-    from gateway.cluster.memory import MemoryHub, MemoryState
-    from gateway.cluster.router import Cluster
-
     adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
-    clusters = []
-    for name in ("a", "b"):
-        chats, _ = service(adk, wall, browser=True)
-        cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
-        await cluster.start()
-        clusters.append(cluster)
-    a, b = clusters
-    try:
+    async with two_replicas(adk, wall, hub, browser=True) as (a, b):
         first = await read(await a.submit(AGENT, "alice", request(USER)))
         await asyncio.sleep(0.01)
         key = f"chat-1/{CONFIRM_ID}"
@@ -367,10 +366,6 @@ async def test_the_approving_replica_moves_the_stored_deadline_so_another_replic
             while (kept := hub.deadlines.get(key)) is None or kept.due != pytest.approx(moved.due):
                 await asyncio.sleep(0.01)
         assert answers(adk) == []
-    finally:
-        for cluster in clusters:
-            await cluster.chats.close()
-            await cluster.close()
 
 
 async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_replica_that_took_it() -> None:
@@ -379,8 +374,6 @@ async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_rep
     ledger and puts the deadline back at approved_at + timeout. (A replica that took the chat over
     from a dead owner does not know of the approval: it answers the timeout at the first due time,
     the fallback that never runs the call unapproved or twice.)"""
-    from gateway.cluster.memory import MemoryHub, MemoryState
-    from gateway.cluster.router import Cluster
     from gateway.cluster.shared import SharedStateDown
 
     class Flaky(MemoryState):
@@ -425,7 +418,6 @@ async def test_another_replica_takes_the_browsers_output_after_the_first_deadlin
     """Approved on A, whose memory is then gone: B, where the browser's output lands past the first
     deadline but within the browser's own, knows of the approval from the chat's kept state, so the
     output goes to ADK once instead of a timeout."""
-    from gateway.cluster.memory import MemoryHub, MemoryState
     from gateway.cluster.state_keeper import StateKeeper
     from gateway.cluster.tasks import Tasks
 
