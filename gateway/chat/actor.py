@@ -39,6 +39,7 @@ from ..ops.metrics import GatewayMetrics
 from ..upstream.client import UpstreamError
 from ..upstream.idle_reader import WaitSignal
 from .chunk_log import Run
+from .notices import Notices
 
 __all__ = ["ChatActor", "RunHooks"]
 
@@ -57,6 +58,8 @@ class RunHooks:
     clock: Callable[[], float]
     # Hands a released call's verdict to the plugin's request waiting for it.
     release: Callable[[GatedCall], None]
+    # Reports each approval's start and decision (metrics by who decided, audit trail, webhooks).
+    notices: Notices | None = None
 
 
 class ChatActor:
@@ -64,14 +67,16 @@ class ChatActor:
 
     # Every remembered chat keeps its actor: no per-instance dict.
     __slots__ = (
-        "_counts", "_due", "_hooks", "_task", "_timer", "aborting", "agent", "closing_reason", "machine", "run",
-        "upstream_wait",
+        "_counts", "_due", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id", "closing_reason", "machine", "run",
+        "upstream_wait", "user_id",
     )
 
-    def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str) -> None:
+    def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str, chat_id: str = "", user_id: str = "") -> None:
         self.machine = machine
         # The chat's agent: the `agent` label of what its runs count.
         self.agent = agent
+        # Whose chat it is, for the approvals' notices.
+        self.chat_id, self.user_id = chat_id, user_id
         self._hooks = hooks
         self._counts = hooks.metrics.chunk_counts
         # The run log the current (or last) run writes to.
@@ -240,6 +245,9 @@ class ChatActor:
         match output:
             case CallChanged(call=call, before=before, waited=waited):
                 _observe_call(metrics, self.agent, call, before, waited)
+                if before is CallState.AWAITING_APPROVAL and call.state is not CallState.AWAITING_APPROVAL:
+                    if self._hooks.notices is not None:
+                        self._hooks.notices.call_released(self.agent, call, waited)
                 if call.outcome is Outcome.ABANDONED:
                     log.warning("gated_call_abandoned", approval_id=call.id, tool=call.tool, reason=output.reason)
                 if call.released:
@@ -250,6 +258,8 @@ class ChatActor:
             case NativeAsked(confirmation=asked):
                 if asked.approval:
                     metrics.approvals_pending.labels(self.agent).inc()
+                    if self._hooks.notices is not None:
+                        self._hooks.notices.native_waiting(self.agent, self.chat_id, self.user_id, asked)
                     log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
                 else:
                     # A browser tool nobody approves (confirm mode): it waits for the browser's output.
@@ -294,7 +304,9 @@ class ChatActor:
 
 def _observe_call(metrics: GatewayMetrics, agent: str, call: GatedCall, before: CallState, waited: float) -> None:
     tool = call.tool
-    if before is CallState.AWAITING_APPROVAL:
+    if call.decided_by == "rule":
+        pass  # decided before anyone waited: counted by the notices alone
+    elif before is CallState.AWAITING_APPROVAL:
         metrics.approvals_pending.labels(agent).dec()
         outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
         metrics.approval_wait.labels(agent, tool, outcome).observe(waited)

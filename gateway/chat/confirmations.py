@@ -33,6 +33,7 @@ from .answers import LOST_APPROVAL, Gone
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
+from .notices import Notices
 from .record import Chat
 
 __all__ = ["NativeConfirmations"]
@@ -62,6 +63,7 @@ class NativeConfirmations:
         new_id: Callable[[], str],
         settled: Callable[[str], None],
         kept: Callable[[Deadline], None],
+        notices: Notices,
     ) -> None:
         self._agents = agents
         self._runs = runs
@@ -72,6 +74,7 @@ class NativeConfirmations:
         self._new_id = new_id
         self._settled = settled
         self._kept = kept
+        self._notices = notices
 
     async def unanswered(
         self, chat: Chat, answers: list[ApprovalAnswer], *, strict: bool, held: SessionConfirmations | None = None,
@@ -108,7 +111,7 @@ class NativeConfirmations:
         for answer in answers:
             pending = settled(chat.actor.handle(NativeAnswered(answer.approval_id)))
             if pending is not None:
-                self.observe_cancelled(chat.agent, pending, now)
+                self.observe_cancelled(chat, pending, now)
             log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
 
     def record_answers(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
@@ -126,23 +129,23 @@ class NativeConfirmations:
                 # answer is forwarded anyway; ADK matches it against its own session.
                 continue
             if not answer.timed_out and (answer.payload is not None or pending.awaits_output):
-                self._record_browser_answer(chat.agent, pending, answer, now)
+                self._record_browser_answer(chat, pending, answer, now)
                 continue
             outcome = "timeout" if answer.timed_out else "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
-            self.observe_native(chat.agent, pending, outcome, now)
+            self.observe_native(chat, pending, outcome, now, answer.reason)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
-    def _record_browser_answer(self, agent: str, pending: NativeConfirmation, answer: ApprovalAnswer, now: float) -> None:
+    def _record_browser_answer(self, chat: Chat, pending: NativeConfirmation, answer: ApprovalAnswer, now: float) -> None:
         """A browser tool's confirmation answered: by its output or error, or rejected unrun."""
         if answer.payload is None:
-            self._observe_browser(agent, pending, "cancelled", now)
+            self._observe_browser(chat.agent, pending, "cancelled", now)
             return
         if pending.approval and pending.approved_at is None:
             # Approved where this replica did not see it (the part shows the approval): counted now.
-            self.observe_native(agent, pending, "approved", now)
+            self.observe_native(chat, pending, "approved", now)
             pending.approved_at = now
         outcome = "error" if "error" in answer.payload.get(NAMESPACE, {}) else "output"
-        self._observe_browser(agent, pending, outcome, now)
+        self._observe_browser(chat.agent, pending, outcome, now)
         log.info("browser_tool_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
     def _observe_browser(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
@@ -150,15 +153,20 @@ class NativeConfirmations:
         since = confirmation.approved_at or confirmation.asked_at or now
         self._metrics.browser_tool_wait.labels(agent, confirmation.tool, outcome).observe(now - since)
 
-    def observe_cancelled(self, agent: str, confirmation: NativeConfirmation, now: float) -> None:
+    def observe_cancelled(self, chat: Chat, confirmation: NativeConfirmation, now: float) -> None:
         if confirmation.awaits_output:
-            self._observe_browser(agent, confirmation, "cancelled", now)
+            self._observe_browser(chat.agent, confirmation, "cancelled", now)
         else:
-            self.observe_native(agent, confirmation, "cancelled", now)
+            self.observe_native(chat, confirmation, "cancelled", now)
 
-    def observe_native(self, agent: str, confirmation: NativeConfirmation, outcome: str, now: float) -> None:
-        self._metrics.approvals_pending.labels(agent).dec()
-        self._metrics.approval_wait.labels(agent, confirmation.tool, outcome).observe(now - (confirmation.asked_at or now))
+    def observe_native(
+        self, chat: Chat, confirmation: NativeConfirmation, outcome: str, now: float, reason: str | None = None
+    ) -> None:
+        """A confirmation's approval was decided (the person, its deadline, or nobody any more)."""
+        waited = now - (confirmation.asked_at or now)
+        self._metrics.approvals_pending.labels(chat.agent).dec()
+        self._metrics.approval_wait.labels(chat.agent, confirmation.tool, outcome).observe(waited)
+        self._notices.native_decided(chat.agent, chat.chat_id, chat.user_id, confirmation, outcome, waited, reason)
 
     async def browser_outputs(
         self, chat: Chat, agent: Agent, plan: TurnPlan, native: list[ApprovalAnswer], browser: BrowserCalls,
@@ -199,7 +207,7 @@ class NativeConfirmations:
             for approved in chat.actor.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall())):
                 assert isinstance(approved, BrowserApproved)
                 pending = approved.confirmation
-                self.observe_native(chat.agent, pending, "approved", now)
+                self.observe_native(chat, pending, "approved", now)
                 log.info("approval_answered", approval_id=call.approval_id, tool=call.tool, outcome="approved")
                 deadline = self._timeouts.approved(chat, pending)
                 if deadline is not None:

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from ..upstream.agents import Agents
-from ..core.approvals import REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
+from ..config.rules import decide
+from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
 from ..core.chat_events import CallCancelled, GateOpened, PluginAsked
 from ..core.chat_outputs import AskAnswered
+from .notices import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics
@@ -44,13 +47,14 @@ def _refusal(reason: str, text: str) -> Verdict:
 class Gates:
     def __init__(
         self, registry: Registry, agents: Agents, metrics: GatewayMetrics, config: Callable[[], GatewayConfig],
-        clock: Callable[[], float],
+        clock: Callable[[], float], notices: Notices,
     ) -> None:
         self._registry = registry
         self._agents = agents
         self._metrics = metrics
         self._config = config
         self._clock = clock
+        self._notices = notices
         self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
 
     def now(self) -> float:
@@ -63,12 +67,15 @@ class Gates:
 
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
-        announce: bool = True,
+        announce: bool = True, confirm: bool = False,
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
-        With `announce` false the browser is not told yet: the caller records the call somewhere
-        first, then calls `announce`.
+        The tool's rules (config/rules.py) are applied first: a rule's `approve` or `deny` is the
+        verdict, shown to the browser as an automatic decision. With `confirm` (the plugin asks
+        ADK's confirmation in confirm mode) a person's decision is ADK's to ask: CONFIRM, and
+        nothing is recorded here. With `announce` false the browser is not told yet: the caller
+        records the call somewhere first, then calls `announce`.
         """
         agent = self._agents.for_app(app_name)
         if agent is None:
@@ -84,7 +91,22 @@ class Gates:
             user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
             tool=tool, args=args, policy=policy, now=self._clock(),
         )
-        [answer] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
+        if policy.rules and chat.ledger.call(tool_call_id) is None:
+            decision = decide(
+                policy.rules, args=args, tool=tool, agent=agent.name, user=user_id, claims=chat.claims,
+                default="ask" if policy.approval else "approve",
+            )
+            if decision.error is not None:
+                log.warning("rule_failed", rule=decision.rule, error=decision.error)
+            if decision.decide == "ask":
+                if confirm:
+                    return CONFIRM
+                opened.rule = decision.rule
+            else:
+                opened.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
+        elif confirm and chat.ledger.call(tool_call_id) is None:
+            return CONFIRM  # nothing to decide by rule: ADK asks, as for a tool without rules
+        [answer, *_] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
         assert isinstance(answer, AskAnswered)
         if answer.call is None:
             assert answer.refused is not None
@@ -92,9 +114,13 @@ class Gates:
         if answer.call is not opened:
             return answer.call
         call = opened
+        if call.verdict is not None:
+            log.info("gate_decided_by_rule", approval_id=call.id, tool=tool, rule=call.rule, approved=call.approved)
+            return replace(call.verdict, reason="rule")
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()
+            self._notices.call_waiting(agent.name, call)
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)

@@ -11,6 +11,7 @@ for a person and the current turn, as data) and the actor that alone drives that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.chat_machine import ChatMachine
 from ..core.ledger import Ledger
@@ -42,6 +43,8 @@ class Chat:
     browser_left: bool = False
     # The chat's kept state was read (or is not needed) here: chat/kept_states.py.
     adopted: bool = False
+    # The identity claims of the user's latest request (JWT; empty otherwise): the tool rules read them.
+    claims: dict[str, Any] = field(default_factory=dict)
     machine: ChatMachine = field(default_factory=ChatMachine)
     # The only caller of `machine`; the registry makes it with the chat.
     actor: ChatActor = field(init=False, repr=False)

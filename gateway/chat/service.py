@@ -24,6 +24,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -46,6 +47,7 @@ from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
+from .notices import Notices
 from .confirmations import NativeConfirmations
 from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
@@ -90,11 +92,13 @@ class ChatService:
         self._clock = clock
         self._new_id = new_id
         self.runs = AgentRuns(agents, metrics, clock)
+        # Each approval's start and decision, reported (metrics, audit trail, webhooks: add_sink).
+        self.notices = Notices(metrics, lambda: self.config, wall)
         # The plugin's side of gated calls: the cluster's remote gate and the sweeper use it.
-        self.gates = Gates(registry, agents, metrics, lambda: self.config, clock)
+        self.gates = Gates(registry, agents, metrics, lambda: self.config, clock, self.notices)
         agents.in_use = self._carries_run
-        self._hooks = RunHooks(metrics, clock, self.gates.release)
-        registry.new_actor = lambda chat: ChatActor(chat.machine, self._hooks, chat.agent)
+        self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices)
+        registry.new_actor = lambda chat: ChatActor(chat.machine, self._hooks, chat.agent, chat.chat_id, chat.user_id)
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.
         self.on_run: Callable[[Chat, str], None] | None = None
@@ -108,7 +112,7 @@ class ChatService:
         )
         self._native = NativeConfirmations(
             agents=agents, runs=self.runs, metrics=metrics, timeouts=self.timeouts, config=lambda: self.config,
-            clock=clock, new_id=new_id, settled=self._settled, kept=self._kept,
+            clock=clock, new_id=new_id, settled=self._settled, kept=self._kept, notices=self.notices,
         )
         self._live = LiveChats(
             agents=agents, registry=registry, runs=self.runs, tasks=self._tasks, config=lambda: self.config, clock=clock,
@@ -155,7 +159,9 @@ class ChatService:
 
     # ---- admission -----------------------------------------------------------------------
 
-    async def submit(self, agent_name: str, user_id: str, request: ChatRequest) -> Attachment:
+    async def submit(
+        self, agent_name: str, user_id: str, request: ChatRequest, *, claims: dict[str, Any] | None = None
+    ) -> Attachment:
         """Start or continue the run a request asks for, on the chat of `agent_name`.
 
         Raises InvalidRequest (400), Forbidden (403), ChatNotFound or UnknownAgent (404), ChatBusy
@@ -167,6 +173,8 @@ class ChatService:
             raise Limited(413, "too_many_messages", f"at most {max_messages} messages per request")
         plan = plan_turn(request)
         chat = self._chat(agent, user_id, request.chat_id)
+        # The latest request's: the rules of a call the run makes read who asked for it.
+        chat.claims = claims or {}
         structlog.contextvars.bind_contextvars(session_id=chat.session_id)
         await self.states.adopt(chat, needed=bool(plan.answers or plan.outputs))
         gated, native = split_answers(self._registry, chat, plan.answers, strict=plan.new_message is None)
@@ -359,5 +367,5 @@ class ChatService:
         for chat in gone:
             await self.runs.close_live(chat)
             for pending in chat.ledger.pending_native():
-                self._native.observe_cancelled(chat.agent, pending, now)
+                self._native.observe_cancelled(chat, pending, now)
         return gone

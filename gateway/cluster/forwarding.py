@@ -150,7 +150,7 @@ class ForwardedRequests:
         self._refuse_new_work_while_draining()
         request = parse_chat_body(work.body, version_header=None, default_version=self._chats.config.chat.default_protocol)
         structlog.contextvars.bind_contextvars(chat_id=request.chat_id)
-        return Relayed(self._relays.open(await self._chats.submit(work.agent, work.user, request)))
+        return Relayed(self._relays.open(await self._chats.submit(work.agent, work.user, request, claims=work.claims)))
 
     async def _resume(self, work: Resume, asked: Forwarded) -> Answer:
         return Relayed(self._relays.open(await self._chats.resume_waiting(work.agent, work.user, work.chat)))

@@ -19,13 +19,17 @@ refusal's headers, which the asker copies into its browser's response, only `Ret
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, ClassVar, Self, get_args
+from typing import Any, ClassVar, Self, TypeAlias, get_args
 
 from ..core.approvals import Verdict
 from ..core.refusals import HttpError
 from ..core.protocol import ClientVersion
+
+# Field types whose readers accept their absence (fields added after replicas of older releases).
+Flag: TypeAlias = bool
+Claims: TypeAlias = dict[str, Any]
 
 __all__ = [
     "WORK", "Abort", "Answer", "Audio", "Decided", "Expire", "Forwarded", "Gate", "MalformedMessage", "Message",
@@ -62,6 +66,8 @@ class Submit(_Work):
     agent: str
     # The chat request as parse_chat_body reads it: the owner validates it again, as its own.
     body: dict[str, Any]
+    # The caller's identity claims, for the tool rules (none from a replica older than them).
+    claims: Claims = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ class Gate(_Work):
     tool_call_id: str
     tool: str
     args: dict[str, Any]
+    # The plugin asks ADK's confirmation unless a rule decides (confirm mode): ask nobody here.
+    confirm: Flag = False
 
 
 @dataclass(frozen=True)
@@ -321,6 +329,18 @@ def _object(raw: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
+def _flag(raw: dict[str, Any], key: str) -> bool:
+    # Absent from an older replica's message: that replica never sets it.
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise MalformedMessage(f"`{key}` is not true or false")
+    return value
+
+
+def _claims(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    return _object(raw, key) if key in raw else {}
+
+
 def _version(raw: dict[str, Any], key: str) -> ClientVersion:
     value = raw.get(key)
     if type(value) is not int or value not in get_args(ClientVersion):
@@ -330,5 +350,5 @@ def _version(raw: dict[str, Any], key: str) -> ClientVersion:
 
 # How a work field is read, by its annotation (as written: this module postpones annotations).
 _READERS: MappingProxyType[Any, Callable[[dict[str, Any], str], Any]] = MappingProxyType({
-    "str": _text, "dict[str, Any]": _object, "ClientVersion": _version,
+    "str": _text, "dict[str, Any]": _object, "ClientVersion": _version, "Flag": _flag, "Claims": _claims,
 })

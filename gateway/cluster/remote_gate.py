@@ -225,10 +225,10 @@ class RemoteGate:
         else:
             opened = gates.open(
                 app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
-                tool=gate.tool, args=gate.args, announce=False,
+                tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
             )
             if isinstance(opened, Verdict):
-                return opened, "not_gated" if opened.run else (opened.reason or "respond")
+                return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened
             await self._record_open(call)
         if on_waiting is not None and not call.released:

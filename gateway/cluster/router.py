@@ -173,13 +173,13 @@ class Cluster:
 
     # ---- browser requests ------------------------------------------------------------------
 
-    async def submit(self, agent: str, user_id: str, request: ChatRequest) -> Attachment:
-        """`ChatService.submit`, wherever the chat runs."""
+    async def submit(self, agent: str, user_id: str, request: ChatRequest, *, claims: dict[str, Any] | None = None) -> Attachment:
+        """`ChatService.submit`, wherever the chat runs; `claims`: the caller's identity claims (rules read them)."""
         claim = await self._claim(agent, user_id, request.chat_id)
         deadline = asyncio.get_running_loop().time() + self._forward_timeout
         while not claim.local:
             try:
-                return await self._submit_to(claim.owner, agent, user_id, request)
+                return await self._submit_to(claim.owner, agent, user_id, request, claims or {})
             except HttpError as exc:
                 # The owner died with the request (kill -9), or drains (SIGTERM) and lets go of the
                 # chat once it runs nothing for it: an answer alone waits for that and is done
@@ -194,15 +194,15 @@ class Cluster:
                     await asyncio.sleep(self._interval)
             claim = await self._claim(agent, user_id, request.chat_id)
         try:
-            return await self.chats.submit(agent, user_id, request)
+            return await self.chats.submit(agent, user_id, request, claims=claims or {})
         except Gone:
             if claim.orphaned_run is None:
                 raise
             self.metrics.owner_lost.labels("approval").inc()
             raise Gone(_APPROVAL_LOST) from None
 
-    async def _submit_to(self, owner: str, agent: str, user_id: str, request: ChatRequest) -> Attachment:
-        answer = await self._asker.ask(owner, Submit(user_id, agent, request.as_body()))
+    async def _submit_to(self, owner: str, agent: str, user_id: str, request: ChatRequest, claims: dict[str, Any]) -> Attachment:
+        answer = await self._asker.ask(owner, Submit(user_id, agent, request.as_body(), claims))
         attachment = self._attachment(owner, answer, user_id)
         if attachment is None:
             raise HttpError(502, "replica_failed", "the gateway replica running this chat answered without a response")
@@ -273,14 +273,15 @@ class Cluster:
     # ---- plugin requests -------------------------------------------------------------------
 
     async def gate(
-        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any]
+        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
+        confirm: bool = False,
     ) -> tuple[Verdict, str]:
         """The verdict for a gated call the plugin of ADK app `app_name` asks about, and its label for the metrics.
 
         Raises HandedOver (503 `retry_elsewhere`) once this replica drains, for a chat another
         replica owns: the plugin asks again, and lands on a replica that stays.
         """
-        request = Gate(app_name, user_id, session_id, tool_call_id, tool, args)
+        request = Gate(app_name, user_id, session_id, tool_call_id, tool, args, confirm)
         if not self.chats.gates.runs_here(user_id, session_id):
             try:
                 owner = await self.state.owner(user_id, session_id)

@@ -22,7 +22,7 @@ from typing import Any
 from ..config.agent import ToolPolicy
 from .ledger_snapshot import MalformedLedger, flag, json_object, member, number, record, text
 
-__all__ = ["REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
+__all__ = ["CONFIRM", "REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
 
 APPROVAL_ID_PREFIX = "gw-"
 
@@ -75,8 +75,12 @@ class Verdict:
     response: dict[str, Any] | None = None
     # Why the gateway answered at once rather than asking a person (a metrics label).
     reason: str | None = None
+    # Neither: the plugin asks ADK's own confirmation of the call (confirm mode, a rule said ask).
+    confirm: bool = False
 
     def as_json(self) -> dict[str, Any]:
+        if self.confirm:
+            return {"verdict": "confirm"}
         return {"verdict": "run"} if self.run else {"verdict": "respond", "response": self.response}
 
     @classmethod
@@ -84,6 +88,8 @@ class Verdict:
         """The verdict `as_json` wrote (passed between replicas); anything else refuses the call."""
         if data.get("verdict") == "run":
             return RUN
+        if data.get("verdict") == "confirm":
+            return CONFIRM
         response = data.get("response")
         return cls(run=False, response=response) if isinstance(response, dict) else cls.refuse("The call was not run.")
 
@@ -95,10 +101,20 @@ class Verdict:
 
 
 RUN = Verdict(run=True)
+# The plugin asks ADK's confirmation: a person decides, the request kept in ADK's session.
+CONFIRM = Verdict(run=False, reason="confirm", confirm=True)
+
+# Who released a call (ApprovalNotice.source), by its outcome when nobody says otherwise.
+_SOURCE_OF = {
+    "approved": "person", "denied": "person", "output": "person", "output_error": "person",
+    "timeout": "timeout", "cancelled": "cancel", "abandoned": "give_up",
+}
 
 _TEXTS = ("id", "user_id", "chat_id", "session_id", "tool_call_id", "tool")
 _TIMES = ("created", "deadline", "waiting_since")
 _CALL_KEYS = (*_TEXTS, "args", "policy", *_TIMES, "state", "outcome", "verdict", "approved")
+# Written since issue 26; a snapshot of an older replica has none of them (read as unset).
+_DECISION_KEYS = ("rule", "reason", "decided_by")
 
 
 @dataclass(eq=False)
@@ -119,6 +135,12 @@ class GatedCall:
     # When the wait that the metrics time started: the approval wait, then the browser's.
     waiting_since: float = 0.0
     approved: bool = field(default=False)
+    # The rule of the tool's policy that decided the call (or asked for it), by name.
+    rule: str | None = None
+    # The reason given with the decision (the rule's, or the person's denial).
+    reason: str | None = None
+    # Set when a rule decided it: `rule` (else the source follows from the outcome: `source`).
+    decided_by: str | None = None
 
     @classmethod
     def open(
@@ -141,11 +163,33 @@ class GatedCall:
 
     # ---- transitions: each returns True when it changed the call ---------------------------
 
+    @property
+    def source(self) -> str | None:
+        """Who or what released the call (ApprovalNotice.source); None while it waits."""
+        if self.outcome is None:
+            return None
+        return self.decided_by or _SOURCE_OF[self.outcome.value]
+
+    def decide_by_rule(self, approved: bool, rule: str | None, reason: str | None) -> bool:
+        """A rule of the tool's policy decided before anyone was asked (`rule`: its name; None
+        for the tool's own default). Denied, the model reads the rule's reason."""
+        if self.state is not CallState.AWAITING_APPROVAL:
+            return False
+        self.approved, self.rule, self.reason, self.decided_by = approved, rule, reason, "rule"
+        if approved:
+            self._release(RUN, Outcome.APPROVED)
+        else:
+            text = "The gateway's policy refused this tool call; it was not run."
+            self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text, "denied_by_rule"), Outcome.DENIED)
+        return True
+
     def decide(self, approved: bool, now: float, reason: str | None = None) -> bool:
         """The person's answer. Only the first answer counts."""
         if self.state is not CallState.AWAITING_APPROVAL:
             return False
         self.approved = approved
+        if reason:
+            self.reason = reason
         if not approved:
             text = "The user rejected this tool call; it was not run."
             self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text, "denied"), Outcome.DENIED)
@@ -213,13 +257,14 @@ class GatedCall:
             "verdict": None if verdict is None else {
                 "run": verdict.run, "response": copy.deepcopy(verdict.response), "reason": verdict.reason,
             },
-            "approved": self.approved,
+            "approved": self.approved, "rule": self.rule, "reason": self.reason, "decided_by": self.decided_by,
         }
 
     @classmethod
     def from_json(cls, data: Any, where: str = "call") -> GatedCall:
         """The call `as_json` wrote; anything else raises MalformedLedger (no call is made of it)."""
-        fields = record(data, _CALL_KEYS, where)
+        given = data if isinstance(data, dict) else {}
+        fields = record(data, (*_CALL_KEYS, *(k for k in _DECISION_KEYS if k in given)), where)
         try:
             policy = ToolPolicy.model_validate(fields["policy"])
         except ValueError as e:  # pydantic's ValidationError is one
@@ -234,6 +279,7 @@ class GatedCall:
             *(text(fields, key, where) for key in _TEXTS), json_object(fields, "args", where), policy,
             number(fields, "created", where), number(fields, "deadline", where), state, outcome, verdict,
             number(fields, "waiting_since", where), flag(fields, "approved", where),
+            *(text(fields, key, where, optional=True) if key in fields else None for key in _DECISION_KEYS),
         )
 
     # ---- how the browser should see the outcome -----------------------------------------

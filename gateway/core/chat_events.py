@@ -133,7 +133,7 @@ class PluginAsked:
     """The plugin asks about a gated call (`call`, as it would be opened now): the same call again
     if it asked before, else refused (no run here to show it, or `max_pending` calls already
     wait) or recorded. A recorded call is shown to the browser by `GateOpened`, once the cluster
-    recorded it too."""
+    recorded it too; one a rule already decided (released) is recorded and shown at once."""
 
     call: GatedCall
     max_pending: int

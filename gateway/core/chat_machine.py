@@ -20,7 +20,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Final
 
-from .approvals import GatedCall
+from .approvals import CallState, GatedCall
 from .chat_events import (
     Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
     DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
@@ -187,9 +187,14 @@ class ChatMachine:
             return [AskAnswered(existing)]  # asked again (handed back, or its connection cut): the same call
         if not self.running:
             return [AskAnswered(None, "no_browser")]  # no run here that could show it to anyone
+        call = event.call
+        if call.released:
+            # A rule decided it: nobody waits, so no cap applies; the browser sees the decision.
+            ledger.add(call)
+            return [AskAnswered(call), CallChanged(call, CallState.AWAITING_APPROVAL, 0.0), *self._current().show_decided(call, call.created)]
         if len(ledger.unreleased()) >= event.max_pending:
             return [AskAnswered(None, "too_many_pending")]
-        return [AskAnswered(ledger.add(event.call))]
+        return [AskAnswered(ledger.add(call))]
 
     def _native_answered(self, event: NativeAnswered) -> list[Output]:
         ledger = self.ledger

@@ -209,7 +209,7 @@ class Converter(MessageWriter):
             if policy.approval:
                 out.append(_approval_request(approval_id, tool_call_id, policy.hint))
             return
-        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name))
+        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name, args=dict(call_args)))
         hint = (args.get("toolConfirmation") or {}).get("hint")
         out.append(_approval_request(approval_id, tool_call_id, None if _is_default_hint(hint) else hint))
 
@@ -237,6 +237,26 @@ class Converter(MessageWriter):
         self._show_tool(out, call.tool_call_id, call.tool, call.args)
         if call.state is CallState.AWAITING_APPROVAL:
             out.append(_approval_request(call.id, call.tool_call_id, call.policy.hint))
+        return out
+
+    def show_decided(self, call: GatedCall) -> list[Chunk]:
+        """A rule decided the call before anyone was asked: ai 7 shows the AI SDK's automatic
+        approval (a request with `isAutomatic`, then its response); ai 6, whose stream has no
+        approval response, shows the call alone (its outcome comes as ADK's function response:
+        an output, or the refusal as an error, `_function_response`)."""
+        out: list[Chunk] = []
+        self._show_tool(out, call.tool_call_id, call.tool, call.args)
+        # The tool's own default letting a call run (a tool gated only for its rules) asks nothing.
+        if self.version >= 7 and (call.rule is not None or call.policy.approval or not call.approved):
+            request: Chunk = {
+                "type": "tool-approval-request", "approvalId": call.id, "toolCallId": call.tool_call_id, "isAutomatic": True,
+            }
+            if call.rule:
+                request["approvalDescriptor"] = {"rule": call.rule}
+            response: Chunk = {"type": "tool-approval-response", "approvalId": call.id, "approved": call.approved}
+            if call.reason:
+                response["reason"] = call.reason
+            out += [request, response]
         return out
 
     def gate_moved(self, call: GatedCall) -> list[Chunk]:
@@ -279,7 +299,7 @@ class Converter(MessageWriter):
             ledger.closed(call_id)
             self.abandoned.append((call_id, refusal))
         self._tool_results()
-        if tracked and ledger.shown_as_denied(call_id):
+        if tracked and ledger.shown_as_denied(call_id, automatic_too=self.version >= 7):
             out.append({"type": "tool-output-denied", "toolCallId": call_id})
         elif isinstance(result, dict) and isinstance(result.get("error"), str) and len(result) == (1 if refusal is None else 2):
             # ADK's convention for a failed tool: {"error": "..."}, maybe marked as a refusal (the

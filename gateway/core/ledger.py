@@ -227,11 +227,15 @@ class Ledger:
             or tool_call_id in self._denied or tool_call_id in self._confirmable or tool_call_id in self._delivered
         )
 
-    def shown_as_denied(self, tool_call_id: str) -> bool:
+    def shown_as_denied(self, tool_call_id: str, *, automatic_too: bool = True) -> bool:
+        """`tool-output-denied` for the call; a rule's denial only `automatic_too` (ai 6 holds a
+        denied part only with the person's approval response, which a rule's decision has not)."""
         if tool_call_id in self._denied:
             return True
         call = self._calls.get(tool_call_id)
-        return call is not None and call.released and call.shown_as_denied
+        return (
+            call is not None and call.released and call.shown_as_denied and (automatic_too or call.decided_by != "rule")
+        )
 
     def answered_in_browser(self, tool_call_id: str) -> bool:
         """The browser produced the call's output itself: ADK's echo of it is not news to it."""

@@ -184,6 +184,16 @@ class Turn:
         self._flush(out, self.converter.show_gate(call), now)
         return out
 
+    def show_decided(self, call: GatedCall, now: float) -> list[Output]:
+        """A rule decided `call` (already in the ledger, released) before anyone was asked: show
+        the decision. Nobody waits for it, so the response goes on."""
+        if self.ended:
+            return []
+        out: list[Output] = []
+        self.ledger.shown(call)
+        self._flush(out, self.converter.show_decided(call), now)
+        return out
+
     def attach(self) -> list[Output]:
         """A request that answers wants a response to read: a new one. One still being written
         (its start already lost to the bounded log) is finished first, so both are whole."""

@@ -11,9 +11,13 @@ have to move to the new one before it is dropped).
   `confirm` (the agent's `upstream.approvals: confirm`) is gated by ADK's own confirmation
   instead: the plugin asks ADK, not this listener. Without `app_name`
   (a plugin from before several agents): every agent's policies merged, each tool as gated as
-  any agent has it.
+  any agent has it. A tool with rules (config/rules.py) is marked `rules`: a plugin that says it
+  knows them (`features=rules`) asks about each call first (below, with `confirm`), and asks ADK's
+  confirmation only when no rule decided; to an older plugin, such a tool is not `confirm`, so it
+  blocks on the request below and the rules apply there (fail closed, not durable).
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
-  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`; or, from a replica that
+  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`; with `"confirm": true`, a
+  rule's verdict at once or `{"verdict": "confirm"}` (ask ADK's confirmation); or, from a replica that
   drains while the call's chat runs on another, 503 `retry_elsewhere` (the plugin asks again, and
   the chat's replica takes the repeated ask as the same call).
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
@@ -53,6 +57,8 @@ class ToolCallRequest(BaseModel):
     tool: str = Field(min_length=1, max_length=256)
     args: dict = Field(default_factory=dict)
     invocation_id: str | None = None
+    # Confirm mode: decide by the tool's rules only; a person's decision is ADK's confirmation.
+    confirm: bool = False
 
 
 _METRICS_ROUTE = "metrics"
@@ -87,9 +93,12 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
     return await handler(request)
 
 
-def _entry(p: ToolPolicy, confirm: bool = False) -> dict[str, object]:
+def _entry(p: ToolPolicy, confirm: bool = False, knows_rules: bool = True) -> dict[str, object]:
     browser = p.runs_in == "browser"
+    # A plugin that does not know rules would confirm without asking: it must block instead.
+    confirm = confirm and (knows_rules or not p.rules)
     return {
+        "rules": bool(p.rules),
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
         # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
         # A plugin from before this key ignores it and blocks: still gated.
@@ -114,6 +123,7 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
             "runs_in": "browser" if any(p.runs_in == "browser" for p in policies) else "server",
             "timeout": max((p.timeout for p in policies if p.gated), default=policies[0].timeout),
             "gated": any(p.gated for p in policies),
+            "rules": any(bool(p.rules) for p in policies),
             "non_blocking": all(p.non_blocking for p in policies),
             # Without the app, the plugin blocks (hold): it gates for every agent alike.
             "confirm": False,
@@ -134,7 +144,8 @@ async def policy(request: web.Request) -> web.Response:
             log.warning("policy_for_unknown_app", app_name=app)
             raise HttpError(404, "agent_not_found", f"no agent of this gateway has the ADK app name {app!r}")
         settings = config.agents[agent]
-        tools = {name: _entry(p, settings.confirms(name)) for name, p in settings.tools.items()}
+        knows_rules = "rules" in request.query.get("features", "").split(",")
+        tools = {name: _entry(p, settings.confirms(name), knows_rules) for name, p in settings.tools.items()}
     return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
 
 
@@ -154,7 +165,7 @@ async def tool_call(request: web.Request) -> web.Response:
     try:
         verdict, result = await gateway.cluster.gate(
             app_name=body.app_name, user_id=body.user_id, session_id=body.session_id,
-            tool_call_id=body.function_call_id, tool=body.tool, args=body.args,
+            tool_call_id=body.function_call_id, tool=body.tool, args=body.args, confirm=body.confirm,
         )
     except Refusal as exc:
         # `retry_elsewhere` (this replica drains, the chat runs on another): the plugin asks again;

@@ -77,7 +77,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     slot = _open_stream(request, user_id)
     try:
-        attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request)
+        attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request, claims=dict(caller.identity.claims))
     except Exception as exc:
         slot.release()
         answer = refusal(exc)

@@ -57,6 +57,8 @@ class Connection:
         # The agent this socket's route names: every chat it touches is that agent's.
         self.agent = caller.agent
         self._identity = caller.identity
+        # What the tool rules may read of who is chatting (their JWT claims; none otherwise).
+        self.claims = dict(caller.identity.claims)
         self.requests: dict[str, asyncio.Task[None]] = {}
         # The chat each `send` request drives, for `abort`; and every chat seen, for closing.
         self.request_chats: dict[str, str] = {}

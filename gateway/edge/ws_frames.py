@@ -71,7 +71,7 @@ async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> 
 async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
     try:
-        attachment = await conn.gateway.cluster.submit(conn.agent, conn.user_id, chat_request)
+        attachment = await conn.gateway.cluster.submit(conn.agent, conn.user_id, chat_request, claims=conn.claims)
     except Exception as exc:
         raise refused(conn, exc) from None
     conn.chats.add(chat_request.chat_id)

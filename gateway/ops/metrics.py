@@ -56,7 +56,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
     "runs": _each("completed", "waiting", "error", "cancelled"),
     "plugin_requests": _each(
-        "run", "respond", "not_gated", "no_browser", "too_many_pending", "unauthorized", "invalid",
+        "run", "respond", "not_gated", "rule", "confirm", "no_browser", "too_many_pending", "unauthorized", "invalid",
         "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
@@ -73,6 +73,12 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "forwarded": _each("out", "in"),
     "owner_lost": _each("run", "approval", "gated_call", "stream"),
     "gc_pause": _each("0", "1", "2"),
+    # Who decided an approval (ApprovalNotice.source) and how it came out.
+    "approval_decisions": (
+        ("person", "approved"), ("person", "denied"), ("approver", "approved"), ("approver", "denied"),
+        ("rule", "approved"), ("rule", "denied"), ("timeout", "timeout"), ("cancel", "cancelled"), ("give_up", "abandoned"),
+    ),
+    "approval_decision_wait": _each("person", "approver", "rule", "timeout", "cancel", "give_up"),
 })
 
 # The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
@@ -82,6 +88,7 @@ HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
+    "approval_decisions", "approval_decision_wait",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
@@ -171,6 +178,16 @@ class GatewayMetrics:
             "From an approval request reaching the browser to the decision, by agent, tool and outcome "
             "(approved, denied, timeout, cancelled, abandoned).",
             ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+        )
+        self.approval_decisions = Counter(
+            "adk_gateway_approval_decisions_total",
+            "Approvals decided, by agent, source (person, approver, rule, timeout, cancel, give_up) and outcome.",
+            ["agent", "source", "outcome"], registry=r,
+        )
+        self.approval_decision_wait = Histogram(
+            "adk_gateway_approval_decision_wait_seconds",
+            "From an approval's start to its decision, by agent and source (a rule's is 0).",
+            ["agent", "source"], buckets=_APPROVAL_BUCKETS, registry=r,
         )
         self.approval_timeouts = Counter(
             "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by agent and tool.",

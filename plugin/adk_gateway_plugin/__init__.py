@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REFUSAL_KEY", "GatewayPlugin", "__version__"]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # gateway.approvals.REFUSAL_KEY: the gateway recognises this plugin's refusals by it.
 REFUSAL_KEY = "adk_gateway_refusal"
@@ -201,8 +201,15 @@ class GatewayPlugin(BasePlugin):
                 return None
             browser = policy.get("runs_in") == "browser"
             if policy.get("confirm_browser" if browser else "confirm") and not is_live(tool_context):
-                return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
-            verdict = await self._ask(tool.name, tool_args, tool_context)
+                # A tool with rules is asked about first, unless this is ADK's re-run with the
+                # person's answer: a rule may decide it at once; if none does, ADK asks.
+                if not policy.get("rules") or getattr(tool_context, "tool_confirmation", None) is not None:
+                    return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
+                verdict = await self._ask(tool.name, tool_args, tool_context, confirm=True)
+                if verdict.get("verdict") == "confirm":
+                    return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
+            else:
+                verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
             logger.exception("gateway plugin failed; refusing the call")
             return _refuse("The approval gateway failed while checking this call; it was not run.", "plugin_failed")
@@ -327,7 +334,9 @@ class GatewayPlugin(BasePlugin):
         # Each policy fetch (every `internal.policy_refresh`) takes a rotated secret.
         self._reread_secret()
         try:
-            params = {"app_name": app} if app else None
+            # `features`: what this plugin knows, so the gateway never counts on more (a tool with
+            # rules is asked about before ADK's confirmation only by a plugin that says `rules`).
+            params = {"app_name": app, "features": "rules"} if app else {"features": "rules"}
             resp = await asyncio.wait_for(
                 self._send("GET", f"{self._url}/internal/v1/policy", params=params), timeout=self._connect_timeout + 5
             )
@@ -344,8 +353,8 @@ class GatewayPlugin(BasePlugin):
             logger.warning("could not fetch the gateway's tool policy for app %r: %s", app, exc or type(exc).__name__)
             self._policy_expires[app] = time.monotonic() + 2.0
 
-    async def _ask(self, tool: str, args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any]:
-        payload = {
+    async def _ask(self, tool: str, args: dict[str, Any], tool_context: ToolContext, *, confirm: bool = False) -> dict[str, Any]:
+        payload: dict[str, Any] = {
             "app_name": tool_context.session.app_name,
             "user_id": tool_context.user_id,
             "session_id": tool_context.session.id,
@@ -354,6 +363,8 @@ class GatewayPlugin(BasePlugin):
             "tool": tool,
             "args": args,
         }
+        if confirm:
+            payload["confirm"] = True
         url = f"{self._url}/internal/v1/tool-calls"
         answer = await ask(
             lambda client: self._send("POST", url, client=client, json=payload), tool=tool,

@@ -1,0 +1,119 @@
+"""Telling the world about approvals: each one that starts waiting, is decided or expires, once.
+
+The chat's machine decides; this module only reports, after the fact. For each approval it makes an
+`ApprovalNotice` (core/approval_notice.py), counts the decision in the metrics (by who decided it),
+and hands the notice to the sinks the application gave it (the audit trail, the webhooks). A sink
+that raises is logged and skipped: reporting never changes or blocks what was decided.
+
+Two kinds of approval report here: a gated call the plugin holds (`GatedCall`, hold mode and every
+rule's decision) and an ADK confirmation (`NativeConfirmation`, confirm mode and native tools).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import structlog
+
+from ..config.schema import GatewayConfig
+from ..core.approval_notice import ApprovalNotice, NoticeKind
+from ..core.approvals import GatedCall
+from ..core.ledger import NativeConfirmation
+from ..ops.metrics import GatewayMetrics
+
+__all__ = ["Notices", "Sink"]
+
+log = structlog.get_logger("adk_gateway.chat.notices")
+
+Sink = Callable[[ApprovalNotice], None]
+
+# A native confirmation's outcome as the browser or the gateway gave it -> who decided.
+_NATIVE_SOURCE = {"approved": "person", "denied": "person", "timeout": "timeout", "cancelled": "cancel"}
+
+
+class Notices:
+    def __init__(
+        self, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], wall: Callable[[], float] = time.time
+    ) -> None:
+        self._metrics = metrics
+        self._config = config
+        self._wall = wall
+        self._sinks: list[Sink] = []
+        # The policy's digest, computed once per loaded configuration (not per notice).
+        self._versioned: tuple[GatewayConfig, str] | None = None
+
+    def add_sink(self, sink: Sink) -> None:
+        self._sinks.append(sink)
+
+    # ---- gated calls (hold mode, rules) ----------------------------------------------------
+
+    def call_waiting(self, agent: str, call: GatedCall) -> None:
+        self._tell(self._of_call("waiting", agent, call))
+
+    def call_released(self, agent: str, call: GatedCall, waited: float) -> None:
+        """A call that waited for a person was released (by anyone, a rule included)."""
+        source = call.source or "cancel"
+        outcome = call.outcome.value if call.outcome is not None else "cancelled"
+        self._count(agent, source, outcome, waited)
+        kind: NoticeKind = "expired" if source == "timeout" else "decided"
+        self._tell(self._of_call(kind, agent, call, source=source, outcome=outcome, waited=waited))
+
+    def _of_call(self, kind: NoticeKind, agent: str, call: GatedCall, **decided: Any) -> ApprovalNotice:
+        return ApprovalNotice(
+            kind, call.id, agent, self._app(agent), call.tool, call.tool_call_id, call.chat_id, call.user_id,
+            call.args, self._wall(), rule=call.rule, reason=call.reason, policy_version=self._version(),
+            asks=() if kind != "waiting" else ("the chatting user",), **decided,
+        )
+
+    # ---- ADK confirmations (confirm mode, native tools) -----------------------------------
+
+    def native_waiting(self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation) -> None:
+        self._tell(self._of_native("waiting", agent, chat_id, user, confirmation))
+
+    def native_decided(
+        self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, outcome: str, waited: float,
+        reason: str | None = None,
+    ) -> None:
+        source = _NATIVE_SOURCE.get(outcome, "person")
+        self._count(agent, source, outcome, waited)
+        kind: NoticeKind = "expired" if source == "timeout" else "decided"
+        self._tell(self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,
+                                   waited=waited, reason=reason))
+
+    def _of_native(
+        self, kind: NoticeKind, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, **decided: Any
+    ) -> ApprovalNotice:
+        return ApprovalNotice(
+            kind, confirmation.approval_id, agent, self._app(agent), confirmation.tool, confirmation.tool_call_id,
+            chat_id, user, dict(confirmation.args or {}), self._wall(), policy_version=self._version(),
+            asks=() if kind != "waiting" else ("the chatting user",), **decided,
+        )
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _count(self, agent: str, source: str, outcome: str, waited: float) -> None:
+        self._metrics.approval_decisions.labels(agent, source, outcome).inc()
+        self._metrics.approval_decision_wait.labels(agent, source).observe(max(waited, 0.0))
+
+    def _tell(self, notice: ApprovalNotice) -> None:
+        for sink in self._sinks:
+            try:
+                sink(notice)
+            except Exception:  # noqa: BLE001 - a sink's failure must not reach the decision
+                log.exception("approval_notice_failed", approval_id=notice.approval_id, kind=notice.kind)
+
+    def _app(self, agent: str) -> str:
+        settings = self._config().agents.get(agent)
+        return settings.upstream.app_name if settings is not None else ""
+
+    def _version(self) -> str:
+        config = self._config()
+        if self._versioned is None or self._versioned[0] is not config:
+            tools = {name: agent.model_dump(mode="json", include={"tools"}) for name, agent in config.agents.items()}
+            digest = hashlib.sha256(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+            self._versioned = (config, digest)
+        return self._versioned[1]
