@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, model_validator
 
+from .rules import ToolRule
 from .values import ClaimValues, Duration, Section
 
 __all__ = ["AGENT_NAME_PATTERN", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
@@ -84,11 +85,24 @@ class ToolPolicy(Section):
     # conversation goes on while the call waits for a person; the result reaches the model later.
     # Default (blocking): the model's output stalls until the decision, though input keeps flowing.
     non_blocking: bool = False
+    # Conditions on the call's arguments (config/rules.py), first match wins; none matching: `approval`
+    # decides (ask when true, approve when false). Any rule gates the tool, so a deny rule applies
+    # to a tool without `approval` too.
+    rules: list[ToolRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rules_fit(self) -> ToolPolicy:
+        if self.rules and self.runs_in == "browser":
+            raise ValueError("rules on a browser tool are not supported yet (runs_in: browser)")
+        names = [rule.name for rule in self.rules]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"rule names must be unique within a tool: {', '.join(twice)} is used more than once")
+        return self
 
     @property
     def gated(self) -> bool:
         """The plugin must ask the gateway before the call may proceed."""
-        return self.approval or self.runs_in == "browser"
+        return self.approval or self.runs_in == "browser" or bool(self.rules)
 
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"

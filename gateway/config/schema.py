@@ -109,7 +109,7 @@ class GatewayConfig(Section):
         secret = self.internal.secret.get_secret_value() if self.internal.secret is not None else ""
         if any(p.gated for agent in self.agents.values() for p in agent.tools.values()) and not secret:
             raise ValueError(
-                "internal.secret is required when a tool needs approval or runs in the browser "
+                "internal.secret is required when a tool needs approval, has rules or runs in the browser "
                 "(the ADK plugin authenticates with it)"
             )
         return self
