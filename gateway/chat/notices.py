@@ -56,8 +56,10 @@ class Notices:
 
     def call_released(self, agent: str, call: GatedCall, waited: float) -> None:
         """A call that waited for a person was released (by anyone, a rule included)."""
-        source = call.source or "cancel"
-        outcome = call.outcome.value if call.outcome is not None else "cancelled"
+        if call.source is None or call.outcome is None:
+            source, outcome = "person", "approved"  # a browser tool's approval: its output is awaited now
+        else:
+            source, outcome = call.source, call.outcome.value
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
         self._tell(self._of_call(kind, agent, call, source=source, outcome=outcome, waited=waited))

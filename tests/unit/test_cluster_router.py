@@ -65,7 +65,7 @@ async def pair() -> AsyncIterator[Pair]:
     cluster = Cluster(here, chats, metrics)
     p = Pair(hub, owner, cluster, config.default)
 
-    async def submit(agent: str, user_id: str, request: ChatRequest) -> Attachment:
+    async def submit(agent: str, user_id: str, request: ChatRequest, claims: dict[str, Any] | None = None) -> Attachment:
         p.submitted.append(request)
         return Attachment(None, None)  # type: ignore[arg-type]  # what the router returns is all that is looked at
 
