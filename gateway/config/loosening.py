@@ -167,8 +167,11 @@ def _approval(was: AgentConfig, now: AgentConfig) -> list[Finding]:
 
 
 def _browser(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    # Every call of a browser tool waits for the browser; rules alone (which gate a tool) let calls
+    # no rule decides run unasked, so only approval keeps them all waiting on the server.
     return [(_tool_key(name), "stop gating this tool") for name in _tool_names(was, now)
-            if was.tool_policy(name).runs_in == "browser" and not now.tool_policy(name).gated]
+            if was.tool_policy(name).runs_in == "browser"
+            and now.tool_policy(name).runs_in != "browser" and not now.tool_policy(name).approval]
 
 
 def _tool_rules(was: AgentConfig, now: AgentConfig) -> list[Finding]:

@@ -630,3 +630,14 @@ def test_a_tool_that_gains_rules_without_approval_is_gated() -> None:
     result = plan(text, now=KEYS)
     assert result.problems == [] and result.config is not None
     assert "get_weather" in result.config.agents["pay"].gated_tools
+
+
+def test_a_browser_tool_moved_to_the_server_with_rules_but_without_approval_is_refused() -> None:
+    """Rules gate a tool, but a call no rule decides runs unasked: not the browser's every call."""
+    moved = _swap(KEYS, "      get_location: {runs_in: browser}\n",
+                  "      get_location:\n        rules: [{name: far, when: 'args.km > 100', decide: deny, reason: Too far.}]\n")
+    result = plan(moved, now=KEYS)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.pay.tools.get_location: a reload cannot stop gating this tool") for p in result.problems)
+    asked = _swap(moved, "      get_location:\n", "      get_location:\n        approval: true\n")
+    assert plan(asked, now=KEYS).problems == []
