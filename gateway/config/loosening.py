@@ -34,6 +34,7 @@ from typing import Any
 
 from .agent import AgentConfig
 from .auth import AuthConfig
+from .rules import ToolRule
 from .schema import GatewayConfig
 
 __all__ = ["RULES", "UNJUDGED", "Direction", "Rule", "loosened"]
@@ -166,8 +167,70 @@ def _approval(was: AgentConfig, now: AgentConfig) -> list[Finding]:
 
 
 def _browser(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    # Every call of a browser tool waits for the browser; rules alone (which gate a tool) let calls
+    # no rule decides run unasked, so only approval keeps them all waiting on the server.
     return [(_tool_key(name), "stop gating this tool") for name in _tool_names(was, now)
-            if was.tool_policy(name).runs_in == "browser" and not now.tool_policy(name).gated]
+            if was.tool_policy(name).runs_in == "browser"
+            and now.tool_policy(name).runs_in != "browser" and not now.tool_policy(name).approval]
+
+
+def _tool_rules(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    findings = []
+    for name in _tool_names(was, now):
+        policy = now.tool_policy(name)
+        if what := _rules_loosened(was.tool_policy(name).rules, policy.rules, asks=policy.approval):
+            key = "tools.default.rules (every tool not listed)" if name == "default" else f"tools.{name}.rules"
+            findings.append((key, f"loosen a tool's rules ({'; '.join(what)})"))
+    return findings
+
+
+def _rules_loosened(was: list[ToolRule], now: list[ToolRule], *, asks: bool) -> list[str]:
+    """What makes `now` decide some call more loosely than `was` (deny, then ask, then approve);
+    `asks`: the new policy asks when no rule decides (`approval: true`).
+
+    A rule is the same by its name, condition and outcome (a reason edited is the same rule). Kept
+    rules must stay in their order; deny rules may be added and approve rules removed, but a rule
+    whose condition cannot be evaluated for a call asks a person (config/rules.py), which deny rules
+    and approve rules change too: a deny rule added before a deny rule that stays would ask where
+    that rule refused, and an approve rule removed asked where a later approve rule, or the tool's
+    default, would approve."""
+    was_keys, now_keys = {_rule_key(rule) for rule in was}, {_rule_key(rule) for rule in now}
+    gone = {rule.name: rule for rule in was if _rule_key(rule) not in now_keys}
+    added = {rule.name: rule for rule in now if _rule_key(rule) not in was_keys}
+    what = []
+    for at, rule in enumerate(now):
+        if rule.name not in added:
+            continue
+        before = gone.get(rule.name)
+        if before is not None and (before.decide, rule.decide) != ("approve", "deny"):
+            what.append(f"change the rule {rule.name}")
+        elif rule.decide != "deny":
+            what.append(f"add the {rule.decide} rule {rule.name}")
+        elif later := _kept(now[at + 1:], "deny", added):
+            what.append(f"add the deny rule {rule.name} before the deny rule {later}")
+    for at, rule in enumerate(was):
+        if rule.name not in gone or (rule.name in added and added[rule.name].decide != "deny"):
+            continue  # kept, or changed (said above)
+        if rule.decide != "approve":
+            if rule.name not in added:
+                what.append(f"remove the {rule.decide} rule {rule.name}")
+        elif later := _kept(was[at + 1:], "approve", gone):
+            what.append(f"remove the approve rule {rule.name} before the approve rule {later}")
+        elif not asks:
+            what.append(f"remove the approve rule {rule.name} of a tool that approves what no rule decides")
+    kept_was = [_rule_key(rule) for rule in was if rule.name not in gone]
+    if not what and kept_was != [_rule_key(rule) for rule in now if rule.name not in added]:
+        what.append("reorder the rules")
+    return what
+
+
+def _kept(rules: list[ToolRule], decide: str, changed: dict[str, ToolRule]) -> str | None:
+    """The first of `rules` that decides `decide` and stays through the reload."""
+    return next((rule.name for rule in rules if rule.decide == decide and rule.name not in changed), None)
+
+
+def _rule_key(rule: ToolRule) -> tuple[str, str, str]:
+    return rule.name, rule.when, rule.decide
 
 
 def _jwt_value(name: str) -> Callable[[AuthConfig], Any]:
@@ -238,6 +301,10 @@ RULES: tuple[Rule, ...] = (
     Rule("agents.<name>.tools.<tool>.runs_in", Direction.GROW,
          "a browser tool moved to the server without approval would run unasked",
          lambda agent: agent, _browser),
+    Rule("agents.<name>.tools.<tool>.rules", Direction.GROW,
+         "rules decide which calls run unasked or are refused: kept in their order; deny rules may be added (not "
+         "before a deny rule that stays), approve rules removed (not before one that stays, nor with approval off)",
+         lambda agent: agent, _tool_rules),
 )
 
 UNJUDGED: dict[str, str] = {

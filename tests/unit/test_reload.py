@@ -323,6 +323,14 @@ def _swap(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+# Rules on a payment's arguments (issue 26): small ones approved, middling ones asked, large ones refused.
+_SMALL = "          - {name: small, when: 'args.amount < 5', decide: approve}\n"
+_MID = "          - {name: mid, when: 'args.amount < 100', decide: ask}\n"
+_LARGE = "          - {name: large, when: 'args.amount >= 10000', decide: deny, reason: Too much.}\n"
+RULED = _swap(KEYS, "      process_payment: {approval: true}\n",
+              "      process_payment:\n        approval: true\n        rules:\n" + _SMALL + _MID + _LARGE)
+
+
 # Per entry of the table: (running, a looser file) and (running, a tighter file, or the same setting
 # written again for a setting that must stay equal), and the key a refusal names.
 CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
@@ -422,6 +430,11 @@ CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
         (KEYS, _swap(KEYS, "{runs_in: browser}", "{runs_in: server}")),
         (KEYS, _swap(KEYS, "{approval: true}", "{approval: true, runs_in: browser}")),
         "agents.pay.tools.get_location",
+    ),
+    "agents.<name>.tools.<tool>.rules": (
+        (RULED, _swap(RULED, _LARGE, "")),
+        (RULED, _swap(_swap(RULED, _SMALL, ""), _LARGE, _LARGE + "          - {name: blocked, when: 'args.to == \"XX\"', decide: deny, reason: No.}\n")),
+        "agents.pay.tools.process_payment.rules",
     ),
 }
 
@@ -538,3 +551,93 @@ def test_a_single_agent_file_moved_to_the_agents_form_is_judged_by_its_app() -> 
                             "(ADK app demo_agent, served by the agent demo_agent until now)") for p in result.problems)
     gated = ungated + "    tools:\n      process_payment: {approval: true}\n      get_location: {runs_in: browser}\n"
     assert plan(gated).problems == []
+
+
+# ---- rules on a call's arguments: which edits a reload may make (issue 26) --------------------------
+
+_NEW_DENY = "          - {name: blocked, when: 'args.to == \"XX\"', decide: deny, reason: No.}\n"
+
+
+def _rules_text(*rules: str, approval: bool = True) -> str:
+    head = RULED[: RULED.index("        approval: true\n")]
+    tail = RULED[RULED.index("      get_location:"):]
+    return head + f"        approval: {str(approval).lower()}\n        rules:\n" + "".join(rules) + tail
+
+
+def _rules_plan(*rules: str, approval: bool = True, now: str = RULED):  # type: ignore[no-untyped-def]
+    return plan(_rules_text(*rules, approval=approval), now=now)
+
+
+@pytest.mark.parametrize("rules", [
+    (_SMALL, _MID, _LARGE),                                   # the same
+    (_SMALL, _MID, _LARGE.replace("Too much.", "Over the limit.")),  # a reason is text
+    (_MID, _LARGE),                                           # an approve rule removed
+    (_SMALL, _MID, _LARGE, _NEW_DENY),                        # a deny rule added after the last deny
+], ids=["same", "reason", "approve-removed", "deny-appended"])
+def test_a_reload_may_keep_rules_add_deny_rules_and_remove_approve_rules(rules: tuple[str, ...]) -> None:
+    result = _rules_plan(*rules)
+    assert result.problems == [] and result.config is not None
+
+
+@pytest.mark.parametrize(("rules", "what"), [
+    ((_SMALL, _MID), "remove the deny rule large"),
+    ((_SMALL, _LARGE), "remove the ask rule mid"),
+    ((_SMALL, _MID, _LARGE, "          - {name: more, when: 'args.amount < 10', decide: approve}\n"),
+     "add the approve rule more"),
+    ((_SMALL, "          - {name: odd, when: 'args.amount == 7', decide: ask}\n", _MID, _LARGE), "add the ask rule odd"),
+    ((_SMALL.replace("< 5", "< 50"), _MID, _LARGE), "change the rule small"),
+    ((_SMALL, _MID.replace("decide: ask", "decide: approve"), _LARGE), "change the rule mid"),
+    ((_SMALL, _LARGE.replace(">= 10000", ">= 20000"), ), "change the rule large"),
+    ((_MID, _SMALL, _LARGE), "reorder the rules"),
+    # A new condition that cannot be evaluated for a call asks a person: not where `large` refused.
+    ((_SMALL, _MID, _NEW_DENY, _LARGE), "add the deny rule blocked before the deny rule large"),
+    ((_SMALL.replace("decide: approve", "decide: deny, reason: No."), _MID, _LARGE), "add the deny rule small before the deny rule large"),
+])
+def test_any_other_change_to_the_rules_is_refused(rules: tuple[str, ...], what: str) -> None:
+    result = _rules_plan(*rules)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.pay.tools.process_payment.rules: a reload cannot loosen a tool's rules (")
+               and what in p for p in result.problems), result.problems
+
+
+def test_an_approve_rule_made_a_deny_rule_applies_with_no_deny_rule_after_it() -> None:
+    denied = _SMALL.replace("decide: approve", "decide: deny, reason: No.")
+    assert _rules_plan(denied, _MID, now=_rules_text(_SMALL, _MID)).problems == []
+
+
+def test_an_approve_rule_asked_where_it_could_not_evaluate_so_it_goes_only_if_nothing_later_approves() -> None:
+    later = "          - {name: later, when: 'args.to == \"DE\"', decide: approve}\n"
+    result = _rules_plan(later, _LARGE, now=_rules_text(_SMALL, later, _LARGE))
+    assert any("remove the approve rule small before the approve rule later" in p for p in result.problems), result.problems
+    assert _rules_plan(_SMALL, _LARGE, now=_rules_text(_SMALL, later, _LARGE)).problems == []
+    # Without approval, what no rule decides is approved: a call `small` could not evaluate would be.
+    result = _rules_plan(_LARGE, approval=False, now=_rules_text(_SMALL, _LARGE, approval=False))
+    assert any("remove the approve rule small of a tool that approves what no rule decides" in p for p in result.problems)
+
+
+def test_rules_under_the_default_policy_are_judged_for_every_tool_not_listed() -> None:
+    default = "      default:\n        approval: true\n        rules:\n" + _LARGE.replace("args.amount", "args.n")
+    now = _swap(KEYS, "      get_location: {runs_in: browser}\n", "      get_location: {runs_in: browser}\n" + default)
+    result = plan(_swap(now, default, "      default: {approval: true}\n"), now=now)
+    assert result.config is None and any(
+        "agents.pay.tools.default.rules (every tool not listed): a reload cannot loosen a tool's rules (remove the deny rule large)"
+        in p for p in result.problems)
+
+
+def test_a_tool_that_gains_rules_without_approval_is_gated() -> None:
+    text = _swap(KEYS, "      get_location: {runs_in: browser}\n", "      get_location: {runs_in: browser}\n"
+                 "      get_weather:\n        rules: [{name: nowhere, when: 'args.city == \"X\"', decide: deny, reason: No.}]\n")
+    result = plan(text, now=KEYS)
+    assert result.problems == [] and result.config is not None
+    assert "get_weather" in result.config.agents["pay"].gated_tools
+
+
+def test_a_browser_tool_moved_to_the_server_with_rules_but_without_approval_is_refused() -> None:
+    """Rules gate a tool, but a call no rule decides runs unasked: not the browser's every call."""
+    moved = _swap(KEYS, "      get_location: {runs_in: browser}\n",
+                  "      get_location:\n        rules: [{name: far, when: 'args.km > 100', decide: deny, reason: Too far.}]\n")
+    result = plan(moved, now=KEYS)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: agents.pay.tools.get_location: a reload cannot stop gating this tool") for p in result.problems)
+    asked = _swap(moved, "      get_location:\n", "      get_location:\n        approval: true\n")
+    assert plan(asked, now=KEYS).problems == []
