@@ -23,6 +23,36 @@ SCENARIOS = {
 }
 
 
+# The demo's rules on process_payment (config/gateway.yaml): decided by the gateway, nobody asked.
+RULE_SCENARIOS = {
+    "small": [{"send": "pay 2 to Hanako"}],
+    "too_large": [{"send": "pay 20000 to Hanako"}],
+}
+
+
+def check_rule_rows(results: dict[str, dict], version: int) -> None:
+    """A payment below 5 ran unasked; one of 10,000 or more was refused with the rule's reason. ai 7
+    shows each as the AI SDK's automatic approval; ai 6, which has no approval response chunk, the
+    call and its outcome alone (the refusal as an error)."""
+    for name, result in results.items():
+        assert_clean(result)
+        assert result["status"] == "ready", name
+        assert result["approvalRequests"] == 0 if "approvalRequests" in result else True
+    [small] = [p for m in results["small"]["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+    [large] = [p for m in results["too_large"]["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
+    assert small["state"] == "output-available" and small["output"]["success"] is True, small
+    assert "Hanako" in said(results["small"])
+    if version >= 7:
+        assert small["approval"] == {"id": small["approval"]["id"], "isAutomatic": True, "approved": True,
+                                     "descriptor": {"rule": "small"}}, small
+        assert large["state"] == "output-denied", large
+        assert large["approval"]["isAutomatic"] is True and large["approval"]["approved"] is False
+        assert large["approval"]["reason"] == "Payments of 10,000 or more are refused."
+    else:
+        assert "approval" not in small, small
+        assert large["state"] == "output-error" and "10,000 or more are refused" in large["errorText"], large
+
+
 def tool_states(result: dict) -> list[str]:
     return [p["state"] for m in result["messages"] for p in m["parts"] if p["type"].startswith("tool-")]
 

@@ -212,6 +212,15 @@ tools:
     timeout: {payment_timeout}
     on_timeout: {on_timeout}
     hint: Money leaves the account when you approve.
+    # The demo's rules (config/gateway.yaml): the rows above pay between them, and are asked.
+    rules:
+      - name: small
+        when: args.amount < 5
+        decide: approve
+      - name: too_large
+        when: args.amount >= 10000
+        decide: deny
+        reason: Payments of 10,000 or more are refused.
   get_location:
     approval: true
     runs_in: browser

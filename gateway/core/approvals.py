@@ -147,7 +147,8 @@ class GatedCall:
         cls, *, user_id: str, chat_id: str, session_id: str, tool_call_id: str, tool: str,
         args: dict[str, Any], policy: ToolPolicy, now: float, approval_id: str | None = None,
     ) -> GatedCall:
-        state = CallState.AWAITING_APPROVAL if policy.approval else CallState.AWAITING_OUTPUT
+        # A tool with rules waits for a decision first (a rule's, or a person's when one asks).
+        state = CallState.AWAITING_APPROVAL if policy.approval or policy.rules else CallState.AWAITING_OUTPUT
         return cls(
             approval_id or new_approval_id(), user_id, chat_id, session_id, tool_call_id, tool, dict(args),
             policy, now, now + policy.timeout, state, waiting_since=now,

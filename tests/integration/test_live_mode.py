@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from tests.chatflow import assistant_message, new_chat, post, types, user
-from tests.demo_rows import SCENARIOS, check_rows, said, tool_states
+from tests.demo_rows import RULE_SCENARIOS, SCENARIOS, check_rows, check_rule_rows, said, tool_states
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import Replicas, replicas
 from tests.procs import PluginStack, metric_value, plugin_stack
@@ -37,6 +37,17 @@ def slow_live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin
 
 def ws_url(stack: PluginStack) -> str:
     return stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
+
+
+@pytest.mark.js
+@pytest.mark.parametrize("version", [6, 7])
+def test_rules_decide_a_live_agents_calls_too(live_stack: PluginStack, version: int) -> None:
+    """Live mode's plugin blocks on every gated call: the rules answer it at once, nobody asked."""
+    names = list(RULE_SCENARIOS)
+    api = f"{ws_url(live_stack)}?aiSdkVersion={version}"
+    runs = [{"version": version, "api": api, "transport": "ws", "steps": RULE_SCENARIOS[n]} for n in names]
+    check_rule_rows(dict(zip(names, run_chats(runs, timeout=40))), version)
+    assert metric_value(live_stack.gateway.base, "adk_gateway_plugin_requests_total", {"result": "rule"}) >= 2
 
 
 @pytest.mark.js

@@ -1,0 +1,33 @@
+"""Rules on a call's arguments, end to end: stock ai 6 and ai 7 Chats, the gateway, and the stock ADK
+API server with the plugin (the demo's topology), in confirm mode over SSE (the plugin asks the
+gateway's rules before ADK's confirmation) and, in tests/integration/test_live_mode.py, over live."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.demo_rows import RULE_SCENARIOS, check_rule_rows
+from tests.jsdriver import run_chats
+from tests.procs import PluginStack, metric_value
+
+pytestmark = [pytest.mark.integration, pytest.mark.js]
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(stack: PluginStack, version: int) -> None:
+    base = stack.gateway.base
+    labels = {"agent": "demo_agent", "source": "rule"}
+    approved = metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "approved"})
+    denied = metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "denied"})
+    names = list(RULE_SCENARIOS)
+    # ai 7's framing (its approval response chunk) needs the version said (docs/protocol.md 1.3).
+    headers = {"x-ai-sdk-version": str(version)}
+    results = dict(zip(names, run_chats(
+        [{"version": version, "api": f"{base}/api/chat", "headers": headers, "steps": RULE_SCENARIOS[n]} for n in names],
+        timeout=40,
+    )))
+    check_rule_rows(results, version)
+    assert metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "approved"}) == approved + 1
+    assert metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "denied"}) == denied + 1
+    # Nobody was asked: no approval waited, none is pending.
+    assert metric_value(base, "adk_gateway_approvals_pending", {"agent": "demo_agent"}) == 0
