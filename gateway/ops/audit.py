@@ -97,7 +97,8 @@ class AuditTrail:
         try:
             self._record(notice)
         except Exception as exc:  # noqa: BLE001 - the audit must not break the decision it records
-            log.error("approval_audit_failed", approval_id=notice.approval_id, error=type(exc).__name__)
+            with contextlib.suppress(Exception):  # not even when the log itself fails
+                log.error("approval_audit_failed", approval_id=notice.approval_id, error=type(exc).__name__)
 
     def _record(self, notice: ApprovalNotice) -> None:
         if notice.kind not in _RECORDED:
