@@ -212,7 +212,9 @@ def create_app(config: GatewayConfig) -> web.Application:
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Admission(config.limits), tickets=Tickets(shared), jwks=jwks,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
-        audit=AuditTrail(shared, metrics_, lambda: gateway.config.audit, timeout=config.sessions.forward_timeout),
+        audit=AuditTrail(
+            shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,
+        ),
     )
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)

@@ -9,6 +9,10 @@ Redis: cluster/shared.py), which keeps the newest `audit.keep` records for at mo
 and which any replica reads (`AuditTrail.read`, for the approvals API), so an auditor needs neither
 log access nor Redis.
 
+The log line names people as `logging.user_id` says of every line: with `hash`, `requester_hash`
+and each approver's `user_hash` (the keyed digest of logs.py) instead of their ids; with `omit`,
+neither. The store keeps the ids as they are: reading it takes the approvals API's credentials.
+
 Recording never blocks nor fails the chat: the append runs in the background, one record at a time
 in the order they were made; a store that is down is tried again with backoff for `retry_for`
 seconds from the record's making, after which the record is counted `failed` (it is in the log);
@@ -31,8 +35,10 @@ import structlog
 from ..cluster.backoff import Backoff
 from ..cluster.shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
 from ..config.audit import AuditConfig
+from ..config.sections import LoggingConfig
 from ..core.approval_notice import ApprovalNotice
 from ..core.refusals import Refusal
+from .logs import user_id_digest
 from .metrics import GatewayMetrics
 from .stopping import cancel_and_wait
 
@@ -67,11 +73,13 @@ class AuditTrail:
         metrics: GatewayMetrics,
         config: Callable[[], AuditConfig],
         *,
+        logging: LoggingConfig | None = None,
         timeout: float = 5.0,
         retry_for: float = 60.0,
         pending_max: int = 10_000,
     ) -> None:
         self._store = store
+        self._logging = logging or LoggingConfig()
         records = metrics.audit_records
         self._counted = {
             "stored": records.labels("stored"), "duplicate": records.labels("duplicate"),
@@ -104,7 +112,7 @@ class AuditTrail:
         if notice.kind not in _RECORDED:
             return
         record = notice.as_json(with_args=self._config().include_args)
-        log.info("approval_audit", **record)
+        log.info("approval_audit", **self._as_logged(record))
         entry = AuditEntry(notice.approval_id, notice.agent, notice.tool, notice.at, record)
         if self._stopped:
             self._count("failed")
@@ -116,6 +124,23 @@ class AuditTrail:
             return
         self._pending.append((entry, time.monotonic() + self._retry_for))
         self._wake.set()
+
+    def _as_logged(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record as its log line says it: people named as `logging.user_id` says."""
+        mode = self._logging.user_id
+        if mode == "plain":
+            return record
+        line = dict(record)
+        requester = line.pop("requester", None)
+        approvers = line.pop("approvers", [])
+        if mode == "hash":
+            key = self._logging.user_id_key.get_secret_value() if self._logging.user_id_key is not None else ""
+            if requester is not None:
+                line["requester_hash"] = user_id_digest(key, requester)
+            line["approvers"] = [{"user_hash": user_id_digest(key, a["user"]), "auth": a["auth"]} for a in approvers]
+        else:
+            line["approvers"] = [{"auth": a["auth"]} for a in approvers]
+        return line
 
     def _count(self, result: str) -> None:
         self._counted[result].inc()

@@ -26,13 +26,13 @@ from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config.audit import AuditConfig
-from gateway.config.schema import parse_config
+from gateway.config.schema import LoggingConfig, parse_config
 from gateway.core.approval_notice import Approver, ApprovalNotice, args_digest
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
 from gateway.ops import audit as audit_module
 from gateway.ops.audit import AuditTrail, InvalidAuditQuery
-from gateway.ops.logs import configure_logging
+from gateway.ops.logs import configure_logging, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
@@ -108,6 +108,31 @@ async def test_the_log_line_holds_every_field_and_the_arguments_only_when_allowe
         assert line["args"] == {"order": "A-17", "amount": 250, "card": CARD}
     else:
         assert "args" not in line and CARD not in json.dumps(line)
+    await audit.stop(1.0)
+
+
+@pytest.mark.parametrize("mode", ["hash", "omit"])
+async def test_the_log_line_names_people_as_logging_user_id_says_and_the_store_as_they_are(
+    mode: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = RecordingLog()
+    monkeypatch.setattr(audit_module, "log", log)
+    key = "log-key-0123456789abcdef"
+    settings = LoggingConfig(user_id=mode, user_id_key=key if mode == "hash" else None)
+    metrics = GatewayMetrics()
+    audit = AuditTrail(MemoryState("a"), metrics, AuditConfig, logging=settings)
+    audit.start()
+    audit.record(notice())
+    (line,) = log.named("approval_audit")
+    assert "requester" not in line and "bob" not in json.dumps(line) and "carol" not in json.dumps(line)
+    if mode == "hash":
+        assert line["requester_hash"] == user_id_digest(key, "bob")
+        assert line["approvers"] == [{"user_hash": user_id_digest(key, "carol"), "auth": "api_key"}]
+    else:
+        assert "requester_hash" not in line and line["approvers"] == [{"auth": "api_key"}]
+    await until(lambda: counted(metrics, "stored") == 1)
+    (stored,) = await audit.read()
+    assert stored["requester"] == "bob" and stored["approvers"] == [{"user": "carol", "auth": "api_key"}]
     await audit.stop(1.0)
 
 
