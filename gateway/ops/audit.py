@@ -112,7 +112,11 @@ class AuditTrail:
         if notice.kind not in _RECORDED:
             return
         record = notice.as_json(with_args=self._config().include_args)
-        log.info("approval_audit", **self._as_logged(record))
+        try:
+            log.info("approval_audit", **self._as_logged(record))
+        except Exception as exc:  # noqa: BLE001 - a log that fails must not keep the record from the store
+            with contextlib.suppress(Exception):
+                log.error("approval_audit_failed", approval_id=notice.approval_id, error=type(exc).__name__)
         entry = AuditEntry(notice.approval_id, notice.agent, notice.tool, notice.at, record)
         if self._stopped:
             self._count("failed")

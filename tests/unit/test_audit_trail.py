@@ -325,5 +325,9 @@ async def test_record_never_raises_even_when_the_log_fails(monkeypatch: pytest.M
         info = warning = error = _fail
 
     monkeypatch.setattr(audit_module, "log", Broken())
-    audit = trail(MemoryState("a"), GatewayMetrics())
+    metrics = GatewayMetrics()
+    audit = trail(MemoryState("a"), metrics)
+    audit.start()
     audit.record(notice())  # nothing raised: the decision it records goes on
+    await until(lambda: counted(metrics, "stored") == 1)  # and the store still gets the record
+    await audit.stop(1.0)
