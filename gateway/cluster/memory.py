@@ -6,12 +6,17 @@ ever forwarded. Tests put several replicas on one hub to run the same contract a
 backend (tests/unit/test_cluster_state.py) and to drive the router without a network.
 Chat records expire `ttl` after their last claim, as in Redis; call records after theirs; chat
 states `ttl` after they were last stored.
-Confirmation deadlines live as long as the process.
+Confirmation deadlines live as long as the process, and so does the audit trail's store: a bounded
+deque of records (the newest `audit.keep`, none older than `audit.max_age`) and the set of their
+approval ids, numbered and placed as the Redis backend places them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +25,9 @@ import structlog
 
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
-from .shared import DEADLINE_LEASE, Claim, Inbox, Reassert, RelayEntry, SharedState
+from .shared import (
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, audit_position,
+)
 
 __all__ = ["MemoryHub", "MemoryState"]
 
@@ -49,6 +56,17 @@ class _ChatState:
     expires: float
 
 
+@dataclass(frozen=True)
+class _AuditKept:
+    # Where the store placed it: (milliseconds, sequence), its cursor "<ms>-<seq>".
+    position: tuple[int, int]
+    approval_id: str
+    agent: str
+    tool: str
+    # As JSON, as Redis keeps it (see _ChatState).
+    record: bytes
+
+
 @dataclass
 class _Relay:
     entries: list[RelayEntry] = field(default_factory=list)
@@ -71,6 +89,12 @@ class MemoryHub:
     # a restart: docs/approvals.md).
     deadlines: DeadlineQueue = field(default_factory=DeadlineQueue)
     next_sweep: float = 0.0
+    # The audit trail: its records oldest first, their approval ids, and the wall clock the
+    # records are placed and aged on (as Redis's clock is, for the Redis backend).
+    audit: deque[_AuditKept] = field(default_factory=deque)
+    audit_ids: set[str] = field(default_factory=set)
+    audit_last: tuple[int, int] = (0, 0)
+    wall: Callable[[], float] = time.time
 
 
 class MemoryState(SharedState):
@@ -222,3 +246,41 @@ class MemoryState(SharedState):
 
     async def next_deadline(self) -> float | None:
         return self.hub.deadlines.next_due()
+
+    async def audit_append(self, entry: AuditEntry, *, keep: int, max_age: float) -> bool:
+        hub = self.hub
+        # No await: the check and the append are one step, as the Lua script is in Redis.
+        if entry.approval_id in hub.audit_ids:
+            self._audit_trim(keep, max_age)
+            return False
+        # Placed at the decision's time, unless a record is placed later already: the store's
+        # order is the order of appends (as a Redis stream's).
+        ms = max(int(entry.at * 1000), hub.audit_last[0])
+        seq = hub.audit_last[1] + 1 if ms == hub.audit_last[0] else 0
+        hub.audit_last = (ms, seq)
+        hub.audit.append(_AuditKept((ms, seq), entry.approval_id, entry.agent, entry.tool, orjson.dumps(entry.record)))
+        hub.audit_ids.add(entry.approval_id)
+        self._audit_trim(keep, max_age)
+        return True
+
+    def _audit_trim(self, keep: int, max_age: float) -> None:
+        hub = self.hub
+        oldest = int((hub.wall() - max_age) * 1000)
+        while hub.audit and (len(hub.audit) > keep or hub.audit[0].position[0] < oldest):
+            hub.audit_ids.discard(hub.audit.popleft().approval_id)
+
+    async def audit_read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
+        start = max(int((self.hub.wall() - max_age) * 1000), int((query.since or 0) * 1000))
+        after = audit_position(query.after) if query.after else (-1, -1)
+        end = int(query.until * 1000) if query.until is not None else None
+        found: list[dict[str, Any]] = []
+        for kept in self.hub.audit:
+            ms = kept.position[0]
+            if ms < start or kept.position <= after or not query.matches(kept.agent, kept.tool):
+                continue
+            if (end is not None and ms > end) or len(found) >= query.limit:
+                break
+            record: dict[str, Any] = orjson.loads(kept.record)
+            record["cursor"] = f"{ms}-{kept.position[1]}"
+            found.append(record)
+        return found

@@ -15,12 +15,14 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
   ticket, taken with GETDEL so it opens one socket.
 - `{p}:deadlines`, `{p}:deadline`, `{p}:deadline_claims`: confirmation deadlines (redis_deadlines.py).
 - `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
+- `{p}:audit`, `{p}:audit_ids`: the audit trail's records and their approval ids (redis_audit.py).
 This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
 run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
-redis_records.py's, the deadlines redis_deadlines.py's, each given the client, prefix and seal.
+redis_records.py's, the deadlines redis_deadlines.py's, the audit store redis_audit.py's, each
+given the client, prefix and seal.
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
-ticket records, chat states) is sealed with `sessions.secret` (sealing.py) and opened before use;
+ticket records, chat states, audit records) is sealed with `sessions.secret` (sealing.py) and opened before use;
 what does not open is logged without its content and treated as absent. Inbox messages are stamped
 on Redis's clock inside their seal: one 30 s old, or received already, is a replay. The directory,
 heartbeats and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
@@ -48,12 +50,15 @@ from redis.exceptions import RedisError
 from ..chat.registry import ChatNotFound
 from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
+from .redis_audit import RedisAudit
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
 from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
-from .shared import DEADLINE_LEASE, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown
+from .shared import (
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
+)
 
 __all__ = ["RedisState"]
 
@@ -119,6 +124,7 @@ class RedisState(SharedState):
         # before use (sealing.py): Redis is not trusted with the integrity of gated calls, tickets,
         # relayed chunks and forwarded work.
         self._records = RedisRecords(self._redis, prefix, seal, replica_id, self._redis_ms)
+        self._audit = RedisAudit(self._redis, prefix, seal, self._redis_ms)
         self._inbox_link = RedisInbox(
             self._redis, prefix, seal, replica_id,
             redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
@@ -344,6 +350,12 @@ class RedisState(SharedState):
 
     async def next_deadline(self) -> float | None:
         return await self._op(self._deadlines.next_due())  # type: ignore[no-any-return]
+
+    async def audit_append(self, entry: AuditEntry, *, keep: int, max_age: float) -> bool:
+        return await self._op(self._audit.append(entry, keep=keep, max_age=max_age))  # type: ignore[no-any-return]
+
+    async def audit_read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
+        return await self._op(self._audit.read(query, max_age=max_age))  # type: ignore[no-any-return]
 
     async def _op(self, op: Any) -> Any:
         # One operation of a part (records, inbox, deadlines), which raises what redis-py raises.

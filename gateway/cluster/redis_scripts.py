@@ -5,11 +5,12 @@ on it cannot be split by another replica's command.
   or another agent's chat, and claims of unknown chats while the replicas restore a Redis that lost its data.
 - `OWNER_SET`: a write to a chat record that only its owner may make.
 - `NEW_EPOCH`: the dataset's epoch, created if missing (Redis started, or restarted empty).
+- `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds.
 
 Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 """
 
-__all__ = ["CLAIM", "NEW_EPOCH", "OWNER_SET"]
+__all__ = ["AUDIT_APPEND", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
 
 # ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
 # agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch.
@@ -58,4 +59,42 @@ local ms = 0
 if ARGV[1] == '1' then ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end
 redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ms, 'NX')
 return redis.call('GET', KEYS[1])
+"""
+
+# An audit record, once per approval id, then the store trimmed to its bounds; one step, so two
+# replicas recording the same approval cannot both append it. KEYS: the stream, the approval ids
+# (a sorted set, scored by place, trimmed with the stream). ARGV: approval id, the decision's time
+# (ms), keep, max_age (ms), agent, tool, the sealed record. Returns the entry's id, or nil for a
+# duplicate. Placed at the decision's time unless a later entry is there (a stream's ids only
+# grow), and at Redis's clock if even that is refused (the stream's newest entry was trimmed away).
+AUDIT_APPEND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local oldest = now - tonumber(ARGV[4])
+local keep = tonumber(ARGV[3])
+local function trim()
+  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%.0f', oldest))
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%.0f', oldest))
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(keep + 1))
+end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  trim()
+  return false
+end
+local ms = tonumber(ARGV[2])
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if last[1] then
+  local last_ms = tonumber(string.match(last[1][1], '^(%d+)-'))
+  if last_ms > ms then ms = last_ms end
+end
+local id = redis.pcall('XADD', KEYS[1], 'MAXLEN', keep, string.format('%.0f', ms) .. '-*',
+                       'a', ARGV[5], 't', ARGV[6], 's', ARGV[7])
+if type(id) == 'table' and id.err then
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', keep, '*', 'a', ARGV[5], 't', ARGV[6], 's', ARGV[7])
+end
+redis.call('ZADD', KEYS[2], tonumber(string.match(id, '^(%d+)-')), ARGV[1])
+trim()
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return id
 """

@@ -20,7 +20,9 @@ drives do that):
   one replica at a time once it passed, for a lease (deadline_timer.py answers it on the chat's owner);
 - chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
-  user, and read back under that user only.
+  user, and read back under that user only;
+- the audit trail's store: one record per decided approval (ops/audit.py makes them), appended once
+  per approval id and read back oldest first by any replica, bounded by a count and an age.
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -30,6 +32,7 @@ hosts, sealed (sealing.py): what another party wrote there reads as absent. test
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +40,10 @@ from typing import Any
 from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
 
-__all__ = ["DEADLINE_LEASE", "Claim", "LocalChat", "RelayEntry", "SharedState", "SharedStateDown", "Inbox", "Reassert"]
+__all__ = [
+    "AUDIT_CURSOR", "DEADLINE_LEASE", "AuditEntry", "AuditQuery", "Claim", "LocalChat", "RelayEntry", "SharedState",
+    "SharedStateDown", "Inbox", "Reassert", "audit_position",
+]
 
 # How long a claim on a passed confirmation deadline holds (seconds) before another replica may
 # claim it again. Above the longest one answer takes with the default settings: the chat's claim
@@ -93,6 +99,50 @@ class RelayEntry:
     # None while the response goes on; "done" at its end, "lagged" if the writer fell behind the
     # response's bounded log.
     end: str | None = None
+
+
+# An audit record's place in the store, and the paging cursor: "<ms>-<seq>", as Redis numbers a
+# stream's entries. Both backends number them alike, so a cursor means the same on either.
+AUDIT_CURSOR = re.compile(r"^(\d{1,15})-(\d{1,15})$")
+
+
+def audit_position(cursor: str) -> tuple[int, int]:
+    """The (ms, seq) of a cursor; ValueError when it is not one (the API answers 400)."""
+    match = AUDIT_CURSOR.match(cursor)
+    if match is None:
+        raise ValueError("not an audit cursor: expected <ms>-<seq> as a record's `cursor` says")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One record as appended: the JSON record, and what the store selects on without opening it."""
+
+    approval_id: str
+    agent: str
+    tool: str
+    # The decision's wall-clock time (UNIX seconds): where the store places the record, unless a
+    # record placed later is there already (then at that one's time: the store's order is append order).
+    at: float
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    """Which records to read, oldest first. `since` and `until` (UNIX seconds, inclusive) compare
+    with the record's place in the store (its `cursor`'s milliseconds: the decision's time, or a
+    little later for a record stored late); `after` is the `cursor` of the last record of the
+    previous page."""
+
+    since: float | None = None
+    until: float | None = None
+    agent: str | None = None
+    tool: str | None = None
+    limit: int = 100
+    after: str | None = None
+
+    def matches(self, agent: str, tool: str) -> bool:
+        return (self.agent is None or agent == self.agent) and (self.tool is None or tool == self.tool)
 
 
 class SharedState(abc.ABC):
@@ -234,3 +284,17 @@ class SharedState(abc.ABC):
         """A ticket's record, removed in the same step (a ticket opens one socket), or None if
         unknown, taken already or expired."""
 
+
+    # ---- the audit trail ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def audit_append(self, entry: AuditEntry, *, keep: int, max_age: float) -> bool:
+        """Append a record, unless one for the same approval id is kept already (then False, and
+        nothing changes). Then the store keeps the newest `keep` records, none placed more than
+        `max_age` seconds ago (on the store's clock)."""
+
+    @abc.abstractmethod
+    async def audit_read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
+        """Records that match `query`, oldest first, at most `query.limit`, none placed more than
+        `max_age` seconds ago; each with its `cursor` (its place: pass the last one as `after`
+        for the next page)."""

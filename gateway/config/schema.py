@@ -25,6 +25,7 @@ from .agent import (
     ToolPolicy,
     UpstreamConfig,
 )
+from .audit import AuditConfig
 from .auth import AuthConfig
 from .sections import (
     MIN_SESSIONS_SECRET,
@@ -42,7 +43,7 @@ from .values import Section, parse_duration, parse_size
 
 # The sections' and the values' names are re-exported: a config is read from this module.
 __all__ = [
-    "AgentAccess", "AgentConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig", "InternalConfig",
+    "AgentAccess", "AgentConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig", "InternalConfig",
     "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "SessionsConfig", "ToolPolicy", "UpstreamConfig",
     "WebSocketConfig", "load_config", "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
 ]
@@ -67,6 +68,7 @@ class GatewayConfig(Section):
     internal: InternalConfig = InternalConfig()
     demo: DemoConfig = DemoConfig()
     sessions: SessionsConfig = SessionsConfig()
+    audit: AuditConfig = AuditConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
     # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
     agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)

@@ -30,6 +30,7 @@ from .errors import Handler, error_middleware
 from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
+from ..ops.audit import AuditTrail
 from ..ops.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
@@ -43,6 +44,9 @@ __all__ = ["STATIC_DIR", "create_app"]
 log = structlog.get_logger("adk_gateway.edge.app")
 
 STATIC_DIR = Path(__file__).parents[1] / "static"
+
+# How long a stop waits for the audit records not yet in the shared store (they are in the log).
+_AUDIT_FLUSH = 2.0
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -154,6 +158,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if gateway.jwks is not None:
         gateway.jwks.open()
     await gateway.cluster.start()
+    gateway.audit.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
         agents=[agent.name for agent in gateway.agents],
@@ -166,6 +171,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     await asyncio.gather(*duties, return_exceptions=True)
     await gateway.chats.close()
+    # After the chats (their last approvals are recorded), before the store is left.
+    await gateway.audit.stop(_AUDIT_FLUSH)
     await gateway.cluster.close()
     await gateway.agents.close()
     if gateway.jwks is not None:
@@ -204,6 +211,10 @@ def create_app(config: GatewayConfig) -> web.Application:
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Admission(config.limits), tickets=Tickets(shared), jwks=jwks,
+        # The config read through the gateway at each use, so a reload's `audit:` applies.
+        audit=AuditTrail(
+            shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,
+        ),
     )
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)

@@ -22,6 +22,7 @@ from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
 from ..core.limits import Admission
+from ..ops.audit import AuditTrail
 from ..ops.metrics import GatewayMetrics
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
@@ -43,6 +44,9 @@ class Gateway:
     admission: Admission
     # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
+    # The audit trail of decided approvals: `audit.record(notice)` where an approval ends,
+    # `await audit.read(...)` for the approvals API (ops/audit.py).
+    audit: AuditTrail
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.

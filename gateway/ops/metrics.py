@@ -79,6 +79,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
         ("rule", "approved"), ("rule", "denied"), ("timeout", "timeout"), ("cancel", "cancelled"), ("give_up", "abandoned"),
     ),
     "approval_decision_wait": _each("person", "approver", "rule", "timeout", "cancel", "give_up"),
+    "audit_records": _each("stored", "duplicate", "failed", "dropped"),
 })
 
 # The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
@@ -210,6 +211,13 @@ class GatewayMetrics:
             "adk_gateway_policy_bypassed_total",
             "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
             ["agent", "tool"], registry=r,
+        )
+        self.audit_records = Counter(
+            "adk_gateway_audit_records_total",
+            "Audit records of decided approvals, by what became of them in the shared store: stored, duplicate "
+            "(that approval was recorded already), failed (not stored within the retry bound, or at shutdown: the "
+            "log line has it), dropped (too many waiting for the store).",
+            ["result"], registry=r,
         )
 
     def _gateway_series(self, r: CollectorRegistry) -> None:

@@ -1,0 +1,95 @@
+"""The audit trail's store in Redis (`sessions.backend: redis`): one stream of sealed records.
+
+Two keys, under `sessions.key_prefix` (docs/scaling.md has the table):
+- `{p}:audit`: a stream, one entry per decided approval: its agent and tool in clear (what reads
+  select on) and the record itself, sealed (sealing.py: whoever can write to Redis cannot put a
+  record there that reads as the gateway's). Entry ids are the records' places and the readers'
+  cursors: the decision's time in ms, or a little later for a record stored late.
+- `{p}:audit_ids`: the approval ids of the records kept (a sorted set, scored by place): a second
+  record for the same approval is not appended.
+Both are trimmed at every append to the newest `audit.keep` records, none placed more than
+`audit.max_age` ago on Redis's clock, and expire when nothing was appended for `max_age`; one Lua
+script (redis_scripts.py AUDIT_APPEND) does it all in one round trip. Raises what redis-py raises;
+the owner, RedisState, turns it into SharedStateDown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+
+from .redis_scripts import AUDIT_APPEND
+from .sealing import Seal, Tampered
+from .shared import AuditEntry, AuditQuery, audit_position
+
+__all__ = ["RedisAudit"]
+
+log = structlog.get_logger("adk_gateway.cluster.redis_audit")
+
+# Entries read per XRANGE while a read's filters skip some: a page is a few round trips at most
+# unless the filters match few records (the store is scanned then: keep bounds it).
+_BATCH = 500
+
+
+class RedisAudit:
+    """The audit store of one RedisState (its client, key prefix and seal). `redis_ms`: now on
+    Redis's clock, as of the last heartbeat (None before the first)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, seal: Seal, redis_ms: Callable[[], int | None]) -> None:
+        self._redis = client
+        self._stream = f"{prefix}:audit"
+        self._ids = f"{prefix}:audit_ids"
+        self._seal = seal
+        self._redis_ms = redis_ms
+        self._append = client.register_script(AUDIT_APPEND)
+
+    async def append(self, entry: AuditEntry, *, keep: int, max_age: float) -> bool:
+        sealed = self._seal.seal(orjson.dumps(entry.record), self._stream)
+        placed = await self._append(
+            keys=[self._stream, self._ids],
+            args=[entry.approval_id, int(entry.at * 1000), keep, max(int(max_age * 1000), 1), entry.agent, entry.tool, sealed],
+        )
+        return placed is not None
+
+    async def read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
+        now_ms = self._redis_ms()
+        if now_ms is None:
+            now_ms = int(time.time() * 1000)
+        start_ms = max(now_ms - int(max_age * 1000), int((query.since or 0) * 1000))
+        start = f"{start_ms}-0"
+        if query.after:
+            after = audit_position(query.after)
+            if after >= (start_ms, 0):
+                start = f"({after[0]}-{after[1]}"
+        end = str(int(query.until * 1000)) if query.until is not None else "+"
+        found: list[dict[str, Any]] = []
+        while len(found) < query.limit:
+            batch = await self._redis.xrange(self._stream, start, end, count=_BATCH)
+            for entry_id, fields in batch:
+                if not query.matches(fields.get(b"a", b"").decode(), fields.get(b"t", b"").decode()):
+                    continue
+                record = self._open(fields.get(b"s", b""))
+                if record is None:
+                    continue
+                record["cursor"] = entry_id.decode()
+                found.append(record)
+                if len(found) >= query.limit:
+                    break
+            if len(batch) < _BATCH:
+                break
+            start = "(" + batch[-1][0].decode()
+        return found
+
+    def _open(self, sealed: bytes) -> dict[str, Any] | None:
+        try:
+            record = orjson.loads(self._seal.open(sealed, self._stream))
+        except (Tampered, orjson.JSONDecodeError):
+            # Skipped, without its content: written by someone who does not hold the secret.
+            log.warning("audit_record_tampered")
+            return None
+        return record if isinstance(record, dict) else None
