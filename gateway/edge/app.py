@@ -216,6 +216,8 @@ def create_app(config: GatewayConfig) -> web.Application:
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,
         ),
     )
+    # Every approval decided (whoever decided it) becomes an audit record.
+    chats.notices.add_sink(gateway.audit.record)
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(

@@ -31,3 +31,31 @@ def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(stack: Plugi
     assert metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "denied"}) == denied + 1
     # Nobody was asked: no approval waited, none is pending.
     assert metric_value(base, "adk_gateway_approvals_pending", {"agent": "demo_agent"}) == 0
+    # The audit trail has both, with the rule that decided and the policy it belongs to.
+    audits = {
+        line["rule"]: line for line in stack.gateway.log_lines()
+        if line.get("event") == "approval_audit" and line.get("source") == "rule" and line.get("chat_id") in chats(results)
+    }
+    assert audits.keys() == {"small", "too_large"}
+    assert audits["small"]["outcome"] == "approved" and audits["too_large"]["outcome"] == "denied"
+    assert audits["too_large"]["reason"] == "Payments of 10,000 or more are refused."
+    assert audits["small"]["args_digest"].startswith("sha256:") and "args" not in audits["small"]
+    assert audits["small"]["agent"] == "demo_agent" and audits["small"]["app_name"] == "demo_agent"
+    assert audits["small"]["policy_version"]
+
+
+def chats(results: dict[str, dict]) -> set[str]:
+    return {result["chatId"] for result in results.values()}
+
+
+def test_a_person_s_answer_is_audited_with_its_source(stack: PluginStack) -> None:
+    [result] = run_chats([{
+        "version": 7, "api": f"{stack.gateway.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
+        "steps": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
+    }], timeout=40)
+    [audit] = [
+        line for line in stack.gateway.log_lines()
+        if line.get("event") == "approval_audit" and line.get("chat_id") == result["chatId"]
+    ]
+    assert (audit["source"], audit["outcome"], audit["rule"], audit["tool"]) == ("person", "denied", None, "process_payment")
+    assert audit["waited"] >= 0
