@@ -26,6 +26,7 @@ from .agent import (
     UpstreamConfig,
 )
 from .auth import AuthConfig
+from .notifications import NotificationsConfig
 from .sections import (
     MIN_SESSIONS_SECRET,
     ChatConfig,
@@ -43,7 +44,7 @@ from .values import Section, parse_duration, parse_size
 # The sections' and the values' names are re-exported: a config is read from this module.
 __all__ = [
     "AgentAccess", "AgentConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig", "InternalConfig",
-    "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "SessionsConfig", "ToolPolicy", "UpstreamConfig",
+    "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "NotificationsConfig", "SessionsConfig", "ToolPolicy", "UpstreamConfig",
     "WebSocketConfig", "load_config", "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
 ]
 
@@ -67,6 +68,7 @@ class GatewayConfig(Section):
     internal: InternalConfig = InternalConfig()
     demo: DemoConfig = DemoConfig()
     sessions: SessionsConfig = SessionsConfig()
+    notifications: NotificationsConfig = NotificationsConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
     # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
     agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)
@@ -156,6 +158,7 @@ class GatewayConfig(Section):
                     "the ADK plugin names its agent by app name, so each agent needs its own"
                 )
             problems += self._access_problems(name, agent.access)
+        problems += self.notifications.unknown_agents(self.agents)
         if problems:
             raise ValueError("; ".join(problems))
         return self

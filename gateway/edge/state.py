@@ -23,6 +23,7 @@ from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
 from ..core.limits import Admission
 from ..ops.metrics import GatewayMetrics
+from ..ops.webhooks import Webhooks
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
 
@@ -43,6 +44,8 @@ class Gateway:
     admission: Admission
     # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
+    # Approval notices to the configured webhooks (ops/webhooks.py): `webhooks.notify(notice)`.
+    webhooks: Webhooks
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.
