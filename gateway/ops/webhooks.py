@@ -128,7 +128,7 @@ class Webhooks:
         try:
             self._enqueue(notice)
         except Exception as exc:  # a notice that cannot be sent must not fail the decision it tells of
-            log.error("webhook_notify_failed", approval_id=notice.approval_id, event=notice.kind, error=repr(exc))
+            log.error("webhook_notify_failed", approval_id=notice.approval_id, kind=notice.kind, error=repr(exc))
 
     def _enqueue(self, notice: ApprovalNotice) -> None:
         config = self._config()
@@ -248,21 +248,21 @@ class Webhooks:
         seconds = max(self._wall() - delivery.at, 0.0)
         self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "delivered", seconds)
         log.info(
-            "webhook_delivered", webhook=delivery.hook.name, event=delivery.event, approval_id=delivery.approval_id,
+            "webhook_delivered", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, status=status, seconds=round(seconds, 3),
         )
 
     def _failed(self, delivery: _Delivery, attempts: int, status: int | None, outcome: str, why: str) -> None:
         self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "failed")
         log.warning(
-            "webhook_failed", webhook=delivery.hook.name, event=delivery.event, approval_id=delivery.approval_id,
+            "webhook_failed", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, status=status, outcome=outcome, reason=why,
         )
 
     def _dropped(self, delivery: _Delivery, why: str, *, attempts: int = 0) -> None:
         self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "dropped")
         log.warning(
-            "webhook_dropped", webhook=delivery.hook.name, event=delivery.event, approval_id=delivery.approval_id,
+            "webhook_dropped", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, reason=why,
         )
 
