@@ -156,7 +156,8 @@ class Webhooks:
         if lane is None:
             lane = self._lanes[hook.name] = _Lane(asyncio.Semaphore(hook.concurrency), hook.concurrency)
         elif lane.concurrency != hook.concurrency:
-            # A reload changed it: new deliveries share the new bound; those running keep theirs.
+            # A reload changed it: every delivery takes the new bound from its next attempt on
+            # (calls in flight finish under the old one).
             lane.slots, lane.concurrency = asyncio.Semaphore(hook.concurrency), hook.concurrency
         return lane
 

@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.config.notifications import NotificationsConfig, secret_bytes
+from gateway.config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from gateway.config.schema import ConfigError, parse_config
 from gateway.core.approval_notice import NOTICE_KINDS, ApprovalNotice, Approver
 from gateway.edge.app import create_app
@@ -422,3 +422,48 @@ async def test_the_app_starts_the_sender_exports_its_series_and_delivers(receive
     (headers, body) = receiver.calls[0]
     assert verify(SECRET, headers, body)
     assert json.loads(body)["data"]["links"]["approval"] == "https://gw.example.com/api/approvals/gw-appr%2F1"
+
+
+async def test_a_reload_that_adds_a_webhook_exports_its_series_and_sends_it_the_notices_after_it(
+    receiver: Receiver, tmp_path: Any,
+) -> None:
+    from gateway.edge.reload import reload_config
+
+    base = "internal: {secret: internal-secret-123}\n"
+    async with TestClient(TestServer(create_app(parse_config(base)))) as client:
+        gateway = client.app[GATEWAY]
+        gateway.webhooks.notify(notice())  # no webhook yet: nothing to send
+        path = tmp_path / "gateway.yaml"
+        path.write_text(base + f"notifications:\n  webhooks:\n    - {{name: added, url: '{receiver.url}', secret: {SECRET}}}\n")
+        assert reload_config(gateway, path).ok
+        assert sample(gateway.metrics, "adk_gateway_webhook_deliveries_total", webhook="added", event="expired",
+                      result="dropped") == 0
+        assert gateway.metrics.registry.get_sample_value(
+            "adk_gateway_webhook_attempts_total", {"webhook": "added", "outcome": "timeout"}) == 0
+        gateway.webhooks.notify(notice("expired"))
+        await until(lambda: gateway.webhooks.pending == 0)
+    assert [json.loads(body)["type"] for _, body in receiver.calls] == ["approval.expired"]
+
+
+def test_the_reference_config_example_is_valid_and_its_secret_is_masked_in_logs() -> None:
+    from pathlib import Path
+
+    from gateway.ops.logs import secret_values
+
+    lines = (Path(__file__).resolve().parents[2] / "config" / "gateway.yaml").read_text().splitlines()
+    start = lines.index("# notifications:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line.removeprefix("# ").removeprefix("#"))
+    config = parse_config(
+        "internal: {secret: internal-secret-123}\n" + "\n".join(block) + "\n", env={"APPROVALS_WEBHOOK_SECRET": SECRET}
+    )
+    (hook,) = config.notifications.webhooks
+    assert hook.name == "approvals-channel" and hook.events == ["waiting", "decided", "expired"]
+    # The values it shows are the defaults, as its comment says.
+    assert config.notifications.model_copy(update={"webhooks": []}) == NotificationsConfig()
+    fixed = {"name", "url", "secret"}
+    assert hook.model_dump(exclude=fixed) == WebhookConfig(name="x", url="https://h", secret=SECRET).model_dump(exclude=fixed)
+    assert SECRET in secret_values(config)
