@@ -183,6 +183,8 @@ class Webhooks:
         try:
             while True:
                 attempt += 1
+                # An attempt begun after a stop is the last one; one begun before gets another, now.
+                last = self._stopping.is_set()
                 async with lane.slots:
                     outcome, status, retry_after = await self._attempt(delivery)
                 self._metrics.webhook_attempt(delivery.hook.name, outcome)
@@ -195,7 +197,7 @@ class Webhooks:
                 if attempt >= delivery.max_attempts:
                     self._failed(delivery, attempt, status, outcome, "attempts_exhausted")
                     return
-                if self._stopping.is_set():
+                if last:
                     self._dropped(delivery, "stopped", attempts=attempt)
                     return
                 delay = backoff.failed()
@@ -206,7 +208,7 @@ class Webhooks:
         except asyncio.CancelledError:
             self._dropped(delivery, "stopped", attempts=attempt)
             raise
-        except Exception as exc:  # a bug here must cost this delivery, not the worker's loop
+        except Exception as exc:  # a bug here costs this delivery alone, counted and logged
             log.error("webhook_delivery_error", webhook=delivery.hook.name, approval_id=delivery.approval_id, error=repr(exc))
             self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "failed")
         finally:
