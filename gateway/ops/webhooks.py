@@ -169,11 +169,11 @@ class Webhooks:
         if why is not None:
             self._dropped(delivery, why)
             return
-        lane.pending += 1
-        self._metrics.webhook_queue(delivery.hook.name, lane.pending)
         task = asyncio.get_running_loop().create_task(
             self._deliver(delivery, lane), name=f"webhook-{delivery.hook.name}-{delivery.webhook_id}"
         )
+        lane.pending += 1
+        self._metrics.webhook_queue(delivery.hook.name, lane.pending)
         lane.tasks.add(task)
         task.add_done_callback(lane.tasks.discard)
 
