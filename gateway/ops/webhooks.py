@@ -95,6 +95,9 @@ class _Lane:
 
 
 class Webhooks:
+    """The approval webhooks of one replica: `notify` from the chat layer, `start` and a bounded
+    `stop` with the app. `config` is read at each notice (a reload applies to the notices after it)."""
+
     def __init__(
         self, config: Callable[[], NotificationsConfig], metrics: GatewayMetrics, *,
         wall: Callable[[], float] = time.time, jitter: Callable[[], float] = random.random,
