@@ -131,12 +131,16 @@ ALERT_SERIES_AT_START = [
     ("adk_gateway_runs_total", {"agent": "demo_agent", "outcome": "completed"}),
     ("adk_gateway_upstream_up", {"agent": "demo_agent"}),
     ("adk_gateway_ready", {}),
+    # Per configured webhook (the config below has one).
+    ("adk_gateway_webhook_deliveries_total", {"webhook": "approvals", "event": "waiting", "result": "failed"}),
+    ("adk_gateway_webhook_deliveries_total", {"webhook": "approvals", "event": "decided", "result": "dropped"}),
 ]
 
 
 def test_a_served_gateway_exports_what_the_alerts_read_at_zero(tmp_path: Path) -> None:
     config = DEMO_TOOLS.format(payment_timeout="5m", on_timeout="deny") + (
         f"internal:\n  port: {free_port()}\n  secret: alert-rules-test\n"
+        "notifications:\n  webhooks:\n    - {name: approvals, url: 'http://127.0.0.1:9/hook', secret: alert-rules-webhook-secret}\n"
     )
     with gateway_process(tmp_path, f"http://127.0.0.1:{free_port()}", config) as gw:
         with urllib.request.urlopen(f"{gw.base}/metrics", timeout=10) as resp:

@@ -27,6 +27,7 @@ from .agent import (
 )
 from .audit import AuditConfig
 from .auth import AuthConfig
+from .notifications import NotificationsConfig
 from .sections import (
     MIN_SESSIONS_SECRET,
     ChatConfig,
@@ -43,8 +44,9 @@ from .values import Section, parse_duration, parse_size
 
 # The sections' and the values' names are re-exported: a config is read from this module.
 __all__ = [
-    "AgentAccess", "AgentConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig", "InternalConfig",
-    "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "SessionsConfig", "ToolPolicy", "UpstreamConfig",
+    "AgentAccess", "AgentConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig",
+    "InternalConfig", "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "NotificationsConfig", "SessionsConfig",
+    "ToolPolicy", "UpstreamConfig",
     "WebSocketConfig", "load_config", "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
 ]
 
@@ -69,6 +71,7 @@ class GatewayConfig(Section):
     demo: DemoConfig = DemoConfig()
     sessions: SessionsConfig = SessionsConfig()
     audit: AuditConfig = AuditConfig()
+    notifications: NotificationsConfig = NotificationsConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
     # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
     agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)
@@ -158,6 +161,7 @@ class GatewayConfig(Section):
                     "the ADK plugin names its agent by app name, so each agent needs its own"
                 )
             problems += self._access_problems(name, agent.access)
+        problems += self.notifications.unknown_agents(self.agents)
         if problems:
             raise ValueError("; ".join(problems))
         return self

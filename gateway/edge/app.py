@@ -35,6 +35,7 @@ from ..ops.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
+from ..ops.webhooks import Webhooks
 from ..access.tickets import Tickets
 from . import sse, ws
 from .admit import count_refusal, identify, preflight
@@ -47,6 +48,9 @@ STATIC_DIR = Path(__file__).parents[1] / "static"
 
 # How long a stop waits for the audit records not yet in the shared store (they are in the log).
 _AUDIT_FLUSH = 2.0
+# How long a stop gives webhook calls under way (and deliveries between attempts, one last one):
+# a share of the stop's grace (edge/server.py STOP_GRACE), so a receiver that hangs cannot hold the exit.
+_WEBHOOKS_STOP = 2.0
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -159,6 +163,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         gateway.jwks.open()
     await gateway.cluster.start()
     gateway.audit.start()
+    gateway.webhooks.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
         agents=[agent.name for agent in gateway.agents],
@@ -173,6 +178,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gateway.chats.close()
     # After the chats (their last approvals are recorded), before the store is left.
     await gateway.audit.stop(_AUDIT_FLUSH)
+    # After the chats: the notices of the approvals their close cancels are queued by then.
+    await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
     await gateway.cluster.close()
     await gateway.agents.close()
     if gateway.jwks is not None:
@@ -202,22 +209,27 @@ def shared_state(config: GatewayConfig) -> SharedState:
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
+    metrics_.know_webhooks(config.notifications)
     registry = Registry(config.limits.max_chats_per_user)
     agents = Agents(config, on_health=metrics_.upstream_health)
     chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     shared = shared_state(config)
+    # The config through the gateway, so a reload's notifications apply to the notices after it.
+    webhooks = Webhooks(lambda: gateway.config.notifications, metrics_)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
-        admission=Admission(config.limits), tickets=Tickets(shared), jwks=jwks,
+        admission=Admission(config.limits), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,
         ),
     )
-    # Every approval decided (whoever decided it) becomes an audit record.
+    # Every approval decided (whoever decided it) becomes an audit record; every notice goes to the
+    # webhooks that want it.
     chats.notices.add_sink(gateway.audit.record)
+    chats.notices.add_sink(gateway.webhooks.notify)
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(

@@ -24,6 +24,7 @@ from ..access.jwks import Jwks
 from ..core.limits import Admission
 from ..ops.audit import AuditTrail
 from ..ops.metrics import GatewayMetrics
+from ..ops.webhooks import Webhooks
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
 
@@ -47,6 +48,8 @@ class Gateway:
     # The audit trail of decided approvals: `audit.record(notice)` where an approval ends,
     # `await audit.read(...)` for the approvals API (ops/audit.py).
     audit: AuditTrail
+    # Approval notices to the configured webhooks (ops/webhooks.py): `webhooks.notify(notice)`.
+    webhooks: Webhooks
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.

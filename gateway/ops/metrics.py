@@ -27,14 +27,20 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ..config.agent import ToolPolicy
+    from ..config.notifications import NotificationsConfig
     from ..config.schema import GatewayConfig
 
-__all__ = ["AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "GatewayMetrics"]
+__all__ = [
+    "AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS",
+    "WEBHOOK_RESULTS", "GatewayMetrics",
+]
 
 # Approvals wait for people: from seconds to an hour.
 _APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 # Garbage collector pauses stall every stream at once: from a young collection (~1 ms) to a full one.
 _GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+# From an approval's notice to its webhook call answered 2xx: one attempt (ms) to a receiver down for an hour.
+_WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
 _FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -99,6 +105,14 @@ TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
+# The webhooks' series (ops/webhooks.py), exported at 0 for each configured webhook by `know_webhooks`
+# (the webhook's name comes first, like the agent of AGENT_LABELLED): the notice kinds, how a
+# delivery ended, and how one attempt did.
+WEBHOOK_EVENTS: tuple[str, ...] = ("waiting", "decided", "expired")
+WEBHOOK_RESULTS: tuple[str, ...] = ("delivered", "failed", "dropped")
+WEBHOOK_ATTEMPTS: tuple[str, ...] = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -107,6 +121,7 @@ class GatewayMetrics:
         self._approval_series(self.registry)
         self._gateway_series(self.registry)
         self._gc_series(self.registry)
+        self._webhook_series(self.registry)
         self._export_known_at_zero()
 
     def _browser_series(self, r: CollectorRegistry) -> None:
@@ -276,6 +291,56 @@ class GatewayMetrics:
         )
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
+
+    def _webhook_series(self, r: CollectorRegistry) -> None:
+        """The approval webhooks (ops/webhooks.py): deliveries, attempts, how long a notice took to arrive."""
+        self.webhook_deliveries = Counter(
+            "adk_gateway_webhook_deliveries_total",
+            "Approval notices to deliver to a webhook, by webhook, event (waiting, decided, expired) and result "
+            "(delivered; failed: refused with a 4xx or 3xx, or still failing after notifications.max_attempts; "
+            "dropped: the webhook's queue was full or the gateway stopped first).",
+            ["webhook", "event", "result"], registry=r,
+        )
+        self.webhook_attempts = Counter(
+            "adk_gateway_webhook_attempts_total",
+            "Calls to a webhook, by webhook and outcome (2xx, 3xx, 4xx, 429, 5xx, timeout, error: no answer).",
+            ["webhook", "outcome"], registry=r,
+        )
+        self.webhook_delivery_seconds = Histogram(
+            "adk_gateway_webhook_delivery_seconds",
+            "From an approval's notice to its webhook call answered 2xx, retries included, by webhook.",
+            ["webhook"], buckets=_WEBHOOK_BUCKETS, registry=r,
+        )
+        self.webhook_pending = Gauge(
+            "adk_gateway_webhook_pending",
+            "Deliveries a webhook has on this replica (waiting, in flight or between attempts), by webhook.",
+            ["webhook"], registry=r,
+        )
+
+    def know_webhooks(self, notifications: NotificationsConfig) -> None:
+        """Export each configured webhook's series at 0 until counted. Idempotent: a reload calls it
+        again for the webhooks it adds; series of webhooks it removes stay (at their last value)."""
+        for hook in notifications.webhooks:
+            for event in WEBHOOK_EVENTS:
+                for result in WEBHOOK_RESULTS:
+                    self.webhook_deliveries.labels(hook.name, event, result)
+            for outcome in WEBHOOK_ATTEMPTS:
+                self.webhook_attempts.labels(hook.name, outcome)
+            self.webhook_delivery_seconds.labels(hook.name)
+            self.webhook_pending.labels(hook.name)
+
+    def webhook_delivery(self, webhook: str, event: str, result: str, seconds: float | None = None) -> None:
+        """Count how one delivery ended (WEBHOOK_RESULTS), and how long a delivered one took."""
+        self.webhook_deliveries.labels(webhook, event, result).inc()
+        if seconds is not None:
+            self.webhook_delivery_seconds.labels(webhook).observe(seconds)
+
+    def webhook_attempt(self, webhook: str, outcome: str) -> None:
+        """Count one call to a webhook (WEBHOOK_ATTEMPTS)."""
+        self.webhook_attempts.labels(webhook, outcome).inc()
+
+    def webhook_queue(self, webhook: str, pending: int) -> None:
+        self.webhook_pending.labels(webhook).set(pending)
 
     def _export_known_at_zero(self) -> None:
         """Every known label value at 0 from the start (KNOWN_LABEL_VALUES says why)."""
