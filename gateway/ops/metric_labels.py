@@ -1,0 +1,85 @@
+"""The label values of the gateway's series: which values each labelled series is counted with.
+
+Every one is exported at 0 from the start (ops/metrics.py `GatewayMetrics`), so that an alert on
+`increase()` sees the first event after a restart; tests/unit/test_metrics.py fails when gateway/
+counts with a value missing here. Plain data, in a module of its own so the registry's module
+stays about the series themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = [
+    "AGENT_LABELLED", "HTTP_METHODS", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS",
+    "WEBHOOK_RESULTS",
+]
+
+
+def _each(*values: str) -> tuple[tuple[str, ...], ...]:
+    return tuple((v,) for v in values)
+
+
+# Every label-value tuple each labelled series is counted with, by GatewayMetrics attribute. All are
+# exported at 0 from construction: `increase()` needs a sample from before an event to see it, and a
+# series born at its first increment has none, so an alert on it would miss the first event after
+# every restart. tests/unit/test_metrics.py fails when gateway/ counts with a value missing here.
+# Not listed, so born at first use: http_requests (any status), chunks (any chunk type), and the
+# per-tool series, which `GatewayMetrics.know_agents` creates from each agent's tool policy.
+# Metrics in AGENT_LABELLED carry the agent first; their values here are those after it, and
+# `know_agents` creates them for each agent of the config.
+KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
+    "active_streams": _each("sse", "ws"),
+    "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
+    "runs": _each("completed", "waiting", "error", "cancelled"),
+    "plugin_requests": _each(
+        "run", "respond", "not_gated", "rule", "confirm", "no_browser", "too_many_pending", "unauthorized", "invalid",
+        "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
+    ),
+    "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
+    + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
+    "audio_bytes": _each("in", "out"),
+    "limited": _each(
+        "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
+        "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
+        "agent_not_allowed", "origin_required", "header_timeout",
+    ),
+    "config_reloads": _each("success", "failure"),
+    "jwks_fetches": _each("success", "failure"),
+    "ws_tickets": _each("issued", "redeemed", "refused"),
+    "forwarded": _each("out", "in"),
+    "owner_lost": _each("run", "approval", "gated_call", "stream"),
+    "gc_pause": _each("0", "1", "2"),
+    # Who decided an approval (ApprovalNotice.source) and how it came out.
+    "approval_decisions": (
+        ("person", "approved"), ("person", "denied"), ("approver", "approved"), ("approver", "denied"),
+        ("rule", "approved"), ("rule", "denied"), ("timeout", "timeout"), ("cancel", "cancelled"), ("give_up", "abandoned"),
+    ),
+    "approval_decision_wait": _each("person", "approver", "rule", "timeout", "cancel", "give_up"),
+    "audit_records": _each("stored", "duplicate", "failed", "dropped"),
+})
+
+# The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
+# Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
+AGENT_LABELLED: frozenset[str] = frozenset({
+    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
+    "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
+    "approval_decisions", "approval_decision_wait",
+})
+
+# The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
+TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "approval_wait": ("approved", "denied", "timeout", "cancelled", "abandoned"),
+    "browser_tool_wait": ("output", "error", "timeout", "cancelled", "abandoned"),
+})
+
+
+# The webhooks' series (ops/webhooks.py), exported at 0 for each configured webhook by `know_webhooks`
+# (the webhook's name comes first, like the agent of AGENT_LABELLED): the notice kinds, how a
+# delivery ended, and how one attempt did.
+WEBHOOK_EVENTS: tuple[str, ...] = ("waiting", "decided", "expired")
+WEBHOOK_RESULTS: tuple[str, ...] = ("delivered", "failed", "dropped")
+WEBHOOK_ATTEMPTS: tuple[str, ...] = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
