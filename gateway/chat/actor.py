@@ -101,7 +101,8 @@ class ChatActor:
         try:
             self._carry_out(outputs)
         finally:
-            self.upstream_wait.set(self.machine.waiting_for_person)
+            # ADK's stream is silent while a call waits, whoever decides it: no idle timeout then.
+            self.upstream_wait.set(self.machine.waiting_for_decision)
             self._arm()
         return outputs
 

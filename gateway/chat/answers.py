@@ -17,7 +17,7 @@ from ..core.refusals import Refusal
 from ..core.chat_request import ApprovalAnswer, ToolOutput
 from .registry import Registry
 
-__all__ = ["LOST_APPROVAL", "Forbidden", "Gone", "pending_outputs", "split_answers"]
+__all__ = ["LOST_APPROVAL", "ForApprovers", "Forbidden", "Gone", "pending_outputs", "split_answers"]
 
 log = structlog.get_logger("adk_gateway.chat.answers")
 
@@ -31,6 +31,13 @@ class Forbidden(Refusal):
 
     status = 403
     code = "forbidden"
+
+
+class ForApprovers(Refusal):
+    """The request answers an approval that its approvers decide, through the approvals API."""
+
+    status = 403
+    code = "approval_for_approvers"
 
 
 class Gone(Refusal):
@@ -66,6 +73,10 @@ def split_answers(
         if owner is not chat:
             log.warning("approval_of_another_chat", approval_id=answer.approval_id, owner_chat=call.chat_id)
             raise Forbidden("this approval belongs to another chat")
+        if call.for_approver:
+            # Four-eyes and quorums hold only if the chat cannot answer for the approvers.
+            log.warning("approval_for_approvers", approval_id=answer.approval_id, approvers=call.approvers)
+            raise ForApprovers(f"this approval is decided by its approvers ({call.approvers}) through the approvals API")
         gated.append((answer, call))
     return gated, native
 

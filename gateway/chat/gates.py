@@ -20,7 +20,7 @@ import structlog
 from ..upstream.agents import Agents
 from ..config.rules import decide
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.chat_events import CallCancelled, GateOpened, PluginAsked
+from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, PluginAsked
 from ..core.chat_outputs import AskAnswered
 from .notices import Notices
 from .record import Chat
@@ -60,6 +60,11 @@ class Gates:
     def now(self) -> float:
         return self._clock()
 
+    def agent_of(self, user_id: str, session_id: str) -> str:
+        """The agent of the chat behind an ADK session here ("" when no chat here has it)."""
+        chat = self._registry.find_session(user_id, session_id)
+        return chat.agent if chat is not None else ""
+
     def runs_here(self, user_id: str, session_id: str) -> bool:
         """Whether this process is running the chat behind an ADK session right now."""
         chat = self._registry.find_session(user_id, session_id)
@@ -91,21 +96,10 @@ class Gates:
             user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
             tool=tool, args=args, policy=policy, now=self._clock(),
         )
-        if policy.rules and chat.ledger.call(tool_call_id) is None:
-            decision = decide(
-                policy.rules, args=args, tool=tool, agent=agent.name, user=user_id, claims=chat.claims,
-                default="ask" if policy.approval else "approve",
-            )
-            if decision.error is not None:
-                log.warning("rule_failed", rule=decision.rule, error=decision.error)
-            if decision.decide == "ask":
-                if confirm:
-                    return CONFIRM
-                opened.rule = decision.rule
-            else:
-                opened.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
-        elif confirm and chat.ledger.call(tool_call_id) is None:
-            return CONFIRM  # nothing to decide by rule: ADK asks, as for a tool without rules
+        if chat.ledger.call(tool_call_id) is None:
+            verdict = self._decide_first(opened, agent.name, chat, confirm=confirm)
+            if verdict is not None:
+                return verdict
         [answer, *_] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
         assert isinstance(answer, AskAnswered)
         if answer.call is None:
@@ -126,6 +120,30 @@ class Gates:
             self.announce(call)
         return call
 
+    def _decide_first(self, call: GatedCall, agent: str, chat: Chat, *, confirm: bool) -> Verdict | None:
+        """The tool's rules, then who answers what they ask: the call decided by a rule (released),
+        or given its approvers; CONFIRM when ADK's confirmation asks the chatting person instead."""
+        policy = call.policy
+        decision = None
+        if policy.rules:
+            decision = decide(
+                policy.rules, args=call.args, tool=call.tool, agent=agent, user=call.user_id, claims=chat.claims,
+                default="ask" if policy.approval else "approve",
+            )
+            if decision.error is not None:
+                log.warning("rule_failed", rule=decision.rule, error=decision.error)
+            if decision.decide != "ask":
+                call.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
+                return None
+            call.rule = decision.rule
+        spec = policy.asks(call.rule) if decision is not None or policy.approval else None
+        if spec is not None:
+            # Approvers answer through the API: the plugin waits on this request (as in hold mode)
+            # while the chatting person's stream says whom it waits for.
+            call.approvers, call.self_approval, call.quorum = spec.group, spec.self_approval, spec.quorum
+            return None
+        return CONFIRM if confirm else None
+
     def find(self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str) -> GatedCall | None:
         """The call the plugin of ADK app `app_name` already asked about for this tool call, if any:
         a repeated ask (the plugin asking again after a replica handed its request back, or after
@@ -144,6 +162,23 @@ class Gates:
         chat = self._registry.find_session(call.user_id, call.session_id)
         if chat is not None and chat.running:
             chat.actor.handle(GateOpened(call, self._clock()))
+
+    def decide_for_approvers(
+        self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,
+        deciders: list[dict[str, str]],
+    ) -> str:
+        """Approvers decided a call through the approvals API (their quorum reached): applied as the
+        chatting person's answer would be. `decided`, `already` (released before: a deadline, the
+        end of the run) or `gone` (no such call in a chat here)."""
+        chat = self._registry.find_session(user_id, session_id)
+        call = chat.ledger.by_approval(approval_id) if chat is not None else None
+        if chat is None or call is None:
+            return "gone"
+        if not call.for_approver:
+            return "already"
+        call.decided_by, call.deciders = "approver", deciders
+        chat.actor.handle(ApproversDecided(call, approved, reason, self._clock()))
+        return "decided"
 
     def cancel(self, call: GatedCall, why: str) -> None:
         chat = self._registry.find_session(call.user_id, call.session_id)

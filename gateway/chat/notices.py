@@ -20,7 +20,7 @@ import orjson
 import structlog
 
 from ..config.schema import GatewayConfig
-from ..core.approval_notice import ApprovalNotice, NoticeKind
+from ..core.approval_notice import ApprovalNotice, Approver, NoticeKind
 from ..core.approvals import GatedCall
 from ..core.ledger import NativeConfirmation
 from ..ops.metrics import GatewayMetrics
@@ -33,6 +33,13 @@ Sink = Callable[[ApprovalNotice], None]
 
 # A native confirmation's outcome as the browser or the gateway gave it -> who decided.
 _NATIVE_SOURCE = {"approved": "person", "denied": "person", "timeout": "timeout", "cancelled": "cancel"}
+
+
+def _deciders(call: GatedCall, source: str | None) -> tuple[Approver, ...]:
+    if call.deciders:
+        return tuple(Approver(d["user"], d["auth"]) for d in call.deciders)
+    # The chatting person answered in their own chat, as their chat requests authenticate.
+    return (Approver(call.user_id, "chat"),) if source == "person" else ()
 
 
 class Notices:
@@ -68,7 +75,8 @@ class Notices:
         return ApprovalNotice(
             kind, call.id, agent, self._app(agent), call.tool, call.tool_call_id, call.chat_id, call.user_id,
             call.args, self._wall(), rule=call.rule, reason=call.reason, policy_version=self._version(),
-            asks=() if kind != "waiting" else ("the chatting user",), **decided,
+            approvers=_deciders(call, decided.get("source")),
+            asks=() if kind != "waiting" else (call.approvers or "the chatting user",), **decided,
         )
 
     # ---- ADK confirmations (confirm mode, native tools) -----------------------------------
@@ -92,6 +100,7 @@ class Notices:
         return ApprovalNotice(
             kind, confirmation.approval_id, agent, self._app(agent), confirmation.tool, confirmation.tool_call_id,
             chat_id, user, dict(confirmation.args or {}), self._wall(), policy_version=self._version(),
+            approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
             asks=() if kind != "waiting" else ("the chatting user",), **decided,
         )
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import structlog
 
 from ..chat.service import ChatService
+from ..core.approvals import RUN, Verdict
 from ..core.refusals import HttpError, refusal
 from ..core.limits import Limited
 from ..core.chat_request import parse_chat_body
@@ -29,6 +30,8 @@ from .messages import (
     Abort,
     Answer,
     Audio,
+    Decide,
+    Decided,
     Expire,
     Forwarded,
     Gate,
@@ -176,7 +179,14 @@ class ForwardedRequests:
     async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
         return await self._gates.serve(work, asked)
 
+    async def _decide(self, work: Decide, asked: Forwarded) -> Answer:
+        result = self._chats.gates.decide_for_approvers(
+            user_id=work.user, session_id=work.session, approval_id=work.approval, approved=work.approved,
+            reason=work.reason or None, deciders=list(work.deciders.get("deciders", [])),
+        )
+        return Decided(RUN if work.approved else Verdict.refuse("decided by approvers"), result)
+
     DISPATCH: ClassVar[Mapping[type[Work], Handler]] = MappingProxyType({
         Submit: _submit, Resume: _resume, Audio: _audio, Abort: _abort, SocketClosed: _socket_closed,
-        Unfollow: _unfollow, Gate: _gate, Expire: _expire,
+        Unfollow: _unfollow, Gate: _gate, Expire: _expire, Decide: _decide,
     })

@@ -146,8 +146,23 @@ class Expire(_Work):
     deadline: str
 
 
-Work = Submit | Resume | Audio | Abort | SocketClosed | Unfollow | Gate | Expire
-WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Unfollow, Gate, Expire)
+@dataclass(frozen=True)
+class Decide(_Work):
+    """Approvers decided gated call `approval` (their quorum reached, through the approvals API): the
+    owner applies it. Answered with `Decided`, its result `decided`, `already` or `gone`."""
+
+    op: ClassVar[str] = "decide"
+    user: str
+    session: str
+    approval: str
+    approved: Flag
+    reason: str
+    # {"deciders": [{"user", "auth"}, ...]}: who decided, for the audit trail.
+    deciders: dict[str, Any]
+
+
+Work = Submit | Resume | Audio | Abort | SocketClosed | Unfollow | Gate | Expire | Decide
+WORK: tuple[type[Work], ...] = (Submit, Resume, Audio, Abort, SocketClosed, Unfollow, Gate, Expire, Decide)
 _WORK_BY_OP: MappingProxyType[str, type[Work]] = MappingProxyType({kind.op: kind for kind in WORK})
 
 

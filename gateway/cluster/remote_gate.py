@@ -27,11 +27,12 @@ import orjson
 import structlog
 
 from ..config.agent import ToolPolicy
-from ..core.approvals import GatedCall, Verdict
+from ..core.approvals import CallState, GatedCall, Verdict
 from ..chat.service import ChatService
 from ..core.refusals import HttpError, Refusal
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import cancel_and_wait
+from .approval_desk import ApprovalDesk
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
 from .shared import SharedState, SharedStateDown
@@ -86,6 +87,8 @@ class RemoteGate:
         self._forward_timeout = forward_timeout
         # Verdicts of calls waiting on another replica, by approval id.
         self._verdicts: dict[str, asyncio.Future[Decided]] = {}
+        # Lists the calls that wait for a decision for the approvals API (the cluster sets it).
+        self.desk: ApprovalDesk | None = None
         # Set when this replica starts to stop: what it holds for other replicas is handed back.
         self._handing_over = asyncio.Event()
 
@@ -231,12 +234,16 @@ class RemoteGate:
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened
             await self._record_open(call)
+            if self.desk is not None and call.state is CallState.AWAITING_APPROVAL:
+                await self.desk.opened(call)
         if on_waiting is not None and not call.released:
             await on_waiting(call)
         if not reattached:
             # Shown by the ask that opened it, once recorded: a repeated ask shows nothing.
             gates.announce(call)
         verdict = await gates.wait(call)
+        if self.desk is not None and not reattached:
+            self._tasks.spawn(self.desk.closed(call.id))
         if on_waiting is not None:
             # Another replica holds the plugin's request and reads the verdict from the record
             # if the message is lost: keep trying through a Redis outage.

@@ -54,6 +54,7 @@ from .messages import (
     from_json,
 )
 from .relay import Relays
+from .approval_desk import ApprovalDesk
 from .remote_gate import RemoteGate
 from .shared import Claim, LocalChat, SharedState, SharedStateDown
 from .state_keeper import StateKeeper
@@ -95,6 +96,8 @@ class Cluster:
             state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout
         )
         self._forwarded = ForwardedRequests(state, chats, metrics, self.relays, self._gates)
+        # The approvals API's directory and decisions (approval_desk.py); the gate lists its calls.
+        self.approvals = self._gates.desk = ApprovalDesk(state, chats, self._asker.ask)
         # Run marks waiting to be written to the directory: only the latest per chat matters.
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()

@@ -114,7 +114,7 @@ _TEXTS = ("id", "user_id", "chat_id", "session_id", "tool_call_id", "tool")
 _TIMES = ("created", "deadline", "waiting_since")
 _CALL_KEYS = (*_TEXTS, "args", "policy", *_TIMES, "state", "outcome", "verdict", "approved")
 # Written since issue 26; a snapshot of an older replica has none of them (read as unset).
-_DECISION_KEYS = ("rule", "reason", "decided_by")
+_DECISION_KEYS = ("rule", "reason", "decided_by", "approvers", "self_approval", "quorum", "deciders")
 
 
 @dataclass(eq=False)
@@ -139,8 +139,16 @@ class GatedCall:
     rule: str | None = None
     # The reason given with the decision (the rule's, or the person's denial).
     reason: str | None = None
-    # Set when a rule decided it: `rule` (else the source follows from the outcome: `source`).
+    # Set when a rule decided it: `rule`; an approver through the API: `approver` (else the source
+    # follows from the outcome: `source`).
     decided_by: str | None = None
+    # Who answers, when not the chatting user: a group of `approvers.groups` (config/approvers.py),
+    # whether the requester may answer too, and how many distinct approvers must approve.
+    approvers: str | None = None
+    self_approval: bool = True
+    quorum: int = 1
+    # The people who decided it ({"user", "auth"} each), for the audit trail.
+    deciders: list[dict[str, str]] = field(default_factory=list)
 
     @classmethod
     def open(
@@ -163,6 +171,16 @@ class GatedCall:
         return self.policy.runs_in == "browser"
 
     # ---- transitions: each returns True when it changed the call ---------------------------
+
+    @property
+    def for_approver(self) -> bool:
+        """Waits for approvers through the approvals API, not for the chatting user's answer in the chat."""
+        return self.approvers is not None and self.state is CallState.AWAITING_APPROVAL
+
+    @property
+    def decided_elsewhere(self) -> bool:
+        """Decided by a rule or by approvers, not in the chat's stream: the browser holds no answer of its own."""
+        return self.decided_by == "rule" or self.approvers is not None
 
     @property
     def source(self) -> str | None:
@@ -192,7 +210,8 @@ class GatedCall:
         if reason:
             self.reason = reason
         if not approved:
-            text = "The user rejected this tool call; it was not run."
+            who = "An approver" if self.decided_by == "approver" else "The user"
+            text = f"{who} rejected this tool call; it was not run."
             self._release(Verdict.refuse(f"{text} Reason: {reason}" if reason else text, "denied"), Outcome.DENIED)
         elif self.runs_in_browser:
             # Approved: now the browser runs it, with a fresh deadline for that wait.
@@ -259,6 +278,8 @@ class GatedCall:
                 "run": verdict.run, "response": copy.deepcopy(verdict.response), "reason": verdict.reason,
             },
             "approved": self.approved, "rule": self.rule, "reason": self.reason, "decided_by": self.decided_by,
+            "approvers": self.approvers, "self_approval": self.self_approval, "quorum": self.quorum,
+            "deciders": copy.deepcopy(self.deciders),
         }
 
     @classmethod
@@ -280,7 +301,9 @@ class GatedCall:
             *(text(fields, key, where) for key in _TEXTS), json_object(fields, "args", where), policy,
             number(fields, "created", where), number(fields, "deadline", where), state, outcome, verdict,
             number(fields, "waiting_since", where), flag(fields, "approved", where),
-            *(text(fields, key, where, optional=True) if key in fields else None for key in _DECISION_KEYS),
+            *(text(fields, key, where, optional=True) if key in fields else None for key in _DECISION_KEYS[:4]),
+            flag(fields, "self_approval", where) if "self_approval" in fields else True,
+            _quorum(fields, where), _deciders(fields, where),
         )
 
     # ---- how the browser should see the outcome -----------------------------------------
@@ -291,6 +314,22 @@ class GatedCall:
         if self.outcome in (Outcome.DENIED, Outcome.CANCELLED):
             return True
         return self.outcome is Outcome.TIMEOUT and self.policy.on_timeout == "deny"
+
+
+def _quorum(fields: dict[str, Any], where: str) -> int:
+    value = fields.get("quorum", 1)
+    if type(value) is not int or value < 1:
+        raise MalformedLedger(f"{where}.quorum: expected a whole number of at least 1")
+    return value
+
+
+def _deciders(fields: dict[str, Any], where: str) -> list[dict[str, str]]:
+    value = fields.get("deciders", [])
+    if not isinstance(value, list) or not all(
+        isinstance(d, dict) and set(d) == {"user", "auth"} and all(isinstance(v, str) for v in d.values()) for d in value
+    ):
+        raise MalformedLedger(f"{where}.deciders: expected a list of {{user, auth}}")
+    return [dict(d) for d in value]
 
 
 def _verdict(data: Any, where: str) -> Verdict:

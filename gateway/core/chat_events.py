@@ -17,7 +17,7 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "AnswersGoing", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
+    "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
     "PluginAsked", "RunStarts", "RunWanted", "Settled", "StateRestored", "UpstreamRead",
 ]
@@ -72,6 +72,17 @@ class Answered:
 
     decisions: Iterable[Decision]
     outputs: Iterable[BrowserResult]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApproversDecided:
+    """Approvers decided a call through the approvals API: nobody in the chat answered, so no
+    request reads a held response because of it."""
+
+    call: GatedCall
+    approved: bool
+    reason: str | None
     now: float
 
 
@@ -218,5 +229,5 @@ class StateRestored:
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
-    | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted
+    | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided
 )

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from .approvals import CallState, GatedCall
 from .chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
     DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
     StateRestored,
     UpstreamRead,
@@ -48,12 +48,12 @@ class MachineError(Exception):
 
 
 _RUN_EVENTS: Final = (
-    UpstreamRead, GateOpened, Attached, Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
+    UpstreamRead, GateOpened, Attached, Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
     RunClosed,
 )
 # Between runs a late answer, cancel, deadline or end reaches the last turn, which no longer
 # writes but still releases a call and reports once; nothing may feed it events or attach to it.
-_AFTER_RUN: Final = (Answered, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
+_AFTER_RUN: Final = (Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
 
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
@@ -99,6 +99,11 @@ class ChatMachine:
     @property
     def waiting_for_person(self) -> bool:
         return self.running and self.ledger.waiting_for_person
+
+    @property
+    def waiting_for_decision(self) -> bool:
+        """The run waits for someone's decision: the chatting person's, or approvers' elsewhere."""
+        return self.running and self.ledger.gates_open
 
     def next_deadline(self) -> float | None:
         """When the earliest call still waiting for a person times out; None if none waits."""
@@ -150,6 +155,9 @@ class ChatMachine:
 
     def _answer(self, event: Answered) -> list[Output]:
         return self._current().answer(event.decisions, event.outputs, event.now)
+
+    def _approvers_decided(self, event: ApproversDecided) -> list[Output]:
+        return self._current().approvers_decided(event.call, event.approved, event.reason, event.now)
 
     def _resume(self, event: Resumed) -> list[Output]:
         return self._current().resume()
@@ -288,6 +296,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     GateOpened: ChatMachine._show,
     Attached: ChatMachine._attach,
     Answered: ChatMachine._answer,
+    ApproversDecided: ChatMachine._approvers_decided,
     Resumed: ChatMachine._resume,
     Settled: ChatMachine._settle,
     CallCancelled: ChatMachine._cancel,

@@ -42,6 +42,38 @@ def _approval_request(approval_id: str, tool_call_id: str, hint: str | None) -> 
     return chunk
 
 
+def _approval_pair(call: GatedCall, *, automatic: bool = False) -> list[Chunk]:
+    """ai 7's record of a decision the browser did not make: the request, then its response."""
+    request: Chunk = {"type": "tool-approval-request", "approvalId": call.id, "toolCallId": call.tool_call_id}
+    if automatic:
+        request["isAutomatic"] = True
+    descriptor = {key: value for key, value in (("rule", call.rule), ("approvers", call.approvers)) if value}
+    if descriptor:
+        request["approvalDescriptor"] = descriptor
+    response: Chunk = {"type": "tool-approval-response", "approvalId": call.id, "approved": call.approved}
+    if call.reason:
+        response["reason"] = call.reason
+    return [request, response]
+
+
+def _approver_part(call: GatedCall, state: str) -> Chunk:
+    """The data part (`data-approval`, updated in place by its id) of a call approvers decide."""
+    data: dict[str, Any] = {
+        "approvalId": call.id, "toolCallId": call.tool_call_id, "state": state, "approvers": call.approvers,
+        "quorum": call.quorum,
+    }
+    if call.rule:
+        data["rule"] = call.rule
+    if call.policy.hint:
+        data["hint"] = call.policy.hint
+    if state == "decided":
+        data["approved"] = call.approved
+        data["by"] = [d["user"] for d in call.deciders]
+        if call.reason:
+            data["reason"] = call.reason
+    return {"type": "data-approval", "id": call.id, "data": data}
+
+
 def _is_default_hint(hint: Any) -> bool:
     # ADK's generated hint instructs the model, not the person; a tool's own hint is worth showing.
     return not isinstance(hint, str) or hint.startswith("Please approve or reject the tool call ")
@@ -235,7 +267,11 @@ class Converter(MessageWriter):
         """The plugin opened a gated call: show it and, if it needs one, ask for approval."""
         out: list[Chunk] = []
         self._show_tool(out, call.tool_call_id, call.tool, call.args)
-        if call.state is CallState.AWAITING_APPROVAL:
+        if call.for_approver:
+            # Not the chatting person's to answer: no approval request (its part would wait for
+            # their answer), a data part that says whom it waits for (ai 6 and ai 7 alike).
+            out.append(_approver_part(call, "waiting"))
+        elif call.state is CallState.AWAITING_APPROVAL:
             out.append(_approval_request(call.id, call.tool_call_id, call.policy.hint))
         return out
 
@@ -248,20 +284,20 @@ class Converter(MessageWriter):
         self._show_tool(out, call.tool_call_id, call.tool, call.args)
         # The tool's own default letting a call run (a tool gated only for its rules) asks nothing.
         if self.version >= 7 and (call.rule is not None or call.policy.approval or not call.approved):
-            request: Chunk = {
-                "type": "tool-approval-request", "approvalId": call.id, "toolCallId": call.tool_call_id, "isAutomatic": True,
-            }
-            if call.rule:
-                request["approvalDescriptor"] = {"rule": call.rule}
-            response: Chunk = {"type": "tool-approval-response", "approvalId": call.id, "approved": call.approved}
-            if call.reason:
-                response["reason"] = call.reason
-            out += [request, response]
+            out += _approval_pair(call, automatic=True)
         return out
 
     def gate_moved(self, call: GatedCall) -> list[Chunk]:
         """A gated call moved on; what the browser must see now (the outcome itself comes as
         ADK's function response)."""
+        if call.approvers is not None and call.released:
+            # Approvers decided (or nobody did): the data part says so, and ai 7's tool part gets
+            # the decision as its approval, so that its outcome reads as it does after a person's.
+            ended = "decided" if call.decided_by == "approver" else call.outcome.value if call.outcome else "ended"
+            out = [_approver_part(call, ended)]
+            if self.version >= 7:
+                out += _approval_pair(call)
+            return out
         if call.state is CallState.AWAITING_OUTPUT and call.policy.approval and call.runs_in_browser:
             # Approved: hand the held call to the browser. No new step: the chunk updates the tool
             # part where it stands (a new step would make the client add a second part).

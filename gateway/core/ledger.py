@@ -215,8 +215,9 @@ class Ledger:
 
     @property
     def waiting_for_person(self) -> bool:
-        """Every gated call the run expects was shown, and at least one waits for a person."""
-        return bool(self._open) and not self._expected
+        """Every gated call the run expects was shown, and at least one waits for the chatting
+        person's answer (one that waits for approvers elsewhere does not end the response)."""
+        return bool(self._open) and not self._expected and any(not c.for_approver for c in self._open.values())
 
     def concerns(self, tool_call_id: str) -> bool:
         """Whether a gated call, an expectation, a native confirmation or a native denial concerns
@@ -228,14 +229,13 @@ class Ledger:
         )
 
     def shown_as_denied(self, tool_call_id: str, *, automatic_too: bool = True) -> bool:
-        """`tool-output-denied` for the call; a rule's denial only `automatic_too` (ai 6 holds a
-        denied part only with the person's approval response, which a rule's decision has not)."""
+        """`tool-output-denied` for the call; one decided by a rule or by approvers only
+        `automatic_too` (ai 6 holds a denied part only with the person's approval response, which
+        such a decision has not)."""
         if tool_call_id in self._denied:
             return True
         call = self._calls.get(tool_call_id)
-        return (
-            call is not None and call.released and call.shown_as_denied and (automatic_too or call.decided_by != "rule")
-        )
+        return call is not None and call.released and call.shown_as_denied and (automatic_too or not call.decided_elsewhere)
 
     def answered_in_browser(self, tool_call_id: str) -> bool:
         """The browser produced the call's output itself: ADK's echo of it is not news to it."""

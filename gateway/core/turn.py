@@ -222,6 +222,14 @@ class Turn:
         self._pause(out)
         return out
 
+    def approvers_decided(self, call: GatedCall, approved: bool, reason: str | None, now: float) -> list[Output]:
+        """Approvers decided `call` through the approvals API. Nobody in the chat answered: the
+        response goes on where it is (its reader, if any, sees the outcome)."""
+        out: list[Output] = []
+        self._decide(out, [(call, approved, reason)], now)
+        self._pause(out)
+        return out
+
     def resume(self) -> list[Output]:
         """A reconnecting browser reads the held response: ended with `tool-calls` if the run still
         waits for a person (so the AI SDK can answer), else followed as it streams on."""
