@@ -7,7 +7,8 @@ is kept until its TTL or until dropped; listings are of pending approvals, oldes
 agent and tool; a vote is counted in one step with every other (quorum, one deny decides, one vote
 per user, nothing after the decision), so two votes at once never both decide.
 The Redis-only tests at the end: what a party who can write to Redis but holds no secret writes
-there (a record, a vote, a decision) is not read as the gateway's, and is logged without its content.
+there (a record, a vote, a decision) is not read as the gateway's, and is logged without its content;
+every key has a TTL; a Redis that is down is said at once (SharedStateDown), never read as "no approval".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,7 +28,7 @@ from gateway.cluster import redis_approvals as approvals_module
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
-from gateway.cluster.shared import SharedState, count_vote
+from gateway.cluster.shared import SharedState, SharedStateDown, count_vote
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
 
@@ -359,3 +361,40 @@ async def test_every_key_has_a_ttl(forger: tuple[RedisState, RedisState, aioredi
     assert 0 < ttls[":approval:gw-1"] <= 30_000
     # The index lives as long as its longest-lived approval.
     assert 60_000 < ttls[":approvals"] <= 120_000
+
+
+async def test_with_redis_down_every_method_says_so_at_once_and_works_again_after(tmp_path: Path) -> None:
+    """A replica that cannot reach the directory answers SharedStateDown (503), never "no approval"
+    nor "gone" (a vote that seems gone would read as decided elsewhere)."""
+    server = RedisServer(tmp_path)
+    server.start()
+    state = _redis_state(server, "a", "down-approvals")
+    try:
+        await state.start(lambda message: None, lambda: [])
+        await state.put_approval(approval("gw-1", time.time()), ttl=TTL)
+        await asyncio.to_thread(server.stop)
+        calls = [
+            lambda: state.put_approval(approval("gw-2", time.time()), ttl=TTL),
+            lambda: state.get_approval("gw-1"),
+            lambda: state.list_approvals(),
+            lambda: state.vote_approval("gw-1", "sup-1", True, 1),
+            lambda: state.drop_approval("gw-1"),
+        ]
+        for call in calls:
+            started = time.perf_counter()
+            with pytest.raises(SharedStateDown):
+                await call()
+            assert time.perf_counter() - started < 3.0
+        assert not state.available
+        # Back, empty (no persistence): what was pending is gone with it, and the directory works.
+        await asyncio.to_thread(server.start)
+        deadline = time.monotonic() + 5
+        while not state.available:
+            assert time.monotonic() < deadline, "the replica did not see Redis come back"
+            await asyncio.sleep(0.05)
+        assert await state.get_approval("gw-1") is None
+        await state.put_approval(approval("gw-3", time.time()), ttl=TTL)
+        assert (await state.vote_approval("gw-3", "sup-1", True, 1)).state == "decided_approved"
+    finally:
+        await state.close()
+        server.stop()
