@@ -398,3 +398,16 @@ async def test_with_redis_down_every_method_says_so_at_once_and_works_again_afte
     finally:
         await state.close()
         server.stop()
+
+
+async def test_a_listing_forgets_the_ids_whose_approval_expired(forger: tuple[RedisState, RedisState, aioredis.Redis, str]) -> None:
+    a, b, client, prefix = forger
+    now = time.time()
+    await a.put_approval(approval("short", now), ttl=0.2)
+    await a.put_approval(approval("long", now + 1), ttl=TTL)
+    await asyncio.sleep(0.4)
+    assert await client.zrange(f"{prefix}:approvals", 0, -1) == [b"short", b"long"]  # Redis expired the hash only
+    assert await ids(b) == ["long"]
+    assert await client.zrange(f"{prefix}:approvals", 0, -1) == [b"long"]
+    await b.drop_approval("long")
+    assert await client.exists(f"{prefix}:approvals") == 0
