@@ -16,14 +16,17 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:deadlines`, `{p}:deadline`, `{p}:deadline_claims`: confirmation deadlines (redis_deadlines.py).
 - `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
 - `{p}:audit`, `{p}:audit_ids`: the audit trail's records and their approval ids (redis_audit.py).
+- `{p}:approval:{id}`, `{p}:approvals`: the pending approvals and their index (redis_approvals.py).
 This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
 run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
-redis_records.py's, the deadlines redis_deadlines.py's, the audit store redis_audit.py's, each
-given the client, prefix and seal.
+redis_records.py's, the deadlines redis_deadlines.py's, the audit store redis_audit.py's, the
+approvals directory redis_approvals.py's, each given the client, prefix and seal.
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
-ticket records, chat states, audit records) is sealed with `sessions.secret` (sealing.py) and opened before use;
-what does not open is logged without its content and treated as absent. Inbox messages are stamped
+ticket records, chat states, audit records, pending approvals and their votes) is sealed with
+`sessions.secret` (sealing.py) and opened before use; what does not open is logged without its
+content and treated as absent (an approval's state and votes sit beside its seal, each vote with a
+tag of its own: redis_approvals.py). Inbox messages are stamped
 on Redis's clock inside their seal: one 30 s old, or received already, is a replay. The directory,
 heartbeats and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
 
@@ -50,6 +53,7 @@ from redis.exceptions import RedisError
 from ..chat.registry import ChatNotFound
 from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
+from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
@@ -57,7 +61,7 @@ from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
 from .shared import (
-    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown, Tally,
 )
 
 __all__ = ["RedisState"]
@@ -125,6 +129,7 @@ class RedisState(SharedState):
         # relayed chunks and forwarded work.
         self._records = RedisRecords(self._redis, prefix, seal, replica_id, self._redis_ms)
         self._audit = RedisAudit(self._redis, prefix, seal, self._redis_ms)
+        self._approvals = RedisApprovals(self._redis, prefix, seal, replica_id)
         self._inbox_link = RedisInbox(
             self._redis, prefix, seal, replica_id,
             redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
@@ -356,6 +361,21 @@ class RedisState(SharedState):
 
     async def audit_read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
         return await self._op(self._audit.read(query, max_age=max_age))  # type: ignore[no-any-return]
+
+    async def put_approval(self, record: dict[str, Any], *, ttl: float) -> None:
+        await self._op(self._approvals.put(record, ttl=ttl))
+
+    async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        return await self._op(self._approvals.get(approval_id))  # type: ignore[no-any-return]
+
+    async def drop_approval(self, approval_id: str) -> None:
+        await self._op(self._approvals.drop(approval_id))
+
+    async def list_approvals(self, *, agent: str | None = None, tool: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return await self._op(self._approvals.list(agent=agent, tool=tool, limit=limit))  # type: ignore[no-any-return]
+
+    async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
+        return await self._op(self._approvals.vote(approval_id, user, approved, quorum))  # type: ignore[no-any-return]
 
     async def _op(self, op: Any) -> Any:
         # One operation of a part (records, inbox, deadlines), which raises what redis-py raises.

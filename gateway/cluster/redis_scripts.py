@@ -6,11 +6,13 @@ on it cannot be split by another replica's command.
 - `OWNER_SET`: a write to a chat record that only its owner may make.
 - `NEW_EPOCH`: the dataset's epoch, created if missing (Redis started, or restarted empty).
 - `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds.
+- `APPROVAL_PUT`, `APPROVAL_VOTE`: a pending approval kept (its votes and decision left as they
+  are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py).
 
 Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 """
 
-__all__ = ["AUDIT_APPEND", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
+__all__ = ["APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
 
 # ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
 # agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch.
@@ -97,4 +99,51 @@ trim()
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return id
+"""
+
+# A pending approval kept: its sealed record replaced, its verdict and votes created if missing
+# (a second put does not undo votes), its lifetime set, and its place in the index (its first
+# `created`) kept; the index lives as long as its longest-lived approval. KEYS: the approval's hash,
+# the index (a sorted set). ARGV: the sealed record, ttl (ms), created (UNIX seconds), approval id.
+APPROVAL_PUT = """
+redis.call('HSET', KEYS[1], 'sealed', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'state', 'pending')
+redis.call('HSETNX', KEYS[1], 'votes', '[]')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[4])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+# One vote, by the rule of shared.py count_vote: on a pending approval only, once per user, one
+# deny decides, `quorum` approvals decide. The vote is stored with its tag (the voting replica's
+# seal over the approval, the user and the answer: what Lua cannot check, the replica does after).
+# KEYS: the approval's hash. ARGV: user, approved (1/0), quorum, tag. Returns {'gone'} when there is
+# no approval, else {what the vote did, the votes (JSON), the sealed record, the verdict}.
+APPROVAL_VOTE = """
+local rec = redis.call('HMGET', KEYS[1], 'state', 'votes', 'sealed')
+if not rec[1] or not rec[3] then return {'gone'} end
+local raw = rec[2] or '[]'
+if rec[1] ~= 'pending' then return {'gone', raw, rec[3], rec[1]} end
+local ok, votes = pcall(cjson.decode, raw)
+if not ok or type(votes) ~= 'table' then return {'gone', '[]', rec[3], rec[1]} end
+for _, vote in ipairs(votes) do
+  if type(vote) == 'table' and vote.user == ARGV[1] then return {'already', raw, rec[3], rec[1]} end
+end
+local approved = ARGV[2] == '1'
+table.insert(votes, {user = ARGV[1], approved = approved, tag = ARGV[4]})
+local result = 'counted'
+local verdict = 'pending'
+if not approved then
+  result, verdict = 'decided_denied', 'denied'
+else
+  local yes = 0
+  for _, vote in ipairs(votes) do
+    if type(vote) == 'table' and vote.approved == true then yes = yes + 1 end
+  end
+  if yes >= tonumber(ARGV[3]) then result, verdict = 'decided_approved', 'approved' end
+end
+local encoded = cjson.encode(votes)
+redis.call('HSET', KEYS[1], 'votes', encoded, 'state', verdict)
+return {result, encoded, rec[3], verdict}
 """

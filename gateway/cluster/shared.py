@@ -22,7 +22,11 @@ drives do that):
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
   user, and read back under that user only;
 - the audit trail's store: one record per decided approval (ops/audit.py makes them), appended once
-  per approval id and read back oldest first by any replica, bounded by a count and an age.
+  per approval id and read back oldest first by any replica, bounded by a count and an age;
+- the directory of pending approvals: each approval that waits for someone (its record, as the
+  approvals API shows it, plus the replica running its chat), listed and read by any replica, and
+  the approvers' votes on it, counted in one step so that two replicas voting at once never both
+  decide; each kept until its deadline (plus a margin) or until dropped.
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -35,14 +39,15 @@ import abc
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
 
 __all__ = [
     "AUDIT_CURSOR", "DEADLINE_LEASE", "AuditEntry", "AuditQuery", "Claim", "LocalChat", "RelayEntry", "SharedState",
-    "SharedStateDown", "Inbox", "Reassert", "audit_position",
+    "SharedStateDown", "Inbox", "Reassert", "Tally", "TallyState", "Verdict", "approval_view", "audit_position",
+    "count_vote",
 ]
 
 # How long a claim on a passed confirmation deadline holds (seconds) before another replica may
@@ -143,6 +148,55 @@ class AuditQuery:
 
     def matches(self, agent: str, tool: str) -> bool:
         return (self.agent is None or agent == self.agent) and (self.tool is None or tool == self.tool)
+
+
+# What a vote did: the approval is decided (approved or denied: one deny denies), "counted" (more
+# approvals are needed), "already" (this user voted on it before: nothing changed) or "gone" (no
+# pending approval of that id: unknown, expired, dropped, or decided before this vote).
+TallyState = Literal["decided_approved", "decided_denied", "counted", "already", "gone"]
+# Where an approval of the directory stands, as the stores keep it beside the record.
+Verdict = Literal["pending", "approved", "denied"]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The answer to a vote. `approval`: the approval as stored after the vote (its `votes`, and
+    `state` "decided" with its `outcome` once decided), so that the caller answers without another
+    read: for "gone", the decided approval when a decision came first, None when there is none."""
+
+    state: TallyState
+    approval: dict[str, Any] | None = None
+
+
+def count_vote(
+    verdict: Verdict, votes: list[dict[str, Any]], user: str, approved: bool, quorum: int,
+) -> tuple[TallyState, Verdict, list[dict[str, Any]]]:
+    """One vote on an approval that stands at `verdict` with `votes` ({user, approved} each): what it
+    did, the new verdict and votes (sans IO). The memory backend runs it as is; Redis runs the same
+    rule as a Lua script (redis_scripts.py APPROVAL_VOTE)."""
+    if verdict != "pending":
+        return "gone", verdict, votes
+    if any(vote["user"] == user for vote in votes):
+        return "already", verdict, votes
+    votes = [*votes, {"user": user, "approved": approved}]
+    if not approved:
+        return "decided_denied", "denied", votes
+    # Distinct users by construction (a second vote of a user is "already"), so a count is a quorum.
+    if sum(1 for vote in votes if vote["approved"]) >= quorum:
+        return "decided_approved", "approved", votes
+    return "counted", verdict, votes
+
+
+def approval_view(record: dict[str, Any], votes: list[dict[str, Any]], verdict: Verdict) -> dict[str, Any]:
+    """The approval as the directory answers it: the stored record with the votes as counted, and
+    `state` "decided" with its `outcome` once a vote decided it (the caller, who knows what decided
+    it, adds the `source`)."""
+    view = dict(record)
+    view["votes"] = [{"user": vote["user"], "approved": vote["approved"]} for vote in votes]
+    if verdict != "pending":
+        view["state"] = "decided"
+        view["outcome"] = verdict
+    return view
 
 
 class SharedState(abc.ABC):
@@ -298,3 +352,35 @@ class SharedState(abc.ABC):
         """Records that match `query`, oldest first, at most `query.limit`, none placed more than
         `max_age` seconds ago; each with its `cursor` (its place: pass the last one as `after`
         for the next page)."""
+
+    # ---- the directory of pending approvals --------------------------------------------------
+
+    @abc.abstractmethod
+    async def put_approval(self, record: dict[str, Any], *, ttl: float) -> None:
+        """Keep a pending approval for `ttl` seconds (its deadline plus a margin): `record` is the
+        approval as the API shows it (a JSON object with at least `id`, `agent`, `tool` and
+        `created`, UNIX seconds) plus `owner`, the replica running its chat. Put again, the record
+        and its lifetime are replaced and the votes counted so far kept (as is a decision)."""
+
+    @abc.abstractmethod
+    async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """The approval (approval_view: the record with its votes, and once decided its `state` and
+        `outcome`), or None: unknown, expired, dropped, or (Redis) not sealed by a replica (logged
+        without its content)."""
+
+    @abc.abstractmethod
+    async def drop_approval(self, approval_id: str) -> None:
+        """Forget an approval (answered, timed out, cancelled), votes and all."""
+
+    @abc.abstractmethod
+    async def list_approvals(self, *, agent: str | None = None, tool: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The approvals still pending (not decided by a vote), oldest `created` first, at most
+        `limit`, only those of `agent` and `tool` when given; as get_approval answers them. What
+        expired meanwhile is skipped, and forgotten by the index as it is met."""
+
+    @abc.abstractmethod
+    async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
+        """Count `user`'s vote on a pending approval, in one step with every other vote on it
+        (count_vote's rule): two votes at once, on any replicas, never both decide it. `quorum`: the
+        distinct approvals that decide it (from the approval's record; one deny decides at once).
+        The vote is kept in the approval; a decision stays with it until it is dropped."""

@@ -1,0 +1,195 @@
+"""The directory of pending approvals in Redis (`sessions.backend: redis`): a hash per approval and
+an index to list them.
+
+Two kinds of keys, under `sessions.key_prefix` (docs/scaling.md has the table):
+- `{p}:approval:{id}`: a hash per pending approval, expiring with it (its deadline plus a margin,
+  the caller's `ttl`): `sealed`, the record as the API shows it (its arguments among it), sealed for
+  this key and field (sealing.py); and beside the seal what a Lua script must read and write in one
+  step with a vote, which it could not do inside a seal: `state` (pending, approved or denied) and
+  `votes` (JSON, [{user, approved, tag}]: user ids and answers only; the tag is the voting replica's
+  seal over the approval, the user and the answer).
+- `{p}:approvals`: a sorted set of approval ids scored by their `created` time, for listing oldest
+  first; it expires with its longest-lived approval, and an id whose hash expired is removed by the
+  listing that meets it.
+Putting and voting are Lua scripts (redis_scripts.py APPROVAL_PUT, APPROVAL_VOTE), so two replicas
+voting at once never both decide. What the scripts cannot check, a replica checks when it reads: a
+record that does not open is absent, a vote whose tag does not open is not counted, and a decision
+the genuine votes do not make is no decision (the approval reads as absent, a vote on it as gone);
+each logged without its content. Raises what redis-py raises; the owner, RedisState, turns it into
+SharedStateDown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+
+from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
+from .sealing import Seal, Tampered, fingerprint
+from .shared import Tally, TallyState, Verdict, approval_view
+
+__all__ = ["RedisApprovals"]
+
+log = structlog.get_logger("adk_gateway.cluster.redis_approvals")
+
+# Index entries read per round trip while listing: pending approvals are few (each is a person's
+# wait), so a listing is one or two round trips.
+_BATCH = 100
+_VERDICTS: tuple[Verdict, ...] = ("pending", "approved", "denied")
+_SEAL_VERSION = b"\x01"
+
+
+class RedisApprovals:
+    """The approvals directory of one RedisState (its client, key prefix and seal)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, seal: Seal, replica_id: str) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._index = f"{prefix}:approvals"
+        self._seal = seal
+        self._replica_id = replica_id
+        self._put = client.register_script(APPROVAL_PUT)
+        self._vote = client.register_script(APPROVAL_VOTE)
+
+    def _name(self, approval_id: str) -> str:
+        return f"{self._prefix}:approval:{approval_id}"
+
+    async def put(self, record: dict[str, Any], *, ttl: float) -> None:
+        approval_id = str(record["id"])
+        name = self._name(approval_id)
+        sealed = self._seal.seal(orjson.dumps(record), f"{name}:sealed")
+        await self._put(
+            keys=[name, self._index], args=[sealed, max(int(ttl * 1000), 1), repr(float(record["created"])), approval_id],
+        )
+
+    async def get(self, approval_id: str) -> dict[str, Any] | None:
+        name = self._name(approval_id)
+        sealed, votes, verdict = await self._redis.hmget(name, ["sealed", "votes", "state"])
+        if sealed is None:
+            return None
+        return self._view(approval_id, sealed, votes, verdict)
+
+    async def drop(self, approval_id: str) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.delete(self._name(approval_id))
+            pipe.zrem(self._index, approval_id)
+            await pipe.execute()
+
+    async def list(self, *, agent: str | None, tool: str | None, limit: int) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        expired: list[bytes] = []
+        start = 0
+        while len(found) < limit:
+            ids = await self._redis.zrange(self._index, start, start + _BATCH - 1)
+            if not ids:
+                break
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for raw_id in ids:
+                    pipe.hmget(self._name(raw_id.decode()), ["sealed", "votes", "state"])
+                rows = await pipe.execute()
+            for raw_id, (sealed, votes, verdict) in zip(ids, rows, strict=True):
+                if sealed is None:
+                    expired.append(raw_id)
+                    continue
+                if verdict != b"pending":
+                    continue  # decided by a vote: its owner drops it once it acted on it
+                view = self._view(raw_id.decode(), sealed, votes, verdict)
+                if view is None or (agent is not None and view.get("agent") != agent):
+                    continue
+                if tool is not None and view.get("tool") != tool:
+                    continue
+                found.append(view)
+                if len(found) >= limit:
+                    break
+            if len(ids) < _BATCH:
+                break
+            start += _BATCH
+        if expired:
+            # After the scan, so that the ranks it pages by do not move under it.
+            await self._redis.zrem(self._index, *expired)
+        return found
+
+    async def vote(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
+        name = self._name(approval_id)
+        answer = await self._vote(keys=[name], args=[user, "1" if approved else "0", quorum, self._tag(name, user, approved)])
+        result = cast(TallyState, answer[0].decode())
+        if len(answer) < 4:
+            return Tally("gone")
+        view = self._view(approval_id, answer[2], answer[1], answer[3], quorum=quorum)
+        if view is None:
+            # The decision (or the record) is not the gateway's: nothing is decided here, and the
+            # approval reads as absent from now on (fail closed: it times out).
+            return Tally("gone")
+        return Tally(result, view)
+
+    def _tag(self, name: str, user: str, approved: bool) -> str:
+        return fingerprint(self._seal.seal(_vote_payload(user, approved), f"{name}:vote")).hex()
+
+    def _view(
+        self, approval_id: str, sealed: bytes, raw_votes: bytes | None, raw_verdict: bytes | None, *, quorum: int | None = None,
+    ) -> dict[str, Any] | None:
+        """The approval, once its record opens and its verdict is what its genuine votes make; else
+        None, logged."""
+        name = self._name(approval_id)
+        try:
+            record = orjson.loads(self._seal.open(sealed, f"{name}:sealed"))
+        except (Tampered, orjson.JSONDecodeError):
+            log.warning("approval_record_tampered", replica=self._replica_id, approval_id=approval_id)
+            return None
+        if not isinstance(record, dict):
+            log.warning("approval_record_unreadable", replica=self._replica_id, approval_id=approval_id)
+            return None
+        votes = self._genuine_votes(approval_id, name, raw_votes)
+        verdict = (raw_verdict or b"").decode(errors="replace")
+        needed = quorum if quorum is not None else _quorum(record)
+        if verdict not in _VERDICTS or votes is None or (
+            verdict == "approved" and sum(1 for vote in votes if vote["approved"]) < needed
+        ) or (verdict == "denied" and all(vote["approved"] for vote in votes)):
+            log.warning("approval_decision_tampered", replica=self._replica_id, approval_id=approval_id)
+            return None
+        return approval_view(record, votes, cast(Verdict, verdict))
+
+    def _genuine_votes(self, approval_id: str, name: str, raw: bytes | None) -> list[dict[str, Any]] | None:
+        try:
+            stored = orjson.loads(raw or b"[]")
+        except orjson.JSONDecodeError:
+            return None
+        # Lua's cjson writes an empty list as {}.
+        if stored == {}:
+            stored = []
+        if not isinstance(stored, list):
+            return None
+        votes: list[dict[str, Any]] = []
+        for vote in stored:
+            if not isinstance(vote, dict):
+                return None
+            user, approved, tag = vote.get("user"), vote.get("approved"), vote.get("tag")
+            if isinstance(user, str) and isinstance(approved, bool) and isinstance(tag, str) and self._genuine(
+                name, user, approved, tag
+            ):
+                votes.append({"user": user, "approved": approved})
+            else:
+                # Not counted, and not shown: a vote nobody gave through a replica.
+                log.warning("approval_vote_tampered", replica=self._replica_id, approval_id=approval_id)
+        return votes
+
+    def _genuine(self, name: str, user: str, approved: bool, tag: str) -> bool:
+        try:
+            self._seal.open(_SEAL_VERSION + bytes.fromhex(tag) + _vote_payload(user, approved), f"{name}:vote")
+        except (Tampered, ValueError):
+            return False
+        return True
+
+
+def _vote_payload(user: str, approved: bool) -> bytes:
+    # The user id first with its length: no user id and answer pair reads as another.
+    encoded = user.encode()
+    return len(encoded).to_bytes(4, "big") + encoded + (b"1" if approved else b"0")
+
+
+def _quorum(record: dict[str, Any]) -> int:
+    quorum = record.get("quorum", 1)
+    return quorum if isinstance(quorum, int) and quorum >= 1 else 1
