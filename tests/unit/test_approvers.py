@@ -293,3 +293,16 @@ def test_a_config_rebuilt_from_its_dump_keeps_its_approvers() -> None:
     again = revalidate(loaded, source="reload")
     assert again.agents["pay"].tool_policy("refund").asks("large") == AskSpec("staff_two", True, 2)
     assert again.approvers == loaded.approvers
+
+
+def test_the_demo_asks_a_supervisor_for_large_refunds_never_the_requester() -> None:
+    from pathlib import Path
+
+    from gateway.config.schema import load_config
+
+    loaded = load_config(Path(__file__).parents[2] / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
+    refund = loaded.agents["support_agent"].tool_policy("issue_refund")
+    assert refund.asks("large_refund") == AskSpec("supervisors", self_approval=False, quorum=1)
+    assert refund.asks(None) is None and refund.timeout == 300
+    assert [rule.when for rule in refund.rules] == ["args.amount > 100"]
+    assert loaded.approvers.groups["supervisors"].users == ["supervisor"]
