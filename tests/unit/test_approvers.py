@@ -306,3 +306,9 @@ def test_the_demo_asks_a_supervisor_for_large_refunds_never_the_requester() -> N
     assert refund.asks(None) is None and refund.timeout == 300
     assert [rule.when for rule in refund.rules] == ["args.amount > 100"]
     assert loaded.approvers.groups["supervisors"].users == ["supervisor"]
+
+
+def test_approver_keys_are_among_the_secrets_masked_in_logs() -> None:
+    from gateway.ops.logs import secret_values
+
+    assert "k-supervisor" in secret_values(parse_config(KEYS, env={}))
