@@ -22,6 +22,7 @@ from typing import Literal
 from aiohttp import web
 
 from ..config.approvers import ApproversConfig, AskSpec, key_digests
+from ..core.approval_notice import Approver
 # The package's own claim matching and 401, so an approver is matched and refused as a chat caller is.
 from .auth import Authenticator, Identity, _holds, _unauthorized
 
@@ -40,6 +41,11 @@ class ApproverIdentity(Identity):
     audit trail say of the person."""
 
     auth: AuthKind = "none"
+
+    @property
+    def approver(self) -> Approver:
+        """This person as a vote, a notice and the audit trail name them."""
+        return Approver(self.user_id, self.auth)
 
 
 class ApproverAuth:

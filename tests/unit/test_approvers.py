@@ -16,6 +16,7 @@ from gateway.access.approvers import ApproverAuth, ApproverIdentity
 from gateway.access.auth import Authenticator
 from gateway.config.approvers import AskSpec
 from gateway.config.schema import ConfigError, GatewayConfig, parse_config
+from gateway.core.approval_notice import Approver
 from gateway.core.refusals import HttpError
 from gateway.edge.errors import error_middleware
 
@@ -69,6 +70,7 @@ async def test_an_approver_key_names_its_id_in_every_auth_mode(mode: str) -> Non
     assert await auth.identify_approver(req({"Authorization": "Bearer k-supervisor"})) == ApproverIdentity(
         "supervisor", auth="approver_key")
     assert (await auth.identify_approver(req({"x-api-key": "k-hashed"}))).user_id == "hashed"
+    assert (await auth.identify_approver(req({"Authorization": "bearer k-supervisor"}))).approver == Approver("supervisor", "approver_key")
 
 
 async def test_without_an_approver_key_the_chat_identity_answers_with_how_it_authenticated() -> None:
