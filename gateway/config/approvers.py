@@ -3,7 +3,7 @@ top-level `approvers:` section (its own API keys, its groups, its auditors), and
 answers one asked call (config/agent.py `ToolPolicy.asks`).
 
 The rules across sections (a group a tool names exists, claims need auth.mode jwt, an API key id is
-used once across `auth.api_keys` and `approvers.api_keys`) are GatewayConfig's (config/schema.py);
+a chat key's or an approver key's, never both) are GatewayConfig's (config/schema.py);
 access/approvers.py carries the section out per request.
 """
 

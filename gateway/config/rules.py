@@ -18,7 +18,7 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from cel_expr_python import cel
 from pydantic import Field, PrivateAttr, model_validator
@@ -26,7 +26,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .values import Section
 
-__all__ = ["MAX_CONDITION_CHARS", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "decide"]
+__all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "decide"]
 
 Outcome = Literal["approve", "deny", "ask"]
 
@@ -139,19 +139,26 @@ class ToolRule(Section):
         return AskSpec(self.approvers, self.self_approval, self.quorum)
 
 
-def asker_problem(section: Section, *, ask: bool) -> str | None:
+class Asker(Protocol):
+    """A rule or a tool, as far as who answers its asked calls goes."""
+
+    approvers: str | None
+    self_approval: bool
+    quorum: int
+
+
+def asker_problem(asker: Asker, *, ask: bool) -> str | None:
     """Why the `approvers`, `self_approval` and `quorum` keys of a rule or tool cannot stand, or None:
     they only mean something where calls are asked, and the last two only with a group (without
     one, the chatting user alone answers, so neither could hold). Judged by value, not by the keys
     written, so a config rebuilt from its dump (`revalidate`) passes as the file did."""
-    approvers = getattr(section, "approvers", None)
-    given = [name for name, unset in (("approvers", approvers is None), ("self_approval", getattr(section, "self_approval", True)),
-                                      ("quorum", getattr(section, "quorum", 1) == 1)) if not unset]
+    given = [name for name, unset in (("approvers", asker.approvers is None), ("self_approval", asker.self_approval),
+                                      ("quorum", asker.quorum == 1)) if not unset]
     if not given:
         return None
     if not ask:
         return f"{', '.join(given)} only apply where calls are asked (decide: ask)"
-    if approvers is None:
+    if asker.approvers is None:
         return f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} `approvers` (a group of approvers.groups)"
     return None
 

@@ -206,10 +206,10 @@ class GatewayConfig(Section):
         for where, values in [*claims, ("approvers.auditors", section.auditors.jwt_claims)]:
             if values and self.auth.mode != "jwt":
                 problems.append(f"{where}.jwt_claims needs auth.mode jwt (it is {self.auth.mode})")
-        ids = [key.id for key in self.auth.api_keys] + [key.id for key in section.api_keys]
-        if twice := sorted({key for key in ids if ids.count(key) > 1}):
-            problems.append(f"approvers.api_keys: an id is used once across auth.api_keys and approvers.api_keys "
-                            f"({', '.join(twice)} more than once)")
+        # Within one list an id may hold two keys (a key being rotated); across them it would be two people.
+        if both := sorted({key.id for key in section.api_keys} & {key.id for key in self.auth.api_keys}):
+            problems.append(f"approvers.api_keys: an id is either a chat key's (auth.api_keys) or an approver key's, "
+                            f"not both ({', '.join(both)})")
         chat_digests = {digest for digest, _ in key_digests(self.auth.api_keys)}
         own = key_digests(section.api_keys)
         if shared := sorted({user for digest, user in own if digest in chat_digests}):

@@ -264,7 +264,7 @@ approvers:
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
-    (("id: supervisor", "id: alice"), "an id is used once across auth.api_keys and approvers.api_keys (alice more than once)"),
+    (("id: supervisor", "id: alice"), "an id is either a chat key's (auth.api_keys) or an approver key's, not both (alice)"),
     (("key: k-supervisor", "key: k-alice"), "approvers.api_keys[supervisor]: the same key as one of auth.api_keys"),
     (("{id: supervisor, key: k-supervisor}", "{id: supervisor, key: k-supervisor}\n    - {id: s2, key: k-supervisor}"),
      "the same key under two ids"),
@@ -275,6 +275,13 @@ def test_approver_keys_are_one_person_each(edit: tuple[str, str], problem: str) 
     with pytest.raises(ConfigError) as info:
         parse_config(KEYS.replace(*edit), env={})
     assert problem in "\n".join(info.value.problems)
+
+
+def test_an_id_may_hold_two_keys_within_one_list_while_a_key_is_rotated() -> None:
+    rotating = KEYS.replace("    - {id: supervisor, key: k-supervisor}\n",
+                            "    - {id: supervisor, key: k-supervisor}\n    - {id: supervisor, key: k-supervisor-2}\n")
+    rotating = rotating.replace("    - {id: alice, key: k-alice}\n", "    - {id: alice, key: k-alice}\n    - {id: alice, key: k-alice-2}\n")
+    assert [key.id for key in parse_config(rotating, env={}).approvers.api_keys] == ["supervisor", "supervisor"]
 
 
 def test_an_approver_cannot_take_the_anonymous_users_id() -> None:
