@@ -13,8 +13,12 @@ Moving one the other way takes a restart. `UNJUDGED` holds the other settings of
 each with why it does not decide who gets in; tests/unit/test_reload.py fails on a field of those
 sections that is in neither, and proves each rule refuses a loosening and accepts a tightening.
 
+Who may answer an approval is access too: the approver keys, groups and auditors, and each tool's
+and ask rule's `approvers`, `self_approval` and `quorum` may only narrow.
+
 The auth settings are judged once, each while it is in force (the API keys in mode `api_key`, the
-JWT settings in mode `jwt`; from mode `none`, which lets every caller in, anything narrows). An
+JWT settings in mode `jwt`; from mode `none`, which lets every caller in, anything narrows); the
+`approvers:` section (who may answer approvals, and read decided ones) once, in every mode. An
 agent's settings (its `access:` and its tools' gates) are judged for every agent that runs against
 the agent that would take its place: the agent of the same name (its routes), the agent serving
 the same ADK app (the plugin's policy is keyed by app: a renamed agent keeps its gates), and the
