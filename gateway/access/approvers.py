@@ -56,7 +56,7 @@ class ApproverAuth:
         self._authenticator = authenticator
         self._config = config
         self._auth_mode = auth_mode
-        # Digests only: no approver key sits in memory in clear, and none can be empty (key_digests).
+        # (SHA-256 digest, id) of each usable key: an empty key is none (key_digests), so no bearer matches it.
         self._keys = key_digests(config.api_keys)
 
     async def identify_approver(self, request: web.Request) -> ApproverIdentity:
