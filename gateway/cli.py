@@ -45,6 +45,10 @@ DEFAULT_CONFIG = Path("config/gateway.yaml")
 CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "gateway.yaml"
 # `adk-gateway demo --session-store`'s default, when the flag is not given.
 SESSION_STORE_ENV = "DEMO_SESSION_STORE"
+# The demo supervisor's approver key (config/gateway.yaml `approvers.api_keys`): `demo` sets a fixed,
+# documented one when the operator set none, and only where chats need no credential either.
+SUPERVISOR_KEY_ENV = "SUPERVISOR_API_KEY"
+DEMO_SUPERVISOR_KEY = "demo-supervisor"
 
 
 def _config_path(path: Path | None) -> Path | None:
@@ -230,7 +234,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # unless the operator set one.
     os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
     path = _config_path(args.config)
-    config = _load(path)
+    config = _with_demo_supervisor(path, _load(path))
     # SIGTERM becomes SystemExit so the `finally` that stops the child runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     internal = config.internal.model_copy(
@@ -259,6 +263,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             # No reload in the demo: its ports and secret are made up at start, not in the file.
             _serve(config, None)
     return 0
+
+
+def _with_demo_supervisor(path: Path | None, config: GatewayConfig) -> GatewayConfig:
+    """The config again with $SUPERVISOR_API_KEY set to the demo's well-known key, when it is unset
+    and the gateway lets every caller chat anyway (auth.mode none, which only a loopback listener
+    allows): the demo's second user, who answers large refunds on the inbox page. A gateway that
+    authenticates its callers never gets a key anyone could read in the docs."""
+    if config.auth.mode != "none" or os.environ.get(SUPERVISOR_KEY_ENV):
+        return config
+    os.environ[SUPERVISOR_KEY_ENV] = DEMO_SUPERVISOR_KEY
+    print(
+        f"adk-gateway demo: the supervisor signs in with the approver key {DEMO_SUPERVISOR_KEY} "
+        f"(${SUPERVISOR_KEY_ENV}; Authorization: Bearer {DEMO_SUPERVISOR_KEY} on /api/approvals)",
+        file=sys.stderr,
+    )
+    return _load(path)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, model_validator
 
-from .rules import ToolRule
+from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
+from .rules import ToolRule, asker_problem
 from .values import ClaimValues, Duration, Section
 
 __all__ = ["AGENT_NAME_PATTERN", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
@@ -89,15 +90,43 @@ class ToolPolicy(Section):
     # decides (ask when true, approve when false). Any rule gates the tool, so a deny rule applies
     # to a tool without `approval` too.
     rules: list[ToolRule] = Field(default_factory=list)
+    # Who answers the calls the tool itself asks (`approval: true`, no rule matched), as a rule's
+    # keys say for the calls it asks (config/rules.py): a group of `approvers.groups`, whether the
+    # requester may answer their own, how many distinct approvers must approve. Unset: the chatting user.
+    approvers: str | None = Field(None, pattern=GROUP_NAME_PATTERN)
+    self_approval: bool = True
+    quorum: int = Field(1, ge=1, le=MAX_QUORUM)
 
     @model_validator(mode="after")
     def _rules_fit(self) -> ToolPolicy:
         if self.rules and self.runs_in == "browser":
             raise ValueError("rules on a browser tool are not supported yet (runs_in: browser)")
+        if self.runs_in == "browser" and asker_problem(self, ask=False):
+            raise ValueError("approvers on a browser tool are not supported (the chatting user's browser runs it)")
+        # A tool without approval still asks when one of its rules cannot be evaluated (config/rules.py).
+        if problem := asker_problem(self, ask=self.approval or bool(self.rules)):
+            raise ValueError(problem.replace("(decide: ask)", "(approval: true, or rules)"))
         names = [rule.name for rule in self.rules]
         if twice := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"rule names must be unique within a tool: {', '.join(twice)} is used more than once")
         return self
+
+    def asks(self, rule: str | None) -> AskSpec | None:
+        """Who answers a call asked by the rule named `rule` (None: no rule matched, the tool's own
+        `approval` asked); None: the chatting user. A rule that decides ask answers with its own
+        keys; any other name (an approve or deny rule whose condition could not be evaluated, a
+        rule a reload removed) with the tool's."""
+        found = next((r for r in self.rules if r.name == rule and r.decide == "ask"), None) if rule else None
+        if found is not None:
+            return found.ask_spec
+        if self.approvers is None:
+            return None
+        return AskSpec(self.approvers, self.self_approval, self.quorum)
+
+    def groups(self) -> set[str]:
+        """The approver groups this tool and its rules name."""
+        named = {rule.approvers for rule in self.rules if rule.approvers is not None}
+        return named | ({self.approvers} if self.approvers is not None else set())
 
     @property
     def gated(self) -> bool:

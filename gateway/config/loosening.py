@@ -13,8 +13,12 @@ Moving one the other way takes a restart. `UNJUDGED` holds the other settings of
 each with why it does not decide who gets in; tests/unit/test_reload.py fails on a field of those
 sections that is in neither, and proves each rule refuses a loosening and accepts a tightening.
 
+Who may answer an approval is access too: the approver keys, groups and auditors, and each tool's
+and ask rule's `approvers`, `self_approval` and `quorum` may only narrow.
+
 The auth settings are judged once, each while it is in force (the API keys in mode `api_key`, the
-JWT settings in mode `jwt`; from mode `none`, which lets every caller in, anything narrows). An
+JWT settings in mode `jwt`; from mode `none`, which lets every caller in, anything narrows); the
+`approvers:` section (who may answer approvals, and read decided ones) once, in every mode. An
 agent's settings (its `access:` and its tools' gates) are judged for every agent that runs against
 the agent that would take its place: the agent of the same name (its routes), the agent serving
 the same ADK app (the plugin's policy is keyed by app: a renamed agent keeps its gates), and the
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
+from .approvers import ApproversConfig, AskSpec, key_digests
 from .auth import AuthConfig
 from .rules import ToolRule
 from .schema import GatewayConfig
@@ -69,7 +74,8 @@ def _jwt(auth: AuthConfig) -> bool:
 class Rule:
     """One setting: its key path, its direction and why, how to read it and how to judge a change.
 
-    `read` takes the `AuthConfig` (a path under `auth.`) or the `AgentConfig` (under `agents.<name>.`);
+    `read` takes the `AuthConfig` (a path under `auth.`), the `ApproversConfig` (under `approvers.`)
+    or the `AgentConfig` (under `agents.<name>.`);
     `judge(running, new)` lists what the change would loosen. `applies` says when an auth setting is
     in force; `covers` names the fields the rule judges as part of its own (an API key's id and key).
     """
@@ -85,6 +91,10 @@ class Rule:
     @property
     def agent(self) -> bool:
         return self.path.startswith("agents.")
+
+    @property
+    def approvers(self) -> bool:
+        return self.path.startswith("approvers.")
 
 
 # ---- how values compare ------------------------------------------------------------------------
@@ -233,6 +243,74 @@ def _rule_key(rule: ToolRule) -> tuple[str, str, str]:
     return rule.name, rule.when, rule.decide
 
 
+def _approver_keys_added(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    old = set(key_digests(was.api_keys))
+    added = {user for digest, user in key_digests(now.api_keys) if (digest, user) not in old}
+    return [(f"approvers.api_keys[{user}]", "let another key answer approvals (a key added, or given to another id)")
+            for user in sorted(added)]
+
+
+def _members_widened(was_users: list[str], was_claims: dict[str, list[str]],
+                     now_users: list[str], now_claims: dict[str, list[str]]) -> list[str]:
+    """How a list of people (a group, the auditors: its users, and whoever carries every claim
+    with an allowed value) takes in more: a user added, claims where none were (none match
+    nobody), a claim dropped or allowed another value. Claims added to others, or all dropped, narrow."""
+    what = []
+    if added := sorted(set(now_users) - set(was_users)):
+        what.append(f"users added: {', '.join(added)}")
+    if now_claims and not was_claims:
+        what.append("claims that match where none were")
+    elif now_claims:
+        what += [f"the claim {claim} dropped or widened" for claim, allowed in was_claims.items()
+                 if claim not in now_claims or set(now_claims[claim]) - set(allowed)]
+    return what
+
+
+def _groups(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    # A group new in the file answers nothing a running rule asks of it: a rule moved to it is
+    # judged with the rule (`agents.<name>.tools.<tool>.approvers`); a group gone answers nobody.
+    findings = []
+    for name, group in now.groups.items():
+        before = was.groups.get(name)
+        if before is not None and (what := _members_widened(before.users, before.jwt_claims, group.users, group.jwt_claims)):
+            findings.append((f"approvers.groups.{name}", f"let more people answer its approvals ({'; '.join(what)})"))
+    return findings
+
+
+def _auditors(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    what = _members_widened(was.auditors.users, was.auditors.jwt_claims, now.auditors.users, now.auditors.jwt_claims)
+    return [("approvers.auditors", f"let more people read decided approvals ({'; '.join(what)})")] if what else []
+
+
+def _asks(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    """Who answers each call asked either side (the tool's own asks, and each ask rule both keep;
+    rules added or removed are the rules' judgement): never wider than running."""
+    findings = []
+    for name in _tool_names(was, now):
+        before, after = was.tool_policy(name), now.tool_policy(name)
+        kept = {rule.name for rule in after.rules if rule.decide == "ask"}
+        for rule in [None, *(r.name for r in before.rules if r.decide == "ask" and r.name in kept)]:
+            if what := _ask_widened(before.asks(rule), after.asks(rule)):
+                key = f"tools.{name}" + (f".rules[{rule}]" if rule else "") + (" (every tool not listed)" if name == "default" else "")
+                findings.append((key, what))
+    return findings
+
+
+def _ask_widened(was: AskSpec | None, now: AskSpec | None) -> str | None:
+    if was is None:
+        return None  # the chatting user answered: any group is another person's say on top
+    if now is None:
+        return f"let the chatting user answer what the group {was.group} answers"
+    what = []
+    if now.group != was.group:
+        what.append(f"hand the calls to another group ({now.group}, running: {was.group})")
+    if now.self_approval and not was.self_approval:
+        what.append("let the requester approve their own calls (self_approval)")
+    if now.quorum < was.quorum:
+        what.append(f"need fewer approvers (quorum {now.quorum}, running: {was.quorum})")
+    return "; ".join(what) or None
+
+
 def _jwt_value(name: str) -> Callable[[AuthConfig], Any]:
     return lambda auth: getattr(auth.jwt, name)
 
@@ -305,6 +383,21 @@ RULES: tuple[Rule, ...] = (
          "rules decide which calls run unasked or are refused: kept in their order; deny rules may be added (not "
          "before a deny rule that stays), approve rules removed (not before one that stays, nor with approval off)",
          lambda agent: agent, _tool_rules),
+    Rule("agents.<name>.tools.<tool>.approvers", Direction.NARROW,
+         "who answers an asked call (the tool's and each ask rule's approvers, self_approval, quorum): dropping the "
+         "group lets the chatting user answer, another group other people, self_approval on the requester, a lower quorum fewer",
+         lambda agent: agent, _asks, covers=("agents.<name>.tools.<tool>.self_approval", "agents.<name>.tools.<tool>.quorum")),
+    Rule("approvers.api_keys", Direction.NARROW,
+         "a key added, or an id given to another key, lets its holder answer approvals as that person",
+         lambda approvers: approvers, _approver_keys_added,
+         covers=("approvers.api_keys[].id", "approvers.api_keys[].key", "approvers.api_keys[].sha256")),
+    Rule("approvers.groups", Direction.NARROW,
+         "a user added, claims where none were, or a claim dropped or widened lets more people answer the group's approvals",
+         lambda approvers: approvers, _groups,
+         covers=("approvers.groups.<group>.users", "approvers.groups.<group>.jwt_claims")),
+    Rule("approvers.auditors", Direction.NARROW,
+         "a user added, claims where none were, or a claim dropped or widened lets more people read decided approvals",
+         lambda approvers: approvers, _auditors, covers=("approvers.auditors.users", "approvers.auditors.jwt_claims")),
 )
 
 UNJUDGED: dict[str, str] = {
@@ -332,6 +425,10 @@ def loosened(running: GatewayConfig, new: GatewayConfig, *, single_agent: bool =
     file has them (`tools.process_payment`, as start names them)."""
     problems = []
     for rule in RULES:
+        if rule.approvers:
+            # Approver keys and groups count in every auth mode (`none` included).
+            problems += [_line(key, what) for key, what in rule.judge(rule.read(running.approvers), rule.read(new.approvers))]
+            continue
         if rule.agent or not rule.applies(running.auth):
             continue
         if not rule.applies(new.auth) and new.auth.mode != running.auth.mode:

@@ -18,14 +18,15 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from cel_expr_python import cel
 from pydantic import Field, PrivateAttr, model_validator
 
+from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .values import Section
 
-__all__ = ["MAX_CONDITION_CHARS", "Outcome", "RuleDecision", "ToolRule", "decide"]
+__all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "decide"]
 
 Outcome = Literal["approve", "deny", "ask"]
 
@@ -88,6 +89,13 @@ class ToolRule(Section):
     decide: Outcome
     # Why: required for `deny` (the model and the person are told); optional otherwise.
     reason: str | None = Field(None, min_length=1)
+    # `decide: ask` only: who answers the calls this rule asks (config/approvers.py). `approvers`
+    # names a group of the top-level `approvers.groups`; unset, the chatting user answers.
+    # `self_approval: false`: the requester may not answer their own call even if in the group
+    # (four-eyes); `quorum`: distinct approvers who must approve (one deny denies).
+    approvers: str | None = Field(None, pattern=GROUP_NAME_PATTERN)
+    self_approval: bool = True
+    quorum: int = Field(1, ge=1, le=MAX_QUORUM)
     _program: _Program = PrivateAttr()
 
     @model_validator(mode="after")
@@ -97,6 +105,8 @@ class ToolRule(Section):
                              f"at most {MAX_CONDITION_CHARS} are allowed")
         if self.decide == "deny" and self.reason is None:
             raise ValueError(f"rule {self.name}: a deny rule needs a `reason` (the model and the person are told it)")
+        if problem := asker_problem(self, ask=self.decide == "ask"):
+            raise ValueError(f"rule {self.name}: {problem}")
         try:
             expression = _environment().compile(self.when)
         except RuntimeError as exc:
@@ -119,6 +129,38 @@ class ToolRule(Section):
         if kind != cel.Type.BOOL:
             return f"the condition gave {_type_name(kind)}, not true or false"
         return bool(value.plain_value())
+
+
+    @property
+    def ask_spec(self) -> AskSpec | None:
+        """Who answers the calls this rule asks; None: the chatting user."""
+        if self.decide != "ask" or self.approvers is None:
+            return None
+        return AskSpec(self.approvers, self.self_approval, self.quorum)
+
+
+class Asker(Protocol):
+    """A rule or a tool, as far as who answers its asked calls goes."""
+
+    approvers: str | None
+    self_approval: bool
+    quorum: int
+
+
+def asker_problem(asker: Asker, *, ask: bool) -> str | None:
+    """Why the `approvers`, `self_approval` and `quorum` keys of a rule or tool cannot stand, or None:
+    they only mean something where calls are asked, and the last two only with a group (without
+    one, the chatting user alone answers, so neither could hold). Judged by value, not by the keys
+    written, so a config rebuilt from its dump (`revalidate`) passes as the file did."""
+    given = [name for name, unset in (("approvers", asker.approvers is None), ("self_approval", asker.self_approval),
+                                      ("quorum", asker.quorum == 1)) if not unset]
+    if not given:
+        return None
+    if not ask:
+        return f"{', '.join(given)} only apply where calls are asked (decide: ask)"
+    if asker.approvers is None:
+        return f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} `approvers` (a group of approvers.groups)"
+    return None
 
 
 def _type_name(kind: cel.Type) -> str:

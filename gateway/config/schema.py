@@ -25,6 +25,7 @@ from .agent import (
     ToolPolicy,
     UpstreamConfig,
 )
+from .approvers import ApproversConfig, key_digests
 from .audit import AuditConfig
 from .auth import AuthConfig
 from .notifications import NotificationsConfig
@@ -44,7 +45,7 @@ from .values import Section, parse_duration, parse_size
 
 # The sections' and the values' names are re-exported: a config is read from this module.
 __all__ = [
-    "AgentAccess", "AgentConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig",
+    "AgentAccess", "AgentConfig", "ApproversConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig",
     "InternalConfig", "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "NotificationsConfig", "SessionsConfig",
     "ToolPolicy", "UpstreamConfig",
     "WebSocketConfig", "load_config", "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
@@ -72,6 +73,8 @@ class GatewayConfig(Section):
     sessions: SessionsConfig = SessionsConfig()
     audit: AuditConfig = AuditConfig()
     notifications: NotificationsConfig = NotificationsConfig()
+    # Who may answer approvals besides the chatting user, and who may read decided ones (docs/approvals.md#approvers).
+    approvers: ApproversConfig = ApproversConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
     # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
     agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)
@@ -162,6 +165,7 @@ class GatewayConfig(Section):
                 )
             problems += self._access_problems(name, agent.access)
         problems += self.notifications.unknown_agents(self.agents)
+        problems += self._approvers_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -178,6 +182,45 @@ class GatewayConfig(Section):
                 problems.append(f"{where}.api_keys: {', '.join(unknown)} not among auth.api_keys ids")
         if access.jwt_claims is not None and self.auth.mode != "jwt":
             problems.append(f"{where}.jwt_claims needs auth.mode jwt (it is {self.auth.mode})")
+        return problems
+
+    def _approvers_problems(self) -> list[str]:
+        """The `approvers:` section against the rest: the groups tools name exist, claims are read
+        only from JWTs, and a key (or its id) means one person across both key lists."""
+        section = self.approvers
+        problems = []
+        for name, agent in self.agents.items():
+            for tool, policy in agent.tools.items():
+                where = f"agents.{name}.tools.{tool}"
+                askers = [(f"{where}.rules[{r.name}]", r.approvers, r.quorum) for r in policy.rules]
+                for where, group, quorum in [*askers, (where, policy.approvers, policy.quorum)]:
+                    if group is None:
+                        continue
+                    found = section.groups.get(group)
+                    if found is None:
+                        known = ", ".join(section.groups) or "none"
+                        problems.append(f"{where}: approvers {group!r} is not a group of approvers.groups ({known})")
+                    elif not found.jwt_claims and quorum > len(found.users):
+                        problems.append(f"{where}: quorum {quorum} needs more approvers than the group {group} lists ({len(found.users)})")
+        claims = [(f"approvers.groups.{g}", group.jwt_claims) for g, group in section.groups.items()]
+        for where, values in [*claims, ("approvers.auditors", section.auditors.jwt_claims)]:
+            if values and self.auth.mode != "jwt":
+                problems.append(f"{where}.jwt_claims needs auth.mode jwt (it is {self.auth.mode})")
+        # Within one list an id may hold two keys (a key being rotated); across them it would be two people.
+        if both := sorted({key.id for key in section.api_keys} & {key.id for key in self.auth.api_keys}):
+            problems.append(f"approvers.api_keys: an id is either a chat key's (auth.api_keys) or an approver key's, "
+                            f"not both ({', '.join(both)})")
+        chat_digests = {digest for digest, _ in key_digests(self.auth.api_keys)}
+        own = key_digests(section.api_keys)
+        if shared := sorted({user for digest, user in own if digest in chat_digests}):
+            problems.append(f"approvers.api_keys[{', '.join(shared)}]: the same key as one of auth.api_keys; "
+                            "give each person their own key")
+        digests = [digest for digest, _ in own]
+        if twice := sorted({user for digest, user in own if digests.count(digest) > 1}):
+            problems.append(f"approvers.api_keys[{', '.join(twice)}]: the same key under two ids")
+        if self.auth.mode == "none" and self.auth.anonymous_user in {key.id for key in section.api_keys}:
+            problems.append(f"approvers.api_keys[{self.auth.anonymous_user}]: that id is auth.anonymous_user, "
+                            "the chatting user of auth.mode none; an approver needs an id of their own")
         return problems
 
     @property

@@ -67,3 +67,38 @@ def test_the_demo_agent_command_carries_the_session_store() -> None:
 
     argv = api_server_command(8123, session_service_uri=sqlite_uri(Path("/var/lib/adk/sessions.db")))
     assert argv[argv.index("--session_service_uri") + 1] == "sqlite:////var/lib/adk/sessions.db"
+
+
+# ---- the demo's supervisor (issue 26, item 2) --------------------------------------------------
+
+
+def _demo_config(monkeypatch: pytest.MonkeyPatch, **env: str):  # type: ignore[no-untyped-def]
+    # Set (the key to empty) rather than deleted, so that the monkeypatch restores each as it was.
+    base = {"ADK_GATEWAY_SECRET": "s", cli.SUPERVISOR_KEY_ENV: "", "AUTH_MODE": "none", "GATEWAY_API_KEY": ""}
+    for name, value in {**base, **env}.items():
+        monkeypatch.setenv(name, value)
+    return cli._with_demo_supervisor(cli.CHECKOUT_CONFIG, cli._load(cli.CHECKOUT_CONFIG))
+
+
+def _supervisor_key(config) -> str:  # type: ignore[no-untyped-def]
+    (entry,) = [key for key in config.approvers.api_keys if key.id == "supervisor"]
+    return entry.key.get_secret_value()
+
+
+def test_the_reference_config_has_no_supervisor_key_of_its_own() -> None:
+    config = cli.load_config(cli.CHECKOUT_CONFIG, env={"ADK_GATEWAY_SECRET": "s"})
+    assert _supervisor_key(config) == ""
+
+
+def test_the_demo_gives_the_supervisor_its_documented_key_where_chats_need_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _demo_config(monkeypatch)
+    assert config.auth.mode == "none" and _supervisor_key(config) == cli.DEMO_SUPERVISOR_KEY == "demo-supervisor"
+
+
+def test_the_demo_keeps_an_operators_supervisor_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _supervisor_key(_demo_config(monkeypatch, SUPERVISOR_API_KEY="k-mine")) == "k-mine"
+
+
+def test_a_demo_that_authenticates_gets_no_well_known_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _demo_config(monkeypatch, AUTH_MODE="api_key", GATEWAY_API_KEY="k-chat")
+    assert config.auth.mode == "api_key" and _supervisor_key(config) == ""

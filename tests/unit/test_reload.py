@@ -331,6 +331,19 @@ RULED = _swap(KEYS, "      process_payment: {approval: true}\n",
               "      process_payment:\n        approval: true\n        rules:\n" + _SMALL + _MID + _LARGE)
 
 
+# Approvers (issue 26, item 2): refunds answered by two supervisors, never the requester.
+_REFUND = ("      issue_refund:\n        approval: true\n        approvers: supervisors\n        self_approval: false\n"
+           "        quorum: 2\n        rules:\n"
+           "          - {name: large, when: 'args.amount > 100', decide: ask, approvers: supervisors, self_approval: false, quorum: 2}\n"
+           "          - {name: small, when: 'args.amount < 10', decide: ask}\n")
+APPROVING = _swap(KEYS, "      get_location: {runs_in: browser}\n", "      get_location: {runs_in: browser}\n" + _REFUND) + (
+    "approvers:\n  api_keys:\n    - {id: boss, key: k-boss}\n  groups:\n    supervisors: {users: [boss, staff, lead]}\n"
+    "    others: {users: [web, lead]}\n  auditors: {users: [boss]}\n")
+APPROVING_JWT = _swap(JWT, "      process_payment: {approval: true}\n", "      process_payment: {approval: true}\n" + _REFUND) + (
+    "approvers:\n  groups:\n    supervisors: {users: [boss, staff], jwt_claims: {groups: [supervisors]}}\n"
+    "  auditors: {jwt_claims: {roles: [audit, compliance]}}\n")
+
+
 # Per entry of the table: (running, a looser file) and (running, a tighter file, or the same setting
 # written again for a setting that must stay equal), and the key a refusal names.
 CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
@@ -436,6 +449,26 @@ CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
         (RULED, _swap(_swap(RULED, _SMALL, ""), _LARGE, _LARGE + "          - {name: blocked, when: 'args.to == \"XX\"', decide: deny, reason: No.}\n")),
         "agents.pay.tools.process_payment.rules",
     ),
+    "agents.<name>.tools.<tool>.approvers": (
+        (APPROVING, _swap(APPROVING, "        self_approval: false\n", "")),
+        (APPROVING, _swap(APPROVING, "        quorum: 2\n", "        quorum: 3\n")),
+        "agents.pay.tools.issue_refund",
+    ),
+    "approvers.api_keys": (
+        (APPROVING, _swap(APPROVING, "    - {id: boss, key: k-boss}\n", "    - {id: boss, key: k-boss}\n    - {id: lead, key: k-lead}\n")),
+        (APPROVING, _swap(APPROVING, "  api_keys:\n    - {id: boss, key: k-boss}\n", "")),
+        "approvers.api_keys[lead]",
+    ),
+    "approvers.groups": (
+        (APPROVING, _swap(APPROVING, "[boss, staff, lead]", "[boss, staff, lead, web]")),
+        (APPROVING, _swap(APPROVING, "[boss, staff, lead]", "[boss, staff]")),
+        "approvers.groups.supervisors",
+    ),
+    "approvers.auditors": (
+        (APPROVING_JWT, _swap(APPROVING_JWT, "[audit, compliance]", "[audit, compliance, staff]")),
+        (APPROVING_JWT, _swap(APPROVING_JWT, "{roles: [audit, compliance]}", "{roles: [audit], tenant: acme}")),
+        "approvers.auditors",
+    ),
 }
 
 
@@ -488,17 +521,21 @@ def test_every_setting_of_who_gets_in_is_in_the_table_or_said_not_to_be() -> Non
     """A new field of the auth config or of an agent's access or gates fails here until it is
     classified: in RULES with its direction, or in UNJUDGED with why it does not decide who gets in."""
     from gateway.config.agent import AgentAccess, AgentConfig, ToolPolicy
+    from gateway.config.approvers import ApproverGroup, ApproversConfig, Auditors
     from gateway.config.auth import ApiKey, AuthConfig, JwtConfig
 
     models = {
         "auth": AuthConfig, "auth.jwt": JwtConfig, "auth.api_keys[]": ApiKey,
         "agents.<name>": AgentConfig, "agents.<name>.access": AgentAccess, "agents.<name>.tools.<tool>": ToolPolicy,
+        "approvers": ApproversConfig, "approvers.api_keys[]": ApiKey, "approvers.groups.<group>": ApproverGroup,
+        "approvers.auditors": Auditors,
     }
     sections = set(models) | {"agents.<name>.tools"}
     fields = {f"{prefix}.{name}" for prefix, model in models.items() for name in model.model_fields} - sections
     classified = {rule.path for rule in RULES} | {path for rule in RULES for path in rule.covers} | set(UNJUDGED)
     assert fields - classified == set(), "classify these in gateway/config/loosening.py (RULES or UNJUDGED)"
-    assert classified - fields == set(), "the table names settings that do not exist"
+    # A rule may judge a whole section (`approvers.auditors`) and cover its fields.
+    assert classified - fields - sections == set(), "the table names settings that do not exist"
     assert all(rule.why and rule.direction for rule in RULES) and all(UNJUDGED.values())
 
 
@@ -641,3 +678,78 @@ def test_a_browser_tool_moved_to_the_server_with_rules_but_without_approval_is_r
     assert any(p.startswith("gateway.yaml: agents.pay.tools.get_location: a reload cannot stop gating this tool") for p in result.problems)
     asked = _swap(moved, "      get_location:\n", "      get_location:\n        approval: true\n")
     assert plan(asked, now=KEYS).problems == []
+
+
+# ---- who may approve is access: a reload never widens it (issue 26, item 2) ------------------------
+
+_LARGE_ASK = "          - {name: large, when: 'args.amount > 100', decide: ask, approvers: supervisors, self_approval: false, quorum: 2}\n"
+
+
+@pytest.mark.parametrize(("edit", "key", "what"), [
+    ((_LARGE_ASK, "          - {name: large, when: 'args.amount > 100', decide: ask}\n"),
+     "agents.pay.tools.issue_refund.rules[large]", "let the chatting user answer what the group supervisors answers"),
+    ((_LARGE_ASK, _LARGE_ASK.replace("self_approval: false", "self_approval: true")),
+     "agents.pay.tools.issue_refund.rules[large]", "let the requester approve their own calls (self_approval)"),
+    ((_LARGE_ASK, _LARGE_ASK.replace("quorum: 2", "quorum: 1")),
+     "agents.pay.tools.issue_refund.rules[large]", "need fewer approvers (quorum 1, running: 2)"),
+    ((_LARGE_ASK, _LARGE_ASK.replace("approvers: supervisors", "approvers: others")),
+     "agents.pay.tools.issue_refund.rules[large]", "hand the calls to another group (others, running: supervisors)"),
+    (("        approvers: supervisors\n        self_approval: false\n        quorum: 2\n", ""),
+     "agents.pay.tools.issue_refund", "let the chatting user answer what the group supervisors answers"),
+    (("        quorum: 2\n        rules:", "        quorum: 1\n        rules:"),
+     "agents.pay.tools.issue_refund", "need fewer approvers"),
+    (("[boss, staff, lead]", "[boss, staff, lead, anonymous]"), "approvers.groups.supervisors", "users added: anonymous"),
+])
+def test_a_reload_never_lets_more_people_approve(edit: tuple[str, str], key: str, what: str) -> None:
+    result = plan(_swap(APPROVING, *edit), now=APPROVING)
+    assert result.config is None
+    assert any(p.startswith(f"gateway.yaml: {key}: a reload cannot ") and what in p for p in result.problems), result.problems
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("[boss, staff], jwt_claims: {groups: [supervisors]}", "[boss, staff], jwt_claims: {groups: [supervisors, staff]}"),
+     "the claim groups dropped or widened"),
+    (("[boss, staff], jwt_claims: {groups: [supervisors]}", "[boss, staff], jwt_claims: {teams: [supervisors]}"),
+     "the claim groups dropped or widened"),
+])
+def test_a_group_claim_widened_is_refused(edit: tuple[str, str], what: str) -> None:
+    result = plan(_swap(APPROVING_JWT, *edit), now=APPROVING_JWT)
+    assert result.config is None
+    assert any(p.startswith("gateway.yaml: approvers.groups.supervisors: a reload cannot ") and what in p
+               for p in result.problems), result.problems
+
+
+def test_claims_where_a_group_had_none_are_refused() -> None:
+    now = _swap(APPROVING_JWT, "{users: [boss, staff], jwt_claims: {groups: [supervisors]}}", "{users: [boss, staff]}")
+    result = plan(APPROVING_JWT, now=now)
+    assert result.config is None and any("claims that match where none were" in p for p in result.problems)
+
+
+@pytest.mark.parametrize("edit", [
+    # A group named where the chatting user answered; four-eyes turned on; a higher quorum.
+    ("          - {name: small, when: 'args.amount < 10', decide: ask}\n",
+     "          - {name: small, when: 'args.amount < 10', decide: ask, approvers: others}\n"),
+    ("[boss, staff, lead]", "[boss, staff]"),
+    ("{users: [web, lead]}", "{users: [lead]}"),
+    ("  auditors: {users: [boss]}\n", ""),
+    ("    - {id: boss, key: k-boss}\n", "    - {id: boss, sha256: " + hashlib.sha256(b"k-boss").hexdigest() + "}\n"),
+])
+def test_a_reload_may_narrow_who_approves(edit: tuple[str, str]) -> None:
+    result = plan(_swap(APPROVING, *edit), now=APPROVING)
+    assert result.problems == [] and result.config is not None
+
+
+def test_narrowing_the_rules_approvers_applies() -> None:
+    looser = _swap(APPROVING, _LARGE_ASK, _LARGE_ASK.replace("self_approval: false", "self_approval: true").replace("quorum: 2", "quorum: 1"))
+    result = plan(APPROVING, now=looser)
+    assert result.problems == [] and result.config is not None
+
+
+def test_approver_keys_are_judged_in_auth_mode_none_too() -> None:
+    local = "internal: {secret: s-456}\napprovers:\n  api_keys:\n    - {id: boss, key: k-boss}\n"
+    result = plan(local.replace("k-boss", "k-other"), now=local)
+    assert result.config is None and any("approvers.api_keys[boss]" in p for p in result.problems), result.problems
+    # An unset ${SUPERVISOR_API_KEY:-} is no key: setting it later is a key added.
+    empty = local.replace("k-boss", '""')
+    assert plan(empty, now=local).problems == []
+    assert plan(local, now=empty).config is None

@@ -172,7 +172,9 @@ def test_a_long_condition_is_refused() -> None:
     ({"name": "x" * 65, "when": "true", "decide": "ask"}, "rules[0].name: String should match pattern"),
     ({"name": "x", "when": "", "decide": "ask"}, "rules[0].when: String should have at least 1 character"),
     ({"name": "x", "when": "true", "decide": "maybe"}, "rules[0].decide: Input should be 'approve', 'deny' or 'ask'"),
-    ({"name": "x", "when": "true", "decide": "ask", "approvers": ["bob"]}, "rules[0].approvers: unknown key"),
+    ({"name": "x", "when": "true", "decide": "ask", "whom": ["bob"]}, "rules[0].whom: unknown key"),
+    # `approvers` names one group of approvers.groups (tests/unit/test_approvers.py), not people.
+    ({"name": "x", "when": "true", "decide": "ask", "approvers": ["bob"]}, "rules[0].approvers: Input should be a valid string"),
 ])
 def test_a_malformed_rule_is_refused(rule: dict[str, Any], problem: str) -> None:
     found = problems(f"  pay:\n    rules: [{json.dumps(rule)}]\n")
