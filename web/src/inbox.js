@@ -230,6 +230,7 @@ function update(card, approval) {
   card.approval = approval;
   if (JSON.stringify(before.votes) !== JSON.stringify(approval.votes) || before.deadline !== approval.deadline) {
     card.factList.replaceChildren(...facts(approval));
+    tick(); // the new countdown shows at once, not a second later
   }
 }
 
