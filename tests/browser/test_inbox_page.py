@@ -57,6 +57,7 @@ class FakeApprovalsApi:
         # The next POST on an id gets this (status, code, message) instead of a vote.
         self.refusals: dict[str, tuple[int, str, str]] = {}
         self.lines: list[str] = []
+        self.slow: dict[str, float] = {}  # user -> seconds their lists take
 
     def add(self, approval: dict[str, Any]) -> None:
         with self.lock:
@@ -79,8 +80,10 @@ class FakeApprovalsApi:
         return KEYS.get(token) if scheme.lower() == "bearer" else None
 
     async def list(self, request: web.Request) -> web.Response:
-        if self.caller(request) is None:
+        user = self.caller(request)
+        if user is None:
             return self.error(401, "unauthorized", UNKNOWN_KEY)
+        await asyncio.sleep(self.slow.get(user, 0))
         if request.query.get("state") != "pending":
             return self.error(400, "bad_request", "this stand-in lists pending approvals only")
         with self.lock:
@@ -307,6 +310,22 @@ def test_a_wrong_key_shows_the_401_message_and_the_right_one_signs_in(inbox: Inb
     inbox.page.get_by_role("button", name="Sign out").click()
     inbox.signed_out()
     inbox.expect("nothing listed once signed out", lambda: expect(inbox.items()).to_have_count(0))
+    inbox.clean_console()
+
+
+def test_a_list_still_on_its_way_for_the_last_key_does_not_hold_up_the_next(
+    inbox: InboxPage, inbox_api: tuple[FakeApprovalsApi, str]
+) -> None:
+    """Signed out and in again while a list was being fetched: the new key gets its own list."""
+    api, _ = inbox_api
+    api.add(refund("gw-1"))
+    api.slow["auditor"] = 3.0
+    inbox.open()
+    inbox.sign_in("k-auditor")
+    inbox.expect("the first list asked for", lambda: expect(inbox.page.get_by_role("button", name="Sign out")).to_be_visible())
+    inbox.page.get_by_role("button", name="Sign out").click()
+    inbox.sign_in(SUPERVISOR_KEY)
+    inbox.expect("the supervisor's list before the auditor's comes back", lambda: expect(inbox.item("gw-1")).to_be_visible(timeout=2000))
     inbox.clean_console()
 
 

@@ -27,7 +27,7 @@ const cards = new Map(); // approval id -> {node, facts, note, buttons, approval
 const settled = new Set();
 let generation = 0; // bumped by sign-in / sign-out, so an older answer is dropped
 let timer = 0;
-let inFlight = null;
+let inFlight = null; // {generation, promise} of the list request on its way
 let loaded = false;
 let skew = 0; // the gateway's clock minus ours, in seconds, when they differ noticeably
 let errorFrom = null; // 'list' or 'action': a good list answer clears only its own error
@@ -37,6 +37,9 @@ let errorFrom = null; // 'list' or 'action': a good list answer clears only its 
 async function api(path, init = {}) {
   const response = await fetch(path, {
     ...init,
+    // Past the HTTP cache: a list is always fresh, and the browser does not hold a second request
+    // for the same URL (another key's) behind one still on its way.
+    cache: 'no-store',
     headers: { Accept: 'application/json', Authorization: `Bearer ${key}`, ...(init.headers ?? {}) },
   });
   const served = Date.parse(response.headers.get('Date') ?? '');
@@ -115,13 +118,14 @@ function signOut(message) {
 
 // ---- the list --------------------------------------------------------------------------------
 
-// Fetches the pending approvals now (Refresh, sign-in) or every REFRESH_MS; never two at once.
+// Fetches the pending approvals now (Refresh, sign-in) or every REFRESH_MS; never two at once for
+// the same key (one still on its way for a key since replaced is left to be dropped).
 async function refresh() {
   clearTimeout(timer);
   if (!key) return;
-  if (inFlight) return inFlight;
+  if (inFlight?.generation === generation) return inFlight.promise;
   const mine = generation;
-  inFlight = (async () => {
+  const request = (async () => {
     try {
       const answer = await api('/api/approvals?state=pending');
       if (mine !== generation) return;
@@ -133,12 +137,13 @@ async function refresh() {
     } catch (exc) {
       if (mine === generation) showError(`The gateway did not answer: ${exc.message}`, 'list');
     } finally {
-      inFlight = null;
+      if (inFlight?.promise === request) inFlight = null;
       document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes ?? 0) + 1); // for tests
       if (mine === generation && key) timer = setTimeout(refresh, REFRESH_MS);
     }
   })();
-  return inFlight;
+  inFlight = { generation: mine, promise: request };
+  return request;
 }
 
 function render(approvals) {
