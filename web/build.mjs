@@ -1,4 +1,5 @@
-// Builds the demo page into gateway/static/demo/ (git-ignored): index.html, app.js, app.css.
+// Builds the demo pages into gateway/static/demo/ (git-ignored): the chat (index.html, app.js,
+// app.css) and the approvers' inbox (inbox.html, inbox.js, inbox.css).
 // Run after `npm ci` (the Makefile does both): node build.mjs
 import { build } from 'esbuild';
 import { copyFile, mkdir, rm } from 'node:fs/promises';
@@ -10,7 +11,7 @@ const out = fileURLToPath(new URL('../gateway/static/demo/', import.meta.url));
 await rm(out, { recursive: true, force: true });
 await mkdir(out, { recursive: true });
 await build({
-  entryPoints: [`${src}app.js`, `${src}app.css`],
+  entryPoints: ['app.js', 'app.css', 'inbox.js', 'inbox.css'].map((name) => `${src}${name}`),
   outdir: out,
   bundle: true,
   format: 'esm',
@@ -21,5 +22,5 @@ await build({
   legalComments: 'linked',
   logLevel: 'warning',
 });
-await copyFile(`${src}index.html`, `${out}index.html`);
-console.log(`demo page built into ${out}`);
+for (const page of ['index.html', 'inbox.html']) await copyFile(`${src}${page}`, `${out}${page}`);
+console.log(`demo pages built into ${out}`);

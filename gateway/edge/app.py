@@ -82,11 +82,20 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         )
 
 
-async def demo_page(request: web.Request) -> web.StreamResponse:
-    page = STATIC_DIR / "demo" / "index.html"
+def _demo_file(name: str) -> web.FileResponse:
+    page = STATIC_DIR / "demo" / name
     if not page.is_file():
         raise HttpError(404, "demo_not_built", "the demo page is not built: run `make run` (it builds it)")
     return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+
+
+async def demo_page(request: web.Request) -> web.StreamResponse:
+    return _demo_file("index.html")
+
+
+async def inbox_page(request: web.Request) -> web.StreamResponse:
+    """The demo's approvals inbox: a page only; what it lists and decides goes through /api/approvals."""
+    return _demo_file("inbox.html")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -242,7 +251,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:
-        app.add_routes([web.get("/", demo_page)])
+        app.add_routes([web.get("/", demo_page), web.get("/inbox", inbox_page)])
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     # An app on an allowed origin may read the list cross-origin, with its credential in a header.
     app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", preflight)])

@@ -2,6 +2,7 @@
 // replaced that message (the state class stores a new object per change), so a long chat stays cheap.
 import { getToolName, isToolUIPart } from 'ai';
 import { BROWSER_TOOLS } from './browser-tools.js';
+import { el, json } from './dom.js';
 
 const FINAL_STATES = new Set(['output-available', 'output-error', 'output-denied']);
 
@@ -28,24 +29,6 @@ function describeState(part, superseded) {
     default:
       return [part.state, 'running'];
   }
-}
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value == null || value === false) continue;
-    if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
-    else if (key === 'class') node.className = value;
-    else node.setAttribute(key, value === true ? '' : value);
-  }
-  node.append(...children.filter((child) => child != null && child !== false));
-  return node;
-}
-
-// Small values on one line, bigger ones indented.
-function json(value) {
-  const line = JSON.stringify(value, null, 1)?.replace(/\n\s*/g, ' ') ?? String(value);
-  return el('pre', { class: 'json' }, line.length <= 72 ? line : JSON.stringify(value, null, 2));
 }
 
 const section = (caption, ...content) => el('div', { class: 'tool-section' }, el('span', { class: 'caption' }, caption), ...content);
