@@ -246,7 +246,7 @@ class PluginStack:
 def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
-    adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None,
+    adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None, tools: str = DEMO_TOOLS,
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 
@@ -255,7 +255,7 @@ def plugin_stack(
     secret = "test-secret-" + os.urandom(6).hex()
     internal = f"http://127.0.0.1:{internal_port}"
     config = (
-        DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
+        tools.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from ..access.approvers import ApproverIdentity
 from ..cluster.shared import SharedStateDown
@@ -41,7 +41,7 @@ _STORE_DOWN = "the gateway's shared store is unreachable; retry"
 class _Vote(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    approved: bool
+    approved: StrictBool
     reason: str | None = Field(None, max_length=1000)
 
 

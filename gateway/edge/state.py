@@ -16,7 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from ..upstream.agents import Agents
+from ..access.approvers import ApproverAuth
 from ..access.auth import Authenticator
+from ..config.approvers import ApproversConfig
 from ..chat.service import ChatService
 from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
@@ -64,6 +66,17 @@ class Gateway:
     jwks: Jwks | None = None
     # Short clean-ups started where nothing can await them (a reload closing what it replaced).
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    # The approvals API's authentication, made for the running `auth` and `approvers` (approver_auth).
+    _approvers: tuple[Authenticator, ApproversConfig, ApproverAuth] | None = field(default=None, repr=False)
+
+    def approver_auth(self) -> ApproverAuth:
+        """Who calls the approvals API and what they may decide, as the running config says: made
+        again after a reload changed the authenticator or the `approvers` section."""
+        made = self._approvers
+        if made is None or made[0] is not self.auth or made[1] is not self.config.approvers:
+            auth = ApproverAuth(self.auth, self.config.approvers, auth_mode=self.config.auth.mode)
+            made = self._approvers = (self.auth, self.config.approvers, auth)
+        return made[2]
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

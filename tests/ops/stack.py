@@ -204,7 +204,7 @@ def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
     upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
-    adk: Path | None = None,
+    adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "",
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -215,6 +215,7 @@ def replicas(
     that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
     `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
     venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.
+    `tools`, `extra`: the tool policy (procs.DEMO_TOOLS by default), and more sections of YAML.
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -248,7 +249,7 @@ def replicas(
 
         def config(name: str) -> str:
             return (
-                DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout="deny")
+                tools.format(payment_timeout=payment_timeout, on_timeout="deny")
                 + f"internal:\n  port: {ports[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
                 + f"sessions:\n  backend: redis\n  redis_url: {redis.url}\n  key_prefix: gw-test\n"
                 + f"  secret: {sessions_secret}\n"
@@ -256,7 +257,7 @@ def replicas(
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
                 # fails the test instead of hanging it.
                 + f"chat:\n  keepalive_interval: 60s\n  idle_chat_ttl: {idle_chat_ttl}\n"
-                + auth
+                + auth + extra
             )
 
         def start(name: str, port: int | None = None) -> GatewayProcess:

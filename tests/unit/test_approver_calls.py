@@ -105,3 +105,22 @@ def test_the_decision_travels_to_the_owner_and_back() -> None:
     raw = {"op": "decide", "from": "r1", "id": "x", "user": "u", "session": "s", "approval": "gw-1", "approved": True,
            "reason": "", "deciders": {"deciders": [{"user": "sup", "auth": "jwt"}]}}
     assert from_json(raw).work == work  # type: ignore[union-attr]
+
+
+def test_the_chat_cannot_answer_for_the_approvers() -> None:
+    from gateway.chat.answers import ForApprovers, split_answers
+    from gateway.chat.registry import Registry
+    from gateway.core.chat_request import ApprovalAnswer
+
+    registry = Registry()
+    registry.new_actor = lambda chat: None  # type: ignore[assignment,return-value]  # nothing drives it here
+    chat = registry.get("agent", "u", "c", now=0.0)
+    _, call = _waiting(7)
+    chat.machine.ledger.add(call)
+    registry.index_approval(call.id, chat)
+    answer = ApprovalAnswer(call.id, "t1", "refund", True)
+    with pytest.raises(ForApprovers) as refused:
+        split_answers(registry, chat, (answer,), strict=True)
+    assert refused.value.status == 403 and refused.value.code == "approval_for_approvers"
+    call.approvers = None  # the chatting person's own approval: answered in the chat as before
+    assert split_answers(registry, chat, (answer,), strict=True) == ([(answer, call)], [])

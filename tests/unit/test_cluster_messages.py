@@ -17,7 +17,7 @@ from gateway.cluster import router as router_module
 from gateway.cluster.forwarding import ForwardedRequests
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.messages import (
-    WORK, Abort, Audio, Decided, Forwarded, Gate, MalformedMessage, Message, Refused, Relayed, Released, Reply,
+    WORK, Abort, Audio, Decide, Decided, Forwarded, Gate, MalformedMessage, Message, Refused, Relayed, Released, Reply,
     Resume, SocketClosed, Submit, Unfollow, Waiting, from_json, Expire,
 )
 from gateway.core.refusals import HttpError
@@ -35,6 +35,9 @@ MESSAGES: list[Message] = [
     Forwarded("b", "r7", Unfollow("alice", "relay-key")),
     Forwarded("b", "r8", Expire("alice", '{"agent":"demo_agent"}')),
     Forwarded("b", "r6", Gate("demo_agent", "alice", "c1", "fc-1", "process_payment", {"amount": 5, "to": ["x"]})),
+    Forwarded("b", "r6", Gate("demo_agent", "alice", "c1", "fc-1", "process_payment", {"amount": 5}, True)),
+    Forwarded("b", "r1", Submit("alice", "demo_agent", BODY, {"groups": ["staff"]})),
+    Forwarded("b", "r9", Decide("alice", "c1", "gw-abc", True, "checked", {"deciders": [{"user": "sup", "auth": "jwt"}]})),
     Reply("r1", Relayed("k-123")),
     Reply("r2", Relayed(None)),
     Reply("r3", Refused(409, "chat_busy", "a response is streaming", {"Retry-After": "1"})),

@@ -23,7 +23,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
 # The sans-IO core: every module of gateway/core/ (listed, so a new one is covered), and the
 # judgement of a reload, which is pure too.
-CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "config.loosening")
+CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "config.loosening", "config.decision_loosening")
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)
 FORBIDDEN = ("asyncio", "aiohttp", "redis", "structlog", "prometheus_client", "socket", "time", "logging")

@@ -64,12 +64,37 @@ function renderTool(part, actions, superseded) {
     part.state === 'output-error' && section('error', el('p', { class: 'tool-error-text' }, part.errorText)),
     superseded && !FINAL_STATES.has(part.state)
       ? note('You sent a new message before this call finished, so the gateway cancelled it.')
-      : approved === true && part.state !== 'approval-responded'
-        ? note('You approved this call.')
-        : approved === false || part.state === 'output-denied'
-          ? note('You denied this call: the tool did not run.')
-          : null,
+      : decidedElsewhere(part) ??
+        (approved === true && part.state !== 'approval-responded'
+          ? note('You approved this call.')
+          : approved === false || part.state === 'output-denied'
+            ? note('You denied this call: the tool did not run.')
+            : null),
   );
+}
+
+// A decision the person in this chat did not make (ai 7 gets it as the part's approval): a rule of
+// the tool's policy, or its approvers through the approvals inbox (docs/approvals.md).
+function decidedElsewhere(part) {
+  const approval = part.approval;
+  if (!approval || approval.approved === undefined) return null;
+  const reason = approval.reason ? ` (${approval.reason})` : '';
+  const verdict = approval.approved ? 'approved' : 'denied';
+  if (approval.isAutomatic) return note(`The gateway's rule ${approval.descriptor?.rule ?? ''} ${verdict} this call automatically${reason}.`);
+  if (approval.descriptor?.approvers) return note(`The ${approval.descriptor.approvers} ${verdict} this call${reason}.`);
+  return null;
+}
+
+// A call its approvers decide: whom it waits for, then who decided (`data-approval`, ai 6 and ai 7).
+function renderApprovalWait({ data }) {
+  const rule = data.rule ? ` (rule ${data.rule})` : '';
+  const text =
+    data.state === 'waiting'
+      ? `Waiting for the ${data.approvers}${rule}: they decide in the approvals inbox.`
+      : data.state === 'decided'
+        ? `${data.approved ? 'Approved' : 'Denied'} by ${(data.by ?? []).join(', ') || 'the approvers'}${data.reason ? `: ${data.reason}` : ''}.`
+        : `No decision from the ${data.approvers}: ${data.state}.`;
+  return el('p', { class: 'tool-note', 'data-approval-state': data.state }, text);
 }
 
 function renderPart(part, actions, superseded) {
@@ -83,7 +108,8 @@ function renderPart(part, actions, superseded) {
       : el('a', { class: 'file', href: part.url, download: part.filename ?? true }, part.filename ?? part.mediaType);
   }
   if (isToolUIPart(part)) return renderTool(part, actions, superseded);
-  return null; // step-start, data parts, sources: nothing to show in this demo
+  if (part.type === 'data-approval') return renderApprovalWait(part);
+  return null; // step-start, other data parts, sources: nothing to show in this demo
 }
 
 function renderMessage(message, actions, superseded) {

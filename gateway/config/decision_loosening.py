@@ -1,0 +1,152 @@
+"""How a reload could loosen who decides a tool call: the tools' rules on their arguments and the
+approvers who answer what they ask. Part of the judgement of a reload (config/loosening.py, whose
+table names each judge here); pure, as that one is.
+"""
+
+from __future__ import annotations
+
+from .agent import AgentConfig
+from .approvers import ApproversConfig, AskSpec, key_digests
+from .rules import ToolRule
+
+__all__ = ["Finding", "approver_keys_added", "asks_widened", "auditors_widened", "groups_widened", "tool_key", "tool_names",
+           "tool_rules_loosened"]
+
+# What a judge says is wrong: the key (relative to the agent for an agent's setting) and what a reload cannot do.
+Finding = tuple[str, str]
+
+
+def tool_names(was: AgentConfig, now: AgentConfig) -> list[str]:
+    # The tools either lists, and `default`: a tool listed only now may escape the default that gated it.
+    return sorted(set(was.tools) | set(now.tools) | {"default"})
+
+
+def tool_key(name: str) -> str:
+    return "tools.default (every tool not listed)" if name == "default" else f"tools.{name}"
+
+
+def tool_rules_loosened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    findings = []
+    for name in tool_names(was, now):
+        policy = now.tool_policy(name)
+        if what := _rules_loosened(was.tool_policy(name).rules, policy.rules, asks=policy.approval):
+            key = "tools.default.rules (every tool not listed)" if name == "default" else f"tools.{name}.rules"
+            findings.append((key, f"loosen a tool's rules ({'; '.join(what)})"))
+    return findings
+
+
+def _rules_loosened(was: list[ToolRule], now: list[ToolRule], *, asks: bool) -> list[str]:
+    """What makes `now` decide some call more loosely than `was` (deny, then ask, then approve);
+    `asks`: the new policy asks when no rule decides (`approval: true`).
+
+    A rule is the same by its name, condition and outcome (a reason edited is the same rule). Kept
+    rules must stay in their order; deny rules may be added and approve rules removed, but a rule
+    whose condition cannot be evaluated for a call asks a person (config/rules.py), which deny rules
+    and approve rules change too: a deny rule added before a deny rule that stays would ask where
+    that rule refused, and an approve rule removed asked where a later approve rule, or the tool's
+    default, would approve."""
+    was_keys, now_keys = {_rule_key(rule) for rule in was}, {_rule_key(rule) for rule in now}
+    gone = {rule.name: rule for rule in was if _rule_key(rule) not in now_keys}
+    added = {rule.name: rule for rule in now if _rule_key(rule) not in was_keys}
+    what = []
+    for at, rule in enumerate(now):
+        if rule.name not in added:
+            continue
+        before = gone.get(rule.name)
+        if before is not None and (before.decide, rule.decide) != ("approve", "deny"):
+            what.append(f"change the rule {rule.name}")
+        elif rule.decide != "deny":
+            what.append(f"add the {rule.decide} rule {rule.name}")
+        elif later := _kept(now[at + 1:], "deny", added):
+            what.append(f"add the deny rule {rule.name} before the deny rule {later}")
+    for at, rule in enumerate(was):
+        if rule.name not in gone or (rule.name in added and added[rule.name].decide != "deny"):
+            continue  # kept, or changed (said above)
+        if rule.decide != "approve":
+            if rule.name not in added:
+                what.append(f"remove the {rule.decide} rule {rule.name}")
+        elif later := _kept(was[at + 1:], "approve", gone):
+            what.append(f"remove the approve rule {rule.name} before the approve rule {later}")
+        elif not asks:
+            what.append(f"remove the approve rule {rule.name} of a tool that approves what no rule decides")
+    kept_was = [_rule_key(rule) for rule in was if rule.name not in gone]
+    if not what and kept_was != [_rule_key(rule) for rule in now if rule.name not in added]:
+        what.append("reorder the rules")
+    return what
+
+
+def _kept(rules: list[ToolRule], decide: str, changed: dict[str, ToolRule]) -> str | None:
+    """The first of `rules` that decides `decide` and stays through the reload."""
+    return next((rule.name for rule in rules if rule.decide == decide and rule.name not in changed), None)
+
+
+def _rule_key(rule: ToolRule) -> tuple[str, str, str]:
+    return rule.name, rule.when, rule.decide
+
+
+def approver_keys_added(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    old = set(key_digests(was.api_keys))
+    added = {user for digest, user in key_digests(now.api_keys) if (digest, user) not in old}
+    return [(f"approvers.api_keys[{user}]", "let another key answer approvals (a key added, or given to another id)")
+            for user in sorted(added)]
+
+
+def _members_widened(was_users: list[str], was_claims: dict[str, list[str]],
+                     now_users: list[str], now_claims: dict[str, list[str]]) -> list[str]:
+    """How a list of people (a group, the auditors: its users, and whoever carries every claim
+    with an allowed value) takes in more: a user added, claims where none were (none match
+    nobody), a claim dropped or allowed another value. Claims added to others, or all dropped, narrow."""
+    what = []
+    if added := sorted(set(now_users) - set(was_users)):
+        what.append(f"users added: {', '.join(added)}")
+    if now_claims and not was_claims:
+        what.append("claims that match where none were")
+    elif now_claims:
+        what += [f"the claim {claim} dropped or widened" for claim, allowed in was_claims.items()
+                 if claim not in now_claims or set(now_claims[claim]) - set(allowed)]
+    return what
+
+
+def groups_widened(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    # A group new in the file answers nothing a running rule asks of it: a rule moved to it is
+    # judged with the rule (`agents.<name>.tools.<tool>.approvers`); a group gone answers nobody.
+    findings = []
+    for name, group in now.groups.items():
+        before = was.groups.get(name)
+        if before is not None and (what := _members_widened(before.users, before.jwt_claims, group.users, group.jwt_claims)):
+            findings.append((f"approvers.groups.{name}", f"let more people answer its approvals ({'; '.join(what)})"))
+    return findings
+
+
+def auditors_widened(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
+    what = _members_widened(was.auditors.users, was.auditors.jwt_claims, now.auditors.users, now.auditors.jwt_claims)
+    return [("approvers.auditors", f"let more people read decided approvals ({'; '.join(what)})")] if what else []
+
+
+def asks_widened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
+    """Who answers each call asked either side (the tool's own asks, and each ask rule both keep;
+    rules added or removed are the rules' judgement): never wider than running."""
+    findings = []
+    for name in tool_names(was, now):
+        before, after = was.tool_policy(name), now.tool_policy(name)
+        kept = {rule.name for rule in after.rules if rule.decide == "ask"}
+        for rule in [None, *(r.name for r in before.rules if r.decide == "ask" and r.name in kept)]:
+            if what := _ask_widened(before.asks(rule), after.asks(rule)):
+                key = f"tools.{name}" + (f".rules[{rule}]" if rule else "") + (" (every tool not listed)" if name == "default" else "")
+                findings.append((key, what))
+    return findings
+
+
+def _ask_widened(was: AskSpec | None, now: AskSpec | None) -> str | None:
+    if was is None:
+        return None  # the chatting user answered: any group is another person's say on top
+    if now is None:
+        return f"let the chatting user answer what the group {was.group} answers"
+    what = []
+    if now.group != was.group:
+        what.append(f"hand the calls to another group ({now.group}, running: {was.group})")
+    if now.self_approval and not was.self_approval:
+        what.append("let the requester approve their own calls (self_approval)")
+    if now.quorum < was.quorum:
+        what.append(f"need fewer approvers (quorum {now.quorum}, running: {was.quorum})")
+    return "; ".join(what) or None
