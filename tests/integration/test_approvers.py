@@ -20,8 +20,7 @@ from tests.procs import DEMO_TOOLS, GatewayProcess, PluginStack, metric_value, p
 pytestmark = [pytest.mark.integration, pytest.mark.js]
 
 KEY = "supervisor-key-for-tests"
-RULE = """    rules:
-      - name: large
+LARGE = """      - name: large
         when: args.amount > 1000
         decide: ask
         approvers: supervisors
@@ -41,11 +40,11 @@ APPROVERS = f"""approvers:
 
 
 def _four_eyes_tools() -> str:
-    """procs.DEMO_TOOLS with process_payment's rules replaced by one that hands payments above 1,000
-    to the supervisors."""
-    tools = DEMO_TOOLS.replace("    hint: Money leaves the account when you approve.\n",
-                               "    hint: Money leaves the account when you approve.\n" + RULE, 1)
-    return tools[: tools.index("    # The demo's rules")] + tools[tools.index("  get_location:"):]
+    """procs.DEMO_TOOLS (the demo's rules: below 5 approved, 10,000 or more denied) with one more rule
+    on process_payment: payments above 1,000 wait for the supervisors."""
+    denied = "        reason: Payments of 10,000 or more are refused.\n"
+    assert denied in DEMO_TOOLS
+    return DEMO_TOOLS.replace(denied, denied + LARGE, 1)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +152,18 @@ def test_on_two_replicas_the_approval_is_listed_and_decided_on_the_one_that_does
         assert paid["state"] == "output-available" and paid["output"]["success"] is True
         assert len(pair.ledger.of(result["chatId"])) == 1  # the agent's own count of real executions
         assert _api(pair.a, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
+        # A rule decides on the chat's replica too, the plugin's ask forwarded from B.
+        [small] = run_chats([{**run, "steps": [{"send": "pay 2 to Hanako"}]}], timeout=40)
+        assert_clean(small)
+        # The audit trail through either replica (the store in Redis): both decisions, by their source.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            trail = _api(pair.b, "GET", "/api/approvals?state=decided&limit=100").json()["approvals"]
+            if {r["source"] for r in trail} >= {"approver", "rule"}:
+                break
+            time.sleep(0.1)
+        sources = {r["chat_id"]: (r["source"], r["outcome"]) for r in trail}
+        assert sources[result["chatId"]] == ("approver", "approved") and sources[small["chatId"]] == ("rule", "approved")
         # B carried the decision to A (the owner), which applied it.
         assert metric_value(pair.b.base, "adk_gateway_forwarded_total", {"direction": "out"}) >= 1
         assert any(line.get("event") == "approval_vote" for line in pair.b.log_lines())
