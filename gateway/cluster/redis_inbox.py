@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from .backoff import Backoff
+from ..ops.backoff import Backoff
 from .sealing import Seal, Tampered, fingerprint
 from .shared import Inbox
 

@@ -21,7 +21,7 @@ drives do that):
 - chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
   user, and read back under that user only;
-- the audit trail's store: one record per decided approval (ops/audit.py makes them), appended once
+- the audit trail's store: one record per decided approval (cluster/audit_trail.py makes them), appended once
   per approval id and read back oldest first by any replica, bounded by a count and an age;
 - the directory of pending approvals: each approval that waits for someone (its record, as the
   approvals API shows it, plus the replica running its chat), listed and read by any replica, and

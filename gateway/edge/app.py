@@ -30,7 +30,7 @@ from .errors import Handler, error_middleware
 from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
-from ..ops.audit import AuditTrail
+from ..cluster.audit_trail import AuditTrail
 from ..ops.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ..chat.registry import Registry
 from .state import GATEWAY, Gateway

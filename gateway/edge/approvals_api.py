@@ -24,7 +24,7 @@ from ..access.approvers import ApproverIdentity
 from ..cluster.shared import SharedStateDown
 from ..config.approvers import AskSpec
 from ..core.refusals import HttpError
-from ..ops.audit import InvalidAuditQuery
+from ..cluster.audit_trail import InvalidAuditQuery
 from .admit import count_refusal, preflight
 from .state import GATEWAY, Gateway
 

@@ -24,7 +24,7 @@ from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
 from ..core.limits import Admission
-from ..ops.audit import AuditTrail
+from ..cluster.audit_trail import AuditTrail
 from ..ops.metrics import GatewayMetrics
 from ..ops.webhooks import Webhooks
 from ..chat.registry import Registry
@@ -48,7 +48,7 @@ class Gateway:
     # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
     # The audit trail of decided approvals: `audit.record(notice)` where an approval ends,
-    # `await audit.read(...)` for the approvals API (ops/audit.py).
+    # `await audit.read(...)` for the approvals API (cluster/audit_trail.py).
     audit: AuditTrail
     # Approval notices to the configured webhooks (ops/webhooks.py): `webhooks.notify(notice)`.
     webhooks: Webhooks

@@ -41,7 +41,7 @@ import aiohttp
 import orjson
 import structlog
 
-from ..cluster.backoff import Backoff
+from .backoff import Backoff
 from ..config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from ..core.approval_notice import ApprovalNotice
 from .metrics import GatewayMetrics

@@ -1,4 +1,4 @@
-"""The audit trail (ops/audit.py): one JSON log line and one stored record per decided approval.
+"""The audit trail (cluster/audit_trail.py): one JSON log line and one stored record per decided approval.
 
 - The log line: every field of the record, the arguments only with `audit.include_args` (their
   digest always); nothing for a notice that does not end an approval.
@@ -30,8 +30,8 @@ from gateway.config.schema import LoggingConfig, parse_config
 from gateway.core.approval_notice import Approver, ApprovalNotice, args_digest
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
-from gateway.ops import audit as audit_module
-from gateway.ops.audit import AuditTrail, InvalidAuditQuery
+from gateway.cluster import audit_trail as audit_module
+from gateway.cluster.audit_trail import AuditTrail, InvalidAuditQuery
 from gateway.ops.logs import configure_logging, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from tests.procs import RedisServer, redis_server
@@ -88,7 +88,7 @@ async def test_the_log_line_holds_every_field_and_the_arguments_only_when_allowe
     configure_logging("info", "json")
     # The module's logger as the process would have it (one cached by an earlier test writes to
     # that test's captured stderr).
-    monkeypatch.setattr(audit_module, "log", structlog.get_logger("adk_gateway.ops.audit"))
+    monkeypatch.setattr(audit_module, "log", structlog.get_logger("adk_gateway.cluster.audit_trail"))
     audit = trail(MemoryState("a"), GatewayMetrics(), AuditConfig(include_args=include_args))
     decided = notice()
     audit.record(decided)

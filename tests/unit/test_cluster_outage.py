@@ -20,7 +20,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from gateway.edge.app import create_app, readyz
 from gateway.cluster import redis_inbox as inbox_module
-from gateway.cluster.backoff import Backoff
+from gateway.ops.backoff import Backoff
 from gateway.cluster.redis import RedisState
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown

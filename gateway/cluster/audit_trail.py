@@ -3,7 +3,7 @@
 The chat layer hands every approval notice to `AuditTrail.record` (core/approval_notice.py); a
 notice of kind `decided` or `expired` becomes a record: the notice's fields, the digest of the
 call's arguments always and the arguments themselves only with `audit.include_args`. The record is
-written at once as one log line (logger `adk_gateway.ops.audit`, event `approval_audit`): the
+written at once as one log line (logger `adk_gateway.cluster.audit_trail`, event `approval_audit`): the
 long-term copy, kept as long as the logs are. Then it is appended to the shared store (memory or
 Redis: cluster/shared.py), which keeps the newest `audit.keep` records for at most `audit.max_age`
 and which any replica reads (`AuditTrail.read`, for the approvals API), so an auditor needs neither
@@ -32,19 +32,19 @@ from typing import Any
 
 import structlog
 
-from ..cluster.backoff import Backoff
-from ..cluster.shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
+from ..ops.backoff import Backoff
+from .shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
 from ..config.audit import AuditConfig
 from ..config.sections import LoggingConfig
 from ..core.approval_notice import ApprovalNotice
 from ..core.refusals import Refusal
-from .logs import user_id_digest
-from .metrics import GatewayMetrics
-from .stopping import cancel_and_wait
+from ..ops.logs import user_id_digest
+from ..ops.metrics import GatewayMetrics
+from ..ops.stopping import cancel_and_wait
 
 __all__ = ["MAX_PAGE", "AuditTrail", "InvalidAuditQuery"]
 
-log = structlog.get_logger("adk_gateway.ops.audit")
+log = structlog.get_logger("adk_gateway.cluster.audit_trail")
 
 # The notices that end an approval: each makes one record.
 _RECORDED = frozenset({"decided", "expired"})
