@@ -11,7 +11,7 @@ have to move to the new one before it is dropped).
   `confirm` (the agent's `upstream.approvals: confirm`) is gated by ADK's own confirmation
   instead: the plugin asks ADK, not this listener. Without `app_name`
   (a plugin from before several agents): every agent's policies merged, each tool as gated as
-  any agent has it. A tool with rules (config/rules.py) is marked `rules`: a plugin that says it
+  any agent has it. A tool with rules (config/rules.py) or approvers is marked `rules`: a plugin that says it
   knows them (`features=rules`) asks about each call first (below, with `confirm`), and asks ADK's
   confirmation only when no rule decided; to an older plugin, such a tool is not `confirm`, so it
   blocks on the request below and the rules apply there (fail closed, not durable).
@@ -95,10 +95,12 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
 
 def _entry(p: ToolPolicy, confirm: bool = False, knows_rules: bool = True) -> dict[str, object]:
     browser = p.runs_in == "browser"
-    # A plugin that does not know rules would confirm without asking: it must block instead.
-    confirm = confirm and (knows_rules or not p.rules)
+    # The gateway decides first (a rule, or who answers: approvers) before any ADK confirmation.
+    # A plugin that does not know this would confirm without asking: it must block instead.
+    first = bool(p.rules) or p.approvers is not None
+    confirm = confirm and (knows_rules or not first)
     return {
-        "rules": bool(p.rules),
+        "rules": first,
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
         # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
         # A plugin from before this key ignores it and blocks: still gated.
@@ -123,7 +125,7 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
             "runs_in": "browser" if any(p.runs_in == "browser" for p in policies) else "server",
             "timeout": max((p.timeout for p in policies if p.gated), default=policies[0].timeout),
             "gated": any(p.gated for p in policies),
-            "rules": any(bool(p.rules) for p in policies),
+            "rules": any(bool(p.rules) or p.approvers is not None for p in policies),
             "non_blocking": all(p.non_blocking for p in policies),
             # Without the app, the plugin blocks (hold): it gates for every agent alike.
             "confirm": False,

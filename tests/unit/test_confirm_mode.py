@@ -290,3 +290,23 @@ def test_the_recorded_native_run_reads_the_same_under_a_confirming_policy() -> N
         shell.apply(turn.end(1.0))
         outs.append(shell.current.chunks)
     assert outs[0] == outs[1]
+
+
+async def test_a_tool_whose_approvers_decide_is_asked_about_first_and_never_confirmed_by_an_older_plugin() -> None:
+    """A tool with approvers of its own (no rules) must reach the gateway before ADK's confirmation:
+    confirmed in the chat, the chatting user would answer for the approvers."""
+    text = (
+        "internal:\n  secret: s3cret\napprovers:\n  groups:\n    leads:\n      users: [lead]\n"
+        "agents:\n  pay:\n    upstream: {app_name: pay_app, approvals: confirm}\n"
+        "    tools:\n      wire:\n        approval: true\n        approvers: leads\n"
+    )
+    client = TestClient(TestServer(create_internal_app(create_app(parse_config(text, source="g.yaml", env={})))))
+    await client.start_server()
+    try:
+        auth = {"Authorization": "Bearer s3cret"}
+        new = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app", "features": "rules"}, headers=auth)).json())
+        assert new["tools"]["wire"]["rules"] is True and new["tools"]["wire"]["confirm"] is True
+        old = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app"}, headers=auth)).json())
+        assert old["tools"]["wire"]["confirm"] is False, "an older plugin must block, so that the gateway decides who answers"
+    finally:
+        await client.close()
