@@ -163,6 +163,9 @@ async def decide_approval(request: web.Request) -> web.Response:
     if result == "already":
         raise HttpError(409, "already_decided", "this approval was decided before (its deadline passed, or the run ended)")
     if result == "gone":
+        # Nobody holds the call any more (its replica stopped with the plugin's request, which the
+        # plugin then refused): no inbox should list it again.
+        await gateway.cluster.approvals.closed(record["id"])
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
     outcome = "approved" if vote.approved else "denied"
     return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))

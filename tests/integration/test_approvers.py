@@ -167,3 +167,26 @@ def test_on_two_replicas_the_approval_is_listed_and_decided_on_the_one_that_does
         # B carried the decision to A (the owner), which applied it.
         assert metric_value(pair.b.base, "adk_gateway_forwarded_total", {"direction": "out"}) >= 1
         assert any(line.get("event") == "approval_vote" for line in pair.b.log_lines())
+
+
+def test_an_approval_whose_replica_died_is_gone_for_the_supervisor_and_never_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Held where its chat ran: the replica killed, the plugin's request goes with it (refused, the
+    tool does not run); the supervisor's answer through the other replica is 410, and the inbox no
+    longer lists it. Fail closed, not durable (docs/approvals.md)."""
+    with replicas(tmp_path_factory.mktemp("four-eyes-killed"), tools=_four_eyes_tools(), extra=APPROVERS) as pair:
+        run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
+               "steps": [{"send": "pay 2000 to Hanako"}]}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            chat = pool.submit(run_chats, [run], timeout=60)
+            pending = _pending(pair.b)
+            pair.a.proc.kill()
+            pair.a.proc.wait()
+            late = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
+            assert late.status == 410 and late.json()["error"]["code"] == "approval_gone", late.body
+            [result] = chat.result()
+        assert result["status"] != "ready" or result.get("errors"), "the requester's stream ended with its replica"
+        assert _api(pair.b, "GET", "/api/approvals?state=pending").json()["approvals"] == []
+        time.sleep(1.0)  # the plugin's refusal reaches ADK; no late run of the tool follows
+        assert pair.ledger.of(result["chatId"]) == []
