@@ -6,6 +6,8 @@ chat streams the outcome. The stock ADK API server with the plugin, in confirm m
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.chatflow import new_chat, user
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import replicas
 from tests.procs import DEMO_TOOLS, GatewayProcess, PluginStack, metric_value, plugin_stack, request
@@ -190,3 +193,31 @@ def test_an_approval_whose_replica_died_is_gone_for_the_supervisor_and_never_run
         assert _api(pair.b, "GET", "/api/approvals?state=pending").json()["approvals"] == []
         time.sleep(1.0)  # the plugin's refusal reaches ADK; no late run of the tool follows
         assert pair.ledger.of(result["chatId"]) == []
+
+
+def test_a_requester_who_left_while_the_supervisors_decided_reads_the_outcome_on_resume(four_eyes: PluginStack) -> None:
+    """The stream held open for the approvers outlives the browser that left it (chat.on_disconnect:
+    continue): the resume replays it whole, the outcome included."""
+    host, port = four_eyes.gateway.base.removeprefix("http://").split(":")
+    chat_id = new_chat()
+    body = json.dumps({"id": chat_id, "messages": [user("pay 4000 to Hanako")]})
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/api/chat", body, {"Content-Type": "application/json", "x-ai-sdk-version": "7"})
+    stream = conn.getresponse()
+    seen = b""
+    while b'"data-approval"' not in seen:
+        seen += stream.read1(4096)
+    conn.close()  # the browser leaves before anyone decided
+    pending = _pending(four_eyes)
+    assert _api(four_eyes, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status == 200
+    deadline = time.monotonic() + 20
+    while True:
+        resumed = request(four_eyes.gateway.base, "GET", f"/api/chat/{chat_id}/stream", headers={"x-ai-sdk-version": "7"})
+        chunks = [json.loads(line[6:]) for line in resumed.body.decode().splitlines() if line.startswith("data: {")]
+        if any(c["type"] == "finish" for c in chunks) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    kinds = [c["type"] for c in chunks]
+    assert "data-approval" in kinds and "tool-approval-response" in kinds and "tool-output-available" in kinds, kinds
+    [decided] = [c for c in chunks if c["type"] == "data-approval" and c["data"]["state"] == "decided"]
+    assert decided["data"]["approved"] is True and kinds[-1] == "finish"
