@@ -23,8 +23,8 @@ from aiohttp import web
 
 from ..config.approvers import ApproversConfig, AskSpec, key_digests
 from ..core.approval_notice import Approver
-# The package's own claim matching and 401, so an approver is matched and refused as a chat caller is.
-from .auth import Authenticator, Identity, _holds, _unauthorized
+# The chat routes' claim matching and 401: an approver is matched and refused as a chat caller is.
+from .auth import Authenticator, Identity, claim_holds, unauthorized
 
 __all__ = ["APPROVER_KEY", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
 
@@ -70,7 +70,7 @@ class ApproverAuth:
             if self._auth_mode == "none":
                 # The chat routes ignore credentials here; a supervisor's mistyped key must not
                 # quietly make them the anonymous chatting user.
-                raise _unauthorized("unknown_api_key", "unknown approver key")
+                raise unauthorized("unknown_api_key", "unknown approver key")
         identity = await self._authenticator.identify(request)
         kind: AuthKind = "cookie" if identity.via_cookie else _KINDS[self._auth_mode]
         return ApproverIdentity(identity.user_id, identity.claims, identity.via_cookie, kind)
@@ -113,7 +113,7 @@ def _member(identity: Identity, users: list[str], claims: Mapping[str, list[str]
     matches); no claims match nobody, so an empty list is never everyone."""
     if identity.user_id in users:
         return True
-    return bool(claims) and all(_holds(identity.claims.get(claim), allowed) for claim, allowed in claims.items())
+    return bool(claims) and all(claim_holds(identity.claims.get(claim), allowed) for claim, allowed in claims.items())
 
 
 def _bearer(request: web.Request) -> str:

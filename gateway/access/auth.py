@@ -39,7 +39,7 @@ from ..config.auth import AuthConfig
 from ..core.refusals import HttpError
 from .jwks import Jwks
 
-__all__ = ["Authenticator", "Identity", "warn_token_in_url"]
+__all__ = ["Authenticator", "Identity", "claim_holds", "unauthorized", "warn_token_in_url"]
 
 log = structlog.get_logger("adk_gateway.access.auth")
 
@@ -60,7 +60,7 @@ _JWT_REASONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
 )
 
 
-def _unauthorized(reason: str, message: str, **detail: str) -> HttpError:
+def unauthorized(reason: str, message: str, **detail: str) -> HttpError:
     """The 401 for a refused credential, logged with its reason code (`detail`: config-side names
     only, such as the claim a token lacks; never anything the caller sent)."""
     log.info("auth_refused", reason=reason, **detail)
@@ -118,11 +118,11 @@ class Authenticator:
             credential = request.cookies.get(self._config.cookie_name, "").strip()
             via_cookie = bool(credential)
         if not credential:
-            raise _unauthorized("no_credential", "credentials required: Authorization: Bearer <token>")
+            raise unauthorized("no_credential", "credentials required: Authorization: Bearer <token>")
         if mode == "api_key":
             user = self._keys.get(hashlib.sha256(credential.encode()).hexdigest())
             if user is None:
-                raise _unauthorized("unknown_api_key", "unknown API key")
+                raise unauthorized("unknown_api_key", "unknown API key")
             return Identity(user, via_cookie=via_cookie)
         identity = self._jwt_identity(credential, await self._signing_key(credential))
         return Identity(identity.user_id, identity.claims, via_cookie) if via_cookie else identity
@@ -134,13 +134,13 @@ class Authenticator:
         try:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.PyJWTError as exc:
-            raise _unauthorized("malformed", f"invalid token: {exc}") from None
+            raise unauthorized("malformed", f"invalid token: {exc}") from None
         if kid is not None and not isinstance(kid, str):
-            raise _unauthorized("malformed", "invalid token: kid is not a string")
+            raise unauthorized("malformed", "invalid token: kid is not a string")
         found = await self._jwks.key(kid)
         if found is None:
             # Fetched again already if allowed (access/jwks.py): a key the provider does not publish.
-            raise _unauthorized("unknown_kid", "invalid token: signed with a key the identity provider does not publish")
+            raise unauthorized("unknown_kid", "invalid token: signed with a key the identity provider does not publish")
         return found.key
 
     @staticmethod
@@ -149,7 +149,7 @@ class Authenticator:
         lists fit the auth mode: an API key list under api_key, claims under jwt)."""
         if access.api_keys is not None and identity.user_id not in access.api_keys:
             return False
-        return all(_holds(identity.claims.get(claim), allowed) for claim, allowed in (access.jwt_claims or {}).items())
+        return all(claim_holds(identity.claims.get(claim), allowed) for claim, allowed in (access.jwt_claims or {}).items())
 
     def _jwt_identity(self, token: str, key: Any) -> Identity:
         settings = self._config.jwt
@@ -165,21 +165,21 @@ class Authenticator:
                 options={"require": [settings.user_claim, "exp"], "verify_aud": settings.audience is not None},
             )
         except jwt.ExpiredSignatureError:
-            raise _unauthorized("expired", "token expired") from None
+            raise unauthorized("expired", "token expired") from None
         except jwt.MissingRequiredClaimError as exc:
-            raise _unauthorized("missing_claim", f"invalid token: {exc}", claim=exc.claim) from None
+            raise unauthorized("missing_claim", f"invalid token: {exc}", claim=exc.claim) from None
         except jwt.PyJWTError as exc:
             # Every PyJWT failure is the token's fault as far as the caller is concerned (a key that
             # does not fit the token's algorithm included), never a 500.
-            raise _unauthorized(_jwt_reason(exc), f"invalid token: {exc}") from None
+            raise unauthorized(_jwt_reason(exc), f"invalid token: {exc}") from None
         subject = claims.get(settings.user_claim)
         if not isinstance(subject, str) or not 0 < len(subject) <= _USER_ID_MAX:
-            raise _unauthorized(
+            raise unauthorized(
                 "bad_user_claim", f"invalid token: {settings.user_claim} must be a non-empty string", claim=settings.user_claim,
             )
         for claim, allowed in settings.required_claims.items():
-            if not _holds(claims.get(claim), allowed):
-                raise _unauthorized(
+            if not claim_holds(claims.get(claim), allowed):
+                raise unauthorized(
                     "claim_not_allowed", f"invalid token: its {claim} claim is not one this gateway accepts", claim=claim,
                 )
         return Identity(subject, claims)
@@ -243,7 +243,7 @@ def warn_token_in_url(config: AuthConfig) -> None:
         )
 
 
-def _holds(value: Any, allowed: list[str]) -> bool:
+def claim_holds(value: Any, allowed: list[str]) -> bool:
     """A claim holds one of the allowed values: a string equals one, a list (`groups`, `aud`) holds
     one, and `scope`, a space-separated string by RFC 8693, holds one of its words."""
     if isinstance(value, str):
@@ -273,7 +273,7 @@ def _credential(request: web.Request, token_in_url: bool) -> str:
     if credential or "access_token" not in request.query:
         return credential
     if not token_in_url:
-        raise _unauthorized(
+        raise unauthorized(
             "token_in_url_off",
             "?access_token= is turned off on this gateway (auth.allow_token_in_url): send the credential in "
             "the Authorization header, or on a WebSocket use a ticket from POST .../api/chat/ws-ticket or the cookie"

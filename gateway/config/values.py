@@ -56,7 +56,7 @@ def _values_as_lists(value: Any) -> Any:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
-# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); access/auth.py `_holds` matches them.
+# Claims and the values each may have (`{groups: staff}` or `{groups: [staff, ops]}`); access/auth.py `claim_holds` matches them.
 ClaimValues = Annotated[dict[str, list[str]], BeforeValidator(_values_as_lists)]
 
 
