@@ -130,6 +130,7 @@ class GatewayMetrics:
         )
         # The models kept as `model` label values (metrics.models); know_agents sets them.
         self._token_models: frozenset[str] = frozenset()
+        self._token_children: dict[tuple[str, str, str], Any] = {}
         self.first_token = Histogram(
             "adk_gateway_first_token_seconds",
             "From a run's start to the first words (text, reasoning or audio) written for the browser, by agent.",
@@ -330,10 +331,15 @@ class GatewayMetrics:
         counts as "other": the label's values are the config's, whatever the upstream reports."""
         if model not in self._token_models:
             model = OTHER_MODEL
+        children = self._token_children
         for kind, field in TOKEN_KINDS:
             value = usage.get(field)
             if type(value) is int and value > 0:
-                self.tokens.labels(agent, model, kind).inc(value)
+                key = (agent, model, kind)
+                child = children.get(key)
+                if child is None:  # labels() takes a lock: once per series, not per call
+                    child = children[key] = self.tokens.labels(agent, model, kind)
+                child.inc(value)
 
     def know_agents(self, config: GatewayConfig) -> None:
         """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls
