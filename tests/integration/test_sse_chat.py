@@ -267,4 +267,13 @@ def test_tokens_and_time_to_first_token_are_counted_per_turn(adk_base: str, tmp_
         second = post(gw, new_chat(), [user("weather in Tokyo")])
         assert _tokens(gw.base, "input") == 16 + 32 == 16 + second.chunks[-1]["messageMetadata"]["usage"]["inputTokens"]
         assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 2
+        # Typing instead of answering: the payment's call (1), the model's answer to the rejection,
+        # which ADK runs out of the browser's sight (1), and the new message's (1).
+        pay = user("pay 50 to Hanako")
+        first = post(gw, chat, [pay])
+        assert _tokens(gw.base, "input") == 48 + 16
+        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 2  # no words: not timed
+        post(gw, chat, [pay, assistant_from(first), user("hello again")])
+        assert _tokens(gw.base, "input") == 64 + 32
+        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 3
         assert _tokens(gw.base, "input", "other") == 0
