@@ -72,8 +72,8 @@ class ChatActor:
 
     # Every remembered chat keeps its actor: no per-instance dict.
     __slots__ = (
-        "_counts", "_due", "_first_token_from", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id", "closing_reason", "machine", "run",
-        "upstream_wait", "user_id",
+        "_counts", "_due", "_first_token_from", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id",
+        "closing_reason", "machine", "run", "upstream_wait", "user_id",
     )
 
     def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str, chat_id: str = "", user_id: str = "") -> None:
