@@ -37,6 +37,8 @@ _FINISH_REASONS: Final = {
 _USAGE_FIELDS: Final = (
     ("promptTokenCount", "inputTokens"),
     ("candidatesTokenCount", "outputTokens"),
+    # ADK 1.x passes Gemini Live's usage through unmapped: its output is `responseTokenCount`.
+    ("responseTokenCount", "outputTokens"),
     ("totalTokenCount", "totalTokens"),
     ("thoughtsTokenCount", "reasoningTokens"),
     ("cachedContentTokenCount", "cachedInputTokens"),

@@ -85,15 +85,17 @@ WEBHOOK_RESULTS: tuple[str, ...] = ("delivered", "failed", "dropped")
 WEBHOOK_ATTEMPTS: tuple[str, ...] = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
 
 
-# The token counter's `kind` label: ADK's usageMetadata field each kind counts (google.genai's
-# GenerateContentResponseUsageMetadata, as ADK serialises it). Exported at 0 by `know_agents` for
-# each agent and each model of `metrics.models` (and OTHER_MODEL, every model not listed).
-TOKEN_KINDS: tuple[tuple[str, str], ...] = (
-    ("input", "promptTokenCount"),
-    ("output", "candidatesTokenCount"),
-    ("total", "totalTokenCount"),
-    ("cached", "cachedContentTokenCount"),
-    ("thinking", "thoughtsTokenCount"),
+# The token counter's `kind` label: the usageMetadata fields each kind counts, the first present
+# (google.genai's GenerateContentResponseUsageMetadata, as ADK serialises it; ADK 1.x passes Gemini
+# Live's own UsageMetadata through unmapped, which names the output `responseTokenCount`). Exported
+# at 0 by `know_agents` for each agent and each model of `metrics.models` (and OTHER_MODEL, every
+# model not listed).
+TOKEN_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("input", ("promptTokenCount",)),
+    ("output", ("candidatesTokenCount", "responseTokenCount")),
+    ("total", ("totalTokenCount",)),
+    ("cached", ("cachedContentTokenCount",)),
+    ("thinking", ("thoughtsTokenCount",)),
 )
 # The `model` label of a model `metrics.models` does not list (or of a call that named none).
 OTHER_MODEL = "other"

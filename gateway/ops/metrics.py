@@ -332,8 +332,8 @@ class GatewayMetrics:
         if model not in self._token_models:
             model = OTHER_MODEL
         children = self._token_children
-        for kind, field in TOKEN_KINDS:
-            value = usage.get(field)
+        for kind, fields in TOKEN_KINDS:
+            value = next((usage[f] for f in fields if f in usage), None)
             if type(value) is int and value > 0:
                 key = (agent, model, kind)
                 child = children.get(key)

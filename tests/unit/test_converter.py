@@ -75,9 +75,11 @@ def test_partial_usage_is_not_counted_and_a_call_without_model_reports_an_empty_
     live = {"promptTokenCount": 7, "candidatesTokenCount": 2, "totalTokenCount": 9, "thoughtsTokenCount": 1}
     converter.feed({"author": "a", "usageMetadata": live})
     assert converter.usage_seen == [("", live)]
+    # ADK 1.x's live usage: Gemini Live's field names, and no model.
+    converter.feed({"author": "a", "usageMetadata": {"promptTokenCount": 3, "responseTokenCount": 4, "totalTokenCount": 7}})
     finish = converter.finish()[-1]
     assert finish["messageMetadata"] == {"usage": {
-        "inputTokens": 7, "outputTokens": 2, "totalTokens": 9, "reasoningTokens": 1,
+        "inputTokens": 10, "outputTokens": 6, "totalTokens": 16, "reasoningTokens": 1,
     }}
 
 

@@ -558,6 +558,8 @@ def test_tokens_are_exported_at_zero_per_listed_model_and_other_and_any_other_mo
     metrics.count_tokens("pay", "gemini-2.5-flash", usage)
     for made_up in ("gemini-9-ultra", "", "x" * 500):
         metrics.count_tokens("pay", made_up, {"promptTokenCount": 1, "totalTokenCount": "2"})
+    # ADK 1.x in live mode: Gemini Live's own field names, passed through.
+    metrics.count_tokens("pay", "", {"promptTokenCount": 0, "responseTokenCount": 5})
     samples = _rendered(metrics)
     counted = {
         (dict(labels)["model"], dict(labels)["kind"]): value for (name, labels), value in samples.items()
@@ -566,6 +568,7 @@ def test_tokens_are_exported_at_zero_per_listed_model_and_other_and_any_other_mo
     assert counted == {
         ("gemini-2.5-flash", "input"): 10, ("gemini-2.5-flash", "output"): 3, ("gemini-2.5-flash", "total"): 15,
         ("gemini-2.5-flash", "thinking"): 2, ("gemini-2.5-flash", "cached"): 4, ("other", "input"): 3,
+        ("other", "output"): 5,
     }
     models = {dict(labels).get("model") for (name, labels) in samples if name == "adk_gateway_tokens_total"}
     assert models == {"gemini-2.5-flash", OTHER_MODEL}
