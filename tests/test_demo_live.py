@@ -107,9 +107,20 @@ def calls_of(response: LlmResponse) -> list[types.FunctionCall]:
     return [p.function_call for p in (response.content.parts if response.content else None) or () if p.function_call]
 
 
+def assert_usage(response: LlmResponse) -> None:
+    """A usage report as ADK's Gemini live connection yields it: a response of its own, once per model turn."""
+    usage = response.usage_metadata
+    assert usage is not None and usage.prompt_token_count == 16
+    assert usage.total_token_count == 16 + (usage.candidates_token_count or 0)
+    assert response.content is None and not response.partial and not response.turn_complete
+    assert response.model_version == "demo-scripted"
+
+
 def assert_text_turn(turn: list[LlmResponse]) -> str:
-    """Checks the live text shape (partial chunks, one aggregated final, a bare turn_complete); returns the text."""
-    *chunks, final, done = turn
+    """Checks the live text shape (partial chunks, one aggregated final, the turn's usage, a bare
+    turn_complete); returns the text."""
+    *chunks, final, usage, done = turn
+    assert_usage(usage)
     assert len(chunks) >= 3
     assert all(r.partial is True and not r.turn_complete for r in chunks)
     assert final.partial is False and not final.turn_complete
@@ -164,6 +175,7 @@ async def test_tool_rows_call_then_summarise_the_response(
         assert (made.name, made.args) == call
         assert not made.id  # ADK's live flow assigns "adk-" ids
         assert not call_response.partial and not call_response.turn_complete
+        assert_usage(await reader.next())
         # The turn stays open until the tool answers.
         await reader.nothing()
 
@@ -176,6 +188,7 @@ async def test_two_payments_are_summarised_once_both_answered() -> None:
         await connection.send_content(user("pay 10 to Alice and 20 to Bob"))
         alice, bob = calls_of(await reader.next())
         assert [c.args["recipient"] for c in (alice, bob)] == ["Alice", "Bob"]
+        assert_usage(await reader.next())
 
         # One response at a time, as non-blocking tools would answer.
         await connection.send_content(responses((alice, process_payment(10, "Alice"))))
@@ -191,8 +204,10 @@ async def test_rounds_are_answered_in_order_when_text_arrives_while_a_tool_waits
     async with live() as (connection, reader):
         await connection.send_content(user("pay 50 to Hanako"))
         (payment,) = calls_of(await reader.next())
+        assert_usage(await reader.next())
         await connection.send_content(user("where am I"))
         (location,) = calls_of(await reader.next())
+        assert_usage(await reader.next())
 
         await connection.send_content(responses((payment, process_payment(50, "Hanako"))))
         assert assert_text_turn(await reader.turn()).startswith("Done: sent 50 USD to Hanako")
@@ -454,6 +469,11 @@ async def test_run_live_on_the_real_adk_server(adk_base: str) -> None:
                 events.append(json.loads(message.data))
             await ws.send_str(json.dumps({"close": True}))
 
+    # Each model turn's usage (the call's, the summary's) is an event of its own, without content.
+    usage = [e for e in events if "usageMetadata" in e]
+    assert len(usage) == 2 and all("content" not in e and e["modelVersion"] == "demo-scripted" for e in usage)
+    assert [e["usageMetadata"]["promptTokenCount"] for e in usage] == [16, 16]
+    events = [e for e in events if "usageMetadata" not in e]
     call = events[0]["content"]["parts"][0]["functionCall"]
     assert call["name"] == "get_weather" and call["args"] == {"city": "Tokyo"}
     assert events[1]["content"]["parts"][0]["functionResponse"] == {

@@ -34,7 +34,9 @@ from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, R
 from ..core.chat_machine import ChatMachine
 from ..core.protocol import ClientVersion, encode_chunk
 from ..core.rebuild import Rebuilt, WaitingMessage, replay
-from ..core.turn import Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded
+from ..core.turn import (
+    Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded, UsageSeen,
+)
 from ..ops.metrics import GatewayMetrics
 from ..upstream.client import UpstreamError
 from ..upstream.idle_reader import WaitSignal
@@ -48,6 +50,9 @@ log = structlog.get_logger("adk_gateway.chat.actor")
 Batches = AsyncIterator[Iterable[dict[str, Any]]]
 
 _BROWSER_OUTCOMES = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}
+
+# The chunks that carry the model's words (or voice) to the browser: the first one ends the time to first token.
+_TOKEN_CHUNKS = frozenset({"text-delta", "reasoning-delta", "data-pcm"})
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,8 @@ class ChatActor:
 
     # Every remembered chat keeps its actor: no per-instance dict.
     __slots__ = (
-        "_counts", "_due", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id", "closing_reason", "machine", "run",
-        "upstream_wait", "user_id",
+        "_counts", "_due", "_first_token_from", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id",
+        "closing_reason", "machine", "run", "upstream_wait", "user_id",
     )
 
     def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str, chat_id: str = "", user_id: str = "") -> None:
@@ -90,6 +95,8 @@ class ChatActor:
         self.closing_reason: str | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due: float | None = None
+        # When the current run started, until its first words are written (time to first token).
+        self._first_token_from: float | None = None
 
     @property
     def running(self) -> bool:
@@ -102,7 +109,11 @@ class ChatActor:
             self._carry_out(outputs)
         finally:
             # ADK's stream is silent while a call waits, whoever decides it: no idle timeout then.
-            self.upstream_wait.set(self.machine.waiting_for_decision)
+            waiting = self.machine.waiting_for_decision
+            self.upstream_wait.set(waiting)
+            if waiting:
+                # Words after a person's decision measure the person, not the model: not observed.
+                self._first_token_from = None
             self._arm()
         return outputs
 
@@ -124,6 +135,7 @@ class ChatActor:
         waits for a person); the chat has no run under way."""
         self.run, self.upstream_wait = run, wait
         self.aborting, self.closing_reason = False, None
+        self._first_token_from = event.now
         self.handle(event)
         task = self._task = asyncio.create_task(self._drive(run, batches, closing_reason))
         task.add_done_callback(partial(self._task_done, run, closing_reason))
@@ -240,6 +252,16 @@ class ChatActor:
                 self._hooks.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
             encoded.append(encode_chunk(chunk))
         self._log().publish(encoded)
+        if self._first_token_from is not None:  # one check per write once the run has spoken
+            self._first_token(chunks)
+
+    def _first_token(self, chunks: list[dict[str, Any]]) -> None:
+        for chunk in chunks:
+            if chunk["type"] in _TOKEN_CHUNKS:
+                started, self._first_token_from = self._first_token_from, None
+                assert started is not None
+                self._hooks.metrics.first_token.labels(self.agent).observe(self._hooks.clock() - started)
+                return
 
     def _observe(self, output: Output) -> None:
         metrics = self._hooks.metrics
@@ -265,7 +287,10 @@ class ChatActor:
                 else:
                     # A browser tool nobody approves (confirm mode): it waits for the browser's output.
                     log.info("browser_tool_requested", approval_id=asked.approval_id, tool=asked.tool)
+            case UsageSeen(model=model, usage=usage):
+                metrics.count_tokens(self.agent, model, usage)
             case RunEnded():
+                self._first_token_from = None
                 metrics.runs.labels(self.agent, output.outcome).inc()
                 log.info("run_finished", outcome=output.outcome)
             case Raised(error=error):

@@ -124,6 +124,10 @@ class AgentRuns:
             for event in batch:
                 if "error" in event and "author" not in event:
                     log.warning("implicit_rejection_failed", reason=str(event.get("error")))
+                usage = event.get("usageMetadata")
+                if usage and not event.get("partial"):
+                    # The model answers the rejections out of sight, but its tokens are spent all the same.
+                    self.metrics.count_tokens(chat.agent, event.get("modelVersion") or "", usage)
 
     async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> Batches:
         """One live turn's events, a list per wake-up; `message` is the user's content (None: the

@@ -8,9 +8,9 @@ sections are agent.py's, auth's auth.py's.
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, StringConstraints, model_validator
 
 from .values import Duration, Section, Size
 
@@ -210,6 +210,9 @@ class MetricsConfig(Section):
     # listener (block it at the ingress). internal: on the internal listener only, which then runs
     # even without internal.secret (its plugin routes refuse every call until one is set).
     listener: Literal["public", "internal"] = "public"
+    # Model ids (ADK's modelVersion, exactly) kept as the `model` label of adk_gateway_tokens_total;
+    # every other model counts as "other", so the label's values are bounded by this list.
+    models: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _path_clear_of_the_plugin_routes(self) -> MetricsConfig:

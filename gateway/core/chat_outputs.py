@@ -8,6 +8,7 @@ log, chunks written there, a released call's verdict sent to the plugin, metrics
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .approvals import CallState, GatedCall
 from .ledger import NativeConfirmation
@@ -15,7 +16,7 @@ from .message_writer import Chunk
 
 __all__ = [
     "Admission", "AskAnswered", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
-    "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded",
+    "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded", "UsageSeen",
 ]
 
 
@@ -52,6 +53,15 @@ class Bypassed:
     """A gated tool answered without the plugin asking (is it installed?)."""
 
     tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSeen:
+    """One LLM call's token usage, as ADK reported it (its `usageMetadata`), and the model that
+    made the call (its `modelVersion`, "" if none): for the shell to count."""
+
+    model: str
+    usage: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +130,6 @@ class ConfirmationSeen:
 
 
 Output = (
-    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | NativeAsked | RunEnded | Raised | AskAnswered
+    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | UsageSeen | NativeAsked | RunEnded | Raised | AskAnswered
     | NativeSettled | BrowserApproved | ConfirmationSeen | Admission
 )

@@ -147,7 +147,8 @@ class Converter(MessageWriter):
                 self._set_finish_reason(reason)
             usage = event.get("usageMetadata")
             if usage:
-                self._add_usage(usage)
+                # Partial events repeat a running count; the final one is the call's (counted once).
+                self._add_usage(usage, event.get("modelVersion"))
         if (
             "interrupted" in event or "outputTranscription" in event or "inputTranscription" in event
             or "errorCode" in event or "errorMessage" in event

@@ -37,6 +37,8 @@ _FINISH_REASONS: Final = {
 _USAGE_FIELDS: Final = (
     ("promptTokenCount", "inputTokens"),
     ("candidatesTokenCount", "outputTokens"),
+    # ADK 1.x passes Gemini Live's usage through unmapped: its output is `responseTokenCount`.
+    ("responseTokenCount", "outputTokens"),
     ("totalTokenCount", "totalTokens"),
     ("thoughtsTokenCount", "reasoningTokens"),
     ("cachedContentTokenCount", "cachedInputTokens"),
@@ -79,6 +81,11 @@ class MessageWriter:
         self._step_needs_break = False
         self._finish_reason: str | None = None
         self._usage: dict[str, int] = {}
+        # The model that made the message's last LLM call (ADK's `modelVersion`), for the finish.
+        self._model: str | None = None
+        # (model, usage) of each LLM call whose usage was seen (one final event per call); read
+        # and cleared by the turn, which hands them to the shell to count.
+        self.usage_seen: list[tuple[str, dict[str, Any]]] = []
 
     # ---- response boundaries -------------------------------------------------------------
 
@@ -111,7 +118,10 @@ class MessageWriter:
             reason = self._finish_reason or "stop"
         finish: Chunk = {"type": "finish", "finishReason": finish_reason_for(reason, self.version)}
         if self._usage:
-            finish["messageMetadata"] = {"usage": dict(self._usage)}
+            metadata: dict[str, Any] = {"usage": dict(self._usage)}
+            if self._model:
+                metadata["model"] = self._model
+            finish["messageMetadata"] = metadata
         out.append(finish)
         return out
 
@@ -183,7 +193,13 @@ class MessageWriter:
         out.extend(self._close_blocks())
         self._finish_reason = "interrupted"
 
-    def _add_usage(self, usage: dict[str, Any]) -> None:
+    def _add_usage(self, usage: dict[str, Any], model: Any = None) -> None:
+        """One LLM call's usage (ADK reports it on the call's final, non-partial event)."""
+        if isinstance(model, str) and model:
+            self._model = model
+        else:
+            model = ""
+        self.usage_seen.append((model, usage))
         for adk_name, sdk_name in _USAGE_FIELDS:
             value = usage.get(adk_name)
             if isinstance(value, int):

@@ -10,7 +10,7 @@ to hand to its actor (chat/actor.py):
   run that waits for a person ends its response (`finish` with reason `tool-calls`) so the AI SDK
   can answer, and the answer's request reads the next one;
 - `CallChanged`: a gated call moved on; once released, its verdict goes to the plugin;
-- `Bypassed`, `NativeAsked`, `RunEnded`: what the metrics and the logs record;
+- `Bypassed`, `UsageSeen`, `NativeAsked`, `RunEnded`: what the metrics and the logs record;
 - `Raised`: an error the turn cannot judge (the upstream's or a bug), for the shell to act on.
 
 Its states and the moves between them are in `TRANSITIONS`; an input that its state does not
@@ -33,12 +33,12 @@ from .ledger import Ledger
 from .message_writer import Chunk
 from .protocol import ClientVersion
 from .chat_outputs import (
-    Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded,
+    Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded, UsageSeen,
 )
 
 __all__ = [
     "TRANSITIONS", "CallChanged", "Bypassed", "Chunks", "CloseResponse", "Raised", "Move", "NativeAsked",
-    "OpenResponse", "Output", "RunEnded", "Turn", "TurnError", "TurnState",
+    "OpenResponse", "Output", "RunEnded", "Turn", "TurnError", "TurnState", "UsageSeen",
 ]
 
 
@@ -324,6 +324,9 @@ class Turn:
         if converter.bypassed:
             out += [Bypassed(tool) for tool in converter.bypassed]
             converter.bypassed.clear()
+        if converter.usage_seen:
+            out += [UsageSeen(model, usage) for model, usage in converter.usage_seen]
+            converter.usage_seen.clear()
         if converter.abandoned:
             # Taken before acting: ending a call writes again, which must find the list empty.
             abandoned, converter.abandoned = converter.abandoned, []

@@ -23,6 +23,9 @@ Turn shapes follow ADK 2.13's Gemini live connection (`GeminiLlmConnection.recei
   gives them ``adk-`` ids) and without ``turn_complete``: as with Gemini 3.x
   Live, the turn goes on when ADK sends the function responses back through
   ``send_content`` and ends after the summary text;
+- usage: each model turn (text, calls, audio) reports its token usage in a
+  response of its own, as ADK's connection remaps Gemini Live's per-turn
+  ``usage_metadata``;
 - ``trigger error``: a response with ``error_code``, then ``turn_complete``;
   ``crash`` makes ``receive()`` raise, which ends ADK's whole live run.
 
@@ -255,7 +258,10 @@ class ScriptedLiveConnection(BaseLlmConnection):
             calls = [types.FunctionCall(name=c.name, args=dict(c.args)) for c in reply.calls]
             self._rounds.append(calls)
             parts = [types.Part(function_call=call) for call in calls]
-            self._queue([LlmResponse(content=types.ModelContent(parts=parts), model_version=self._model)])
+            self._queue([
+                LlmResponse(content=types.ModelContent(parts=parts), model_version=self._model),
+                self._usage(len(calls) * 8),
+            ])
         else:
             self._queue(self._text_turn(reply.text))
 
@@ -275,7 +281,7 @@ class ScriptedLiveConnection(BaseLlmConnection):
 
     def _text_turn(self, text: str) -> _Turn:
         chunks: _Turn = [self._text(chunk, partial=True) for chunk in chunk_text(text)]
-        return [*chunks, self._text(text, partial=False), self._turn_complete()]
+        return [*chunks, self._text(text, partial=False), self._usage(len(text.split())), self._turn_complete()]
 
     def _interrupted_turn(self, text: str) -> _Turn:
         chunks = chunk_text(text)
@@ -310,6 +316,7 @@ class ScriptedLiveConnection(BaseLlmConnection):
             self._transcription(heard, output=False, finished=True),
             *interleaved,
             self._transcription(said, output=True, finished=True),
+            self._usage(len(said.split())),
             self._turn_complete(),
         ]
 
@@ -342,6 +349,16 @@ class ScriptedLiveConnection(BaseLlmConnection):
         if output:
             return LlmResponse(output_transcription=transcription, partial=not finished, model_version=self._model)
         return LlmResponse(input_transcription=transcription, partial=not finished, model_version=self._model)
+
+    def _usage(self, output_words: int) -> LlmResponse:
+        # As ADK's Gemini live connection reports it: a response of its own, once per model turn
+        # (Gemini Live's usageMetadata is per turn, not a running total). Fake but plausible counts.
+        return LlmResponse(
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=16, candidates_token_count=output_words, total_token_count=16 + output_words,
+            ),
+            model_version=self._model,
+        )
 
     def _turn_complete(self) -> LlmResponse:
         return LlmResponse(turn_complete=True, model_version=self._model)

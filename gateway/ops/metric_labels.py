@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 __all__ = [
-    "AGENT_LABELLED", "HTTP_METHODS", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS",
-    "WEBHOOK_RESULTS",
+    "AGENT_LABELLED", "HTTP_METHODS", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
+    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS",
 ]
 
 
@@ -67,7 +67,7 @@ HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
-    "approval_decisions", "approval_decision_wait",
+    "approval_decisions", "approval_decision_wait", "tokens", "first_token",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
@@ -83,3 +83,19 @@ TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 WEBHOOK_EVENTS: tuple[str, ...] = ("waiting", "decided", "expired")
 WEBHOOK_RESULTS: tuple[str, ...] = ("delivered", "failed", "dropped")
 WEBHOOK_ATTEMPTS: tuple[str, ...] = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
+
+
+# The token counter's `kind` label: the usageMetadata fields each kind counts, the first present
+# (google.genai's GenerateContentResponseUsageMetadata, as ADK serialises it; ADK 1.x passes Gemini
+# Live's own UsageMetadata through unmapped, which names the output `responseTokenCount`). Exported
+# at 0 by `know_agents` for each agent and each model of `metrics.models` (and OTHER_MODEL, every
+# model not listed).
+TOKEN_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("input", ("promptTokenCount",)),
+    ("output", ("candidatesTokenCount", "responseTokenCount")),
+    ("total", ("totalTokenCount",)),
+    ("cached", ("cachedContentTokenCount",)),
+    ("thinking", ("thoughtsTokenCount",)),
+)
+# The `model` label of a model `metrics.models` does not list (or of a call that named none).
+OTHER_MODEL = "other"

@@ -26,7 +26,8 @@ from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
 from .metric_labels import (
-    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, TOOL_OUTCOMES, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS,
+    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, TOKEN_KINDS, TOOL_OUTCOMES, WEBHOOK_ATTEMPTS,
+    WEBHOOK_EVENTS, WEBHOOK_RESULTS,
 )
 
 if TYPE_CHECKING:
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
     from ..config.schema import GatewayConfig
 
 __all__ = [
-    "AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "TOOL_OUTCOMES", "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS",
-    "WEBHOOK_RESULTS", "GatewayMetrics",
+    "AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
+    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics",
 ]
 
 # Approvals wait for people: from seconds to an hour.
@@ -47,6 +48,8 @@ _GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
 _FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Time to first token: the first event's range, as a person waiting for words feels it.
+_FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60)
 
 
 class GatewayMetrics:
@@ -118,6 +121,20 @@ class GatewayMetrics:
         )
         self.live_sessions = Gauge(
             "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
+        )
+        self.tokens = Counter(
+            "adk_gateway_tokens",
+            "Tokens the agents' LLM calls used, as ADK reports them, by agent, model (metrics.models, else other) "
+            "and kind (input, output, total, cached, thinking).",
+            ["agent", "model", "kind"], registry=r,
+        )
+        # The models kept as `model` label values (metrics.models); know_agents sets them.
+        self._token_models: frozenset[str] = frozenset()
+        self._token_children: dict[tuple[str, str, str], Any] = {}
+        self.first_token = Histogram(
+            "adk_gateway_first_token_seconds",
+            "From a run's start to the first words (text, reasoning or audio) written for the browser, by agent.",
+            ["agent"], buckets=_FIRST_TOKEN_BUCKETS, registry=r,
         )
 
     def _approval_series(self, r: CollectorRegistry) -> None:
@@ -309,12 +326,32 @@ class GatewayMetrics:
     def upstream_health(self, agent: str, up: bool) -> None:
         self.upstream_up.labels(agent).set(1 if up else 0)
 
+    def count_tokens(self, agent: str, model: str, usage: Mapping[str, Any]) -> None:
+        """Count one LLM call's usage (ADK's usageMetadata). A model `metrics.models` does not list
+        counts as "other": the label's values are the config's, whatever the upstream reports."""
+        if model not in self._token_models:
+            model = OTHER_MODEL
+        children = self._token_children
+        for kind, fields in TOKEN_KINDS:
+            value = next((usage[f] for f in fields if f in usage), None)
+            if type(value) is int and value > 0:
+                key = (agent, model, kind)
+                child = children.get(key)
+                if child is None:  # labels() takes a lock: once per series, not per call
+                    child = children[key] = self.tokens.labels(agent, model, kind)
+                child.inc(value)
+
     def know_agents(self, config: GatewayConfig) -> None:
         """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls
         it again for the agents and tools it adds; series of agents it removes stay (at their last value)."""
+        self._token_models = frozenset(config.metrics.models)
+        models = (*config.metrics.models, OTHER_MODEL)
         for name, agent in config.agents.items():
-            for attribute in ("upstream_up", "approvals_pending", "live_sessions", "upstream_first_event"):
+            for attribute in ("upstream_up", "approvals_pending", "live_sessions", "upstream_first_event", "first_token"):
                 getattr(self, attribute).labels(name)
+            for model in models:
+                for kind, _ in TOKEN_KINDS:
+                    self.tokens.labels(name, model, kind)
             for attribute in AGENT_LABELLED & KNOWN_LABEL_VALUES.keys():
                 metric = getattr(self, attribute)
                 for values in KNOWN_LABEL_VALUES[attribute]:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
-    with plugin_stack(tmp_path_factory.mktemp("live"), upstream_mode="live") as stack:
+    models = "metrics:\n  models: [demo-scripted]\n"
+    with plugin_stack(tmp_path_factory.mktemp("live"), upstream_mode="live", extra=models) as stack:
         yield stack
 
 
@@ -80,8 +81,24 @@ def test_interrupted_turn_ends_with_the_right_reason(live_stack: PluginStack) ->
     assert "text-delta" in types(v7)
 
 
+def test_tokens_and_time_to_first_token_are_counted_per_live_turn(live_stack: PluginStack) -> None:
+    gw = live_stack.gateway
+    labels = {"model": "demo-scripted", "kind": "input"}
+    before = metric_value(gw.base, "adk_gateway_tokens_total", labels)
+    timed = metric_value(gw.base, "adk_gateway_first_token_seconds_count")
+    reply = post(gw, new_chat(), [user("hello there")])
+    metadata = reply.chunks[-1]["messageMetadata"]
+    assert metadata["model"] == "demo-scripted" and metadata["usage"]["inputTokens"] == 16
+    assert metric_value(gw.base, "adk_gateway_tokens_total", labels) == before + 16
+    assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == timed + 1
+    post(gw, new_chat(), [user("hello again")])
+    assert metric_value(gw.base, "adk_gateway_tokens_total", labels) == before + 32
+    assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == timed + 2
+
+
 async def test_audio_round_trip_and_socket_close_ends_the_live_session(live_stack: PluginStack) -> None:
     gw = live_stack.gateway.base
+    spoken_tokens = metric_value(gw, "adk_gateway_tokens_total", {"model": "demo-scripted", "kind": "output"})
     chat = new_chat()
     audio = base64.b64encode(bytes(3200)).decode()
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(live_stack)) as ws:
@@ -103,6 +120,8 @@ async def test_audio_round_trip_and_socket_close_ends_the_live_session(live_stac
         assert open_sessions >= 1
         assert metric_value(gw, "adk_gateway_audio_bytes_total", {"direction": "in"}) >= 3200
         assert metric_value(gw, "adk_gateway_audio_bytes_total", {"direction": "out"}) > 0
+        # A spoken turn's tokens count as a typed one's do.
+        assert metric_value(gw, "adk_gateway_tokens_total", {"model": "demo-scripted", "kind": "output"}) > spoken_tokens
     # The browser socket closed: the gateway closes the chat's live session with ADK. (Chats
     # driven over SSE keep theirs until chat.idle_chat_ttl, as there is no socket to watch.)
     for _ in range(50):

@@ -112,3 +112,87 @@ async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
     frames = b"".join(run.current.frames)
     assert b'"type":"error"' in frames and b"The gateway is shutting down." in frames
     assert await actor.ended(2)
+
+
+# ---- tokens and time to first token ---------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _recorded(name: str, clock: _Clock) -> AsyncIterator[list[dict[str, Any]]]:
+    # Real ADK events, one read each; every read takes the model half a second.
+    from tests.unit.fixtures import events
+
+    for event in events(name):
+        clock.now += 0.5
+        yield [event]
+
+
+async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_once() -> None:
+    from gateway.config.schema import parse_config
+
+    clock = _Clock()
+    metrics = GatewayMetrics()
+    metrics.know_agents(parse_config("agents: {agent: {upstream: {app_name: a}}}\nmetrics: {models: [demo-scripted]}\n", env={}))
+    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    start = RunStarts("m1", clock(), policy=lambda name: ToolPolicy())
+    actor.start(Run("m1"), start, _recorded("weather_tokyo", clock), WaitSignal(), lambda: "")
+    assert await actor.ended(2)
+    sample = metrics.registry.get_sample_value
+
+    def tokens(kind: str, model: str = "demo-scripted") -> float | None:
+        return sample("adk_gateway_tokens_total", {"agent": "agent", "model": model, "kind": kind})
+
+    # weather_tokyo: the tool call's model call (16 in, 8 out), then the text's (16 in, 7 out).
+    assert (tokens("input"), tokens("output"), tokens("total")) == (32, 15, 47)
+    assert tokens("cached") == tokens("thinking") == tokens("input", "other") == 0
+    assert sample("adk_gateway_first_token_seconds_count", {"agent": "agent"}) == 1
+    # The fourth event is the text's first partial: two seconds after the run started.
+    assert sample("adk_gateway_first_token_seconds_sum", {"agent": "agent"}) == 2.0
+
+
+async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
+    clock = _Clock()
+    metrics = GatewayMetrics()
+    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    actor.start(Run("m1"), RunStarts("m1", clock()), _recorded("hello_there", clock), WaitSignal(), lambda: "")
+    assert await actor.ended(2)
+    assert metrics.registry.get_sample_value(
+        "adk_gateway_tokens_total", {"agent": "agent", "model": "other", "kind": "input"}
+    ) == 16
+
+
+async def test_words_after_a_persons_decision_are_not_a_time_to_first_token() -> None:
+    clock = _Clock()
+    metrics = GatewayMetrics()
+    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    hold = asyncio.Event()
+
+    async def batches() -> AsyncIterator[list[dict[str, Any]]]:
+        yield [{"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": "c1", "name": "pay", "args": {}}}]}}]
+        await hold.wait()
+        clock.now += 60  # the person took a minute
+        yield [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": "Paid."}]}}]
+
+    start = RunStarts("m1", clock(), policy=lambda name: PAY if name == "pay" else ToolPolicy())
+    actor.start(Run("m1"), start, batches(), WaitSignal(), lambda: "")
+    await asyncio.sleep(0.01)
+    call = actor.machine.ledger.add(GatedCall.open(
+        user_id="u", chat_id="c", session_id="c", tool_call_id="c1", tool="pay", args={}, policy=PAY, now=clock(),
+    ))
+    actor.handle(GateOpened(call, clock()))
+    assert actor.machine.waiting_for_person
+    for _ in range(100):  # the call times out: released, as a decision would release it
+        if call.released:
+            break
+        await asyncio.sleep(0.01)
+    hold.set()
+    assert await actor.ended(2)
+    assert metrics.chunk_counts.get("text-delta") == 1  # the words were written, and not timed
+    assert not metrics.registry.get_sample_value("adk_gateway_first_token_seconds_count", {"agent": "agent"})

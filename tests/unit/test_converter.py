@@ -45,9 +45,42 @@ def test_plain_text_streams_partials_once(folder: str) -> None:
             "inputTokens": usage["promptTokenCount"],
             "outputTokens": usage["candidatesTokenCount"],
             "totalTokens": usage["totalTokenCount"],
-        }},
+        }, "model": final["modelVersion"]},
     }
     check_stream_rules(chunks)
+
+
+@over_versions
+def test_each_llm_call_reports_its_usage_and_model_once(folder: str) -> None:
+    # Two model calls (the tool call, then the text): partials carry no usage that counts; each
+    # call's final event does, once.
+    converter = Converter("m1")
+    chunks = convert("weather_tokyo", folder=folder, converter=converter)
+    finals = [e for e in events("weather_tokyo", folder) if e.get("usageMetadata") and not e.get("partial")]
+    assert len(finals) == 2
+    assert converter.usage_seen == [(e["modelVersion"], e["usageMetadata"]) for e in finals]
+    assert {model for model, _ in converter.usage_seen} == {"demo-scripted"}
+    metadata = chunks[-1]["messageMetadata"]
+    assert metadata["model"] == "demo-scripted"
+    assert metadata["usage"]["totalTokens"] == sum(e["usageMetadata"]["totalTokenCount"] for e in finals)
+
+
+def test_partial_usage_is_not_counted_and_a_call_without_model_reports_an_empty_one() -> None:
+    converter = Converter("m1")
+    running = {"promptTokenCount": 5, "candidatesTokenCount": 1, "totalTokenCount": 6}
+    converter.feed({"author": "a", "partial": True, "content": {"parts": [{"text": "hi"}]}, "usageMetadata": running,
+                    "modelVersion": "gemini-x"})
+    assert converter.usage_seen == []
+    # Live mode: ADK reports each turn's usage as an event of its own, without content.
+    live = {"promptTokenCount": 7, "candidatesTokenCount": 2, "totalTokenCount": 9, "thoughtsTokenCount": 1}
+    converter.feed({"author": "a", "usageMetadata": live})
+    assert converter.usage_seen == [("", live)]
+    # ADK 1.x's live usage: Gemini Live's field names, and no model.
+    converter.feed({"author": "a", "usageMetadata": {"promptTokenCount": 3, "responseTokenCount": 4, "totalTokenCount": 7}})
+    finish = converter.finish()[-1]
+    assert finish["messageMetadata"] == {"usage": {
+        "inputTokens": 10, "outputTokens": 6, "totalTokens": 16, "reasoningTokens": 1,
+    }}
 
 
 @over_versions

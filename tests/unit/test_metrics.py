@@ -538,3 +538,37 @@ async def test_a_request_with_an_unusual_method_is_counted_as_other() -> None:
         s.labels["method"] for family in registry.collect() if family.name == "adk_gateway_http_requests" for s in family.samples
     }
     assert methods == {"GET", "other"}
+
+
+# ---- tokens: the model label is bounded by the config ----------------------------------------------
+
+
+def test_tokens_are_exported_at_zero_per_listed_model_and_other_and_any_other_model_counts_as_other() -> None:
+    from gateway.ops.metrics import OTHER_MODEL, TOKEN_KINDS
+
+    metrics = GatewayMetrics()
+    metrics.know_agents(parse_config(TWO_AGENTS + "metrics: {models: [gemini-2.5-flash]}\n", env={}))
+    samples = _rendered(metrics)
+    for agent, model, (kind, _) in product(("pay", "desk"), ("gemini-2.5-flash", OTHER_MODEL), TOKEN_KINDS):
+        key = ("adk_gateway_tokens_total", tuple(sorted({"agent": agent, "model": model, "kind": kind}.items())))
+        assert samples.get(key) == 0, key
+    assert samples.get(("adk_gateway_first_token_seconds_count", (("agent", "pay"),))) == 0
+    usage = {"promptTokenCount": 10, "candidatesTokenCount": 3, "totalTokenCount": 15, "thoughtsTokenCount": 2,
+             "cachedContentTokenCount": 4, "toolUsePromptTokenCount": 99, "promptTokensDetails": [{"x": 1}]}
+    metrics.count_tokens("pay", "gemini-2.5-flash", usage)
+    for made_up in ("gemini-9-ultra", "", "x" * 500):
+        metrics.count_tokens("pay", made_up, {"promptTokenCount": 1, "totalTokenCount": "2"})
+    # ADK 1.x in live mode: Gemini Live's own field names, passed through.
+    metrics.count_tokens("pay", "", {"promptTokenCount": 0, "responseTokenCount": 5})
+    samples = _rendered(metrics)
+    counted = {
+        (dict(labels)["model"], dict(labels)["kind"]): value for (name, labels), value in samples.items()
+        if name == "adk_gateway_tokens_total" and dict(labels)["agent"] == "pay" and value
+    }
+    assert counted == {
+        ("gemini-2.5-flash", "input"): 10, ("gemini-2.5-flash", "output"): 3, ("gemini-2.5-flash", "total"): 15,
+        ("gemini-2.5-flash", "thinking"): 2, ("gemini-2.5-flash", "cached"): 4, ("other", "input"): 3,
+        ("other", "output"): 5,
+    }
+    models = {dict(labels).get("model") for (name, labels) in samples if name == "adk_gateway_tokens_total"}
+    assert models == {"gemini-2.5-flash", OTHER_MODEL}
