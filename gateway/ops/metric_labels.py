@@ -1,4 +1,5 @@
-"""The label values of the gateway's series: which values each labelled series is counted with.
+"""The label values of the gateway's series (which values each labelled series is counted with), and
+the buckets of its histograms.
 
 Every one is exported at 0 from the start (ops/metrics.py `GatewayMetrics`), so that an alert on
 `increase()` sees the first event after a restart; tests/unit/test_metrics.py fails when gateway/
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 __all__ = [
+    "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "WEBHOOK_BUCKETS",
     "AGENT_LABELLED", "HTTP_METHODS", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS",
 ]
@@ -99,3 +101,15 @@ TOKEN_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # The `model` label of a model `metrics.models` does not list (or of a call that named none).
 OTHER_MODEL = "other"
+
+
+# Approvals wait for people: from seconds to an hour.
+APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# Garbage collector pauses stall every stream at once: from a young collection (~1 ms) to a full one.
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+# From an approval's notice to its webhook call answered 2xx: one attempt (ms) to a receiver down for an hour.
+WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+# Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
+FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Time to first token: the first event's range, as a person waiting for words feels it.
+FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60)

@@ -13,19 +13,14 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
 from .metric_labels import (
+    APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, WEBHOOK_BUCKETS,
     AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, TOKEN_KINDS, TOOL_OUTCOMES, WEBHOOK_ATTEMPTS,
     WEBHOOK_EVENTS, WEBHOOK_RESULTS,
 )
@@ -39,18 +34,6 @@ __all__ = [
     "AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics",
 ]
-
-# Approvals wait for people: from seconds to an hour.
-_APPROVAL_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
-# Garbage collector pauses stall every stream at once: from a young collection (~1 ms) to a full one.
-_GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
-# From an approval's notice to its webhook call answered 2xx: one attempt (ms) to a receiver down for an hour.
-_WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-# Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
-_FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-# Time to first token: the first event's range, as a person waiting for words feels it.
-_FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60)
-
 
 class GatewayMetrics:
     def __init__(self) -> None:
@@ -109,7 +92,7 @@ class GatewayMetrics:
         )
         self.upstream_first_event = Histogram(
             "adk_gateway_upstream_first_event_seconds", "From sending a run upstream to its first event, by agent.",
-            ["agent"], buckets=_FIRST_EVENT_BUCKETS, registry=r,
+            ["agent"], buckets=FIRST_EVENT_BUCKETS, registry=r,
         )
         self.upstream_up = Gauge(
             "adk_gateway_upstream_up", "1 when the last health probe of the agent's upstream succeeded, by agent.",
@@ -134,7 +117,7 @@ class GatewayMetrics:
         self.first_token = Histogram(
             "adk_gateway_first_token_seconds",
             "From a run's start to the first words (text, reasoning or audio) written for the browser, by agent.",
-            ["agent"], buckets=_FIRST_TOKEN_BUCKETS, registry=r,
+            ["agent"], buckets=FIRST_TOKEN_BUCKETS, registry=r,
         )
 
     def _approval_series(self, r: CollectorRegistry) -> None:
@@ -146,7 +129,7 @@ class GatewayMetrics:
             "adk_gateway_approval_wait_seconds",
             "From an approval request reaching the browser to the decision, by agent, tool and outcome "
             "(approved, denied, timeout, cancelled, abandoned).",
-            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+            ["agent", "tool", "outcome"], buckets=APPROVAL_BUCKETS, registry=r,
         )
         self.approval_decisions = Counter(
             "adk_gateway_approval_decisions_total",
@@ -156,7 +139,7 @@ class GatewayMetrics:
         self.approval_decision_wait = Histogram(
             "adk_gateway_approval_decision_wait_seconds",
             "From an approval's start to its decision, by agent and source (a rule's is 0).",
-            ["agent", "source"], buckets=_APPROVAL_BUCKETS, registry=r,
+            ["agent", "source"], buckets=APPROVAL_BUCKETS, registry=r,
         )
         self.approval_timeouts = Counter(
             "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by agent and tool.",
@@ -166,7 +149,7 @@ class GatewayMetrics:
             "adk_gateway_browser_tool_wait_seconds",
             "From a browser tool call being handed to the browser to its output, by agent, tool and outcome "
             "(output, error, timeout, cancelled, abandoned).",
-            ["agent", "tool", "outcome"], buckets=_APPROVAL_BUCKETS, registry=r,
+            ["agent", "tool", "outcome"], buckets=APPROVAL_BUCKETS, registry=r,
         )
         self.plugin_requests = Counter(
             "adk_gateway_plugin_requests_total",
@@ -240,7 +223,7 @@ class GatewayMetrics:
         self.gc_pause = Histogram(
             "adk_gateway_gc_pause_seconds",
             "Python garbage collector pauses (the event loop, and so every stream, stands still), by generation.",
-            ["generation"], buckets=_GC_PAUSE_BUCKETS, registry=r,
+            ["generation"], buckets=GC_PAUSE_BUCKETS, registry=r,
         )
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
@@ -262,7 +245,7 @@ class GatewayMetrics:
         self.webhook_delivery_seconds = Histogram(
             "adk_gateway_webhook_delivery_seconds",
             "From an approval's notice to its webhook call answered 2xx, retries included, by webhook.",
-            ["webhook"], buckets=_WEBHOOK_BUCKETS, registry=r,
+            ["webhook"], buckets=WEBHOOK_BUCKETS, registry=r,
         )
         self.webhook_pending = Gauge(
             "adk_gateway_webhook_pending",
