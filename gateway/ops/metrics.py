@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
@@ -45,6 +46,10 @@ class GatewayMetrics:
         self._gc_series(self.registry)
         self._webhook_series(self.registry)
         self._export_known_at_zero()
+        # The latency histograms' exemplar: the sampled trace of what is observed (ops/tracing.py
+        # sets these when traces are on; off, no exemplar and nothing to look up).
+        self.exemplar: Callable[[], dict[str, str] | None] = _no_exemplar
+        self.approval_exemplar: Callable[[str], dict[str, str] | None] = _no_approval_exemplar
 
     def _browser_series(self, r: CollectorRegistry) -> None:
         """What browsers asked and were answered: requests, streams, chunks, WebSocket frames, refusals."""
@@ -378,6 +383,21 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_for(self, accept: str) -> tuple[bytes, str]:
+        """The exposition a scraper asks for: OpenMetrics (with the exemplars) when its Accept
+        names it, else the Prometheus text format (which has none)."""
+        if "application/openmetrics-text" in accept:
+            return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _no_exemplar() -> None:
+    return None
+
+
+def _no_approval_exemplar(approval_id: str) -> None:
+    return None
 
 
 class _ChunkCollector(Collector):

@@ -24,11 +24,15 @@ from ..core.eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
 from ..core.rebuild import streamed_message_id
+from ..ops.tracing import Tracing
 
 __all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+# The span names' route templates: the user and session ids stay out of names (and metrics).
+_SESSIONS: Final = "/apps/{app_name}/users/{user_id}/sessions"
+_SESSION: Final = _SESSIONS + "/{session_id}"
 
 
 class UpstreamError(Refusal):
@@ -79,8 +83,10 @@ class AskedCall:
 class AdkClient:
     """Calls to one ADK API server. `start()` and `close()` bracket its life inside the event loop."""
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # A CLIENT span per call (not the health probe), its `traceparent` sent so ADK's spans join.
+        self._tracing = tracing or Tracing.off()
         self._max_connections = config.max_connections
         self._base = str(config.url).rstrip("/")
         self._app = config.app_name
@@ -129,30 +135,40 @@ class AdkClient:
         id 409 (tests/fixtures/adk*/sessions.json), and a lookup would download the session's
         whole history just to learn that it exists (a chat that moved replicas, or a restart).
         """
+        url = self._session_url(user_id)
+        call = self._tracing.client("POST", _SESSIONS, url, _JSON_HEADERS, app=self._app)
+        status = None
         try:
             body = orjson.dumps({"sessionId": session_id})
-            async with self._http.post(
-                self._session_url(user_id), data=body, headers=_JSON_HEADERS, timeout=self._call_timeout
-            ) as resp:
+            async with self._http.post(url, data=body, headers=call.headers or _JSON_HEADERS, timeout=self._call_timeout) as resp:
+                status = resp.status
                 if resp.status not in (200, 409):
                     raise UpstreamError("http", f"session create answered HTTP {resp.status}", resp.status)
         except aiohttp.ClientError as exc:
+            call.end(status, exc)
             raise _client_error(exc) from None
-        except TimeoutError:
+        except TimeoutError as exc:
+            call.end(status, exc)
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
+        call.end(status)
 
     async def session(self, user_id: str, session_id: str) -> Any:
         """The session as ADK's GET answers it (its whole history), or None if it does not exist."""
+        url = self._session_url(user_id, session_id)
+        call = self._tracing.client("GET", _SESSION, url, app=self._app)
         try:
-            async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
+            async with self._http.get(url, headers=call.headers, timeout=self._call_timeout) as resp:
+                call.end(resp.status)
                 if resp.status == 404:
                     return None
                 if resp.status != 200:
                     raise UpstreamError("http", f"session lookup answered HTTP {resp.status}", resp.status)
                 return orjson.loads(await resp.read())
         except aiohttp.ClientError as exc:
+            call.end(None, exc)
             raise _client_error(exc) from None
-        except TimeoutError:
+        except TimeoutError as exc:
+            call.end(None, exc)
             raise UpstreamError("timeout", "the agent service did not answer in time") from None
         except orjson.JSONDecodeError:
             raise UpstreamError("protocol", "the agent service's session is not JSON") from None
@@ -197,12 +213,16 @@ class AdkClient:
         })
         del new_message  # a held run keeps neither the message nor the request body
         decoder = EventStreamDecoder()
+        url = f"{self._base}/run_sse"
+        # The span lasts the whole stream (a person's wait included); ended by the finally below.
+        call = self._tracing.client("POST", "/run_sse", url, _SSE_HEADERS, app=self._app)
+        status: int | None = None
+        error: BaseException | None = None
         try:
             async with asyncio.timeout(self._idle_timeout):
-                resp = await self._http.post(
-                    f"{self._base}/run_sse", data=body, headers=_SSE_HEADERS, timeout=self._stream_timeout,
-                )
+                resp = await self._http.post(url, data=body, headers=call.headers or _SSE_HEADERS, timeout=self._stream_timeout)
                 del body
+            status = resp.status
             async with resp:
                 if resp.status == 404:
                     raise UpstreamError("session_missing", "the agent service does not know this session", 404)
@@ -220,29 +240,40 @@ class AdkClient:
                 finally:
                     reader.close()
         except aiohttp.ClientError as exc:
+            error = exc
             raise _client_error(exc) from None
         except EventStreamError as exc:
+            error = exc
             raise UpstreamError("protocol", str(exc)) from None
-        except TimeoutError:
+        except TimeoutError as exc:
+            error = exc
             raise UpstreamError("timeout", "the agent service stopped sending events (idle timeout)") from None
+        finally:
+            call.end(status, error)
 
     async def open_live(self, *, user_id: str, session_id: str, modalities: list[str]) -> LiveConnection:
         """Open ADK's `/run_live` socket for a session (it must exist: see ensure_session)."""
         params = [("app_name", self._app), ("user_id", user_id), ("session_id", session_id)]
         params += [("modalities", m) for m in modalities]
         url = self._base.replace("http", "ws", 1) + "/run_live"
+        # The connect's span: the socket itself lives for the chat, across turns.
+        call = self._tracing.client("GET", "/run_live", url, app=self._app)
         try:
             async with asyncio.timeout(self._connect_timeout):
                 ws = await self._http.ws_connect(
                     url, params=params, timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5),
-                    heartbeat=None, max_msg_size=64 * 1024 * 1024,
+                    heartbeat=None, max_msg_size=64 * 1024 * 1024, headers=call.headers,
                 )
         except aiohttp.WSServerHandshakeError as exc:
+            call.end(exc.status, exc)
             raise UpstreamError("http", f"the agent service refused the live session: HTTP {exc.status}", exc.status) from None
         except aiohttp.ClientError as exc:
+            call.end(None, exc)
             raise _client_error(exc) from None
-        except TimeoutError:
+        except TimeoutError as exc:
+            call.end(None, exc)
             raise UpstreamError("timeout", "the agent service did not open the live session in time") from None
+        call.end(101)
         return LiveConnection(ws)
 
     async def ping(self) -> bool:
