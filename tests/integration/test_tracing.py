@@ -1,0 +1,95 @@
+"""Traces end to end: a gateway and a real ADK server (the plugin loaded) export over OTLP/HTTP to a
+receiver that decodes the real protocol (tests/otlp_receiver.py); an approval turn's span tree is
+checked as a trace viewer would draw it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.otlp_receiver import Receiver, Span
+from tests.procs import PluginStack, plugin_stack, request
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    with plugin_stack(
+        tmp_path_factory.mktemp("traced"), approvals="hold", gateway_env=otel,
+        adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
+    ) as s:
+        yield s
+
+
+def _of(spans: list[Span], trace_id: str) -> list[Span]:
+    return [s for s in spans if s.trace_id == trace_id]
+
+
+def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -> None:
+    gw = stack.gateway
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = request(
+        gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+    )
+    assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
+    time.sleep(0.5)  # the person takes their time
+    answer = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert "tool-output-available" in types(second)
+
+    def complete(spans: list[Span]) -> bool:
+        names = {(s.service, s.name) for s in _of(spans, trace_id)}
+        gateway = {("adk-gateway", n) for n in ("POST /api/chat", "turn demo_agent", "POST /run_sse", "approval process_payment")}
+        adk = {("adk-agent", n) for n in ("POST /run_sse", "invoke_agent demo_agent", "execute_tool process_payment")}
+        return gateway | adk <= names
+    spans = receiver.wait_for(complete)
+    mine = [s for s in _of(spans, trace_id) if s.service == "adk-gateway"]
+    by_name = {s.name: s for s in mine}
+    assert complete(spans), sorted(by_name)
+
+    # The browser's request continues the traceparent it sent, a SERVER span with HTTP's attributes.
+    req = by_name["POST /api/chat"]
+    assert req.kind == "SERVER" and req.parent_id == parent
+    assert req.attributes["http.request.method"] == "POST" and req.attributes["http.route"] == "/api/chat"
+    assert req.attributes["http.response.status_code"] == 200
+    assert req.attributes["adk_gateway.chat_id"] == chat and req.attributes["adk_gateway.agent"] == "demo_agent"
+    assert "adk_gateway.replica" in req.attributes
+    # The turn, under the request that started it, lasts until the run ended (after the decision).
+    turn = by_name["turn demo_agent"]
+    assert turn.kind == "INTERNAL" and turn.parent_id == req.span_id
+    assert turn.attributes["adk_gateway.outcome"] == "completed"
+    # The upstream call, a CLIENT span under the turn; the session's creation, under the request.
+    run_sse = by_name["POST /run_sse"]
+    assert run_sse.kind == "CLIENT" and run_sse.parent_id == turn.span_id
+    assert run_sse.attributes["http.response.status_code"] == 200
+    session = by_name["POST /apps/{app_name}/users/{user_id}/sessions"]
+    assert session.kind == "CLIENT" and session.parent_id == req.span_id
+    # The person's wait, under the turn, with what was decided and by whom; no argument values.
+    wait = by_name["approval process_payment"]
+    assert wait.parent_id == turn.span_id
+    assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
+    assert wait.attributes["adk_gateway.tool"] == "process_payment"
+    assert wait.end - wait.start >= 0.4e9
+    assert not any("Hanako" in str(v) for s in mine for v in s.attributes.values())
+    # ADK's own spans join the trace: its server span of /run_sse is the child of the gateway's
+    # call (the traceparent reached it), its agent and tool spans under that.
+    adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
+    assert adk["POST /run_sse"].kind == "SERVER" and adk["POST /run_sse"].parent_id == run_sse.span_id
+    assert adk["POST /apps/{app_name}/users/{user_id}/sessions"].parent_id == session.span_id
+    assert adk["execute_tool process_payment"].trace_id == trace_id
+    # The answering request is its own trace's root (it sent no traceparent).
+    answering = [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
+    assert answering and answering[0].parent_id == ""
