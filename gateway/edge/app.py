@@ -18,6 +18,8 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 
 from ..upstream.agents import Agents
 from ..access.auth import Authenticator
@@ -172,8 +174,10 @@ async def list_agents(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[GATEWAY].metrics.render_for(request.headers.get("Accept", ""))
-    return web.Response(body=body, headers={"Content-Type": content_type})
+    # OpenMetrics (which carries the exemplars) when the scraper asks for it; else the text format.
+    openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+    body = request.app[GATEWAY].metrics.render(openmetrics)
+    return web.Response(body=body, headers={"Content-Type": OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST})
 
 
 async def _sweep_idle_chats(gateway: Gateway) -> None:

@@ -43,8 +43,9 @@ class TracingUnavailable(Exception):
 
 
 class ClientCall:
-    """One upstream call's span: `headers` to send (the base ones and `traceparent`), `end` once
-    answered or failed. The no-op one (tracing off) has no headers: the caller sends its own."""
+    """One upstream call's span, a context manager: `headers` to send (the base ones and
+    `traceparent`; None from the no-op one, tracing off: the caller sends its own), `answered`
+    with the status; leaving it ends the span, with the error that left it if one did."""
 
     __slots__ = ("_span", "headers")
 
@@ -52,20 +53,26 @@ class ClientCall:
         self._span = span
         self.headers = headers
 
-    def end(self, status: int | None = None, error: BaseException | None = None) -> None:
+    def __enter__(self) -> ClientCall:
+        return self
+
+    def answered(self, status: int) -> None:
+        if self._span is not None:
+            self._span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                self._span.set_attribute("error.type", str(status))
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
         span = self._span
         if span is None:
             return
         self._span = None
-        if status is not None:
-            span.set_attribute("http.response.status_code", status)
-        if error is not None or (status is not None and status >= 400):
+        if error is not None and not isinstance(error, GeneratorExit):
+            # An UpstreamError's kind (connect, timeout, reset, ...), as the metrics count it.
+            span.set_attribute("error.type", getattr(error, "kind", None) or type(error).__name__)
+        if error is not None and not isinstance(error, GeneratorExit) or "error.type" in span.attributes:
             from opentelemetry.trace import Status, StatusCode
 
-            if error is not None:
-                span.set_attribute("error.type", type(error).__name__)
-            elif status is not None:
-                span.set_attribute("error.type", str(status))
             span.set_status(Status(StatusCode.ERROR))
         span.end()
 

@@ -90,6 +90,11 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
     assert adk["POST /run_sse"].kind == "SERVER" and adk["POST /run_sse"].parent_id == run_sse.span_id
     assert adk["POST /apps/{app_name}/users/{user_id}/sessions"].parent_id == session.span_id
     assert adk["execute_tool process_payment"].trace_id == trace_id
+    # The latency histograms carry the turn's trace as an exemplar, in OpenMetrics when asked for it.
+    scraped = request(gw.base, "GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    assert f'trace_id="{trace_id}"' in scraped.body.decode()
+    assert "trace_id" not in request(gw.base, "GET", "/metrics").body.decode()
     # The answering request is its own trace's root (it sent no traceparent).
     answering = [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
     assert answering and answering[0].parent_id == ""

@@ -76,7 +76,8 @@ def test_off_allocates_nothing_per_call() -> None:
 
     def calls() -> None:
         off.start_turn("agent", "chat")
-        off.client("POST", "/run_sse", "http://adk/run_sse").end(200)
+        with off.client("POST", "/run_sse", "http://adk/run_sse") as call:
+            call.answered(200)
         off.server_span(headers, "POST", "/api/chat", "/api/chat")
         off.annotate(agent="a")
         off.approval_waiting("gw-1", "agent", "tool", "chat")
@@ -214,14 +215,11 @@ def test_openmetrics_on_request_with_the_trace_as_exemplar() -> None:
     metrics.upstream_first_event.labels("demo").observe(0.3, metrics.exemplar())
     trace_id = tracing.exemplar()
     tracing.end_server(started, 200)
-    body, content_type = metrics.render_for("application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
-    assert content_type.startswith("application/openmetrics-text")
-    text = body.decode()
+    text = metrics.render(openmetrics=True).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     exemplars = [s.exemplar for s in families["adk_gateway_upstream_first_event_seconds"].samples if s.exemplar]
     assert exemplars and exemplars[0].labels == trace_id
-    plain, plain_type = metrics.render_for("text/plain")
-    assert plain_type.startswith("text/plain") and b"trace_id" not in plain
+    assert b"trace_id" not in metrics.render()
 
 
 def test_no_exemplar_when_off_or_unsampled() -> None:
