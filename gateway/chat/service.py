@@ -87,7 +87,8 @@ class ChatService:
         wall: Callable[[], float] = time.time,
         tracing: Tracing | None = None,
     ) -> None:
-        tracing = tracing or Tracing.off()
+        # The gateway's spans (ops/tracing.py); the cluster's forwarding uses them too.
+        self.tracing = tracing = tracing or Tracing.off()
         self._registry = registry
         self.agents = agents
         self.metrics = metrics

@@ -275,6 +275,54 @@ class Tracing:
         self._propagator.inject(out, context=trace.set_span_in_context(span))
         return ClientCall(span, out)
 
+    # ---- work forwarded between replicas (cluster/forwarding.py) -----------------------------
+
+    def forward(self, op: str, owner: str) -> ClientCall:
+        """A CLIENT span for work sent to the chat's owner, its `traceparent` in `headers` for the
+        message; the shared no-op when off or when nothing here is traced (a plugin's ask without
+        a `traceparent`: its approval's wait then stays under the owner's turn)."""
+        if not self.enabled:
+            return _NO_CALL
+        from opentelemetry import trace
+
+        if not trace.get_current_span().get_span_context().is_valid:
+            return _NO_CALL
+        span = self._tracer.start_span(
+            f"forward {op}", kind=trace.SpanKind.CLIENT,
+            attributes={"adk_gateway.op": op, "adk_gateway.owner": owner, **self._replica()},
+        )
+        out: dict[str, str] = {}
+        self._propagator.inject(out, context=trace.set_span_in_context(span))
+        return ClientCall(span, out)
+
+    def serve_forwarded(self, traceparent: str, op: str, sender: str) -> Any:
+        """The owner's SERVER span for forwarded work, continuing the sender's `traceparent`, current
+        until `end_span`; None when off or when the work carries none."""
+        if not self.enabled or not traceparent:
+            return None
+        from opentelemetry import context, trace
+
+        parent = self._propagator.extract({"traceparent": traceparent})
+        span = self._tracer.start_span(
+            f"serve {op}", context=parent, kind=trace.SpanKind.SERVER,
+            attributes={"adk_gateway.op": op, "adk_gateway.sender": sender, **self._replica()},
+        )
+        return span, context.attach(trace.set_span_in_context(span, parent))
+
+    @staticmethod
+    def end_span(started: Any, error: str | None = None) -> None:
+        if started is None:
+            return
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        span, token = started
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        context.detach(token)
+
     # ---- approvals -------------------------------------------------------------------------
 
     def approval_waiting(self, approval_id: str, agent: str, tool: str, chat_id: str, parent: Any = None, **attributes: Any) -> None:

@@ -254,3 +254,70 @@ async def test_stop_is_bounded_when_the_collector_hangs() -> None:
     started = asyncio.get_running_loop().time()
     await tracing.stop()
     assert asyncio.get_running_loop().time() - started < 2
+
+
+# ---- work forwarded between replicas --------------------------------------------------------
+
+
+def test_forwarded_work_carries_a_traceparent_and_tolerates_none() -> None:
+    from gateway.cluster.messages import Forwarded, Submit, from_json
+
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    sent = Forwarded("b", "r1", Submit("alice", "demo", {"id": "c1"}), traceparent)
+    assert from_json(sent.to_json()) == sent
+    untraced = Forwarded("b", "r1", Submit("alice", "demo", {"id": "c1"}))
+    assert "traceparent" not in untraced.to_json() and from_json(untraced.to_json()).trace == ""
+    assert from_json({**untraced.to_json(), "traceparent": "not one\n"}).trace == ""
+
+
+async def test_a_forward_and_its_service_on_the_owner_are_one_trace() -> None:
+    from types import SimpleNamespace
+
+    from gateway.cluster.forwarding import Asker, ForwardedRequests
+    from gateway.cluster.liveness import Liveness
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.messages import Forwarded, Relayed, Reply, Resume, from_json
+
+    tracing, exporter = traced()
+    hub = MemoryHub()
+    here, owner = MemoryState("b", hub), MemoryState("a", hub)
+    asker = Asker(here, Liveness(here, 0.01), forward_timeout=2, tracing=tracing)
+    served: list[Any] = []
+
+    async def resume(requests: Any, work: Any, asked: Any) -> Relayed:
+        from opentelemetry import trace
+
+        served.append(trace.get_current_span().get_span_context())
+        return Relayed(None)
+
+    chats = SimpleNamespace(tracing=tracing)
+    metrics = GatewayMetrics()
+    requests = ForwardedRequests(owner, chats, metrics, None, None)  # type: ignore[arg-type]
+    requests.DISPATCH = {Resume: resume}  # type: ignore[misc]
+    received: list[Forwarded] = []
+
+    def inbox(raw: dict[str, Any]) -> None:
+        message = from_json(raw)
+        assert isinstance(message, Forwarded)
+        received.append(message)
+        import asyncio
+
+        asyncio.get_running_loop().create_task(requests.serve(message))
+
+    await owner.start(inbox, lambda: [])
+    await here.start(lambda raw: asker.answered(from_json(raw)) if "reply" in raw else None, lambda: [])  # type: ignore[arg-type]
+    started = tracing.server_span({}, "GET", "/api/chat/{chat_id}/stream", "/api/chat/c1/stream")
+    try:
+        answer = await asker.ask("a", Resume("alice", "c1", "demo"))
+    finally:
+        tracing.end_server(started, 200)
+    assert answer == Relayed(None)
+    untraced = await asker.ask("a", Resume("alice", "c2", "demo"))  # no request span here: nothing to link
+    assert untraced == Relayed(None) and received[1].trace == ""
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    forward, serve, request = spans["forward resume"], spans["serve resume"], spans["GET /api/chat/{chat_id}/stream"]
+    assert forward.parent.span_id == request.context.span_id
+    assert received[0].trace.startswith(f"00-{forward.context.trace_id:032x}-{forward.context.span_id:016x}-")
+    assert serve.parent.span_id == forward.context.span_id and serve.attributes["adk_gateway.sender"] == "b"
+    assert served[0].span_id == serve.context.span_id and not served[1].is_valid
+    assert len(exporter.get_finished_spans()) == 3
