@@ -98,3 +98,25 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
     # The answering request is its own trace's root (it sent no traceparent).
     answering = [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
     assert answering and answering[0].parent_id == ""
+
+
+async def test_each_websocket_send_is_a_span_with_its_turn(stack: PluginStack, receiver: Receiver) -> None:
+    import aiohttp
+
+    from tests.integration.test_ws_frames import send_frame, until_terminal
+
+    chat = new_chat()
+    async with aiohttp.ClientSession() as http, http.ws_connect(stack.gateway.base + "/api/chat/ws") as ws:
+        await ws.send_str(send_frame("r1", chat, [user("hello there")]))
+        frames = await until_terminal(ws, "r1")
+    assert frames[-1]["type"] in ("done", "finish", "end"), frames[-1]
+
+    def sent(spans: list[Span]) -> list[Span]:
+        return [s for s in spans if s.name == "WS send" and s.attributes.get("adk_gateway.chat_id") == chat]
+    spans = receiver.wait_for(lambda spans: bool(sent(spans)) and any(
+        s.name == "turn demo_agent" and s.parent_id == sent(spans)[0].span_id for s in spans))
+    [send] = sent(spans)
+    assert send.kind == "SERVER" and send.attributes["adk_gateway.agent"] == "demo_agent"
+    assert any(s.name == "turn demo_agent" and s.parent_id == send.span_id for s in spans)
+    # The upgrade request itself (a socket lives for hours) has no span.
+    assert not any(s.name.endswith("/api/chat/ws") for s in spans)
