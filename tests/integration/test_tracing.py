@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -120,3 +121,53 @@ async def test_each_websocket_send_is_a_span_with_its_turn(stack: PluginStack, r
     assert any(s.name == "turn demo_agent" and s.parent_id == send.span_id for s in spans)
     # The upgrade request itself (a socket lives for hours) has no span.
     assert not any(s.name.endswith("/api/chat/ws") for s in spans)
+
+
+@pytest.fixture(scope="module")
+def replicas_traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Any]:
+    import os
+
+    from tests.ops.stack import replicas
+
+    """Redis, the agent and replicas A and B (tests/ops/stack.py), all exporting to the receiver:
+    their processes take the environment of this one, set for the module."""
+    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    try:
+        with replicas(tmp_path_factory.mktemp("traced-replicas"), approvals="hold", adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
+            yield r
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_traced: Any, receiver: Receiver) -> None:
+    pair = replicas_traced
+    chat, first_message = new_chat(), user("hello there")
+    first = post(pair.a, chat, [first_message])  # A runs the chat from now on
+    assert first.status == 200 and types(first)[-1] == "finish"
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    second = request(
+        pair.b.base, "POST", "/api/chat",
+        {"id": chat, "messages": [first_message, assistant_from(first), user("hello again")], "trigger": "submit-message"},
+        headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+    )
+    assert second.status == 200 and types(second)[-1] == "finish", second.body
+
+    names = ("POST /api/chat", "forward submit", "serve submit", "turn demo_agent", "POST /run_sse")
+    spans = receiver.wait_for(lambda spans: {n for n in names} <= {s.name for s in _of(spans, trace_id)} and any(
+        s.service == "adk-agent" and s.name == "POST /run_sse" for s in _of(spans, trace_id)))
+    mine = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-gateway"}
+    assert set(names) <= set(mine), sorted(mine)
+    req, forward, serve, turn, run = (mine[n] for n in names)
+    assert forward.parent_id == req.span_id and serve.parent_id == forward.span_id
+    assert turn.parent_id == serve.span_id and run.parent_id == turn.span_id
+    # The request and the forward are B's, the rest A's.
+    assert req.attributes["adk_gateway.replica"] == forward.attributes["adk_gateway.replica"]
+    assert serve.attributes["adk_gateway.replica"] != forward.attributes["adk_gateway.replica"]
+    assert turn.attributes["adk_gateway.replica"] == serve.attributes["adk_gateway.replica"]
+    adk = [s for s in _of(spans, trace_id) if s.service == "adk-agent" and s.name == "POST /run_sse"]
+    assert adk and adk[0].parent_id == run.span_id
