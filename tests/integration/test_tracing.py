@@ -171,3 +171,22 @@ def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_tra
     assert turn.attributes["adk_gateway.replica"] == serve.attributes["adk_gateway.replica"]
     adk = [s for s in _of(spans, trace_id) if s.service == "adk-agent" and s.name == "POST /run_sse"]
     assert adk and adk[0].parent_id == run.span_id
+
+
+def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel) as stack:
+        chat = new_chat()
+        reply = post(stack.gateway, chat, [user("hello there")])
+        assert reply.status == 200 and types(reply)[-1] == "finish"
+
+        def found(spans: list[Span]) -> tuple[Span, ...] | None:
+            turns = [s for s in spans if s.name == "turn demo_agent" and s.attributes.get("adk_gateway.chat_id") == chat]
+            connects = [s for s in spans if s.name == "GET /run_live" and turns and s.parent_id == turns[0].span_id]
+            return (turns[0], connects[0]) if connects else None
+        spans = receiver.wait_for(lambda spans: found(spans) is not None)
+        assert found(spans) is not None
+        turn, connect = found(spans)  # type: ignore[misc]
+        assert connect.kind == "CLIENT" and connect.attributes["http.response.status_code"] == 101
+        assert "session_id" not in connect.attributes.get("url.full", "")
+        assert turn.attributes["adk_gateway.outcome"] == "completed"
