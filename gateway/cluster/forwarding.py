@@ -135,12 +135,13 @@ class ForwardedRequests:
         self.metrics.forwarded.labels("in").inc()
         tracing = self._chats.tracing
         started = tracing.serve_forwarded(asked.trace, work.op, asked.sender) if tracing.enabled else None
+        answer: Answer | None = None
         try:
             answer = await self.DISPATCH[type(work)](self, work, asked)
         except Exception as exc:
             answer = self._refused(exc)
         finally:
-            tracing.end_span(started)
+            tracing.end_span(started, answer.code if isinstance(answer, Refused) else None)
         if answer is not None and not isinstance(work, (Abort, SocketClosed, Unfollow, Expire)):
             with contextlib.suppress(SharedStateDown):
                 await self._state.send(asked.sender, Reply(asked.request_id, answer).to_json())

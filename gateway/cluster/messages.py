@@ -31,7 +31,7 @@ from ..core.protocol import ClientVersion
 # Field types whose readers accept their absence (fields added after replicas of older releases).
 Flag: TypeAlias = bool
 Claims: TypeAlias = dict[str, Any]
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 __all__ = [
     "WORK", "Abort", "Answer", "Audio", "Decided", "Expire", "Forwarded", "Gate", "MalformedMessage", "Message",
@@ -332,7 +332,7 @@ def _traceparent(raw: dict[str, Any]) -> str:
     # Absent from an older replica's (or an untraced) message; one that is not a traceparent only
     # loses the link between two traces, so it is dropped rather than the work refused.
     value = raw.get("traceparent")
-    return value if isinstance(value, str) and _TRACEPARENT.match(value) else ""
+    return value if isinstance(value, str) and _TRACEPARENT.fullmatch(value) else ""
 
 
 def _answer(raw: dict[str, Any]) -> Answer:

@@ -268,6 +268,7 @@ def test_forwarded_work_carries_a_traceparent_and_tolerates_none() -> None:
     untraced = Forwarded("b", "r1", Submit("alice", "demo", {"id": "c1"}))
     assert "traceparent" not in untraced.to_json() and from_json(untraced.to_json()).trace == ""
     assert from_json({**untraced.to_json(), "traceparent": "not one\n"}).trace == ""
+    assert from_json({**untraced.to_json(), "traceparent": traceparent + "\n"}).trace == ""
 
 
 async def test_a_forward_and_its_service_on_the_owner_are_one_trace() -> None:
