@@ -247,10 +247,12 @@ def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
     adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None, tools: str = DEMO_TOOLS,
+    gateway_env: dict[str, str] | None = None,
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 
-    `adk`, `plugin`: another venv's `adk` command, and the plugin path it loads (see AdkServer)."""
+    `adk`, `plugin`: another venv's `adk` command, and the plugin path it loads (see AdkServer);
+    `adk_env`, `gateway_env`: more environment for each process."""
     internal_port = internal_port or free_port()
     secret = "test-secret-" + os.urandom(6).hex()
     internal = f"http://127.0.0.1:{internal_port}"
@@ -260,7 +262,7 @@ def plugin_stack(
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
     with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, gateway_process(
-        tmp, adk_base, config, upstream_mode=upstream_mode, approvals=approvals
+        tmp, adk_base, config, env=gateway_env, upstream_mode=upstream_mode, approvals=approvals
     ) as gw:
         yield PluginStack(gw, adk_base, internal, secret, gw.config_path)
 

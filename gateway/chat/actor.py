@@ -38,6 +38,7 @@ from ..core.turn import (
     Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded, UsageSeen,
 )
 from ..ops.metrics import GatewayMetrics
+from ..ops.tracing import Tracing
 from ..upstream.client import UpstreamError
 from ..upstream.idle_reader import WaitSignal
 from .chunk_log import Run
@@ -65,6 +66,8 @@ class RunHooks:
     release: Callable[[GatedCall], None]
     # Reports each approval's start and decision (metrics by who decided, audit trail, webhooks).
     notices: Notices | None = None
+    # A span per turn (ops/tracing.py); the shared no-op unless traces are on.
+    tracing: Tracing = Tracing.off()
 
 
 class ChatActor:
@@ -73,7 +76,7 @@ class ChatActor:
     # Every remembered chat keeps its actor: no per-instance dict.
     __slots__ = (
         "_counts", "_due", "_first_token_from", "_hooks", "_task", "_timer", "aborting", "agent", "chat_id",
-        "closing_reason", "machine", "run", "upstream_wait", "user_id",
+        "closing_reason", "machine", "run", "span", "upstream_wait", "user_id",
     )
 
     def __init__(self, machine: ChatMachine, hooks: RunHooks, agent: str, chat_id: str = "", user_id: str = "") -> None:
@@ -97,6 +100,8 @@ class ChatActor:
         self._due: float | None = None
         # When the current run started, until its first words are written (time to first token).
         self._first_token_from: float | None = None
+        # The current (or last) run's span, while it is open; None with traces off.
+        self.span: object | None = None
 
     @property
     def running(self) -> bool:
@@ -136,9 +141,13 @@ class ChatActor:
         self.run, self.upstream_wait = run, wait
         self.aborting, self.closing_reason = False, None
         self._first_token_from = event.now
+        tracing = self._hooks.tracing
+        span = self.span = tracing.start_turn(self.agent, self.chat_id) if tracing.enabled else None
         self.handle(event)
-        task = self._task = asyncio.create_task(self._drive(run, batches, closing_reason))
-        task.add_done_callback(partial(self._task_done, run, closing_reason))
+        drive = self._drive(run, batches, closing_reason)
+        # The turn's span current in the task (a copy of the request's context, which the task outlives).
+        task = self._task = asyncio.create_task(drive) if span is None else asyncio.create_task(drive, context=tracing.context_with(span))
+        task.add_done_callback(partial(self._task_done, run, closing_reason, span))
         return task
 
     async def _drive(self, run: Run, batches: Batches, closing_reason: Callable[[], str]) -> None:
@@ -177,12 +186,16 @@ class ChatActor:
             return Aborted(now)
         return RunFailed(self.closing_reason or closing_reason(), now, outcome="cancelled")
 
-    def _task_done(self, run: Run, closing_reason: Callable[[], str], task: asyncio.Task[None]) -> None:
+    def _task_done(self, run: Run, closing_reason: Callable[[], str], span: object | None, task: asyncio.Task[None]) -> None:
         # Cancelled before its first step, the task never ran its own end: the machine hears it here.
         self._of_run(run, self._cancelled(closing_reason))
         self._of_run(run, RunClosed(self._hooks.clock()))
         if self._task is task:
             self._task = None
+        if span is not None:
+            self._hooks.tracing.end_turn(span)
+            if self.span is span:
+                self.span = None
 
     def abort(self) -> bool:
         """The browser stopped the response: cancel the run. True if one was under way."""
@@ -260,7 +273,8 @@ class ChatActor:
             if chunk["type"] in _TOKEN_CHUNKS:
                 started, self._first_token_from = self._first_token_from, None
                 assert started is not None
-                self._hooks.metrics.first_token.labels(self.agent).observe(self._hooks.clock() - started)
+                metrics = self._hooks.metrics
+                metrics.first_token.labels(self.agent).observe(self._hooks.clock() - started, metrics.exemplar())
                 return
 
     def _observe(self, output: Output) -> None:
@@ -282,7 +296,7 @@ class ChatActor:
                 if asked.approval:
                     metrics.approvals_pending.labels(self.agent).inc()
                     if self._hooks.notices is not None:
-                        self._hooks.notices.native_waiting(self.agent, self.chat_id, self.user_id, asked)
+                        self._hooks.notices.native_waiting(self.agent, self.chat_id, self.user_id, asked, self.span)
                     log.info("approval_requested", approval_id=asked.approval_id, tool=asked.tool)
                 else:
                     # A browser tool nobody approves (confirm mode): it waits for the browser's output.
@@ -291,6 +305,8 @@ class ChatActor:
                 metrics.count_tokens(self.agent, model, usage)
             case RunEnded():
                 self._first_token_from = None
+                if self.span is not None:
+                    self._hooks.tracing.end_turn_outcome(self.span, output.outcome)
                 metrics.runs.labels(self.agent, output.outcome).inc()
                 log.info("run_finished", outcome=output.outcome)
             case Raised(error=error):
@@ -335,7 +351,7 @@ def _observe_call(metrics: GatewayMetrics, agent: str, call: GatedCall, before: 
     elif before is CallState.AWAITING_APPROVAL:
         metrics.approvals_pending.labels(agent).dec()
         outcome = call.outcome.value if call.outcome else ("approved" if call.approved else "denied")
-        metrics.approval_wait.labels(agent, tool, outcome).observe(waited)
+        metrics.approval_wait.labels(agent, tool, outcome).observe(waited, metrics.approval_exemplar(call.id))
         if call.outcome is Outcome.TIMEOUT:
             metrics.approval_timeouts.labels(agent, tool).inc()
     elif before is CallState.AWAITING_OUTPUT and call.outcome is not None:

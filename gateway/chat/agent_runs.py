@@ -105,7 +105,7 @@ class AgentRuns:
                     state_delta=state,
                 ):
                     if first:
-                        self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
+                        self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started, self.metrics.exemplar())
                         first = False
                         message = {}  # never sent again once events came: a held run keeps no message
                     yield batch
@@ -138,7 +138,7 @@ class AgentRuns:
         try:
             async for batch in link.turn_batches({"content": message} if message is not None else None):
                 if first:
-                    self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started)
+                    self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started, self.metrics.exemplar())
                     first = False
                 yield batch
         finally:

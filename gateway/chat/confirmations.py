@@ -165,7 +165,8 @@ class NativeConfirmations:
         """A confirmation's approval was decided (the person, its deadline, or nobody any more)."""
         waited = now - (confirmation.asked_at or now)
         self._metrics.approvals_pending.labels(chat.agent).dec()
-        self._metrics.approval_wait.labels(chat.agent, confirmation.tool, outcome).observe(waited)
+        metrics = self._metrics
+        metrics.approval_wait.labels(chat.agent, confirmation.tool, outcome).observe(waited, metrics.approval_exemplar(confirmation.approval_id))
         self._notices.native_decided(chat.agent, chat.chat_id, chat.user_id, confirmation, outcome, waited, reason)
 
     async def browser_outputs(

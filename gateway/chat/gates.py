@@ -114,7 +114,7 @@ class Gates:
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()
-            self._notices.call_waiting(agent.name, call)
+            self._notices.call_waiting(agent.name, call, chat.actor.span)
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)

@@ -24,6 +24,7 @@ from ..core.approval_notice import ApprovalNotice, Approver, NoticeKind
 from ..core.approvals import GatedCall
 from ..core.ledger import NativeConfirmation
 from ..ops.metrics import GatewayMetrics
+from ..ops.tracing import Tracing
 
 __all__ = ["Notices", "Sink"]
 
@@ -44,9 +45,12 @@ def _deciders(call: GatedCall, source: str | None) -> tuple[Approver, ...]:
 
 class Notices:
     def __init__(
-        self, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], wall: Callable[[], float] = time.time
+        self, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], wall: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
         self._metrics = metrics
+        # Each approval's wait as a span, from its start to its decision (ops/tracing.py).
+        self._tracing = tracing or Tracing.off()
         self._config = config
         self._wall = wall
         self._sinks: list[Sink] = []
@@ -58,7 +62,9 @@ class Notices:
 
     # ---- gated calls (hold mode, rules) ----------------------------------------------------
 
-    def call_waiting(self, agent: str, call: GatedCall) -> None:
+    def call_waiting(self, agent: str, call: GatedCall, turn: Any = None) -> None:
+        """A gated call waits for a person; `turn`: the span of the chat's turn (its wait's parent)."""
+        self._tracing.approval_waiting(call.id, agent, call.tool, call.chat_id, turn, mode="hold", rule=call.rule)
         self._tell(self._of_call("waiting", agent, call))
 
     def call_released(self, agent: str, call: GatedCall, waited: float) -> None:
@@ -69,7 +75,9 @@ class Notices:
             source, outcome = call.source, call.outcome.value
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
-        self._tell(self._of_call(kind, agent, call, source=source, outcome=outcome, waited=waited))
+        notice = self._of_call(kind, agent, call, source=source, outcome=outcome, waited=waited)
+        self._tracing.approval_decided(call.id, outcome, source, tuple(a.user for a in notice.approvers))
+        self._tell(notice)
 
     def _of_call(self, kind: NoticeKind, agent: str, call: GatedCall, **decided: Any) -> ApprovalNotice:
         return ApprovalNotice(
@@ -81,7 +89,8 @@ class Notices:
 
     # ---- ADK confirmations (confirm mode, native tools) -----------------------------------
 
-    def native_waiting(self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation) -> None:
+    def native_waiting(self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, turn: Any = None) -> None:
+        self._tracing.approval_waiting(confirmation.approval_id, agent, confirmation.tool, chat_id, turn, mode="confirm")
         self._tell(self._of_native("waiting", agent, chat_id, user, confirmation))
 
     def native_decided(
@@ -91,8 +100,10 @@ class Notices:
         source = _NATIVE_SOURCE.get(outcome, "person")
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
-        self._tell(self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,
-                                   waited=waited, reason=reason))
+        notice = self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,
+                                 waited=waited, reason=reason)
+        self._tracing.approval_decided(confirmation.approval_id, outcome, source, tuple(a.user for a in notice.approvers))
+        self._tell(notice)
 
     def _of_native(
         self, kind: NoticeKind, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, **decided: Any

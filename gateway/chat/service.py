@@ -39,6 +39,7 @@ from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStart
 from ..core.chat_outputs import Admission
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
+from ..ops.tracing import Tracing
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
 from ..upstream.idle_reader import WaitSignal
@@ -84,7 +85,10 @@ class ChatService:
         clock: Callable[[], float] = time.monotonic,
         new_id: Callable[[], str] = new_message_id,
         wall: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
+        # The gateway's spans (ops/tracing.py); the cluster's forwarding uses them too.
+        self.tracing = tracing = tracing or Tracing.off()
         self._registry = registry
         self.agents = agents
         self.metrics = metrics
@@ -93,11 +97,11 @@ class ChatService:
         self._new_id = new_id
         self.runs = AgentRuns(agents, metrics, clock)
         # Each approval's start and decision, reported (metrics, audit trail, webhooks: add_sink).
-        self.notices = Notices(metrics, lambda: self.config, wall)
+        self.notices = Notices(metrics, lambda: self.config, wall, tracing)
         # The plugin's side of gated calls: the cluster's remote gate and the sweeper use it.
         self.gates = Gates(registry, agents, metrics, lambda: self.config, clock, self.notices)
         agents.in_use = self._carries_run
-        self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices)
+        self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices, tracing)
         registry.new_actor = lambda chat: ChatActor(chat.machine, self._hooks, chat.agent, chat.chat_id, chat.user_id)
         # Told when a chat's run starts (its message id) and ends (""): the cluster router
         # records it in the shared chat directory.

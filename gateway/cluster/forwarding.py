@@ -25,6 +25,7 @@ from ..core.refusals import HttpError, refusal
 from ..core.limits import Limited
 from ..core.chat_request import parse_chat_body
 from ..ops.metrics import GatewayMetrics
+from ..ops.tracing import Tracing
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import (
     Abort,
@@ -59,19 +60,28 @@ Handler = Callable[[Any, Any, Forwarded], Awaitable[Answer | None]]
 class Asker:
     """Sends work to a chat's owner, and hands each Reply to the request waiting for it."""
 
-    def __init__(self, state: SharedState, liveness: Liveness, *, forward_timeout: float) -> None:
+    def __init__(self, state: SharedState, liveness: Liveness, *, forward_timeout: float, tracing: Tracing | None = None) -> None:
         self._state = state
+        # A span per forwarded request, its traceparent in the message (the owner's spans join it).
+        self._tracing = tracing or Tracing.off()
         self._liveness = liveness
         self._forward_timeout = forward_timeout
         self._pending: dict[str, asyncio.Future[Answer]] = {}
 
     async def ask(self, owner: str, work: Work) -> Answer:
         """Forward `work` to `owner` and wait for its answer; a refusal comes back as HttpError."""
+        with self._tracing.forward(work.op, owner) as call:
+            answer = await self._ask(owner, work, (call.headers or {}).get("traceparent", ""))
+        if isinstance(answer, Refused):
+            raise answer.error()
+        return answer
+
+    async def _ask(self, owner: str, work: Work, trace: str) -> Answer:
         request_id = secrets.token_hex(8)
         future = self._pending[request_id] = asyncio.get_running_loop().create_future()
         try:
-            await self._state.send(owner, Forwarded(self._state.replica_id, request_id, work).to_json())
-            answer = await self._liveness.wait(future, owner, timeout=self._forward_timeout)
+            await self._state.send(owner, Forwarded(self._state.replica_id, request_id, work, trace).to_json())
+            return await self._liveness.wait(future, owner, timeout=self._forward_timeout)
         except OwnerDied:
             raise OwnerLost(
                 503, "replica_unavailable", "the gateway replica running this chat stopped; retry", {"Retry-After": "1"}
@@ -82,9 +92,6 @@ class Asker:
             ) from None
         finally:
             self._pending.pop(request_id, None)
-        if isinstance(answer, Refused):
-            raise answer.error()
-        return answer
 
     async def tell(self, work: Abort | SocketClosed) -> bool:
         """Send a notice to the chat's owner, if another replica owns it; whether it was sent."""
@@ -126,10 +133,15 @@ class ForwardedRequests:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(forwarded_from=asked.sender, op=work.op, user_id=work.user)
         self.metrics.forwarded.labels("in").inc()
+        tracing = self._chats.tracing
+        started = tracing.serve_forwarded(asked.trace, work.op, asked.sender) if tracing.enabled else None
+        answer: Answer | None = None
         try:
             answer = await self.DISPATCH[type(work)](self, work, asked)
         except Exception as exc:
             answer = self._refused(exc)
+        finally:
+            tracing.end_span(started, answer.code if isinstance(answer, Refused) else None)
         if answer is not None and not isinstance(work, (Abort, SocketClosed, Unfollow, Expire)):
             with contextlib.suppress(SharedStateDown):
                 await self._state.send(asked.sender, Reply(asked.request_id, answer).to_json())

@@ -18,6 +18,7 @@ refusal's headers, which the asker copies into its browser's response, only `Ret
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -30,6 +31,7 @@ from ..core.protocol import ClientVersion
 # Field types whose readers accept their absence (fields added after replicas of older releases).
 Flag: TypeAlias = bool
 Claims: TypeAlias = dict[str, Any]
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 __all__ = [
     "WORK", "Abort", "Answer", "Audio", "Decided", "Expire", "Forwarded", "Gate", "MalformedMessage", "Message",
@@ -174,10 +176,13 @@ class Forwarded:
     sender: str
     request_id: str
     work: Work
+    # The sender's span as a W3C traceparent ("" when not traced): the owner's spans join its trace.
+    trace: str = ""
 
     def to_json(self) -> dict[str, Any]:
         # The wire names are the work classes' field names.
-        return {"op": self.work.op, **vars(self.work), "from": self.sender, "id": self.request_id}
+        traced = {"traceparent": self.trace} if self.trace else {}
+        return {"op": self.work.op, **vars(self.work), "from": self.sender, "id": self.request_id, **traced}
 
 
 # ---- the owner's answers ---------------------------------------------------------------------
@@ -320,7 +325,14 @@ def from_json(raw: Any) -> Message:
     kind = _WORK_BY_OP.get(op) if isinstance(op, str) else None
     if kind is None:
         raise MalformedMessage("no known `op`")
-    return Forwarded(_text(raw, "from"), _text(raw, "id"), kind.from_json(raw))
+    return Forwarded(_text(raw, "from"), _text(raw, "id"), kind.from_json(raw), _traceparent(raw))
+
+
+def _traceparent(raw: dict[str, Any]) -> str:
+    # Absent from an older replica's (or an untraced) message; one that is not a traceparent only
+    # loses the link between two traces, so it is dropped rather than the work refused.
+    value = raw.get("traceparent")
+    return value if isinstance(value, str) and _TRACEPARENT.fullmatch(value) else ""
 
 
 def _answer(raw: dict[str, Any]) -> Answer:

@@ -89,7 +89,7 @@ class Cluster:
         liveness = Liveness(state, settings.heartbeat_interval)
         self._interval = settings.heartbeat_interval
         self._forward_timeout = settings.forward_timeout
-        self._asker = Asker(state, liveness, forward_timeout=settings.forward_timeout)
+        self._asker = Asker(state, liveness, forward_timeout=settings.forward_timeout, tracing=chats.tracing)
         # The responses this replica relays, and those it follows from others (relay.py).
         self.relays = Relays(state, self._tasks, liveness, metrics)
         self._gates = RemoteGate(

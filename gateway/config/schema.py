@@ -41,13 +41,14 @@ from .sections import (
     SessionsConfig,
     WebSocketConfig,
 )
+from .telemetry import TelemetryConfig
 from .values import Section, parse_duration, parse_size
 
 # The sections' and the values' names are re-exported: a config is read from this module.
 __all__ = [
     "AgentAccess", "AgentConfig", "ApproversConfig", "AuditConfig", "AuthConfig", "ChatConfig", "ConfigError", "DemoConfig", "GatewayConfig",
     "InternalConfig", "LimitsConfig", "ListenConfig", "LoggingConfig", "MetricsConfig", "NotificationsConfig", "SessionsConfig",
-    "ToolPolicy", "UpstreamConfig",
+    "TelemetryConfig", "ToolPolicy", "UpstreamConfig",
     "WebSocketConfig", "load_config", "parse_config", "parse_duration", "parse_size", "revalidate", "single_agent_form",
 ]
 
@@ -73,6 +74,8 @@ class GatewayConfig(Section):
     sessions: SessionsConfig = SessionsConfig()
     audit: AuditConfig = AuditConfig()
     notifications: NotificationsConfig = NotificationsConfig()
+    # OpenTelemetry traces (docs/operations.md#tracing): off unless the OTLP endpoint is set.
+    telemetry: TelemetryConfig = TelemetryConfig()
     # Who may answer approvals besides the chatting user, and who may read decided ones (docs/approvals.md#approvers).
     approvers: ApproversConfig = ApproversConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,

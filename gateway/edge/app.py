@@ -18,6 +18,8 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 
 from ..upstream.agents import Agents
 from ..access.auth import Authenticator
@@ -31,7 +33,10 @@ from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
 from ..cluster.audit_trail import AuditTrail
-from ..ops.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ..ops.metrics import GatewayMetrics
+from ..ops.tracing import Tracing, TracingUnavailable
+from ..upstream.client import AdkClient
+from ..config.schema import ConfigError
 from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
@@ -54,6 +59,9 @@ _WEBHOOKS_STOP = 2.0
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
+# Answered without a span: probes and scrapes, every few seconds, would bury the turns.
+_UNTRACED = frozenset({"/healthz", "/readyz"})
+
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -64,6 +72,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     status = 500
+    gateway = request.app[GATEWAY]
+    span = None
+    if gateway.tracing.enabled:
+        span = _server_span(request, gateway)
     try:
         response = await handler(request)
         status = response.status
@@ -76,10 +88,23 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
         request.app[GATEWAY].metrics.count_request(route, request.method, str(status))
+        gateway.tracing.end_server(span, status)
         log.info(
             "http_request", method=request.method, path=request.path, route=route, status=status,
             duration_ms=round((time.perf_counter() - started) * 1000, 1),
         )
+
+
+def _server_span(request: web.Request, gateway: Gateway) -> object:
+    """The request's SERVER span, or None for probes, scrapes and the WebSocket upgrade (a socket
+    lives for hours: each `send` on it gets its span instead, edge/ws_frames.py)."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    if request.path in _UNTRACED or request.path == gateway.config.metrics.path or route.endswith("/ws"):
+        return None
+    return gateway.tracing.server_span(
+        request.headers, request.method, route, request.path, agent=request.match_info.get("agent"),
+    )
 
 
 def _demo_file(name: str) -> web.FileResponse:
@@ -149,8 +174,10 @@ async def list_agents(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[GATEWAY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # OpenMetrics (which carries the exemplars) when the scraper asks for it; else the text format.
+    openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+    body = request.app[GATEWAY].metrics.render(openmetrics)
+    return web.Response(body=body, headers={"Content-Type": OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST})
 
 
 async def _sweep_idle_chats(gateway: Gateway) -> None:
@@ -191,6 +218,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
     await gateway.cluster.close()
     await gateway.agents.close()
+    # After everything that ends spans: the last turns' and approvals' spans go out.
+    await gateway.tracing.stop()
     if gateway.jwks is not None:
         await gateway.jwks.close()
     if gateway.background:
@@ -219,17 +248,27 @@ def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
     metrics_.know_webhooks(config.notifications)
-    registry = Registry(config.limits.max_chats_per_user)
-    agents = Agents(config, on_health=metrics_.upstream_health)
-    chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config)
-    jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     shared = shared_state(config)
+    try:
+        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id)
+    except TracingUnavailable as exc:
+        raise ConfigError([str(exc)]) from None
+    if tracing.enabled:
+        # The latency histograms carry the sampled trace's id (docs/metrics.md#exemplars).
+        metrics_.exemplar = tracing.exemplar
+        metrics_.approval_exemplar = tracing.approval_exemplar
+    registry = Registry(config.limits.max_chats_per_user)
+    agents = Agents(
+        config, on_health=metrics_.upstream_health, client=lambda agent: AdkClient(agent.upstream, tracing),
+    )
+    chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config, tracing=tracing)
+    jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     # The config through the gateway, so a reload's notifications apply to the notices after it.
     webhooks = Webhooks(lambda: gateway.config.notifications, metrics_)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
-        admission=Admission(config.limits), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks,
+        admission=Admission(config.limits), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,

@@ -164,6 +164,8 @@ async def tool_call(request: web.Request) -> web.Response:
     )
     # The agent label is bounded by the config: an app no agent has counts under "".
     agent = gateway.config.agent_for_app(body.app_name) or ""
+    # The plugin's `traceparent` (ADK's tool span), if it sends one, parents the approval's wait.
+    continued = gateway.tracing.continue_from(request.headers) if gateway.tracing.enabled else None
     try:
         verdict, result = await gateway.cluster.gate(
             app_name=body.app_name, user_id=body.user_id, session_id=body.session_id,
@@ -179,6 +181,8 @@ async def tool_call(request: web.Request) -> web.Response:
         # to a replica that stays.
         response.force_close()
         return response
+    finally:
+        gateway.tracing.leave(continued)
     gateway.metrics.plugin_requests.labels(agent, result).inc()
     return web.json_response(verdict.as_json())
 

@@ -40,9 +40,9 @@ __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config", "warn_p
 
 log = structlog.get_logger("adk_gateway.edge.reload")
 
-# Sections whose running values stay until a restart: the listeners, the metrics endpoint, logging
-# and the shared session store are built once, at start.
-_RESTART_ONLY = ("listen", "metrics", "logging", "sessions")
+# Sections whose running values stay until a restart: the listeners, the metrics endpoint, logging,
+# the shared session store and the tracer are built once, at start.
+_RESTART_ONLY = ("listen", "metrics", "logging", "sessions", "telemetry")
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     del raw  # a held stream keeps neither the body nor, once submitted, the parsed request
     chat_id = chat_request.chat_id
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
+    gateway.tracing.annotate(agent=caller.agent, chat_id=chat_id)
     slot = _open_stream(request, user_id)
     try:
         attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request, claims=dict(caller.identity.claims))
@@ -100,6 +101,7 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     caller = await admit(request, new_work=False)
     chat_id = request.match_info["chat_id"]
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
+    gateway.tracing.annotate(agent=caller.agent, chat_id=chat_id)
     try:
         version = client_version(request.headers.get(VERSION_HEADER), None, gateway.config.chat.default_protocol)
         attachment = await gateway.cluster.resume(caller.agent, caller.user_id, chat_id, version)

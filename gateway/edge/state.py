@@ -26,6 +26,7 @@ from ..access.jwks import Jwks
 from ..core.limits import Admission
 from ..cluster.audit_trail import AuditTrail
 from ..ops.metrics import GatewayMetrics
+from ..ops.tracing import Tracing
 from ..ops.webhooks import Webhooks
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
@@ -64,6 +65,8 @@ class Gateway:
     upstream_mode: str | None = None
     # The identity provider's keys, when auth.jwt takes them from it (access/jwks.py).
     jwks: Jwks | None = None
+    # OpenTelemetry spans (ops/tracing.py): the shared no-op unless `telemetry:` turns them on.
+    tracing: Tracing = field(default_factory=Tracing.off)
     # Short clean-ups started where nothing can await them (a reload closing what it replaced).
     background: set[asyncio.Task[None]] = field(default_factory=set)
     # The approvals API's authentication, made for the running `auth` and `approvers` (approver_auth).

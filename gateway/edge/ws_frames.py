@@ -70,6 +70,20 @@ async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> 
 
 async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
     structlog.contextvars.bind_contextvars(chat_id=chat_request.chat_id, ws_request_id=request_id)
+    tracing = conn.gateway.tracing
+    if not tracing.enabled:
+        return await _send(conn, request_id, chat_request)
+    # A span per `send`, as an SSE POST has (the socket's upgrade request would last for hours).
+    span = tracing.server_span({}, "WS", "send", "/api/chat/ws", agent=conn.agent, chat_id=chat_request.chat_id)
+    status = 500
+    try:
+        await _send(conn, request_id, chat_request)
+        status = 200
+    finally:
+        tracing.end_server(span, status)
+
+
+async def _send(conn: Connection, request_id: str, chat_request: Any) -> None:
     try:
         attachment = await conn.gateway.cluster.submit(conn.agent, conn.user_id, chat_request, claims=conn.claims)
     except Exception as exc:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..config.schema import GatewayConfig
 
 __all__ = [
-    "AGENT_LABELLED", "CONTENT_TYPE_LATEST", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
+    "AGENT_LABELLED", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics",
 ]
 
@@ -45,6 +45,9 @@ class GatewayMetrics:
         self._gc_series(self.registry)
         self._webhook_series(self.registry)
         self._export_known_at_zero()
+        # The latency histograms' exemplars, the sampled trace's id: edge/app.py sets them when traces are on.
+        self.exemplar: Callable[[], dict[str, str] | None] = lambda: None
+        self.approval_exemplar: Callable[[str], dict[str, str] | None] = lambda approval_id: None
 
     def _browser_series(self, r: CollectorRegistry) -> None:
         """What browsers asked and were answered: requests, streams, chunks, WebSocket frames, refusals."""
@@ -376,8 +379,9 @@ class GatewayMetrics:
         else:
             self._gc_pause_by_generation[info["generation"]].observe(time.perf_counter() - self._gc_started)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, openmetrics: bool = False) -> bytes:
+        """The Prometheus text format; `openmetrics`: OpenMetrics, the one with exemplars."""
+        return (openmetrics_latest if openmetrics else generate_latest)(self.registry)
 
 
 class _ChunkCollector(Collector):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -22,13 +21,17 @@ from ..config.agent import UpstreamConfig
 from ..core.refusals import HttpError, Refusal
 from ..core.eventstream import EventStreamDecoder, EventStreamError
 from .idle_reader import IdleReader, WaitSignal
+# Re-exported: what a session's history says of its confirmations is read from here too.
+from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
-from ..core.rebuild import streamed_message_id
+from ..ops.tracing import Tracing
 
 __all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
 
 _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+# The spans' route templates: no user or session id in a span's name.
+_SESSIONS: Final = "/apps/{app_name}/users/{user_id}/sessions"
 
 
 class UpstreamError(Refusal):
@@ -46,41 +49,13 @@ class UpstreamError(Refusal):
         return HttpError(502, self.code, str(self))
 
 
-@dataclass(frozen=True)
-class SessionConfirmations:
-    """The native confirmations (`adk_request_confirmation` calls) an ADK session holds: the ids it
-    asked, and those it holds an answer to. Both empty when the session does not exist."""
-
-    asked: frozenset[str] = frozenset()
-    answered: frozenset[str] = frozenset()
-    # What each asked confirmation is about, by approval id (deadlines.py works a deadline out from it).
-    calls: Mapping[str, AskedCall] = field(default_factory=dict)
-
-    @property
-    def originals(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
-        """Each asked confirmation's original call: approval id -> (tool call id, tool name, args)."""
-        return {approval: (c.tool_call_id, c.tool, c.args) for approval, c in self.calls.items()}
-
-
-@dataclass(frozen=True)
-class AskedCall:
-    """The call an `adk_request_confirmation` asks about, and when ADK asked (its event's
-    `timestamp`, seconds since the epoch; None if the event has none)."""
-
-    tool_call_id: str
-    tool: str
-    timestamp: float | None
-    args: dict[str, Any] = field(default_factory=dict)
-    # The message the gateway was writing when ADK asked (the newest id its runs told ADK as
-    # state, core/rebuild.py); None if no run of the gateway's said.
-    message_id: str | None = None
-
-
 class AdkClient:
     """Calls to one ADK API server. `start()` and `close()` bracket its life inside the event loop."""
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # A CLIENT span per call (not the health probe), its `traceparent` sent so ADK's spans join.
+        self._tracing = tracing or Tracing.off()
         self._max_connections = config.max_connections
         self._base = str(config.url).rstrip("/")
         self._app = config.app_name
@@ -129,11 +104,15 @@ class AdkClient:
         id 409 (tests/fixtures/adk*/sessions.json), and a lookup would download the session's
         whole history just to learn that it exists (a chat that moved replicas, or a restart).
         """
+        url = self._session_url(user_id)
+        with self._tracing.client("POST", _SESSIONS, url, _JSON_HEADERS, app=self._app) as call:
+            await self._create_session(url, session_id, call.headers or _JSON_HEADERS, call.answered)
+
+    async def _create_session(self, url: str, session_id: str, headers: Mapping[str, str], answered: Any) -> None:
         try:
             body = orjson.dumps({"sessionId": session_id})
-            async with self._http.post(
-                self._session_url(user_id), data=body, headers=_JSON_HEADERS, timeout=self._call_timeout
-            ) as resp:
+            async with self._http.post(url, data=body, headers=headers, timeout=self._call_timeout) as resp:
+                answered(resp.status)
                 if resp.status not in (200, 409):
                     raise UpstreamError("http", f"session create answered HTTP {resp.status}", resp.status)
         except aiohttp.ClientError as exc:
@@ -143,8 +122,14 @@ class AdkClient:
 
     async def session(self, user_id: str, session_id: str) -> Any:
         """The session as ADK's GET answers it (its whole history), or None if it does not exist."""
+        url = self._session_url(user_id, session_id)
+        with self._tracing.client("GET", _SESSIONS + "/{session_id}", url, app=self._app) as call:
+            return await self._read_session(url, call.headers, call.answered)
+
+    async def _read_session(self, url: str, headers: Mapping[str, str] | None, answered: Any) -> Any:
         try:
-            async with self._http.get(self._session_url(user_id, session_id), timeout=self._call_timeout) as resp:
+            async with self._http.get(url, headers=headers, timeout=self._call_timeout) as resp:
+                answered(resp.status)
                 if resp.status == 404:
                     return None
                 if resp.status != 200:
@@ -197,12 +182,22 @@ class AdkClient:
         })
         del new_message  # a held run keeps neither the message nor the request body
         decoder = EventStreamDecoder()
+        url = f"{self._base}/run_sse"
+        # The span lasts the whole stream, a person's wait included.
+        with self._tracing.client("POST", "/run_sse", url, _SSE_HEADERS, app=self._app) as call:
+            async for batch in self._run_sse(url, body, call.headers or _SSE_HEADERS, call.answered, decoder, wait):
+                yield batch
+                batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+
+    async def _run_sse(
+        self, url: str, body: bytes, headers: Mapping[str, str], answered: Any, decoder: EventStreamDecoder,
+        wait: WaitSignal | None,
+    ) -> AsyncIterator[Iterator[dict[str, Any]]]:
         try:
             async with asyncio.timeout(self._idle_timeout):
-                resp = await self._http.post(
-                    f"{self._base}/run_sse", data=body, headers=_SSE_HEADERS, timeout=self._stream_timeout,
-                )
+                resp = await self._http.post(url, data=body, headers=headers, timeout=self._stream_timeout)
                 del body
+            answered(resp.status)
             async with resp:
                 if resp.status == 404:
                     raise UpstreamError("session_missing", "the agent service does not know this session", 404)
@@ -231,12 +226,18 @@ class AdkClient:
         params = [("app_name", self._app), ("user_id", user_id), ("session_id", session_id)]
         params += [("modalities", m) for m in modalities]
         url = self._base.replace("http", "ws", 1) + "/run_live"
+        # The connect's span: the socket lives for the chat, across turns.
+        with self._tracing.client("GET", "/run_live", url, app=self._app) as call:
+            return await self._connect_live(url, params, call.headers, call.answered)
+
+    async def _connect_live(self, url: str, params: Any, headers: Mapping[str, str] | None, answered: Any) -> LiveConnection:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 ws = await self._http.ws_connect(
                     url, params=params, timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5),
-                    heartbeat=None, max_msg_size=64 * 1024 * 1024,
+                    heartbeat=None, max_msg_size=64 * 1024 * 1024, headers=headers,
                 )
+            answered(101)
         except aiohttp.WSServerHandshakeError as exc:
             raise UpstreamError("http", f"the agent service refused the live session: HTTP {exc.status}", exc.status) from None
         except aiohttp.ClientError as exc:
@@ -350,46 +351,3 @@ def parse_live_event(data: str | bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         raise UpstreamError("protocol", "the agent service sent a live event that is not JSON") from None
     return event if type(event) is dict else None
-
-
-def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
-    """The ids of the `adk_request_confirmation` parts of a kind (calls, or responses) in a session's
-    events, whichever case ADK wrote the key in."""
-    found: set[str] = set()
-    events = session.get("events") if isinstance(session, dict) else None
-    for event in events if isinstance(events, list) else ():
-        content = event.get("content") if isinstance(event, dict) else None
-        parts = content.get("parts") if isinstance(content, dict) else None
-        for part in parts if isinstance(parts, list) else ():
-            call = (part.get(camel) or part.get(snake)) if isinstance(part, dict) else None
-            if isinstance(call, dict) and call.get("name") == "adk_request_confirmation" and isinstance(call.get("id"), str):
-                found.add(call["id"])
-    return found
-
-
-
-def _asked_calls(session: Any) -> dict[str, AskedCall]:
-    """The calls a session's `adk_request_confirmation` calls ask about, by approval id."""
-    found: dict[str, AskedCall] = {}
-    events = session.get("events") if isinstance(session, dict) else None
-    message_id: str | None = None
-    for event in events if isinstance(events, list) else ():
-        if isinstance(event, dict):
-            message_id = streamed_message_id((event,)) or message_id
-        content = event.get("content") if isinstance(event, dict) else None
-        parts = content.get("parts") if isinstance(content, dict) else None
-        stamp = event.get("timestamp") if isinstance(event, dict) else None
-        timestamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
-        for part in parts if isinstance(parts, list) else ():
-            call = (part.get("functionCall") or part.get("function_call")) if isinstance(part, dict) else None
-            if not isinstance(call, dict) or call.get("name") != "adk_request_confirmation" or not isinstance(call.get("id"), str):
-                continue
-            args = call.get("args")
-            original = (args.get("originalFunctionCall") or args.get("original_function_call")) if isinstance(args, dict) else None
-            if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
-                original_args = original.get("args")
-                found[call["id"]] = AskedCall(
-                    original["id"], original["name"], timestamp, original_args if isinstance(original_args, dict) else {},
-                    message_id,
-                )
-    return found

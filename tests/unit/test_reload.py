@@ -753,3 +753,9 @@ def test_approver_keys_are_judged_in_auth_mode_none_too() -> None:
     empty = local.replace("k-boss", '""')
     assert plan(empty, now=local).problems == []
     assert plan(local, now=empty).config is None
+
+
+def test_a_reload_that_turns_traces_on_waits_for_a_restart() -> None:
+    result = plan(PRODUCTION + "telemetry:\n  enabled: true\n")
+    assert result.config is not None and result.config.telemetry.enabled is None
+    assert "telemetry" in result.restart_required

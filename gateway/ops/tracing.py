@@ -1,0 +1,394 @@
+"""OpenTelemetry traces: the gateway's spans, their export over OTLP/HTTP, and the no-op path when off.
+
+`Tracing` is made once per application (edge/app.py) from the `telemetry:` section and handed to
+what makes spans: the request middleware and the WebSocket `send` (a SERVER span each, continuing
+an incoming W3C `traceparent`), the chat actor (one INTERNAL span per turn, from RunStarts to the
+run's end, under the request that started it), the ADK client (a CLIENT span per upstream call,
+whose `traceparent` goes out in the request's headers so ADK's own spans join the trace) and the
+approval notices (one span per approval, from its start to its decision). Never a span per chunk
+or per upstream event.
+
+Off (the default without an OTLP endpoint), nothing of OpenTelemetry is imported and every helper
+answers from a shared no-op at once (`Tracing.off()`): the hot paths only test `enabled` or get
+None. On, the SDK is imported lazily (the `otel` extra); it reads the standard variables for where
+to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG). The spans follow
+the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
+GenAI (development) attribute names where they apply (docs/operations.md#tracing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+
+from ..config.telemetry import TelemetryConfig
+
+__all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
+
+log = structlog.get_logger("adk_gateway.ops.tracing")
+
+SEMCONV_VERSION: Final = "1.37.0"
+# Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
+_MAX_OPEN_WAITS: Final = 10_000
+
+
+class TracingUnavailable(Exception):
+    """Tracing is on but the OpenTelemetry SDK or its OTLP exporter is not installed."""
+
+
+class ClientCall:
+    """One upstream call's span, a context manager: `headers` to send (the base ones and
+    `traceparent`; None from the no-op one, tracing off: the caller sends its own), `answered`
+    with the status; leaving it ends the span, with the error that left it if one did."""
+
+    __slots__ = ("_span", "headers")
+
+    def __init__(self, span: Any = None, headers: dict[str, str] | None = None) -> None:
+        self._span = span
+        self.headers = headers
+
+    def __enter__(self) -> ClientCall:
+        return self
+
+    def answered(self, status: int) -> None:
+        if self._span is not None:
+            self._span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                self._span.set_attribute("error.type", str(status))
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        if error is not None and not isinstance(error, GeneratorExit):
+            # An UpstreamError's kind (connect, timeout, reset, ...), as the metrics count it.
+            span.set_attribute("error.type", getattr(error, "kind", None) or type(error).__name__)
+        if error is not None and not isinstance(error, GeneratorExit) or "error.type" in span.attributes:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+
+_NO_CALL: Final = ClientCall()
+
+
+class Tracing:
+    """The gateway's tracer. `Tracing.off()` is the shared no-op; `Tracing.from_config` the one the
+    configuration asks for (raising TracingUnavailable when it is on and the extra is missing)."""
+
+    def __init__(self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0) -> None:
+        self._provider = provider
+        # Tested by every caller before any span work: False makes each helper a no-op.
+        self.enabled = provider is not None
+        self.service = service
+        self.replica = replica
+        self._shutdown_timeout = shutdown_timeout
+        self._tracer: Any = provider.get_tracer("adk_gateway", schema_url=f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}") if provider else None
+        self._propagator: Any = None
+        # Each approval waiting for a decision, by approval id: its span.
+        self._waits: dict[str, Any] = {}
+        if provider is not None:
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+            self._propagator = TraceContextTextMapPropagator()
+
+    @staticmethod
+    def off() -> Tracing:
+        """The no-op tracer (tracing off), one per process: nothing to allocate per caller."""
+        return _OFF
+
+    @classmethod
+    def from_config(cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None) -> Tracing:
+        env = os.environ if env is None else env
+        if not config.enabled_in(env):
+            return cls.off()
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise TracingUnavailable(
+                f"telemetry is enabled (telemetry.enabled or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry is not "
+                f"installed ({exc.name}): pip install 'adk-gateway[otel]', or unset the endpoint / set telemetry.enabled: false"
+            ) from None
+        service = config.service_in(env)
+        attributes = {"service.name": service}
+        if replica:
+            attributes["service.instance.id"] = replica
+        # The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER / _ARG (parentbased_always_on
+        # without them); the exporter reads the endpoint, headers, timeout and compression.
+        # No exit hook: a collector that hangs must not hold the process (stop() bounds the flush).
+        provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        log.info("tracing_enabled", service=service)
+        return cls(provider, service, replica, config.shutdown_timeout)
+
+    async def stop(self) -> None:
+        """Export what is queued and stop, waiting `shutdown_timeout` at most (a thread of its own:
+        the exporter's HTTP call blocks, and a collector that hangs must not hold the exit)."""
+        provider = self._provider
+        if provider is None:
+            return
+        for span in self._waits.values():
+            span.end()
+        self._waits.clear()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        timeout = self._shutdown_timeout
+
+        def flush() -> None:
+            try:
+                provider.force_flush(int(timeout * 1000))
+                provider.shutdown()
+            except Exception:  # noqa: BLE001 - an exporter's failure must not break the stop
+                log.warning("tracing_flush_failed", exc_info=True)
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+            except RuntimeError:
+                pass  # the loop is gone: nobody waits any more
+
+        threading.Thread(target=flush, name="otel-flush", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout + 0.5)
+        except TimeoutError:
+            log.warning("tracing_flush_timed_out", timeout_s=timeout)
+
+    # ---- the browser's requests ------------------------------------------------------------
+
+    def server_span(self, headers: Mapping[str, str], method: str, route: str, path: str, **attributes: Any) -> Any:
+        """Start a SERVER span continuing the `traceparent` in `headers`, current until `end_server`
+        is given the token this returns; None when off."""
+        if not self.enabled:
+            return None
+        from opentelemetry import context, trace
+
+        parent = self._propagator.extract(headers)
+        span = self._tracer.start_span(
+            f"{method} {route}", context=parent, kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method, "http.route": route, "url.path": path, **self._replica(), **_prefixed(attributes)},
+        )
+        return span, context.attach(trace.set_span_in_context(span, parent))
+
+    def end_server(self, started: Any, status: int) -> None:
+        if started is None:
+            return
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        span, token = started
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_attribute("error.type", str(status))
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        context.detach(token)
+
+    def continue_from(self, headers: Mapping[str, str]) -> Any:
+        """Make the `traceparent` in `headers` (if any) the current context, without a span of
+        the gateway's; the token for `leave`, or None."""
+        if not self.enabled or "traceparent" not in headers:
+            return None
+        from opentelemetry import context
+
+        return context.attach(self._propagator.extract(headers))
+
+    @staticmethod
+    def leave(token: Any) -> None:
+        if token is not None:
+            from opentelemetry import context
+
+            context.detach(token)
+
+    def annotate(self, **attributes: Any) -> None:
+        """Add `adk_gateway.<name>` attributes to the current span (the request's: its agent, its chat)."""
+        if not self.enabled:
+            return
+        from opentelemetry import trace
+
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(_prefixed(attributes))
+
+    # ---- turns -----------------------------------------------------------------------------
+
+    def start_turn(self, agent: str, chat_id: str) -> Any:
+        """A turn's INTERNAL span, child of the current span (the request that starts it); None when off."""
+        if not self.enabled:
+            return None
+        from opentelemetry import trace
+
+        return self._tracer.start_span(
+            f"turn {agent}", kind=trace.SpanKind.INTERNAL,
+            attributes={
+                "adk_gateway.agent": agent, "adk_gateway.chat_id": chat_id, **self._replica(),
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "gen_ai.conversation.id": chat_id,
+            },
+        )
+
+    def context_with(self, span: Any) -> contextvars.Context:
+        """A copy of the current context in which `span` is current: the run's task runs in it, so
+        what the run calls upstream is the turn's child, though the task outlives the request."""
+        from opentelemetry import context, trace
+
+        ctx = contextvars.copy_context()
+        ctx.run(context.attach, trace.set_span_in_context(span))
+        return ctx
+
+    @staticmethod
+    def end_turn_outcome(span: Any, outcome: str) -> None:
+        """The run's end, as the machine tells it (completed, waiting, error, cancelled)."""
+        span.set_attribute("adk_gateway.outcome", outcome)
+        if outcome == "error":
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR))
+
+    @staticmethod
+    def end_turn(span: Any) -> None:
+        """The run's task ended: its span with it."""
+        span.end()
+
+    # ---- upstream calls --------------------------------------------------------------------
+
+    def client(self, method: str, route: str, url: str, headers: Mapping[str, str] | None = None, **attributes: Any) -> ClientCall:
+        """A CLIENT span for one call to ADK (`route` a template: no user or session id in the
+        name), child of the current span, its `traceparent` in the returned headers; not current
+        (an upstream stream is read across awaits and tasks). The shared no-op when off."""
+        if not self.enabled:
+            return _NO_CALL
+        from opentelemetry import trace
+
+        span = self._tracer.start_span(
+            f"{method} {route}", kind=trace.SpanKind.CLIENT,
+            attributes={"http.request.method": method, "url.full": _without_query(url), "http.route": route, **_prefixed(attributes)},
+        )
+        out = dict(headers or {})
+        self._propagator.inject(out, context=trace.set_span_in_context(span))
+        return ClientCall(span, out)
+
+    # ---- work forwarded between replicas (cluster/forwarding.py) -----------------------------
+
+    def forward(self, op: str, owner: str) -> ClientCall:
+        """A CLIENT span for work sent to the chat's owner, its `traceparent` in `headers` for the
+        message; the shared no-op when off or when nothing here is traced (a plugin's ask without
+        a `traceparent`: its approval's wait then stays under the owner's turn)."""
+        if not self.enabled:
+            return _NO_CALL
+        from opentelemetry import trace
+
+        if not trace.get_current_span().get_span_context().is_valid:
+            return _NO_CALL
+        span = self._tracer.start_span(
+            f"forward {op}", kind=trace.SpanKind.CLIENT,
+            attributes={"adk_gateway.op": op, "adk_gateway.owner": owner, **self._replica()},
+        )
+        out: dict[str, str] = {}
+        self._propagator.inject(out, context=trace.set_span_in_context(span))
+        return ClientCall(span, out)
+
+    def serve_forwarded(self, traceparent: str, op: str, sender: str) -> Any:
+        """The owner's SERVER span for forwarded work, continuing the sender's `traceparent`, current
+        until `end_span`; None when off or when the work carries none."""
+        if not self.enabled or not traceparent:
+            return None
+        from opentelemetry import context, trace
+
+        parent = self._propagator.extract({"traceparent": traceparent})
+        span = self._tracer.start_span(
+            f"serve {op}", context=parent, kind=trace.SpanKind.SERVER,
+            attributes={"adk_gateway.op": op, "adk_gateway.sender": sender, **self._replica()},
+        )
+        return span, context.attach(trace.set_span_in_context(span, parent))
+
+    @staticmethod
+    def end_span(started: Any, error: str | None = None) -> None:
+        if started is None:
+            return
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        span, token = started
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        context.detach(token)
+
+    # ---- approvals -------------------------------------------------------------------------
+
+    def approval_waiting(self, approval_id: str, agent: str, tool: str, chat_id: str, parent: Any = None, **attributes: Any) -> None:
+        """Start the span of one approval's wait. Its parent: the current span if there is one (the
+        plugin's request carrying a `traceparent`), else `parent` (the turn's span)."""
+        if not self.enabled or approval_id in self._waits or len(self._waits) >= _MAX_OPEN_WAITS:
+            return
+        from opentelemetry import trace
+
+        current = trace.get_current_span()
+        context = None if current.get_span_context().is_valid or parent is None else trace.set_span_in_context(parent)
+        self._waits[approval_id] = self._tracer.start_span(
+            f"approval {tool}", context=context, kind=trace.SpanKind.INTERNAL,
+            attributes={
+                "adk_gateway.approval_id": approval_id, "adk_gateway.agent": agent, "adk_gateway.tool": tool,
+                "adk_gateway.chat_id": chat_id, "gen_ai.tool.name": tool, **self._replica(), **_prefixed(attributes),
+            },
+        )
+
+    def approval_decided(self, approval_id: str, outcome: str, source: str, approvers: tuple[str, ...] = ()) -> None:
+        """End the span of an approval's wait with what was decided and by whom (their user ids only)."""
+        if not self.enabled:
+            return
+        span = self._waits.pop(approval_id, None)
+        if span is None:
+            return
+        span.set_attribute("adk_gateway.outcome", outcome)
+        span.set_attribute("adk_gateway.source", source)
+        if approvers:
+            span.set_attribute("adk_gateway.approvers", list(approvers))
+        span.end()
+
+    def approval_exemplar(self, approval_id: str) -> dict[str, str] | None:
+        """The exemplar of an approval's wait: its span's trace, if sampled."""
+        if not self.enabled:
+            return None
+        span = self._waits.get(approval_id)
+        return _exemplar_of(span.get_span_context()) if span is not None else None
+
+    # ---- exemplars -------------------------------------------------------------------------
+
+    def exemplar(self) -> dict[str, str] | None:
+        """The current span's trace id as a histogram exemplar, when it is sampled; else None."""
+        if not self.enabled:
+            return None
+        from opentelemetry import trace
+
+        return _exemplar_of(trace.get_current_span().get_span_context())
+
+    def _replica(self) -> dict[str, str]:
+        return {"adk_gateway.replica": self.replica} if self.replica else {}
+
+
+# Holds nothing that changes: every helper returns at its `enabled` test.
+_OFF: Final = Tracing()
+
+
+def _exemplar_of(context: Any) -> dict[str, str] | None:
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None
+    return {"trace_id": format(context.trace_id, "032x")}
+
+
+def _prefixed(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"adk_gateway.{name}": value for name, value in attributes.items() if value is not None and value != ""}
+
+
+def _without_query(url: str) -> str:
+    return url.split("?", 1)[0]

@@ -1,0 +1,192 @@
+"""Traces end to end: a gateway and a real ADK server (the plugin loaded) export over OTLP/HTTP to a
+receiver that decodes the real protocol (tests/otlp_receiver.py); an approval turn's span tree is
+checked as a trace viewer would draw it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.otlp_receiver import Receiver, Span
+from tests.procs import PluginStack, plugin_stack, request
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    with plugin_stack(
+        tmp_path_factory.mktemp("traced"), approvals="hold", gateway_env=otel,
+        adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
+    ) as s:
+        yield s
+
+
+def _of(spans: list[Span], trace_id: str) -> list[Span]:
+    return [s for s in spans if s.trace_id == trace_id]
+
+
+def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -> None:
+    gw = stack.gateway
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = request(
+        gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+    )
+    assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
+    time.sleep(0.5)  # the person takes their time
+    answer = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert "tool-output-available" in types(second)
+
+    def complete(spans: list[Span]) -> bool:
+        names = {(s.service, s.name) for s in _of(spans, trace_id)}
+        gateway = {("adk-gateway", n) for n in ("POST /api/chat", "turn demo_agent", "POST /run_sse", "approval process_payment")}
+        adk = {("adk-agent", n) for n in ("POST /run_sse", "invoke_agent demo_agent", "execute_tool process_payment")}
+        return gateway | adk <= names
+    spans = receiver.wait_for(complete)
+    mine = [s for s in _of(spans, trace_id) if s.service == "adk-gateway"]
+    by_name = {s.name: s for s in mine}
+    assert complete(spans), sorted(by_name)
+
+    # The browser's request continues the traceparent it sent, a SERVER span with HTTP's attributes.
+    req = by_name["POST /api/chat"]
+    assert req.kind == "SERVER" and req.parent_id == parent
+    assert req.attributes["http.request.method"] == "POST" and req.attributes["http.route"] == "/api/chat"
+    assert req.attributes["http.response.status_code"] == 200
+    assert req.attributes["adk_gateway.chat_id"] == chat and req.attributes["adk_gateway.agent"] == "demo_agent"
+    assert "adk_gateway.replica" in req.attributes
+    # The turn, under the request that started it, lasts until the run ended (after the decision).
+    turn = by_name["turn demo_agent"]
+    assert turn.kind == "INTERNAL" and turn.parent_id == req.span_id
+    assert turn.attributes["adk_gateway.outcome"] == "completed"
+    # The upstream call, a CLIENT span under the turn; the session's creation, under the request.
+    run_sse = by_name["POST /run_sse"]
+    assert run_sse.kind == "CLIENT" and run_sse.parent_id == turn.span_id
+    assert run_sse.attributes["http.response.status_code"] == 200
+    session = by_name["POST /apps/{app_name}/users/{user_id}/sessions"]
+    assert session.kind == "CLIENT" and session.parent_id == req.span_id
+    # The person's wait, under the turn, with what was decided and by whom; no argument values.
+    wait = by_name["approval process_payment"]
+    assert wait.parent_id == turn.span_id
+    assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
+    assert wait.attributes["adk_gateway.tool"] == "process_payment"
+    assert wait.end - wait.start >= 0.4e9
+    assert not any("Hanako" in str(v) for s in mine for v in s.attributes.values())
+    # ADK's own spans join the trace: its server span of /run_sse is the child of the gateway's
+    # call (the traceparent reached it), its agent and tool spans under that.
+    adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
+    assert adk["POST /run_sse"].kind == "SERVER" and adk["POST /run_sse"].parent_id == run_sse.span_id
+    assert adk["POST /apps/{app_name}/users/{user_id}/sessions"].parent_id == session.span_id
+    assert adk["execute_tool process_payment"].trace_id == trace_id
+    # The latency histograms carry the turn's trace as an exemplar, in OpenMetrics when asked for it.
+    scraped = request(gw.base, "GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    assert f'trace_id="{trace_id}"' in scraped.body.decode()
+    assert "trace_id" not in request(gw.base, "GET", "/metrics").body.decode()
+    # The answering request is its own trace's root (it sent no traceparent).
+    answering = [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
+    assert answering and answering[0].parent_id == ""
+
+
+async def test_each_websocket_send_is_a_span_with_its_turn(stack: PluginStack, receiver: Receiver) -> None:
+    import aiohttp
+
+    from tests.integration.test_ws_frames import send_frame, until_terminal
+
+    chat = new_chat()
+    async with aiohttp.ClientSession() as http, http.ws_connect(stack.gateway.base + "/api/chat/ws") as ws:
+        await ws.send_str(send_frame("r1", chat, [user("hello there")]))
+        frames = await until_terminal(ws, "r1")
+    assert frames[-1]["type"] in ("done", "finish", "end"), frames[-1]
+
+    def sent(spans: list[Span]) -> list[Span]:
+        return [s for s in spans if s.name == "WS send" and s.attributes.get("adk_gateway.chat_id") == chat]
+    spans = receiver.wait_for(lambda spans: bool(sent(spans)) and any(
+        s.name == "turn demo_agent" and s.parent_id == sent(spans)[0].span_id for s in spans))
+    [send] = sent(spans)
+    assert send.kind == "SERVER" and send.attributes["adk_gateway.agent"] == "demo_agent"
+    assert any(s.name == "turn demo_agent" and s.parent_id == send.span_id for s in spans)
+    # The upgrade request itself (a socket lives for hours) has no span.
+    assert not any(s.name.endswith("/api/chat/ws") for s in spans)
+
+
+@pytest.fixture(scope="module")
+def replicas_traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Any]:
+    import os
+
+    from tests.ops.stack import replicas
+
+    """Redis, the agent and replicas A and B (tests/ops/stack.py), all exporting to the receiver:
+    their processes take the environment of this one, set for the module."""
+    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    try:
+        with replicas(tmp_path_factory.mktemp("traced-replicas"), approvals="hold", adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
+            yield r
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_traced: Any, receiver: Receiver) -> None:
+    pair = replicas_traced
+    chat, first_message = new_chat(), user("hello there")
+    first = post(pair.a, chat, [first_message])  # A runs the chat from now on
+    assert first.status == 200 and types(first)[-1] == "finish"
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    second = request(
+        pair.b.base, "POST", "/api/chat",
+        {"id": chat, "messages": [first_message, assistant_from(first), user("hello again")], "trigger": "submit-message"},
+        headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+    )
+    assert second.status == 200 and types(second)[-1] == "finish", second.body
+
+    names = ("POST /api/chat", "forward submit", "serve submit", "turn demo_agent", "POST /run_sse")
+    spans = receiver.wait_for(lambda spans: {n for n in names} <= {s.name for s in _of(spans, trace_id)} and any(
+        s.service == "adk-agent" and s.name == "POST /run_sse" for s in _of(spans, trace_id)))
+    mine = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-gateway"}
+    assert set(names) <= set(mine), sorted(mine)
+    req, forward, serve, turn, run = (mine[n] for n in names)
+    assert forward.parent_id == req.span_id and serve.parent_id == forward.span_id
+    assert turn.parent_id == serve.span_id and run.parent_id == turn.span_id
+    # The request and the forward are B's, the rest A's.
+    assert req.attributes["adk_gateway.replica"] == forward.attributes["adk_gateway.replica"]
+    assert serve.attributes["adk_gateway.replica"] != forward.attributes["adk_gateway.replica"]
+    assert turn.attributes["adk_gateway.replica"] == serve.attributes["adk_gateway.replica"]
+    adk = [s for s in _of(spans, trace_id) if s.service == "adk-agent" and s.name == "POST /run_sse"]
+    assert adk and adk[0].parent_id == run.span_id
+
+
+def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel) as stack:
+        chat = new_chat()
+        reply = post(stack.gateway, chat, [user("hello there")])
+        assert reply.status == 200 and types(reply)[-1] == "finish"
+
+        def found(spans: list[Span]) -> tuple[Span, ...] | None:
+            turns = [s for s in spans if s.name == "turn demo_agent" and s.attributes.get("adk_gateway.chat_id") == chat]
+            connects = [s for s in spans if s.name == "GET /run_live" and turns and s.parent_id == turns[0].span_id]
+            return (turns[0], connects[0]) if connects else None
+        spans = receiver.wait_for(lambda spans: found(spans) is not None)
+        assert found(spans) is not None
+        turn, connect = found(spans)  # type: ignore[misc]
+        assert connect.kind == "CLIENT" and connect.attributes["http.response.status_code"] == 101
+        assert "session_id" not in connect.attributes.get("url.full", "")
+        assert turn.attributes["adk_gateway.outcome"] == "completed"

@@ -1,0 +1,324 @@
+"""ops/tracing.py and the `telemetry:` section: off by default and then free, on with the standard
+OTLP variables, the spans' parents and attributes, `traceparent` out to ADK, and exemplars."""
+
+from __future__ import annotations
+
+import sys
+import tracemalloc
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from gateway.config.schema import ConfigError, UpstreamConfig, parse_config
+from gateway.config.telemetry import TelemetryConfig
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.tracing import Tracing, TracingUnavailable
+from gateway.upstream.client import AdkClient
+
+
+def traced() -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing(provider, "adk-gateway", "replica-1"), exporter
+
+
+# ---- config --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+])
+def test_tracing_is_on_when_the_standard_endpoint_is_set(env: dict[str, str], on: bool) -> None:
+    assert TelemetryConfig().enabled_in(env) is on
+
+
+def test_the_file_decides_unless_the_sdk_is_disabled() -> None:
+    assert TelemetryConfig(enabled=True).enabled_in({}) is True
+    assert TelemetryConfig(enabled=False).enabled_in({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}) is False
+    assert TelemetryConfig(enabled=True).enabled_in({"OTEL_SDK_DISABLED": "TRUE"}) is False
+
+
+def test_service_name_from_the_file_then_the_environment() -> None:
+    assert TelemetryConfig().service_in({}) == "adk-gateway"
+    assert TelemetryConfig().service_in({"OTEL_SERVICE_NAME": "edge"}) == "edge"
+    assert TelemetryConfig(service_name="gw-eu").service_in({"OTEL_SERVICE_NAME": "edge"}) == "gw-eu"
+
+
+def test_the_section_is_strict() -> None:
+    config = parse_config("telemetry:\n  enabled: true\n  service_name: gw\n  shutdown_timeout: 1s\n", env={})
+    assert config.telemetry.enabled is True and config.telemetry.shutdown_timeout == 1.0
+    with pytest.raises(ConfigError, match=r"telemetry\.endpoint: unknown key"):
+        parse_config("telemetry:\n  endpoint: http://c:4318\n", env={})
+
+
+# ---- off: nothing to do --------------------------------------------------------------------
+
+
+def test_off_is_one_shared_no_op() -> None:
+    off = Tracing.from_config(TelemetryConfig(), env={})
+    assert off is Tracing.off() and not off.enabled
+
+
+def test_off_allocates_nothing_per_call() -> None:
+    off = Tracing.off()
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    def calls() -> None:
+        off.start_turn("agent", "chat")
+        with off.client("POST", "/run_sse", "http://adk/run_sse") as call:
+            call.answered(200)
+        off.server_span(headers, "POST", "/api/chat", "/api/chat")
+        off.annotate(agent="a")
+        off.approval_waiting("gw-1", "agent", "tool", "chat")
+        off.approval_decided("gw-1", "approved", "person")
+        off.exemplar()
+        off.approval_exemplar("gw-1")
+
+    calls()  # warm (first-call caches)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(1000):
+            calls()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "tracing.py" in str(stat.traceback))
+    # Nothing kept per call (1000 calls keeping a byte each would show): the helpers return at `enabled`.
+    assert grown < 1000
+    assert off.client("GET", "/x", "http://adk/x") is off.client("GET", "/y", "http://adk/y")
+
+
+def test_off_does_not_import_opentelemetry() -> None:
+    import subprocess
+
+    code = (
+        "import sys, gateway.edge.app; from gateway.config.schema import parse_config; "
+        "gateway.edge.app.create_app(parse_config('', env={})); "
+        "print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin"}, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_on_without_the_extra_is_a_clear_start_up_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(TracingUnavailable, match=r"pip install 'adk-gateway\[otel\]'"):
+        Tracing.from_config(TelemetryConfig(enabled=True), env={})
+
+
+def test_on_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracing = Tracing.from_config(TelemetryConfig(), "r1", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert tracing.enabled and tracing.service == "adk-gateway"
+
+
+# ---- on: spans -----------------------------------------------------------------------------
+
+
+def test_a_request_continues_the_incoming_traceparent_and_parents_the_turn() -> None:
+    tracing, exporter = traced()
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    started = tracing.server_span(headers, "POST", "/api/chat", "/api/chat", agent="demo")
+    tracing.annotate(chat_id="c1")
+    turn = tracing.start_turn("demo", "c1")
+    tracing.end_server(started, 200)
+    tracing.end_turn_outcome(turn, "completed")
+    tracing.end_turn(turn)
+    request, run = sorted(exporter.get_finished_spans(), key=lambda s: s.name)
+    assert request.name == "POST /api/chat" and format(request.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert request.parent.span_id == 0x00F067AA0BA902B7 and request.parent.is_remote
+    assert request.attributes["adk_gateway.chat_id"] == "c1" and request.attributes["adk_gateway.replica"] == "replica-1"
+    assert request.attributes["http.response.status_code"] == 200
+    assert run.parent.span_id == request.context.span_id and run.attributes["adk_gateway.outcome"] == "completed"
+
+
+def test_an_approval_wait_under_the_turn_unless_the_plugin_sent_a_traceparent() -> None:
+    tracing, exporter = traced()
+    turn = tracing.start_turn("demo", "c1")
+    tracing.approval_waiting("gw-1", "demo", "pay", "c1", turn)
+    exemplar = tracing.approval_exemplar("gw-1")
+    tracing.approval_decided("gw-1", "approved", "approver", ("alice",))
+    token = tracing.continue_from({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    tracing.approval_waiting("gw-2", "demo", "pay", "c1", turn)
+    tracing.leave(token)
+    tracing.approval_decided("gw-2", "timeout", "timeout")
+    tracing.approval_decided("gw-unknown", "approved", "person")  # never started: nothing
+    first, second = exporter.get_finished_spans()
+    assert first.parent.span_id == turn.get_span_context().span_id
+    assert exemplar == {"trace_id": format(turn.get_span_context().trace_id, "032x")}
+    assert first.attributes["adk_gateway.outcome"] == "approved" and first.attributes["adk_gateway.source"] == "approver"
+    assert tuple(first.attributes["adk_gateway.approvers"]) == ("alice",)
+    assert second.parent.span_id == 0xB7AD6B7169203331 and "adk_gateway.approvers" not in second.attributes
+
+
+async def test_every_upstream_call_carries_its_span_s_traceparent() -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    async def sessions(request: web.Request) -> web.Response:
+        seen.append((request.path, request.headers.get("traceparent")))
+        return web.json_response({}, status=409)
+
+    async def run_sse(request: web.Request) -> web.StreamResponse:
+        seen.append((request.path, request.headers.get("traceparent")))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"id": "e1", "author": "agent"}\n\n')
+        return response
+
+    app = web.Application()
+    app.router.add_post("/apps/demo/users/{user}/sessions", sessions)
+    app.router.add_post("/run_sse", run_sse)
+    tracing, exporter = traced()
+    async with TestServer(app) as server:
+        client = AdkClient(UpstreamConfig(url=str(server.make_url("")), app_name="demo"), tracing)
+        await client.start()
+        try:
+            await client.ensure_session("u1", "s1")
+            events = [e async for batch in client.run_sse_batches(user_id="u1", session_id="s1", new_message={}) for e in batch]
+        finally:
+            await client.close()
+    assert events == [{"id": "e1", "author": "agent"}]
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"POST /apps/{app_name}/users/{user_id}/sessions", "POST /run_sse"}
+    for path, traceparent in seen:
+        name = "POST /run_sse" if path == "/run_sse" else "POST /apps/{app_name}/users/{user_id}/sessions"
+        context = spans[name].get_span_context()
+        assert traceparent is not None and traceparent.startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert spans["POST /run_sse"].attributes["http.response.status_code"] == 200
+    assert "u1" not in spans["POST /run_sse"].name
+
+
+def test_no_traceparent_to_adk_when_off() -> None:
+    client = AdkClient(UpstreamConfig(url="http://127.0.0.1:9", app_name="demo"))
+    assert client._tracing is Tracing.off()
+
+
+# ---- exemplars -----------------------------------------------------------------------------
+
+
+def test_openmetrics_on_request_with_the_trace_as_exemplar() -> None:
+    tracing, _ = traced()
+    metrics = GatewayMetrics()
+    metrics.exemplar = tracing.exemplar
+    started = tracing.server_span({}, "POST", "/api/chat", "/api/chat")
+    metrics.upstream_first_event.labels("demo").observe(0.3, metrics.exemplar())
+    trace_id = tracing.exemplar()
+    tracing.end_server(started, 200)
+    text = metrics.render(openmetrics=True).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    exemplars = [s.exemplar for s in families["adk_gateway_upstream_first_event_seconds"].samples if s.exemplar]
+    assert exemplars and exemplars[0].labels == trace_id
+    assert b"trace_id" not in metrics.render()
+
+
+def test_no_exemplar_when_off_or_unsampled() -> None:
+    metrics = GatewayMetrics()
+    assert metrics.exemplar() is None and metrics.approval_exemplar("gw-1") is None
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    tracing = Tracing(provider)
+    started = tracing.server_span({}, "POST", "/api/chat", "/api/chat")
+    assert tracing.exemplar() is None
+    tracing.end_server(started, 200)
+
+
+async def test_stop_is_bounded_when_the_collector_hangs() -> None:
+    import asyncio
+    import time
+
+    class Hanging:
+        def force_flush(self, timeout_millis: int = 0) -> bool:
+            time.sleep(5)
+            return True
+
+        def shutdown(self) -> None:
+            pass
+
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            return None
+
+    tracing = Tracing(TracerProvider(), shutdown_timeout=0.2)
+    tracing._provider = Hanging()
+    started = asyncio.get_running_loop().time()
+    await tracing.stop()
+    assert asyncio.get_running_loop().time() - started < 2
+
+
+# ---- work forwarded between replicas --------------------------------------------------------
+
+
+def test_forwarded_work_carries_a_traceparent_and_tolerates_none() -> None:
+    from gateway.cluster.messages import Forwarded, Submit, from_json
+
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    sent = Forwarded("b", "r1", Submit("alice", "demo", {"id": "c1"}), traceparent)
+    assert from_json(sent.to_json()) == sent
+    untraced = Forwarded("b", "r1", Submit("alice", "demo", {"id": "c1"}))
+    assert "traceparent" not in untraced.to_json() and from_json(untraced.to_json()).trace == ""
+    assert from_json({**untraced.to_json(), "traceparent": "not one\n"}).trace == ""
+    assert from_json({**untraced.to_json(), "traceparent": traceparent + "\n"}).trace == ""
+
+
+async def test_a_forward_and_its_service_on_the_owner_are_one_trace() -> None:
+    from types import SimpleNamespace
+
+    from gateway.cluster.forwarding import Asker, ForwardedRequests
+    from gateway.cluster.liveness import Liveness
+    from gateway.cluster.memory import MemoryHub, MemoryState
+    from gateway.cluster.messages import Forwarded, Relayed, Reply, Resume, from_json
+
+    tracing, exporter = traced()
+    hub = MemoryHub()
+    here, owner = MemoryState("b", hub), MemoryState("a", hub)
+    asker = Asker(here, Liveness(here, 0.01), forward_timeout=2, tracing=tracing)
+    served: list[Any] = []
+
+    async def resume(requests: Any, work: Any, asked: Any) -> Relayed:
+        from opentelemetry import trace
+
+        served.append(trace.get_current_span().get_span_context())
+        return Relayed(None)
+
+    chats = SimpleNamespace(tracing=tracing)
+    metrics = GatewayMetrics()
+    requests = ForwardedRequests(owner, chats, metrics, None, None)  # type: ignore[arg-type]
+    requests.DISPATCH = {Resume: resume}  # type: ignore[misc]
+    received: list[Forwarded] = []
+
+    def inbox(raw: dict[str, Any]) -> None:
+        message = from_json(raw)
+        assert isinstance(message, Forwarded)
+        received.append(message)
+        import asyncio
+
+        asyncio.get_running_loop().create_task(requests.serve(message))
+
+    await owner.start(inbox, lambda: [])
+    await here.start(lambda raw: asker.answered(from_json(raw)) if "reply" in raw else None, lambda: [])  # type: ignore[arg-type]
+    started = tracing.server_span({}, "GET", "/api/chat/{chat_id}/stream", "/api/chat/c1/stream")
+    try:
+        answer = await asker.ask("a", Resume("alice", "c1", "demo"))
+    finally:
+        tracing.end_server(started, 200)
+    assert answer == Relayed(None)
+    untraced = await asker.ask("a", Resume("alice", "c2", "demo"))  # no request span here: nothing to link
+    assert untraced == Relayed(None) and received[1].trace == ""
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    forward, serve, request = spans["forward resume"], spans["serve resume"], spans["GET /api/chat/{chat_id}/stream"]
+    assert forward.parent.span_id == request.context.span_id
+    assert received[0].trace.startswith(f"00-{forward.context.trace_id:032x}-{forward.context.span_id:016x}-")
+    assert serve.parent.span_id == forward.context.span_id and serve.attributes["adk_gateway.sender"] == "b"
+    assert served[0].span_id == serve.context.span_id and not served[1].is_valid
+    assert len(exporter.get_finished_spans()) == 3
