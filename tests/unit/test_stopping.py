@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from gateway.ops.tracing import Tracing
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.relay import RelayFeed
 from gateway.cluster.router import Cluster
@@ -102,7 +103,7 @@ def test_the_watchdog_ends_a_process_whose_stop_hangs() -> None:
 
 def _cluster(hub: MemoryHub) -> Cluster:
     config = GatewayConfig.model_validate({"sessions": {"heartbeat_interval": "50ms", "owner_timeout": "100ms"}})
-    chats: Any = SimpleNamespace(config=config, states=SimpleNamespace())
+    chats: Any = SimpleNamespace(config=config, states=SimpleNamespace(), tracing=Tracing.off())
     return Cluster(MemoryState("b", hub), chats, GatewayMetrics())
 
 
