@@ -223,6 +223,7 @@ class RemoteGate:
         gates = self._chats.gates
         call = gates.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
         reattached = call is not None
+        listed = False  # in the approvals API's directory: dropped once released
         if call is not None:
             log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
         else:
@@ -234,7 +235,8 @@ class RemoteGate:
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened
             await self._record_open(call)
-            if self.desk is not None and call.state is CallState.AWAITING_APPROVAL:
+            listed = self.desk is not None and call.state is CallState.AWAITING_APPROVAL
+            if listed:
                 await self.desk.opened(call)
         if on_waiting is not None and not call.released:
             await on_waiting(call)
@@ -242,7 +244,9 @@ class RemoteGate:
             # Shown by the ask that opened it, once recorded: a repeated ask shows nothing.
             gates.announce(call)
         verdict = await gates.wait(call)
-        if self.desk is not None and not reattached:
+        if listed:
+            # Only what was listed: a browser tool's wait for its output costs no store round trip.
+            assert self.desk is not None
             self._tasks.spawn(self.desk.closed(call.id))
         if on_waiting is not None:
             # Another replica holds the plugin's request and reads the verdict from the record

@@ -7,20 +7,20 @@ screenshot taken at that moment.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
+from tests.browser.pagechecks import PageChecks
 from tests.procs import GatewayProcess
 
 TIMEOUT_MS = 10_000
 TRANSPORT_LABELS = {"sse": "SSE", "ws": "WebSocket"}
 
 
-class DemoPage:
+class DemoPage(PageChecks):
     def __init__(self, context: BrowserContext, gateway: GatewayProcess, artifact: Path) -> None:
         self.context = context
         self.gateway = gateway
@@ -77,19 +77,7 @@ class DemoPage:
     def tool(self, name: str, nth: int = 0) -> Locator:
         return self.page.locator(f".tool[data-tool={name}]").nth(nth)
 
-    def screenshot(self, path: Path | None = None) -> Path:
-        path = path or self.artifact
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(path), full_page=True)
-        return path
-
     # ---- checks ----------------------------------------------------------------------------
-
-    def expect(self, what: str, check: Callable[[], Any]) -> None:
-        try:
-            check()
-        except AssertionError as exc:
-            raise AssertionError(self.report(f"expected {what}", exc)) from None
 
     def state(self, card: Locator, state: str, badge: str) -> None:
         """Waits until a tool card is in `state` (the AI SDK part state) and shows `badge`."""

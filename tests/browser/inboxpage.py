@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
+from tests.browser.pagechecks import PageChecks
+
 TIMEOUT_MS = 10_000
 LOADED = re.compile(r"^[1-9][0-9]*$")  # body[data-refreshes]: lists fetched so far
 
@@ -30,7 +32,7 @@ class Decision:
     body: Any
 
 
-class InboxPage:
+class InboxPage(PageChecks):
     def __init__(self, context: BrowserContext, base: str, artifact: Path, log: Callable[[], str] = lambda: "") -> None:
         """`base`: where the page and the API are (`http://127.0.0.1:PORT`); `log`: the server's log
         text, for failure reports."""
@@ -104,19 +106,7 @@ class InboxPage:
         card.get_by_label("Reason for denying").fill(reason)
         card.locator(".deny-form").get_by_role("button", name="Deny").click()
 
-    def screenshot(self, path: Path | None = None) -> Path:
-        path = path or self.artifact
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(path), full_page=True)
-        return path
-
     # ---- checks ----------------------------------------------------------------------------
-
-    def expect(self, what: str, check: Callable[[], Any]) -> None:
-        try:
-            check()
-        except AssertionError as exc:
-            raise AssertionError(self.report(f"expected {what}", exc)) from None
 
     def sees(self, approval_id: str, *texts: str) -> None:
         """The approval's card is listed and shows every one of `texts`."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,53 +25,21 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.cluster import redis_approvals as approvals_module
-from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.memory import MemoryHub
 from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedState, SharedStateDown, count_vote
-from tests.procs import RedisServer, redis_server
+from tests.procs import RedisServer
+from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
 from tests.unit.test_cluster_close import RecordingLog
 
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-SEAL = Seal(["test-sessions-secret-0123456789"])
 TTL = 60.0
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[SharedState, SharedState]]:
-    if request.param == "memory":
-        hub = MemoryHub()
-        a: SharedState = MemoryState("a", hub)
-        b: SharedState = MemoryState("b", hub)
-    else:
-        server = request.getfixturevalue("redis")
-        prefix = "t" + secrets.token_hex(4)  # each test its own keys in the shared server
-        a, b = _redis_state(server, "a", prefix), _redis_state(server, "b", prefix)
-    for state in (a, b):
-        await state.start(lambda message: None, lambda: [])
-    try:
-        yield a, b
-    finally:
-        for state in (a, b):
-            await state.close()
 
 
 @pytest.fixture
 async def forger(redis: RedisServer) -> AsyncIterator[tuple[RedisState, RedisState, aioredis.Redis, str]]:
     """Two replicas on Redis, and a client that writes to Redis without holding the secret."""
     prefix = "t" + secrets.token_hex(4)
-    a, b = _redis_state(redis, "a", prefix), _redis_state(redis, "b", prefix)
+    a, b = redis_state(redis, "a", prefix), redis_state(redis, "b", prefix)
     for state in (a, b):
         await state.start(lambda message: None, lambda: [])
     client = aioredis.Redis.from_url(redis.url)
@@ -368,7 +336,7 @@ async def test_with_redis_down_every_method_says_so_at_once_and_works_again_afte
     nor "gone" (a vote that seems gone would read as decided elsewhere)."""
     server = RedisServer(tmp_path)
     server.start()
-    state = _redis_state(server, "a", "down-approvals")
+    state = redis_state(server, "a", "down-approvals")
     try:
         await state.start(lambda message: None, lambda: [])
         await state.put_approval(approval("gw-1", time.time()), ttl=TTL)

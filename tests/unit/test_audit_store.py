@@ -13,51 +13,17 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from gateway.cluster.memory import MemoryHub, MemoryState
-from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
+from gateway.cluster.memory import MemoryHub
 from gateway.cluster.shared import AuditEntry, AuditQuery, SharedState
-from tests.procs import RedisServer, redis_server
+from tests.procs import RedisServer
+from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
 
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-SEAL = Seal(["test-sessions-secret-0123456789"])
 KEEP = 1000
 MAX_AGE = 30 * 86400.0
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[SharedState, SharedState]]:
-    if request.param == "memory":
-        hub = MemoryHub()
-        a: SharedState = MemoryState("a", hub)
-        b: SharedState = MemoryState("b", hub)
-    else:
-        server = request.getfixturevalue("redis")
-        prefix = "t" + secrets.token_hex(4)  # each test its own keys in the shared server
-        a, b = _redis_state(server, "a", prefix), _redis_state(server, "b", prefix)
-    for state in (a, b):
-        await state.start(lambda message: None, lambda: [])
-    try:
-        yield a, b
-    finally:
-        for state in (a, b):
-            await state.close()
 
 
 def entry(approval_id: str, at: float, *, agent: str = "demo_agent", tool: str = "process_payment") -> AuditEntry:
@@ -192,12 +158,12 @@ async def test_a_filtered_read_scans_past_many_records_that_do_not_match(pair: t
 
 async def test_the_records_outlive_the_gateway_that_wrote_them(redis: RedisServer) -> None:
     prefix = "t" + secrets.token_hex(4)
-    first = _redis_state(redis, "a", prefix)
+    first = redis_state(redis, "a", prefix)
     await first.start(lambda message: None, lambda: [])
     now = time.time()
     await append(first, entry("ap-1", now), entry("ap-2", now + 1))
     await first.close()
-    restarted = _redis_state(redis, "a2", prefix)
+    restarted = redis_state(redis, "a2", prefix)
     await restarted.start(lambda message: None, lambda: [])
     try:
         assert await ids(restarted) == ["ap-1", "ap-2"]
@@ -211,7 +177,7 @@ async def test_an_entry_written_to_redis_without_the_seal_is_not_read(redis: Red
     import redis.asyncio as aioredis
 
     prefix = "t" + secrets.token_hex(4)
-    state = _redis_state(redis, "a", prefix)
+    state = redis_state(redis, "a", prefix)
     await state.start(lambda message: None, lambda: [])
     client = aioredis.Redis.from_url(redis.url)
     try:
