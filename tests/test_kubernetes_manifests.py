@@ -704,3 +704,14 @@ def test_schema_validation_reports_an_unknown_field(kind: str) -> None:
     target = one(objects, kind, GATEWAY)
     target["spec"]["surprise"] = True
     assert any("surprise" in p for p in schema_problems([target]))
+
+
+def test_compose_and_kubernetes_set_the_same_knobs_of_the_one_config() -> None:
+    """Both run config/gateway.yaml; what differs is only values of the variables it reads."""
+    compose = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    compose_env = set(compose["services"]["gateway-1"]["environment"])
+    c = container(one(render("replicated"), "Deployment", GATEWAY), "gateway")
+    k8s_env = {e["name"] for e in c["env"]}
+    assert compose_env <= k8s_env, f"compose sets {sorted(compose_env - k8s_env)}, the replicated overlay does not"
+    read = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", CONFIG.read_text(encoding="utf-8")))
+    assert k8s_env <= read, f"the gateway's pods set {sorted(k8s_env - read)}, which config/gateway.yaml never reads"
