@@ -388,6 +388,17 @@ def check_agent(objects: Objects, tmp_path: Path) -> list[str]:
     c = container(agent)
     if "--extra_plugins=adk_gateway_plugin.GatewayPlugin" not in c.get("args", []) + c.get("command", []):
         problems.append("the agent's ADK API server is not started with --extra_plugins=adk_gateway_plugin.GatewayPlugin")
+    argv = c.get("command", []) + c.get("args", [])
+    if argv[:2] != ["adk", "api_server"]:
+        problems.append(f"the agent runs {argv[:2]}, not ADK's `adk api_server`")
+    unknown = [a for a in argv if a.startswith("-") and a.split("=", 1)[0] not in adk_api_server_options()]
+    if unknown:
+        problems.append(f"`adk api_server` (google-adk {adk_version()}) has no options {unknown}")
+    compose_probe = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]["agent"]["healthcheck"]["test"][-1]
+    for probe in ("startupProbe", "readinessProbe"):
+        path = c.get(probe, {}).get("httpGet", {}).get("path")
+        if path is None or f"127.0.0.1:8000{path}'" not in compose_probe:
+            problems.append(f"the agent's {probe} asks {path}, not the route compose's healthcheck asks ADK's server")
     url = urlsplit(literal_env(c).get("ADK_GATEWAY_URL", ""))
     internal = internal_services(objects)
     if not internal or url.hostname != internal[0]["metadata"]["name"] or url.port not in [p["port"] for p in internal[0]["spec"]["ports"]]:
@@ -410,6 +421,21 @@ def check_agent(objects: Objects, tmp_path: Path) -> list[str]:
     if not services or not selects(services[0]["spec"]["selector"], pod_labels(agent)) or upstream.port not in [p["port"] for p in services[0]["spec"]["ports"]]:
         problems.append(f"the gateway's ADK_UPSTREAM_URL {upstream.geturl()!r} is not the agent's Service")
     return problems
+
+
+@functools.cache
+def adk_api_server_options() -> frozenset[str]:
+    """The options of the installed google-adk's `adk api_server` (its click command)."""
+    from google.adk.cli.cli_tools_click import main  # noqa: PLC0415 (ADK: only this check needs it)
+
+    command = main.commands["api_server"]
+    return frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
+
+
+def adk_version() -> str:
+    from google.adk import __version__  # noqa: PLC0415
+
+    return str(__version__)
 
 
 def check_security_context(objects: Objects, tmp_path: Path) -> list[str]:
@@ -667,6 +693,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[Objects], None]]] = {
     "a rule without ports": ("network_policy", lambda o: one(o, "NetworkPolicy", GATEWAY)["spec"]["ingress"][0].pop("ports")),
     "plugin at the public Service": ("agent", lambda o: _env(o, AGENT, "ADK_GATEWAY_URL", "http://adk-gateway:8080")),
     "agent without the plugin": ("agent", lambda o: container(one(o, "Deployment", AGENT))["args"].remove("--extra_plugins=adk_gateway_plugin.GatewayPlugin")),
+    "an option ADK does not have": ("agent", lambda o: container(one(o, "Deployment", AGENT))["args"].append("--session_db=x")),
+    "agent probe on a route ADK lacks": ("agent", lambda o: container(one(o, "Deployment", AGENT))["readinessProbe"]["httpGet"].update(path="/healthz")),
     "gateway upstream elsewhere": ("agent", lambda o: _env(o, GATEWAY, "ADK_UPSTREAM_URL", "http://agent:8000")),
     "writable root filesystem": ("security_context", lambda o: container(_gw(o))["securityContext"].update(readOnlyRootFilesystem=False)),
     "another uid": ("security_context", lambda o: container(_gw(o))["securityContext"].update(runAsUser=1000)),
