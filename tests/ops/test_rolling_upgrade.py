@@ -11,7 +11,9 @@ agents' plugin after).
 
 Each way round, a chat is started on one replica and its payment approved through the other: the
 answer is forwarded to the chat's owner, which runs the tool exactly once (the ledger of real
-executions), and a replay of the answer through either replica is refused. Skipped, saying so,
+executions), and a replay of the answer through either replica is refused. In confirm mode (the
+default), and in hold mode with the plugin's held request on the old replica, so that a chat the
+new replica runs has its gate forwarded old -> new and its verdict released new -> old. Skipped, saying so,
 when the repository's history does not hold PREVIOUS (a shallow clone).
 
 Run alone: `PYTEST_ARGS='-k rolling_upgrade' make test`, or pytest with `-k rolling_upgrade`.
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +59,9 @@ def _previous_release(into: Path) -> Path:
     return into
 
 
-@pytest.fixture(scope="module")
-def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    tmp = tmp_path_factory.mktemp("rolling_upgrade")
+@contextmanager
+def _mixed(tmp: Path, **options: Any) -> Iterator[Replicas]:
+    """Replica A on PREVIOUS, replica B on this code (traced), the agent on PREVIOUS's plugin."""
     previous = _previous_release(tmp / "previous")
     # The old replica really imports the old package, not this checkout's.
     where = subprocess.run(
@@ -71,10 +74,26 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     collector = f"http://127.0.0.1:{free_port()}"
     with replicas(
         tmp, code={"a": previous}, replica_env={"b": {"OTEL_EXPORTER_OTLP_ENDPOINT": collector}},
-        adk_env={"PYTHONPATH": str(previous / "plugin")},
+        adk_env={"PYTHONPATH": str(previous / "plugin")}, **options,
     ) as r:
         assert any(line.get("event") == "tracing_enabled" for line in r.b.log_lines()), "B does not trace"
         assert not any(line.get("event") == "tracing_enabled" for line in r.a.log_lines())
+        yield r
+
+
+@pytest.fixture(scope="module")
+def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """Confirm mode (the default on /run_sse): the pending approval is in ADK's session, the
+    chat's state in Redis; the plugin's asks go to B."""
+    with _mixed(tmp_path_factory.mktemp("rolling_upgrade")) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def upgrade_hold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """Hold mode: the plugin's request is held by A, the old replica, whichever replica runs the
+    chat, so a chat on B is a gate forwarded old -> new and its verdict released new -> old."""
+    with _mixed(tmp_path_factory.mktemp("rolling_upgrade_hold"), approvals="hold", plugin_via="a") as r:
         yield r
 
 
@@ -135,3 +154,13 @@ def test_rolling_upgrade_a_new_message_forwarded_both_ways(upgrade: Replicas) ->
         assert second.status == 200, second.body
         assert second.chunks[-1]["type"] == "finish" and any(c["type"] == "text-delta" for c in second.chunks)
     _no_refused_messages(upgrade.a, upgrade.b)
+
+
+def test_rolling_upgrade_hold_gate_forwarded_from_the_old_replica_to_the_new_owner(upgrade_hold: Replicas) -> None:
+    _approve_across(upgrade_hold, started=upgrade_hold.b, answered=upgrade_hold.a)
+    _no_refused_messages(upgrade_hold.a, upgrade_hold.b)
+
+
+def test_rolling_upgrade_hold_old_owner_approved_through_the_new_replica(upgrade_hold: Replicas) -> None:
+    _approve_across(upgrade_hold, started=upgrade_hold.a, answered=upgrade_hold.b)
+    _no_refused_messages(upgrade_hold.a, upgrade_hold.b)
