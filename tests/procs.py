@@ -152,12 +152,13 @@ class GatewayProcess:
 @contextmanager
 def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
-    upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str | None = None,
+    upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str | None = None, code: Path = ROOT,
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
     an `agents:` section in it, `upstream` is unused (each agent names its own). `approvals`: the
     agent's `upstream.approvals`; None leaves it unset (the default: confirm on sse, hold on live),
-    "hold" for the tests of the blocking path."""
+    "hold" for the tests of the blocking path. `code`: the source tree whose `gateway` package runs
+    (another release's, for the rolling upgrade test); this checkout by default."""
     port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(
@@ -172,7 +173,7 @@ def gateway_process(
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
-            stdout=out, stderr=subprocess.STDOUT, env=_child_env(env), cwd=ROOT,
+            stdout=out, stderr=subprocess.STDOUT, env=_child_env(env), cwd=code,
         )
     base = f"http://127.0.0.1:{port}"
     try:

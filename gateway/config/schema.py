@@ -38,6 +38,7 @@ from .sections import (
     ListenConfig,
     LoggingConfig,
     MetricsConfig,
+    ReloadConfig,
     SessionsConfig,
     WebSocketConfig,
 )
@@ -78,6 +79,8 @@ class GatewayConfig(Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     # Who may answer approvals besides the chatting user, and who may read decided ones (docs/approvals.md#approvers).
     approvers: ApproversConfig = ApproversConfig()
+    # Reloading on a change of the file's content, without a SIGHUP (docs/configuration.md#reloading).
+    reload: ReloadConfig = ReloadConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
     # made of the top-level `upstream:` and `tools:` keys and named after its app_name.
     agents: dict[str, AgentConfig] = Field(default_factory=lambda: {"demo_agent": AgentConfig()}, min_length=1)

@@ -16,7 +16,7 @@ from .values import Duration, Section, Size
 
 __all__ = [
     "MIN_SESSIONS_SECRET", "ChatConfig", "DemoConfig", "InternalConfig", "LimitsConfig", "ListenConfig", "LoggingConfig",
-    "MetricsConfig", "SessionsConfig", "WebSocketConfig",
+    "MetricsConfig", "ReloadConfig", "SessionsConfig", "WebSocketConfig",
 ]
 
 class ListenConfig(Section):
@@ -219,3 +219,13 @@ class MetricsConfig(Section):
         if self.listener == "internal" and self.path.startswith("/internal/"):
             raise ValueError("metrics.path: on the internal listener, /internal/ is the plugin's")
         return self
+
+
+class ReloadConfig(Section):
+    # Reload when the config file's content changes, without a SIGHUP (edge/config_watch.py): a
+    # Kubernetes ConfigMap volume swaps a `..data` symlink, which only a look at the content sees.
+    # The change runs the SIGHUP path, so it fails closed as SIGHUP does.
+    watch: bool = True
+    # How often the content is looked at. A change is acted on once it has stayed the same for one
+    # look (a file still being written is not read half-way), so within twice this.
+    watch_interval: Duration = Field(5.0, ge=0.05, le=3600)

@@ -34,6 +34,7 @@ from ..access.auth import Authenticator, warn_token_in_url
 from ..config.schema import ConfigError, GatewayConfig, InternalConfig, parse_config, revalidate, single_agent_form
 from ..access.jwks import provider_keys
 from ..config.loosening import loosened
+from .config_watch import config_digest, files_read
 from .state import Gateway
 
 __all__ = ["ReloadPlan", "ReloadResult", "plan_reload", "reload_config", "warn_previous_secret"]
@@ -162,8 +163,14 @@ def _take_provider_keys(gateway: Gateway, running: GatewayConfig, applied: Gatew
 
 def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
     """Re-read `path` and, if the plan allows it, apply it to new requests; else keep what runs."""
+    # What this reload read, for the config watcher (edge/config_watch.py): a content reloaded by
+    # any path is not reloaded again by it. The files the config reads are taken first, so one that
+    # changes during the reload is seen as changed at the watcher's next look, never missed.
+    also = files_read(gateway.config)
+    data: bytes | None = None
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         plan = ReloadPlan(None, [f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"])
     else:
@@ -171,6 +178,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
             text, source=str(path), running=gateway.config, started=gateway.started_from,
             upstream_mode=gateway.upstream_mode,
         )
+    gateway.config_seen = config_digest(data, also)
     if plan.config is None:
         gateway.metrics.config_reloads.labels("failure").inc()
         log.error("config_reload_failed", path=str(path), problems=plan.problems)

@@ -8,7 +8,8 @@
   `drain_timeout` + STOP_GRACE (+2 s) a watchdog thread ends the process (exit 1) whatever its
   tasks do.
 - SIGHUP, or `POST /internal/v1/reload` on the internal listener: reload the config file
-  (edge/reload.py decides whether the new file may run, and applies it).
+  (edge/reload.py decides whether the new file may run, and applies it). With `reload.watch` on,
+  a change of the file's content does the same (edge/config_watch.py).
 
 Both listeners hold each request's head (request line and headers) to `listen.header_timeout`:
 aiohttp has no such bound, so a client trickling header lines held a connection indefinitely.
@@ -34,6 +35,7 @@ from ..access.auth import warn_token_in_url
 from ..config.schema import ConfigError, GatewayConfig, load_config
 from .internal import create_internal_app
 from ..ops.logs import LogScrubber
+from .config_watch import ConfigWatcher
 from .reload import reload_config, warn_previous_secret
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
@@ -179,8 +181,15 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watcher: ConfigWatcher | None = None
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_config, gateway, config_path)
+        # A change of the file's content reloads it as SIGHUP does, when `reload.watch` is on.
+        watcher = ConfigWatcher(
+            config_path, config=lambda: gateway.config, seen=lambda: gateway.config_seen,
+            reload=lambda: reload_config(gateway, config_path),
+        )
+        gateway.config_seen = watcher.digest()
     else:
         # SIGHUP's default would kill the process; without a file there is nothing to reload.
         loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("reload_unavailable", reason="not started from a config file"))
@@ -202,12 +211,18 @@ async def serve(
         # turns 509 -> 410, tool-heavy turns of 303 events 9.6 -> 7.9 us an event, long streams
         # 5.2 -> 5.0; collections still run, each at most ~10,000 young objects.
         gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+        if watcher is not None:
+            watcher.start()
         await stop.wait()
+        if watcher is not None:
+            await watcher.stop()  # no reload starts during the drain
         bound = config.listen.drain_timeout + STOP_GRACE
         StopWatchdog(bound + 2.0).start()  # the backstop, should the bounded steps themselves hang
         stop_by = loop.time() + bound
         await drain(gateway)
     finally:
+        if watcher is not None:
+            await watcher.stop()  # bounded; already stopped unless the start failed
         # The internal listener goes last: runs being cancelled still release their plugin waits.
         await stop_listeners(runners, stop_by if stop_by is not None else loop.time() + STOP_GRACE)
         log.info("stopped")

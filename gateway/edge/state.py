@@ -61,6 +61,9 @@ class Gateway:
     # that file as it was at start (reloads compare against it to say what needs a restart).
     config_path: Path | None = None
     started_from: GatewayConfig | None = None
+    # The digest of the config content the last reload (or the start) read: the config watcher
+    # reloads only a content no reload has read yet (edge/config_watch.py).
+    config_seen: str | None = None
     # `--upstream-mode`, which a reload keeps applying to every agent.
     upstream_mode: str | None = None
     # The identity provider's keys, when auth.jwt takes them from it (access/jwks.py).

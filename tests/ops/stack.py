@@ -204,7 +204,8 @@ def replicas(
     tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
     upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
-    adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "",
+    adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "", code: dict[str, Path] | None = None,
+    replica_env: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -216,6 +217,9 @@ def replicas(
     `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
     venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.
     `tools`, `extra`: the tool policy (procs.DEMO_TOOLS by default), and more sections of YAML.
+    `code`: the source tree a replica runs ("a" or "b" -> a directory holding another release's
+    `gateway` package: a rolling upgrade); this checkout without it. `replica_env`: more
+    environment for one replica.
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -261,9 +265,12 @@ def replicas(
             )
 
         def start(name: str, port: int | None = None) -> GatewayProcess:
+            tree = (code or {}).get(name, ROOT)
             return stack.enter_context(gateway_process(
                 tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
-                approvals=approvals, port=port,
+                approvals=approvals, port=port, code=tree,
+                # Another tree's package first, whatever PYTHONPATH the tests run with.
+                env={**({"PYTHONPATH": str(tree)} if tree != ROOT else {}), **(replica_env or {}).get(name, {})},
             ))
 
         a, b = start("a"), start("b")
