@@ -151,12 +151,21 @@ async def test_a_store_that_is_down_is_tried_again_and_one_that_hangs_is_given_u
 
 
 async def test_expired_states_do_not_pile_up_in_memory() -> None:
-    hub = MemoryHub()
-    store = MemoryState("a", hub)
-    for n in range(200):
-        await store.put_chat_state("alice", f"c{n}", {"n": n}, ttl=0.001)
-    await asyncio.sleep(0.01)
-    for n in range(100):  # the table doubles since its last purge: the expired ones go
-        await store.put_chat_state("alice", f"new{n}", {}, ttl=60)
-    assert len(hub.states) <= 100
-    assert await store.get_chat_state("alice", "c1") is None
+    # The loop's clock stands still while the 200 are written, then jumps past their TTL: how many
+    # expire between two puts must not depend on how fast a loaded machine writes them.
+    loop = asyncio.get_running_loop()
+    clock = [loop.time()]
+    loop.time = lambda: clock[0]  # type: ignore[method-assign]
+    try:
+        hub = MemoryHub()
+        store = MemoryState("a", hub)
+        for n in range(200):
+            await store.put_chat_state("alice", f"c{n}", {"n": n}, ttl=0.001)
+        assert len(hub.states) == 200  # nothing expired yet, nothing dropped
+        clock[0] += 0.01
+        for n in range(100):  # the table doubles since its last purge: the expired ones go
+            await store.put_chat_state("alice", f"new{n}", {}, ttl=60)
+        assert len(hub.states) <= 100
+        assert await store.get_chat_state("alice", "c1") is None
+    finally:
+        del loop.time  # type: ignore[method-assign]
