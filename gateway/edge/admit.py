@@ -122,7 +122,7 @@ async def admit(request: web.Request, *, new_work: bool = True, socket: bool = F
         count_refusal(request, "draining")
         raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": _DRAINING_RETRY_AFTER})
     try:
-        gateway.admission.check_rate(user_id, gateway.clock())
+        await gateway.admission.check_rate(user_id, gateway.clock())
     except Limited as exc:
         count_refusal(request, exc.code)
         raise

@@ -33,6 +33,7 @@ from ..core.protocol import (
 from ..chat.chunk_log import Feed, FollowerLagged, Reader
 from .state import GATEWAY
 from .admit import Caller, admit, count_refusal, preflight
+from .limiter import Slot
 from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
@@ -76,7 +77,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     chat_id = chat_request.chat_id
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     gateway.tracing.annotate(agent=caller.agent, chat_id=chat_id)
-    slot = _open_stream(request, user_id)
+    slot = await _open_stream(request, user_id)
     try:
         attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request, claims=dict(caller.identity.claims))
     except Exception as exc:
@@ -113,7 +114,7 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     if attachment is None:
         return web.Response(status=204, headers=gateway.auth.cors_headers(request))
     try:
-        slot = _open_stream(request, caller.user_id)
+        slot = await _open_stream(request, caller.user_id)
     except Limited:
         attachment.response.close()
         raise
@@ -123,9 +124,9 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
         slot.release()
 
 
-def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped-def]
+async def _open_stream(request: web.Request, user_id: str) -> Slot:
     try:
-        return request.app[GATEWAY].admission.open_stream(user_id)
+        return await request.app[GATEWAY].admission.open_stream(user_id)
     except Limited as exc:
         count_refusal(request, exc.code)
         raise
