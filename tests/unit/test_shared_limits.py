@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from gateway.cluster.redis import RedisState
 from gateway.cluster.shared import SharedState
-from gateway.core.limits import take_slot, take_token
-from tests.unit.shared_pair import pair, redis  # noqa: F401  (fixtures)
+from gateway.config.schema import LimitsConfig, SessionsConfig
+from gateway.core.limits import Admission, Limited, take_slot, take_token
+from gateway.edge import limiter as limiter_module
+from gateway.edge.limiter import Limiter
+from gateway.ops.metrics import GatewayMetrics
+from tests.procs import RedisServer, redis_server
+from tests.unit.shared_pair import HEARTBEAT, OWNER_TIMEOUT, pair, redis, redis_state  # noqa: F401  (fixtures)
+from tests.unit.test_cluster_close import RecordingLog
 
 
 @dataclass(frozen=True)
@@ -167,3 +175,141 @@ async def test_shared_limit_redis_clock_and_expiry(pair: tuple[SharedState, Shar
     assert not await b.open_slot(user, "b1", cap=1, lease=0.3)  # renewed: still held
     await asyncio.sleep(0.35)
     assert await b.open_slot(user, "b1", cap=1, lease=0.3)  # a stopped renewing (it died): freed
+
+
+# ---- the edge's Limiter: two replicas on one redis-server, and the fallback ---------------------
+
+SESSIONS = SessionsConfig(heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT)
+
+
+def _limiter(state: SharedState, **limits: object) -> tuple[Limiter, GatewayMetrics]:
+    metrics = GatewayMetrics()
+    return Limiter(Admission(LimitsConfig(**limits)), state, metrics, SESSIONS), metrics  # type: ignore[arg-type]
+
+
+def _count(metrics: GatewayMetrics, check: str, result: str) -> float:
+    return metrics.shared_limits.labels(check, result)._value.get()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("own-redis")) as server:
+        yield server
+
+
+async def _replicas(server: RedisServer) -> tuple[RedisState, RedisState]:
+    prefix = "t" + secrets.token_hex(4)
+    a, b = redis_state(server, "a", prefix), redis_state(server, "b", prefix)
+    for state in (a, b):
+        await state.start(lambda message: None, lambda: [])
+    return a, b
+
+
+async def test_shared_limit_two_limiters_share_one_bucket_and_one_stream_cap(own_redis: RedisServer) -> None:
+    a, b = await _replicas(own_redis)
+    (la, ma), (lb, mb) = _limiter(a, rate_per_user=0.01, burst_per_user=4, max_streams_per_user=2), _limiter(
+        b, rate_per_user=0.01, burst_per_user=4, max_streams_per_user=2)
+    la.start(), lb.start()
+    try:
+        admitted = 0
+        for index in range(8):
+            try:
+                await (la if index % 2 else lb).check_rate("u", 0.0)
+                admitted += 1
+            except Limited as exc:
+                assert exc.status == 429 and exc.code == "rate_limited" and exc.retry_after
+        assert admitted == 4  # the burst, across both replicas
+        assert _count(ma, "rate", "admitted") + _count(mb, "rate", "admitted") == 4
+        assert _count(ma, "rate", "limited") + _count(mb, "rate", "limited") == 4
+        first, second = await la.open_stream("u"), await lb.open_stream("u")
+        for limiter in (la, lb):
+            with pytest.raises(Limited) as refused:
+                await limiter.open_stream("u")
+            assert refused.value.status == 429 and refused.value.code == "too_many_streams"
+        assert la.streams_total == 1 and lb.streams_total == 1  # a refused stream holds nothing here
+        # Held longer than a lease: the heartbeat renews it.
+        await asyncio.sleep(OWNER_TIMEOUT * 2)
+        with pytest.raises(Limited):
+            await lb.open_stream("u")
+        first.release()
+        first.release()  # idempotent
+        await _until_true(lambda: _opens(lb, "u"))
+        second.release()
+    finally:
+        for limiter, state in ((la, a), (lb, b)):
+            await limiter.close()
+            await state.close()
+
+
+async def _opens(limiter: Limiter, user: str) -> bool:
+    try:
+        slot = await limiter.open_stream(user)
+    except Limited:
+        return False
+    slot.release()
+    return True
+
+
+async def _until_true(probe: object, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await probe():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("fallback", ["local", "refuse"])
+async def test_shared_limit_fallback_when_redis_is_down_then_recovery(
+    own_redis: RedisServer, fallback: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = RecordingLog()
+    monkeypatch.setattr(limiter_module, "log", log)
+    a, _b = await _replicas(own_redis)
+    limiter, metrics = _limiter(a, rate_per_user=1000, burst_per_user=3, max_streams_per_user=1, shared_fallback=fallback)
+    limiter.start()
+    try:
+        await limiter.check_rate("u", 0.0)
+        await asyncio.to_thread(own_redis.stop)
+        # Bounded: the first check after Redis went away waits for the backend's timeout at most,
+        # and the ones after it fall back at once (the backend knows Redis is down).
+        started = asyncio.get_running_loop().time()
+        for _ in range(5):
+            if fallback == "local":
+                try:
+                    await limiter.check_rate("u", 0.0)  # this replica's own bucket: a burst of 3
+                except Limited as exc:
+                    assert exc.status == 429
+            else:
+                with pytest.raises(Limited) as refused:
+                    await limiter.check_rate("u", 0.0)
+                assert refused.value.status == 503 and refused.value.code == "limits_unavailable"
+                assert refused.value.retry_after == 1
+        assert asyncio.get_running_loop().time() - started < 6.0
+        if fallback == "local":
+            assert _count(metrics, "rate", "local") == 5
+            held = await limiter.open_stream("u")
+            with pytest.raises(Limited) as over:
+                await limiter.open_stream("u")  # never unlimited: the cap applies on this replica
+            assert over.value.status == 429
+            held.release()
+        else:
+            assert _count(metrics, "rate", "refused") == 5
+            with pytest.raises(Limited):
+                await limiter.open_stream("u")
+        assert len(log.named("shared_limits_unavailable")) == 1  # once per transition
+        assert log.named("shared_limits_unavailable")[0]["fallback"] == fallback
+        await asyncio.to_thread(own_redis.start)
+
+        async def shared_again() -> bool:
+            before = _count(metrics, "rate", "admitted")
+            try:
+                await limiter.check_rate("v", 0.0)
+            except Limited:
+                return False
+            return _count(metrics, "rate", "admitted") == before + 1
+
+        await _until_true(shared_again, timeout=10)
+        assert len(log.named("shared_limits_restored")) == 1
+    finally:
+        await limiter.close()
+        await a.close()
+        await _b.close()
