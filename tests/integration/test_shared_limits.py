@@ -102,6 +102,7 @@ def test_shared_limit_rate_across_two_replicas(pair: Pair) -> None:
     admitted, refused, elapsed = _round_robin(pair, 3.0)
     expected = RATE * elapsed
     # Each replica alone would admit its own RATE per second: about twice `expected` together.
+    print(f"shared_limit rate: {admitted} admitted, {refused} refused in {elapsed:.2f}s (limit {RATE}/s, burst {BURST})")
     assert 0.7 * expected <= admitted <= 1.3 * expected + BURST, (admitted, refused, elapsed)
     assert refused > admitted  # the client went much faster than the limit
     for gw in (pair.a, pair.b):
