@@ -141,7 +141,9 @@ async def limits_phase(workdir: Path, sizes: Any, log: Any) -> dict[str, Any]:
             cheap[name] = row = await _cheap_requests(gateway, redis if gateway is shared else None, concurrency, seconds)
             if gateway is shared:
                 after = _calls(port)
-                row["redis_evalsha_per_request"] = (after.get("evalsha", 0) - before.get("evalsha", 0)) / max(row["requests"], 1)
+                # The unmeasured first request of each connection counts too.
+                sent = max(row["requests"] + row["refused"] + concurrency, 1)
+                row["redis_evalsha_per_request"] = (after.get("evalsha", 0) - before.get("evalsha", 0)) / sent
             log(f"  GET /api/agents {name:6} x{concurrency:<3} {row['requests_per_s']:>8.0f} req/s "
                 f"{row['cpu_us_per_request_proxy']:6.0f} us/req"
                 + (f"  redis {row['cpu_us_per_request_redis']:5.1f} us/req, {row['redis_evalsha_per_request']:.2f} scripts/req"
