@@ -390,6 +390,15 @@ class MemoryState(SharedState):
         held[slot_id] = now + lease
         return True
 
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        now = asyncio.get_running_loop().time() if now is None else now
+        wait = await self.take_token(user_id, rate=rate, burst=burst, now=now)
+        if wait is not None:
+            return wait, False
+        return None, await self.open_slot(user_id, slot_id, cap=cap, lease=lease, now=now)
+
     async def close_slot(self, user_id: str, slot_id: str) -> None:
         held = self.hub.slots.get(user_id)
         if held is not None:

@@ -390,6 +390,11 @@ class RedisState(SharedState):
     ) -> bool:
         return await self._op(self._limits.open_slot(user_id, slot_id, cap, lease, now))  # type: ignore[no-any-return]
 
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        return await self._op(self._limits.take_token_and_slot(user_id, slot_id, rate, burst, cap, lease, now))  # type: ignore[no-any-return]
+
     async def close_slot(self, user_id: str, slot_id: str) -> None:
         await self._op(self._limits.close_slot(user_id, slot_id))
 

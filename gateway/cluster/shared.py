@@ -409,6 +409,13 @@ class SharedState(abc.ABC):
         unless renewed (renew_slots) or closed. Whether it was taken."""
 
     @abc.abstractmethod
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        """take_token, then open_slot if the token was there, in one step: (None, whether the slot
+        was taken), or (the seconds until a token is back, False) with no slot tried."""
+
+    @abc.abstractmethod
     async def close_slot(self, user_id: str, slot_id: str) -> None:
         """Give a stream slot back (nothing if it is not held)."""
 

@@ -157,6 +157,61 @@ async def test_shared_limit_slot_store(pair: tuple[SharedState, SharedState], ca
     assert got == [want for *_, want in case.steps]
 
 
+# A streamed request's token and slot in one step: (time, "both" or "close", slot, (wait, taken)).
+BOTH_STEPS: list[tuple[float, str, str, tuple[float | None, bool] | None]] = [
+    (0, "both", "a1", (None, True)),
+    (0, "both", "b1", (None, False)),  # over the cap: refused, its token spent (as with one replica)
+    (0, "both", "a2", (1.0, False)),  # no token: no slot tried
+    (1, "close", "a1", None),
+    (1, "both", "b2", (None, True)),
+    (1, "both", "a3", (1.0, False)),
+]
+BOTH_RATE, BOTH_BURST, BOTH_CAP, BOTH_LEASE = 1.0, 2, 1, 10.0
+
+
+def _core_both() -> list[tuple[float | None, bool] | None]:
+    bucket: tuple[float, float] | None = None
+    held: dict[str, float] = {}
+    out: list[tuple[float | None, bool] | None] = []
+    for now, action, slot, _ in BOTH_STEPS:
+        if action == "close":
+            held.pop(slot, None)
+            out.append(None)
+            continue
+        tokens, wait = take_token(None if bucket is None else bucket[0], 0.0 if bucket is None else bucket[1], now, BOTH_RATE, BOTH_BURST)
+        bucket = (tokens, now)
+        if wait is not None:
+            out.append((wait, False))
+            continue
+        expired, fits = take_slot(held, now, BOTH_CAP)
+        for gone in expired:
+            del held[gone]
+        if fits:
+            held[slot] = now + BOTH_LEASE
+        out.append((None, fits))
+    return out
+
+
+def test_shared_limit_token_and_slot_rule() -> None:
+    assert _core_both() == [want for *_, want in BOTH_STEPS]
+
+
+async def test_shared_limit_token_and_slot_store(pair: tuple[SharedState, SharedState]) -> None:
+    user = "u-" + secrets.token_hex(4)
+    base = 1_000_000.0
+    got: list[tuple[float | None, bool] | None] = []
+    for now, action, slot, _ in BOTH_STEPS:
+        replica = pair[0] if slot.startswith("a") else pair[1]
+        if action == "close":
+            await replica.close_slot(user, slot)
+            got.append(None)
+        else:
+            got.append(await replica.take_token_and_slot(
+                user, slot, rate=BOTH_RATE, burst=BOTH_BURST, cap=BOTH_CAP, lease=BOTH_LEASE, now=base + now,
+            ))
+    assert got == [want for *_, want in BOTH_STEPS]
+
+
 async def test_shared_limit_redis_clock_and_expiry(pair: tuple[SharedState, SharedState]) -> None:
     """On the store's own clock (Redis's TIME in the script): a bucket refills as time passes there,
     and is forgotten once full; a slot's lease ends a lease after it was last renewed."""
@@ -313,3 +368,30 @@ async def test_shared_limit_fallback_when_redis_is_down_then_recovery(
         await limiter.close()
         await a.close()
         await _b.close()
+
+
+async def test_shared_limit_streamed_request_takes_token_and_slot_in_one_round_trip(own_redis: RedisServer) -> None:
+    from tests.ops.stack import redis_calls
+
+    a, b = await _replicas(own_redis)
+    (la, ma), (lb, _mb) = (_limiter(state, rate_per_user=0.01, burst_per_user=3, max_streams_per_user=1) for state in (a, b))
+    try:
+        (await la.admit_stream("warm", 0.0)).release()  # the script loaded (a first EVALSHA meets NOSCRIPT)
+        before = redis_calls(own_redis, "evalsha")
+        held = await la.admit_stream("u", 0.0)
+        assert redis_calls(own_redis, "evalsha") == before + 1  # the token and the slot: one script
+        with pytest.raises(Limited) as cap:
+            await lb.admit_stream("u", 0.0)  # the cap, on the other replica: its token is spent
+        assert cap.value.status == 429 and cap.value.code == "too_many_streams"
+        await lb.check_rate("u", 0.0)  # the third and last token
+        with pytest.raises(Limited) as rate:
+            await la.admit_stream("u", 0.0)
+        assert rate.value.code == "rate_limited" and la.streams_total == 1  # no slot taken for it
+        assert _count(ma, "rate", "admitted") == 2 and _count(ma, "stream", "admitted") == 2
+        assert _count(ma, "rate", "limited") == 1 and _count(ma, "stream", "limited") == 0
+        held.release()
+        assert la.streams_total == 0
+    finally:
+        for limiter, state in ((la, a), (lb, b)):
+            await limiter.close()
+            await state.close()
