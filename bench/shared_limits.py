@@ -8,8 +8,8 @@ slots counted there, edge/limiter.py). Measured on each:
   requests per second and gateway CPU per request, and on the shared one the Redis script calls
   per request (INFO commandstats: one EVALSHA each, the bucket's script) and Redis's own CPU;
 - new-chat turns (the agentic shape's short turn): turns per second, gateway CPU per turn, and the
-  shared limits' Redis round trips per turn (the gateway's `adk_gateway_shared_limit_checks_total`,
-  plus the slot's release). The redis gateway's turns also pay the chat directory's round trips:
+  shared limits' Redis round trips per turn (the gateway's `adk_gateway_shared_limit_checks_total`
+  rate checks, each of which took the stream slot in the same script, plus the slot's release). The redis gateway's turns also pay the chat directory's round trips:
   the limits' part of the difference is the round trips times the per-request cost above.
 """
 
@@ -80,10 +80,12 @@ def _calls(port: int) -> dict[str, int]:
     return out
 
 
-def _metric(base: str, name: str) -> float:
+def _metric(base: str, name: str, label: str) -> float:
     with urllib.request.urlopen(base + "/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name + "{") and label in line
+    )
 
 
 async def _cheap_requests(gateway: Proc, redis: Proc | None, concurrency: int, seconds: float) -> dict[str, Any]:
@@ -152,7 +154,9 @@ async def limits_phase(workdir: Path, sizes: Any, log: Any) -> dict[str, Any]:
         turns: dict[str, Any] = {}
         spec = StreamSpec(mode="burst", n=sizes.turn_events)
         for name, gateway in (("local", local), ("shared", shared)):
-            checks, before = _metric(gateway.base, _CHECKS), _calls(port)
+            # A POST's token and slot are one script, counted once per check: its rate checks are
+            # its round trips, plus the slot's release (HDEL).
+            checks, before = _metric(gateway.base, _CHECKS, 'check="rate"'), _calls(port)
             row = await chat_turns(
                 Route("gateway", "gw-sse", gateway.base, gateway), concurrency=concurrency, spec=spec, new=True,
                 seconds=seconds, measure={"proxy": gateway, "upstream": fake}, tag=f"limits-{name}",
@@ -162,7 +166,7 @@ async def limits_phase(workdir: Path, sizes: Any, log: Any) -> dict[str, Any]:
                 # The chat_turns' warm-up turns count too: per turn, over every turn sent.
                 sent = max(row["turns"] + concurrency, 1)
                 row["limit_round_trips_per_turn"] = (
-                    _metric(gateway.base, _CHECKS) - checks + after.get("hdel", 0) - before.get("hdel", 0)
+                    _metric(gateway.base, _CHECKS, 'check="rate"') - checks + after.get("hdel", 0) - before.get("hdel", 0)
                 ) / sent
                 row["redis_commands_per_turn"] = (sum(after.values()) - sum(before.values())) / sent
             turns[name] = row
@@ -197,7 +201,7 @@ def limits_table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"  new-chat turns: local {local.get('turns_per_s', 0):.0f} turns/s {local.get('cpu_us_per_turn_proxy', 0):.0f} us/turn;"
             f" redis {shared.get('turns_per_s', 0):.0f} turns/s {shared.get('cpu_us_per_turn_proxy', 0):.0f} us/turn,"
-            f" of which the limits' {shared.get('limit_round_trips_per_turn', 0):.2f} round trips"
+            f" of which the limits' {shared.get('limit_round_trips_per_turn', 0):.2f} round trips (token and slot, release)"
             f" (the rest: the chat directory's, {shared.get('redis_commands_per_turn', 0):.1f} Redis commands in all)"
         )
     return lines
