@@ -230,6 +230,11 @@ async def test_shared_limit_redis_clock_and_expiry(pair: tuple[SharedState, Shar
     assert not await b.open_slot(user, "b1", cap=1, lease=0.3)  # renewed: still held
     await asyncio.sleep(0.35)
     assert await b.open_slot(user, "b1", cap=1, lease=0.3)  # a stopped renewing (it died): freed
+    if isinstance(a, RedisState):
+        # Idle keys go: a full bucket and a user's last slot say nothing a missing key does not.
+        await b.close_slot(user, "b1")
+        await asyncio.sleep(0.15)
+        assert not await a._redis.exists(f"{a._prefix}:rate:{user}", f"{a._prefix}:streams:{user}")
 
 
 # ---- the edge's Limiter: two replicas on one redis-server, and the fallback ---------------------
