@@ -75,6 +75,10 @@ log = structlog.get_logger("adk_gateway.cluster.redis")
 # down, and a command waiting 5 s is one that hangs (relay reads pass shorter deadlines of their own).
 _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
+# A per-user limit check (redis_limits.py) holds a request's admission: it waits no longer than a
+# connect may take, not a command's timeout and its retry (10 s). Beyond it the check falls back
+# (limits.shared_fallback) and the backend counts as down until its heartbeat gets through.
+_LIMIT_TIMEOUT = _CONNECT_TIMEOUT
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
 # (deleting the heartbeat) and closing the connections each get a second: a Redis that does not
@@ -383,17 +387,25 @@ class RedisState(SharedState):
         return await self._op(self._approvals.vote(approval_id, user, approved, quorum))  # type: ignore[no-any-return]
 
     async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
-        return await self._op(self._limits.take_token(user_id, rate, burst, now))  # type: ignore[no-any-return]
+        return await self._limit_op(self._limits.take_token(user_id, rate, burst, now))  # type: ignore[no-any-return]
 
     async def open_slot(
         self, user_id: str, slot_id: str, *, cap: int, lease: float, now: float | None = None,
     ) -> bool:
-        return await self._op(self._limits.open_slot(user_id, slot_id, cap, lease, now))  # type: ignore[no-any-return]
+        return await self._limit_op(self._limits.open_slot(user_id, slot_id, cap, lease, now))  # type: ignore[no-any-return]
 
     async def take_token_and_slot(
         self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
     ) -> tuple[float | None, bool]:
-        return await self._op(self._limits.take_token_and_slot(user_id, slot_id, rate, burst, cap, lease, now))  # type: ignore[no-any-return]
+        return await self._limit_op(self._limits.take_token_and_slot(user_id, slot_id, rate, burst, cap, lease, now))  # type: ignore[no-any-return]
+
+    async def _limit_op(self, op: Any) -> Any:
+        try:
+            async with asyncio.timeout(_LIMIT_TIMEOUT):
+                return await self._op(op)
+        except TimeoutError:
+            # A slot the script may still have taken is not renewed: its lease frees it.
+            raise self._down(TimeoutError()) from None
 
     async def close_slot(self, user_id: str, slot_id: str) -> None:
         await self._op(self._limits.close_slot(user_id, slot_id))

@@ -9,7 +9,7 @@ this process. A shared stream slot is leased, and the lease renewed every heartb
 stream lasts; a replica that dies or loses a release frees it within `sessions.owner_timeout`.
 
 When Redis cannot be reached (the backend raises SharedStateDown: at once while it knows Redis is
-down, else after its command timeout), `limits.shared_fallback` decides: `local` applies the same
+down, else after 2 s at most: cluster/redis.py), `limits.shared_fallback` decides: `local` applies the same
 limits on this replica alone (each replica's own, so up to N times the rate across N replicas),
 `refuse` answers 503 `limits_unavailable` with Retry-After. Either is counted
 (`adk_gateway_shared_limit_checks_total`) and logged once per transition, never unlimited.

@@ -400,3 +400,33 @@ async def test_shared_limit_streamed_request_takes_token_and_slot_in_one_round_t
         for limiter, state in ((la, a), (lb, b)):
             await limiter.close()
             await state.close()
+
+
+async def test_shared_limit_a_hanging_redis_holds_admission_two_seconds_at_most(own_redis: RedisServer) -> None:
+    """A Redis that stops answering (SIGSTOP: connections stay open, nothing comes back): the first
+    check falls back after the limit timeout (a connect's 2 s, not a command's 5 s and its retry),
+    the next ones at once, as the backend then knows Redis is down."""
+    import os
+    import signal
+
+    a, _b = await _replicas(own_redis)
+    limiter, metrics = _limiter(a, rate_per_user=1000, burst_per_user=10)
+    assert own_redis.proc is not None
+    try:
+        await limiter.check_rate("u", 0.0)
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await limiter.check_rate("u", 0.0)  # local fallback (the default)
+        first = loop.time() - started
+        started = loop.time()
+        slot = await limiter.admit_stream("u", 0.0)
+        second = loop.time() - started
+        slot.release()
+        assert 1.5 <= first <= 3.0 and second < 0.5, (first, second)
+        assert _count(metrics, "rate", "local") == 2 and _count(metrics, "stream", "local") == 1
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        await limiter.close()
+        await a.close()
+        await _b.close()
