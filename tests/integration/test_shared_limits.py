@@ -177,3 +177,48 @@ def test_shared_limit_fallback_when_redis_stops_and_recovery(pair: Pair) -> None
     assert metric_value(pair.b.base, "adk_gateway_shared_limit_checks_total", {"check": "rate", "result": "admitted"}) == before + 1
     for gw, event in ((pair.a, "shared_limits_unavailable"), (pair.b, "shared_limits_unavailable"), (pair.b, "shared_limits_restored")):
         assert sum(1 for line in gw.log_lines() if line.get("event") == event) == 1, (gw.base, event)
+
+
+def test_shared_limit_stream_cap_counts_websocket_requests_too(pair: Pair) -> None:
+    """A stream held over SSE on A and one over a WebSocket on B: a `send` on either socket is
+    refused with an `error` frame, the cap being the user's across transports and replicas."""
+    import asyncio
+
+    import aiohttp
+
+    def send_frame(request_id: str) -> dict[str, object]:
+        return {"type": "send", "requestId": request_id, "id": new_chat(), "messages": [user(directive("hang", 30))],
+                "trigger": "submit-message"}
+
+    async def scenario() -> list[dict[str, object]]:
+        async with aiohttp.ClientSession() as session:
+            ws_a = await session.ws_connect(pair.a.base.replace("http", "ws") + "/api/chat/ws")
+            ws_b = await session.ws_connect(pair.b.base.replace("http", "ws") + "/api/chat/ws")
+            try:
+                await ws_b.send_json(send_frame("held"))
+                first = await ws_b.receive_json(timeout=10)
+                assert first["type"] == "chunk", first  # its response streams, and holds a slot
+                answers = []
+                for ws in (ws_a, ws_b):
+                    # The user's tokens back (the handshakes and sends took some): the cap is tested here, not the rate.
+                    await asyncio.sleep(BURST / RATE)
+                    await ws.send_json(send_frame("third"))
+                    while True:
+                        frame = await ws.receive_json(timeout=10)
+                        if frame.get("requestId") == "third":
+                            answers.append(frame)
+                            break
+                return answers
+            finally:
+                await ws_a.close()
+                await ws_b.close()
+
+    time.sleep(1.5)  # the streams of the tests before are gone, the bucket full
+    conn, status, data = _open_stream(pair.a)
+    assert status == 200, data
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        conn.close()
+    for frame in answers:
+        assert frame["type"] == "error" and "at most 2 concurrent responses" in str(frame["errorText"]), frame
