@@ -3,8 +3,8 @@
 Replicas A and B (`sessions.backend: redis`) in front of a fake ADK server (tests/faults/upstream.py,
 whose `fault:hang` run holds a stream open), with one user limited to 20 requests per second (a small
 burst) and 2 concurrent streams. A round-robin client alternates between them: together they admit
-about 20 per second, not 40, and a third stream is refused on either. With Redis stopped, A falls
-back to its own limits (`limits.shared_fallback: local`) and B refuses (`refuse`: 503 with
+about 20 per second, not 40, and a third stream (SSE or WebSocket) is refused on either. With Redis
+stopped, A falls back to its own limits (`limits.shared_fallback: local`) and B refuses (`refuse`: 503 with
 Retry-After); both share again once Redis is back. `PYTEST_ARGS='-k shared_limit'` runs these alone.
 """
 
