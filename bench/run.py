@@ -3,7 +3,8 @@
     python -m bench                 # the full run (make bench), a few minutes on 2 cores
     python -m bench --smoke         # tiny sizes: checks the machinery, not the numbers
     python -m bench --only sse,idle # some phases only (converter, sse, ws, growth, idle, approval,
-                                    # and issue 18's agentic shape: turns, tools, ttft)
+                                    # issue 18's agentic shape: turns, tools, ttft;
+                                    # issue 28's shared limits: limits)
 
 Processes: the fake ADK upstream, nginx (proxy_buffering off), the bare aiohttp passthrough and the
 gateway (SSE upstream mode; a second one in live mode for WebSocket-to-/run_live), each on a free
@@ -36,9 +37,10 @@ from .agentic import approval_pairs, chat_turns, first_text, tool_converter
 from .breakdown import breakdown
 from .events import StreamSpec, tool_events
 from .scenarios import approval, converter_bench, idle, latency, throughput
+from .shared_limits import limits_phase, limits_table
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft")
+PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "limits")
 AGENTIC = ("turns", "tools", "ttft")
 
 
@@ -342,6 +344,9 @@ async def _run_processes(sizes: Sizes, phases: tuple[str, ...], workdir: Path, l
         results["approval"] = await _approval_phase(workdir, sizes, log)
     if set(AGENTIC) & set(phases):
         results.update(await _agentic_phases(workdir, sizes, phases, nginx_bin is not None, log))
+    if "limits" in phases:
+        log("per-user limits shared through Redis: the cheapest request and new-chat turns, local vs shared")
+        results["limits"] = await limits_phase(workdir, sizes, log)
     return results
 
 
@@ -718,6 +723,7 @@ def table(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"max {appr['round_trip_us_max'] / 1000:.2f} ms ({appr['iterations']} trips)"
         )
     lines += _agentic_table(results)
+    lines += limits_table(results)
     lines.append("")
     lines.append("Targets")
     for row in rows:

@@ -9,6 +9,9 @@ states `ttl` after they were last stored.
 Confirmation deadlines live as long as the process, and so does the audit trail's store: a bounded
 deque of records (the newest `audit.keep`, none older than `audit.max_age`) and the set of their
 approval ids, numbered and placed as the Redis backend places them.
+Per-user limits (token buckets and stream slots) are kept here as Redis keeps them, for the tests'
+shared table (tests/unit/test_shared_limits.py); a gateway on this backend counts its limits in
+`Admission` (core/limits.py), `shares_limits` being false.
 Pending approvals expire `ttl` after they were last put, dropped when met expired (and all expired
 ones whenever the table has doubled since the last purge, as chat states are).
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,7 @@ import structlog
 
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
+from ..core.limits import take_slot, take_token
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, Tally, Verdict,
     approval_view, audit_position, count_vote,
@@ -114,6 +118,9 @@ class MemoryHub:
     # The directory of pending approvals, by approval id (insertion order breaks ties of `created`).
     approvals: dict[str, _ApprovalKept] = field(default_factory=dict)
     approvals_purge_at: int = 64
+    # Per-user limits: each user's bucket (tokens, stamp), and stream slots (slot id -> lease end).
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    slots: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class MemoryState(SharedState):
@@ -361,3 +368,51 @@ class MemoryState(SharedState):
             return Tally("gone")
         state, kept.verdict, kept.votes = count_vote(kept.verdict, kept.votes, user, approved, quorum)
         return Tally(state, kept.view())
+
+    async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
+        now = asyncio.get_running_loop().time() if now is None else now
+        kept = self.hub.buckets.get(user_id)
+        tokens, wait = take_token(None if kept is None else kept[0], 0.0 if kept is None else kept[1], now, rate, burst)
+        self.hub.buckets[user_id] = (tokens, now)
+        return wait
+
+    async def open_slot(
+        self, user_id: str, slot_id: str, *, cap: int, lease: float, now: float | None = None,
+    ) -> bool:
+        now = asyncio.get_running_loop().time() if now is None else now
+        held = self.hub.slots.setdefault(user_id, {})
+        if slot_id not in held:
+            expired, fits = take_slot(held, now, cap)
+            for slot in expired:
+                del held[slot]
+            if not fits:
+                return False
+        held[slot_id] = now + lease
+        return True
+
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        now = asyncio.get_running_loop().time() if now is None else now
+        wait = await self.take_token(user_id, rate=rate, burst=burst, now=now)
+        if wait is not None:
+            return wait, False
+        return None, await self.open_slot(user_id, slot_id, cap=cap, lease=lease, now=now)
+
+    async def close_slot(self, user_id: str, slot_id: str) -> None:
+        held = self.hub.slots.get(user_id)
+        if held is not None:
+            held.pop(slot_id, None)
+            if not held:
+                del self.hub.slots[user_id]
+
+    async def renew_slots(self, slots: Mapping[str, Sequence[str]], *, lease: float, now: float | None = None) -> int:
+        now = asyncio.get_running_loop().time() if now is None else now
+        renewed = 0
+        for user_id, ids in slots.items():
+            held = self.hub.slots.get(user_id, {})
+            for slot_id in ids:
+                if slot_id in held:
+                    held[slot_id] = now + lease
+                    renewed += 1
+        return renewed

@@ -17,10 +17,11 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
 - `{p}:audit`, `{p}:audit_ids`: the audit trail's records and their approval ids (redis_audit.py).
 - `{p}:approval:{id}`, `{p}:approvals`: the pending approvals and their index (redis_approvals.py).
+- `{p}:rate:{user}`, `{p}:streams:{user}`: each user's token bucket and stream slots (redis_limits.py).
 This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
 run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
 redis_records.py's, the deadlines redis_deadlines.py's, the audit store redis_audit.py's, the
-approvals directory redis_approvals.py's, each given the client, prefix and seal.
+approvals directory redis_approvals.py's, the per-user limits redis_limits.py's, each given the client, prefix and seal.
 
 What one replica writes for another to act on (inbox messages, call record fields, relay entries,
 ticket records, chat states, audit records, pending approvals and their votes) is sealed with
@@ -42,6 +43,7 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -57,6 +59,7 @@ from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
+from .redis_limits import RedisLimits
 from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
@@ -72,6 +75,10 @@ log = structlog.get_logger("adk_gateway.cluster.redis")
 # down, and a command waiting 5 s is one that hangs (relay reads pass shorter deadlines of their own).
 _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
+# A per-user limit check (redis_limits.py) holds a request's admission: it waits no longer than a
+# connect may take, not a command's timeout and its retry (10 s). Beyond it the check falls back
+# (limits.shared_fallback) and the backend counts as down until its heartbeat gets through.
+_LIMIT_TIMEOUT = _CONNECT_TIMEOUT
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
 # (deleting the heartbeat) and closing the connections each get a second: a Redis that does not
@@ -84,6 +91,7 @@ class RedisState(SharedState):
     """The Redis backend: its parts share one client, and their Redis errors become SharedStateDown here."""
 
     outlives_process = True
+    shares_limits = True
 
     def __init__(
         self,
@@ -130,6 +138,7 @@ class RedisState(SharedState):
         self._records = RedisRecords(self._redis, prefix, seal, replica_id, self._redis_ms)
         self._audit = RedisAudit(self._redis, prefix, seal, self._redis_ms)
         self._approvals = RedisApprovals(self._redis, prefix, seal, replica_id)
+        self._limits = RedisLimits(self._redis, prefix)
         self._inbox_link = RedisInbox(
             self._redis, prefix, seal, replica_id,
             redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
@@ -376,6 +385,33 @@ class RedisState(SharedState):
 
     async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
         return await self._op(self._approvals.vote(approval_id, user, approved, quorum))  # type: ignore[no-any-return]
+
+    async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
+        return await self._limit_op(self._limits.take_token(user_id, rate, burst, now))  # type: ignore[no-any-return]
+
+    async def open_slot(
+        self, user_id: str, slot_id: str, *, cap: int, lease: float, now: float | None = None,
+    ) -> bool:
+        return await self._limit_op(self._limits.open_slot(user_id, slot_id, cap, lease, now))  # type: ignore[no-any-return]
+
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        return await self._limit_op(self._limits.take_token_and_slot(user_id, slot_id, rate, burst, cap, lease, now))  # type: ignore[no-any-return]
+
+    async def _limit_op(self, op: Any) -> Any:
+        try:
+            async with asyncio.timeout(_LIMIT_TIMEOUT):
+                return await self._op(op)
+        except TimeoutError:
+            # A slot the script may still have taken is not renewed: its lease frees it.
+            raise self._down(TimeoutError()) from None
+
+    async def close_slot(self, user_id: str, slot_id: str) -> None:
+        await self._op(self._limits.close_slot(user_id, slot_id))
+
+    async def renew_slots(self, slots: Mapping[str, Sequence[str]], *, lease: float, now: float | None = None) -> int:
+        return await self._op(self._limits.renew(slots, lease, now))  # type: ignore[no-any-return]
 
     async def _op(self, op: Any) -> Any:
         # One operation of a part (records, inbox, deadlines), which raises what redis-py raises.

@@ -26,7 +26,9 @@ drives do that):
 - the directory of pending approvals: each approval that waits for someone (its record, as the
   approvals API shows it, plus the replica running its chat), listed and read by any replica, and
   the approvers' votes on it, counted in one step so that two replicas voting at once never both
-  decide; each kept until its deadline (plus a margin) or until dropped.
+  decide; each kept until its deadline (plus a margin) or until dropped;
+- per-user limits (Redis only: `shares_limits`): each user's token bucket and stream slots, counted
+  by every replica together (core/limits.py's rules, redis_limits.py's scripts).
 
 `MemoryState` (memory.py) keeps them in a `MemoryHub` in this process: the default, one replica
 (several only in tests). `RedisState` (redis.py) keeps them in Redis for replicas on several
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -384,3 +386,40 @@ class SharedState(abc.ABC):
         (count_vote's rule): two votes at once, on any replicas, never both decide it. `quorum`: the
         distinct approvals that decide it (from the approval's record; one deny decides at once).
         The vote is kept in the approval; a decision stays with it until it is dropped."""
+
+    # ---- per-user limits shared by the replicas ------------------------------------------------
+
+    # Whether the replicas count each user's requests and streams here, together (Redis); if not,
+    # each replica counts its own (core/limits.py `Admission`), as the memory backend's one replica does.
+    shares_limits = False
+
+    @abc.abstractmethod
+    async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
+        """One request from the user's token bucket, in one step with every replica's
+        (core/limits.py `take_token`): None when admitted, else the seconds until a token is back.
+        `now` (seconds): the store's clock unless given (the tests' table). A bucket that is full
+        again is forgotten."""
+
+    @abc.abstractmethod
+    async def open_slot(
+        self, user_id: str, slot_id: str, *, cap: int, lease: float, now: float | None = None,
+    ) -> bool:
+        """A stream slot for the user, unless they hold `cap` slots whose lease has not ended
+        (core/limits.py `take_slot`; those that ended are forgotten): held for `lease` seconds
+        unless renewed (renew_slots) or closed. Whether it was taken."""
+
+    @abc.abstractmethod
+    async def take_token_and_slot(
+        self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
+    ) -> tuple[float | None, bool]:
+        """take_token, then open_slot if the token was there, in one step: (None, whether the slot
+        was taken), or (the seconds until a token is back, False) with no slot tried."""
+
+    @abc.abstractmethod
+    async def close_slot(self, user_id: str, slot_id: str) -> None:
+        """Give a stream slot back (nothing if it is not held)."""
+
+    @abc.abstractmethod
+    async def renew_slots(self, slots: Mapping[str, Sequence[str]], *, lease: float, now: float | None = None) -> int:
+        """Extend the leases of the slots this replica holds (slot ids by user) to `lease` seconds
+        from now; a slot not held any more is not taken again. How many were renewed."""

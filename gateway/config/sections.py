@@ -96,6 +96,10 @@ class LimitsConfig(Section):
     # Requests per second per user (token bucket; 429 with Retry-After), and the burst allowed.
     rate_per_user: float = Field(20.0, gt=0)
     burst_per_user: int = Field(40, ge=1)
+    # With sessions.backend redis the replicas share the per-user rate and stream caps in Redis;
+    # while Redis cannot be reached: local (each replica applies them alone, as with one replica)
+    # or refuse (503 limits_unavailable with Retry-After). Never unlimited (docs/security.md).
+    shared_fallback: Literal["local", "refuse"] = "local"
 
 
 class InternalConfig(Section):

@@ -3,17 +3,23 @@
 Each check either admits or raises `Limited` carrying the HTTP status and the Retry-After the
 client should honour: 429 for what one user exceeds, 503 for what the gateway as a whole cannot
 take. The caller passes the time, so the token buckets are tested without sleeping.
+
+`take_token` and `take_slot` are the two decisions, pure: `Admission` applies them to this process's
+counts, and with `sessions.backend: redis` the replicas apply them to counts kept in Redis, where
+redis_limits.py runs them as Lua scripts that mirror these functions line for line
+(tests/unit/test_shared_limits.py runs one table of cases against both).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config.schema import LimitsConfig
 from .refusals import Refusal
 
-__all__ = ["Admission", "Limited", "StreamSlot"]
+__all__ = ["Admission", "Limited", "StreamSlot", "take_slot", "take_token", "too_many_streams"]
 
 
 class Limited(Refusal):
@@ -27,10 +33,36 @@ class Limited(Refusal):
         self.retry_after = None if retry_after is None else max(1, math.ceil(retry_after))
 
 
+def take_token(tokens: float | None, stamp: float, now: float, rate: float, burst: int) -> tuple[float, float | None]:
+    """One request against a bucket that held `tokens` at `stamp` (None: no bucket, which is a full
+    one). Returns the tokens left, stamped `now`, and None when the request is admitted, else the
+    seconds until a token is back. A clock that went backwards (a Redis failed over to a host whose
+    clock is behind) refills nothing rather than taking tokens away."""
+    if tokens is None:
+        tokens = float(burst)
+    else:
+        tokens = min(float(burst), tokens + max(0.0, now - stamp) * rate)
+    if tokens < 1.0:
+        return tokens, (1.0 - tokens) / rate
+    return tokens - 1.0, None
+
+
+def take_slot(held: Mapping[str, float], now: float, cap: int) -> tuple[list[str], bool]:
+    """One more stream for a user who holds `held` (slot id -> when its lease ends): the slots whose
+    lease ended (to forget: their holder stopped renewing them, it died or lost the release), and
+    whether a new slot fits under `cap` once they are gone."""
+    expired = [slot for slot, until in held.items() if until <= now]
+    return expired, len(held) - len(expired) < cap
+
+
 @dataclass
 class _Bucket:
     tokens: float
     stamp: float
+
+
+def too_many_streams(config: LimitsConfig) -> Limited:
+    return Limited(429, "too_many_streams", f"at most {config.max_streams_per_user} concurrent responses per user", 1)
 
 
 @dataclass
@@ -56,22 +88,23 @@ class Admission:
 
     def check_rate(self, user_id: str, now: float) -> None:
         """Take one token from the user's bucket."""
-        rate, burst = self.config.rate_per_user, self.config.burst_per_user
         bucket = self._buckets.get(user_id)
-        if bucket is None:
-            bucket = self._buckets[user_id] = _Bucket(float(burst), now)
-        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.stamp) * rate)
-        bucket.stamp = now
-        if bucket.tokens < 1.0:
-            raise Limited(429, "rate_limited", "too many requests", (1.0 - bucket.tokens) / rate)
-        bucket.tokens -= 1.0
+        tokens, wait = take_token(
+            None if bucket is None else bucket.tokens, 0.0 if bucket is None else bucket.stamp, now,
+            self.config.rate_per_user, self.config.burst_per_user,
+        )
+        self._buckets[user_id] = _Bucket(tokens, now)
+        if wait is not None:
+            raise Limited(429, "rate_limited", "too many requests", wait)
 
-    def open_stream(self, user_id: str) -> StreamSlot:
+    def open_stream(self, user_id: str, *, per_user: bool = True) -> StreamSlot:
+        """A stream slot, under the total cap, and under the user's unless `per_user` is false (the
+        replicas check that one together, in Redis: the slot is still counted here, for a fallback)."""
         if self.streams_total >= self.config.max_streams_total:
             raise Limited(503, "gateway_busy", "the gateway is at its stream limit; try again shortly", 2)
         held = self._streams.get(user_id, 0)
-        if held >= self.config.max_streams_per_user:
-            raise Limited(429, "too_many_streams", f"at most {self.config.max_streams_per_user} concurrent responses per user", 1)
+        if per_user and held >= self.config.max_streams_per_user:
+            raise too_many_streams(self.config)
         self._streams[user_id] = held + 1
         self.streams_total += 1
         return StreamSlot(self, user_id)

@@ -1,7 +1,8 @@
 """What every browser request passes before it reaches a chat, whatever its transport.
 
 Identity (auth, or a WebSocket ticket), the page's origin, the agent the route names (404 if none such, 403 if the caller
-may not use it), the drain state and the user's request rate, in that order, each refused with its
+may not use it), the drain state and the user's request rate (with a stream slot, for a request that
+streams: `admit_stream`), in that order, each refused with its
 own status and JSON reason and counted in `adk_gateway_limited_total`; and the CORS preflight
 that comes before a cross-origin page's requests.
 """
@@ -17,10 +18,11 @@ from aiohttp import web
 from ..access.auth import Identity
 from ..core.refusals import HttpError
 from ..core.limits import Limited
+from .limiter import Slot
 from .state import GATEWAY
 from ..access.tickets import QUERY_PARAMETER
 
-__all__ = ["Caller", "admit", "count_refusal", "identify", "preflight", "route_agent"]
+__all__ = ["Caller", "admit", "admit_stream", "count_refusal", "identify", "preflight", "route_agent"]
 
 # What a request refused while draining is told to wait, in seconds: long enough for a balancer
 # polling `/readyz` (503 `draining` from the first moment) to stop routing here, so the retry lands
@@ -107,6 +109,31 @@ async def admit(request: web.Request, *, new_work: bool = True, socket: bool = F
     """The caller, once they may proceed; `new_work` requests are refused while draining. Only a
     `socket` route's handshake may be admitted by a ticket."""
     gateway = request.app[GATEWAY]
+    caller = await _before_limits(request, new_work=new_work, socket=socket)
+    try:
+        await gateway.admission.check_rate(caller.user_id, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+    return caller
+
+
+async def admit_stream(request: web.Request) -> tuple[Caller, Slot]:
+    """`admit` for a request that streams its answer (new work): the caller and a stream slot,
+    taken with the rate's token in one step (one round trip when the replicas share the limits).
+    The caller releases the slot."""
+    gateway = request.app[GATEWAY]
+    caller = await _before_limits(request, new_work=True, socket=False)
+    try:
+        slot = await gateway.admission.admit_stream(caller.user_id, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+    return caller, slot
+
+
+async def _before_limits(request: web.Request, *, new_work: bool, socket: bool) -> Caller:
+    gateway = request.app[GATEWAY]
     identity = await identify(request, socket=socket)
     user_id = identity.user_id
     agent = route_agent(request)
@@ -121,11 +148,6 @@ async def admit(request: web.Request, *, new_work: bool = True, socket: bool = F
     if new_work and gateway.draining:
         count_refusal(request, "draining")
         raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": _DRAINING_RETRY_AFTER})
-    try:
-        gateway.admission.check_rate(user_id, gateway.clock())
-    except Limited as exc:
-        count_refusal(request, exc.code)
-        raise
     return Caller(user_id, agent, identity)
 
 

@@ -32,6 +32,7 @@ from .errors import Handler, error_middleware
 from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
+from .limiter import Limiter
 from ..cluster.audit_trail import AuditTrail
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing, TracingUnavailable
@@ -160,7 +161,7 @@ async def list_agents(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     identity = await identify(request)
     try:
-        gateway.admission.check_rate(identity.user_id, gateway.clock())
+        await gateway.admission.check_rate(identity.user_id, gateway.clock())
     except Limited as exc:
         count_refusal(request, exc.code)
         raise
@@ -198,6 +199,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if gateway.jwks is not None:
         gateway.jwks.open()
     await gateway.cluster.start()
+    gateway.admission.start()
     gateway.audit.start()
     gateway.webhooks.start()
     log.info(
@@ -216,6 +218,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gateway.audit.stop(_AUDIT_FLUSH)
     # After the chats: the notices of the approvals their close cancels are queued by then.
     await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
+    # Before the store is left: the last streams' shared slots are given back.
+    await gateway.admission.close()
     await gateway.cluster.close()
     await gateway.agents.close()
     # After everything that ends spans: the last turns' and approvals' spans go out.
@@ -268,7 +272,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
-        admission=Admission(config.limits), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,

@@ -32,7 +32,8 @@ from ..core.protocol import (
 )
 from ..chat.chunk_log import Feed, FollowerLagged, Reader
 from .state import GATEWAY
-from .admit import Caller, admit, count_refusal, preflight
+from .admit import Caller, admit, admit_stream, count_refusal, preflight
+from .limiter import Slot
 from .aiohttp_raw import chunk_writer, forget_body
 
 __all__ = ["routes"]
@@ -44,8 +45,21 @@ _KEEPALIVE: Final = b": keep-alive\n\n"
 
 
 async def post_chat(request: web.Request) -> web.StreamResponse:
+    caller, slot = await admit_stream(request)
+    try:
+        attachment, chat_id = await _submit(request, caller)
+    except BaseException:
+        slot.release()
+        raise
+    try:
+        return await _stream(request, attachment, caller, chat_id)
+    finally:
+        slot.release()
+
+
+async def _submit(request: web.Request, caller: Caller) -> tuple[Attachment, str]:
+    """The request's body read and parsed, and submitted to its chat (here or on its owner)."""
     gateway = request.app[GATEWAY]
-    caller = await admit(request)
     user_id = caller.user_id
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
@@ -76,11 +90,9 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     chat_id = chat_request.chat_id
     structlog.contextvars.bind_contextvars(chat_id=chat_id)
     gateway.tracing.annotate(agent=caller.agent, chat_id=chat_id)
-    slot = _open_stream(request, user_id)
     try:
         attachment = await gateway.cluster.submit(caller.agent, user_id, chat_request, claims=dict(caller.identity.claims))
     except Exception as exc:
-        slot.release()
         answer = refusal(exc)
         if answer is None:
             raise
@@ -90,10 +102,7 @@ async def post_chat(request: web.Request) -> web.StreamResponse:
     finally:
         del chat_request
         forget_body(request)  # nothing reads the body again
-    try:
-        return await _stream(request, attachment, caller, chat_id)
-    finally:
-        slot.release()
+    return attachment, chat_id
 
 
 async def resume_stream(request: web.Request) -> web.StreamResponse:
@@ -113,7 +122,7 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     if attachment is None:
         return web.Response(status=204, headers=gateway.auth.cors_headers(request))
     try:
-        slot = _open_stream(request, caller.user_id)
+        slot = await _open_stream(request, caller.user_id)
     except Limited:
         attachment.response.close()
         raise
@@ -123,9 +132,9 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
         slot.release()
 
 
-def _open_stream(request: web.Request, user_id: str):  # type: ignore[no-untyped-def]
+async def _open_stream(request: web.Request, user_id: str) -> Slot:
     try:
-        return request.app[GATEWAY].admission.open_stream(user_id)
+        return await request.app[GATEWAY].admission.open_stream(user_id)
     except Limited as exc:
         count_refusal(request, exc.code)
         raise

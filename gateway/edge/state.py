@@ -23,13 +23,13 @@ from ..chat.service import ChatService
 from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
-from ..core.limits import Admission
 from ..cluster.audit_trail import AuditTrail
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing
 from ..ops.webhooks import Webhooks
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
+from .limiter import Limiter
 
 __all__ = ["GATEWAY", "Gateway"]
 
@@ -45,7 +45,8 @@ class Gateway:
     chats: ChatService
     # Where each chat runs; browser and plugin requests go through it (docs/scaling.md).
     cluster: Cluster
-    admission: Admission
+    # The per-user limits, this replica's or shared by the replicas (edge/limiter.py), and the total stream cap.
+    admission: Limiter
     # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
     # The audit trail of decided approvals: `audit.record(notice)` where an approval ends,

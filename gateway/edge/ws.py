@@ -102,11 +102,11 @@ class Connection:
             if kind != "abort":
                 self._check_agent()
             if kind in ("send", "audio"):
-                self._admit_new_work()
+                await self._admit_new_work()
             elif kind == "resume":
                 # A resume is a request (an SSE resume is admitted with its rate), but not new
                 # work: a draining replica still replays.
-                self._check_rate()
+                await self._check_rate()
             await handler(self, request_id, frame)
         except FrameError as exc:
             await self.error(request_id, str(exc))
@@ -123,22 +123,22 @@ class Connection:
             gateway.metrics.limited.labels("agent_not_allowed").inc()
             raise FrameError("this credential may not use this agent")
 
-    def _admit_new_work(self) -> None:
+    async def _admit_new_work(self) -> None:
         gateway = self.gateway
         if gateway.draining:
             gateway.metrics.limited.labels("draining").inc()
             raise FrameError("the gateway is shutting down; reconnect to try another instance")
-        self._check_rate()
+        await self._check_rate()
 
-    def _check_rate(self) -> None:
+    async def _check_rate(self) -> None:
         """Spend one of the user's request tokens, the bucket HTTP requests spend too."""
         gateway = self.gateway
         try:
-            gateway.admission.check_rate(self.user_id, gateway.clock())
+            await gateway.admission.check_rate(self.user_id, gateway.clock())
         except Limited as exc:
             raise refused(self, exc) from None
 
-    def start_request(self, request_id: str, work: Any) -> None:
+    async def start_request(self, request_id: str, work: Any) -> None:
         if request_id in self.requests:
             work.close()
             raise FrameError("requestId: a request with this id is already in flight")
@@ -146,7 +146,7 @@ class Connection:
             work.close()
             raise FrameError("too many requests in flight on this socket")
         try:
-            slot = self.gateway.admission.open_stream(self.user_id)
+            slot = await self.gateway.admission.open_stream(self.user_id)
         except Limited as exc:
             work.close()
             raise refused(self, exc) from None

@@ -43,7 +43,7 @@ class Connection(Protocol):
 
     async def send(self, frame: dict[str, Any]) -> None: ...
 
-    def start_request(self, request_id: str, work: Any) -> None: ...
+    async def start_request(self, request_id: str, work: Any) -> None: ...
 
     def watch(self, request_id: str, feed: Feed) -> None: ...
 
@@ -65,7 +65,7 @@ async def _on_send(conn: Connection, request_id: str, frame: dict[str, Any]) -> 
         )
     except InvalidRequest as exc:
         raise FrameError(str(exc)) from None
-    conn.start_request(request_id, _run_send(conn, request_id, chat_request))
+    await conn.start_request(request_id, _run_send(conn, request_id, chat_request))
 
 
 async def _run_send(conn: Connection, request_id: str, chat_request: Any) -> None:
@@ -111,7 +111,7 @@ async def _on_resume(conn: Connection, request_id: str, frame: dict[str, Any]) -
     if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < -1):
         raise FrameError("lastSequence: a non-negative integer, or absent to replay from the start")
     version = client_version(_version_header(frame), None, conn.default_version)
-    conn.start_request(request_id, _run_resume(conn, request_id, chat_id, -1 if last is None else last, version))
+    await conn.start_request(request_id, _run_resume(conn, request_id, chat_id, -1 if last is None else last, version))
 
 
 async def _run_resume(conn: Connection, request_id: str, chat_id: str, last: int, version: ClientVersion) -> None:
@@ -171,7 +171,7 @@ async def _on_audio(conn: Connection, request_id: str, frame: dict[str, Any]) ->
         conn.request_chats[request_id] = chat_id
         conn.watch(request_id, attachment.response)
         try:
-            conn.start_request(request_id, conn.pump(request_id, attachment))
+            await conn.start_request(request_id, conn.pump(request_id, attachment))
         except FrameError:
             attachment.response.close()
             raise

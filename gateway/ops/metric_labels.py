@@ -45,8 +45,9 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "limited": _each(
         "unauthorized", "origin_not_allowed", "draining", "rate_limited", "too_many_streams", "gateway_busy",
         "too_many_chats", "too_many_messages", "body_too_large", "body_timeout", "agent_not_found",
-        "agent_not_allowed", "origin_required", "header_timeout",
+        "agent_not_allowed", "origin_required", "header_timeout", "limits_unavailable",
     ),
+    "shared_limits": tuple((check, result) for check in ("rate", "stream") for result in ("admitted", "limited", "local", "refused")),
     "config_reloads": _each("success", "failure"),
     "jwks_fetches": _each("success", "failure"),
     "ws_tickets": _each("issued", "redeemed", "refused"),

@@ -85,6 +85,13 @@ class GatewayMetrics:
             "unauthorized, origin_not_allowed, ...).",
             ["reason"], registry=r,
         )
+        self.shared_limits = Counter(
+            "adk_gateway_shared_limit_checks_total",
+            "Per-user limit checks shared by the replicas (sessions.backend redis), by check (rate, stream) and "
+            "result: admitted or limited (one Redis round trip each), local or refused (Redis unreachable: "
+            "limits.shared_fallback applied).",
+            ["check", "result"], registry=r,
+        )
 
     def _upstream_series(self, r: CollectorRegistry) -> None:
         """Each agent's upstream: its health, its errors, its runs and live sessions."""
