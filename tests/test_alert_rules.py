@@ -131,6 +131,8 @@ ALERT_SERIES_AT_START = [
     ("adk_gateway_runs_total", {"agent": "demo_agent", "outcome": "completed"}),
     ("adk_gateway_upstream_up", {"agent": "demo_agent"}),
     ("adk_gateway_ready", {}),
+    ("adk_gateway_shared_limit_checks_total", {"check": "rate", "result": "local"}),
+    ("adk_gateway_shared_limit_checks_total", {"check": "stream", "result": "refused"}),
     # Per configured webhook (the config below has one).
     ("adk_gateway_webhook_deliveries_total", {"webhook": "approvals", "event": "waiting", "result": "failed"}),
     ("adk_gateway_webhook_deliveries_total", {"webhook": "approvals", "event": "decided", "result": "dropped"}),
