@@ -30,10 +30,10 @@ import structlog
 
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
-from ..core.limits import take_slot, take_token
+from ..core.limits import LeasedLimits
+from .approval_votes import Tally, Verdict, approval_view, count_vote
 from .shared import (
-    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, Tally, Verdict,
-    approval_view, audit_position, count_vote,
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, audit_position,
 )
 
 __all__ = ["MemoryHub", "MemoryState"]
@@ -118,9 +118,8 @@ class MemoryHub:
     # The directory of pending approvals, by approval id (insertion order breaks ties of `created`).
     approvals: dict[str, _ApprovalKept] = field(default_factory=dict)
     approvals_purge_at: int = 64
-    # Per-user limits: each user's bucket (tokens, stamp), and stream slots (slot id -> lease end).
-    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
-    slots: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per-user limits: each user's bucket and stream slots.
+    limits: LeasedLimits = field(default_factory=LeasedLimits)
 
 
 class MemoryState(SharedState):
@@ -370,49 +369,28 @@ class MemoryState(SharedState):
         return Tally(state, kept.view())
 
     async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
-        now = asyncio.get_running_loop().time() if now is None else now
-        kept = self.hub.buckets.get(user_id)
-        tokens, wait = take_token(None if kept is None else kept[0], 0.0 if kept is None else kept[1], now, rate, burst)
-        self.hub.buckets[user_id] = (tokens, now)
-        return wait
+        return self.hub.limits.take_token(user_id, rate, burst, self._now(now))
 
     async def open_slot(
         self, user_id: str, slot_id: str, *, cap: int, lease: float, now: float | None = None,
     ) -> bool:
-        now = asyncio.get_running_loop().time() if now is None else now
-        held = self.hub.slots.setdefault(user_id, {})
-        if slot_id not in held:
-            expired, fits = take_slot(held, now, cap)
-            for slot in expired:
-                del held[slot]
-            if not fits:
-                return False
-        held[slot_id] = now + lease
-        return True
+        return self.hub.limits.open_slot(user_id, slot_id, cap, lease, self._now(now))
 
     async def take_token_and_slot(
         self, user_id: str, slot_id: str, *, rate: float, burst: int, cap: int, lease: float, now: float | None = None,
     ) -> tuple[float | None, bool]:
-        now = asyncio.get_running_loop().time() if now is None else now
-        wait = await self.take_token(user_id, rate=rate, burst=burst, now=now)
+        now = self._now(now)
+        wait = self.hub.limits.take_token(user_id, rate, burst, now)
         if wait is not None:
             return wait, False
-        return None, await self.open_slot(user_id, slot_id, cap=cap, lease=lease, now=now)
+        return None, self.hub.limits.open_slot(user_id, slot_id, cap, lease, now)
 
     async def close_slot(self, user_id: str, slot_id: str) -> None:
-        held = self.hub.slots.get(user_id)
-        if held is not None:
-            held.pop(slot_id, None)
-            if not held:
-                del self.hub.slots[user_id]
+        self.hub.limits.close_slot(user_id, slot_id)
 
     async def renew_slots(self, slots: Mapping[str, Sequence[str]], *, lease: float, now: float | None = None) -> int:
-        now = asyncio.get_running_loop().time() if now is None else now
-        renewed = 0
-        for user_id, ids in slots.items():
-            held = self.hub.slots.get(user_id, {})
-            for slot_id in ids:
-                if slot_id in held:
-                    held[slot_id] = now + lease
-                    renewed += 1
-        return renewed
+        return self.hub.limits.renew(slots, lease, self._now(now))
+
+    @staticmethod
+    def _now(now: float | None) -> float:
+        return asyncio.get_running_loop().time() if now is None else now

@@ -64,8 +64,9 @@ from .redis_records import RedisRecords
 from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
 from .shared import (
-    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown, Tally,
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
 )
+from .approval_votes import Tally
 
 __all__ = ["RedisState"]
 

@@ -29,7 +29,7 @@ import structlog
 
 from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
 from .sealing import Seal, Tampered, fingerprint
-from .shared import Tally, TallyState, Verdict, approval_view
+from .approval_votes import Tally, TallyState, Verdict, approval_view
 
 __all__ = ["RedisApprovals"]
 

@@ -7,19 +7,20 @@ take. The caller passes the time, so the token buckets are tested without sleepi
 `take_token` and `take_slot` are the two decisions, pure: `Admission` applies them to this process's
 counts, and with `sessions.backend: redis` the replicas apply them to counts kept in Redis, where
 redis_limits.py runs them as Lua scripts that mirror these functions line for line
-(tests/unit/test_shared_limits.py runs one table of cases against both).
+(tests/unit/test_shared_limits.py runs one table of cases against both). `LeasedLimits` keeps such
+counts as Redis keeps them, for the memory backend of the shared state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..config.schema import LimitsConfig
 from .refusals import Refusal
 
-__all__ = ["Admission", "Limited", "StreamSlot", "take_slot", "take_token", "too_many_streams"]
+__all__ = ["Admission", "LeasedLimits", "Limited", "StreamSlot", "take_slot", "take_token", "too_many_streams"]
 
 
 class Limited(Refusal):
@@ -123,3 +124,50 @@ class Admission:
         stale = [u for u, b in self._buckets.items() if now - b.stamp > full_after]
         for user in stale:
             del self._buckets[user]
+
+
+@dataclass
+class LeasedLimits:
+    """Per-user token buckets and leased stream slots, kept as the replicas' shared store keeps them
+    (cluster/redis_limits.py's scripts run the same rules in Redis): the memory backend's, which the
+    shared table of cases holds to the scripts (tests/unit/test_shared_limits.py)."""
+
+    # user -> (tokens, stamp); user -> {slot id: lease end}.
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    slots: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def take_token(self, user_id: str, rate: float, burst: int, now: float) -> float | None:
+        """None when a token was taken, else the seconds until one is there."""
+        kept = self.buckets.get(user_id)
+        tokens, wait = take_token(None if kept is None else kept[0], 0.0 if kept is None else kept[1], now, rate, burst)
+        self.buckets[user_id] = (tokens, now)
+        return wait
+
+    def open_slot(self, user_id: str, slot_id: str, cap: int, lease: float, now: float) -> bool:
+        held = self.slots.setdefault(user_id, {})
+        if slot_id not in held:
+            expired, fits = take_slot(held, now, cap)
+            for slot in expired:
+                del held[slot]
+            if not fits:
+                return False
+        held[slot_id] = now + lease
+        return True
+
+    def close_slot(self, user_id: str, slot_id: str) -> None:
+        held = self.slots.get(user_id)
+        if held is not None:
+            held.pop(slot_id, None)
+            if not held:
+                del self.slots[user_id]
+
+    def renew(self, slots: Mapping[str, Sequence[str]], lease: float, now: float) -> int:
+        """Extend the leases of the slots still held (a renewal never brings a released one back)."""
+        renewed = 0
+        for user_id, ids in slots.items():
+            held = self.slots.get(user_id, {})
+            for slot_id in ids:
+                if slot_id in held:
+                    held[slot_id] = now + lease
+                    renewed += 1
+        return renewed

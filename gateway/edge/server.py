@@ -155,6 +155,26 @@ def listeners(app: web.Application, config: GatewayConfig) -> list[tuple[web.App
     return sites
 
 
+def _handle_signals(
+    loop: asyncio.AbstractEventLoop, gateway: Gateway, config_path: Path | None, stop: asyncio.Event,
+) -> ConfigWatcher | None:
+    """SIGINT and SIGTERM set `stop`; SIGHUP reloads the file, and so does a change of its content
+    (the watcher returned, started by the caller once serving) when `reload.watch` is on."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if config_path is None:
+        # SIGHUP's default would kill the process; without a file there is nothing to reload.
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("reload_unavailable", reason="not started from a config file"))
+        return None
+    loop.add_signal_handler(signal.SIGHUP, reload_config, gateway, config_path)
+    watcher = ConfigWatcher(
+        config_path, config=lambda: gateway.config, seen=lambda: gateway.config_seen,
+        reload=lambda: reload_config(gateway, config_path),
+    )
+    gateway.config_seen = watcher.digest()
+    return watcher
+
+
 async def serve(
     config: GatewayConfig, config_path: Path | None = None, upstream_mode: str | None = None,
     *, log_scrubber: LogScrubber | None = None,
@@ -179,20 +199,7 @@ async def serve(
     runners = [runner for runner, _, _ in sites]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    watcher: ConfigWatcher | None = None
-    if config_path is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload_config, gateway, config_path)
-        # A change of the file's content reloads it as SIGHUP does, when `reload.watch` is on.
-        watcher = ConfigWatcher(
-            config_path, config=lambda: gateway.config, seen=lambda: gateway.config_seen,
-            reload=lambda: reload_config(gateway, config_path),
-        )
-        gateway.config_seen = watcher.digest()
-    else:
-        # SIGHUP's default would kill the process; without a file there is nothing to reload.
-        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("reload_unavailable", reason="not started from a config file"))
+    watcher = _handle_signals(loop, gateway, config_path, stop)
     stop_by: float | None = None  # set once a stop begins: when it must be over
     try:
         for runner in runners:

@@ -27,7 +27,8 @@ import redis.asyncio as aioredis
 from gateway.cluster import redis_approvals as approvals_module
 from gateway.cluster.memory import MemoryHub
 from gateway.cluster.redis import RedisState
-from gateway.cluster.shared import SharedState, SharedStateDown, count_vote
+from gateway.cluster.approval_votes import count_vote
+from gateway.cluster.shared import SharedState, SharedStateDown
 from tests.procs import RedisServer
 from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
 from tests.unit.test_cluster_close import RecordingLog
