@@ -192,6 +192,11 @@ class Tracing:
         span.end()
         context.detach(token)
 
+    @staticmethod
+    def server_exemplar(started: Any) -> dict[str, str] | None:
+        """The exemplar of a request's duration: its SERVER span's trace (`server_span`'s result), if sampled."""
+        return _exemplar_of(started[0].get_span_context()) if started is not None else None
+
     def continue_from(self, headers: Mapping[str, str]) -> Any:
         """Make the `traceparent` in `headers` (if any) the current context, without a span of
         the gateway's; the token for `leave`, or None."""

@@ -222,6 +222,42 @@ def test_openmetrics_on_request_with_the_trace_as_exemplar() -> None:
     assert b"trace_id" not in metrics.render()
 
 
+async def test_a_request_s_duration_carries_its_trace_as_exemplar_when_sampled() -> None:
+    from types import SimpleNamespace
+
+    from aiohttp.test_utils import TestClient
+
+    from gateway.edge.app import request_context
+    from gateway.edge.state import GATEWAY
+
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def scrape(tracing: Tracing, traceparent: str) -> dict[str, Any]:
+        metrics = GatewayMetrics()
+        app = web.Application(middlewares=[request_context])
+        app[GATEWAY] = SimpleNamespace(  # type: ignore[assignment]
+            metrics=metrics, tracing=tracing, auth=SimpleNamespace(cors_headers=lambda request: {}),
+            config=SimpleNamespace(metrics=SimpleNamespace(path="/metrics")),
+        )
+        app.router.add_post("/api/chat", chat)
+        async with TestClient(TestServer(app)) as client:
+            async with client.post("/api/chat", headers={"traceparent": traceparent}) as response:
+                assert response.status == 200
+        families = {f.name: f for f in text_string_to_metric_families(metrics.render(openmetrics=True).decode())}
+        [count] = [s for s in families["adk_gateway_request_duration_seconds"].samples if s.name.endswith("_count")]
+        assert count.labels == {"route": "/api/chat", "status_class": "2xx"} and count.value == 1
+        return {s.labels["le"]: s.exemplar for s in families["adk_gateway_request_duration_seconds"].samples if s.exemplar}
+
+    sampled, unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    tracing, _ = traced()
+    [exemplar] = (await scrape(tracing, sampled)).values()
+    assert exemplar.labels == {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    # The parent said "not sampled" (parent-based sampling follows it): no exemplar; nor when off.
+    assert await scrape(tracing, unsampled) == {}
+    assert await scrape(Tracing.off(), sampled) == {}
+
+
 def test_no_exemplar_when_off_or_unsampled() -> None:
     metrics = GatewayMetrics()
     assert metrics.exemplar() is None and metrics.approval_exemplar("gw-1") is None
