@@ -47,11 +47,13 @@ class ClientCall:
     `traceparent`; None from the no-op one, tracing off: the caller sends its own), `answered`
     with the status; leaving it ends the span, with the error that left it if one did."""
 
-    __slots__ = ("_span", "headers")
+    __slots__ = ("_failed", "_span", "headers")
 
     def __init__(self, span: Any = None, headers: dict[str, str] | None = None) -> None:
+        # A recording span, or None: an unsampled call's span records nothing, so it is not kept.
         self._span = span
         self.headers = headers
+        self._failed = False
 
     def __enter__(self) -> ClientCall:
         return self
@@ -60,6 +62,7 @@ class ClientCall:
         if self._span is not None:
             self._span.set_attribute("http.response.status_code", status)
             if status >= 400:
+                self._failed = True
                 self._span.set_attribute("error.type", str(status))
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
@@ -70,7 +73,8 @@ class ClientCall:
         if error is not None and not isinstance(error, GeneratorExit):
             # An UpstreamError's kind (connect, timeout, reset, ...), as the metrics count it.
             span.set_attribute("error.type", getattr(error, "kind", None) or type(error).__name__)
-        if error is not None and not isinstance(error, GeneratorExit) or "error.type" in span.attributes:
+            self._failed = True
+        if self._failed:
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR))
@@ -277,8 +281,9 @@ class Tracing:
             attributes={"http.request.method": method, "url.full": _without_query(url), "http.route": route, **_prefixed(attributes)},
         )
         out = dict(headers or {})
+        # Unsampled, the traceparent still goes (flagged so: ADK follows the decision), the span not.
         self._propagator.inject(out, context=trace.set_span_in_context(span))
-        return ClientCall(span, out)
+        return ClientCall(span if span.is_recording() else None, out)
 
     # ---- work forwarded between replicas (cluster/forwarding.py) -----------------------------
 
@@ -298,7 +303,7 @@ class Tracing:
         )
         out: dict[str, str] = {}
         self._propagator.inject(out, context=trace.set_span_in_context(span))
-        return ClientCall(span, out)
+        return ClientCall(span if span.is_recording() else None, out)
 
     def serve_forwarded(self, traceparent: str, op: str, sender: str) -> Any:
         """The owner's SERVER span for forwarded work, continuing the sender's `traceparent`, current

@@ -199,6 +199,22 @@ async def test_every_upstream_call_carries_its_span_s_traceparent() -> None:
     assert "u1" not in spans["POST /run_sse"].name
 
 
+def test_an_unsampled_turn_calls_upstream_untraced_but_says_so_downstream() -> None:
+    # The browser (or a proxy) decided "not sampled": the calls under it record nothing, raise
+    # nothing, and still send ADK a traceparent that says "not sampled" (ADK follows the decision).
+    tracing, exporter = traced()
+    started = tracing.server_span({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}, "POST", "/api/chat", "/api/chat")
+    for status in (200, 502):
+        with tracing.client("POST", "/run_sse", "http://adk/run_sse", {"Content-Type": "application/json"}) as call:
+            call.answered(status)
+        assert call.headers is not None and call.headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+        assert call.headers["traceparent"].endswith("-00")
+    with pytest.raises(ConnectionResetError), tracing.client("POST", "/run_sse", "http://adk/run_sse"):
+        raise ConnectionResetError
+    tracing.end_server(started, 200)
+    assert exporter.get_finished_spans() == ()
+
+
 def test_no_traceparent_to_adk_when_off() -> None:
     client = AdkClient(UpstreamConfig(url="http://127.0.0.1:9", app_name="demo"))
     assert client._tracing is Tracing.off()
