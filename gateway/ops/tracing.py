@@ -11,7 +11,8 @@ or per upstream event.
 Off (the default without an OTLP endpoint), nothing of OpenTelemetry is imported and every helper
 answers from a shared no-op at once (`Tracing.off()`): the hot paths only test `enabled` or get
 None. On, the SDK is imported lazily (the `otel` extra); it reads the standard variables for where
-to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG). The spans follow
+to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG; unset: one trace in
+ten that starts here, and every one a sampled `traceparent` continues). The spans follow
 the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
 GenAI (development) attribute names where they apply (docs/operations.md#tracing).
 """
@@ -34,6 +35,10 @@ __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 log = structlog.get_logger("adk_gateway.ops.tracing")
 
 SEMCONV_VERSION: Final = "1.37.0"
+# Without OTEL_TRACES_SAMPLER: parent-based, keeping this share of the traces that start here. Every
+# trace kept costs its spans' recording and export, about a third of a short turn's CPU (bench
+# `--only tracing`, docs/operations.md#tracing); one in ten keeps that within 5%.
+DEFAULT_SAMPLE_RATIO: Final = 0.1
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
 
@@ -128,12 +133,18 @@ class Tracing:
         attributes = {"service.name": service}
         if replica:
             attributes["service.instance.id"] = replica
-        # The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER / _ARG (parentbased_always_on
-        # without them); the exporter reads the endpoint, headers, timeout and compression.
+        # OTEL_TRACES_SAMPLER / _ARG, when set, are the SDK's to read (sampler None); unset, the
+        # gateway's default, not the SDK's (which keeps every trace). The exporter reads the
+        # endpoint, headers, timeout and compression.
+        sampler = None
+        if not env.get("OTEL_TRACES_SAMPLER", "").strip():
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+            sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
         # No exit hook: a collector that hangs must not hold the process (stop() bounds the flush).
-        provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+        provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler, shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        log.info("tracing_enabled", service=service)
+        log.info("tracing_enabled", service=service, sampler=provider.sampler.get_description())
         return cls(provider, service, replica, config.shutdown_timeout)
 
     async def stop(self) -> None:

@@ -17,6 +17,11 @@ from tests.procs import PluginStack, plugin_stack, request
 pytestmark = pytest.mark.integration
 
 
+# Every trace kept (the gateway's default keeps one new trace in ten): the checks below look at
+# requests that send no traceparent too.
+_KEEP_ALL = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+
+
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     with Receiver() as r:
@@ -25,7 +30,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(
         tmp_path_factory.mktemp("traced"), approvals="hold", gateway_env=otel,
         adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
@@ -157,8 +162,8 @@ def replicas_traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
 
     """Redis, the agent and replicas A and B (tests/ops/stack.py), all exporting to the receiver:
     their processes take the environment of this one, set for the module."""
-    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
-    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY", *_KEEP_ALL)}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL})
     try:
         with replicas(tmp_path_factory.mktemp("traced-replicas"), approvals="hold", adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
             yield r
@@ -221,7 +226,7 @@ def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_tra
 
 
 def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel) as stack:
         chat = new_chat()
         reply = post(stack.gateway, chat, [user("hello there")])

@@ -123,6 +123,24 @@ def test_on_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tracing.enabled and tracing.service == "adk-gateway"
 
 
+def test_the_default_sampler_keeps_one_new_trace_in_ten_and_the_standard_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    sampler = Tracing.from_config(TelemetryConfig(), env=endpoint)._provider.sampler
+    assert sampler.get_description() == "ParentBased{root:TraceIdRatioBased{0.1},remoteParentSampled:AlwaysOnSampler,"\
+        "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}"
+    import random
+
+    ids = random.Random(27)
+    kept = sum(sampler.should_sample(None, ids.getrandbits(128), "t").decision is Decision.RECORD_AND_SAMPLE for _ in range(4096))
+    assert 0.07 < kept / 4096 < 0.13
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    tracing = Tracing.from_config(TelemetryConfig(), env={**endpoint, "OTEL_TRACES_SAMPLER": "always_on"})
+    assert tracing._provider.sampler.get_description() == "AlwaysOnSampler"
+
+
 # ---- on: spans -----------------------------------------------------------------------------
 
 
