@@ -112,6 +112,44 @@ def test_off_does_not_import_opentelemetry() -> None:
     assert out.stdout.strip() == "False"
 
 
+async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Turns of 10 and of 1,000 events through the real app: the tracer (off) is touched the same
+    # number of times, per request and per turn, never per event.
+    from collections import Counter
+
+    from aiohttp.test_utils import TestClient
+
+    from gateway.edge.app import create_app
+    from gateway.edge.state import GATEWAY
+    from tests.unit.test_transport_stop import USER, AppAdk, chat_body, says, sse_chunks
+
+    class Watched(Tracing):
+        def __getattribute__(self, name: str) -> Any:
+            if not name.startswith("_"):
+                object.__getattribute__(self, "_touched").append(name)
+            return object.__getattribute__(self, name)
+
+    watched = Watched()
+    watched._touched = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(Tracing, "off", staticmethod(lambda: watched))
+    app = create_app(parse_config("auth:\n  mode: none\n", env={}))
+    assert app[GATEWAY].tracing is watched
+    adk = AppAdk()
+    for agent in app[GATEWAY].agents:
+        agent.client = adk  # type: ignore[assignment]
+    touched: dict[int, Counter[str]] = {}
+    async with TestClient(TestServer(app)) as client:
+        for n in (10, 1000):
+            watched._touched.clear()  # type: ignore[attr-defined]
+            says(adk, *["word "] * n)
+            adk.ends()
+            response = await client.post("/api/chat", json=chat_body(USER, chat_id=f"chat-{n}"))
+            chunks = sse_chunks(await response.text())
+            assert sum(1 for c in chunks if isinstance(c, dict) and c["type"] == "text-delta") >= n
+            touched[n] = Counter(watched._touched)  # type: ignore[attr-defined]
+    assert touched[10] == touched[1000] and sum(touched[10].values()) <= 12, touched
+
+
 def test_on_without_the_extra_is_a_clear_start_up_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
     with pytest.raises(TracingUnavailable, match=r"pip install 'adk-gateway\[otel\]'"):
