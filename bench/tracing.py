@@ -125,7 +125,7 @@ async def tracing_phase(
     off = [(a["cpu_us_per_turn_proxy"], b["cpu_us_per_turn_proxy"]) for a, b in zip(runs["off_a"], runs["off_b"], strict=True)]
     out["paired"] = {
         name: statistics.median(r["cpu_us_per_turn_proxy"] / ((a + b) / 2) for r, (a, b) in zip(runs[name], off, strict=True))
-        for name in ("on_default", "on_full") if off
+        for name in runs if name.startswith("on_") and off
     }
     if off:
         noise = statistics.median(a / b for a, b in off)

@@ -36,8 +36,8 @@ log = structlog.get_logger("adk_gateway.ops.tracing")
 
 SEMCONV_VERSION: Final = "1.37.0"
 # Without OTEL_TRACES_SAMPLER: parent-based, keeping this share of the traces that start here. Every
-# trace kept costs its spans' recording and export, about a third of a short turn's CPU (bench
-# `--only tracing`, docs/operations.md#tracing); one in ten keeps that within 5%.
+# trace kept costs its spans' recording and export, a fifth to a third of a short turn's CPU (bench
+# `--only tracing`, docs/operations.md#tracing); one in ten keeps that near 3%.
 DEFAULT_SAMPLE_RATIO: Final = 0.1
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
