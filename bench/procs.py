@@ -154,15 +154,17 @@ def wait_http(proc: Proc, path: str, timeout: float = 30.0) -> None:
 
 
 def start(
-    name: str, argv: list[str], port: int, workdir: Path, *, health: str, env: dict[str, str] | None = None,
+    name: str, argv: list[str], port: int, workdir: Path, *, health: str, env: dict[str, str | None] | None = None,
     wait: bool = True, graceful: bool = False,
 ) -> Proc:
-    """Start a process; with `wait`, return once `health` answers (else call `ready()` later)."""
+    """Start a process; with `wait`, return once `health` answers (else call `ready()` later).
+    `env` adds to this process's environment; a None value removes that variable."""
     log = workdir / f"{name}.log"
+    merged = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("w") as out:
         popen = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=raise_fd_limit,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env={k: v for k, v in merged.items() if v is not None},
         )
     proc = Proc(name, popen, f"http://127.0.0.1:{port}", log, {"health": health, "graceful": graceful})
     if wait:
@@ -227,13 +229,14 @@ def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = ""
 
 
 def start_gateway(
-    workdir: Path, upstream: str, *, name: str = "gateway", mode: str = "sse", extra: str = "", wait: bool = True
+    workdir: Path, upstream: str, *, name: str = "gateway", mode: str = "sse", extra: str = "", wait: bool = True,
+    env: dict[str, str | None] | None = None,
 ) -> Proc:
     port = free_port()
     path = workdir / f"{name}.yaml"
     path.write_text(gateway_yaml(port, upstream, mode=mode, extra=extra))
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path)]
-    return start(name, argv, port, workdir, health="/healthz", wait=wait)
+    return start(name, argv, port, workdir, health="/healthz", wait=wait, env=env)
 
 
 # ---- nginx -------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
     python -m bench                 # the full run (make bench), a few minutes on 2 cores
     python -m bench --smoke         # tiny sizes: checks the machinery, not the numbers
     python -m bench --only sse,idle # some phases only (converter, sse, ws, growth, idle, approval,
-                                    # issue 18's agentic shape: turns, tools, ttft;
-                                    # issue 28's shared limits: limits)
+                                    # issue 18's agentic shape: turns, tools, ttft; issue 27's
+                                    # cost of traces: tracing; issue 28's shared limits: limits)
 
 Processes: the fake ADK upstream, nginx (proxy_buffering off), the bare aiohttp passthrough and the
 gateway (SSE upstream mode; a second one in live mode for WebSocket-to-/run_live), each on a free
@@ -38,9 +38,10 @@ from .breakdown import breakdown
 from .events import StreamSpec, tool_events
 from .scenarios import approval, converter_bench, idle, latency, throughput
 from .shared_limits import limits_phase, limits_table
+from .tracing import tracing_phase, tracing_table, tracing_targets
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "limits")
+PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "tracing", "limits")
 AGENTIC = ("turns", "tools", "ttft")
 
 
@@ -76,6 +77,10 @@ class Sizes:
     tools_concurrency: tuple[int, ...] = (1, 50)
     tools_seconds: float = 4.0
     ttft_iterations: int = 200
+    # The cost of traces (issue 27, bench/tracing.py): interleaved repetitions, each this long per gateway.
+    tracing_reps: int = 7
+    tracing_seconds: float = 4.0
+    tracing_concurrency: int = 10
 
 
 FULL = Sizes()
@@ -85,7 +90,8 @@ SMOKE = Sizes(
     growth_concurrency=1, growth_multipliers=(1, 2), growth_seconds=0.0, idle_connections=2, idle_warm=1,
     idle_settle_s=0.0, approval_iterations=1, approval_warm=0, approval_seconds=0.5, repeats=1,
     turns_concurrency=(1, 2), turns_seconds=0.0, warm_history_turns=3, tool_stream_events=27, tool_turn_events=9,
-    tools_concurrency=(1, 2), tools_seconds=0.0, ttft_iterations=3,
+    tools_concurrency=(1, 2), tools_seconds=0.0, ttft_iterations=3, tracing_reps=1, tracing_seconds=0.0,
+    tracing_concurrency=2,
 )
 
 
@@ -344,6 +350,12 @@ async def _run_processes(sizes: Sizes, phases: tuple[str, ...], workdir: Path, l
         results["approval"] = await _approval_phase(workdir, sizes, log)
     if set(AGENTIC) & set(phases):
         results.update(await _agentic_phases(workdir, sizes, phases, nginx_bin is not None, log))
+    if "tracing" in phases:
+        log(f"the cost of traces: off, off, on (default sampling), on (every trace); {sizes.tracing_reps} repetitions")
+        results["tracing"] = await tracing_phase(
+            workdir, reps=sizes.tracing_reps, seconds=sizes.tracing_seconds, concurrency=sizes.tracing_concurrency,
+            turn_events=sizes.turn_events, history_turns=sizes.warm_history_turns, log=log,
+        )
     if "limits" in phases:
         log("per-user limits shared through Redis: the cheapest request and new-chat turns, local vs shared")
         results["limits"] = await limits_phase(workdir, sizes, log)
@@ -585,6 +597,7 @@ def targets(results: dict[str, Any], sizes: Sizes) -> list[dict[str, Any]]:
     add("growth: converter time per event, 16x vs 1x message length", cg and cg["ratio_16x_to_1x"], "<=", 1.25,
         detail=cg and f"{cg['us_per_event_16x']:.2f} vs {cg['us_per_event_1x']:.2f} us/event")
     _agentic_targets(results, sizes, add)
+    tracing_targets(results, add)
     return rows
 
 
@@ -723,6 +736,7 @@ def table(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"max {appr['round_trip_us_max'] / 1000:.2f} ms ({appr['iterations']} trips)"
         )
     lines += _agentic_table(results)
+    lines += tracing_table(results)
     lines += limits_table(results)
     lines.append("")
     lines.append("Targets")

@@ -233,6 +233,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # The plugin in the agent process and the gateway share this secret; a fresh one per demo run
     # unless the operator set one.
     os.environ.setdefault("ADK_GATEWAY_SECRET", secrets.token_urlsafe(24))
+    # The demo is where one looks at a turn's trace: every one is kept (the gateway's own default
+    # keeps one in ten); the agent's ADK, which inherits this, follows the gateway's decision.
+    os.environ.setdefault("OTEL_TRACES_SAMPLER", "parentbased_always_on")
     path = _config_path(args.config)
     config = _with_demo_supervisor(path, _load(path))
     # SIGTERM becomes SystemExit so the `finally` that stops the child runs.

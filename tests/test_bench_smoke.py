@@ -27,7 +27,9 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(out.read_text())
     results = document["results"]
-    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "limits"}
+    assert set(results) == {
+        "converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "tracing", "limits",
+    }
     # Issue 28: the shared limits' cost, one round trip per admitted request.
     assert set(results["limits"]["cheap_request"]) == {"local", "shared"}
     assert results["limits"]["cheap_request"]["shared"]["redis_evalsha_per_request"] > 0
@@ -81,7 +83,14 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
         assert all(row["requests"] >= 1 and "added_us_p50" in row for row in results["ttft"][kind].values())
     assert results["ttft"]["upstream_session_rtt"]["requests"] >= 1
 
+    # The cost of traces (issue 27): every gateway ran the turns; those that trace exported to the sink.
+    tracing = results["tracing"]
+    assert set(tracing["gateways"]) == {"off_a", "off_b", "on_default", "on_full"}
+    assert all(row["turns"] >= 1 and row["failed"] == 0 and row["errors"] == 0 for row in tracing["gateways"].values())
+    assert {"on_default", "on_full", "off_vs_off"} <= set(tracing["paired"])
+
     targets = {row["target"]: row["status"] for row in document["targets"]}
     assert len(targets) >= 10 and set(targets.values()) <= {"PASS", "MISS", "n/a"}
     agentic = [t for t in targets if t.startswith(("short turns", "approval pair", "tool-heavy", "time to first text"))]
     assert len(agentic) >= 8 and all(targets[t] != "n/a" for t in agentic), {t: targets[t] for t in agentic}
+    assert [targets[t] != "n/a" for t in targets if t.startswith("tracing")] == [True, True, True]

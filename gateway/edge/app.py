@@ -88,11 +88,14 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        request.app[GATEWAY].metrics.count_request(route, request.method, str(status))
+        # A streamed answer is written by the handler: its duration runs to the stream's end.
+        duration = time.perf_counter() - started
+        exemplar = gateway.tracing.server_exemplar(span) if span is not None else None
+        request.app[GATEWAY].metrics.count_request(route, request.method, str(status), duration, exemplar)
         gateway.tracing.end_server(span, status)
         log.info(
             "http_request", method=request.method, path=request.path, route=route, status=status,
-            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            duration_ms=round(duration * 1000, 1),
         )
 
 

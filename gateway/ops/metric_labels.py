@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 __all__ = [
-    "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "WEBHOOK_BUCKETS",
-    "AGENT_LABELLED", "HTTP_METHODS", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
+    "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "REQUEST_BUCKETS",
+    "WEBHOOK_BUCKETS", "AGENT_LABELLED", "HTTP_METHODS", "STATUS_CLASSES", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS",
 ]
 
@@ -27,8 +27,8 @@ def _each(*values: str) -> tuple[tuple[str, ...], ...]:
 # exported at 0 from construction: `increase()` needs a sample from before an event to see it, and a
 # series born at its first increment has none, so an alert on it would miss the first event after
 # every restart. tests/unit/test_metrics.py fails when gateway/ counts with a value missing here.
-# Not listed, so born at first use: http_requests (any status), chunks (any chunk type), and the
-# per-tool series, which `GatewayMetrics.know_agents` creates from each agent's tool policy.
+# Not listed, so born at first use: http_requests (any status), request_duration (each route
+# template answered, by STATUS_CLASSES), chunks (any chunk type), and the per-tool series, which `GatewayMetrics.know_agents` creates from each agent's tool policy.
 # Metrics in AGENT_LABELLED carry the agent first; their values here are those after it, and
 # `know_agents` creates them for each agent of the config.
 KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
@@ -65,6 +65,10 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
 
 # The `method` label's values besides "other" (RFC 9110's methods, and PATCH).
 HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
+# The request duration's `status_class` label: the first digit of the status (a 1xx, the WebSocket
+# upgrade, is a socket's whole life and is not timed).
+STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 
 # Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
 AGENT_LABELLED: frozenset[str] = frozenset({
@@ -112,5 +116,7 @@ GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # Time to first upstream event: from a scripted model (ms) to a slow model start (tens of s).
 FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# A request's whole answer: from a probe (ms) to a streamed turn of several minutes.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Time to first token: the first event's range, as a person waiting for words feels it.
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60)

@@ -20,9 +20,9 @@ from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
 from .metric_labels import (
-    APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, WEBHOOK_BUCKETS,
-    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, TOKEN_KINDS, TOOL_OUTCOMES, WEBHOOK_ATTEMPTS,
-    WEBHOOK_EVENTS, WEBHOOK_RESULTS,
+    APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS, WEBHOOK_BUCKETS,
+    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, STATUS_CLASSES, TOKEN_KINDS, TOOL_OUTCOMES,
+    WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +58,14 @@ class GatewayMetrics:
         # Its children by (route, method, status): every request counts one, and prometheus_client's
         # labels() validates and locks per call (~1.5% of a short turn's CPU, bench turns phase).
         self._http_children: dict[tuple[str, str, str], Any] = {}
+        self.request_duration = Histogram(
+            "adk_gateway_request_duration_seconds",
+            "From a request's arrival to the end of its answer (a streamed turn: its last chunk), by route "
+            "template and status class (2xx, 3xx, 4xx, 5xx); WebSocket upgrades are not timed.",
+            ["route", "status_class"], buckets=REQUEST_BUCKETS, registry=r,
+        )
+        # Its children by (route, status), as the counter's above.
+        self._duration_children: dict[tuple[str, str], Any] = {}
         self.active_streams = Gauge(
             "adk_gateway_active_streams", "Browser responses being streamed right now, by transport.",
             ["transport"], registry=r,
@@ -300,10 +308,13 @@ class GatewayMetrics:
         for values in KNOWN_LABEL_VALUES["plugin_requests"]:
             self.plugin_requests.labels("", *values)
 
-    def count_request(self, route: str, method: str, status: str) -> None:
-        """Count one answered request. `route` is a route template or "unmatched", never the path;
-        a method outside the standard ones counts as "other" (aiohttp's pure-Python parser takes any
-        token as a method: each would otherwise be a new series)."""
+    def count_request(
+        self, route: str, method: str, status: str, duration: float | None = None, exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """Count one answered request, and time it (`duration` seconds; `exemplar`: its sampled
+        trace). `route` is a route template or "unmatched", never the path; a method outside the
+        standard ones counts as "other" (aiohttp's pure-Python parser takes any token as a method:
+        each would otherwise be a new series)."""
         if method not in HTTP_METHODS:
             method = "other"
         key = (route, method, status)
@@ -311,6 +322,15 @@ class GatewayMetrics:
         if child is None:
             child = self._http_children[key] = self.http_requests.labels(route, method, status)
         child.inc()
+        if duration is None:
+            return
+        timed = self._duration_children.get((route, status))
+        if timed is None:
+            status_class = f"{status[:1]}xx"
+            if status_class not in STATUS_CLASSES:
+                return  # a 101: the WebSocket's whole life, not a request's
+            timed = self._duration_children[(route, status)] = self.request_duration.labels(route, status_class)
+        timed.observe(duration, exemplar)
 
     def jwks_fetched(self, ok: bool) -> None:
         self.jwks_fetches.labels("success" if ok else "failure").inc()

@@ -11,7 +11,8 @@ or per upstream event.
 Off (the default without an OTLP endpoint), nothing of OpenTelemetry is imported and every helper
 answers from a shared no-op at once (`Tracing.off()`): the hot paths only test `enabled` or get
 None. On, the SDK is imported lazily (the `otel` extra); it reads the standard variables for where
-to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG). The spans follow
+to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG; unset: one trace in
+ten that starts here, and every one a sampled `traceparent` continues). The spans follow
 the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
 GenAI (development) attribute names where they apply (docs/operations.md#tracing).
 """
@@ -34,6 +35,10 @@ __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 log = structlog.get_logger("adk_gateway.ops.tracing")
 
 SEMCONV_VERSION: Final = "1.37.0"
+# Without OTEL_TRACES_SAMPLER: parent-based, keeping this share of the traces that start here. Every
+# trace kept costs its spans' recording and export, a fifth to a third of a short turn's CPU (bench
+# `--only tracing`, docs/operations.md#tracing); one in ten keeps that near 3%.
+DEFAULT_SAMPLE_RATIO: Final = 0.1
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
 
@@ -47,11 +52,13 @@ class ClientCall:
     `traceparent`; None from the no-op one, tracing off: the caller sends its own), `answered`
     with the status; leaving it ends the span, with the error that left it if one did."""
 
-    __slots__ = ("_span", "headers")
+    __slots__ = ("_failed", "_span", "headers")
 
     def __init__(self, span: Any = None, headers: dict[str, str] | None = None) -> None:
+        # A recording span, or None: an unsampled call's span records nothing, so it is not kept.
         self._span = span
         self.headers = headers
+        self._failed = False
 
     def __enter__(self) -> ClientCall:
         return self
@@ -60,6 +67,7 @@ class ClientCall:
         if self._span is not None:
             self._span.set_attribute("http.response.status_code", status)
             if status >= 400:
+                self._failed = True
                 self._span.set_attribute("error.type", str(status))
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
@@ -70,7 +78,8 @@ class ClientCall:
         if error is not None and not isinstance(error, GeneratorExit):
             # An UpstreamError's kind (connect, timeout, reset, ...), as the metrics count it.
             span.set_attribute("error.type", getattr(error, "kind", None) or type(error).__name__)
-        if error is not None and not isinstance(error, GeneratorExit) or "error.type" in span.attributes:
+            self._failed = True
+        if self._failed:
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR))
@@ -93,12 +102,21 @@ class Tracing:
         self._shutdown_timeout = shutdown_timeout
         self._tracer: Any = provider.get_tracer("adk_gateway", schema_url=f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}") if provider else None
         self._propagator: Any = None
-        # Each approval waiting for a decision, by approval id: its span.
+        # The API's modules, imported once (an import statement per call costs a lookup each).
+        self._trace: Any = None
+        self._context: Any = None
+        # Whether the sampler follows an unsampled parent (every parent-based one does): then a
+        # child of an unsampled span is never started (`_unsampled`).
+        self._follows_parent = False
+        # Each approval waiting for a decision, by approval id: its span (sampled ones only).
         self._waits: dict[str, Any] = {}
         if provider is not None:
+            from opentelemetry import context, trace
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
             self._propagator = TraceContextTextMapPropagator()
+            self._trace, self._context = trace, context
+            self._follows_parent = _follows_parent(getattr(provider, "sampler", None))
 
     @staticmethod
     def off() -> Tracing:
@@ -124,12 +142,18 @@ class Tracing:
         attributes = {"service.name": service}
         if replica:
             attributes["service.instance.id"] = replica
-        # The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER / _ARG (parentbased_always_on
-        # without them); the exporter reads the endpoint, headers, timeout and compression.
+        # OTEL_TRACES_SAMPLER / _ARG, when set, are the SDK's to read (sampler None); unset, the
+        # gateway's default, not the SDK's (which keeps every trace). The exporter reads the
+        # endpoint, headers, timeout and compression.
+        sampler = None
+        if not env.get("OTEL_TRACES_SAMPLER", "").strip():
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+            sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
         # No exit hook: a collector that hangs must not hold the process (stop() bounds the flush).
-        provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+        provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler, shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        log.info("tracing_enabled", service=service)
+        log.info("tracing_enabled", service=service, sampler=provider.sampler.get_description())
         return cls(provider, service, replica, config.shutdown_timeout)
 
     async def stop(self) -> None:
@@ -169,37 +193,41 @@ class Tracing:
         is given the token this returns; None when off."""
         if not self.enabled:
             return None
-        from opentelemetry import context, trace
-
+        trace = self._trace
         parent = self._propagator.extract(headers)
-        span = self._tracer.start_span(
-            f"{method} {route}", context=parent, kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": route, "url.path": path, **self._replica(), **_prefixed(attributes)},
-        )
-        return span, context.attach(trace.set_span_in_context(span, parent))
+        span = self._unsampled(parent)
+        if span is None:
+            span = self._tracer.start_span(
+                f"{method} {route}", context=parent, kind=trace.SpanKind.SERVER,
+                attributes={"http.request.method": method, "http.route": route, "url.path": path, **self._replica(), **_prefixed(attributes)},
+            )
+        return span, self._context.attach(trace.set_span_in_context(span, parent))
 
     def end_server(self, started: Any, status: int) -> None:
         if started is None:
             return
-        from opentelemetry import context
-        from opentelemetry.trace import Status, StatusCode
-
         span, token = started
-        span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            span.set_attribute("error.type", str(status))
-            span.set_status(Status(StatusCode.ERROR))
-        span.end()
-        context.detach(token)
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_attribute("error.type", str(status))
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+        self._context.detach(token)
+
+    @staticmethod
+    def server_exemplar(started: Any) -> dict[str, str] | None:
+        """The exemplar of a request's duration: its SERVER span's trace (`server_span`'s result), if sampled."""
+        return _exemplar_of(started[0].get_span_context()) if started is not None else None
 
     def continue_from(self, headers: Mapping[str, str]) -> Any:
         """Make the `traceparent` in `headers` (if any) the current context, without a span of
         the gateway's; the token for `leave`, or None."""
         if not self.enabled or "traceparent" not in headers:
             return None
-        from opentelemetry import context
-
-        return context.attach(self._propagator.extract(headers))
+        return self._context.attach(self._propagator.extract(headers))
 
     @staticmethod
     def leave(token: Any) -> None:
@@ -212,9 +240,7 @@ class Tracing:
         """Add `adk_gateway.<name>` attributes to the current span (the request's: its agent, its chat)."""
         if not self.enabled:
             return
-        from opentelemetry import trace
-
-        span = trace.get_current_span()
+        span = self._trace.get_current_span()
         if span.is_recording():
             span.set_attributes(_prefixed(attributes))
 
@@ -224,10 +250,11 @@ class Tracing:
         """A turn's INTERNAL span, child of the current span (the request that starts it); None when off."""
         if not self.enabled:
             return None
-        from opentelemetry import trace
-
+        unsampled = self._unsampled()
+        if unsampled is not None:
+            return unsampled
         return self._tracer.start_span(
-            f"turn {agent}", kind=trace.SpanKind.INTERNAL,
+            f"turn {agent}", kind=self._trace.SpanKind.INTERNAL,
             attributes={
                 "adk_gateway.agent": agent, "adk_gateway.chat_id": chat_id, **self._replica(),
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "gen_ai.conversation.id": chat_id,
@@ -237,10 +264,8 @@ class Tracing:
     def context_with(self, span: Any) -> contextvars.Context:
         """A copy of the current context in which `span` is current: the run's task runs in it, so
         what the run calls upstream is the turn's child, though the task outlives the request."""
-        from opentelemetry import context, trace
-
         ctx = contextvars.copy_context()
-        ctx.run(context.attach, trace.set_span_in_context(span))
+        ctx.run(self._context.attach, self._trace.set_span_in_context(span))
         return ctx
 
     @staticmethod
@@ -265,15 +290,18 @@ class Tracing:
         (an upstream stream is read across awaits and tasks). The shared no-op when off."""
         if not self.enabled:
             return _NO_CALL
-        from opentelemetry import trace
-
+        out = dict(headers or {})
+        if self._unsampled() is not None:
+            # The traceparent still goes, flagged unsampled: ADK follows the decision.
+            self._propagator.inject(out)
+            return ClientCall(None, out)
+        trace = self._trace
         span = self._tracer.start_span(
             f"{method} {route}", kind=trace.SpanKind.CLIENT,
             attributes={"http.request.method": method, "url.full": _without_query(url), "http.route": route, **_prefixed(attributes)},
         )
-        out = dict(headers or {})
         self._propagator.inject(out, context=trace.set_span_in_context(span))
-        return ClientCall(span, out)
+        return ClientCall(span if span.is_recording() else None, out)
 
     # ---- work forwarded between replicas (cluster/forwarding.py) -----------------------------
 
@@ -283,31 +311,35 @@ class Tracing:
         a `traceparent`: its approval's wait then stays under the owner's turn)."""
         if not self.enabled:
             return _NO_CALL
-        from opentelemetry import trace
-
+        trace = self._trace
         if not trace.get_current_span().get_span_context().is_valid:
             return _NO_CALL
+        out: dict[str, str] = {}
+        if self._unsampled() is not None:
+            # Unsampled, the owner is told so: its spans follow the decision.
+            self._propagator.inject(out)
+            return ClientCall(None, out)
         span = self._tracer.start_span(
             f"forward {op}", kind=trace.SpanKind.CLIENT,
             attributes={"adk_gateway.op": op, "adk_gateway.owner": owner, **self._replica()},
         )
-        out: dict[str, str] = {}
         self._propagator.inject(out, context=trace.set_span_in_context(span))
-        return ClientCall(span, out)
+        return ClientCall(span if span.is_recording() else None, out)
 
     def serve_forwarded(self, traceparent: str, op: str, sender: str) -> Any:
         """The owner's SERVER span for forwarded work, continuing the sender's `traceparent`, current
         until `end_span`; None when off or when the work carries none."""
         if not self.enabled or not traceparent:
             return None
-        from opentelemetry import context, trace
-
+        trace = self._trace
         parent = self._propagator.extract({"traceparent": traceparent})
-        span = self._tracer.start_span(
-            f"serve {op}", context=parent, kind=trace.SpanKind.SERVER,
-            attributes={"adk_gateway.op": op, "adk_gateway.sender": sender, **self._replica()},
-        )
-        return span, context.attach(trace.set_span_in_context(span, parent))
+        span = self._unsampled(parent)
+        if span is None:
+            span = self._tracer.start_span(
+                f"serve {op}", context=parent, kind=trace.SpanKind.SERVER,
+                attributes={"adk_gateway.op": op, "adk_gateway.sender": sender, **self._replica()},
+            )
+        return span, self._context.attach(trace.set_span_in_context(span, parent))
 
     @staticmethod
     def end_span(started: Any, error: str | None = None) -> None:
@@ -330,10 +362,11 @@ class Tracing:
         plugin's request carrying a `traceparent`), else `parent` (the turn's span)."""
         if not self.enabled or approval_id in self._waits or len(self._waits) >= _MAX_OPEN_WAITS:
             return
-        from opentelemetry import trace
-
+        trace = self._trace
         current = trace.get_current_span()
         context = None if current.get_span_context().is_valid or parent is None else trace.set_span_in_context(parent)
+        if self._unsampled(context) is not None:
+            return  # an unsampled turn's wait: nothing to record, nothing kept
         self._waits[approval_id] = self._tracer.start_span(
             f"approval {tool}", context=context, kind=trace.SpanKind.INTERNAL,
             attributes={
@@ -368,9 +401,18 @@ class Tracing:
         """The current span's trace id as a histogram exemplar, when it is sampled; else None."""
         if not self.enabled:
             return None
-        from opentelemetry import trace
+        return _exemplar_of(self._trace.get_current_span().get_span_context())
 
-        return _exemplar_of(trace.get_current_span().get_span_context())
+    def _unsampled(self, context: Any = None) -> Any:
+        """The current span (or `context`'s) when it is valid, not sampled, and the sampler follows
+        its parent: any child would record nothing, so the helpers hand this span on instead of
+        starting one (no ids, no sampler call, no attributes: most turns, at the default
+        sampling). None otherwise."""
+        if not self._follows_parent:
+            return None
+        span = self._trace.get_current_span(context)
+        parent = span.get_span_context()
+        return span if parent.is_valid and not parent.trace_flags.sampled else None
 
     def _replica(self) -> dict[str, str]:
         return {"adk_gateway.replica": self.replica} if self.replica else {}
@@ -378,6 +420,16 @@ class Tracing:
 
 # Holds nothing that changes: every helper returns at its `enabled` test.
 _OFF: Final = Tracing()
+
+
+def _follows_parent(sampler: Any) -> bool:
+    """Whether `sampler` drops every child of an unsampled parent, local or remote (the SDK's
+    parent-based samplers as the OTEL_TRACES_SAMPLER values build them, and the gateway's default)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    return isinstance(sampler, ParentBased) and all(
+        getattr(sampler, name, None) is ALWAYS_OFF for name in ("_remote_parent_not_sampled", "_local_parent_not_sampled")
+    )
 
 
 def _exemplar_of(context: Any) -> dict[str, str] | None:

@@ -49,6 +49,10 @@ ADK_GATEWAY_CONNECT_TIMEOUT (seconds, default 5), ADK_GATEWAY_MAX_WAIT (seconds 
 default 3600; the gateway's own deadlines normally end the wait much sooner), ADK_GATEWAY_RETRY_FOR
 (seconds, default 30; 0: never): how long a call is asked again when no replica decided it (one
 handed the request back as it stopped, a connection was cut, a balancer found no replica; asking.py).
+
+Tracing (0.3.0): each request to the gateway carries the W3C `traceparent` of the current
+OpenTelemetry span, ADK's tool span for a decision request, so the gateway's span of the approval's
+wait sits under it in one trace (tracecontext.py; nothing is sent when ADK traces nothing).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from google.genai import types
 
 from .asking import NoVerdict, ask
 from .confirmation import BROWSER_PAYLOAD, CannotConfirm, confirm, is_live
+from .tracecontext import trace_headers
 
 if TYPE_CHECKING:
     # Only for annotations: ADK 2.x made ToolContext an alias of its Context class.
@@ -77,7 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REFUSAL_KEY", "GatewayPlugin", "__version__"]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # gateway.approvals.REFUSAL_KEY: the gateway recognises this plugin's refusals by it.
 REFUSAL_KEY = "adk_gateway_refusal"
@@ -306,14 +311,17 @@ class GatewayPlugin(BasePlugin):
         self._secret = value
         return True
 
-    async def _send(self, method: str, url: str, *, client: httpx.AsyncClient | None = None, **kwargs: Any) -> httpx.Response:
-        """One request to the internal listener (through `client`, else the shared one). Refused
-        (401) while the secret file holds a newer secret: sent again once with it, as the gateway
-        may have dropped the old one already."""
+    async def _send(
+        self, method: str, url: str, *, client: httpx.AsyncClient | None = None, traced: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """One request to the internal listener (through `client`, else the shared one), with the
+        trace context `traced` (tracecontext.py). Refused (401) while the secret file holds a newer
+        secret: sent again once with it, as the gateway may have dropped the old one already."""
         http = client or self._client()
-        resp = await http.request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+        resp = await http.request(method, url, headers={**(traced or {}), "Authorization": f"Bearer {self._secret}"}, **kwargs)
         if resp.status_code == 401 and self._reread_secret():
-            resp = await http.request(method, url, headers={"Authorization": f"Bearer {self._secret}"}, **kwargs)
+            resp = await http.request(method, url, headers={**(traced or {}), "Authorization": f"Bearer {self._secret}"}, **kwargs)
         return resp
 
     async def _tool_policy(self, tool: str, app: str = "") -> dict[str, Any] | None:
@@ -338,7 +346,8 @@ class GatewayPlugin(BasePlugin):
             # rules is asked about before ADK's confirmation only by a plugin that says `rules`).
             params = {"app_name": app, "features": "rules"} if app else {"features": "rules"}
             resp = await asyncio.wait_for(
-                self._send("GET", f"{self._url}/internal/v1/policy", params=params), timeout=self._connect_timeout + 5
+                self._send("GET", f"{self._url}/internal/v1/policy", params=params, traced=trace_headers()),
+                timeout=self._connect_timeout + 5,
             )
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code}")
@@ -366,8 +375,11 @@ class GatewayPlugin(BasePlugin):
         if confirm:
             payload["confirm"] = True
         url = f"{self._url}/internal/v1/tool-calls"
+        # Read here, in ADK's tool span (the gateway puts the approval's wait under it); every
+        # retry of the same ask carries the same context.
+        traced = trace_headers()
         answer = await ask(
-            lambda client: self._send("POST", url, client=client, json=payload), tool=tool,
+            lambda client: self._send("POST", url, client=client, json=payload, traced=traced), tool=tool,
             call_id=str(payload["function_call_id"]), max_wait=self._max_wait, retry_for=self._retry_for,
             connect_timeout=self._connect_timeout,
         )

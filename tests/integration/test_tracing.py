@@ -17,6 +17,11 @@ from tests.procs import PluginStack, plugin_stack, request
 pytestmark = pytest.mark.integration
 
 
+# Every trace kept (the gateway's default keeps one new trace in ten): the checks below look at
+# requests that send no traceparent too.
+_KEEP_ALL = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+
+
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     with Receiver() as r:
@@ -25,7 +30,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(
         tmp_path_factory.mktemp("traced"), approvals="hold", gateway_env=otel,
         adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
@@ -35,6 +40,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Itera
 
 def _of(spans: list[Span], trace_id: str) -> list[Span]:
     return [s for s in spans if s.trace_id == trace_id]
+
+
+def _lineage(span: Span, spans: list[Span]) -> list[tuple[str, str]]:
+    """(service, name) of `span` and each of its ancestors in `spans`, child first."""
+    by_id = {s.span_id: s for s in spans}
+    chain = [(span.service, span.name)]
+    while span.parent_id in by_id:
+        span = by_id[span.parent_id]
+        chain.append((span.service, span.name))
+    return chain
+
+
+def _in_order(expected: list[tuple[str, str]], chain: list[tuple[str, str]]) -> bool:
+    """Whether `expected` appears in `chain` in that order (other spans may come between)."""
+    rest = iter(chain)
+    return all(step in rest for step in expected)
 
 
 def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -> None:
@@ -55,6 +76,7 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
         names = {(s.service, s.name) for s in _of(spans, trace_id)}
         gateway = {("adk-gateway", n) for n in ("POST /api/chat", "turn demo_agent", "POST /run_sse", "approval process_payment")}
         adk = {("adk-agent", n) for n in ("POST /run_sse", "invoke_agent demo_agent", "execute_tool process_payment")}
+        # ADK ends its tool span after the wait, its /run_sse server span after the run.
         return gateway | adk <= names
     spans = receiver.wait_for(complete)
     mine = [s for s in _of(spans, trace_id) if s.service == "adk-gateway"]
@@ -78,16 +100,25 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
     assert run_sse.attributes["http.response.status_code"] == 200
     session = by_name["POST /apps/{app_name}/users/{user_id}/sessions"]
     assert session.kind == "CLIENT" and session.parent_id == req.span_id
-    # The person's wait, under the turn, with what was decided and by whom; no argument values.
+    # The person's wait, under ADK's tool span (the plugin's ask carried it as its traceparent), with
+    # what was decided and by whom; no argument values. The whole tree, as a trace viewer draws it:
+    # request -> turn -> upstream call -> ADK's server, agent and tool spans -> the wait.
     wait = by_name["approval process_payment"]
-    assert wait.parent_id == turn.span_id
+    adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
+    assert wait.parent_id == adk["execute_tool process_payment"].span_id
+    lineage = _lineage(wait, _of(spans, trace_id))
+    assert _in_order([
+        ("adk-gateway", "approval process_payment"), ("adk-agent", "execute_tool process_payment"),
+        ("adk-agent", "invoke_agent demo_agent"), ("adk-agent", "POST /run_sse"), ("adk-gateway", "POST /run_sse"),
+        ("adk-gateway", "turn demo_agent"), ("adk-gateway", "POST /api/chat"),
+    ], lineage), lineage
+    assert lineage[-1] == ("adk-gateway", "POST /api/chat")  # rooted at the browser's request
     assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
     assert wait.attributes["adk_gateway.tool"] == "process_payment"
     assert wait.end - wait.start >= 0.4e9
     assert not any("Hanako" in str(v) for s in mine for v in s.attributes.values())
     # ADK's own spans join the trace: its server span of /run_sse is the child of the gateway's
     # call (the traceparent reached it), its agent and tool spans under that.
-    adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
     assert adk["POST /run_sse"].kind == "SERVER" and adk["POST /run_sse"].parent_id == run_sse.span_id
     assert adk["POST /apps/{app_name}/users/{user_id}/sessions"].parent_id == session.span_id
     assert adk["execute_tool process_payment"].trace_id == trace_id
@@ -131,8 +162,8 @@ def replicas_traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
 
     """Redis, the agent and replicas A and B (tests/ops/stack.py), all exporting to the receiver:
     their processes take the environment of this one, set for the module."""
-    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
-    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY", *_KEEP_ALL)}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL})
     try:
         with replicas(tmp_path_factory.mktemp("traced-replicas"), approvals="hold", adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
             yield r
@@ -150,31 +181,52 @@ def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_tra
     first = post(pair.a, chat, [first_message])  # A runs the chat from now on
     assert first.status == 200 and types(first)[-1] == "finish"
     trace_id = "0af7651916cd43dd8448eb211c80319c"
+    # The next turn is sent to B, which forwards it to A; its tool call waits for a person, and the
+    # plugin (which talks to B) asks B, which forwards the ask to A, where the call is shown.
+    history = [first_message, assistant_from(first), user("pay 50 to Hanako")]
     second = request(
-        pair.b.base, "POST", "/api/chat",
-        {"id": chat, "messages": [first_message, assistant_from(first), user("hello again")], "trigger": "submit-message"},
+        pair.b.base, "POST", "/api/chat", {"id": chat, "messages": history, "trigger": "submit-message"},
         headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
     )
     assert second.status == 200 and types(second)[-1] == "finish", second.body
+    assert "tool-approval-request" in types(second)
+    answer = assistant_from(second, [True])
+    third = post(pair.a, chat, [*history, answer], messageId=answer["id"])
+    assert "tool-output-available" in types(third)
 
     names = ("POST /api/chat", "forward submit", "serve submit", "turn demo_agent", "POST /run_sse")
-    spans = receiver.wait_for(lambda spans: {n for n in names} <= {s.name for s in _of(spans, trace_id)} and any(
-        s.service == "adk-agent" and s.name == "POST /run_sse" for s in _of(spans, trace_id)))
+    asked = ("forward gate", "serve gate", "approval process_payment")
+    spans = receiver.wait_for(lambda spans: {*names, *asked} <= {s.name for s in _of(spans, trace_id)} and {
+        "POST /run_sse", "execute_tool process_payment"} <= {s.name for s in _of(spans, trace_id) if s.service == "adk-agent"})
     mine = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-gateway"}
     assert set(names) <= set(mine), sorted(mine)
     req, forward, serve, turn, run = (mine[n] for n in names)
     assert forward.parent_id == req.span_id and serve.parent_id == forward.span_id
     assert turn.parent_id == serve.span_id and run.parent_id == turn.span_id
     # The request and the forward are B's, the rest A's.
-    assert req.attributes["adk_gateway.replica"] == forward.attributes["adk_gateway.replica"]
-    assert serve.attributes["adk_gateway.replica"] != forward.attributes["adk_gateway.replica"]
-    assert turn.attributes["adk_gateway.replica"] == serve.attributes["adk_gateway.replica"]
-    adk = [s for s in _of(spans, trace_id) if s.service == "adk-agent" and s.name == "POST /run_sse"]
-    assert adk and adk[0].parent_id == run.span_id
+    b, a = req.attributes["adk_gateway.replica"], turn.attributes["adk_gateway.replica"]
+    assert forward.attributes["adk_gateway.replica"] == b and serve.attributes["adk_gateway.replica"] == a != b
+    adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
+    assert adk["POST /run_sse"].parent_id == run.span_id
+    # The plugin's ask went to B with ADK's tool span as its traceparent: B's forward of it sits
+    # under the tool span, A's service of it under that, and the person's wait (on A) under it.
+    ask, served, wait = (mine[n] for n in asked)
+    assert ask.parent_id == adk["execute_tool process_payment"].span_id and ask.attributes["adk_gateway.replica"] == b
+    assert served.parent_id == ask.span_id and served.attributes["adk_gateway.replica"] == a
+    assert wait.parent_id == served.span_id and wait.attributes["adk_gateway.replica"] == a
+    assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
+    lineage = _lineage(wait, _of(spans, trace_id))
+    assert _in_order([
+        ("adk-gateway", "approval process_payment"), ("adk-gateway", "serve gate"), ("adk-gateway", "forward gate"),
+        ("adk-agent", "execute_tool process_payment"), ("adk-agent", "invoke_agent demo_agent"),
+        ("adk-agent", "POST /run_sse"), ("adk-gateway", "POST /run_sse"), ("adk-gateway", "turn demo_agent"),
+        ("adk-gateway", "serve submit"), ("adk-gateway", "forward submit"), ("adk-gateway", "POST /api/chat"),
+    ], lineage), lineage
+    assert lineage[-1] == ("adk-gateway", "POST /api/chat")
 
 
 def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel) as stack:
         chat = new_chat()
         reply = post(stack.gateway, chat, [user("hello there")])

@@ -31,6 +31,8 @@ class FakeGateway:
         self.verdict: Any = {"verdict": "run"}
         self.status = 200
         self.asked: list[dict] = []
+        # Each decision request's headers, as the gateway got them.
+        self.headers: list[dict[str, str]] = []
         # "hang": hold the request open (a person who never answers); "drop": cut the connection.
         self.behaviour = ""
         # The secrets the internal listener accepts (two while a rotation overlaps).
@@ -56,6 +58,7 @@ class FakeGateway:
             if not self.authorized(request):
                 return web.json_response({}, status=401)
             self.asked.append(await request.json())
+            self.headers.append(dict(request.headers))
             if self.behaviour == "hang":
                 await asyncio.sleep(30)
             if self.behaviour == "drop":
@@ -124,6 +127,49 @@ async def test_everything_but_run_keeps_the_tool_from_running(
     # Marked, so the gateway never takes the refusal for a tool result (adk_gateway_policy_bypassed_total).
     assert response[REFUSAL_KEY] == code
     await plugin.close()
+
+
+async def test_the_decision_request_carries_the_tool_span_as_traceparent(gateway: tuple[FakeGateway, str]) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    fake, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    # ADK's execute_tool span, current while the plugin's callback runs (only the API is needed).
+    tool_span = SpanContext(
+        0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "x")]),
+    )
+    with trace.use_span(NonRecordingSpan(tool_span)):
+        assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=context()) is None
+    [sent] = fake.headers
+    assert sent["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert sent["tracestate"] == "vendor=x"
+    assert sent["Authorization"] == "Bearer s3cret"
+    await plugin.close()
+
+
+async def test_without_a_span_the_decision_request_carries_no_trace_context(gateway: tuple[FakeGateway, str]) -> None:
+    fake, url = gateway
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=context()) is None
+    [sent] = fake.headers
+    assert "traceparent" not in sent and "tracestate" not in sent
+    await plugin.close()
+
+
+async def test_an_environment_without_opentelemetry_sends_no_trace_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    import adk_gateway_plugin.tracecontext as tracecontext
+
+    monkeypatch.setattr(tracecontext, "_propagator", None)
+    assert tracecontext.trace_headers() == {}
+
+    class Broken:
+        def inject(self, carrier: dict[str, str]) -> None:
+            raise RuntimeError("a propagator fault")
+
+    monkeypatch.setattr(tracecontext, "_propagator", Broken())
+    assert tracecontext.trace_headers() == {}  # never the call's failure
 
 
 def test_the_plugin_and_the_gateway_agree_on_the_refusal_marker() -> None:

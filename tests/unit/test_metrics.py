@@ -540,6 +540,59 @@ async def test_a_request_with_an_unusual_method_is_counted_as_other() -> None:
     assert methods == {"GET", "other"}
 
 
+# ---- request duration: one observation per request, bounded labels ---------------------------------
+
+
+def test_a_request_is_timed_by_route_template_and_status_class_and_an_upgrade_is_not() -> None:
+    metrics = GatewayMetrics()
+    metrics.count_request("/api/agents/{agent}/chat", "POST", "200", 0.3)
+    metrics.count_request("/api/agents/{agent}/chat", "POST", "429", 0.001)
+    metrics.count_request("/api/agents/{agent}/chat", "POST", "404", 0.002)
+    metrics.count_request("/api/chat/ws", "GET", "101", 3600.0)  # a socket's whole life
+    metrics.count_request("/healthz", "GET", "200")  # not timed: no duration given
+    sample = metrics.registry.get_sample_value
+    route = "/api/agents/{agent}/chat"
+    assert sample("adk_gateway_request_duration_seconds_count", {"route": route, "status_class": "2xx"}) == 1
+    assert sample("adk_gateway_request_duration_seconds_sum", {"route": route, "status_class": "2xx"}) == 0.3
+    assert sample("adk_gateway_request_duration_seconds_count", {"route": route, "status_class": "4xx"}) == 2
+    classes = {
+        (s.labels["route"], s.labels["status_class"]) for family in metrics.registry.collect()
+        if family.name == "adk_gateway_request_duration_seconds" for s in family.samples
+    }
+    assert classes == {(route, "2xx"), (route, "4xx")}
+
+
+async def test_a_streamed_answer_is_timed_to_its_end_once() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.edge.app import request_context
+    from gateway.edge.state import GATEWAY
+    from gateway.ops.tracing import Tracing
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await asyncio.sleep(0.3)  # the turn goes on after the headers went out
+        await response.write_eof(b"data: [DONE]\n\n")
+        return response
+
+    metrics = GatewayMetrics()
+    app = web.Application(middlewares=[request_context])
+    app[GATEWAY] = SimpleNamespace(metrics=metrics, tracing=Tracing.off())  # type: ignore[assignment]
+    app.router.add_post("/api/chat", stream)
+    async with TestClient(TestServer(app)) as client:
+        async with client.post("/api/chat") as response:
+            assert (await response.read()).endswith(b"[DONE]\n\n")
+    labels = {"route": "/api/chat", "status_class": "2xx"}
+    assert metrics.registry.get_sample_value("adk_gateway_request_duration_seconds_count", labels) == 1
+    assert metrics.registry.get_sample_value("adk_gateway_request_duration_seconds_sum", labels) >= 0.3
+
+
 # ---- tokens: the model label is bounded by the config ----------------------------------------------
 
 

@@ -112,6 +112,44 @@ def test_off_does_not_import_opentelemetry() -> None:
     assert out.stdout.strip() == "False"
 
 
+async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Turns of 10 and of 1,000 events through the real app: the tracer (off) is touched the same
+    # number of times, per request and per turn, never per event.
+    from collections import Counter
+
+    from aiohttp.test_utils import TestClient
+
+    from gateway.edge.app import create_app
+    from gateway.edge.state import GATEWAY
+    from tests.unit.test_transport_stop import USER, AppAdk, chat_body, says, sse_chunks
+
+    class Watched(Tracing):
+        def __getattribute__(self, name: str) -> Any:
+            if not name.startswith("_"):
+                object.__getattribute__(self, "_touched").append(name)
+            return object.__getattribute__(self, name)
+
+    watched = Watched()
+    watched._touched = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(Tracing, "off", staticmethod(lambda: watched))
+    app = create_app(parse_config("auth:\n  mode: none\n", env={}))
+    assert app[GATEWAY].tracing is watched
+    adk = AppAdk()
+    for agent in app[GATEWAY].agents:
+        agent.client = adk  # type: ignore[assignment]
+    touched: dict[int, Counter[str]] = {}
+    async with TestClient(TestServer(app)) as client:
+        for n in (10, 1000):
+            watched._touched.clear()  # type: ignore[attr-defined]
+            says(adk, *["word "] * n)
+            adk.ends()
+            response = await client.post("/api/chat", json=chat_body(USER, chat_id=f"chat-{n}"))
+            chunks = sse_chunks(await response.text())
+            assert sum(1 for c in chunks if isinstance(c, dict) and c["type"] == "text-delta") >= n
+            touched[n] = Counter(watched._touched)  # type: ignore[attr-defined]
+    assert touched[10] == touched[1000] and sum(touched[10].values()) <= 12, touched
+
+
 def test_on_without_the_extra_is_a_clear_start_up_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
     with pytest.raises(TracingUnavailable, match=r"pip install 'adk-gateway\[otel\]'"):
@@ -121,6 +159,24 @@ def test_on_without_the_extra_is_a_clear_start_up_error(monkeypatch: pytest.Monk
 def test_on_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     tracing = Tracing.from_config(TelemetryConfig(), "r1", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert tracing.enabled and tracing.service == "adk-gateway"
+
+
+def test_the_default_sampler_keeps_one_new_trace_in_ten_and_the_standard_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    sampler = Tracing.from_config(TelemetryConfig(), env=endpoint)._provider.sampler
+    assert sampler.get_description() == "ParentBased{root:TraceIdRatioBased{0.1},remoteParentSampled:AlwaysOnSampler,"\
+        "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}"
+    import random
+
+    ids = random.Random(27)
+    kept = sum(sampler.should_sample(None, ids.getrandbits(128), "t").decision is Decision.RECORD_AND_SAMPLE for _ in range(4096))
+    assert 0.07 < kept / 4096 < 0.13
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    tracing = Tracing.from_config(TelemetryConfig(), env={**endpoint, "OTEL_TRACES_SAMPLER": "always_on"})
+    assert tracing._provider.sampler.get_description() == "AlwaysOnSampler"
 
 
 # ---- on: spans -----------------------------------------------------------------------------
@@ -199,6 +255,22 @@ async def test_every_upstream_call_carries_its_span_s_traceparent() -> None:
     assert "u1" not in spans["POST /run_sse"].name
 
 
+def test_an_unsampled_turn_calls_upstream_untraced_but_says_so_downstream() -> None:
+    # The browser (or a proxy) decided "not sampled": the calls under it record nothing, raise
+    # nothing, and still send ADK a traceparent that says "not sampled" (ADK follows the decision).
+    tracing, exporter = traced()
+    started = tracing.server_span({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}, "POST", "/api/chat", "/api/chat")
+    for status in (200, 502):
+        with tracing.client("POST", "/run_sse", "http://adk/run_sse", {"Content-Type": "application/json"}) as call:
+            call.answered(status)
+        assert call.headers is not None and call.headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+        assert call.headers["traceparent"].endswith("-00")
+    with pytest.raises(ConnectionResetError), tracing.client("POST", "/run_sse", "http://adk/run_sse"):
+        raise ConnectionResetError
+    tracing.end_server(started, 200)
+    assert exporter.get_finished_spans() == ()
+
+
 def test_no_traceparent_to_adk_when_off() -> None:
     client = AdkClient(UpstreamConfig(url="http://127.0.0.1:9", app_name="demo"))
     assert client._tracing is Tracing.off()
@@ -220,6 +292,42 @@ def test_openmetrics_on_request_with_the_trace_as_exemplar() -> None:
     exemplars = [s.exemplar for s in families["adk_gateway_upstream_first_event_seconds"].samples if s.exemplar]
     assert exemplars and exemplars[0].labels == trace_id
     assert b"trace_id" not in metrics.render()
+
+
+async def test_a_request_s_duration_carries_its_trace_as_exemplar_when_sampled() -> None:
+    from types import SimpleNamespace
+
+    from aiohttp.test_utils import TestClient
+
+    from gateway.edge.app import request_context
+    from gateway.edge.state import GATEWAY
+
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def scrape(tracing: Tracing, traceparent: str) -> dict[str, Any]:
+        metrics = GatewayMetrics()
+        app = web.Application(middlewares=[request_context])
+        app[GATEWAY] = SimpleNamespace(  # type: ignore[assignment]
+            metrics=metrics, tracing=tracing, auth=SimpleNamespace(cors_headers=lambda request: {}),
+            config=SimpleNamespace(metrics=SimpleNamespace(path="/metrics")),
+        )
+        app.router.add_post("/api/chat", chat)
+        async with TestClient(TestServer(app)) as client:
+            async with client.post("/api/chat", headers={"traceparent": traceparent}) as response:
+                assert response.status == 200
+        families = {f.name: f for f in text_string_to_metric_families(metrics.render(openmetrics=True).decode())}
+        [count] = [s for s in families["adk_gateway_request_duration_seconds"].samples if s.name.endswith("_count")]
+        assert count.labels == {"route": "/api/chat", "status_class": "2xx"} and count.value == 1
+        return {s.labels["le"]: s.exemplar for s in families["adk_gateway_request_duration_seconds"].samples if s.exemplar}
+
+    sampled, unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    tracing, _ = traced()
+    [exemplar] = (await scrape(tracing, sampled)).values()
+    assert exemplar.labels == {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    # The parent said "not sampled" (parent-based sampling follows it): no exemplar; nor when off.
+    assert await scrape(tracing, unsampled) == {}
+    assert await scrape(Tracing.off(), sampled) == {}
 
 
 def test_no_exemplar_when_off_or_unsampled() -> None:
