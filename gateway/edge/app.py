@@ -254,7 +254,7 @@ def shared_state(config: GatewayConfig) -> SharedState:
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
-    metrics_.know_webhooks(config.notifications)
+    metrics_.webhooks.know(config.notifications)
     shared = shared_state(config)
     try:
         tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id)

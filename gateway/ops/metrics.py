@@ -18,16 +18,17 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
+from .webhook_metrics import WebhookMetrics
+
 # Re-exported: the series and the label values they are counted with are read from here.
 from .metric_labels import (
-    APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS, WEBHOOK_BUCKETS,
+    APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS,
     AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, STATUS_CLASSES, TOKEN_KINDS, TOOL_OUTCOMES,
     WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS,
 )
 
 if TYPE_CHECKING:
     from ..config.agent import ToolPolicy
-    from ..config.notifications import NotificationsConfig
     from ..config.schema import GatewayConfig
 
 __all__ = [
@@ -43,7 +44,8 @@ class GatewayMetrics:
         self._approval_series(self.registry)
         self._gateway_series(self.registry)
         self._gc_series(self.registry)
-        self._webhook_series(self.registry)
+        # The approval webhooks' (ops/webhooks.py).
+        self.webhooks = WebhookMetrics(self.registry)
         self._export_known_at_zero()
         # The latency histograms' exemplars, the sampled trace's id: edge/app.py sets them when traces are on.
         self.exemplar: Callable[[], dict[str, str] | None] = lambda: None
@@ -245,56 +247,6 @@ class GatewayMetrics:
         )
         self._gc_started = 0.0
         self._gc_pause_by_generation = [self.gc_pause.labels(str(g)) for g in range(3)]
-
-    def _webhook_series(self, r: CollectorRegistry) -> None:
-        """The approval webhooks (ops/webhooks.py): deliveries, attempts, how long a notice took to arrive."""
-        self.webhook_deliveries = Counter(
-            "adk_gateway_webhook_deliveries_total",
-            "Approval notices to deliver to a webhook, by webhook, event (waiting, decided, expired) and result "
-            "(delivered; failed: refused with a 4xx or 3xx, or still failing after notifications.max_attempts; "
-            "dropped: the webhook's queue was full or the gateway stopped first).",
-            ["webhook", "event", "result"], registry=r,
-        )
-        self.webhook_attempts = Counter(
-            "adk_gateway_webhook_attempts_total",
-            "Calls to a webhook, by webhook and outcome (2xx, 3xx, 4xx, 429, 5xx, timeout, error: no answer).",
-            ["webhook", "outcome"], registry=r,
-        )
-        self.webhook_delivery_seconds = Histogram(
-            "adk_gateway_webhook_delivery_seconds",
-            "From an approval's notice to its webhook call answered 2xx, retries included, by webhook.",
-            ["webhook"], buckets=WEBHOOK_BUCKETS, registry=r,
-        )
-        self.webhook_pending = Gauge(
-            "adk_gateway_webhook_pending",
-            "Deliveries a webhook has on this replica (waiting, in flight or between attempts), by webhook.",
-            ["webhook"], registry=r,
-        )
-
-    def know_webhooks(self, notifications: NotificationsConfig) -> None:
-        """Export each configured webhook's series at 0 until counted. Idempotent: a reload calls it
-        again for the webhooks it adds; series of webhooks it removes stay (at their last value)."""
-        for hook in notifications.webhooks:
-            for event in WEBHOOK_EVENTS:
-                for result in WEBHOOK_RESULTS:
-                    self.webhook_deliveries.labels(hook.name, event, result)
-            for outcome in WEBHOOK_ATTEMPTS:
-                self.webhook_attempts.labels(hook.name, outcome)
-            self.webhook_delivery_seconds.labels(hook.name)
-            self.webhook_pending.labels(hook.name)
-
-    def webhook_delivery(self, webhook: str, event: str, result: str, seconds: float | None = None) -> None:
-        """Count how one delivery ended (WEBHOOK_RESULTS), and how long a delivered one took."""
-        self.webhook_deliveries.labels(webhook, event, result).inc()
-        if seconds is not None:
-            self.webhook_delivery_seconds.labels(webhook).observe(seconds)
-
-    def webhook_attempt(self, webhook: str, outcome: str) -> None:
-        """Count one call to a webhook (WEBHOOK_ATTEMPTS)."""
-        self.webhook_attempts.labels(webhook, outcome).inc()
-
-    def webhook_queue(self, webhook: str, pending: int) -> None:
-        self.webhook_pending.labels(webhook).set(pending)
 
     def _export_known_at_zero(self) -> None:
         """Every known label value at 0 from the start (KNOWN_LABEL_VALUES says why)."""

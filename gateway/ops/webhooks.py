@@ -176,7 +176,7 @@ class Webhooks:
             self._deliver(delivery, lane), name=f"webhook-{delivery.hook.name}-{delivery.webhook_id}"
         )
         lane.pending += 1
-        self._metrics.webhook_queue(delivery.hook.name, lane.pending)
+        self._metrics.webhooks.queue(delivery.hook.name, lane.pending)
         lane.tasks.add(task)
         task.add_done_callback(lane.tasks.discard)
 
@@ -190,7 +190,7 @@ class Webhooks:
                 last = self._stopping.is_set()
                 async with lane.slots:
                     outcome, status, retry_after = await self._attempt(delivery)
-                self._metrics.webhook_attempt(delivery.hook.name, outcome)
+                self._metrics.webhooks.attempt(delivery.hook.name, outcome)
                 if outcome == "2xx":
                     self._delivered(delivery, attempt, status)
                     return
@@ -213,10 +213,10 @@ class Webhooks:
             raise
         except Exception as exc:  # a bug here costs this delivery alone, counted and logged
             log.error("webhook_delivery_error", webhook=delivery.hook.name, approval_id=delivery.approval_id, error=repr(exc))
-            self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "failed")
+            self._metrics.webhooks.delivery(delivery.hook.name, delivery.event, "failed")
         finally:
             lane.pending -= 1
-            self._metrics.webhook_queue(delivery.hook.name, lane.pending)
+            self._metrics.webhooks.queue(delivery.hook.name, lane.pending)
 
     async def _pause(self, delay: float) -> None:
         """Wait `delay` before the next attempt, or until a stop asks for the last attempt now."""
@@ -252,21 +252,21 @@ class Webhooks:
 
     def _delivered(self, delivery: _Delivery, attempts: int, status: int | None) -> None:
         seconds = max(self._wall() - delivery.at, 0.0)
-        self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "delivered", seconds)
+        self._metrics.webhooks.delivery(delivery.hook.name, delivery.event, "delivered", seconds)
         log.info(
             "webhook_delivered", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, status=status, seconds=round(seconds, 3),
         )
 
     def _failed(self, delivery: _Delivery, attempts: int, status: int | None, outcome: str, why: str) -> None:
-        self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "failed")
+        self._metrics.webhooks.delivery(delivery.hook.name, delivery.event, "failed")
         log.warning(
             "webhook_failed", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, status=status, outcome=outcome, reason=why,
         )
 
     def _dropped(self, delivery: _Delivery, why: str, *, attempts: int = 0) -> None:
-        self._metrics.webhook_delivery(delivery.hook.name, delivery.event, "dropped")
+        self._metrics.webhooks.delivery(delivery.hook.name, delivery.event, "dropped")
         log.warning(
             "webhook_dropped", webhook=delivery.hook.name, kind=delivery.event, approval_id=delivery.approval_id,
             webhook_id=delivery.webhook_id, attempts=attempts, reason=why,

@@ -195,7 +195,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 def webhooks(config: NotificationsConfig | Callable[[], NotificationsConfig]) -> tuple[Webhooks, GatewayMetrics]:
     metrics = GatewayMetrics()
     read = config if callable(config) else (lambda: config)
-    metrics.know_webhooks(read())
+    metrics.webhooks.know(read())
     sender = Webhooks(read, metrics)
     sender.start()
     return sender, metrics
@@ -409,7 +409,7 @@ async def test_a_reload_applies_to_the_notices_after_it(receiver: Receiver) -> N
 
 def test_every_webhook_series_is_exported_at_zero_for_each_configured_webhook() -> None:
     metrics = GatewayMetrics()
-    metrics.know_webhooks(notifications("https://h.example.com"))
+    metrics.webhooks.know(notifications("https://h.example.com"))
     for event in WEBHOOK_EVENTS:
         for result in WEBHOOK_RESULTS:
             assert metrics.registry.get_sample_value(
