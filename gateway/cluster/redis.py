@@ -33,7 +33,10 @@ heartbeats and epoch are not sealed: they route and they time out, they authoriz
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
 backend available again.
-Redis Cluster is not supported (the claim script touches keys it is not given).
+Redis Cluster is not supported (the claim script touches keys it is not given). Sentinel and managed
+failover endpoints are (the client is redis_client.py's): a promoted replica holds the epoch as of its
+last replication, so a failover is not taken for lost data; what the old primary acknowledged and had
+not yet replicated is lost (docs/scaling.md says what that can be, and why it fails closed).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
 from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
+from .redis_client import RedisTarget, connect
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
 from .redis_records import RedisRecords
@@ -88,7 +92,7 @@ class RedisState(SharedState):
     def __init__(
         self,
         replica_id: str,
-        url: str,
+        url: str | RedisTarget,
         *,
         prefix: str,
         heartbeat_interval: float,
@@ -103,9 +107,12 @@ class RedisState(SharedState):
         # One immediate retry: after Redis restarts, every pooled connection fails once before
         # reconnecting, and that must not lose a write. No backoff: a Redis that is down answers
         # 503 now. Reads that block (relays) pass their own deadline, well under socket_timeout.
-        self._redis = aioredis.Redis.from_url(
-            url, socket_connect_timeout=_CONNECT_TIMEOUT, socket_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1), health_check_interval=0
+        # With Sentinel, that retry also follows a promotion (redis_client.py).
+        self._client = connect(
+            url if isinstance(url, RedisTarget) else RedisTarget(url=url),
+            connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1),
         )
+        self._redis: aioredis.Redis = self._client.redis
         self._epoch: str | None = None
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -173,7 +180,7 @@ class RedisState(SharedState):
             log.warning("heartbeat_not_deleted", reason=_reason(exc), expires_in_s=self._owner_timeout)
         try:
             async with asyncio.timeout(_GOODBYE_TIMEOUT):
-                await self._redis.aclose()
+                await self._client.aclose()
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("redis_connections_not_closed", reason=_reason(exc))
 
