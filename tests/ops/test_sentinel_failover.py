@@ -23,7 +23,9 @@ Select it alone with `PYTEST_ARGS='-k sentinel'`.
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -117,10 +119,42 @@ class WriteProbe(threading.Thread):
             return
 
 
-def gateway_keys(port: int) -> set[str]:
-    keys = resp_command(port, "KEYS", f"{PREFIX}:*")
-    # Heartbeats live for owner_timeout and are written again every heartbeat: not data to keep.
-    return {k for k in keys if not k.startswith(f"{PREFIX}:replica:")}
+def gateway_keys(port: int) -> dict[str, str]:
+    """The gateway's keys and their values (DUMP), but the heartbeats: they live for owner_timeout
+    and are written again every heartbeat, not data to keep."""
+    keys = [k for k in resp_command(port, "KEYS", f"{PREFIX}:*") if not k.startswith(f"{PREFIX}:replica:")]
+    return {k: _content(port, k) for k in keys}
+
+
+def _content(port: int, key: str) -> str:
+    """A key's value, as data (DUMP would also tell encodings apart, which replication may change)."""
+    kind = resp_command(port, "TYPE", key)
+    read = {
+        "string": ("GET",), "hash": ("HGETALL",), "set": ("SMEMBERS",), "list": ("LRANGE", "0", "-1"),
+        "zset": ("ZRANGE", "0", "-1", "WITHSCORES"), "stream": ("XRANGE", "-", "+"),
+    }.get(kind)
+    if read is None:
+        return kind  # gone meanwhile ("none")
+    value = resp_command(port, read[0], key, *read[1:])
+    if kind == "hash":
+        value = sorted(zip(value[::2], value[1::2]))
+    elif kind == "set":
+        value = sorted(value)
+    return f"{kind} {value!r}"
+
+
+def window_loss(before: dict[str, str], after: dict[str, str]) -> tuple[int, str]:
+    """What the promoted replica holds older than the primary did at the kill, by kind of key: how
+    many keys differ, and a summary."""
+    def kind(key: str) -> str:
+        return key.split(":")[1]
+
+    lost = sorted(kind(k) for k in before.keys() - after.keys())
+    back = sorted(kind(k) for k in after.keys() - before.keys())
+    older = sorted(kind(k) for k in before.keys() & after.keys() if before[k] != after[k])
+    return len(lost) + len(older) + len(back), (
+        f"{len(before)} keys at the kill: {len(lost)} missing {lost}, {len(older)} older {older}, {len(back)} back {back}"
+    )
 
 
 class ReadyWatch(threading.Thread):
@@ -171,16 +205,96 @@ def send_answer(r: Replicas, base: str, p: Pending) -> Stream:
     return Browser(r.headers).post(base, p.chat, [p.message, reply], messageId=reply["id"])
 
 
-def test_sentinel_failover_with_approvals_pending_and_a_relayed_stream(tmp_path: Path) -> None:
-    with sentinel_store(tmp_path) as ha, replicas(
+def ask_four(r: Replicas) -> list[Pending]:
+    """Payments waiting for a person: two chats owned by each replica, one to approve, one to deny."""
+    pendings = []
+    for name, amount, approved in (("a", 11, True), ("a", 12, False), ("b", 13, True), ("b", 14, False)):
+        chat, message, first = start_payment(r, r.replica(name), f"pay {amount} to Hanako")
+        pendings.append(Pending(chat, message, first, approved, name))
+    return pendings
+
+
+def other_than(r: Replicas, p: Pending) -> str:
+    return (r.b if p.owner == "a" else r.a).base
+
+
+def answer_through_the_other(r: Replicas, p: Pending) -> None:
+    """The person answers through the replica that does not own the chat: the answer runs (or
+    refuses) the payment, or is refused clearly (failing closed), never run without the answer."""
+    stream = send_answer(r, other_than(r, p), p)
+    if stream.status == 200:
+        chunks = assert_one_terminal(stream, error=False)
+        want = "tool-output-available" if p.approved else "tool-output-denied"
+        assert chunks[1]["type"] == want, chunks[:3]
+        assert_sdk_clean(p.first, chunks)
+        p.outcome = "answered"
+    else:
+        body = stream.json()
+        assert stream.status in (409, 410, 503) and body["error"]["code"], stream.body
+        p.outcome = f"{stream.status} {body['error']['code']}"
+
+
+def assert_nothing_twice(r: Replicas, pendings: list[Pending]) -> None:
+    """Each answer replayed on both replicas runs nothing; each approved and answered payment ran
+    once, every other never, as ADK recorded; the ledger has no double execution."""
+    for p in pendings:
+        for gw in (r.a, r.b):
+            replay = send_answer(r, gw.base, p)
+            p.replays.append(replay.status)
+            assert replay.status != 200 or "tool-output-available" not in types_of(replay.chunks)[:2], replay.body
+    for p in pendings:
+        ran = r.ledger.of(p.chat)
+        assert len(ran) == (1 if p.approved and p.outcome == "answered" else 0), (p, ran)
+        r.ledger.assert_matches(p.chat, payment_responses(r.adk, p.chat, r.user))
+    r.ledger.assert_no_double_execution()
+
+
+def assert_no_reset(r: Replicas) -> None:
+    """The promoted replica held the dataset's epoch: no replica took the failover for lost data
+    (which would write its chats back over the new primary's), and nothing logged an error."""
+    for gw in (r.a, r.b):
+        assert not log_events(gw, "shared_state_reset"), log_events(gw, "shared_state_reset")
+        assert not [line for line in gw.log_lines() if line.get("level") in ("error", "critical")], gw.log_text()[-3000:]
+
+
+@dataclass
+class Failover:
+    promoted_in: float  # seconds from the kill to the sentinels naming the replica
+    watch: ReadyWatch
+    held: dict[str, str]  # the gateway's keys the replica held once the primary was dead
+
+
+def failover(ha: Store, r: Replicas, *, resume: subprocess.Popen[Any] | None = None) -> Failover:
+    """kill -9 of the primary (then SIGCONT to `resume`, a stopped replica); back once the sentinels
+    promoted the replica and both gateways are ready again (without a restart)."""
+    killed = time.monotonic()
+    watch = ReadyWatch(r, killed)
+    ha.primary.stop()  # kill -9
+    if resume is not None:
+        resume.send_signal(signal.SIGCONT)
+    # With its primary dead, the replica holds all it will ever get, and nobody writes to it
+    # before its promotion (half a second of down-after at least): what the new primary starts with.
+    held = gateway_keys(ha.replica.port)
+    watch.start()
+    wait_until(ha.promoted, "the sentinels to promote the replica", 60, every=0.05)
+    promoted_in = time.monotonic() - killed
+    watch.join(60)
+    assert set(watch.back) == {"a", "b"}, watch.seen
+    return Failover(promoted_in, watch, held)
+
+
+def _stack(tmp_path: Path, ha: Store) -> Any:
+    return replicas(
         tmp_path, plugin_via="balancer", approvals="hold", adk_env={"DEMO_CHUNK_DELAY": "0.15"},
         store=(ha.primary, ha.reach()),
-    ) as r:
+    )
+
+
+def test_sentinel_failover_with_approvals_pending_and_a_relayed_stream(tmp_path: Path) -> None:
+    """kill -9 of the primary mid-traffic: followed, nothing lost that was answered, nothing run twice."""
+    with sentinel_store(tmp_path) as ha, _stack(tmp_path, ha) as r:
         browser = Browser(r.headers)
-        pendings = []
-        for name, amount, approved in (("a", 11, True), ("a", 12, False), ("b", 13, True), ("b", 14, False)):
-            chat, message, first = start_payment(r, r.replica(name), f"pay {amount} to Hanako")
-            pendings.append(Pending(chat, message, first, approved, name))
+        pendings = ask_four(r)
         relayed_chat, history = owned_by(r, r.a)
         _, relayed = long_stream(r, r.b, relayed_chat, history)
 
@@ -188,70 +302,102 @@ def test_sentinel_failover_with_approvals_pending_and_a_relayed_stream(tmp_path:
         probe.start()
         wait_until(lambda: probe.acked > 1000, "the write probe to run", 10)
         before = gateway_keys(ha.primary.port)
-        killed = time.monotonic()
-        watch = ReadyWatch(r, killed)
-        ha.primary.stop()  # kill -9
-        watch.start()
+        done = failover(ha, r)
+        promoted_in, watch = done.promoted_in, done.watch
         probe.join(10)
-
-        wait_until(ha.promoted, "the sentinels to promote the replica", 60, every=0.05)
-        promoted_in = time.monotonic() - killed
-        watch.join(60)
-        assert set(watch.back) == {"a", "b"}, watch.back
-        ready_in = watch.back
         # Serving again, each replica on its own: a new chat (claimed in the new primary) answered.
         serving_in = {}
         for name in ("a", "b"):
             fresh = browser.post(r.replica(name).base, new_chat(), [user("weather in Kyoto")])
             assert fresh.status == 200 and "Kyoto" in text_of(assert_one_terminal(fresh, error=False)), fresh.body
-            serving_in[name] = time.monotonic() - killed
+            serving_in[name] = time.monotonic() - watch.since
         # The response relayed through Redis across the kill ended once, cleanly, for the SDK.
         relayed_end = assert_one_terminal(relayed.rest())
         assert_sdk_clean(relayed_end)
 
         kept = int(resp_command(ha.replica.port, "GET", "probe:count") or 0)
-        after = gateway_keys(ha.replica.port)
-        lost_keys = sorted(before - after)
-        # The promoted replica held the dataset's epoch: no replica took the failover for lost data.
-        for gw in (r.a, r.b):
-            assert not log_events(gw, "shared_state_reset"), log_events(gw, "shared_state_reset")
-            assert not [line for line in gw.log_lines() if line.get("level") in ("error", "critical")], gw.log_text()[-3000:]
+        _, lost = window_loss(before, done.held)
+        assert_no_reset(r)
+        for p in pendings:
+            answer_through_the_other(r, p)
+        assert_nothing_twice(r, pendings)
 
-        # Every approval pending before the kill, answered through the other replica.
-        for p in pendings:
-            other = r.b if p.owner == "a" else r.a
-            stream = send_answer(r, other.base, p)
-            if stream.status == 200:
-                chunks = assert_one_terminal(stream, error=False)
-                want = "tool-output-available" if p.approved else "tool-output-denied"
-                assert chunks[1]["type"] == want, chunks[:3]
-                assert_sdk_clean(p.first, chunks)
-                p.outcome = "answered"
-            else:
-                # Failing closed: a clear refusal, never a run.
-                body = stream.json()
-                assert stream.status in (409, 410, 503) and body["error"]["code"], stream.body
-                p.outcome = f"{stream.status} {body['error']['code']}"
-        for p in pendings:
-            for gw in (r.a, r.b):
-                replay = send_answer(r, gw.base, p)
-                p.replays.append(replay.status)
-                assert replay.status != 200 or "tool-output-available" not in types_of(replay.chunks)[:2], replay.body
-        for p in pendings:
-            ran = r.ledger.of(p.chat)
-            assert len(ran) == (1 if p.approved and p.outcome == "answered" else 0), (p, ran)
-            r.ledger.assert_matches(p.chat, payment_responses(r.adk, p.chat, r.user))
-        r.ledger.assert_no_double_execution()
-
-        relayed_how = "finished" if "error" not in types_of(relayed_end) else "one error chunk"
+        relayed_how = "finished" if "error" not in types_of(relayed_end) else "one error chunk, then finish"
         print(
             f"\nsentinel failover: promoted {promoted_in:.2f}s after kill -9 (the test saw it), replicas ready again "
-            f"A {ready_in['a']:.2f}s, B {ready_in['b']:.2f}s; a new chat answered by A at {serving_in['a']:.2f}s, "
+            f"A {watch.back['a']:.2f}s, B {watch.back['b']:.2f}s; a new chat answered by A at {serving_in['a']:.2f}s, "
             f"by B at {serving_in['b']:.2f}s"
             f"\n  sentinel: {_sentinel_events(ha.sentinels[0])}"
-
             f"\n  window: the primary acked {probe.acked} INCRs, the promoted replica has {kept} "
-            f"({max(probe.acked - kept, 0)} lost); gateway keys lost {len(lost_keys)} of {len(before)} {lost_keys[:5]}"
+            f"({max(probe.acked - kept, 0)} lost); gateway {lost}"
             f"\n  readiness: {watch.seen}"
             f"\n  relayed stream: {relayed_how}; approvals: {[(p.owner, p.approved, p.outcome, p.replays) for p in pendings]}"
         )
+
+
+@pytest.mark.chaos
+def test_sentinel_failover_that_loses_the_last_writes_fails_closed(tmp_path: Path) -> None:
+    """The worst window asynchronous replication allows: the replica is cut off (SIGSTOP, its link
+    killed) while two payments are approved and run, the primary dies with everything those
+    answers wrote unreplicated, the replica resumes (SIGCONT) and is promoted without it. The
+    gateways must not run either payment again for a replayed answer, or for a vote on an approval
+    the lost writes had decided, on either replica; the other approvals still work."""
+    with sentinel_store(tmp_path) as ha, _stack(tmp_path, ha) as r:
+        pendings = ask_four(r)
+        early = [p for p in pendings if p.approved]
+        assert ha.replica.proc is not None
+        offset = _offset(ha.primary.port)
+        ha.replica.proc.send_signal(signal.SIGSTOP)
+        # The link cut while the replica cannot reconnect: from here on the primary's writes stay in
+        # its backlog, never sent (a stopped replica alone would still read them from its socket).
+        assert resp_command(ha.primary.port, "CLIENT", "KILL", "TYPE", "replica") == 1
+        answering = [threading.Thread(target=answer_through_the_other, args=(r, p)) for p in early]
+        for thread in answering:
+            thread.start()
+        for thread in answering:
+            thread.join(30)
+        assert [p.outcome for p in early] == ["answered", "answered"], early
+        assert [len(r.ledger.of(p.chat)) for p in early] == [1, 1]
+        unreplicated = _offset(ha.primary.port) - offset
+        before = gateway_keys(ha.primary.port)
+        done = failover(ha, r, resume=ha.replica.proc)
+        promoted_in, watch = done.promoted_in, done.watch
+        differ, lost = window_loss(before, done.held)
+        assert differ > 0, lost  # the window did lose what the answers wrote
+        assert_no_reset(r)
+        # The answered approvals' decisions were lost with the window: the directory may list them
+        # as pending again. A vote on one now is refused or decides nothing that runs: the call was
+        # released once, by its owner, and its owner holds no call to release again.
+        relisted = []
+        for gw in (r.a, r.b):
+            listed = request(gw.base, "GET", "/api/approvals?state=pending", headers=r.headers)
+            assert listed.status == 200, listed.body
+            ids = {a["id"] for a in listed.json()["approvals"]}
+            for p in early:
+                approval = _approval_id(p)
+                if approval in ids:
+                    vote = request(gw.base, "POST", f"/api/approvals/{approval}", {"approved": True}, headers=r.headers)
+                    relisted.append((p.owner, vote.status, vote.json().get("error", {}).get("code") or vote.json().get("state")))
+        time.sleep(1)  # a decision, had one gone out, would have reached its owner by now
+        assert [len(r.ledger.of(p.chat)) for p in early] == [1, 1], relisted
+        for p in pendings:
+            if p not in early:
+                answer_through_the_other(r, p)
+        assert_nothing_twice(r, pendings)
+        print(
+            f"\nsentinel failover, lossy window: promoted {promoted_in:.2f}s after kill -9, replicas ready again "
+            f"A {watch.back['a']:.2f}s, B {watch.back['b']:.2f}s"
+            f"\n  {unreplicated} bytes of writes never reached the replica; gateway {lost}"
+            f"\n  answered approvals listed pending again, and the vote on them: {relisted}"
+            f"\n  approvals: {[(p.owner, p.approved, p.outcome, p.replays) for p in pendings]}"
+        )
+
+
+def _approval_id(p: Pending) -> str:
+    return next(c for c in p.first if c["type"] == "tool-approval-request")["approvalId"]
+
+
+def _offset(port: int) -> int:
+    """The primary's replication offset: how many bytes of writes it has sent its replicas' way."""
+    info = resp_command(port, "INFO", "replication")
+    return int(next(line for line in info.splitlines() if line.startswith("master_repl_offset:")).split(":")[1])
