@@ -7,6 +7,10 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
   so a chat is not taken by one replica before its owner has written it back. Every replica reads
   the window from the epoch and Redis's clock at each heartbeat, and reports it (`restoring`).
 - `{p}:replica:{id}`: a replica's heartbeat, expiring after `owner_timeout`.
+- `{p}:beats`: when any replica last beat, and when the beats last resumed after a gap (an outage).
+  After an outage longer than `owner_timeout` every heartbeat has expired, live replicas' too: a
+  missing heartbeat means dead only once the beats have gone on for `owner_timeout` since (claims
+  that would take a chat over answer "settling" meanwhile: 503, retry).
 - `{p}:chat:{chat id}`: hash {user, owner, run}, expiring `chat.idle_chat_ttl` after its last use.
 - `{p}:inbox:{replica}`: a pub/sub channel per replica.
 - `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
@@ -62,7 +66,7 @@ from .redis_client import RedisTarget, connect
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
 from .redis_records import RedisRecords
-from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
+from .redis_scripts import BEAT, CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown, Tally,
@@ -82,6 +86,9 @@ _COMMAND_TIMEOUT = 5.0
 # answer must not hold up the process's exit (socket_timeout alone would allow 5 s per try).
 _STOP_GRACE = 1.0
 _GOODBYE_TIMEOUT = 1.0
+# How long `{p}:beats` outlives the last beat: a cluster stopped longer than this starts with no
+# gap to wait out (its replicas are new, and the old ones' chats are theirs to take).
+_BEATS_KEPT_MS = 3_600_000
 
 
 class RedisState(SharedState):
@@ -119,6 +126,12 @@ class RedisState(SharedState):
         self._claim = self._redis.register_script(CLAIM)
         self._owner_set = self._redis.register_script(OWNER_SET)
         self._new_epoch = self._redis.register_script(NEW_EPOCH)
+        self._beat_script = self._redis.register_script(BEAT)
+        # A pause in every replica's beats longer than this is an outage (heartbeats may have expired
+        # then); beats come every heartbeat_interval, so a gap of one and a half is not one.
+        self._gap_ms = int(max(owner_timeout - heartbeat_interval, 1.5 * heartbeat_interval) * 1000)
+        # When the beats last resumed after an outage (ms, Redis's clock; 0: none seen), as of the last beat.
+        self._serving_since = 0
         self._deadlines = RedisDeadlines(self._redis, prefix, seal)
         self._beat_now = asyncio.Event()
         # Set by every heartbeat that reached Redis: a reconnecting inbox retries then, not only
@@ -198,12 +211,13 @@ class RedisState(SharedState):
         if self._closed:
             return  # a beat after close() would bring the deleted heartbeat back
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(self._key("replica", self.replica_id), b"1", px=int(self._owner_timeout * 1000))
-                pipe.get(self._key("epoch"))
-                pipe.time()
-                _, epoch, (seconds, micros) = await pipe.execute()
-            epoch = epoch.decode() if epoch is not None else None
+            raw, seconds, micros, since = await self._beat_script(
+                keys=[self._key("replica", self.replica_id), self._key("beats"), self._key("epoch")],
+                args=[int(self._owner_timeout * 1000), self._gap_ms, _BEATS_KEPT_MS],
+            )
+            epoch = raw.decode() or None
+            seconds, micros = int(seconds), int(micros)
+            self._serving_since = int(since)
             if epoch is None or epoch != self._epoch:
                 await self._adopt_epoch(epoch)
         except (RedisError, OSError) as exc:
@@ -262,7 +276,7 @@ class RedisState(SharedState):
         self._chat_ttl = ttl
         try:
             result = await self._claim(
-                keys=[self._key("chat", chat_id), self._key("epoch")],
+                keys=[self._key("chat", chat_id), self._key("epoch"), self._key("beats")],
                 args=[user_id, self.replica_id, int(ttl * 1000), self._key("replica", ""), self._epoch or "",
                       int(self._owner_timeout * 1000), "1" if create else "0", agent, default_agent],
             )
@@ -293,7 +307,9 @@ class RedisState(SharedState):
             if user is None or user.decode() != user_id:
                 return None
             owner_id = owner.decode()
-            if owner_id == self.replica_id or await self._redis.exists(self._key("replica", owner_id)):
+            if owner_id == self.replica_id or self._missing_beat_may_be_live():
+                return owner_id
+            if await self._redis.exists(self._key("replica", owner_id)):
                 return owner_id
             return None
         except (RedisError, OSError) as exc:
@@ -317,9 +333,15 @@ class RedisState(SharedState):
             return True
         self._check()
         try:
-            return bool(await self._redis.exists(self._key("replica", replica_id)))
+            return bool(await self._redis.exists(self._key("replica", replica_id))) or self._missing_beat_may_be_live()
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
+
+    def _missing_beat_may_be_live(self) -> bool:
+        """Whether the beats resumed after an outage less than `owner_timeout` ago (as of this
+        replica's last beat): a heartbeat missing now may be a live replica's that has not beaten yet."""
+        now = self._redis_ms()
+        return bool(self._serving_since) and now is not None and now - self._serving_since < self._owner_timeout * 1000
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         await self._op(self._inbox_link.send(replica_id, message))

@@ -122,7 +122,7 @@ class WriteProbe(threading.Thread):
 def gateway_keys(port: int) -> dict[str, str]:
     """The gateway's keys and their values (DUMP), but the heartbeats: they live for owner_timeout
     and are written again every heartbeat, not data to keep."""
-    keys = [k for k in resp_command(port, "KEYS", f"{PREFIX}:*") if not k.startswith(f"{PREFIX}:replica:")]
+    keys = [k for k in resp_command(port, "KEYS", f"{PREFIX}:*") if not k.startswith((f"{PREFIX}:replica:", f"{PREFIX}:beats"))]
     return {k: _content(port, k) for k in keys}
 
 
