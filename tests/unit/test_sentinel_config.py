@@ -64,7 +64,7 @@ def test_sentinel_settings_parse_and_name_the_primary_by_its_service() -> None:
      "sessions.redis_url names a host and sessions.redis_sentinels are set"),
     (SENTINELS + "  redis_sentinel_service: gateway\n  redis_url: 'unix:///run/redis.sock'\n",
      "sessions.redis_url with sessions.redis_sentinels: the scheme is redis:// or rediss://"),
-])
+], ids=["no_service", "no_sentinels", "no_port", "port_0", "empty_service", "url_with_host", "unix_url"])
 def test_sentinel_settings_that_contradict_or_fall_short_are_refused_clearly(body: str, expected: str) -> None:
     problems = _problems(body)
     assert any(expected in p for p in problems), problems
