@@ -318,6 +318,9 @@ def test_sentinel_failover_with_approvals_pending_and_a_relayed_stream(tmp_path:
         kept = int(resp_command(ha.replica.port, "GET", "probe:count") or 0)
         _, lost = window_loss(before, done.held)
         assert_no_reset(r)
+        # Each inbox subscribed again, on the new primary (the answers below are forwarded through them).
+        for gw in (r.a, r.b):
+            assert log_events(gw, "inbox_reconnected"), gw.log_text()[-2000:]
         for p in pendings:
             answer_through_the_other(r, p)
         assert_nothing_twice(r, pendings)
