@@ -105,6 +105,8 @@ chromium:
 # The multi-replica tests and the Redis backend's contract tests start real redis-servers.
 redis-server:
 	command -v redis-server >/dev/null || test -x /usr/bin/redis-server || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y redis-server)
+	# The Sentinel failover test (tests/ops/test_sentinel_failover.py) runs three redis-sentinels.
+	command -v redis-sentinel >/dev/null || test -x /usr/bin/redis-sentinel || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y redis-sentinel)
 
 # tests/test_alert_rules.py runs the alert rules' unit tests with promtool, which Debian ships in
 # its prometheus package.

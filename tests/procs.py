@@ -341,7 +341,7 @@ class RedisServer:
     """A redis-server on a free loopback port, without persistence (a restart loses everything,
     which is the harshest restart the gateway must survive). `restart()` keeps the port."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, replica_of: int | None = None) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(binary).exists():
             raise RuntimeError("redis-server is not installed: `make test` installs it (apt-get install -y redis-server)")
@@ -350,11 +350,17 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[Any] | None = None
+        # A replica of the redis-server on that port (`--replicaof`), for the Sentinel tests.
+        self.replica_of = replica_of
 
     def start(self) -> None:
+        # A replica's first sync starts at once (Redis 7 waits 5 s for more replicas by default).
+        extra = ["--repl-diskless-sync-delay", "0"]
+        if self.replica_of is not None:
+            extra += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.tmp), "--logfile", str(self.tmp / f"redis-{self.port}.log")],
+             "--dir", str(self.tmp), "--logfile", str(self.tmp / f"redis-{self.port}.log"), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 10
@@ -390,3 +396,99 @@ def redis_server(tmp: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+# ---- Redis Sentinel ------------------------------------------------------------------------------
+
+
+class RedisSentinel:
+    """A redis-sentinel on a free loopback port monitoring the primary on `primary_port` as
+    `service`, with failure detection scaled down (`down_after_ms`, `failover_timeout_ms`) so a
+    test's failover takes seconds. Its configuration file is its own (sentinels rewrite it)."""
+
+    def __init__(
+        self, tmp: Path, primary_port: int, service: str, *, quorum: int = 2, down_after_ms: int = 500,
+        failover_timeout_ms: int = 2000,
+    ) -> None:
+        binary = shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
+        if not Path(binary).exists():
+            raise RuntimeError("redis-sentinel is not installed: `make test` installs it (apt-get install -y redis-sentinel)")
+        self.binary = binary
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.conf = tmp / f"sentinel-{self.port}.conf"
+        self.log = tmp / f"sentinel-{self.port}.log"
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {tmp}\nlogfile {self.log}\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+            f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {service} 1\n"
+        )
+        self.service = service
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.binary, str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.ask("PING") == "PONG":
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-sentinel did not start on port {self.port}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def ask(self, *command: str) -> Any:
+        """One command's reply (RESP2, decoded: str, int, None or lists of them)."""
+        return resp_command(self.port, *command)
+
+    def primary(self) -> tuple[str, int]:
+        """Who this sentinel says the primary is now."""
+        host, port = self.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return host, int(port)
+
+    def state(self) -> dict[str, str]:
+        """SENTINEL MASTER's fields (num-slaves, num-other-sentinels, flags, ...)."""
+        reply = self.ask("SENTINEL", "MASTER", self.service)
+        return dict(zip(reply[::2], reply[1::2]))
+
+
+def resp_command(port: int, *command: str, timeout: float = 5.0) -> Any:
+    """Send one command to the Redis-protocol server on `port` and read its reply, with no client
+    library between (what a test asks a server must not depend on the code under test)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(b"*%d\r\n" % len(command) + b"".join(b"$%d\r\n%s\r\n" % (len(c.encode()), c.encode()) for c in command))
+        reader = sock.makefile("rb")
+        return _read_reply(reader)
+
+
+def _read_reply(reader: Any) -> Any:
+    line = reader.readline()
+    if not line:
+        raise ConnectionError("the server closed the connection")
+    kind, rest = line[:1], line[1:-2].decode()
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise RuntimeError(rest)
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        if int(rest) < 0:
+            return None
+        data = reader.read(int(rest) + 2)
+        return data[:-2].decode(errors="replace")
+    if kind == b"*":
+        if int(rest) < 0:
+            return None
+        return [_read_reply(reader) for _ in range(int(rest))]
+    raise RuntimeError(f"unexpected reply {line!r}")

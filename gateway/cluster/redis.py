@@ -7,6 +7,10 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
   so a chat is not taken by one replica before its owner has written it back. Every replica reads
   the window from the epoch and Redis's clock at each heartbeat, and reports it (`restoring`).
 - `{p}:replica:{id}`: a replica's heartbeat, expiring after `owner_timeout`.
+- `{p}:beats`: when any replica last beat, and when the beats last resumed after a gap (an outage).
+  After an outage longer than `owner_timeout` every heartbeat has expired, live replicas' too: a
+  missing heartbeat means dead only once the beats have gone on for `owner_timeout` since (claims
+  that would take a chat over answer "settling" meanwhile: 503, retry).
 - `{p}:chat:{chat id}`: hash {user, owner, run}, expiring `chat.idle_chat_ttl` after its last use.
 - `{p}:inbox:{replica}`: a pub/sub channel per replica.
 - `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
@@ -34,7 +38,10 @@ heartbeats and epoch are not sealed: they route and they time out, they authoriz
 Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
 win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
 backend available again.
-Redis Cluster is not supported (the claim script touches keys it is not given).
+Redis Cluster is not supported (the claim script touches keys it is not given). Sentinel and managed
+failover endpoints are (the client is redis_client.py's): a promoted replica holds the epoch as of its
+last replication, so a failover is not taken for lost data; what the old primary acknowledged and had
+not yet replicated is lost (docs/scaling.md says what that can be, and why it fails closed).
 """
 
 from __future__ import annotations
@@ -57,11 +64,12 @@ from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
 from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
+from .redis_client import RedisTarget, connect
 from .redis_deadlines import RedisDeadlines
 from .redis_inbox import RedisInbox
 from .redis_limits import RedisLimits
 from .redis_records import RedisRecords
-from .redis_scripts import CLAIM, NEW_EPOCH, OWNER_SET
+from .redis_scripts import BEAT, CLAIM, NEW_EPOCH, OWNER_SET
 from .sealing import Seal
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
@@ -86,6 +94,9 @@ _LIMIT_TIMEOUT = _CONNECT_TIMEOUT
 # answer must not hold up the process's exit (socket_timeout alone would allow 5 s per try).
 _STOP_GRACE = 1.0
 _GOODBYE_TIMEOUT = 1.0
+# How long `{p}:beats` outlives the last beat: a cluster stopped longer than this starts with no
+# gap to wait out (its replicas are new, and the old ones' chats are theirs to take).
+_BEATS_KEPT_MS = 3_600_000
 
 
 class RedisState(SharedState):
@@ -97,7 +108,7 @@ class RedisState(SharedState):
     def __init__(
         self,
         replica_id: str,
-        url: str,
+        url: str | RedisTarget,
         *,
         prefix: str,
         heartbeat_interval: float,
@@ -112,15 +123,24 @@ class RedisState(SharedState):
         # One immediate retry: after Redis restarts, every pooled connection fails once before
         # reconnecting, and that must not lose a write. No backoff: a Redis that is down answers
         # 503 now. Reads that block (relays) pass their own deadline, well under socket_timeout.
-        self._redis = aioredis.Redis.from_url(
-            url, socket_connect_timeout=_CONNECT_TIMEOUT, socket_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1), health_check_interval=0
+        # With Sentinel, that retry also follows a promotion (redis_client.py).
+        self._client = connect(
+            url if isinstance(url, RedisTarget) else RedisTarget(url=url),
+            connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1),
         )
+        self._redis: aioredis.Redis = self._client.redis
         self._epoch: str | None = None
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._claim = self._redis.register_script(CLAIM)
         self._owner_set = self._redis.register_script(OWNER_SET)
         self._new_epoch = self._redis.register_script(NEW_EPOCH)
+        self._beat_script = self._redis.register_script(BEAT)
+        # A pause in every replica's beats longer than this is an outage (heartbeats may have expired
+        # then); beats come every heartbeat_interval, so a gap of one and a half is not one.
+        self._gap_ms = int(max(owner_timeout - heartbeat_interval, 1.5 * heartbeat_interval) * 1000)
+        # When the beats last resumed after an outage (ms, Redis's clock; 0: none seen), as of the last beat.
+        self._serving_since = 0
         self._deadlines = RedisDeadlines(self._redis, prefix, seal)
         self._beat_now = asyncio.Event()
         # Set by every heartbeat that reached Redis: a reconnecting inbox retries then, not only
@@ -183,7 +203,7 @@ class RedisState(SharedState):
             log.warning("heartbeat_not_deleted", reason=_reason(exc), expires_in_s=self._owner_timeout)
         try:
             async with asyncio.timeout(_GOODBYE_TIMEOUT):
-                await self._redis.aclose()
+                await self._client.aclose()
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("redis_connections_not_closed", reason=_reason(exc))
 
@@ -201,12 +221,13 @@ class RedisState(SharedState):
         if self._closed:
             return  # a beat after close() would bring the deleted heartbeat back
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(self._key("replica", self.replica_id), b"1", px=int(self._owner_timeout * 1000))
-                pipe.get(self._key("epoch"))
-                pipe.time()
-                _, epoch, (seconds, micros) = await pipe.execute()
-            epoch = epoch.decode() if epoch is not None else None
+            raw, seconds, micros, since = await self._beat_script(
+                keys=[self._key("replica", self.replica_id), self._key("beats"), self._key("epoch")],
+                args=[int(self._owner_timeout * 1000), self._gap_ms, _BEATS_KEPT_MS],
+            )
+            epoch = raw.decode() or None
+            seconds, micros = int(seconds), int(micros)
+            self._serving_since = int(since)
             if epoch is None or epoch != self._epoch:
                 await self._adopt_epoch(epoch)
         except (RedisError, OSError) as exc:
@@ -265,7 +286,7 @@ class RedisState(SharedState):
         self._chat_ttl = ttl
         try:
             result = await self._claim(
-                keys=[self._key("chat", chat_id), self._key("epoch")],
+                keys=[self._key("chat", chat_id), self._key("epoch"), self._key("beats")],
                 args=[user_id, self.replica_id, int(ttl * 1000), self._key("replica", ""), self._epoch or "",
                       int(self._owner_timeout * 1000), "1" if create else "0", agent, default_agent],
             )
@@ -296,7 +317,9 @@ class RedisState(SharedState):
             if user is None or user.decode() != user_id:
                 return None
             owner_id = owner.decode()
-            if owner_id == self.replica_id or await self._redis.exists(self._key("replica", owner_id)):
+            if owner_id == self.replica_id or self._missing_beat_may_be_live():
+                return owner_id
+            if await self._redis.exists(self._key("replica", owner_id)):
                 return owner_id
             return None
         except (RedisError, OSError) as exc:
@@ -320,9 +343,15 @@ class RedisState(SharedState):
             return True
         self._check()
         try:
-            return bool(await self._redis.exists(self._key("replica", replica_id)))
+            return bool(await self._redis.exists(self._key("replica", replica_id))) or self._missing_beat_may_be_live()
         except (RedisError, OSError) as exc:
             raise self._down(exc) from None
+
+    def _missing_beat_may_be_live(self) -> bool:
+        """Whether the beats resumed after an outage less than `owner_timeout` ago (as of this
+        replica's last beat): a heartbeat missing now may be a live replica's that has not beaten yet."""
+        now = self._redis_ms()
+        return bool(self._serving_since) and now is not None and now - self._serving_since < self._owner_timeout * 1000
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         await self._op(self._inbox_link.send(replica_id, message))

@@ -5,6 +5,7 @@ on it cannot be split by another replica's command.
   or another agent's chat, and claims of unknown chats while the replicas restore a Redis that lost its data.
 - `OWNER_SET`: a write to a chat record that only its owner may make.
 - `NEW_EPOCH`: the dataset's epoch, created if missing (Redis started, or restarted empty).
+- `BEAT`: a replica's heartbeat, and the gap since the last one of any replica (an outage).
 - `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds.
 - `APPROVAL_PUT`, `APPROVAL_VOTE`: a pending approval kept (its votes and decision left as they
   are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py).
@@ -12,10 +13,12 @@ on it cannot be split by another replica's command.
 Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 """
 
-__all__ = ["APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
+__all__ = ["APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "BEAT", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
 
 # ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
-# agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch.
+# agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch,
+# beats. A chat whose owner's heartbeat is missing is taken over only once the replicas have beaten
+# without a gap for settle_ms (BEAT): after an outage, a missing heartbeat may be a live replica's.
 CLAIM = """
 local epoch = redis.call('GET', KEYS[2])
 if epoch ~= ARGV[5] then return {'reset'} end
@@ -27,6 +30,11 @@ if rec[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
   if rec[2] == ARGV[2] then return {'local'} end
   if redis.call('EXISTS', ARGV[4] .. rec[2]) == 1 then return {'remote', rec[2]} end
+  local since = tonumber(redis.call('HGET', KEYS[3], 'since') or '0')
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - since < tonumber(ARGV[6]) then
+    return {'settling'}
+  end
   redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'run', '')
   return {'took_over', rec[2], rec[3] or ''}
 end
@@ -52,6 +60,22 @@ if rec[1] == ARGV[1] and rec[2] == ARGV[2] then
   return redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
 end
 return 0
+"""
+
+# A replica's heartbeat (KEYS[1], for ARGV[1] ms), and `{p}:beats` (KEYS[2]): `last`, Redis's clock at
+# the last beat of any replica, and `since`, when the beats last resumed after a gap longer than
+# ARGV[2] ms (an outage: Redis down, or failing over); 0 when none was seen. Kept ARGV[3] ms. Returns
+# the epoch (KEYS[3], '' when missing), Redis's TIME (seconds, microseconds) and `since`.
+BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+local beats = redis.call('HMGET', KEYS[2], 'last', 'since')
+local since = tonumber(beats[2] or '0')
+if beats[1] and now - tonumber(beats[1]) > tonumber(ARGV[2]) then since = now end
+redis.call('HSET', KEYS[2], 'last', string.format('%.0f', now), 'since', string.format('%.0f', since))
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {redis.call('GET', KEYS[3]) or '', t[1], t[2], string.format('%.0f', since)}
 """
 
 # A new epoch when none exists; reset_ms is Redis's clock when the dataset was lost (0 at first start).

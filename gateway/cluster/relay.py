@@ -3,8 +3,8 @@
 The owner pumps the response's encoded chunks from its run log into a relay in the shared state
 (`Relays.open`), one entry per batch, then the relay's end. The replica holding the browser follows
 the relay (`RelayFeed`) as a transport follows a local response, until the response ends, the
-owner dies or the shared state is lost; each of the last two ends the browser's response with an
-`error` chunk, unless the response had already ended.
+owner dies or the shared state is lost; each of the last two ends the browser's response as an
+error ends a local one (what was open closed, one `error`, then `finish`), unless it had already ended.
 
 A relay counts as a reader of the owner's response (chat/chunk_log.py `Reader`) while its browser reads it:
 the replica holding the browser looks at it each time the relay wakes it (at least every
@@ -19,6 +19,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable
 
+import orjson
 import structlog
 
 from ..chat.service import Attachment
@@ -149,6 +150,9 @@ class RelayFeed:
         # breaks after that has nothing left to say, and a second terminal chunk would reach the
         # browser after its finish.
         ended = False
+        # What the frames so far left open, for a cut to close before its error (the browser's
+        # resumed view opened them too, so frames before `start` count).
+        opened = _Opened()
         while True:
             try:
                 after, entries = await self._state.relay_read(self._key, after, timeout=step)
@@ -164,13 +168,13 @@ class RelayFeed:
                     if await self._liveness.dead(self._owner):
                         if not ended:
                             self.metrics.owner_lost.labels("stream").inc()
-                            yield [_error_frame(_OWNER_STOPPED)]
+                            yield opened.cut(_OWNER_STOPPED)
                         self._over = True
                         return
                     continue
             except SharedStateDown:
                 if not ended:
-                    yield [_error_frame(_CONTACT_LOST)]
+                    yield opened.cut(_CONTACT_LOST)
                 self._over = True
                 return
             quiet = 0.0
@@ -178,10 +182,12 @@ class RelayFeed:
             for entry in entries:
                 if entry.seq != position:
                     # The relay lost entries (Redis restarted under it): do not hand out a stream with a hole.
-                    yield batch + [_error_frame(_CONTACT_LOST)]
+                    yield batch + opened.cut(_CONTACT_LOST)
                     self._over = True
                     return
                 for frame in entry.frames:
+                    if frame.startswith(_OPENS_OR_CLOSES):
+                        opened.see(frame)
                     if position >= start:
                         batch.append(frame)
                     position += 1
@@ -200,5 +206,36 @@ class RelayFeed:
                 yield batch
 
 
-def _error_frame(text: str) -> bytes:
-    return encode_chunk({"type": "error", "errorText": text})
+# The frames that open or close a block or a step, as encode_chunk writes them.
+_OPENS_OR_CLOSES = (
+    b'{"type":"text-start"', b'{"type":"text-end"', b'{"type":"reasoning-start"', b'{"type":"reasoning-end"',
+    b'{"type":"start-step"', b'{"type":"finish-step"',
+)
+
+
+class _Opened:
+    """The text and reasoning blocks and the step a relayed response has open: a relay cut short
+    ends the browser's response as the owner's own error would (message_writer.py): what is open
+    closed, one `error`, then `finish`, so the AI SDK reads a finished, failed message."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, str] = {}  # id -> "text" or "reasoning", in opening order
+        self._step = False
+
+    def see(self, frame: bytes) -> None:
+        chunk = orjson.loads(frame)
+        kind = chunk["type"]
+        if kind in ("text-start", "reasoning-start"):
+            self._blocks[chunk["id"]] = kind.partition("-")[0]
+        elif kind in ("text-end", "reasoning-end"):
+            self._blocks.pop(chunk["id"], None)
+        else:
+            self._step = kind == "start-step"
+
+    def cut(self, text: str) -> list[bytes]:
+        out = [encode_chunk({"type": f"{kind}-end", "id": block}) for block, kind in self._blocks.items()]
+        if self._step:
+            out.append(encode_chunk({"type": "finish-step"}))
+        out.append(encode_chunk({"type": "error", "errorText": text}))
+        out.append(encode_chunk({"type": "finish", "finishReason": "error"}))
+        return out

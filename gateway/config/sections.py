@@ -8,6 +8,7 @@ sections are agent.py's, auth's auth.py's.
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, StringConstraints, model_validator
@@ -120,14 +121,61 @@ class InternalConfig(Section):
 MIN_SESSIONS_SECRET = 16
 
 
+def _host_port(entry: str) -> tuple[str, int]:
+    """"host:port" or "[v6]:port" to its parts; ValueError without both."""
+    host, sep, port = entry.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(entry)
+    return host, int(port)
+
+
+def _check_sentinels(sentinels: list[str], service: str | None, url: str) -> None:
+    """Sentinel settings that are whole and do not contradict redis_url (which, with them, names no host)."""
+    if not sentinels:
+        raise ValueError("sessions.redis_sentinel_service without sessions.redis_sentinels: list the sentinels (host:port)")
+    if not service:
+        raise ValueError("sessions.redis_sentinels without sessions.redis_sentinel_service: name the primary the "
+                         "sentinels monitor (`sentinel monitor <name> ...` in their configuration)")
+    for i, entry in enumerate(sentinels):
+        try:
+            _host_port(entry)
+        except ValueError:
+            raise ValueError(f"sessions.redis_sentinels[{i}]: {entry!r} is not host:port") from None
+    if url:
+        # The URL is a secret: said what is wrong with it, never quoted.
+        parsed = urlsplit(url)
+        if parsed.scheme not in ("redis", "rediss"):
+            raise ValueError("sessions.redis_url with sessions.redis_sentinels: the scheme is redis:// or rediss://")
+        try:
+            named_host = bool(parsed.hostname or parsed.port)
+        except ValueError:
+            named_host = True
+        if named_host:
+            raise ValueError(
+                "sessions.redis_url names a host and sessions.redis_sentinels are set: with sentinels the primary's "
+                "address comes from them; keep only the credentials and db in redis_url (redis://:password@/0)"
+            )
+
+
 class SessionsConfig(Section):
     """Where chat state that several replicas must share lives (docs/scaling.md)."""
 
     # memory: this process only (one replica). redis: replicas behind one load balancer share
     # the chat directory, replica heartbeats, gated-call records and relays in Redis.
     backend: Literal["memory", "redis"] = "memory"
-    # redis://[:password@]host:port/db; a secret, because it may carry the password.
+    # redis://[:password@]host:port/db; a secret, because it may carry the password. With
+    # `redis_sentinels`, no host: only the scheme, credentials and db (`redis://:password@/0`).
     redis_url: SecretStr | None = None
+    # Redis Sentinel (docs/scaling.md "Redis that fails over"): the sentinels, as host:port. The
+    # primary's address is asked of them, so a promotion is followed without a restart.
+    redis_sentinels: list[str] = Field(default_factory=list)
+    # The primary's name in the sentinels' configuration (`sentinel monitor <name> ...`).
+    redis_sentinel_service: str | None = Field(None, min_length=1)
+    # The sentinels' own credentials and TLS, when they have any (the data nodes' are redis_url's).
+    redis_sentinel_username: str | None = None
+    redis_sentinel_password: SecretStr | None = None
+    redis_sentinel_tls: bool = False
     # Every Redis key starts with this, so several gateways can share one Redis.
     key_prefix: str = Field("adk-gateway", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     # How often a replica tells Redis it is alive; a replica silent for `owner_timeout` is dead
@@ -147,8 +195,12 @@ class SessionsConfig(Section):
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> SessionsConfig:
-        if self.backend == "redis" and (self.redis_url is None or not self.redis_url.get_secret_value()):
-            raise ValueError("sessions.redis_url is required with backend redis")
+        url = self.redis_url.get_secret_value() if self.redis_url is not None else ""
+        if self.redis_sentinels or self.redis_sentinel_service:
+            _check_sentinels(self.redis_sentinels, self.redis_sentinel_service, url)
+        elif self.backend == "redis" and not url:
+            raise ValueError("sessions.redis_url is required with backend redis (or sessions.redis_sentinels and "
+                             "sessions.redis_sentinel_service)")
         if self.accepted_secrets and not self.seal_secrets() and any(s.get_secret_value() for s in self.accepted_secrets):
             raise ValueError("sessions.accepted_secrets without sessions.secret: accepted keys alone seal nothing")
         short = [name for name, value in self._secrets() if value and len(value) < MIN_SESSIONS_SECRET]
@@ -159,6 +211,10 @@ class SessionsConfig(Section):
         if self.owner_timeout < 2 * self.heartbeat_interval:
             raise ValueError("sessions.owner_timeout must be at least twice sessions.heartbeat_interval")
         return self
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """`redis_sentinels` as (host, port) pairs (the validator has checked them)."""
+        return [_host_port(entry) for entry in self.redis_sentinels]
 
     def _secrets(self) -> list[tuple[str, str]]:
         named = [("sessions.secret", self.secret.get_secret_value() if self.secret is not None else "")]

@@ -241,11 +241,20 @@ def shared_state(config: GatewayConfig) -> SharedState:
     if sessions.backend == "memory":
         return MemoryState(replica_id)
     from ..cluster.redis import RedisState
+    from ..cluster.redis_client import RedisTarget
     from ..cluster.sealing import Seal
 
-    assert sessions.redis_url is not None  # the config requires it with backend redis
+    # The config requires a redis_url or the sentinels with backend redis.
+    password = sessions.redis_sentinel_password
+    target = RedisTarget(
+        url=sessions.redis_url.get_secret_value() if sessions.redis_url is not None else "",
+        sentinels=tuple(sessions.sentinel_addresses()), service=sessions.redis_sentinel_service or "",
+        sentinel_username=sessions.redis_sentinel_username,
+        sentinel_password=password.get_secret_value() if password is not None else None,
+        sentinel_tls=sessions.redis_sentinel_tls,
+    )
     return RedisState(
-        replica_id, sessions.redis_url.get_secret_value(), prefix=sessions.key_prefix,
+        replica_id, target, prefix=sessions.key_prefix,
         heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
         seal=Seal(config.seal_secrets()),  # the config refuses backend redis without one
     )

@@ -205,7 +205,7 @@ def replicas(
     prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
     upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
     adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "", code: dict[str, Path] | None = None,
-    replica_env: dict[str, dict[str, str]] | None = None,
+    replica_env: dict[str, dict[str, str]] | None = None, store: tuple[RedisServer, str] | None = None,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -220,6 +220,8 @@ def replicas(
     `code`: the source tree a replica runs ("a" or "b" -> a directory holding another release's
     `gateway` package: a rolling upgrade); this checkout without it. `replica_env`: more
     environment for one replica.
+    `store`: a Redis the caller runs (its primary) and the `sessions` keys that reach it (the
+    Sentinel test's); the stack's own redis-server and `redis_url` without it.
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -236,7 +238,11 @@ def replicas(
             plugin_url = balancer.url
         else:
             plugin_url = internal[plugin_via]
-        redis = stack.enter_context(redis_server(tmp))
+        if store is None:
+            redis = stack.enter_context(redis_server(tmp))
+            reach = f"  redis_url: {redis.url}\n"
+        else:
+            redis, reach = store
         agent = AdkServer(tmp, extra_plugins=(PLUGIN,), adk=adk, sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
             "ADK_GATEWAY_URL": plugin_url, "ADK_GATEWAY_SECRET": secret, "DEMO_TOOL_LEDGER": str(ledger.path),
             # This checkout's plugin first, whatever copy the venv holds.
@@ -255,7 +261,7 @@ def replicas(
             return (
                 tools.format(payment_timeout=payment_timeout, on_timeout="deny")
                 + f"internal:\n  port: {ports[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
-                + f"sessions:\n  backend: redis\n  redis_url: {redis.url}\n  key_prefix: gw-test\n"
+                + f"sessions:\n  backend: redis\n{reach}  key_prefix: gw-test\n"
                 + f"  secret: {sessions_secret}\n"
                 + f"  heartbeat_interval: {HEARTBEAT}\n  owner_timeout: {OWNER_TIMEOUT}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
