@@ -1,6 +1,11 @@
 """Shared state in Redis (`sessions.backend: redis`): what lets several replicas serve one chat.
 
-Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
+`RedisState` owns the heartbeat, the epoch and Redis's clock. Its parts own the other keys, each
+given the client and prefix (and the seal, this replica's id, or the heartbeat's answers it needs):
+the chat directory redis_directory.py, the inbox redis_inbox.py, the relays, call records, tickets
+and chat states redis_records.py, the deadlines redis_deadlines.py, the audit store redis_audit.py,
+the approvals directory redis_approvals.py, the per-user limits redis_limits.py. docs/scaling.md's
+table ("What lives in Redis") has every key. This module's, under `sessions.key_prefix`:
 - `{p}:epoch`: an id for the Redis dataset, "token|reset_ms". A replica that finds it missing or
   changed knows Redis lost its data (a restart without persistence) and writes its chats back;
   for `owner_timeout` after such a reset, claims of unknown chats answer "settling" (503, retry),
@@ -11,32 +16,13 @@ Keys, all under `sessions.key_prefix` (docs/scaling.md has the table):
   After an outage longer than `owner_timeout` every heartbeat has expired, live replicas' too: a
   missing heartbeat means dead only once the beats have gone on for `owner_timeout` since (claims
   that would take a chat over answer "settling" meanwhile: 503, retry).
-- `{p}:chat:{chat id}`: hash {user, owner, run}, expiring `chat.idle_chat_ttl` after its last use.
-- `{p}:inbox:{replica}`: a pub/sub channel per replica.
-- `{p}:relay:{key}`: a stream per relayed response, capped and expiring.
-- `{p}:call:{approval id}`: hash of a gated call, expiring a minute after its deadline.
-- `{p}:ticket:{sha256 of the ticket}`: a WebSocket ticket's record (JSON), expiring with the
-  ticket, taken with GETDEL so it opens one socket.
-- `{p}:deadlines`, `{p}:deadline`, `{p}:deadline_claims`: confirmation deadlines (redis_deadlines.py).
-- `{p}:state:{chat id}`: a chat's state (its approvals) with its user, expiring with the chat.
-- `{p}:audit`, `{p}:audit_ids`: the audit trail's records and their approval ids (redis_audit.py).
-- `{p}:approval:{id}`, `{p}:approvals`: the pending approvals and their index (redis_approvals.py).
-- `{p}:rate:{user}`, `{p}:streams:{user}`: each user's token bucket and stream slots (redis_limits.py).
-This module owns the heartbeat, the epoch and Redis's clock, and the chat directory (claims, owners,
-run marks); the inbox is redis_inbox.py's, the relays, call records, tickets and chat states
-redis_records.py's, the deadlines redis_deadlines.py's, the audit store redis_audit.py's, the
-approvals directory redis_approvals.py's, the per-user limits redis_limits.py's, each given the client, prefix and seal.
 
-What one replica writes for another to act on (inbox messages, call record fields, relay entries,
-ticket records, chat states, audit records, pending approvals and their votes) is sealed with
-`sessions.secret` (sealing.py) and opened before use; what does not open is logged without its
-content and treated as absent (an approval's state and votes sit beside its seal, each vote with a
-tag of its own: redis_approvals.py). Inbox messages are stamped
-on Redis's clock inside their seal: one 30 s old, or received already, is a replay. The directory,
-heartbeats and epoch are not sealed: they route and they time out, they authorize nothing (docs/security.md).
+What one replica writes for another to act on is sealed with `sessions.secret` (sealing.py) by the
+part that writes it, and opened before use; what does not open is logged without its content and
+treated as absent. The directory, heartbeats and epoch are not sealed: they route and they time
+out, they authorize nothing (docs/security.md).
 
-Claims run as one Lua script (redis_scripts.py), so two replicas racing for a chat cannot both
-win. Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
+Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
 backend available again.
 Redis Cluster is not supported (the claim script touches keys it is not given). Sentinel and managed
 failover endpoints are (the client is redis_client.py's): a promoted replica holds the epoch as of its
@@ -59,17 +45,17 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from ..chat.registry import ChatNotFound
 from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
 from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
 from .redis_client import RedisTarget, connect
 from .redis_deadlines import RedisDeadlines
+from .redis_directory import RedisDirectory
 from .redis_inbox import RedisInbox
 from .redis_limits import RedisLimits
 from .redis_records import RedisRecords
-from .redis_scripts import BEAT, CLAIM, NEW_EPOCH, OWNER_SET
+from .redis_scripts import BEAT, NEW_EPOCH
 from .sealing import Seal
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
@@ -106,14 +92,7 @@ class RedisState(SharedState):
     shares_limits = True
 
     def __init__(
-        self,
-        replica_id: str,
-        url: str | RedisTarget,
-        *,
-        prefix: str,
-        heartbeat_interval: float,
-        owner_timeout: float,
-        seal: Seal,
+        self, replica_id: str, url: str | RedisTarget, *, prefix: str, heartbeat_interval: float, owner_timeout: float, seal: Seal,
     ) -> None:
         super().__init__(replica_id)
         self.available = False
@@ -132,8 +111,6 @@ class RedisState(SharedState):
         self._epoch: str | None = None
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._claim = self._redis.register_script(CLAIM)
-        self._owner_set = self._redis.register_script(OWNER_SET)
         self._new_epoch = self._redis.register_script(NEW_EPOCH)
         self._beat_script = self._redis.register_script(BEAT)
         # A pause in every replica's beats longer than this is an outage (heartbeats may have expired
@@ -148,8 +125,6 @@ class RedisState(SharedState):
         self._beat_ok = asyncio.Event()
         # Until when (time.monotonic) claims of unknown chats are refused after Redis lost its data.
         self._restored_at = 0.0
-        # The chat record lifetime last asked for (chat.idle_chat_ttl may change on reload).
-        self._chat_ttl = 3600.0
         # Redis's clock minus this process's monotonic one (ms), measured at every heartbeat:
         # inbox messages are stamped and checked on Redis's clock, so hosts' clocks do not matter.
         self._clock_offset: float | None = None
@@ -160,6 +135,10 @@ class RedisState(SharedState):
         self._audit = RedisAudit(self._redis, prefix, seal, self._redis_ms)
         self._approvals = RedisApprovals(self._redis, prefix, seal, replica_id)
         self._limits = RedisLimits(self._redis, prefix)
+        self._directory = RedisDirectory(
+            self._redis, prefix, replica_id, owner_timeout=owner_timeout,
+            epoch=lambda: self._epoch, may_be_live=self._missing_beat_may_be_live, reset_seen=self._reset_seen,
+        )
         self._inbox_link = RedisInbox(
             self._redis, prefix, seal, replica_id,
             redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
@@ -260,18 +239,24 @@ class RedisState(SharedState):
             # Redis lost what we had written: write our chats back before serving again.
             chats = self._reassert()
             log.warning("shared_state_reset", chats_restored=len(chats))
-            ttl_ms = int(self._chat_ttl * 1000)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for chat in chats:
-                    key = self._key("chat", chat.chat)
-                    pipe.hset(key, mapping={"user": chat.user, "owner": self.replica_id, "run": chat.run, "agent": chat.agent})
-                    pipe.pexpire(key, ttl_ms)
-                await pipe.execute()
+            await self._directory.restore(chats)
         self._epoch = seen
 
     def _redis_ms(self) -> int | None:
         """Now on Redis's clock, as of the last heartbeat (None before the first)."""
         return None if self._clock_offset is None else int(time.monotonic() * 1000 + self._clock_offset)
+
+    def _reset_seen(self) -> None:
+        # A claim found the epoch changed before this replica's heartbeat did (which runs now, and
+        # measures the window): restoring from here on, so readiness does not wait for it.
+        self._restored_at = max(self._restored_at, time.monotonic() + self._owner_timeout)
+        self._beat_now.set()
+
+    def _missing_beat_may_be_live(self) -> bool:
+        """Whether the beats resumed after an outage less than `owner_timeout` ago (as of this
+        replica's last beat): a heartbeat missing now may be a live replica's that has not beaten yet."""
+        now = self._redis_ms()
+        return bool(self._serving_since) and now is not None and now - self._serving_since < self._owner_timeout * 1000
 
     # ---- calls into Redis ------------------------------------------------------------------
 
@@ -282,76 +267,22 @@ class RedisState(SharedState):
     async def claim(
         self, user_id: str, chat_id: str, *, agent: str, default_agent: str, ttl: float, create: bool = True
     ) -> Claim:
-        self._check()
-        self._chat_ttl = ttl
-        try:
-            result = await self._claim(
-                keys=[self._key("chat", chat_id), self._key("epoch"), self._key("beats")],
-                args=[user_id, self.replica_id, int(ttl * 1000), self._key("replica", ""), self._epoch or "",
-                      int(self._owner_timeout * 1000), "1" if create else "0", agent, default_agent],
-            )
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-        kind = result[0].decode()
-        if kind == "local":
-            return Claim(self.replica_id, local=True)
-        if kind == "remote":
-            return Claim(result[1].decode(), local=False)
-        if kind == "took_over":
-            run = result[2].decode()
-            return Claim(self.replica_id, local=True, orphaned_run=run or None)
-        if kind == "foreign":
-            raise ChatNotFound(chat_id)
-        if kind == "reset":
-            # Not yet seen by this replica's heartbeat (which runs now, and measures the window):
-            # restoring from here on, so readiness does not wait for it.
-            self._restored_at = max(self._restored_at, time.monotonic() + self._owner_timeout)
-            self._beat_now.set()
-            raise SharedStateDown("the shared session store (Redis) lost its data and the replicas are restoring it; retry")
-        raise SharedStateDown("the replicas are restoring the shared session store; retry in a moment")
+        claiming = self._directory.claim(user_id, chat_id, agent=agent, default_agent=default_agent, ttl=ttl, create=create)
+        return await self._op(claiming)  # type: ignore[no-any-return]
 
     async def owner(self, user_id: str, chat_id: str) -> str | None:
-        self._check()
-        try:
-            user, owner = await self._redis.hmget(self._key("chat", chat_id), ["user", "owner"])
-            if user is None or user.decode() != user_id:
-                return None
-            owner_id = owner.decode()
-            if owner_id == self.replica_id or self._missing_beat_may_be_live():
-                return owner_id
-            if await self._redis.exists(self._key("replica", owner_id)):
-                return owner_id
-            return None
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        return await self._op(self._directory.owner(user_id, chat_id))  # type: ignore[no-any-return]
 
     async def mark_run(self, user_id: str, chat_id: str, message_id: str) -> None:
-        await self._owner_write(user_id, chat_id, "run", message_id)
+        await self._op(self._directory.mark_run(user_id, chat_id, message_id))
 
     async def release(self, user_id: str, chat_id: str) -> None:
-        await self._owner_write(user_id, chat_id, "", "")
-
-    async def _owner_write(self, user_id: str, chat_id: str, field: str, value: str) -> None:
-        self._check()
-        try:
-            await self._owner_set(keys=[self._key("chat", chat_id)], args=[user_id, self.replica_id, field, value])
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
+        await self._op(self._directory.release(user_id, chat_id))
 
     async def alive(self, replica_id: str) -> bool:
         if replica_id == self.replica_id:
-            return True
-        self._check()
-        try:
-            return bool(await self._redis.exists(self._key("replica", replica_id))) or self._missing_beat_may_be_live()
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-
-    def _missing_beat_may_be_live(self) -> bool:
-        """Whether the beats resumed after an outage less than `owner_timeout` ago (as of this
-        replica's last beat): a heartbeat missing now may be a live replica's that has not beaten yet."""
-        now = self._redis_ms()
-        return bool(self._serving_since) and now is not None and now - self._serving_since < self._owner_timeout * 1000
+            return True  # also while Redis is down
+        return await self._op(self._directory.alive(replica_id))  # type: ignore[no-any-return]
 
     async def send(self, replica_id: str, message: dict[str, Any]) -> None:
         await self._op(self._inbox_link.send(replica_id, message))
@@ -444,7 +375,7 @@ class RedisState(SharedState):
         return await self._op(self._limits.renew(slots, lease, now))  # type: ignore[no-any-return]
 
     async def _op(self, op: Any) -> Any:
-        # One operation of a part (records, inbox, deadlines), which raises what redis-py raises.
+        # One operation of a part (directory, records, inbox, deadlines...), which raises what redis-py raises.
         try:
             self._check()
             return await op

@@ -1,12 +1,14 @@
-"""The Lua scripts RedisState (redis.py) runs inside Redis, where a read and the write that depends
-on it cannot be split by another replica's command.
+"""The Lua scripts the Redis backend (redis.py and its parts) runs inside Redis, where a read and the
+write that depends on it cannot be split by another replica's command.
 
 - `CLAIM`: the chat's owner, this replica becoming it if nobody alive is; refuses another user's
-  or another agent's chat, and claims of unknown chats while the replicas restore a Redis that lost its data.
-- `OWNER_SET`: a write to a chat record that only its owner may make.
+  or another agent's chat, and claims of unknown chats while the replicas restore a Redis that lost
+  its data (redis_directory.py).
+- `OWNER_SET`: a write to a chat record that only its owner may make (redis_directory.py).
 - `NEW_EPOCH`: the dataset's epoch, created if missing (Redis started, or restarted empty).
 - `BEAT`: a replica's heartbeat, and the gap since the last one of any replica (an outage).
-- `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds.
+- `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds
+  (redis_audit.py).
 - `APPROVAL_PUT`, `APPROVAL_VOTE`: a pending approval kept (its votes and decision left as they
   are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py).
 

@@ -326,8 +326,9 @@ async def test_every_key_has_a_ttl(forger: tuple[RedisState, RedisState, aioredi
     await a.vote_approval("gw-1", "sup-1", True, 1)
     keys = [k async for k in client.scan_iter(f"{prefix}:*") if not k.endswith(b":epoch") and b":replica:" not in k]
     ttls = {k.decode().removeprefix(prefix): await client.pttl(k) for k in keys}
-    assert set(ttls) == {":approval:gw-1", ":approval:gw-2", ":approval:gw-3", ":approvals"}
+    assert set(ttls) == {":approval:gw-1", ":approval:gw-2", ":approval:gw-3", ":approvals", ":beats"}
     assert 0 < ttls[":approval:gw-1"] <= 30_000
+    assert 0 < ttls[":beats"] <= 3_600_000  # the heartbeat's record of the last beat, kept an hour
     # The index lives as long as its longest-lived approval.
     assert 60_000 < ttls[":approvals"] <= 120_000
 
