@@ -178,32 +178,42 @@ class RelayFeed:
                 self._over = True
                 return
             quiet = 0.0
-            batch: list[bytes] = []
-            for entry in entries:
-                if entry.seq != position:
-                    # The relay lost entries (Redis restarted under it): do not hand out a stream with a hole.
-                    yield batch + opened.cut(_CONTACT_LOST)
-                    self._over = True
-                    return
-                for frame in entry.frames:
-                    if frame.startswith(_OPENS_OR_CLOSES):
-                        opened.see(frame)
-                    if position >= start:
-                        batch.append(frame)
-                    position += 1
-                if entry.end == "lagged":
-                    if batch:
-                        yield batch
-                    self._over = True
+            batch, position, stop = _unpack(entries, position, start, opened)
+            if stop == "hole":
+                # The relay lost entries (Redis restarted under it): do not hand out a stream with a hole.
+                yield batch + opened.cut(_CONTACT_LOST)
+                self._over = True
+                return
+            if stop is not None:
+                if batch:
+                    yield batch
+                self._over = True
+                if stop == "lagged":
                     raise FollowerLagged("the relay fell behind the response")
-                if entry.end is not None:
-                    if batch:
-                        yield batch
-                    self._over = True
-                    return
+                return
             if batch:
                 ended = batch[-1].startswith(_TERMINAL)
                 yield batch
+
+
+def _unpack(
+    entries: list[RelayEntry], position: int, start: int, opened: _Opened,
+) -> tuple[list[bytes], int, str | None]:
+    """The frames of `entries` from `start` on, the position after them, and why to stop there:
+    None (read on), "hole" (an entry missing), "lagged" or "end" (the response's end)."""
+    batch: list[bytes] = []
+    for entry in entries:
+        if entry.seq != position:
+            return batch, position, "hole"
+        for frame in entry.frames:
+            if frame.startswith(_OPENS_OR_CLOSES):
+                opened.see(frame)
+            if position >= start:
+                batch.append(frame)
+            position += 1
+        if entry.end is not None:
+            return batch, position, "lagged" if entry.end == "lagged" else "end"
+    return batch, position, None
 
 
 # The frames that open or close a block or a step, as encode_chunk writes them.

@@ -19,32 +19,19 @@ GenAI (development) attribute names where they apply (docs/operations.md#tracing
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
-import structlog
-
 from ..config.telemetry import TelemetryConfig
+from .trace_export import TracingUnavailable, exporting_provider, flush_and_stop, follows_parent
 
 __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 
-log = structlog.get_logger("adk_gateway.ops.tracing")
-
 SEMCONV_VERSION: Final = "1.37.0"
-# Without OTEL_TRACES_SAMPLER: parent-based, keeping this share of the traces that start here. Every
-# trace kept costs its spans' recording and export, a fifth to a third of a short turn's CPU (bench
-# `--only tracing`, docs/operations.md#tracing); one in ten keeps that near 3%.
-DEFAULT_SAMPLE_RATIO: Final = 0.1
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
-
-
-class TracingUnavailable(Exception):
-    """Tracing is on but the OpenTelemetry SDK or its OTLP exporter is not installed."""
 
 
 class ClientCall:
@@ -116,7 +103,7 @@ class Tracing:
 
             self._propagator = TraceContextTextMapPropagator()
             self._trace, self._context = trace, context
-            self._follows_parent = _follows_parent(getattr(provider, "sampler", None))
+            self._follows_parent = follows_parent(getattr(provider, "sampler", None))
 
     @staticmethod
     def off() -> Tracing:
@@ -128,63 +115,18 @@ class Tracing:
         env = os.environ if env is None else env
         if not config.enabled_in(env):
             return cls.off()
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError as exc:
-            raise TracingUnavailable(
-                f"telemetry is enabled (telemetry.enabled or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry is not "
-                f"installed ({exc.name}): pip install 'adk-gateway[otel]', or unset the endpoint / set telemetry.enabled: false"
-            ) from None
-        service = config.service_in(env)
-        attributes = {"service.name": service}
-        if replica:
-            attributes["service.instance.id"] = replica
-        # OTEL_TRACES_SAMPLER / _ARG, when set, are the SDK's to read (sampler None); unset, the
-        # gateway's default, not the SDK's (which keeps every trace). The exporter reads the
-        # endpoint, headers, timeout and compression.
-        sampler = None
-        if not env.get("OTEL_TRACES_SAMPLER", "").strip():
-            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-            sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
-        # No exit hook: a collector that hangs must not hold the process (stop() bounds the flush).
-        provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler, shutdown_on_exit=False)
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        log.info("tracing_enabled", service=service, sampler=provider.sampler.get_description())
+        provider, service = exporting_provider(config, replica, env)
         return cls(provider, service, replica, config.shutdown_timeout)
 
     async def stop(self) -> None:
-        """Export what is queued and stop, waiting `shutdown_timeout` at most (a thread of its own:
-        the exporter's HTTP call blocks, and a collector that hangs must not hold the exit)."""
+        """Export what is queued and stop, waiting `shutdown_timeout` at most."""
         provider = self._provider
         if provider is None:
             return
         for span in self._waits.values():
             span.end()
         self._waits.clear()
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        timeout = self._shutdown_timeout
-
-        def flush() -> None:
-            try:
-                provider.force_flush(int(timeout * 1000))
-                provider.shutdown()
-            except Exception:  # noqa: BLE001 - an exporter's failure must not break the stop
-                log.warning("tracing_flush_failed", exc_info=True)
-            try:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
-            except RuntimeError:
-                pass  # the loop is gone: nobody waits any more
-
-        threading.Thread(target=flush, name="otel-flush", daemon=True).start()
-        try:
-            await asyncio.wait_for(asyncio.shield(done), timeout + 0.5)
-        except TimeoutError:
-            log.warning("tracing_flush_timed_out", timeout_s=timeout)
+        await flush_and_stop(provider, self._shutdown_timeout)
 
     # ---- the browser's requests ------------------------------------------------------------
 
@@ -420,16 +362,6 @@ class Tracing:
 
 # Holds nothing that changes: every helper returns at its `enabled` test.
 _OFF: Final = Tracing()
-
-
-def _follows_parent(sampler: Any) -> bool:
-    """Whether `sampler` drops every child of an unsampled parent, local or remote (the SDK's
-    parent-based samplers as the OTEL_TRACES_SAMPLER values build them, and the gateway's default)."""
-    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-
-    return isinstance(sampler, ParentBased) and all(
-        getattr(sampler, name, None) is ALWAYS_OFF for name in ("_remote_parent_not_sampled", "_local_parent_not_sampled")
-    )
 
 
 def _exemplar_of(context: Any) -> dict[str, str] | None:
