@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +38,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def event_loop_policy() -> asyncio.AbstractEventLoopPolicy:
+    """In-process async tests run on the loop the gateway would pick for $ADK_GATEWAY_LOOP: the
+    standard loop unless it says uvloop (`ADK_GATEWAY_LOOP=uvloop pytest tests/unit`), so both loops
+    can be tested. Gateways started as processes read the variable themselves."""
+    if os.environ.get("ADK_GATEWAY_LOOP", "").strip().lower() == "uvloop":
+        import uvloop
+
+        return uvloop.EventLoopPolicy()
+    return asyncio.DefaultEventLoopPolicy()
