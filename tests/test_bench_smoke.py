@@ -27,7 +27,7 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(out.read_text())
     results = document["results"]
-    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft"}
+    assert set(results) == {"converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "shapes"}
 
     for mix in ("recorded_run_sse", "recorded_run_live", "stream_mix"):
         assert {"floor_us_per_event", "converter_us_per_event", "ratio_to_floor"} <= set(results["converter"][mix])
