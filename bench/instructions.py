@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import sys
@@ -38,7 +37,7 @@ def _instructions(out: Path) -> int:
     return int(found.group(1))
 
 
-def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: str, n: int, streams: int, concurrency: int) -> int:
+def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: str, n: int, streams: int, concurrency: int) -> tuple[int, int]:
     port = procs.free_port()
     path = workdir / f"{tag}.yaml"
     path.write_text(procs.gateway_yaml(port, fake.base))
