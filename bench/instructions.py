@@ -3,7 +3,8 @@ does not move with the machine's load, for A/B decisions while other work shares
 
     python -m bench.instructions --shapes text,tools new= old=ADK_GATEWAY_LOOP=asyncio
 
-Each variant (`name=ENV=VALUE;ENV2=VALUE`, as in bench.variants) is a gateway started under
+Each variant (`name=ENV=VALUE;ENV2=VALUE`, as in bench.variants; `GATEWAY_ROOT=DIR` runs the
+`gateway` package found in DIR, e.g. an older commit's `git archive`) is a gateway started under
 `valgrind --tool=callgrind` with that environment; it serves `--small` and then, in a second
 process, `--large` streams of each shape (`--concurrency` at once, after the same warm-up), and
 stops with SIGTERM so callgrind writes its counts. (large - small) / (the events between them)
@@ -42,7 +43,12 @@ def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: s
     path = workdir / f"{tag}.yaml"
     path.write_text(procs.gateway_yaml(port, fake.base))
     out = workdir / f"{tag}.callgrind"
-    argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "gateway", "serve", "--config", str(path)]
+    # GATEWAY_ROOT in a variant's environment: the gateway package of another checkout (old code).
+    root = env.get("GATEWAY_ROOT")
+    gateway = ["-m", "gateway"] if not root else [
+        "-c", f"import sys, runpy; sys.path.insert(0, {root!r}); runpy.run_module('gateway', run_name='__main__')",
+    ]
+    argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, *gateway, "serve", "--config", str(path)]
     proc = procs.start(tag, argv, port, workdir, health="/healthz", env=env, wait=False, graceful=True)
     try:
         procs.ready(proc, timeout=600.0)
