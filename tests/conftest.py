@@ -40,13 +40,12 @@ def tmp(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture(scope="session")
-def event_loop_policy() -> asyncio.AbstractEventLoopPolicy:
-    """In-process async tests run on the loop the gateway would pick for $ADK_GATEWAY_LOOP: the
-    standard loop unless it says uvloop (`ADK_GATEWAY_LOOP=uvloop pytest tests/unit`), so both loops
-    can be tested. Gateways started as processes read the variable themselves."""
-    if os.environ.get("ADK_GATEWAY_LOOP", "").strip().lower() == "uvloop":
+if os.environ.get("ADK_GATEWAY_LOOP", "").strip().lower() == "uvloop":
+    # `ADK_GATEWAY_LOOP=uvloop pytest tests/unit`: in-process async tests run on uvloop, the loop the
+    # gateway picks by default, so both loops can be tested (without it, pytest-asyncio's standard
+    # loop). Gateways started as processes read the variable themselves.
+    @pytest.fixture(scope="session")
+    def event_loop_policy() -> asyncio.AbstractEventLoopPolicy:
         import uvloop
 
         return uvloop.EventLoopPolicy()
-    return asyncio.DefaultEventLoopPolicy()

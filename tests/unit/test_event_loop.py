@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 
 import pytest
 
@@ -47,3 +48,9 @@ def test_run_runs_on_the_chosen_loop(name: str) -> None:
 
     module = event_loop.run(which(), name)
     assert module.startswith("uvloop") == (name == "uvloop")
+
+
+async def test_in_process_tests_run_on_the_loop_the_environment_names() -> None:
+    # tests/conftest.py: `ADK_GATEWAY_LOOP=uvloop pytest ...` runs these on uvloop, else the standard loop.
+    on_uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    assert on_uvloop == (os.environ.get("ADK_GATEWAY_LOOP", "").strip().lower() == "uvloop")
