@@ -1,8 +1,8 @@
 """Which asyncio event loop the gateway runs on, and running the server on it.
 
-uvloop (libuv under asyncio's API) is the default where it is installed: measured on the bench's
-streams it takes ~10% off the CPU per event and ~20% off an isolated paced event
-(docs/performance.md, issue 29). The standard loop is the fallback when uvloop is absent, and the
+uvloop (libuv under asyncio's API) is the default where it is installed: on the bench's streams
+the gateway executes 4-6% fewer instructions per event on it (callgrind), and a quiet trial took
+~10% off the CPU per event and ~20% off an isolated paced event (docs/performance.md, issue 29). The standard loop is the fallback when uvloop is absent, and the
 choice when `listen.event_loop: asyncio` or `ADK_GATEWAY_LOOP=asyncio` asks for it (e.g. to rule
 the loop out while chasing a defect). Asking for uvloop where it is not installed is an error at
 start, not a silent fallback.
