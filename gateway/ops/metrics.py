@@ -11,14 +11,13 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.registry import Collector
 
 # Re-exported: the series and the label values they are counted with are read from here.
+from .counts_collector import TOKENS_HELP, CountsCollector
 from .metric_labels import (
     APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, WEBHOOK_BUCKETS,
     AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, TOKEN_KINDS, TOOL_OUTCOMES, WEBHOOK_ATTEMPTS,
@@ -67,7 +66,7 @@ class GatewayMetrics:
         # UI chunks emitted by type: a plain dict that the chat actors add to directly (a Counter
         # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: dict[str, int] = {}
-        r.register(_ChunkCollector(self.chunk_counts))
+        r.register(CountsCollector("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", ["type"], self.chunk_counts))
         self.ws_connections = Gauge(
             "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
         )
@@ -112,7 +111,7 @@ class GatewayMetrics:
         # plain counts read at scrape time, as chunks are, not a Counter child's lock per kind
         # (~7% of the gateway's CPU on bench's tool-heavy stream, docs/performance.md).
         self._token_counts: dict[tuple[str, str, str], int] = {}
-        r.register(_TokenCollector(self._token_counts))
+        r.register(CountsCollector("adk_gateway_tokens", TOKENS_HELP, ["agent", "model", "kind"], self._token_counts))
         # The models kept as `model` label values (metrics.models); know_agents sets them.
         self._token_models: frozenset[str] = frozenset()
         self.first_token = Histogram(
@@ -380,41 +379,3 @@ class GatewayMetrics:
     def render(self, openmetrics: bool = False) -> bytes:
         """The Prometheus text format; `openmetrics`: OpenMetrics, the one with exemplars."""
         return (openmetrics_latest if openmetrics else generate_latest)(self.registry)
-
-
-_TOKENS_HELP: Final = (
-    "Tokens the agents' LLM calls used, as ADK reports them, by agent, model (metrics.models, else other) "
-    "and kind (input, output, total, cached, thinking)."
-)
-
-
-class _TokenCollector(Collector):
-    """`adk_gateway_tokens_total{agent,model,kind}` from the gateway's plain counts (one event loop, no lock)."""
-
-    def __init__(self, counts: dict[tuple[str, str, str], int]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("adk_gateway_tokens", _TOKENS_HELP, labels=["agent", "model", "kind"])
-        for labels, count in list(self._counts.items()):
-            family.add_metric(list(labels), count)
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("adk_gateway_tokens", _TOKENS_HELP, labels=["agent", "model", "kind"])
-
-
-class _ChunkCollector(Collector):
-    """`adk_gateway_chunks_total{type}` from the gateway's plain counts (one event loop, no lock)."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])
-        for chunk_type, count in list(self._counts.items()):
-            family.add_metric([chunk_type], count)
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])
