@@ -49,7 +49,8 @@ class StreamSpec:
     mode: str = "burst"  # burst: n events at full speed; paced: n events interval_ms apart;
     # hold: one event, then the stream stays open hold_s seconds; gate: a function call to
     # `tool`, held until /bench/release, then its response and text; gate_before / gate_after:
-    # those two halves as two runs that end; tools: n events of the tool-heavy stream.
+    # those two halves as two runs that end; tools: n events of the tool-heavy stream; text: one
+    # long answer, n - 1 streamed text events and the final one.
     n: int = 500
     size: int = 0
     batch: int = 1  # burst: events per write (ADK writes each event on its own)
@@ -240,8 +241,19 @@ def tool_events(n: int) -> tuple[bytes, ...]:
     return tuple(out)
 
 
+@cache
+def text_events(n: int, size: int = 0) -> tuple[bytes, ...]:
+    """One long text answer of n events: the recorded streamed text events in turn, then its final event."""
+    text, _tool, _complete = _segments(False)
+    partials, final = text[:-1], text[-1]
+    out = [partials[i % len(partials)] for i in range(max(0, n - 1))] + [final]
+    return tuple(_pad(raw, size) for raw in out) if size else tuple(out)
+
+
 def stream_events(spec: StreamSpec, live: bool = False) -> tuple[bytes, ...]:
-    """The events the fake upstream streams for a burst-like spec (burst, tools)."""
+    """The events the fake upstream streams for a burst-like spec (burst, tools, text; text is SSE only)."""
     if spec.mode == "tools":
         return tool_events(spec.n)
+    if spec.mode == "text":
+        return text_events(spec.n, spec.size)
     return burst_events(spec.n, spec.size, live)

@@ -106,7 +106,7 @@ async def run_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers=_SSE_HEADERS)
     await response.prepare(request)
     try:
-        if spec.mode in ("burst", "tools"):
+        if spec.mode in ("burst", "tools", "text"):
             for batch in _sse_batches(spec):
                 await response.write(batch)
         elif spec.mode == "paced":

@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import secrets
+import statistics
 import sys
 import tempfile
 import time
@@ -41,8 +42,8 @@ from .shared_limits import limits_phase, limits_table
 from .tracing import tracing_phase, tracing_table, tracing_targets
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "tracing", "limits")
-AGENTIC = ("turns", "tools", "ttft")
+PHASES = ("converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "shapes", "tracing", "limits")
+AGENTIC = ("turns", "tools", "ttft", "shapes")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ class Sizes:
     tracing_reps: int = 7
     tracing_seconds: float = 4.0
     tracing_concurrency: int = 10
+    # Issue 29's shapes against nginx: one long text answer and the tool-heavy stream, a few streams at
+    # once, every route in turn, `shape_reps` times (the median kept).
+    shape_concurrency: int = 8
+    long_text_events: int = 2001
+    shape_reps: int = 3
+    shape_seconds: float = 3.0
 
 
 FULL = Sizes()
@@ -91,7 +98,7 @@ SMOKE = Sizes(
     idle_settle_s=0.0, approval_iterations=1, approval_warm=0, approval_seconds=0.5, repeats=1,
     turns_concurrency=(1, 2), turns_seconds=0.0, warm_history_turns=3, tool_stream_events=27, tool_turn_events=9,
     tools_concurrency=(1, 2), tools_seconds=0.0, ttft_iterations=3, tracing_reps=1, tracing_seconds=0.0,
-    tracing_concurrency=2,
+    tracing_concurrency=2, shape_concurrency=1, long_text_events=20, shape_reps=1, shape_seconds=0.0,
 )
 
 
@@ -372,8 +379,9 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
     internal_port, secret = procs.free_port(), secrets.token_urlsafe(16)
     fake = procs.start_fake(workdir, "agentic-fake", wait=False)
     passthrough = procs.start_passthrough(workdir, fake.base, "agentic-passthrough", wait=False)
-    nginx = procs.start_nginx(workdir, fake.base, "agentic-nginx", wait=False) if have_nginx and {"tools", "ttft"} & set(phases) else None
-    gateway = procs.start_gateway(workdir, fake.base, name="agentic-gateway", wait=False) if {"tools", "ttft"} & set(phases) else None
+    with_nginx = {"tools", "ttft", "shapes"} & set(phases)
+    nginx = procs.start_nginx(workdir, fake.base, "agentic-nginx", wait=False) if have_nginx and with_nginx else None
+    gateway = procs.start_gateway(workdir, fake.base, name="agentic-gateway", wait=False) if with_nginx else None
     turner = procs.start_gateway(workdir, fake.base, name="turns-gateway", wait=False) if "turns" in phases else None
     approver = procs.start_gateway(
         workdir, fake.base, name="pairs-gateway", extra=_approval_extra(internal_port, secret), wait=False
@@ -434,6 +442,9 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
                             f"failed={r['failed']} errors={r['errors']}")
                 turns[str(conc)] = level
             results["tools"] = {"stream": stream, "turns": turns}
+        if "shapes" in phases:
+            assert gateway is not None
+            results["shapes"] = await _shapes(_sse_routes(fake, nginx, passthrough, gateway), fake, sizes, log)
         if "turns" in phases:
             assert turner is not None and approver is not None
             log(f"short turns ({sizes.turn_events} events), warm and new chats, and approval pairs")
@@ -474,6 +485,38 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
                 pairs[str(conc)] = level
             results["turns"] = {"short": short, "approval_pair": pairs}
     return results
+
+
+async def _shapes(routes: list[Route], fake: Proc, sizes: Sizes, log: Any) -> dict[str, Any]:
+    """Issue 29's stream shapes: a long text answer and the tool-heavy stream, `shape_concurrency`
+    streams at once, each proxy in turn (the order rotating) `shape_reps` times; per route the median
+    of the reps' CPU per event and events/s, and every rep's figures."""
+    out: dict[str, Any] = {}
+    proxies = [r for r in routes if r.proc is not fake]
+    for shape, mode, n in (("long_text", "text", sizes.long_text_events), ("tool_heavy", "tools", sizes.tool_stream_events)):
+        log(f"shape {shape}: {n} events a stream, x{sizes.shape_concurrency}, {sizes.shape_reps} reps")
+        reps: dict[str, list[dict[str, Any]]] = {r.name: [] for r in proxies}
+        for rep in range(sizes.shape_reps):
+            shift = rep % len(proxies)
+            for route in proxies[shift:] + proxies[:shift]:
+                r = await throughput(
+                    route, concurrency=sizes.shape_concurrency, n=n, seconds=sizes.shape_seconds,
+                    measure={"proxy": route.proc, "upstream": fake}, tag=f"{shape}{rep}", mode=mode,
+                )
+                reps[route.name].append(r)
+                log(f"  {shape} {route.name:12} rep {rep} {r['events_per_s']:>9.0f} ev/s {r['cpu_us_per_event_proxy']:6.2f} us/ev "
+                    f"failed={r['failed']} errors={r['errors']}")
+        out[shape] = {
+            name: {
+                "events_per_stream": rows[0]["events_per_stream"],
+                "cpu_us_per_event_proxy": statistics.median(r["cpu_us_per_event_proxy"] for r in rows),
+                "events_per_s": statistics.median(r["events_per_s"] for r in rows),
+                "failed": sum(r["failed"] for r in rows), "errors": sum(r["errors"] for r in rows),
+                "reps_cpu_us_per_event_proxy": [r["cpu_us_per_event_proxy"] for r in rows],
+            }
+            for name, rows in reps.items()
+        }
+    return out
 
 
 async def _approval(gateway: Proc, fake: Proc, internal_port: int, secret: str, sizes: Sizes, log: Any) -> dict[str, Any]:
@@ -598,7 +641,30 @@ def targets(results: dict[str, Any], sizes: Sizes) -> list[dict[str, Any]]:
         detail=cg and f"{cg['us_per_event_16x']:.2f} vs {cg['us_per_event_1x']:.2f} us/event")
     _agentic_targets(results, sizes, add)
     tracing_targets(results, add)
+    _nginx_targets(results, sizes, add)
     return rows
+
+
+def _nginx_targets(results: dict[str, Any], sizes: Sizes, add: Any) -> None:
+    """Issue 29's targets against nginx measured in the same run (the ones against the passthrough stay)."""
+    shapes = results.get("shapes") or {}
+    for shape, label, limit in (("long_text", f"long text ({sizes.long_text_events} events)", 2.0),
+                                ("tool_heavy", f"tool-heavy stream ({sizes.tool_stream_events} events)", 3.0)):
+        rows = shapes.get(shape) or {}
+        gw, ng, pt = rows.get("gateway"), rows.get("nginx"), rows.get("passthrough")
+        add(f"{label}, x{sizes.shape_concurrency}: gateway CPU per event vs nginx (median of {sizes.shape_reps})",
+            _ratio(gw and gw["cpu_us_per_event_proxy"], ng and ng["cpu_us_per_event_proxy"]), "<=", limit,
+            detail=gw and ng and f"{gw['cpu_us_per_event_proxy']:.2f} vs {ng['cpu_us_per_event_proxy']:.2f} us/event"
+            + (f"; passthrough {pt['cpu_us_per_event_proxy']:.2f} ({_fmt(_ratio(gw['cpu_us_per_event_proxy'], pt['cpu_us_per_event_proxy']))}x)" if pt else ""))
+    new = _get(results, "ttft", "new") or {}
+    gw, ng = new.get("gateway"), new.get("nginx")
+    add("time to first text, new chat, sequential: gateway p50", gw and gw["first_text_us_p50"] / 1000, "<=", 1.2, "ms",
+        detail=gw and (f"nginx {ng['first_text_us_p50'] / 1000:.2f} ms ({_fmt(_ratio(gw['first_text_us_p50'], ng['first_text_us_p50']))}x)"
+                       if ng else "nginx not measured"))
+    held = _get(results, "idle", "sse", "gateway")
+    ng = _get(results, "idle", "sse", "nginx")
+    add("idle: gateway RSS per held SSE stream", held and held["kib_per_connection"], "<=", 25.0, "KiB",
+        detail=ng and f"nginx {ng['kib_per_connection']:.1f} KiB")
 
 
 def _agentic_targets(results: dict[str, Any], sizes: Sizes, add: Any) -> None:
@@ -738,6 +804,14 @@ def table(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines += _agentic_table(results)
     lines += tracing_table(results)
     lines += limits_table(results)
+    shapes = results.get("shapes")
+    if shapes:
+        lines += ["", "Issue 29's shapes (median of the reps; CPU us per event; events/s)"]
+        for shape, routes in shapes.items():
+            for name, row in routes.items():
+                reps = ", ".join(_fmt(v) for v in row["reps_cpu_us_per_event_proxy"])
+                lines.append(f"  {shape:10} {name:12} {row['events_per_s']:>9.0f} ev/s  proxy {_fmt(row['cpu_us_per_event_proxy']):>6} us/ev"
+                             f"  (reps {reps})  failed {row['failed']}")
     lines.append("")
     lines.append("Targets")
     for row in rows:
@@ -824,6 +898,10 @@ def machine() -> dict[str, Any]:
     for path in sorted((procs.ROOT / "gateway").rglob("*.py")):
         digest.update(path.relative_to(procs.ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     info["gateway_sources_sha256"] = digest.hexdigest()[:16]
+    from gateway.edge import event_loop
+
+    with contextlib.suppress(ValueError):
+        info["gateway_event_loop"] = event_loop.choose("auto")  # the gateways get this process's environment
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=procs.ROOT, capture_output=True, text=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "gateway"], cwd=procs.ROOT, capture_output=True, text=True)

@@ -13,7 +13,8 @@ before committing). Phases, as in `python -m bench`: `lat1` and `lat200` (isolat
 per event); and issue 18's agentic shapes at 50 browsers (bench/agentic.py): `tools50` (the
 tool-heavy stream of 3,030 events: events/s, CPU per event), `warm50` and `new50` (20-event turns
 on warm or new chats: turns/s, CPU per turn) and `toolturns50` (the tool-heavy stream in turns of
-303 events, a new chat each: events/s, CPU per event, CPU per turn). `--transport ws` measures the browser's WebSocket (`/api/chat/ws`; the passthrough
+303 events, a new chat each: events/s, CPU per event, CPU per turn); issue 29's `long8` and `tools8` (a
+long text answer of 2,001 events, the tool-heavy stream of 3,030; 8 streams: events/s, CPU per event). `--transport ws` measures the browser's WebSocket (`/api/chat/ws`; the passthrough
 splices `/run_live`) instead of SSE; `--direct` adds the fake upstream reached straight, the
 reference `make bench` takes added latency from. Every repetition runs each phase on every route
 in turn, the variants in a rotating order; the median per route is printed at the end.
@@ -35,11 +36,15 @@ from .clients import Route
 from .events import TOOL_TURN, StreamSpec
 from .scenarios import latency, throughput
 
-PHASES = ("lat1", "lat200", "sat50", "tools50", "warm50", "new50", "toolturns50")
+PHASES = ("lat1", "lat200", "sat50", "tools50", "warm50", "new50", "toolturns50", "long8", "tools8")
 
 
 def _measure(phase: str, route: Route, fake: procs.Proc, rep: int) -> tuple[float, ...]:
     measure = {"proxy": route.proc, "upstream": fake}
+    if phase in ("long8", "tools8"):  # issue 29's shapes: a long text answer, the tool-heavy stream; 8 streams
+        mode, n = ("text", 2001) if phase == "long8" else ("tools", 3030)
+        row = asyncio.run(throughput(route, concurrency=8, n=n, seconds=3.0, measure=measure, mode=mode))
+        return row["events_per_s"], row["cpu_us_per_event_proxy"]
     if phase == "tools50":
         row = asyncio.run(throughput(route, concurrency=50, n=3030, seconds=4.0, measure=measure, mode="tools"))
         return row["events_per_s"], row["cpu_us_per_event_proxy"]
@@ -64,13 +69,14 @@ def main() -> int:
     parser.add_argument(
         "--direct", action="store_true", help="also measure the fake upstream straight, for added latency as make bench reports it"
     )
+    parser.add_argument("--nginx", action="store_true", help="also measure nginx (issue 29's targets compare with it)")
     parser.add_argument("variants", nargs="+", help="name=ENV=VALUE;ENV2=VALUE (empty after = for none)")
     args = parser.parse_args()
     phases = [p for p in args.phases.split(",") if p]
     if unknown := set(phases) - set(PHASES):
         parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
     if args.transport != "sse" and set(phases) - {"lat1", "lat200", "sat50"}:
-        parser.error("the agentic phases (tools50, warm50, new50, toolturns50) are SSE only")
+        parser.error("the agentic phases (tools50, warm50, new50, toolturns50, long8, tools8) are SSE only")
     workdir = Path(tempfile.mkdtemp(prefix="bench-variants-"))
     procs.raise_fd_limit()
     fake = procs.start_fake(workdir)
@@ -79,6 +85,9 @@ def main() -> int:
     references = [Route("passthrough", upstream_kind, started[0].base, started[0])]
     if args.direct:
         references.insert(0, Route("direct", upstream_kind, fake.base, fake))
+    if args.nginx:
+        started.append(procs.start_nginx(workdir, fake.base))
+        references.append(Route("nginx", upstream_kind, started[-1].base, started[-1]))
     variants: list[Route] = []
     try:
         for variant in args.variants:

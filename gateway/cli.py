@@ -11,7 +11,6 @@ the confirmations a person has not answered yet.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import ctypes
 import importlib.util
@@ -32,6 +31,7 @@ from pydantic import SecretStr, ValidationError
 
 from .config.schema import ConfigError, GatewayConfig, load_config
 from .ops.logs import configure_logging
+from .edge import event_loop
 from .edge.server import serve
 
 __all__ = ["main"]
@@ -98,11 +98,15 @@ def _serve(config: GatewayConfig, path: Path | None, upstream_mode: str | None =
     key = logs.user_id_key.get_secret_value() if logs.user_id_key is not None else None
     scrubber = configure_logging(logs.level, logs.format, user_ids=logs.user_id, user_id_key=key)
     scrubber.follow(lambda: config)
+    try:
+        loop = event_loop.choose(config.listen.event_loop)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
     structlog.get_logger("adk_gateway").info(
         "gateway_starting", agents={name: agent.upstream_base for name, agent in config.agents.items()},
-        default_agent=config.default,
+        default_agent=config.default, event_loop=loop,
     )
-    asyncio.run(serve(config, path, upstream_mode, log_scrubber=scrubber))
+    event_loop.run(serve(config, path, upstream_mode, log_scrubber=scrubber), loop)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +38,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+if os.environ.get("ADK_GATEWAY_LOOP", "").strip().lower() == "uvloop":
+    # `ADK_GATEWAY_LOOP=uvloop pytest tests/unit`: in-process async tests run on uvloop, the loop the
+    # gateway picks by default, so both loops can be tested (without it, pytest-asyncio's standard
+    # loop). Gateways started as processes read the variable themselves.
+    @pytest.fixture(scope="session")
+    def event_loop_policy() -> asyncio.AbstractEventLoopPolicy:
+        import uvloop
+
+        return uvloop.EventLoopPolicy()

@@ -28,7 +28,7 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     results = document["results"]
     assert set(results) == {
-        "converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "tracing", "limits",
+        "converter", "sse", "ws", "growth", "idle", "approval", "turns", "tools", "ttft", "shapes", "tracing", "limits",
     }
     # Issue 28: the shared limits' cost, one round trip per admitted request.
     assert set(results["limits"]["cheap_request"]) == {"local", "shared"}

@@ -71,10 +71,12 @@ HTTP_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"
 STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 
 # Per-run and per-tool metrics: their first label is the agent (a name from the config's agents).
+# adk_gateway_tokens_total has the agent first too, but is plain counts behind a collector
+# (GatewayMetrics.count_tokens), with no `.labels()` to check.
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
-    "approval_decisions", "approval_decision_wait", "tokens", "first_token",
+    "approval_decisions", "approval_decision_wait", "first_token",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.

@@ -14,13 +14,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.registry import Collector
 
 from .webhook_metrics import WebhookMetrics
 
 # Re-exported: the series and the label values they are counted with are read from here.
+from .counts_collector import TOKENS_HELP, CountsCollector
 from .metric_labels import (
     APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS,
     AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, STATUS_CLASSES, TOKEN_KINDS, TOOL_OUTCOMES,
@@ -77,7 +76,7 @@ class GatewayMetrics:
         # UI chunks emitted by type: a plain dict that the chat actors add to directly (a Counter
         # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: dict[str, int] = {}
-        r.register(_ChunkCollector(self.chunk_counts))
+        r.register(CountsCollector("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", ["type"], self.chunk_counts))
         self.ws_connections = Gauge(
             "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
         )
@@ -125,15 +124,13 @@ class GatewayMetrics:
         self.live_sessions = Gauge(
             "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
         )
-        self.tokens = Counter(
-            "adk_gateway_tokens",
-            "Tokens the agents' LLM calls used, as ADK reports them, by agent, model (metrics.models, else other) "
-            "and kind (input, output, total, cached, thinking).",
-            ["agent", "model", "kind"], registry=r,
-        )
+        # Tokens are counted on every LLM call's final event (on a tool-heavy stream, most events):
+        # plain counts read at scrape time, as chunks are, not a Counter child's lock per kind
+        # (~7% of the gateway's CPU on bench's tool-heavy stream, docs/performance.md).
+        self._token_counts: dict[tuple[str, str, str], int] = {}
+        r.register(CountsCollector("adk_gateway_tokens", TOKENS_HELP, ["agent", "model", "kind"], self._token_counts))
         # The models kept as `model` label values (metrics.models); know_agents sets them.
         self._token_models: frozenset[str] = frozenset()
-        self._token_children: dict[tuple[str, str, str], Any] = {}
         self.first_token = Histogram(
             "adk_gateway_first_token_seconds",
             "From a run's start to the first words (text, reasoning or audio) written for the browser, by agent.",
@@ -296,15 +293,15 @@ class GatewayMetrics:
         counts as "other": the label's values are the config's, whatever the upstream reports."""
         if model not in self._token_models:
             model = OTHER_MODEL
-        children = self._token_children
+        counts = self._token_counts
         for kind, fields in TOKEN_KINDS:
-            value = next((usage[f] for f in fields if f in usage), None)
-            if type(value) is int and value > 0:
-                key = (agent, model, kind)
-                child = children.get(key)
-                if child is None:  # labels() takes a lock: once per series, not per call
-                    child = children[key] = self.tokens.labels(agent, model, kind)
-                child.inc(value)
+            for field in fields:
+                if field in usage:  # the first of the kind's fields the usage has
+                    value = usage[field]
+                    if type(value) is int and value > 0:
+                        key = (agent, model, kind)
+                        counts[key] = counts.get(key, 0) + value
+                    break
 
     def know_agents(self, config: GatewayConfig) -> None:
         """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls
@@ -316,7 +313,7 @@ class GatewayMetrics:
                 getattr(self, attribute).labels(name)
             for model in models:
                 for kind, _ in TOKEN_KINDS:
-                    self.tokens.labels(name, model, kind)
+                    self._token_counts.setdefault((name, model, kind), 0)
             for attribute in AGENT_LABELLED & KNOWN_LABEL_VALUES.keys():
                 metric = getattr(self, attribute)
                 for values in KNOWN_LABEL_VALUES[attribute]:
@@ -361,19 +358,3 @@ class GatewayMetrics:
     def render(self, openmetrics: bool = False) -> bytes:
         """The Prometheus text format; `openmetrics`: OpenMetrics, the one with exemplars."""
         return (openmetrics_latest if openmetrics else generate_latest)(self.registry)
-
-
-class _ChunkCollector(Collector):
-    """`adk_gateway_chunks_total{type}` from the gateway's plain counts (one event loop, no lock)."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])
-        for chunk_type, count in list(self._counts.items()):
-            family.add_metric([chunk_type], count)
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", labels=["type"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gateway.edge import event_loop
 from tests.chatflow import new_chat, user
 from tests.procs import GatewayProcess, Reply, adk_server, gateway_process, metric_value, request
 
@@ -188,6 +189,9 @@ def test_drain_lets_a_short_stream_finish(slow_adk: str, tmp: Path) -> None:
         worker.join(timeout=20)
         assert results and results[0].chunks[-1]["finishReason"] == "stop"
         assert gw.proc.wait(timeout=20) == 0
+        # The start-up log names the event loop (uvloop where installed, unless $ADK_GATEWAY_LOOP says asyncio).
+        starting = next(json.loads(line) for line in gw.log.read_text().splitlines() if '"gateway_starting"' in line)
+        assert starting["event_loop"] == event_loop.choose("auto")
 
 
 def test_reload_applies_good_files_and_keeps_the_old_on_bad(slow_adk: str, tmp: Path) -> None:

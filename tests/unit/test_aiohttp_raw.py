@@ -95,7 +95,10 @@ async def test_the_websocket_writer_internals_are_there() -> None:
         assert attribute(writer, "_closing", bool) is False
         attribute(writer, "_limit", int)
         attribute(writer, "_output_size", int)
-        transport = attribute(writer, "transport", asyncio.Transport)
+        # Any transport with what aiohttp_raw calls: uvloop's are not asyncio.Transport subclasses.
+        transport = attribute(writer, "transport", object)
+        for method in ("write", "is_closing", "get_write_buffer_size"):
+            assert callable(getattr(transport, method, None)), f"the transport {type(transport).__name__} has no {method}()"
         protocol = attribute(writer, "protocol", asyncio.Protocol)
         attribute(protocol, "_paused", bool)
         drain = attribute(protocol, "_drain_helper", object)

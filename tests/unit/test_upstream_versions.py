@@ -6,6 +6,8 @@ recorded in each version's sessions.json. docs/protocol.md lists what differs be
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -159,3 +161,32 @@ def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
         assert all(s == scenarios[0] for s in scenarios), folders
         assert all((ROOT / f / "requests.json").is_file() for f in folders)
     assert all((ROOT / f / "sessions.json").is_file() for f in SSE_FOLDERS)
+
+
+async def test_a_streaming_run_keeps_no_request_body(upstream: Any) -> None:
+    # A held SSE stream (a run waiting for a person, a slow model) lasts minutes: the request body
+    # it sent (orjson's result, a 4 KiB buffer) must not live as long (docs/performance.md, idle).
+    routes, client = upstream
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(b'data: {"author": "demo_agent"}\n\n')
+        await release.wait()
+        await response.write_eof()
+        return response
+
+    routes[("POST", "/run_sse")] = answer
+    marker = "body-marker-" + "x" * 64
+    batches = client.run_sse_batches(user_id="u1", session_id="s1", new_message={"role": "user", "parts": [{"text": marker}]})
+    assert [e["author"] for e in await anext(batches)] == ["demo_agent"]
+    # The suspended generators: this one, and the ones its frame holds (the stream's reader).
+    frames = [batches.ag_frame]
+    frames += [v.ag_frame for v in batches.ag_frame.f_locals.values() if inspect.isasyncgen(v)]
+    kept = [name for frame in frames for name, v in frame.f_locals.items() if type(v) is bytes and marker.encode() in v]
+    assert not kept, f"the request body is still held as {kept}"
+    release.set()
+    async for _ in batches:
+        pass
