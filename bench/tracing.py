@@ -180,7 +180,8 @@ def in_process(turns: int) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gateway.ops.tracing import DEFAULT_SAMPLE_RATIO, Tracing
+    from gateway.ops.trace_export import DEFAULT_SAMPLE_RATIO
+    from gateway.ops.tracing import Tracing
 
     class Encoded(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
