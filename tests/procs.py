@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,18 +363,7 @@ class RedisServer:
              "--dir", str(self.tmp), "--logfile", str(self.tmp / f"redis-{self.port}.log"), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.05)
+        _wait_for_pong(self.proc, lambda: resp_command(self.port, "PING", timeout=1) == "PONG", f"redis-server on port {self.port}")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -430,16 +419,7 @@ class RedisSentinel:
 
     def start(self) -> None:
         self.proc = subprocess.Popen([self.binary, str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if self.ask("PING") == "PONG":
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"redis-sentinel did not start on port {self.port}")
-            time.sleep(0.05)
+        _wait_for_pong(self.proc, lambda: self.ask("PING") == "PONG", f"redis-sentinel on port {self.port}")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -460,6 +440,20 @@ class RedisSentinel:
         """SENTINEL MASTER's fields (num-slaves, num-other-sentinels, flags, ...)."""
         reply = self.ask("SENTINEL", "MASTER", self.service)
         return dict(zip(reply[::2], reply[1::2]))
+
+
+def _wait_for_pong(proc: subprocess.Popen[bytes], pong: Callable[[], bool], what: str) -> None:
+    """Wait until `pong()` is true (a server answering PING), 10 s at most, or fail if `proc` exits."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if pong():
+                return
+        except (OSError, RuntimeError):  # not listening yet, or an error reply such as -LOADING
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.05)
 
 
 def resp_command(port: int, *command: str, timeout: float = 5.0) -> Any:
