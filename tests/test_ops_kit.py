@@ -266,14 +266,17 @@ def exported_series(exposition: str) -> dict[str, set[str]]:
 
 
 def declared_labels() -> dict[str, set[str]]:
-    """Series name -> label names, from the metric objects of gateway/ops/metrics.py (a labelled metric
+    """Series name -> label names, from the metric objects of gateway/ops/metrics.py and its parts (a labelled metric
     with no child yet has no sample in a scrape to read its labels from)."""
     from prometheus_client.metrics import MetricWrapperBase
 
     from gateway.ops.metrics import GatewayMetrics
 
     out: dict[str, set[str]] = {}
-    for metric in vars(GatewayMetrics()).values():
+    metrics = GatewayMetrics()
+    # The series of GatewayMetrics and of the groups it holds (its webhooks' WebhookMetrics).
+    held = [*vars(metrics).values(), *(v for part in vars(metrics).values() if hasattr(part, "__dict__") for v in vars(part).values())]
+    for metric in held:
         if not isinstance(metric, MetricWrapperBase):
             continue
         for family in metric.describe():
