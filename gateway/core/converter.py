@@ -21,6 +21,7 @@ from typing import Any, Final
 import orjson
 
 from ..config.agent import ToolPolicy
+from .adk_events import UNSET, AdkEvent
 from .approvals import CallState, GatedCall, refusal_code
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk, MessageWriter, map_finish_reason
@@ -122,8 +123,10 @@ class Converter(MessageWriter):
 
     # ---- events --------------------------------------------------------------------------
 
-    def feed(self, event: dict[str, Any]) -> list[Chunk]:
+    def feed(self, event: AdkEvent | dict[str, Any]) -> list[Chunk]:
         """The chunks one ADK event produces (often none)."""
+        if type(event) is AdkEvent:
+            return self._feed_struct(event)
         if "error" in event and "content" not in event and "author" not in event:
             # /run_sse reports a failed run as {"error": ..., "error_details": ...}.
             return self.error(str(event.get("error") or "the agent run failed"))
@@ -156,7 +159,41 @@ class Converter(MessageWriter):
             self._rare(out, event, bool(partial))  # most events have none of these keys
         return out
 
-    def _rare(self, out: list[Chunk], event: dict[str, Any], partial: bool) -> None:
+    def _feed_struct(self, event: AdkEvent) -> list[Chunk]:
+        """`feed` for an event as the upstream client decodes it (core/adk_events.py): the
+        same steps, read from the struct's attributes (UNSET where the dict had no key)."""
+        unset = UNSET
+        if event.error is not unset and event.content is unset and event.author is unset:
+            return self.error(str(event.error or "the agent run failed"))
+
+        out: list[Chunk] = []
+        partial = event.partial
+        content = event.content
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if parts:
+            if partial:
+                for part in parts:
+                    text = part.get("text")
+                    if text:
+                        self._streamed_partials = True
+                        self._delta(out, "reasoning" if part.get("thought") else "text", text)
+            else:
+                self._final_parts(out, parts)
+        if not partial:
+            reason = event.finishReason
+            if reason:
+                self._set_finish_reason(reason)
+            usage = event.usageMetadata
+            if usage:
+                self._add_usage(usage, event.modelVersion if event.modelVersion is not unset else None)
+        if (
+            event.interrupted is not unset or event.outputTranscription is not unset
+            or event.inputTranscription is not unset or event.errorCode is not unset or event.errorMessage is not unset
+        ):
+            self._rare(out, event, bool(partial))
+        return out
+
+    def _rare(self, out: list[Chunk], event: AdkEvent | dict[str, Any], partial: bool) -> None:
         """Live mode's interruptions and transcriptions, and error codes."""
         if event.get("interrupted"):
             self._interrupted(out)
