@@ -26,7 +26,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-__all__ = ["AdkEvent", "UNSET", "decode_event"]
+__all__ = ["AdkEvent", "UNSET", "as_event", "decode_event"]
 
 UNSET: Final = msgspec.UNSET
 
@@ -77,3 +77,8 @@ def decode_event(raw: bytes) -> Any:
     except (msgspec.MsgspecError, ValueError, RecursionError):
         # Not JSON, not an object, a number out of range, nested too deep: orjson says what it is.
         return orjson.loads(raw)
+
+
+def as_event(event: dict[str, Any]) -> AdkEvent:
+    """A dict's event (a live one, or what orjson read) as the struct: its values, not copies."""
+    return msgspec.convert(event, AdkEvent)
