@@ -30,7 +30,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-__all__ = ["AdkEvent", "UNSET", "as_event", "decode_event"]
+__all__ = ["REFUSED", "AdkEvent", "UNSET", "as_event", "decode_event", "decode_struct"]
 
 UNSET: Final = msgspec.UNSET
 
@@ -70,16 +70,19 @@ class AdkEvent(msgspec.Struct):
         return {key: value for key in self.__struct_fields__ if (value := getattr(self, key)) is not UNSET}
 
 
-_decode: Final = msgspec.json.Decoder(AdkEvent).decode
+# The hot loop (upstream/client.py) calls these two itself, a Python call less per event.
+decode_struct: Final = msgspec.json.Decoder(AdkEvent).decode
+# What `decode_struct` raises for what it refuses: not JSON, not an object, a float out of range,
+# nesting too deep; orjson then says what it is.
+REFUSED: Final = (msgspec.MsgspecError, ValueError, RecursionError)
 
 
 def decode_event(raw: bytes) -> Any:
     """An `AdkEvent`, or, for what msgspec refuses, `orjson.loads(raw)`'s value (any JSON value;
     raises `orjson.JSONDecodeError` for what is not JSON)."""
     try:
-        return _decode(raw)
-    except (msgspec.MsgspecError, ValueError, RecursionError):
-        # Not JSON, not an object, a number out of range, nested too deep: orjson says what it is.
+        return decode_struct(raw)
+    except REFUSED:
         return orjson.loads(raw)
 
 

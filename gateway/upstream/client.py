@@ -20,7 +20,7 @@ import orjson
 from ..config.agent import UpstreamConfig
 from ..core.refusals import HttpError, Refusal
 from ..core.eventstream import EventStreamDecoder, EventStreamError
-from ..core.adk_events import AdkEvent, decode_event
+from ..core.adk_events import REFUSED, AdkEvent, decode_struct
 from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
 from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
@@ -267,16 +267,26 @@ class AdkClient:
 
 
 def _parsed(raws: list[bytes]) -> Iterator[AdkEvent | dict[str, Any]]:
+    decode = decode_struct
     for raw in raws:
         try:
-            event = decode_event(raw)
-        except orjson.JSONDecodeError:
-            event = _unescaped_run_error(raw)
-            if event is None:
-                raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
-        if type(event) is not AdkEvent and type(event) is not dict:
-            raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+            event = decode(raw)
+        except REFUSED:
+            event = _refused(raw)
         yield event
+
+
+def _refused(raw: bytes) -> dict[str, Any]:
+    """What msgspec refused, read as before: orjson says what it is."""
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        event = _unescaped_run_error(raw)
+        if event is None:
+            raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
+    if type(event) is not dict:
+        raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+    return event
 
 
 _RUN_ERROR_PREFIX: Final = b'{"error": "'
