@@ -162,3 +162,27 @@ def test_odd_events_make_the_same_bytes(raw: bytes, version: int) -> None:
 def test_an_integer_beyond_a_double_is_written_as_null() -> None:
     # orjson refused such an event as not JSON; msgspec reads it, and the browser gets null.
     assert encode_chunk({"type": "x", "output": {"n": 10**400, "m": 10**21}}) == b'{"type":"x","output":{"n":null,"m":1e+21}}'
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b"{", "not JSON"), (b'{"content":NaN}', "not JSON"), (b'{"content":1e400}', "not JSON"), (b"\xef\xbb\xbf{}", "not JSON"),
+    (b"[]", "not an object"), (b"1", "not an object"), (b"null", "not an object"), (b'"x"', "not an object"),
+])
+def test_the_upstream_client_refuses_what_it_refused(raw: bytes, reason: str) -> None:
+    from gateway.upstream.client import UpstreamError, _parsed
+
+    events = _parsed([b'{"partial":true}', raw, b"{}"])
+    assert next(events) == AdkEvent(partial=True)
+    with pytest.raises(UpstreamError, match=reason) as refused:
+        next(events)
+    assert refused.value.kind == "protocol"
+
+
+def test_a_refused_event_that_orjson_reads_is_its_dict() -> None:
+    from gateway.upstream.client import _parsed
+
+    # Nesting msgspec refuses (Python's recursion limit) and orjson reads (up to 1,024 levels).
+    raw = b'{"content":' + b"[" * 1010 + b"]" * 1010 + b',"id":"x"}'
+    orjson.loads(raw)
+    (event,) = list(_parsed([raw]))
+    assert type(event) is dict and event["id"] == "x"  # the old path's dict, every key kept
