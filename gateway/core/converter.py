@@ -7,9 +7,9 @@ repeated when the aggregated final event arrives; ADK's confirmation machinery
 (`adk_request_confirmation` and its placeholder response) never reaches the browser as tool parts
 of its own; gated calls are shown as the tool policy says.
 
-It does no I/O and reads no clock: events are plain dicts straight from the upstream JSON (the
-upstream is trusted, so nothing is validated chunk by chunk on this hot path), chunks are plain
-dicts ready to encode. What it learns about calls that wait for a person goes into the chat's
+It does no I/O and reads no clock: events are the upstream JSON's top-level fields the gateway
+reads (core/adk_events.py; the upstream is trusted, so nothing is validated chunk by chunk on this
+hot path), chunks are plain dicts ready to encode. What it learns about calls that wait for a person goes into the chat's
 ledger (core/ledger.py); when a response ends is the turn's to decide (core/turn.py).
 """
 
@@ -21,6 +21,7 @@ from typing import Any, Final
 import orjson
 
 from ..config.agent import ToolPolicy
+from .adk_events import UNSET, AdkEvent, as_event
 from .approvals import CallState, GatedCall, refusal_code
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk, MessageWriter, map_finish_reason
@@ -122,15 +123,20 @@ class Converter(MessageWriter):
 
     # ---- events --------------------------------------------------------------------------
 
-    def feed(self, event: dict[str, Any]) -> list[Chunk]:
-        """The chunks one ADK event produces (often none)."""
-        if "error" in event and "content" not in event and "author" not in event:
+    def feed(self, event: AdkEvent | dict[str, Any]) -> list[Chunk]:
+        """The chunks one ADK event produces (often none): an `AdkEvent` as the upstream client
+        decodes a streamed one (core/adk_events.py), or a dict (a live event, what orjson read of
+        an odd one), read as the same struct (UNSET where the dict has no key)."""
+        if type(event) is not AdkEvent:
+            event = as_event(event)
+        unset = UNSET
+        if event.error is not unset and event.content is unset and event.author is unset:
             # /run_sse reports a failed run as {"error": ..., "error_details": ...}.
-            return self.error(str(event.get("error") or "the agent run failed"))
+            return self.error(str(event.error or "the agent run failed"))
 
         out: list[Chunk] = []
-        partial = event.get("partial")
-        content = event.get("content")
+        partial = event.partial
+        content = event.content
         parts = content.get("parts") if isinstance(content, dict) else None
         if parts:
             if partial:
@@ -142,21 +148,21 @@ class Converter(MessageWriter):
             else:
                 self._final_parts(out, parts)
         if not partial:
-            reason = event.get("finishReason")
+            reason = event.finishReason
             if reason:
                 self._set_finish_reason(reason)
-            usage = event.get("usageMetadata")
+            usage = event.usageMetadata
             if usage:
                 # Partial events repeat a running count; the final one is the call's (counted once).
-                self._add_usage(usage, event.get("modelVersion"))
+                self._add_usage(usage, event.modelVersion if event.modelVersion is not unset else None)
         if (
-            "interrupted" in event or "outputTranscription" in event or "inputTranscription" in event
-            or "errorCode" in event or "errorMessage" in event
+            event.interrupted is not unset or event.outputTranscription is not unset
+            or event.inputTranscription is not unset or event.errorCode is not unset or event.errorMessage is not unset
         ):
-            self._rare(out, event, bool(partial))  # most events have none of these keys
+            self._rare(out, event, bool(partial))
         return out
 
-    def _rare(self, out: list[Chunk], event: dict[str, Any], partial: bool) -> None:
+    def _rare(self, out: list[Chunk], event: AdkEvent, partial: bool) -> None:
         """Live mode's interruptions and transcriptions, and error codes."""
         if event.get("interrupted"):
             self._interrupted(out)

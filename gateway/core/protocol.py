@@ -77,7 +77,32 @@ def encode_chunk(chunk: dict[str, Any]) -> bytes:
     """
     # `encoded.join((b"", b""))` is b"" + encoded + b"" in one exact-size allocation: the
     # cheapest copy measured (~10 ns, where bytes(memoryview(...)) costs ~250 ns).
-    return orjson.dumps(chunk).join(_EMPTY_PAIR)
+    try:
+        return orjson.dumps(chunk).join(_EMPTY_PAIR)
+    except TypeError as exc:
+        if "Integer" not in str(exc):
+            raise  # nested too deep, or not JSON at all: as before
+        # An integer beyond 64 bits (ADK events are decoded with msgspec, which keeps it exact,
+        # core/adk_events.py): written as the float orjson made of it when it parsed events.
+        return orjson.dumps(_long_ints_as_floats(chunk)).join(_EMPTY_PAIR)
+
+
+_INT_RANGE: Final = range(-(2**63), 2**64)
+
+
+def _long_ints_as_floats(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _long_ints_as_floats(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_long_ints_as_floats(item) for item in value]
+    if type(value) is int and value not in _INT_RANGE:
+        try:
+            return float(value)
+        except OverflowError:
+            # Beyond a double: orjson refused such an event as not JSON; null is what it writes
+            # for a float it cannot write (inf), the nearest to "no value" the browser can get.
+            return None
+    return value
 
 
 _EMPTY_PAIR: Final = (b"", b"")

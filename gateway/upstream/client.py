@@ -20,6 +20,7 @@ import orjson
 from ..config.agent import UpstreamConfig
 from ..core.refusals import HttpError, Refusal
 from ..core.eventstream import EventStreamDecoder, EventStreamError
+from ..core.adk_events import REFUSED, AdkEvent, decode_struct
 from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
 from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
@@ -157,9 +158,10 @@ class AdkClient:
     async def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
         wait: WaitSignal | None = None, state_delta: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[Iterator[dict[str, Any]]]:
+    ) -> AsyncIterator[Iterator[AdkEvent | dict[str, Any]]]:
         """Start a run and yield its events until the upstream closes the stream, one batch per
-        upstream read: the events that read completed (at least one), as parsed JSON dicts.
+        upstream read: the events that read completed (at least one), as `AdkEvent`s (a dict for
+        what msgspec refused and orjson read: core/adk_events.py).
         `state_delta`: session state ADK stores with the new message's event (RunAgentRequest's).
 
         The stream may be silent for `upstream.idle_timeout` at most, not counting the time `wait`
@@ -196,7 +198,7 @@ class AdkClient:
     async def _run_sse(
         self, url: str, body: bytes, headers: Mapping[str, str], answered: Any, decoder: EventStreamDecoder,
         wait: WaitSignal | None,
-    ) -> AsyncIterator[Iterator[dict[str, Any]]]:
+    ) -> AsyncIterator[Iterator[AdkEvent | dict[str, Any]]]:
         try:
             async with asyncio.timeout(self._idle_timeout):
                 resp = await self._http.post(url, data=body, headers=headers, timeout=self._stream_timeout)
@@ -264,18 +266,27 @@ class AdkClient:
         return self._app in apps if isinstance(apps, list) and all(isinstance(a, str) for a in apps) else True
 
 
-def _parsed(raws: list[bytes]) -> Iterator[dict[str, Any]]:
-    loads = orjson.loads
+def _parsed(raws: list[bytes]) -> Iterator[AdkEvent | dict[str, Any]]:
+    decode = decode_struct
     for raw in raws:
         try:
-            event = loads(raw)
-        except orjson.JSONDecodeError:
-            event = _unescaped_run_error(raw)
-            if event is None:
-                raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
-        if type(event) is not dict:
-            raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+            event = decode(raw)
+        except REFUSED:
+            event = _refused(raw)
         yield event
+
+
+def _refused(raw: bytes) -> dict[str, Any]:
+    """What msgspec refused, read as before: orjson says what it is."""
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        event = _unescaped_run_error(raw)
+        if event is None:
+            raise UpstreamError("protocol", "the agent service sent an event that is not JSON") from None
+    if type(event) is not dict:
+        raise UpstreamError("protocol", "the agent service sent an event that is not an object")
+    return event
 
 
 _RUN_ERROR_PREFIX: Final = b'{"error": "'
