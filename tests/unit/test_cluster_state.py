@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +17,11 @@ import pytest
 
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.core.deadlines import Deadline
-from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedStateDown
 from gateway.chat.registry import ChatNotFound
-from tests.procs import RedisServer, redis_server
-
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-# The replicas' shared secret (sessions.secret).
-SEAL = Seal(["test-sessions-secret-0123456789"])
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
-        yield server
+from tests.procs import RedisServer
+# The store settings every shared-store test uses, one redis-server per module, and a replica on it.
+from tests.unit.shared_pair import OWNER_TIMEOUT, redis, redis_state  # noqa: F401 - `redis` is a fixture
 
 
 class Replica:
@@ -47,10 +36,6 @@ class Replica:
         await self.state.start(self.inbox.put_nowait, lambda: list(self.local))
 
 
-def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
-
-
 @pytest.fixture(params=["memory", "redis"])
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, Replica]]:
     if request.param == "memory":
@@ -59,7 +44,7 @@ async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, R
     else:
         server = request.getfixturevalue("redis")
         prefix = "t" + secrets.token_hex(4)  # each test its own keys in the shared server
-        a, b = Replica(_redis_state(server, "a", prefix)), Replica(_redis_state(server, "b", prefix))
+        a, b = Replica(redis_state(server, "a", prefix)), Replica(redis_state(server, "b", prefix))
     await a.start()
     await b.start()
     try:
@@ -118,7 +103,7 @@ async def test_a_record_from_before_agents_is_the_default_agents(redis: RedisSer
     rolling upgrade they stay reachable on the default agent's routes, and only there."""
     import redis.asyncio as aioredis
 
-    state = _redis_state(redis, "a", "legacy")
+    state = redis_state(redis, "a", "legacy")
     replica = Replica(state)
     await replica.start()
     client = aioredis.from_url(redis.url)
@@ -462,7 +447,7 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
 async def test_redis_down_is_reported_and_recovers_without_restart(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
-    replica = Replica(_redis_state(server, "a", "down"))
+    replica = Replica(redis_state(server, "a", "down"))
     try:
         await replica.start()
         assert replica.state.available
@@ -488,7 +473,7 @@ async def test_redis_down_is_reported_and_recovers_without_restart(tmp_path: Pat
 async def test_after_redis_lost_its_data_owners_write_their_chats_back_before_others_claim(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
-    a, b = Replica(_redis_state(server, "a", "reset")), Replica(_redis_state(server, "b", "reset"))
+    a, b = Replica(redis_state(server, "a", "reset")), Replica(redis_state(server, "b", "reset"))
     try:
         await a.start()
         await b.start()
@@ -531,7 +516,7 @@ async def test_chat_states_fail_closed_while_redis_is_down(tmp_path: Path) -> No
     """A replica that cannot store or read a chat's approvals says so (503), never "no approvals"."""
     server = RedisServer(tmp_path)
     server.start()
-    replica = Replica(_redis_state(server, "a", "down-state"))
+    replica = Replica(redis_state(server, "a", "down-state"))
     try:
         await replica.start()
         chat = chat_id()
