@@ -41,10 +41,12 @@ def _instructions(out: Path) -> int:
 def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: str, n: int, streams: int, concurrency: int) -> tuple[int, int]:
     port = procs.free_port()
     path = workdir / f"{tag}.yaml"
-    path.write_text(procs.gateway_yaml(port, fake.base))
-    out = workdir / f"{tag}.callgrind"
     # GATEWAY_ROOT in a variant's environment: the gateway package of another checkout (old code).
     root = env.get("GATEWAY_ROOT")
+    # An older gateway refuses a setting it does not know.
+    known = not root or "auto_create_session" in (Path(root) / "gateway" / "config" / "agent.py").read_text(encoding="utf-8")
+    path.write_text(procs.gateway_yaml(port, fake.base, auto_create_session=True if known else None))
+    out = workdir / f"{tag}.callgrind"
     gateway = ["-m", "gateway"] if not root else [
         "-c", f"import sys, runpy; sys.path.insert(0, {root!r}); runpy.run_module('gateway', run_name='__main__')",
     ]
