@@ -103,7 +103,7 @@ def main() -> int:
                 per_event = (large - small) / (large_events - small_events)
                 unit = "turn" if mode == "newchat" else "event"
                 print(f"{shape:6} {name:12} {per_event:10.0f} instructions per {unit} "
-                      f"({large_events - small_events} events; {small} / {large} instructions in all)", flush=True)
+                      f"({large_events - small_events} {unit}s; {small} / {large} instructions in all)", flush=True)
     finally:
         fake.stop()
     return 0
