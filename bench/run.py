@@ -407,7 +407,7 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
             )
             for kind in ("new", "warm"):
                 for name, r in row[kind].items():
-                    log(f"  first text {kind:4} {name:12} p50 {r['first_text_us_p50']:7.0f} us  p90 {r['first_text_us_p90']:7.0f} us"
+                    log(f"  first text {kind:4} {name:15} p50 {r['first_text_us_p50']:7.0f} us  p90 {r['first_text_us_p90']:7.0f} us"
                         f"  added p50 {r.get('added_us_p50', float('nan')):+7.0f} us")
             rtt = row["upstream_session_rtt"]
             log(f"  upstream session round trip (fake, direct): lookup p50 {rtt['lookup_us_p50']:.0f} us, create p50 {rtt['create_us_p50']:.0f} us")
@@ -843,7 +843,7 @@ def _agentic_table(results: dict[str, Any]) -> list[str]:
         lines += ["", "Time to first text, sequential (us; added = over direct)"]
         for kind in ("new", "warm"):
             for name, row in ttft[kind].items():
-                lines.append(f"  {kind:4} chat  {name:12} p50 {_fmt(row['first_text_us_p50'], '.0f'):>6} p90 {_fmt(row['first_text_us_p90'], '.0f'):>6}"
+                lines.append(f"  {kind:4} chat  {name:15} p50 {_fmt(row['first_text_us_p50'], '.0f'):>6} p90 {_fmt(row['first_text_us_p90'], '.0f'):>6}"
                              f" p99 {_fmt(row['first_text_us_p99'], '.0f'):>6}  added p50 {_fmt(row.get('added_us_p50'), '+.0f'):>6}")
         rtt = ttft["upstream_session_rtt"]
         lines.append(f"  the fake upstream's own round trip: session lookup p50 {_fmt(rtt['lookup_us_p50'], '.0f')} us, "
