@@ -5,8 +5,8 @@ request) with many tool events. Each measurement here runs the gateway and the b
 (and, for time to first text, the fake upstream reached straight) on the same requests:
 
 - `chat_turns`: C browsers, each sending turns back to back for about `seconds`. `new`: every turn
-  is a chat's first (a fresh chat id: the gateway looks the ADK session up and creates it; a bare
-  proxy has no sessions, ADK's client would have made it beforehand). `warm`: a chat's later turns,
+  is a chat's first (a fresh chat id: the gateway leaves the ADK session to the fake, which creates
+  it with the run as ADK's `--auto_create_session` does; a bare proxy has no sessions). `warm`: a chat's later turns,
   the body carrying the conversation as useChat sends it (every earlier user and assistant message,
   then the new user message). CPU per turn of each process, turns/s at the client.
 - `approval_pairs`: a turn pair around a gated tool. Through the gateway: the first turn streams
@@ -16,7 +16,9 @@ request) with many tool events. Each measurement here runs the gateway and the b
   proxy: the same events as two `/run_sse` runs that end (`gate_before`, `gate_after`).
 - `first_text`: sequential requests, one at a time, time from sending the request to the first
   text event (the gateway's first `text-delta` chunk; ADK's first event with text), for a new chat
-  and a warm one; and the fake's own round trip for a session lookup and a session create.
+  and a warm one (the `gateway_creates` route: a gateway creating each new chat's session first,
+  as in front of ADK without the flag); and the fake's own round trip for a session lookup and a
+  session create.
 - `tool_converter`: the converter alone against the orjson floor (as the `converter` phase
   measures) on the tool-heavy stream in turns of 303 events.
 """

@@ -4,7 +4,11 @@ The real ADK server spends about 200 us of CPU per streamed event, so it cannot 
 gateway that costs a fraction of that. This one answers what the gateway calls:
 
 - `GET /list-apps`; `GET/POST /apps/{app}/users/{uid}/sessions[/{sid}]` (in-memory sessions);
-- `POST /run_sse`: the events of the `StreamSpec` found in `newMessage`'s text, as ADK frames them
+- `POST /run_sse`: on any session id, as ADK's `--auto_create_session` server answers a run on a
+  session it does not hold (it creates it; here nothing is kept, so bare proxies and the direct
+  route need no sessions); with `--stock-sessions`, a 404 `Session not found` for a session not
+  created through the sessions API first, as a server without the flag answers;
+  the events of the `StreamSpec` found in `newMessage`'s text, as ADK frames them
   (`data: <json>\\n\\n`), pre-encoded, written `batch` events per write (`burst`, and `tools` for
   the tool-heavy stream); `gate_before` / `gate_after` stream the two halves of a `gate` run as two
   runs that end (what a bare proxy carries for an approval's two requests);
@@ -32,6 +36,7 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _MAX_HOLD_S = 600.0
 
 SESSIONS = web.AppKey("sessions", dict)
+STOCK_SESSIONS = web.AppKey("stock_sessions", bool)
 GATES = web.AppKey("gates", dict)
 
 
@@ -102,6 +107,8 @@ async def create_session(request: web.Request) -> web.Response:
 
 async def run_sse(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
+    if request.app[STOCK_SESSIONS] and (body.get("appName"), body.get("userId"), body.get("sessionId")) not in request.app[SESSIONS]:
+        return web.json_response({"detail": f"Session not found: {body.get('sessionId')}"}, status=404)
     spec = _spec_of(body.get("newMessage"))
     response = web.StreamResponse(headers=_SSE_HEADERS)
     await response.prepare(request)
@@ -200,9 +207,10 @@ def _live_frames(spec: StreamSpec) -> list[str]:
 # ---- app -----------------------------------------------------------------------------------------
 
 
-def create_app() -> web.Application:
+def create_app(*, stock_sessions: bool = False) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SESSIONS] = {}
+    app[STOCK_SESSIONS] = stock_sessions
     app[GATES] = {}
     base = "/apps/{app}/users/{uid}/sessions"
     app.add_routes(
@@ -224,8 +232,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--stock-sessions", action="store_true",
+        help="answer a run on a session not created first with 404, as ADK without --auto_create_session does",
+    )
     args = parser.parse_args()
-    web.run_app(create_app(), host=args.host, port=args.port, access_log=None, print=None, backlog=4096)
+    web.run_app(create_app(stock_sessions=args.stock_sessions), host=args.host, port=args.port, access_log=None, print=None, backlog=4096)
 
 
 if __name__ == "__main__":

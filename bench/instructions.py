@@ -8,7 +8,8 @@ Each variant (`name=ENV=VALUE;ENV2=VALUE`, as in bench.variants; `GATEWAY_ROOT=D
 `valgrind --tool=callgrind` with that environment; it serves `--small` and then, in a second
 process, `--large` streams of each shape (`--concurrency` at once, after the same warm-up), and
 stops with SIGTERM so callgrind writes its counts. (large - small) / (the events between them)
-is the instructions per event: start-up, imports and the warm-up cancel out. Everything in the
+is the instructions per event (per turn for `newchat`: each turn a new chat's first, a short
+answer): start-up, imports and the warm-up cancel out. Everything in the
 process counts (the event loop, aiohttp, the gateway, the collector), the kernel does not.
 Slow: valgrind runs the gateway ~50x slower; a shape and a variant take about a minute.
 """
@@ -25,9 +26,15 @@ from pathlib import Path
 
 from . import procs
 from .clients import Route
+from .agentic import chat_turns
+from .events import StreamSpec
 from .scenarios import throughput
 
-SHAPES = {"text": ("text", 2001), "tools": ("tools", 3030), "burst": ("burst", 500)}
+# `newchat`: turns that each open a new chat (a fresh chat id), of a short burst answer, counted per
+# turn rather than per event: the per-turn path (body, chat, session, admission, the response's set-up).
+NEW_CHAT_EVENTS = 20  # the ttft phase's turn (Sizes.turn_events)
+
+SHAPES = {"text": ("text", 2001), "tools": ("tools", 3030), "burst": ("burst", 500), "newchat": ("newchat", NEW_CHAT_EVENTS)}
 
 
 def _instructions(out: Path) -> int:
@@ -41,10 +48,12 @@ def _instructions(out: Path) -> int:
 def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: str, n: int, streams: int, concurrency: int) -> tuple[int, int]:
     port = procs.free_port()
     path = workdir / f"{tag}.yaml"
-    path.write_text(procs.gateway_yaml(port, fake.base))
-    out = workdir / f"{tag}.callgrind"
     # GATEWAY_ROOT in a variant's environment: the gateway package of another checkout (old code).
     root = env.get("GATEWAY_ROOT")
+    # An older gateway refuses a setting it does not know.
+    known = not root or "auto_create_session" in (Path(root) / "gateway" / "config" / "agent.py").read_text(encoding="utf-8")
+    path.write_text(procs.gateway_yaml(port, fake.base, auto_create_session=True if known else None))
+    out = workdir / f"{tag}.callgrind"
     gateway = ["-m", "gateway"] if not root else [
         "-c", f"import sys, runpy; sys.path.insert(0, {root!r}); runpy.run_module('gateway', run_name='__main__')",
     ]
@@ -53,10 +62,17 @@ def _run(workdir: Path, fake: procs.Proc, env: dict[str, str], tag: str, mode: s
     try:
         procs.ready(proc, timeout=600.0)
         route = Route(tag, "gw-sse", proc.base, proc)
-        row = asyncio.run(throughput(route, concurrency=concurrency, n=n, seconds=1e9, max_streams=streams, mode=mode, tag=tag))
+        if mode == "newchat":
+            row = asyncio.run(chat_turns(
+                route, concurrency=concurrency, spec=StreamSpec(mode="burst", n=n), new=True, seconds=1e9,
+                measure={"proxy": proc}, tag=tag, max_turns=streams,
+            ))
+            events = row["turns"]  # counted per turn
+        else:
+            row = asyncio.run(throughput(route, concurrency=concurrency, n=n, seconds=1e9, max_streams=streams, mode=mode, tag=tag))
+            events = row["events"]
         if row["failed"] or row["errors"]:
             raise RuntimeError(f"{tag}: {row['failed']} streams failed")
-        events = row["events"]
     finally:
         proc.popen.terminate()
         proc.popen.wait(timeout=600)
@@ -85,8 +101,9 @@ def main() -> int:
                 small, small_events = _run(workdir, fake, env, f"{name}-{shape}-s", mode, n, args.small, args.concurrency)
                 large, large_events = _run(workdir, fake, env, f"{name}-{shape}-l", mode, n, args.large, args.concurrency)
                 per_event = (large - small) / (large_events - small_events)
-                print(f"{shape:6} {name:12} {per_event:10.0f} instructions per event "
-                      f"({large_events - small_events} events; {small} / {large} instructions in all)", flush=True)
+                unit = "turn" if mode == "newchat" else "event"
+                print(f"{shape:6} {name:12} {per_event:10.0f} instructions per {unit} "
+                      f"({large_events - small_events} {unit}s; {small} / {large} instructions in all)", flush=True)
     finally:
         fake.stop()
     return 0

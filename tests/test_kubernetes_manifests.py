@@ -421,6 +421,12 @@ def check_agent(objects: Objects, tmp_path: Path) -> list[str]:
     mounted |= {(s, k) for v, s, k, _ in secret_refs(c) if v == "ADK_GATEWAY_SECRET"}
     if not mounted or mounted != gateway_ref:
         problems.append(f"the plugin's secret {sorted(mounted)} is not the gateway's internal.secret {sorted(gateway_ref)}")
+    # The gateway leaves new chats' sessions to ADK exactly when ADK creates them: without the flag
+    # each process's first new chat pays a 404, with the flag alone every new chat a create.
+    creates = "--auto_create_session" in argv
+    left = {name for name, a in gateway_config(objects, tmp_path).agents.items() if a.upstream.auto_create_session}
+    if left != (set(gateway_config(objects, tmp_path).agents) if creates else set()):
+        problems.append(f"the agent {'runs' if creates else 'does not run'} with --auto_create_session, the gateway's agents that rely on it: {sorted(left)}")
     upstream = urlsplit(gateway_env(objects).get("ADK_UPSTREAM_URL", ""))
     services = [s for s in find(objects, "Service") if s["metadata"]["name"] == upstream.hostname]
     if not services or not selects(services[0]["spec"]["selector"], pod_labels(agent)) or upstream.port not in [p["port"] for p in services[0]["spec"]["ports"]]:
@@ -700,6 +706,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[Objects], None]]] = {
     "a rule without ports": ("network_policy", lambda o: one(o, "NetworkPolicy", GATEWAY)["spec"]["ingress"][0].pop("ports")),
     "plugin at the public Service": ("agent", lambda o: _env(o, AGENT, "ADK_GATEWAY_URL", "http://adk-gateway:8080")),
     "agent without the plugin": ("agent", lambda o: container(one(o, "Deployment", AGENT))["args"].remove("--extra_plugins=adk_gateway_plugin.GatewayPlugin")),
+    "agent creating no sessions": ("agent", lambda o: container(one(o, "Deployment", AGENT))["args"].remove("--auto_create_session")),
+    "gateway creating the sessions": ("agent", lambda o: _env(o, GATEWAY, "ADK_AUTO_CREATE_SESSION", "false")),
     "an option ADK does not have": ("agent", lambda o: container(one(o, "Deployment", AGENT))["args"].append("--session_db=x")),
     "agent probe on a route ADK lacks": ("agent", lambda o: container(one(o, "Deployment", AGENT))["readinessProbe"]["httpGet"].update(path="/healthz")),
     "gateway upstream elsewhere": ("agent", lambda o: _env(o, GATEWAY, "ADK_UPSTREAM_URL", "http://agent:8000")),

@@ -56,6 +56,15 @@ class AgentRuns:
             await self._client(chat).ensure_session(chat.user_id, chat.session_id)
             chat.session_ready = True
 
+    async def before_turn(self, chat: Chat) -> None:
+        """Before a turn: the chat's ADK session created, unless its upstream creates it with the
+        run (`upstream.auto_create_session`; `/run_sse` only, a live session is created first).
+        A create that fails here is the request's 502; skipped, a failure to reach the upstream
+        is the run's `error` chunk instead."""
+        if chat.session_ready or (self._client(chat).auto_creates_sessions and not self.live(chat)):
+            return
+        await self.ensure_session(chat)
+
     async def confirmations(self, chat: Chat) -> SessionConfirmations:
         """The native confirmations ADK's session asked and holds answers to (a round trip)."""
         return await self._client(chat).confirmations(chat.user_id, chat.session_id)
@@ -108,6 +117,7 @@ class AgentRuns:
                         self.metrics.upstream_first_event.labels(chat.agent).observe(self._clock() - started, self.metrics.exemplar())
                         first = False
                         message = {}  # never sent again once events came: a held run keeps no message
+                        chat.session_ready = True  # created here, or by the server with the run
                     yield batch
                     batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
                 return
@@ -115,7 +125,17 @@ class AgentRuns:
                 if exc.kind != "session_missing" or attempt == 2 or not first:
                     raise
                 self.metrics.upstream_errors.labels(chat.agent, exc.kind).inc()
-                log.info("session_recreated", reason="upstream lost the session")
+                client = self._client(chat)
+                if not chat.session_ready and client.auto_creates_sessions:
+                    # The session was left to the server, which did not create it: it runs without
+                    # `--auto_create_session`. Its chats create their sessions first from now on.
+                    client.auto_creates_sessions = False
+                    log.warning(
+                        "upstream_does_not_create_sessions",
+                        reason="upstream.auto_create_session is set but the ADK server answered 404; sessions are created first from now on",
+                    )
+                else:
+                    log.info("session_recreated", reason="upstream lost the session")
                 chat.session_ready = False
                 await self.ensure_session(chat)
 

@@ -268,7 +268,7 @@ class ChatService:
         structlog.contextvars.bind_contextvars(message_id=run.message_id)
         try:
             await self.runs.take_upstream(chat, agent)
-            await self.runs.ensure_session(chat)
+            await self.runs.before_turn(chat)
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(agent.name, exc.kind).inc()
             chat.run = None

@@ -42,6 +42,11 @@ class UpstreamConfig(Section):
     # that request and in the gateway's memory); the only path ADK's live flow has. Both gate every
     # call the policy gates. Resolved by the validator: every reader sees "hold" or "confirm".
     approvals: Literal["hold", "confirm"] | None = None
+    # The ADK server runs with `--auto_create_session`: a new chat's first `/run_sse` goes out
+    # without creating the session first (one round trip fewer). A server that answers 404 all the
+    # same gets the session created and the run retried, and its client creates first from then
+    # on. Live sessions are always created first.
+    auto_create_session: bool = False
 
     @model_validator(mode="after")
     def _confirm_needs_sse(self) -> UpstreamConfig:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
-__all__ = ["AGENTS_DIR", "APP_NAME", "MEMORY", "api_server_command", "sqlite_uri"]
+__all__ = ["AGENTS_DIR", "APP_NAME", "MEMORY", "api_server_command", "creates_sessions", "sqlite_uri"]
 
 AGENTS_DIR: Path = Path(__file__).resolve().parent / "agents"
 APP_NAME = "demo_agent"
@@ -41,6 +42,7 @@ def api_server_command(
     log_level: str = "WARNING",
     adk: str | Path | None = None,
     session_service_uri: str = MEMORY,
+    auto_create_session: bool = False,
 ) -> list[str]:
     """The argv that starts the stock ADK API server on `AGENTS_DIR`.
 
@@ -60,6 +62,11 @@ def api_server_command(
     the stock command, as an operator runs it. The demo agent then imports its
     own modules from this checkout (see agents/demo_agent/agent.py); they
     need google-adk only, never the gateway daemon's dependencies.
+
+    `auto_create_session`: the server creates a run's session when it does not
+    exist (``--auto_create_session``; see `creates_sessions` for whether an
+    ADK has the flag), so the gateway need not create it first
+    (`upstream.auto_create_session`).
     """
     launcher = [str(adk)] if adk is not None else [sys.executable, str(_LAUNCHER)]
     argv = [
@@ -77,7 +84,25 @@ def api_server_command(
         "--log_level",
         log_level,
     ]
+    if auto_create_session:
+        argv.append("--auto_create_session")
     for plugin in extra_plugins:
         argv += ["--extra_plugins", plugin]
     argv.append(str(AGENTS_DIR))
     return argv
+
+
+def creates_sessions(adk: str | Path | None = None) -> bool:
+    """Whether the ADK that `api_server_command` would run has ``--auto_create_session`` (1.39.1
+    and 2.13 do, 1.22.1 does not): its CLI's source names the flag. `adk`: another environment's
+    ``adk`` command (its venv's site-packages are read), None: this environment's ADK."""
+    if adk is None:
+        # Located, not imported: the gateway's process never imports google-adk.
+        try:
+            sources = [Path(str(metadata.distribution("google-adk").locate_file("google/adk/cli/cli_tools_click.py")))]
+        except metadata.PackageNotFoundError:
+            return False
+    else:
+        venv = Path(adk).absolute().parent.parent
+        sources = list(venv.glob("lib/python*/site-packages/google/adk/cli/cli_tools_click.py"))
+    return any(source.is_file() and "--auto_create_session" in source.read_text(encoding="utf-8", errors="replace") for source in sources)

@@ -34,7 +34,7 @@ from ..chat.chunk_log import Feed, FollowerLagged, Reader
 from .state import GATEWAY
 from .admit import Caller, admit, admit_stream, count_refusal, preflight
 from .limiter import Slot
-from .aiohttp_raw import chunk_writer, forget_body
+from .aiohttp_raw import chunk_writer, forget_body, headers_with_first_write
 
 __all__ = ["routes"]
 
@@ -168,6 +168,10 @@ async def _follow(request: web.Request, feed: Feed, caller: Caller, chat_id: str
     response = web.StreamResponse(
         headers={**SSE_HEADERS, **gateway.auth.cors_headers(request), "X-Request-Id": request_id}
     )
+    if isinstance(feed, Reader):
+        # A local run's log holds its first chunks already (the run's `start`): the headers leave
+        # with them, one send fewer a turn. A relay's first chunks cross to another replica first.
+        headers_with_first_write(response)
     await response.prepare(request)
     gauge.inc()
     completed = False

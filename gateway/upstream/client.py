@@ -68,6 +68,11 @@ class AdkClient:
         self._call_timeout = aiohttp.ClientTimeout(
             total=config.connect_timeout + 30, sock_connect=config.connect_timeout
         )
+        # Whether a run may go out before its session is created: the server creates it (ADK's
+        # `--auto_create_session`). From the config; turned off for this client's life by a 404 to
+        # a run whose session was not created first (chat/agent_runs.py): a server without the flag
+        # costs one wasted round trip, once, not one per chat.
+        self.auto_creates_sessions = config.auto_create_session
 
     async def start(self) -> None:
         self.open()

@@ -240,6 +240,42 @@ async def test_a_chunk_written_the_fast_way_reads_as_a_write_does() -> None:
         assert body == b"data: 1\n\n" + b"".join(payload + payload for payload in PAYLOADS)
 
 
+async def test_held_headers_leave_with_the_first_write_in_one_send() -> None:
+    sends: list[bytes] = []
+    outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        assert aiohttp_raw.headers_with_first_write(response), f"{AIOHTTP}: StreamResponse._send_headers_immediately is gone"
+        await response.prepare(request)
+        transport = request.transport
+        assert transport is not None
+        real = transport.write
+
+        def write(data: Any) -> None:
+            sends.append(bytes(data))
+            real(data)
+
+        transport.write = write  # type: ignore[method-assign]
+        try:
+            write_now = aiohttp_raw.chunk_writer(response)
+            assert write_now is not None and not write_now(b"data: 0\n\n"), "a direct write went out before the headers"
+            await response.write(b"data: 1\n\n")
+            assert len(sends) == 1 and sends[0].startswith(b"HTTP/1.1 200") and sends[0].endswith(b"data: 1\n\n\r\n"), sends
+            assert write_now(b"data: 2\n\n")
+            outcome.set_result(None)
+        except Exception as exc:  # noqa: BLE001  # raised by the test
+            outcome.set_exception(exc)
+        await response.write_eof()
+        return response
+
+    async with served("GET", serve) as client:
+        reply = await client.get("/")
+        assert await reply.read() == b"data: 1\n\ndata: 2\n\n"
+        await outcome
+    assert len(sends) == 3  # headers with the first chunk, the direct chunk, the end
+
+
 async def test_a_compressed_stream_is_left_to_aiohttp() -> None:
     async def check(response: web.StreamResponse) -> None:
         assert aiohttp_raw.chunk_writer(response) is None

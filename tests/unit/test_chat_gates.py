@@ -50,6 +50,9 @@ class ScriptedAdk:
     def __init__(self) -> None:
         self.reads: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
 
+    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
+    auto_creates_sessions = False
+
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 

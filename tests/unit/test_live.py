@@ -158,6 +158,9 @@ class LiveAdk:
     def __init__(self) -> None:
         self.opened: list[FakeConnection] = []
 
+    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
+    auto_creates_sessions = False
+
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 

@@ -39,6 +39,9 @@ class NativeAdk:
         self.asked.clear()
         self.answered_in_session.clear()
 
+    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
+    auto_creates_sessions = False
+
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 

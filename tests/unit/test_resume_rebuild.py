@@ -53,6 +53,9 @@ class SessionAdk:
             answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
         )
 
+    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
+    auto_creates_sessions = False
+
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 
