@@ -52,7 +52,8 @@ class Response:
         # A parked follower that can take frames synchronously (see `follow_direct`): one at most.
         self._sink: _Sink | None = None
         # The requests that read it (see `Reader`); None once it is closed, when nobody asks.
-        self._readers: set[Reader] | None = set()
+        # A list: one reader or two, where a set is 216 bytes empty (every held stream keeps one).
+        self._readers: list[Reader] | None = []
 
     def append(self, frames: list[bytes]) -> None:
         held = self.frames
@@ -95,7 +96,7 @@ class Response:
         replay shows before it (the message's earlier responses)."""
         reader = Reader(self, earlier)
         if self._readers is not None:
-            self._readers.add(reader)
+            self._readers.append(reader)
         return reader
 
     @property
@@ -109,8 +110,8 @@ class Response:
         return bool(self._readers) and any(not r.remote and r.connected() for r in self._readers)  # type: ignore[union-attr]
 
     def _forget(self, reader: Reader) -> None:
-        if self._readers is not None:
-            self._readers.discard(reader)
+        if self._readers is not None and reader in self._readers:
+            self._readers.remove(reader)
 
     @property
     def complete(self) -> bool:
