@@ -152,23 +152,21 @@ def _connected(request: web.Request) -> Callable[[], bool]:
 
 
 async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str) -> web.StreamResponse:
-    feed = attachment.response
+    # One coroutine, not a wrapper around another: a held stream keeps every frame it stacks.
+    feed: Feed = attachment.response
     # A chat whose response nobody reads takes the person's next message (chat/service.py).
     feed.connected = _connected(request)
-    try:
-        return await _follow(request, feed, caller, chat_id)
-    finally:
-        feed.close()
-
-
-async def _follow(request: web.Request, feed: Feed, caller: Caller, chat_id: str) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
     request_id = structlog.contextvars.get_contextvars().get("request_id", "")
-    response = web.StreamResponse(
-        headers={**SSE_HEADERS, **gateway.auth.cors_headers(request), "X-Request-Id": request_id}
-    )
-    await response.prepare(request)
+    try:
+        response = web.StreamResponse(
+            headers={**SSE_HEADERS, **gateway.auth.cors_headers(request), "X-Request-Id": request_id}
+        )
+        await response.prepare(request)
+    except BaseException:
+        feed.close()
+        raise
     gauge.inc()
     completed = False
     idle = gateway.config.chat.keepalive_interval
@@ -200,8 +198,11 @@ async def _follow(request: web.Request, feed: Feed, caller: Caller, chat_id: str
             pass
     finally:
         gauge.dec()
-        if not completed and gateway.config.chat.on_disconnect == "cancel":
-            await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
+        try:
+            if not completed and gateway.config.chat.on_disconnect == "cancel":
+                await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
+        finally:
+            feed.close()
     return response
 
 
