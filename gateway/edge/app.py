@@ -34,6 +34,7 @@ from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
 from .limiter import Limiter
 from ..cluster.audit_trail import AuditTrail
+from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing, TracingUnavailable
 from ..upstream.client import AdkClient
@@ -281,8 +282,9 @@ def create_app(config: GatewayConfig) -> web.Application:
         metrics_.exemplar = tracing.exemplar
         metrics_.approval_exemplar = tracing.approval_exemplar
     registry = Registry(config.limits.max_chats_per_user)
+    timers = CoarseTimers()
     agents = Agents(
-        config, on_health=metrics_.upstream_health, client=lambda agent: AdkClient(agent.upstream, tracing),
+        config, on_health=metrics_.upstream_health, client=lambda agent: AdkClient(agent.upstream, tracing, timers),
     )
     chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config, tracing=tracing)
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
@@ -292,6 +294,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        timers=timers,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,

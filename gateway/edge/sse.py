@@ -173,9 +173,9 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
     write_chunk = chunk_writer(response) if isinstance(feed, Reader) else None
     try:
         if isinstance(feed, Reader) and write_chunk is not None:
-            batches = feed.follow_direct(lambda frames: write_chunk(sse_frames(frames)), idle=idle)
+            batches = feed.follow_direct(lambda frames: write_chunk(sse_frames(frames)), idle=idle, timers=gateway.timers)
         else:
-            batches = feed.follow(idle=idle)
+            batches = feed.follow(idle=idle, timers=gateway.timers)
         async for batch in batches:
             await response.write(sse_frames(batch) if batch else _KEEPALIVE)
         # With the body's end: one send instead of two, per response (and so per turn).

@@ -25,6 +25,7 @@ from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
 from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
+from ..ops.coarse_timers import CoarseTimers
 from ..ops.tracing import Tracing
 
 __all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
@@ -53,8 +54,10 @@ class UpstreamError(Refusal):
 class AdkClient:
     """Calls to one ADK API server. `start()` and `close()` bracket its life inside the event loop."""
 
-    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None) -> None:
+    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None, timers: CoarseTimers | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # Where a held stream's idle timer goes: one loop timer for many (None: the loop's own).
+        self._timers = timers
         # A CLIENT span per call (not the health probe), its `traceparent` sent so ADK's spans join.
         self._tracing = tracing or Tracing.off()
         self._max_connections = config.max_connections
@@ -204,7 +207,7 @@ class AdkClient:
                         detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
                         raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
                     decoder = EventStreamDecoder()
-                    reader = IdleReader(resp.content, self._idle_timeout, wait)
+                    reader = IdleReader(resp.content, self._idle_timeout, wait, timers=self._timers)
                     try:
                         while data := await reader.read():
                             raws = decoder.feed(data)
