@@ -160,10 +160,22 @@ def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None
         return None
     if not plain:
         return None
+    return _ChunkWriter(writer, response)
 
-    def write_now(data: bytes) -> bool:
+
+class _ChunkWriter:
+    """`chunk_writer`'s function: an object of two slots, not a closure (a held stream keeps it)."""
+
+    __slots__ = ("_response", "_writer")
+
+    def __init__(self, writer: Any, response: web.StreamResponse) -> None:
+        self._writer = writer
+        self._response = response
+
+    def __call__(self, data: bytes) -> bool:
+        writer = self._writer
         try:
-            if writer._headers_buf or response._eof_sent:
+            if writer._headers_buf or self._response._eof_sent:
                 return False  # headers still buffered (nothing written yet): aiohttp's write sends them
             transport = writer.transport
             if transport is None or transport.is_closing() or transport.get_write_buffer_size():
@@ -171,11 +183,9 @@ def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None
             chunk = b"%x\r\n%b\r\n" % (len(data), data)
             transport.write(chunk)
             writer.output_size += len(chunk)
-        except Exception:  # noqa: BLE001  # never into the publishing task (see the docstring)
+        except Exception:  # noqa: BLE001  # never into the publishing task (see chunk_writer)
             return False
         return True
-
-    return write_now
 
 
 def forget_body(request: web.BaseRequest) -> None:
