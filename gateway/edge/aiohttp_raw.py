@@ -59,6 +59,8 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.http import WebSocketWriter
 
+from ..ops.coarse_timers import CoarseTimers
+
 __all__ = ["chunk_writer", "forget_body", "frame_writer", "send_text_frames", "text_frames", "write_text_frames_now"]
 
 _FRAME_LEN2: Final = struct.Struct("!BBH").pack
@@ -195,10 +197,12 @@ def forget_body(request: web.BaseRequest) -> None:
 
 @dataclass(frozen=True)
 class HeadGuard:
-    """How long a request's head may take to arrive, and who hears of one that took longer."""
+    """How long a request's head may take to arrive, and who hears of one that took longer;
+    `timers`: where aiohttp's keep-alive check of each connection goes (None: the loop)."""
 
     timeout: float
     on_timeout: Callable[[], None]
+    timers: CoarseTimers | None = None
 
 
 _HEAD_TIMEOUT_BODY = json.dumps({"error": {
@@ -233,6 +237,12 @@ class GuardedRequestHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._start_head_clock(received=False)
+        handle, timers = self._keepalive_handle, self._guard.timers
+        if handle is not None and timers is not None:
+            # aiohttp arms it for every connection (`keepalive_timeout`, 75 s), a held stream's
+            # too: on the shared timer, not a loop timer of its own (~400 bytes on uvloop).
+            handle.cancel()
+            self._keepalive_handle = timers.call_at(self._next_keepalive_close_time, self._process_keepalive)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         # Waiting for the next request (aiohttp's start() parked on its waiter): these bytes open a head.
