@@ -40,7 +40,7 @@ class CoarseTimers:
 
     `call_at(when, callback)` is the loop's (the loop's clock, a handle with `cancel()`), for
     callbacks that take no arguments and need no context of their own. Bound to the running loop
-    at its first use."""
+    at its first use (and to another if it is called from one)."""
 
     __slots__ = ("_due", "_handle", "_loop", "_short", "_tick", "_ticks")
 
@@ -57,9 +57,10 @@ class CoarseTimers:
         return sum(len(timers) for timers in self._ticks.values())
 
     def call_at(self, when: float, callback: Callable[[], object]) -> CoarseTimer | asyncio.TimerHandle:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Another loop (a test's next one): what was filed on the old one can never fire.
+            self._loop = loop
             self._ticks.clear()
             self._due.clear()
             self._handle = None

@@ -31,10 +31,14 @@ async def test_timers_fire_in_their_tick_never_early_and_a_cancelled_one_never()
     gone.cancel()
     gone.cancel()  # twice: nothing
     assert len(timers) == 3
-    await asyncio.sleep(0.45)
+    for _ in range(300):
+        if len(fired) == 3:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # and nothing else fires
     assert sorted(fired) == ["a", "b", "c"]
     for name, when in due.items():
-        assert when - 0.001 <= fired[name] <= when + TICK + 0.1, (name, fired[name] - when)
+        assert when - 0.001 <= fired[name] <= when + TICK + 0.5, (name, fired[name] - when)  # late only by load
     assert len(timers) == 0
     handles["a"].cancel()  # after it fired: nothing
 
@@ -61,7 +65,10 @@ async def test_a_failing_callback_does_not_keep_the_others_of_its_tick_from_firi
         when = loop.time() + 0.06
         timers.call_at(when, boom)
         timers.call_at(when, lambda: fired.append("after"))
-        await asyncio.sleep(0.25)
+        for _ in range(300):
+            if fired:
+                break
+            await asyncio.sleep(0.01)
         assert fired == ["after"]
         assert [type(e["exception"]) for e in errors] == [RuntimeError]
     finally:
@@ -84,7 +91,7 @@ async def test_an_idle_reader_on_coarse_timers_times_out_once_silent_for_its_idl
     else:  # pragma: no cover - the assertion below says it
         waited = -1.0
     reader.close()
-    assert 0.15 <= waited <= 0.2 + TICK + 0.2, waited
+    assert 0.15 <= waited <= 0.2 + TICK + 0.6, waited  # late only by load
     assert len(timers) == 0
 
 
