@@ -71,7 +71,7 @@ def _jwt_reason(exc: jwt.PyJWTError) -> str:
     return next((reason for kind, reason in _JWT_REASONS if isinstance(exc, kind)), "invalid")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Identity:
     """Who a request acts for: the user id its chats belong to, and (JWT) the token's claims."""
 

@@ -29,7 +29,7 @@ class ChatBusy(Refusal):
     retry_after = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attachment:
     """What a browser request reads: `response` of `run` (no run here: it runs on another replica).
 

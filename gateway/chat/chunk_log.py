@@ -67,6 +67,9 @@ class Run:
     was lost already.
     """
 
+    # Every chat keeps its last run (for resume): no per-instance dict.
+    __slots__ = ("_added", "_earlier", "_limit", "current", "message_id")
+
     def __init__(self, message_id: str, *, limit: int = 10_000, earlier: Sequence[bytes] | None = ()) -> None:
         self.message_id = message_id
         self._limit = limit

@@ -23,7 +23,8 @@ from ..upstream.client import AdkClient
 __all__ = ["Chat"]
 
 
-@dataclass(eq=False)
+# Slots: every remembered chat keeps one, and a held stream's is a new chat's (no per-instance dict).
+@dataclass(eq=False, slots=True)
 class Chat:
     user_id: str
     chat_id: str

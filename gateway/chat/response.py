@@ -13,7 +13,18 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-__all__ = ["Feed", "FollowerLagged", "Reader", "Response"]
+__all__ = ["CallAt", "Feed", "FollowerLagged", "Reader", "Response"]
+
+
+class _Handle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class CallAt(Protocol):
+    """Where a follower's keep-alive timer goes: the loop, or one timer for many (ops/coarse_timers.py)."""
+
+    def call_at(self, when: float, callback: Callable[[], object], /) -> _Handle: ...
+
 
 class Feed(Protocol):
     """What a transport follows: a `Reader` of a response here, or one relayed from another replica."""
@@ -21,7 +32,7 @@ class Feed(Protocol):
     # Whether the request's browser is still there; the transport sets how to tell.
     connected: Callable[[], bool]
 
-    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]: ...
+    def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]: ...
 
     def close(self) -> None:
         """The request reads no more (its browser went away, or it read to the end)."""
@@ -52,7 +63,8 @@ class Response:
         # A parked follower that can take frames synchronously (see `follow_direct`): one at most.
         self._sink: _Sink | None = None
         # The requests that read it (see `Reader`); None once it is closed, when nobody asks.
-        self._readers: set[Reader] | None = set()
+        # A list: one reader or two, where a set is 216 bytes empty (every held stream keeps one).
+        self._readers: list[Reader] | None = []
 
     def append(self, frames: list[bytes]) -> None:
         held = self.frames
@@ -95,7 +107,7 @@ class Response:
         replay shows before it (the message's earlier responses)."""
         reader = Reader(self, earlier)
         if self._readers is not None:
-            self._readers.add(reader)
+            self._readers.append(reader)
         return reader
 
     @property
@@ -109,24 +121,26 @@ class Response:
         return bool(self._readers) and any(not r.remote and r.connected() for r in self._readers)  # type: ignore[union-attr]
 
     def _forget(self, reader: Reader) -> None:
-        if self._readers is not None:
-            self._readers.discard(reader)
+        if self._readers is not None and reader in self._readers:
+            self._readers.remove(reader)
 
     @property
     def complete(self) -> bool:
         """Every frame since `start` is still held, so the response can be replayed whole."""
         return self.offset == 0
 
-    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
+    def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` until the response is complete.
 
         With `idle`, an empty batch comes after that many seconds without frames, so the
-        transport can send a keep-alive.
+        transport can send a keep-alive; `timers`: where that timer goes (default: the loop;
+        ops/coarse_timers.py puts many on one).
         """
-        return self._follow(start, idle, None)
+        return self._follow(start, idle, None, timers)
 
     def follow_direct(
-        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None
+        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None,
+        timers: CallAt | None = None,
     ) -> AsyncIterator[list[bytes]]:
         """`follow`, except that while the follower is parked (it wrote everything so far), the
         publishing task calls `write_now(frames)` with new frames instead of waking it.
@@ -141,16 +155,16 @@ class Response:
         (docs/performance.md, issue 14). Only one follower of a response writes directly; others
         follow as usual.
         """
-        return self._follow(start, idle, write_now)
+        return self._follow(start, idle, write_now, timers)
 
     async def _follow(
-        self, start: int, idle: float | None, write_now: Callable[[list[bytes]], bool] | None
+        self, start: int, idle: float | None, write_now: Callable[[list[bytes]], bool] | None, timers: CallAt | None,
     ) -> AsyncIterator[list[bytes]]:
         position = start
         loop = asyncio.get_running_loop()
         # One timer per follower, re-armed only when it fires, not one per wait: a timer per
         # wait (call_later + cancel) costs about as much as the wake-up itself.
-        ticker = None if idle is None else _Ticker(loop, idle)
+        ticker = None if idle is None else _Ticker(loop, idle, loop if timers is None else timers)
         sink: _Sink | None = None
         try:
             while True:
@@ -231,14 +245,15 @@ class _Ticker:
     """A follower's keep-alive clock: resolves the parked follower's waiter with _IDLE once
     `idle` seconds passed since its last batch. Its one timer is re-armed when it fires early."""
 
-    __slots__ = ("handle", "idle", "last", "loop", "waiter")
+    __slots__ = ("handle", "idle", "last", "loop", "timers", "waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, idle: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle: float, timers: CallAt) -> None:
         self.loop = loop
         self.idle = idle
+        self.timers = timers
         self.last = loop.time()
         self.waiter: asyncio.Future[object] | None = None
-        self.handle: asyncio.TimerHandle | None = None
+        self.handle: _Handle | None = None
 
     def touch(self) -> None:
         self.last = self.loop.time()
@@ -246,7 +261,7 @@ class _Ticker:
     def park(self, waiter: asyncio.Future[object]) -> None:
         self.waiter = waiter
         if self.handle is None:
-            self.handle = self.loop.call_at(self.last + self.idle, self._fire)
+            self.handle = self.timers.call_at(self.last + self.idle, self._fire)
 
     def _fire(self) -> None:
         self.handle = None
@@ -256,7 +271,7 @@ class _Ticker:
         if self.loop.time() >= due - 0.001:
             _resolve(self.waiter, _IDLE)
         else:
-            self.handle = self.loop.call_at(due, self._fire)
+            self.handle = self.timers.call_at(due, self._fire)
 
     def cancel(self) -> None:
         if self.handle is not None:
@@ -295,18 +310,19 @@ class Reader:
         # browser is gone, which takes up to one relay poll.
         self.remote = False
 
-    def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
+    def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` until the response is complete."""
         if not self.earlier:
-            return self.response.follow(start, idle=idle)
-        return self._after_earlier(start, self.response.follow(max(0, start - len(self.earlier)), idle=idle))
+            return self.response.follow(start, idle=idle, timers=timers)
+        return self._after_earlier(start, self.response.follow(max(0, start - len(self.earlier)), idle=idle, timers=timers))
 
     def follow_direct(
-        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None
+        self, write_now: Callable[[list[bytes]], bool], start: int = 0, *, idle: float | None = None,
+        timers: CallAt | None = None,
     ) -> AsyncIterator[list[bytes]]:
         if not self.earlier:
-            return self.response.follow_direct(write_now, start, idle=idle)
-        later = self.response.follow_direct(write_now, max(0, start - len(self.earlier)), idle=idle)
+            return self.response.follow_direct(write_now, start, idle=idle, timers=timers)
+        later = self.response.follow_direct(write_now, max(0, start - len(self.earlier)), idle=idle, timers=timers)
         return self._after_earlier(start, later)
 
     async def _after_earlier(self, start: int, later: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes]]:

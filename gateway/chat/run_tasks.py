@@ -57,6 +57,8 @@ class RunTasks:
         # Each tells the cluster when its run ends.
         self._tasks: dict[asyncio.Task[None], Chat] = {}
         self._closing_reason = "This response was cancelled."
+        # Made once, not per run: every held run's task keeps what it is given.
+        self._reason: Callable[[], str] = lambda: self._closing_reason
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -67,7 +69,7 @@ class RunTasks:
         """Start the chat's run writing `run` (the chat has none under way): its task outlives
         the request, which reads its first response through `reader` (one is taken if not given)."""
         chat.run = run
-        task = chat.actor.start(run, start, batches, wait, lambda: self._closing_reason)
+        task = chat.actor.start(run, start, batches, wait, self._reason)
         # One bound callback, not a coroutine around the drive or a closure: a held run keeps them.
         self._tasks[task] = chat
         task.add_done_callback(self._run_done)

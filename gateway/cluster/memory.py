@@ -45,7 +45,7 @@ log = structlog.get_logger("adk_gateway.cluster.memory")
 _ENDED_RELAY_KEEP = 60.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _ChatRecord:
     user_id: str
     owner: str

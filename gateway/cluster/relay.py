@@ -26,6 +26,7 @@ from ..chat.service import Attachment
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import encode_chunk
 from ..chat.chunk_log import FollowerLagged, Reader
+from ..chat.response import CallAt
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow
 from .shared import RelayEntry, SharedState, SharedStateDown
@@ -140,8 +141,9 @@ class RelayFeed:
             if self._abandoned is not None:
                 self._abandoned()
 
-    async def follow(self, start: int = 0, *, idle: float | None = None) -> AsyncIterator[list[bytes]]:
-        """Batches of frames from position `start` to the end of the response (as Response.follow)."""
+    async def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]:
+        """Batches of frames from position `start` to the end of the response (as Response.follow;
+        `timers` unused: the relay polls its owner)."""
         step = self._liveness.interval
         if idle is not None:
             step = min(step, idle)

@@ -20,6 +20,7 @@ data and back (`snapshot`, `restore`; the format's checks: core/ledger_snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ _NATIVE_KEYS = (
 # The ledger's sets of names (dicts of None), under their snapshot's keys (the field is `_` + key).
 _NAME_SETS = ("current", "expected", "confirmable", "seen", "denied", "delivered", "timed_out")
 _SNAPSHOT_KEYS = ("v", "calls", "by_approval", "open", *_NAME_SETS, "confirmations", "asking", "native", "answered")
+# Every map of a ledger, and those a new run starts empty.
+_RUN_MAPS = ("_expected", "_confirmable", "_seen", "_current", "_asking", "_denied", "_delivered")
+_MAPS = frozenset((*_RUN_MAPS, "_calls", "_by_approval", "_open", "_native", "_answered", "_timed_out"))
 
 
 class Ledger:
@@ -100,35 +104,44 @@ class Ledger:
         "_native", "_open", "_seen", "_timed_out",
     )
 
-    def __init__(self) -> None:
-        self._calls: dict[str, GatedCall] = {}  # every gated call opened in this chat, by tool call id
-        self._by_approval: dict[str, GatedCall] = {}
-        self._open: dict[str, GatedCall] = {}  # shown to the browser and not released
-        self._current: dict[str, None] = {}  # this run: the gated calls opened in it
-        self._expected: dict[str, None] = {}  # this run: gated calls in the model's output the plugin has not opened
-        # This run: gated calls ADK is to confirm (`upstream.approvals: confirm`) that it has not
-        # asked about yet. Unlike `_expected`, they do not hold back a pause: ADK asks only once
-        # every call of the model's event returned, a browser tool's too.
-        self._confirmable: dict[str, None] = {}
-        self._seen: dict[str, None] = {}  # this run: every gated call it showed (expected once at most)
-        self._denied: dict[str, None] = {}  # this run: tool calls the person denied natively
-        # This run: tool calls whose output the browser sent as their confirmation's answer.
-        self._delivered: dict[str, None] = {}
-        self._asking: dict[str, NativeConfirmation] = {}  # this run: native confirmations asked, by tool call id
-        self._native: dict[str, NativeConfirmation] = {}  # asked, not answered, by approval id
-        self._answered: dict[str, str] = {}  # answered native approval ids (-> tool call id), oldest first
-        self._timed_out: dict[str, None] = {}  # of those, the ones the gateway answered at their deadline
+    # Each map is made at its first use (`__getattr__`), not here: a chat that never gates a
+    # call (most of them) kept 13 empty dicts, 832 bytes, for as long as it was remembered.
+    _calls: dict[str, GatedCall]  # every gated call opened in this chat, by tool call id
+    _by_approval: dict[str, GatedCall]
+    _open: dict[str, GatedCall]  # shown to the browser and not released
+    _current: dict[str, None]  # this run: the gated calls opened in it
+    _expected: dict[str, None]  # this run: gated calls in the model's output the plugin has not opened
+    # This run: gated calls ADK is to confirm (`upstream.approvals: confirm`) that it has not
+    # asked about yet. Unlike `_expected`, they do not hold back a pause: ADK asks only once
+    # every call of the model's event returned, a browser tool's too.
+    _confirmable: dict[str, None]
+    _seen: dict[str, None]  # this run: every gated call it showed (expected once at most)
+    _denied: dict[str, None]  # this run: tool calls the person denied natively
+    # This run: tool calls whose output the browser sent as their confirmation's answer.
+    _delivered: dict[str, None]
+    _asking: dict[str, NativeConfirmation]  # this run: native confirmations asked, by tool call id
+    _native: dict[str, NativeConfirmation]  # asked, not answered, by approval id
+    _answered: dict[str, str]  # answered native approval ids (-> tool call id), oldest first
+    _timed_out: dict[str, None]  # of those, the ones the gateway answered at their deadline
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a map not made yet (a set slot is found before this is asked).
+        if name not in _MAPS:
+            raise AttributeError(name)
+        made: dict[str, Any] = {}
+        object.__setattr__(self, name, made)
+        return made
 
     def begin_run(self, denied: Iterable[str] = (), delivered: Iterable[str] = ()) -> None:
         """A new run starts in the chat; `denied`: tool calls whose native confirmation it denies;
         `delivered`: tool calls whose confirmation it answers with the browser's output."""
-        self._expected.clear()
-        self._confirmable.clear()
-        self._seen.clear()
-        self._current.clear()
-        self._asking.clear()
-        self._denied = dict.fromkeys(denied)
-        self._delivered = dict.fromkeys(delivered)
+        for name in _RUN_MAPS:
+            with contextlib.suppress(AttributeError):  # not made yet
+                delattr(self, name)  # made again at its next use, empty
+        if denied:
+            self._denied = dict.fromkeys(denied)
+        if delivered:
+            self._delivered = dict.fromkeys(delivered)
 
     @property
     def empty(self) -> bool:

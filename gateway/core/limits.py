@@ -66,7 +66,7 @@ def too_many_streams(config: LimitsConfig) -> Limited:
     return Limited(429, "too_many_streams", f"at most {config.max_streams_per_user} concurrent responses per user", 1)
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamSlot:
     """A held stream; `release()` gives it back (idempotent)."""
 

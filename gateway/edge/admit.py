@@ -34,7 +34,7 @@ _DRAINING_RETRY_AFTER: Final = "5"
 _PREFLIGHT_MAX_AGE: Final = "600"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Caller:
     """An admitted request: the user it acts for, on the agent its route names."""
 

@@ -64,6 +64,8 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.http import WebSocketWriter
 
+from ..ops.coarse_timers import CoarseTimers
+
 __all__ = ["chunk_writer", "forget_body", "frame_writer", "send_text_frames", "text_frames", "write_text_frames_now"]
 
 _FRAME_LEN2: Final = struct.Struct("!BBH").pack
@@ -165,10 +167,22 @@ def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None
         return None
     if not plain:
         return None
+    return _ChunkWriter(writer, response)
 
-    def write_now(data: bytes) -> bool:
+
+class _ChunkWriter:
+    """`chunk_writer`'s function: an object of two slots, not a closure (a held stream keeps it)."""
+
+    __slots__ = ("_response", "_writer")
+
+    def __init__(self, writer: Any, response: web.StreamResponse) -> None:
+        self._writer = writer
+        self._response = response
+
+    def __call__(self, data: bytes) -> bool:
+        writer = self._writer
         try:
-            if writer._headers_buf or response._eof_sent:
+            if writer._headers_buf or self._response._eof_sent:
                 return False  # headers still buffered (nothing written yet): aiohttp's write sends them
             transport = writer.transport
             if transport is None or transport.is_closing() or transport.get_write_buffer_size():
@@ -176,11 +190,9 @@ def chunk_writer(response: web.StreamResponse) -> Callable[[bytes], bool] | None
             chunk = b"%x\r\n%b\r\n" % (len(data), data)
             transport.write(chunk)
             writer.output_size += len(chunk)
-        except Exception:  # noqa: BLE001  # never into the publishing task (see the docstring)
+        except Exception:  # noqa: BLE001  # never into the publishing task (see chunk_writer)
             return False
         return True
-
-    return write_now
 
 
 def headers_with_first_write(response: web.StreamResponse) -> bool:
@@ -201,10 +213,12 @@ def forget_body(request: web.BaseRequest) -> None:
 
 @dataclass(frozen=True)
 class HeadGuard:
-    """How long a request's head may take to arrive, and who hears of one that took longer."""
+    """How long a request's head may take to arrive, and who hears of one that took longer;
+    `timers`: where aiohttp's keep-alive check of each connection goes (None: the loop)."""
 
     timeout: float
     on_timeout: Callable[[], None]
+    timers: CoarseTimers | None = None
 
 
 _HEAD_TIMEOUT_BODY = json.dumps({"error": {
@@ -239,6 +253,12 @@ class GuardedRequestHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._start_head_clock(received=False)
+        handle, timers = self._keepalive_handle, self._guard.timers
+        if handle is not None and timers is not None:
+            # aiohttp arms it for every connection (`keepalive_timeout`, 75 s), a held stream's
+            # too: on the shared timer, not a loop timer of its own (~400 bytes on uvloop).
+            handle.cancel()
+            self._keepalive_handle = timers.call_at(self._next_keepalive_close_time, self._process_keepalive)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         # Waiting for the next request (aiohttp's start() parked on its waiter): these bytes open a head.

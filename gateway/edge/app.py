@@ -28,12 +28,13 @@ from ..cluster.memory import MemoryState
 from ..cluster.router import Cluster
 from ..cluster.shared import SharedState
 from ..config.schema import GatewayConfig
-from .errors import Handler, error_middleware
+from .errors import Handler, error_answer
 from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
 from .limiter import Limiter
 from ..cluster.audit_trail import AuditTrail
+from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing, TracingUnavailable
 from ..upstream.client import AdkClient
@@ -78,7 +79,14 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     if gateway.tracing.enabled:
         span = _server_span(request, gateway)
     try:
-        response = await handler(request)
+        # error_middleware's work, done here: one coroutine frame less on every held stream.
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            answer = error_answer(request, exc)
+            if answer is None:
+                raise
+            response = answer
         status = response.status
         if not response.prepared:
             response.headers.setdefault("X-Request-Id", request_id)
@@ -274,8 +282,9 @@ def create_app(config: GatewayConfig) -> web.Application:
         metrics_.exemplar = tracing.exemplar
         metrics_.approval_exemplar = tracing.approval_exemplar
     registry = Registry(config.limits.max_chats_per_user)
+    timers = CoarseTimers()
     agents = Agents(
-        config, on_health=metrics_.upstream_health, client=lambda agent: AdkClient(agent.upstream, tracing),
+        config, on_health=metrics_.upstream_health, client=lambda agent: AdkClient(agent.upstream, tracing, timers),
     )
     chats = ChatService(agents=agents, registry=registry, metrics=metrics_, config=config, tracing=tracing)
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
@@ -285,6 +294,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        timers=timers,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
             shared, metrics_, lambda: gateway.config.audit, logging=config.logging, timeout=config.sessions.forward_timeout,
@@ -297,7 +307,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(
-        middlewares=[request_context, error_middleware], client_max_size=config.chat.max_body_bytes
+        middlewares=[request_context], client_max_size=config.chat.max_body_bytes
     )
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(_lifecycle)

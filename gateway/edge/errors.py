@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..core.refusals import Refusal
 
-__all__ = ["Handler", "error_middleware", "json_error"]
+__all__ = ["Handler", "error_answer", "error_middleware", "json_error"]
 
 log = structlog.get_logger("adk_gateway.edge.errors")
 
@@ -30,15 +30,27 @@ def json_error(status: int, code: str, message: str, headers: dict[str, str] | N
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except Refusal as exc:
+    except Exception as exc:
+        answer = error_answer(request, exc)
+        if answer is None:
+            raise
+        return answer
+
+
+def error_answer(request: web.Request, exc: Exception) -> web.Response | None:
+    """The JSON answer to what a handler raised, or None for what must propagate (a redirect).
+
+    Called from the `except` that caught `exc` (an unexpected one is logged with its traceback).
+    The public app's request middleware calls it itself rather than stacking `error_middleware`:
+    a held stream keeps every coroutine frame its request stacks."""
+    if isinstance(exc, Refusal):
         answer = exc.http()
         return json_error(answer.status, answer.code, answer.message, answer.headers)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         # aiohttp's own 404/405/413: same JSON shape as ours.
         if exc.status < 400:
-            raise
+            return None
         code = exc.reason.lower().replace(" ", "_")
         return json_error(exc.status, code, exc.reason, {k: v for k, v in exc.headers.items() if k == "Allow"})
-    except Exception:
-        log.exception("handler_crashed", path=request.path)
-        return json_error(500, "internal_error", "the gateway failed to handle this request")
+    log.exception("handler_crashed", path=request.path)
+    return json_error(500, "internal_error", "the gateway failed to handle this request")

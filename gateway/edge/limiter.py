@@ -40,7 +40,7 @@ log = structlog.get_logger("adk_gateway.edge.limiter")
 _RELEASE_FLUSH: Final = 1.0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """A held stream: this replica's slot, and its shared one if the store counts it. `release()`
     gives both back (idempotent); the shared one in the background, the caller does not wait."""

@@ -136,7 +136,7 @@ def listeners(app: web.Application, config: GatewayConfig) -> list[tuple[web.App
             metrics.limited.labels("header_timeout").inc()
             log.info("header_timeout", listener=listener, timeout_s=config.listen.header_timeout)
 
-        return HeadGuard(config.listen.header_timeout, timed_out)
+        return HeadGuard(config.listen.header_timeout, timed_out, app[GATEWAY].timers)
 
     # auto_decompress off: aiohttp would otherwise decode (or refuse in plain text) compressed
     # bodies before the handler runs; the handler answers every Content-Encoding with a JSON 415.

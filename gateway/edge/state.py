@@ -24,6 +24,7 @@ from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
 from ..cluster.audit_trail import AuditTrail
+from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing
 from ..ops.webhooks import Webhooks
@@ -71,6 +72,8 @@ class Gateway:
     jwks: Jwks | None = None
     # OpenTelemetry spans (ops/tracing.py): the shared no-op unless `telemetry:` turns them on.
     tracing: Tracing = field(default_factory=Tracing.off)
+    # The long timers of held streams (keep-alives, upstream idle timeouts) on one loop timer.
+    timers: CoarseTimers = field(default_factory=CoarseTimers)
     # Short clean-ups started where nothing can await them (a reload closing what it replaced).
     background: set[asyncio.Task[None]] = field(default_factory=set)
     # The approvals API's authentication, made for the running `auth` and `approvers` (approver_auth).

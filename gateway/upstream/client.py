@@ -25,6 +25,7 @@ from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
 from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
+from ..ops.coarse_timers import CoarseTimers
 from ..ops.tracing import Tracing
 
 __all__ = ["AdkClient", "AskedCall", "LiveConnection", "SessionConfirmations", "UpstreamError", "WaitSignal", "parse_live_event"]
@@ -53,8 +54,10 @@ class UpstreamError(Refusal):
 class AdkClient:
     """Calls to one ADK API server. `start()` and `close()` bracket its life inside the event loop."""
 
-    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None) -> None:
+    def __init__(self, config: UpstreamConfig, tracing: Tracing | None = None, timers: CoarseTimers | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # Where a held stream's idle timer goes: one loop timer for many (None: the loop's own).
+        self._timers = timers
         # A CLIENT span per call (not the health probe), its `traceparent` sent so ADK's spans join.
         self._tracing = tracing or Tracing.off()
         self._max_connections = config.max_connections
@@ -160,7 +163,7 @@ class AdkClient:
             calls=_asked_calls(session),
         )
 
-    async def run_sse_batches(
+    def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],
         wait: WaitSignal | None = None, state_delta: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Iterator[AdkEvent | dict[str, Any]]]:
@@ -179,6 +182,8 @@ class AdkClient:
         to walk, which cost more than batching saved); iterate it before asking for the next one.
         A bad event raises UpstreamError from the iteration, after the events before it.
         """
+        # Encoded here, and the one generator returned: a generator around it would keep a frame
+        # (and its locals) for as long as the run is held open (bench.memprofile).
         body = orjson.dumps({
             "appName": self._app,
             "userId": user_id,
@@ -187,50 +192,42 @@ class AdkClient:
             "streaming": True,
             **({"stateDelta": state_delta} if state_delta else {}),
         })
-        del new_message  # a held run keeps neither the message nor the request body
-        decoder = EventStreamDecoder()
+        return self._run_sse(body, wait)
+
+    async def _run_sse(self, body: bytes, wait: WaitSignal | None) -> AsyncIterator[Iterator[AdkEvent | dict[str, Any]]]:
         url = f"{self._base}/run_sse"
         # The span lasts the whole stream, a person's wait included.
         with self._tracing.client("POST", "/run_sse", url, _SSE_HEADERS, app=self._app) as call:
-            batches = self._run_sse(url, body, call.headers or _SSE_HEADERS, call.answered, decoder, wait)
-            # Else this frame keeps the body as long as the stream runs: orjson's 4 KiB buffer on
-            # every held stream (a quarter of what an idle SSE stream holds; bench.memprofile).
-            del body
-            async for batch in batches:
-                yield batch
-                batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
-
-    async def _run_sse(
-        self, url: str, body: bytes, headers: Mapping[str, str], answered: Any, decoder: EventStreamDecoder,
-        wait: WaitSignal | None,
-    ) -> AsyncIterator[Iterator[AdkEvent | dict[str, Any]]]:
-        try:
-            async with asyncio.timeout(self._idle_timeout):
-                resp = await self._http.post(url, data=body, headers=headers, timeout=self._stream_timeout)
-                del body
-            answered(resp.status)
-            async with resp:
-                if resp.status == 404:
-                    raise UpstreamError("session_missing", "the agent service does not know this session", 404)
-                if resp.status != 200:
-                    detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
-                    raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
-                reader = IdleReader(resp.content, self._idle_timeout, wait)
-                try:
-                    while data := await reader.read():
-                        raws = decoder.feed(data)
-                        del data
-                        if raws:
-                            yield _parsed(raws)
-                        del raws  # a run waiting for a person does not keep its last events
-                finally:
-                    reader.close()
-        except aiohttp.ClientError as exc:
-            raise _client_error(exc) from None
-        except EventStreamError as exc:
-            raise UpstreamError("protocol", str(exc)) from None
-        except TimeoutError:
-            raise UpstreamError("timeout", "the agent service stopped sending events (idle timeout)") from None
+            try:
+                async with asyncio.timeout(self._idle_timeout):
+                    resp = await self._http.post(url, data=body, headers=call.headers or _SSE_HEADERS, timeout=self._stream_timeout)
+                    # Else the frame keeps the body as long as the stream runs: orjson's 4 KiB
+                    # buffer on every held stream (bench.memprofile).
+                    del body
+                call.answered(resp.status)
+                async with resp:
+                    if resp.status == 404:
+                        raise UpstreamError("session_missing", "the agent service does not know this session", 404)
+                    if resp.status != 200:
+                        detail = (await resp.content.read(300)).decode("utf-8", "replace").strip()
+                        raise UpstreamError("http", f"the agent service answered HTTP {resp.status}: {detail}", resp.status)
+                    decoder = EventStreamDecoder()
+                    reader = IdleReader(resp.content, self._idle_timeout, wait, timers=self._timers)
+                    try:
+                        while data := await reader.read():
+                            raws = decoder.feed(data)
+                            del data
+                            if raws:
+                                yield _parsed(raws)
+                            del raws  # a run waiting for a person does not keep its last events
+                    finally:
+                        reader.close()
+            except aiohttp.ClientError as exc:
+                raise _client_error(exc) from None
+            except EventStreamError as exc:
+                raise UpstreamError("protocol", str(exc)) from None
+            except TimeoutError:
+                raise UpstreamError("timeout", "the agent service stopped sending events (idle timeout)") from None
 
     async def open_live(self, *, user_id: str, session_id: str, modalities: list[str]) -> LiveConnection:
         """Open ADK's `/run_live` socket for a session (it must exist: see ensure_session)."""

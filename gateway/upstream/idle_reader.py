@@ -40,12 +40,18 @@ class WaitSignal:
                 self._listener(waiting)
 
 
-class _Timers(Protocol):
+class _Handle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _CallAt(Protocol):
+    def call_at(self, when: float, callback: Callable[[], object], /) -> _Handle: ...
+
+
+class _Timers(_CallAt, Protocol):
     """What `IdleReader` needs of the event loop (tests pass a clock they move by hand)."""
 
     def time(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[[], object], /) -> asyncio.TimerHandle: ...
 
 
 class IdleReader:
@@ -61,18 +67,21 @@ class IdleReader:
     stream is left, so the timer never fires into whatever the task does next.
     """
 
-    __slots__ = ("_content", "_expired", "_idle", "_last", "_loop", "_task", "_timer", "_wait")
+    __slots__ = ("_content", "_expired", "_idle", "_last", "_loop", "_task", "_timer", "_timers", "_wait")
 
     def __init__(
         self, content: aiohttp.StreamReader, idle: float, wait: WaitSignal | None = None, loop: _Timers | None = None,
+        timers: _CallAt | None = None,
     ) -> None:
         self._content = content
         self._idle = idle
         self._wait = wait
         self._loop: _Timers = loop or asyncio.get_running_loop()
+        # Where the timer goes: the loop, or one timer for many streams (ops/coarse_timers.py).
+        self._timers: _CallAt = self._loop if timers is None else timers
         self._task = asyncio.current_task()
         self._last = self._loop.time()
-        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle, self._check)
+        self._timer: _Handle | None = self._timers.call_at(self._last + idle, self._check)
         self._expired = False
         if wait is not None:
             wait._listener = self._wait_changed
@@ -104,7 +113,7 @@ class IdleReader:
                     self._expired = True
                     self._task.cancel()
                 return
-        self._timer = self._loop.call_at(due, self._check)
+        self._timer = self._timers.call_at(due, self._check)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -22,6 +22,7 @@ from aiohttp.http import StreamWriter, WebSocketWriter
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.edge import aiohttp_raw
+from gateway.ops.coarse_timers import CoarseTimers
 
 AIOHTTP = f"aiohttp {aiohttp.__version__}"
 
@@ -435,3 +436,29 @@ async def test_a_malformed_request_is_answered_without_its_bytes() -> None:
             writer.close()
             assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0], answer
             assert secret not in answer and b'"code": "malformed_request"' in answer, answer
+
+
+async def test_a_connection_s_keepalive_check_goes_on_the_guard_s_shared_timers() -> None:
+    # aiohttp arms it at every connection's start; a held stream kept a loop timer for it
+    # (~400 bytes on uvloop: docs/performance.md, issue 29).
+    timers = CoarseTimers()
+    runner = aiohttp_raw.GuardedAppRunner(
+        guarded_app(), guard=aiohttp_raw.HeadGuard(HEAD_TIMEOUT, lambda: None, timers), access_log=None,
+        keepalive_timeout=30,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readuntil(b"data: 0")).startswith(b"HTTP/1.1 200")
+        assert len(timers) == 1
+        writer.close()
+        for _ in range(100):
+            if not len(timers):
+                break
+            await asyncio.sleep(0.02)
+        assert len(timers) == 0  # the connection's end took it out
+    finally:
+        await runner.cleanup()

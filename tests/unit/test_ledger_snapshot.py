@@ -237,6 +237,36 @@ def test_a_restored_ledger_shares_its_calls_and_confirmations_between_its_maps()
     assert restored._open["t1"].released and restored.by_approval("a1").outcome is Outcome.DENIED  # type: ignore[union-attr]
 
 
+def test_a_ledger_makes_its_maps_at_first_use_and_a_new_run_starts_its_own_empty() -> None:
+    # Most chats never gate a call; each kept 13 empty dicts for as long as it was remembered
+    # (docs/performance.md, idle SSE stream).
+    ledger = Ledger()
+
+    def made() -> set[str]:
+        return {name for name in Ledger.__slots__ if _is_made(ledger, name)}
+
+    assert made() == set() and ledger.empty and ledger.next_deadline() is None
+    ledger.begin_run(denied=["t9"])
+    assert made() == {"_calls", "_native", "_answered", "_timed_out", "_denied"}  # read by `empty`, and the denied
+    call = ledger.add(GatedCall.open(
+        user_id="u", chat_id="c", session_id="s", tool_call_id="t1", tool="pay", args={}, policy=ToolPolicy(approval=True),
+        now=1.0, approval_id="a1",
+    ))
+    assert ledger.of_current_run(call) and ledger.call("t1") is call
+    ledger.begin_run()
+    assert not {"_current", "_denied"} & made()
+    assert not ledger.of_current_run(call) and ledger.call("t1") is call  # the chat's maps stay
+    assert round_trip(ledger).snapshot() == ledger.snapshot()
+
+
+def _is_made(ledger: Ledger, name: str) -> bool:
+    try:
+        object.__getattribute__(ledger, name)
+    except AttributeError:
+        return False
+    return True
+
+
 def test_the_bounded_answers_keep_their_order_and_forget_the_oldest_first_after_a_restore() -> None:
     ledger = Ledger()
     for n in range(300):

@@ -190,3 +190,29 @@ async def test_a_streaming_run_keeps_no_request_body(upstream: Any) -> None:
     release.set()
     async for _ in batches:
         pass
+
+
+async def test_a_streaming_run_stacks_one_generator(upstream: Any) -> None:
+    # Every generator a held run stacks keeps a frame and its locals for the stream's whole life
+    # (docs/performance.md, idle SSE stream): the run's batches come from one, not a chain.
+    routes, client = upstream
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(b'data: {"author": "demo_agent"}\n\n')
+        await release.wait()
+        await response.write_eof()
+        return response
+
+    routes[("POST", "/run_sse")] = answer
+    batches = client.run_sse_batches(user_id="u1", session_id="s1", new_message=MESSAGE)
+    assert [e["author"] for e in await anext(batches)] == ["demo_agent"]
+    assert inspect.isasyncgen(batches)
+    nested = [name for name, v in batches.ag_frame.f_locals.items() if inspect.isasyncgen(v)]
+    assert not nested, f"the run's generator holds another one as {nested}"
+    release.set()
+    async for _ in batches:
+        pass
