@@ -1,0 +1,37 @@
+"""ADK servers the integration tests share: one per kind (its plugin, its ADK release, its session
+store), started by the first test that asks for it and stopped at the end of the session.
+
+An ADK server's start is most of the time of a test that starts its own; each test still gets its
+own gateway, its own chats and its own view of the agent's ledger (procs.Agent.for_a_test), and a
+test that kills the agent finds it started again by the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+
+from tests.procs import Agent
+
+
+class SharedAgents:
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, stack: ExitStack) -> None:
+        self._tmp = tmp_path_factory
+        self._stack = stack
+        self._agents: dict[str, Agent] = {}
+
+    def get(self, name: str, start: Callable[..., Agent]) -> Agent:
+        """The agent called `name`, started by `start(tmp)` the first time; as the asking test sees it."""
+        if name not in self._agents:
+            agent = start(self._tmp.mktemp("agent-" + "".join(c if c.isalnum() else "-" for c in name)))
+            self._stack.callback(agent.server.stop)
+            self._agents[name] = agent
+        return self._agents[name].for_a_test()
+
+
+@pytest.fixture(scope="session")
+def shared_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAgents]:
+    with ExitStack() as stack:
+        yield SharedAgents(tmp_path_factory, stack)
