@@ -17,7 +17,8 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import said, tool_states
-from tests.integration.test_adk_restart import native_stack
+from tests.integration.conftest import SharedAgents
+from tests.integration.test_adk_restart import native_agent, native_stack
 from tests.integration.test_confirm_mode import adk, agent, confirm_stack, runs  # noqa: F401 - fixtures
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import replicas, wait_until
@@ -140,9 +141,10 @@ def test_a_page_that_kept_its_message_resumes_into_that_same_message(adk: tuple,
             assert sorted(r["session_id"] for r in runs(ledger)) == sorted(chats.values())
 
 
-def test_with_the_tool_s_own_require_confirmation_too(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
+def test_with_the_tool_s_own_require_confirmation_too(adk: tuple, shared_agents: SharedAgents, tmp_path: Path) -> None:  # noqa: F811
+    agent = native_agent(shared_agents, None if adk[1] is None else adk[1] / "bin" / "adk", "memory")
     chats = {client: new_chat() for client in CLIENTS[:2]}
-    with native_stack(tmp_path, None if adk[1] is None else adk[1] / "bin" / "adk", "memory://") as stack:
+    with native_stack(tmp_path, agent) as stack:
         message_ids = _asked_then_killed(stack.gateway, chats)
         with gateway_process(tmp_path, stack.server.base, port=stack.gateway.port) as again:
             _resumed_and_approved(again, chats, message_ids)
