@@ -248,21 +248,43 @@ def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
     adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None, tools: str = DEMO_TOOLS,
-    gateway_env: dict[str, str] | None = None,
+    gateway_env: dict[str, str] | None = None, agent: Agent | None = None,
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 
     `adk`, `plugin`: another venv's `adk` command, and the plugin path it loads (see AdkServer);
-    `adk_env`, `gateway_env`: more environment for each process."""
+    `adk_env`, `gateway_env`: more environment for each process. `agent`: a running ADK server with
+    the plugin (start_agent, shared by several tests) instead of one of the stack's own; the
+    gateway's internal listener goes where that plugin looks (`internal_port`, `adk*`, `plugin`
+    unused)."""
+    if agent is not None:
+        with _policy_gateway(
+            tmp, agent.server.base, agent.internal_port, agent.secret, payment_timeout, on_timeout, extra, tools,
+            gateway_env, upstream_mode, approvals,
+        ) as stack:
+            yield stack
+        return
     internal_port = internal_port or free_port()
     secret = "test-secret-" + os.urandom(6).hex()
+    env = {"ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
+    with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, _policy_gateway(
+        tmp, adk_base, internal_port, secret, payment_timeout, on_timeout, extra, tools, gateway_env, upstream_mode,
+        approvals,
+    ) as stack:
+        yield stack
+
+
+@contextmanager
+def _policy_gateway(
+    tmp: Path, adk_base: str, internal_port: int, secret: str, payment_timeout: str, on_timeout: str, extra: str,
+    tools: str, gateway_env: dict[str, str] | None, upstream_mode: str, approvals: str | None,
+) -> Iterator[PluginStack]:
     internal = f"http://127.0.0.1:{internal_port}"
     config = (
         tools.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
-    env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
-    with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, gateway_process(
+    with gateway_process(
         tmp, adk_base, config, env=gateway_env, upstream_mode=upstream_mode, approvals=approvals
     ) as gw:
         yield PluginStack(gw, adk_base, internal, secret, gw.config_path)

@@ -13,7 +13,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.procs import Agent
+from tests.procs import PLUGIN, Agent, start_agent
 
 
 class SharedAgents:
@@ -35,3 +35,12 @@ class SharedAgents:
 def shared_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAgents]:
     with ExitStack() as stack:
         yield SharedAgents(tmp_path_factory, stack)
+
+
+def plugin_agent(agents: SharedAgents, *, chunk_delay: str | None = None) -> Agent:
+    """The stock ADK API server with the gateway plugin (procs.plugin_stack's), shared by the stacks
+    that would each start the same one: `plugin_stack(..., agent=plugin_agent(...))`. `chunk_delay`:
+    the demo's DEMO_CHUNK_DELAY (seconds between streamed chunks), for the tests that need a reply
+    still streaming. One gateway at a time may stand in front of each."""
+    env = {"DEMO_CHUNK_DELAY": chunk_delay} if chunk_delay else {}
+    return agents.get(f"plugin-delay-{chunk_delay or 0}", lambda tmp: start_agent(tmp, plugin=PLUGIN, env=env))

@@ -41,7 +41,7 @@ from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import LOCATION, SCENARIOS as DEMO_ROWS
 from tests.demo_rows import check_rows, said
 from tests.jsdriver import assert_clean, run_chat, run_chats
-from tests.integration.conftest import SharedAgents
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.procs import (
     DEMO_TOOLS, ROOT, AdkServer, Agent, GatewayProcess, Ledger, gateway_process, metric_value, plugin_stack, request,
     start_agent, stop_process,
@@ -480,7 +480,9 @@ def wire(result: dict) -> list[list[dict]]:
 
 
 @pytest.mark.js
-def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
+def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(
+    adk: tuple[str, Path | None], agent: Agent, shared_agents: SharedAgents, tmp_path: Path,
+) -> None:
     """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
     mode receive, request by request, what the same rows receive in hold mode (only ids and the
     model's words differ)."""
@@ -492,7 +494,7 @@ def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tupl
         return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
 
     (tmp_path / "hold").mkdir()
-    with plugin_stack(tmp_path / "hold", approvals="hold") as hold:
+    with plugin_stack(tmp_path / "hold", approvals="hold", agent=plugin_agent(shared_agents)) as hold:
         held = rows(hold.gateway.base)
         assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
     with confirm_stack(tmp_path, agent) as (_, gw, _extra):
