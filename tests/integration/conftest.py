@@ -1,5 +1,5 @@
 """ADK servers the integration tests share: one per kind (its plugin, its ADK release, its session
-store), started by the first test that asks for it and stopped at the end of the session.
+store), started by the first test that asks for it and stopped when this package's tests are done.
 
 An ADK server's start is most of the time of a test that starts its own; each test still gets its
 own gateway, its own chats and its own view of the agent's ledger (procs.Agent.for_a_test), and a
@@ -31,7 +31,8 @@ class SharedAgents:
         return self._agents[name].for_a_test()
 
 
-@pytest.fixture(scope="session")
+# Package scope: the agents stop when the integration tests are done, not idle through the rest.
+@pytest.fixture(scope="package")
 def shared_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAgents]:
     with ExitStack() as stack:
         yield SharedAgents(tmp_path_factory, stack)
