@@ -254,24 +254,104 @@ def plugin_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     internal_port: int | None = None, adk_env: dict[str, str] | None = None, upstream_mode: str = "sse",
     adk: Path | None = None, plugin: str = PLUGIN, approvals: str | None = None, tools: str = DEMO_TOOLS,
-    gateway_env: dict[str, str] | None = None,
+    gateway_env: dict[str, str] | None = None, agent: Agent | None = None,
 ) -> Iterator[PluginStack]:
     """The demo's topology: the stock ADK API server with the gateway plugin, and a gateway with a tool policy.
 
     `adk`, `plugin`: another venv's `adk` command, and the plugin path it loads (see AdkServer);
-    `adk_env`, `gateway_env`: more environment for each process."""
+    `adk_env`, `gateway_env`: more environment for each process. `agent`: a running ADK server with
+    the plugin (start_agent, shared by several tests) instead of one of the stack's own; the
+    gateway's internal listener goes where that plugin looks (`internal_port`, `adk*`, `plugin`
+    unused)."""
+    if agent is not None:
+        with _policy_gateway(
+            tmp, agent.server.base, agent.internal_port, agent.secret, payment_timeout, on_timeout, extra, tools,
+            gateway_env, upstream_mode, approvals,
+        ) as stack:
+            yield stack
+        return
     internal_port = internal_port or free_port()
     secret = "test-secret-" + os.urandom(6).hex()
+    env = {"ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
+    with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, _policy_gateway(
+        tmp, adk_base, internal_port, secret, payment_timeout, on_timeout, extra, tools, gateway_env, upstream_mode,
+        approvals,
+    ) as stack:
+        yield stack
+
+
+@contextmanager
+def _policy_gateway(
+    tmp: Path, adk_base: str, internal_port: int, secret: str, payment_timeout: str, on_timeout: str, extra: str,
+    tools: str, gateway_env: dict[str, str] | None, upstream_mode: str, approvals: str | None,
+) -> Iterator[PluginStack]:
     internal = f"http://127.0.0.1:{internal_port}"
     config = (
         tools.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
-    env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
-    with adk_server(tmp, extra_plugins=(plugin,), env=env, adk=adk) as adk_base, gateway_process(
+    with gateway_process(
         tmp, adk_base, config, env=gateway_env, upstream_mode=upstream_mode, approvals=approvals
     ) as gw:
         yield PluginStack(gw, adk_base, internal, secret, gw.config_path)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The agent's ledger of real tool executions (the demo's DEMO_TOOL_LEDGER) as one test sees it:
+    the lines written after the first `skip`, so that an agent several tests share shows each test
+    only its own calls' (the tests run one at a time)."""
+
+    path: Path
+    skip: int = 0
+
+    def runs(self) -> list[dict[str, Any]]:
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        return [json.loads(line) for line in lines[self.skip:]]
+
+    def from_now(self) -> Ledger:
+        return Ledger(self.path, self.skip + len(self.runs()))
+
+
+@dataclass
+class Agent:
+    """An ADK API server several tests share (its start is most of such a test's time), with the
+    ledger of its real tool executions. With the gateway plugin, the plugin reaches the internal
+    listener at `internal_port` with `secret`: each test starts its own gateway there."""
+
+    server: AdkServer
+    ledger: Ledger
+    internal_port: int = 0
+    secret: str = ""
+
+    def internal_config(self) -> str:
+        """The gateway YAML that puts a gateway's internal listener where the plugin looks."""
+        return f"internal:\n  port: {self.internal_port}\n  secret: {self.secret}\n  policy_refresh: 1s\n"
+
+    def for_a_test(self) -> Agent:
+        """This agent as the next test sees it: running (started again if a test before killed it),
+        its ledger from now on."""
+        if self.server.proc is None or self.server.proc.poll() is not None:
+            self.server.stop()
+            self.server.start()
+        return Agent(self.server, self.ledger.from_now(), self.internal_port, self.secret)
+
+
+def start_agent(
+    tmp: Path, *, plugin: str | None = None, adk: Path | None = None, sessions: str = "memory://",
+    env: dict[str, str] | None = None,
+) -> Agent:
+    """An Agent, started (the caller stops `server`). `plugin`: the gateway plugin's path, told to
+    reach a free internal port with a fresh secret; none without it. `adk`, `sessions`: as AdkServer's."""
+    ledger = Ledger(tmp / "ledger.jsonl")
+    agent_env = {"DEMO_TOOL_LEDGER": str(ledger.path), **(env or {})}
+    internal_port, secret = 0, ""
+    if plugin is not None:
+        internal_port, secret = free_port(), "test-secret-" + os.urandom(6).hex()
+        agent_env.update({"ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret})
+    server = AdkServer(tmp, extra_plugins=(plugin,) if plugin else (), env=agent_env, adk=adk, sessions=sessions)
+    server.start()
+    return Agent(server, ledger, internal_port, secret)
 
 
 # ---- a tiny synchronous HTTP client for the tests --------------------------------------------

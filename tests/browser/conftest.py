@@ -47,11 +47,12 @@ def chromium_path() -> str:
 # which would break every asyncio test collected after this package.
 @pytest.fixture(scope="package")
 def demo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """What `make run` runs: `adk-gateway demo` with config/gateway.yaml (both agents, the page on)."""
+    """What `make run` runs: `adk-gateway demo` with config/gateway.yaml (both agents, the page on),
+    no other origin allowed (test_quickstart_origins.py's stock gateway too)."""
     if not BUNDLE.is_file():
         raise AssertionError(f"{BUNDLE.relative_to(ROOT)} is not built: run `make {BUNDLE.relative_to(ROOT)}`")
     # Debug lines, so that a failure's report shows what the gateway did.
-    with make_run(tmp_path_factory.mktemp("browser"), {"LOG_LEVEL": "debug"}) as gateway:
+    with make_run(tmp_path_factory.mktemp("browser"), {"LOG_LEVEL": "debug"}, unset=("GATEWAY_ALLOWED_ORIGINS",)) as gateway:
         yield gateway
 
 

@@ -80,10 +80,10 @@ def keyed_gateway(tmp_path_factory: pytest.TempPathFactory, app_origin: str) -> 
         yield gateway
 
 
-@pytest.fixture(scope="module")
-def stock_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with make_run(tmp_path_factory.mktemp("stock"), unset=("GATEWAY_ALLOWED_ORIGINS",)) as gateway:
-        yield gateway
+@pytest.fixture
+def stock_gateway(demo_gateway: GatewayProcess) -> GatewayProcess:
+    # The package's `make run` (conftest.py: no GATEWAY_ALLOWED_ORIGINS, the stock config).
+    return demo_gateway
 
 
 def _open(browser: Any, gateway: GatewayProcess, app_origin: str, artifact: Path, sdk: int, transport: str) -> DemoPage:
@@ -205,6 +205,7 @@ def test_without_the_allowed_origin_the_same_app_is_refused(
     query = f"gateway={stock_gateway.base}&sdk={sdk}&transport={transport}" + ("&ws-module=copied" if copied else "")
     context = browser.new_context(viewport={"width": 900, "height": 700}, locale="en-US")
     app = DemoPage(context, stock_gateway, artifact)
+    logged = len(stock_gateway.log_lines())  # this test's lines follow (the gateway serves the package)
     try:
         app.page.goto(f"{app_origin}/index.html?{query}")
         if client != "6-ws":  # that one fails at start: its transport cannot be imported
@@ -217,7 +218,7 @@ def test_without_the_allowed_origin_the_same_app_is_refused(
         assert any(console in line for line in app.console), app.report(f"expected {console!r} in the console")
         if status == 403:
             refused = [
-                line for line in stock_gateway.log_lines()
+                line for line in stock_gateway.log_lines()[logged:]
                 if line.get("event") == "http_request" and line.get("method") == method
                 and line.get("path") == path and line.get("status") == 403
             ]

@@ -32,9 +32,10 @@ import pytest
 from gateway.demo import adk_venv, sqlite_uri
 from gateway.demo.tools import process_payment
 from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.integration.conftest import SharedAgents
 from tests.integration.test_adk_versions import VERSIONS
 from tests.jsdriver import run_chat
-from tests.procs import AdkServer, GatewayProcess, Reply, gateway_process, metric_value
+from tests.procs import AdkServer, Agent, GatewayProcess, Ledger, Reply, gateway_process, metric_value, start_agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -58,10 +59,10 @@ def adk(request: pytest.FixtureRequest) -> Path | None:
 class Stack:
     server: AdkServer
     gateway: GatewayProcess
-    ledger: Path
+    ledger: Ledger
 
     def payments(self) -> list[dict]:
-        return [json.loads(line) for line in self.ledger.read_text().splitlines()] if self.ledger.exists() else []
+        return self.ledger.runs()
 
     def restart_adk(self) -> None:
         """kill -9, then the same command on the same port; returns once the gateway's probe sees it."""
@@ -72,19 +73,22 @@ class Stack:
             time.sleep(0.1)
 
 
+def native_agent(agents: SharedAgents, adk: Path | None, store: str) -> Agent:
+    """ADK whose payments ask ADK's own confirmation, its sessions in `store` ("sqlite": a file,
+    "memory"), on the release whose `adk` command is given (None: this venv's). The tests that ask
+    for the same one share it (each restart of it is a test's own)."""
+    def start(tmp: Path) -> Agent:
+        sessions = sqlite_uri(tmp / "sessions.db") if store == "sqlite" else "memory://"
+        return start_agent(tmp, adk=adk, sessions=sessions, env={"DEMO_NATIVE_CONFIRMATION": "1"})
+
+    return agents.get(f"native-{store}-{adk or 'newest'}", start)
+
+
 @contextmanager
-def native_stack(tmp: Path, adk: Path | None, sessions: str) -> Iterator[Stack]:
-    """The gateway, without a tool policy, in front of ADK whose payments ask ADK's own confirmation."""
-    ledger = tmp / "ledger.jsonl"
-    server = AdkServer(
-        tmp, adk=adk, sessions=sessions, env={"DEMO_NATIVE_CONFIRMATION": "1", "DEMO_TOOL_LEDGER": str(ledger)},
-    )
-    server.start()
-    try:
-        with gateway_process(tmp, server.base) as gw:
-            yield Stack(server, gw, ledger)
-    finally:
-        server.stop()
+def native_stack(tmp: Path, agent: Agent) -> Iterator[Stack]:
+    """The gateway, without a tool policy, in front of `agent` (native_agent)."""
+    with gateway_process(tmp, agent.server.base) as gw:
+        yield Stack(agent.server, gw, agent.ledger)
 
 
 def text(reply) -> str:
@@ -99,10 +103,12 @@ def ask(gw: GatewayProcess) -> tuple[str, dict, Reply]:
     return chat, first_message, first
 
 
-def test_a_pending_confirmation_survives_an_adk_restart_on_sqlite(adk: Path | None, tmp_path: Path) -> None:
-    store = tmp_path / "state" / "sessions.db"
-    store.parent.mkdir()
-    with native_stack(tmp_path, adk, sqlite_uri(store)) as stack:
+def test_a_pending_confirmation_survives_an_adk_restart_on_sqlite(
+    adk: Path | None, shared_agents: SharedAgents, tmp_path: Path,
+) -> None:
+    agent = native_agent(shared_agents, adk, "sqlite")
+    store = agent.server.tmp / "sessions.db"
+    with native_stack(tmp_path, agent) as stack:
         gw = stack.gateway
         chat, first_message, first = ask(gw)
         call_id = next(c for c in first.chunks if c["type"] == "tool-approval-request")["toolCallId"]
@@ -125,8 +131,10 @@ def test_a_pending_confirmation_survives_an_adk_restart_on_sqlite(adk: Path | No
         assert len(stack.payments()) == 1
 
 
-def test_an_approval_lost_with_in_memory_sessions_is_410_and_the_chat_goes_on(adk: Path | None, tmp_path: Path) -> None:
-    with native_stack(tmp_path, adk, "memory://") as stack:
+def test_an_approval_lost_with_in_memory_sessions_is_410_and_the_chat_goes_on(
+    adk: Path | None, shared_agents: SharedAgents, tmp_path: Path,
+) -> None:
+    with native_stack(tmp_path, native_agent(shared_agents, adk, "memory")) as stack:
         gw = stack.gateway
         chat, first_message, first = ask(gw)
 
@@ -171,10 +179,9 @@ def drive_across_a_restart(stack: Stack, hold: Path, version: int, steps: list[d
 
 
 @pytest.mark.parametrize("version", [6, 7])
-def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(tmp_path: Path, version: int) -> None:
+def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(shared_agents: SharedAgents, tmp_path: Path, version: int) -> None:
     """The page's Approve, clicked after the restart, runs the payment once and streams the rest."""
-    store = tmp_path / "sessions.db"
-    with native_stack(tmp_path, None, sqlite_uri(store)) as stack:
+    with native_stack(tmp_path, native_agent(shared_agents, None, "sqlite")) as stack:
         result = drive_across_a_restart(
             stack, tmp_path / f"answer-{version}", version, [{"send": "pay 50 to Hanako", "approvals": "approve"}],
         )
@@ -184,11 +191,11 @@ def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(tmp_path: Path, v
 
 
 @pytest.mark.parametrize("version", [6, 7])
-def test_a_stock_chat_reads_the_lost_approval_and_goes_on(tmp_path: Path, version: int) -> None:
+def test_a_stock_chat_reads_the_lost_approval_and_goes_on(shared_agents: SharedAgents, tmp_path: Path, version: int) -> None:
     """The stock AI SDK Chat, as a page: the Approve after the restart fails with an error a person
     can read (the 410's JSON body, which the stock transport makes the error's message); the person
     sends the message again, approves, and the payment runs once."""
-    with native_stack(tmp_path, None, "memory://") as stack:
+    with native_stack(tmp_path, native_agent(shared_agents, None, "memory")) as stack:
         result = drive_across_a_restart(stack, tmp_path / f"answer-{version}", version, [
             {"send": "pay 50 to Hanako", "approvals": "approve"},
             {"send": "pay 50 to Hanako", "approvals": "approve"},

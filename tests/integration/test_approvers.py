@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.chatflow import new_chat, user
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import replicas
 from tests.procs import DEMO_TOOLS, GatewayProcess, PluginStack, metric_value, plugin_stack, request
@@ -51,8 +52,9 @@ def _four_eyes_tools() -> str:
 
 
 @pytest.fixture(scope="module")
-def four_eyes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
-    with plugin_stack(tmp_path_factory.mktemp("four-eyes"), tools=_four_eyes_tools(), extra=APPROVERS) as stack:
+def four_eyes(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
+    agent = plugin_agent(shared_agents)
+    with plugin_stack(tmp_path_factory.mktemp("four-eyes"), tools=_four_eyes_tools(), extra=APPROVERS, agent=agent) as stack:
         yield stack
 
 

@@ -41,9 +41,10 @@ from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import LOCATION, SCENARIOS as DEMO_ROWS
 from tests.demo_rows import check_rows, said
 from tests.jsdriver import assert_clean, run_chat, run_chats
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.procs import (
-    DEMO_TOOLS, ROOT, AdkServer, GatewayProcess, free_port, gateway_process, metric_value, plugin_stack, request,
-    stop_process,
+    DEMO_TOOLS, ROOT, AdkServer, Agent, GatewayProcess, Ledger, gateway_process, metric_value, plugin_stack, request,
+    start_agent, stop_process,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -127,33 +128,29 @@ def test_on_live_the_plugin_keeps_the_blocking_path(adk: tuple[str, Path | None]
 # ---- through the gateway ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def agent(adk: tuple[str, Path | None], shared_agents: SharedAgents) -> Agent:
+    """The stock ADK API server with the plugin, on the ADK under test: one the module's tests (and
+    test_confirm_timeouts.py's, test_resume_rebuild.py's) share, each with a gateway of its own."""
+    venv = adk[1]
+    return shared_agents.get(f"confirm-{adk[0]}", lambda tmp: start_agent(
+        tmp, plugin=PLUGIN, adk=None if venv is None else venv / "bin" / "adk", env=_plugin_env(),
+    ))
+
+
 @contextmanager
 def confirm_stack(
-    tmp: Path, adk: tuple[str, Path | None], ledger: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny",
+    tmp: Path, agent: Agent, *, payment_timeout: str = "5m", on_timeout: str = "deny",
 ) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
-    """The demo topology with `approvals: confirm`; yields (adk, gateway, the gateway's YAML extra).
-    `payment_timeout`, `on_timeout`: process_payment's policy."""
-    internal_port = free_port()
-    secret = "test-secret-" + os.urandom(6).hex()
-    extra = (
-        DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout=on_timeout)
-        + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n"
-    )
-    env = {
-        "ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret,
-        "DEMO_TOOL_LEDGER": str(ledger), **_plugin_env(),
-    }
-    server = AdkServer(tmp, extra_plugins=(PLUGIN,), env=env, adk=None if adk[1] is None else adk[1] / "bin" / "adk")
-    server.start()
-    try:
-        with gateway_process(tmp, server.base, extra, approvals="confirm") as gw:
-            yield server, gw, extra
-    finally:
-        server.stop()
+    """A gateway with `approvals: confirm` in front of `agent`; yields (adk, gateway, the gateway's
+    YAML extra). `payment_timeout`, `on_timeout`: process_payment's policy."""
+    extra = DEMO_TOOLS.format(payment_timeout=payment_timeout, on_timeout=on_timeout) + agent.internal_config()
+    with gateway_process(tmp, agent.server.base, extra, approvals="confirm") as gw:
+        yield agent.server, gw, extra
 
 
-def runs(ledger: Path) -> list[dict]:
-    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+def runs(ledger: Ledger) -> list[dict]:
+    return ledger.runs()
 
 
 def text(reply) -> str:
@@ -186,9 +183,9 @@ def answer(gw: GatewayProcess, chat: str, first_message: dict, first, approved: 
     assert second.chunks[-1]["finishReason"] == "stop"
 
 
-def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[str, Path | None], tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.jsonl"
-    with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
+def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
+    ledger = agent.ledger
+    with confirm_stack(tmp_path, agent) as (_, gw, _extra):
         for approved in (True, False):
             chat, first_message, first, call_id = ask_to_pay(gw)
             # Nothing waits anywhere but in ADK's session: the run ended (waiting), no plugin request.
@@ -210,10 +207,10 @@ def test_approve_and_deny_through_the_gateway_hold_no_plugin_request(adk: tuple[
 
 
 def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_once(
-    adk: tuple[str, Path | None], tmp_path: Path,
+    adk: tuple[str, Path | None], agent: Agent, tmp_path: Path,
 ) -> None:
-    ledger = tmp_path / "ledger.jsonl"
-    with confirm_stack(tmp_path, adk, ledger) as (server, gw, extra):
+    ledger = agent.ledger
+    with confirm_stack(tmp_path, agent) as (server, gw, extra):
         pending = [ask_to_pay(gw) for _ in range(2)]
         gw.proc.kill()  # kill -9: the gateway's memory (its chats, its ledger) is gone
         gw.proc.wait()
@@ -232,12 +229,12 @@ def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_o
 
 
 @pytest.mark.js
-def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
     """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: every gated call,
     the browser tools' too, goes through ADK's confirmation (no plugin request at all), each
     approved payment runs exactly once, no denied or abandoned one ever."""
-    ledger = tmp_path / "ledger.jsonl"
-    with confirm_stack(tmp_path, adk, ledger) as (_, gw, _extra):
+    ledger = agent.ledger
+    with confirm_stack(tmp_path, agent) as (_, gw, _extra):
         names = list(DEMO_ROWS)
         for version in (6, 7):
             for transport in ("sse", "ws"):
@@ -346,9 +343,9 @@ def send_output(gw: GatewayProcess, chat: str, first_message: dict, message: dic
     return reply
 
 
-def test_browser_tools_hold_nothing_and_their_output_answers_adk(adk: tuple[str, Path | None], tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.jsonl"
-    with confirm_stack(tmp_path, adk, ledger) as (server, gw, _extra):
+def test_browser_tools_hold_nothing_and_their_output_answers_adk(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
+    ledger = agent.ledger
+    with confirm_stack(tmp_path, agent) as (server, gw, _extra):
         # change_bgm: no approval; the output is the confirmation's answer.
         chat, first_message, first, call_id = play(gw)
         assert session_result(server, chat, call_id) == [PLACEHOLDER]  # waiting in ADK's session
@@ -398,10 +395,10 @@ def test_browser_tools_hold_nothing_and_their_output_answers_adk(adk: tuple[str,
             ) == 1
 
 
-def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
     if adk[0] != "newest":
         pytest.skip("the gateway's own checks: one ADK shows them")
-    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, _extra):
+    with confirm_stack(tmp_path, agent) as (server, gw, _extra):
         chat, first_message, first, call_id = play(gw)
         # Another chat names the call: not one of its own, refused, and the real one still works.
         other = new_chat()
@@ -432,8 +429,8 @@ def test_outputs_of_no_browser_tool_or_of_another_chat_are_refused(adk: tuple[st
         assert "track 2" in text(reply)
 
 
-def test_browser_outputs_after_the_gateway_was_killed_and_restarted(adk: tuple[str, Path | None], tmp_path: Path) -> None:
-    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+def test_browser_outputs_after_the_gateway_was_killed_and_restarted(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
+    with confirm_stack(tmp_path, agent) as (server, gw, extra):
         bgm = play(gw)
         before_approval = locate(gw)
         after_approval = locate(gw)
@@ -483,7 +480,9 @@ def wire(result: dict) -> list[list[dict]]:
 
 
 @pytest.mark.js
-def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tuple[str, Path | None], tmp_path: Path) -> None:
+def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(
+    adk: tuple[str, Path | None], agent: Agent, shared_agents: SharedAgents, tmp_path: Path,
+) -> None:
     """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
     mode receive, request by request, what the same rows receive in hold mode (only ids and the
     model's words differ)."""
@@ -495,10 +494,10 @@ def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tupl
         return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
 
     (tmp_path / "hold").mkdir()
-    with plugin_stack(tmp_path / "hold", approvals="hold") as hold:
+    with plugin_stack(tmp_path / "hold", approvals="hold", agent=plugin_agent(shared_agents)) as hold:
         held = rows(hold.gateway.base)
         assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
-    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (_, gw, _extra):
+    with confirm_stack(tmp_path, agent) as (_, gw, _extra):
         confirmed = rows(gw.base)
         assert held_plugin_requests(gw) == 0
     for (version, name), before, after in zip(batch, held, confirmed):
@@ -516,14 +515,14 @@ def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(adk: tupl
 @pytest.mark.js
 @pytest.mark.parametrize("version", [6, 7])
 def test_a_stock_chat_runs_a_browser_tool_approved_after_a_gateway_kill(
-    adk: tuple[str, Path | None], tmp_path: Path, version: int,
+    adk: tuple[str, Path | None], agent: Agent, tmp_path: Path, version: int,
 ) -> None:
     """"where am I": the Chat holds its Approve while the gateway is killed (-9) and started again;
     then the approval hands the call over (from ADK's session), the browser runs it, and its output
     reaches the model."""
     if adk[0] != "newest" and version == 6:
         pytest.skip("one client on the old ADK is enough here")
-    with confirm_stack(tmp_path, adk, tmp_path / "ledger.jsonl") as (server, gw, extra):
+    with confirm_stack(tmp_path, agent) as (server, gw, extra):
         hold = tmp_path / f"answer-{version}"
         result: dict = {}
         steps = [{**DEMO_ROWS["location"][0], "holdAnswersUntil": str(hold)}]

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
-from tests.integration.test_confirm_mode import _plugin_env, adk, confirm_stack  # noqa: F401 - adk is a fixture
+from tests.integration.test_confirm_mode import _plugin_env, adk, agent, confirm_stack  # noqa: F401 - fixtures
 from tests.integration.test_plugin_gave_up import sdk_check
 from tests.jsdriver import check_streams
 from tests.ops.stack import adk_events, replicas
-from tests.procs import AdkServer, GatewayProcess, Reply, gateway_process, metric_value, request
+from tests.procs import AdkServer, Agent, GatewayProcess, Ledger, Reply, gateway_process, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -37,12 +37,12 @@ TIMEOUT = 2.0  # the payment's policy timeout, seconds
 TIMED_OUT = "Timed out waiting for approval; the call was not run."
 
 
-def stack(tmp: Path, adk: tuple[str, Path | None], ledger: Path, on_timeout: str) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
-    return confirm_stack(tmp, adk, ledger, payment_timeout=f"{TIMEOUT}s", on_timeout=on_timeout)
+def stack(tmp: Path, agent: Agent, on_timeout: str) -> Iterator[tuple[AdkServer, GatewayProcess, str]]:
+    return confirm_stack(tmp, agent, payment_timeout=f"{TIMEOUT}s", on_timeout=on_timeout)
 
 
-def paid(ledger: Path, chat: str) -> int:
-    return sum(1 for line in ledger.read_text().splitlines() if chat in line) if ledger.exists() else 0
+def paid(ledger: Ledger, chat: str) -> int:
+    return sum(1 for run in ledger.runs() if run["session_id"] == chat)
 
 
 def ask_to_pay(gw: GatewayProcess) -> tuple[str, dict[str, Any], Reply, str, str]:
@@ -90,10 +90,10 @@ def expected_outcome(on_timeout: str, call_id: str) -> tuple[dict[str, Any], str
 
 @pytest.mark.parametrize("on_timeout", ["deny", "error"])
 def test_a_timeout_is_answered_to_adk_once_and_the_late_approve_reads_it(
-    adk: tuple[str, Path | None], tmp_path: Path, on_timeout: str,  # noqa: F811 - the fixture
+    adk: tuple[str, Path | None], agent: Agent, tmp_path: Path, on_timeout: str,  # noqa: F811 - the fixtures
 ) -> None:
-    ledger = tmp_path / "ledger.jsonl"
-    with stack(tmp_path, adk, ledger, on_timeout) as (server, gw, _extra):
+    ledger = agent.ledger
+    with stack(tmp_path, agent, on_timeout) as (server, gw, _extra):
         chat, first_message, first, approval_id, call_id = ask_to_pay(gw)
         assert confirmation_answers(server.base, chat, approval_id) == []
         until("the gateway's timeout", lambda: metric_value(gw.base, "adk_gateway_approval_timeouts_total") == 1)
@@ -136,10 +136,10 @@ def test_a_timeout_is_answered_to_adk_once_and_the_late_approve_reads_it(
 
 
 def test_an_approve_after_a_restart_past_the_deadline_gets_the_timeout(
-    adk: tuple[str, Path | None], tmp_path: Path,  # noqa: F811 - the fixture
+    adk: tuple[str, Path | None], agent: Agent, tmp_path: Path,  # noqa: F811 - the fixtures
 ) -> None:
-    ledger = tmp_path / "ledger.jsonl"
-    with stack(tmp_path, adk, ledger, "deny") as (server, gw, extra):
+    ledger = agent.ledger
+    with stack(tmp_path, agent, "deny") as (server, gw, extra):
         chat, first_message, first, approval_id, call_id = ask_to_pay(gw)
         gw.proc.kill()  # kill -9 before the deadline: the memory backend's deadlines die with it
         gw.proc.wait()

@@ -14,6 +14,7 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import SCENARIOS, check_rows
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import run_chats
 from tests.procs import (
     PLUGIN, PluginStack, adk_server, free_port, gateway_process, metric_value, plugin_stack, request,
@@ -141,8 +142,9 @@ def test_every_demo_row_with_stock_chats(stack: PluginStack) -> None:
     assert metric_value(gw, "adk_gateway_policy_bypassed_total") == 0
 
 
-def test_timeouts_resume_and_late_answers(tmp: Path) -> None:
-    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", adk_env={"DEMO_CHUNK_DELAY": "0.1"}, approvals="hold") as stack:
+def test_timeouts_resume_and_late_answers(tmp: Path, shared_agents: SharedAgents) -> None:
+    agent = plugin_agent(shared_agents, chunk_delay="0.1")
+    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", approvals="hold", agent=agent) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
@@ -203,8 +205,8 @@ def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
         )
 
 
-def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path) -> None:
-    with plugin_stack(tmp, approvals="hold") as stack:
+def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path, shared_agents: SharedAgents) -> None:
+    with plugin_stack(tmp, approvals="hold", agent=plugin_agent(shared_agents)) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])

@@ -17,22 +17,25 @@ from tests.chatflow import assistant_message, new_chat, post, types, user
 from tests.demo_rows import RULE_SCENARIOS, SCENARIOS, check_rows, check_rule_rows, said, tool_states
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import Replicas, replicas
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.procs import PluginStack, metric_value, plugin_stack
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+def live_stack(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
     models = "metrics:\n  models: [demo-scripted]\n"
-    with plugin_stack(tmp_path_factory.mktemp("live"), upstream_mode="live", extra=models) as stack:
+    agent = plugin_agent(shared_agents)
+    with plugin_stack(tmp_path_factory.mktemp("live"), upstream_mode="live", extra=models, agent=agent) as stack:
         yield stack
 
 
 @pytest.fixture(scope="module")
-def slow_live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+def slow_live_stack(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
     # Streamed chunks 0.1 s apart, so a socket can drop in the middle of a reply.
-    with plugin_stack(tmp_path_factory.mktemp("slow-live"), upstream_mode="live", adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as stack:
+    agent = plugin_agent(shared_agents, chunk_delay="0.1")
+    with plugin_stack(tmp_path_factory.mktemp("slow-live"), upstream_mode="live", agent=agent) as stack:
         yield stack
 
 

@@ -17,11 +17,12 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import said, tool_states
-from tests.integration.test_adk_restart import native_stack
-from tests.integration.test_confirm_mode import adk, confirm_stack, runs  # noqa: F401 - adk is a fixture
+from tests.integration.conftest import SharedAgents
+from tests.integration.test_adk_restart import native_agent, native_stack
+from tests.integration.test_confirm_mode import adk, agent, confirm_stack, runs  # noqa: F401 - fixtures
 from tests.jsdriver import assert_clean, run_chats
 from tests.ops.stack import replicas, wait_until
-from tests.procs import GatewayProcess, gateway_process, request
+from tests.procs import Agent, GatewayProcess, gateway_process, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.js, pytest.mark.timeout(900)]
 
@@ -69,10 +70,10 @@ def _resumed_and_approved(
     return resumed
 
 
-def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
-    ledger = tmp_path / "ledger.jsonl"
+def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tuple, agent: Agent, tmp_path: Path) -> None:  # noqa: F811
+    ledger = agent.ledger
     chats = {client: new_chat() for client in CLIENTS}
-    with confirm_stack(tmp_path, adk, ledger) as (server, gw, extra):
+    with confirm_stack(tmp_path, agent) as (server, gw, extra):
         message_ids = _asked_then_killed(gw, chats)
         assert runs(ledger) == []
         with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
@@ -92,16 +93,16 @@ def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tup
         assert len(runs(ledger)) == len(chats)
 
 
-def test_a_page_that_kept_its_message_resumes_into_that_same_message(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
+def test_a_page_that_kept_its_message_resumes_into_that_same_message(adk: tuple, agent: Agent, tmp_path: Path) -> None:  # noqa: F811
     """The page kept its messages (in memory, or the app's storage) while the gateway was killed and
     started again; it resumes: the rebuilt stream carries the message id the gateway streamed the
     message under (ADK's session holds it: the state delta of the run's first event), so the stock
     Chat replaces its message instead of adding a second one; the Approve that follows continues
     that same message, and the payment runs once."""
-    ledger = tmp_path / "ledger.jsonl"
+    ledger = agent.ledger
     chats = {client: new_chat() for client in CLIENTS}
     holds = {client: tmp_path / f"answer-{client[0]}-{client[1]}" for client in CLIENTS}
-    with confirm_stack(tmp_path, adk, ledger) as (server, gw, extra):
+    with confirm_stack(tmp_path, agent) as (server, gw, extra):
         batch = [
             {"version": version, "api": f"{gw.base}/api/chat", "chat_id": chats[(version, transport)],
              "transport": transport, "ws_url": gw.base.replace("http", "ws", 1) + "/api/chat/ws",
@@ -140,9 +141,10 @@ def test_a_page_that_kept_its_message_resumes_into_that_same_message(adk: tuple,
             assert sorted(r["session_id"] for r in runs(ledger)) == sorted(chats.values())
 
 
-def test_with_the_tool_s_own_require_confirmation_too(adk: tuple, tmp_path: Path) -> None:  # noqa: F811
+def test_with_the_tool_s_own_require_confirmation_too(adk: tuple, shared_agents: SharedAgents, tmp_path: Path) -> None:  # noqa: F811
+    agent = native_agent(shared_agents, None if adk[1] is None else adk[1] / "bin" / "adk", "memory")
     chats = {client: new_chat() for client in CLIENTS[:2]}
-    with native_stack(tmp_path, None if adk[1] is None else adk[1] / "bin" / "adk", "memory://") as stack:
+    with native_stack(tmp_path, agent) as stack:
         message_ids = _asked_then_killed(stack.gateway, chats)
         with gateway_process(tmp_path, stack.server.base, port=stack.gateway.port) as again:
             _resumed_and_approved(again, chats, message_ids)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.chatflow import new_chat, post, user
 from tests.jsdriver import assert_clean, run_chats
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.ops.stack import Replicas, replicas
 from tests.procs import GatewayProcess, PluginStack, plugin_stack
 
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+def slow_stack(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
     # Chunks 0.1 s apart: the reply is still streaming when the driver stops it.
-    with plugin_stack(tmp_path_factory.mktemp("stop"), adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as stack:
+    agent = plugin_agent(shared_agents, chunk_delay="0.1")
+    with plugin_stack(tmp_path_factory.mktemp("stop"), agent=agent) as stack:
         yield stack
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.demo_rows import RULE_SCENARIOS, check_rule_rows
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import run_chats
 from tests.procs import PluginStack, metric_value, plugin_stack
 
@@ -86,7 +87,7 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_webhook_is_told_signed_when_a_payment_waits_and_when_it_is_decided(tmp_path: Path) -> None:
+def test_a_webhook_is_told_signed_when_a_payment_waits_and_when_it_is_decided(tmp_path: Path, shared_agents: SharedAgents) -> None:
     secret = "webhook-secret-" + os.urandom(8).hex()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -95,7 +96,7 @@ def test_a_webhook_is_told_signed_when_a_payment_waits_and_when_it_is_decided(tm
         f"      url: http://127.0.0.1:{server.server_port}/hook\n      secret: {secret}\n"
     )
     try:
-        with plugin_stack(tmp_path, extra=extra) as stack:
+        with plugin_stack(tmp_path, extra=extra, agent=plugin_agent(shared_agents)) as stack:
             [result] = run_chats([{
                 "version": 7, "api": f"{stack.gateway.base}/api/chat", "steps": [{"send": "pay 50 to Hanako", "approvals": "approve"}],
             }], timeout=40)

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from tests.chatflow import new_chat, user
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.procs import PluginStack, gateway_process, metric_value, plugin_stack
 
 pytestmark = pytest.mark.integration
@@ -30,9 +31,10 @@ websocket:
 
 
 @pytest.fixture(scope="module")
-def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
+def slow_stack(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
     # Streamed chunks 0.1 s apart, so a test can act in the middle of a response.
-    with plugin_stack(tmp_path_factory.mktemp("ws"), extra=LIMITS, adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as stack:
+    agent = plugin_agent(shared_agents, chunk_delay="0.1")
+    with plugin_stack(tmp_path_factory.mktemp("ws"), extra=LIMITS, agent=agent) as stack:
         yield stack
 
 

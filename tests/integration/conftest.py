@@ -1,0 +1,47 @@
+"""ADK servers the integration tests share: one per kind (its plugin, its ADK release, its session
+store), started by the first test that asks for it and stopped when this package's tests are done.
+
+An ADK server's start is most of the time of a test that starts its own; each test still gets its
+own gateway, its own chats and its own view of the agent's ledger (procs.Agent.for_a_test), and a
+test that kills the agent finds it started again by the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+
+from tests.procs import PLUGIN, Agent, start_agent
+
+
+class SharedAgents:
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, stack: ExitStack) -> None:
+        self._tmp = tmp_path_factory
+        self._stack = stack
+        self._agents: dict[str, Agent] = {}
+
+    def get(self, name: str, start: Callable[..., Agent]) -> Agent:
+        """The agent called `name`, started by `start(tmp)` the first time; as the asking test sees it."""
+        if name not in self._agents:
+            agent = start(self._tmp.mktemp("agent-" + "".join(c if c.isalnum() else "-" for c in name)))
+            self._stack.callback(agent.server.stop)
+            self._agents[name] = agent
+        return self._agents[name].for_a_test()
+
+
+# Package scope: the agents stop when the integration tests are done, not idle through the rest.
+@pytest.fixture(scope="package")
+def shared_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAgents]:
+    with ExitStack() as stack:
+        yield SharedAgents(tmp_path_factory, stack)
+
+
+def plugin_agent(agents: SharedAgents, *, chunk_delay: str | None = None) -> Agent:
+    """The stock ADK API server with the gateway plugin (procs.plugin_stack's), shared by the stacks
+    that would each start the same one: `plugin_stack(..., agent=plugin_agent(...))`. `chunk_delay`:
+    the demo's DEMO_CHUNK_DELAY (seconds between streamed chunks), for the tests that need a reply
+    still streaming. One gateway at a time may stand in front of each."""
+    env = {"DEMO_CHUNK_DELAY": chunk_delay} if chunk_delay else {}
+    return agents.get(f"plugin-delay-{chunk_delay or 0}", lambda tmp: start_agent(tmp, plugin=PLUGIN, env=env))
