@@ -55,6 +55,7 @@ compat: $(STAMP) $(JS_STAMP) redis-server
 	ADK_VERSIONS=$(COMPAT_ADK) $(PY) -m pytest tests/integration/test_adk_versions.py tests/integration/test_adk_restart.py \
 		tests/integration/test_confirm_mode.py tests/integration/test_confirm_timeouts.py \
 		tests/integration/test_resume_rebuild.py tests/integration/test_ai_sdk_clients.py tests/integration/test_live_mode.py \
+		tests/integration/test_session_auto_create.py \
 		$(PYTEST_ARGS)
 
 # The property-based bad-input suite at full size (>= 10,000 cases; `make test` runs its small ci profile).
