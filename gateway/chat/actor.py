@@ -24,6 +24,7 @@ import contextvars
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import structlog
@@ -32,7 +33,7 @@ from ..config.agent import ToolPolicy
 from ..core.approvals import CallState, GatedCall, Outcome
 from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, RunFailed, RunStarts, UpstreamRead
 from ..core.chat_machine import ChatMachine
-from ..core.protocol import ClientVersion, encode_chunk
+from ..core.protocol import ClientVersion, encode_chunks
 from ..core.rebuild import Rebuilt, WaitingMessage, replay
 from ..core.turn import (
     Bypassed, CallChanged, Chunks, CloseResponse, NativeAsked, OpenResponse, Output, Raised, RunEnded, UsageSeen,
@@ -54,6 +55,8 @@ _BROWSER_OUTCOMES = {Outcome.OUTPUT: "output", Outcome.OUTPUT_ERROR: "error"}
 
 # The chunks that carry the model's words (or voice) to the browser: the first one ends the time to first token.
 _TOKEN_CHUNKS = frozenset({"text-delta", "reasoning-delta", "data-pcm"})
+_PCM = "data-pcm"
+_TYPE = itemgetter("type")
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,9 @@ class ChatActor:
                 self._log().next_response()
             elif type(output) is CloseResponse:
                 self._log().end_response(self._hooks.clock())
+            elif type(output) is UsageSeen:
+                # A third of a tool-heavy stream's events: not through `_observe`'s match.
+                self._hooks.metrics.count_tokens(self.agent, output.model, output.usage)
             else:
                 self._observe(output)
 
@@ -255,27 +261,20 @@ class ChatActor:
         return self.run
 
     def _write(self, chunks: list[dict[str, Any]]) -> None:
-        # One pass: counted (a plain dict, read at scrape time) and encoded together.
-        counts = self._counts
-        encoded = []
-        for chunk in chunks:
-            kind = chunk["type"]
-            counts[kind] = counts.get(kind, 0) + 1
-            if kind == "data-pcm":
-                self._hooks.metrics.audio_bytes.labels("out").inc(len(chunk["data"]["data"]) * 3 // 4)
-            encoded.append(encode_chunk(chunk))
-        self._log().publish(encoded)
-        if self._first_token_from is not None:  # one check per write once the run has spoken
-            self._first_token(chunks)
-
-    def _first_token(self, chunks: list[dict[str, Any]]) -> None:
-        for chunk in chunks:
-            if chunk["type"] in _TOKEN_CHUNKS:
-                started, self._first_token_from = self._first_token_from, None
-                assert started is not None
-                metrics = self._hooks.metrics
-                metrics.first_token.labels(self.agent).observe(self._hooks.clock() - started, metrics.exemplar())
-                return
+        # Per write, not per chunk: the types read and counted (a plain dict, read at scrape time)
+        # and the chunks encoded, each in a loop that runs in C (docs/performance.md, issue 29).
+        kinds = list(map(_TYPE, chunks))
+        self._counts.update(kinds)  # a Counter: its C loop
+        if _PCM in kinds:
+            audio = self._hooks.metrics.audio_bytes.labels("out")
+            for chunk in chunks:
+                if chunk["type"] == _PCM:
+                    audio.inc(len(chunk["data"]["data"]) * 3 // 4)
+        self._log().publish(encode_chunks(chunks))
+        if self._first_token_from is not None and not _TOKEN_CHUNKS.isdisjoint(kinds):
+            started, self._first_token_from = self._first_token_from, None
+            metrics = self._hooks.metrics
+            metrics.first_token.labels(self.agent).observe(self._hooks.clock() - started, metrics.exemplar())
 
     def _observe(self, output: Output) -> None:
         metrics = self._hooks.metrics

@@ -18,6 +18,7 @@ __all__ = [
     "ClientVersion",
     "client_version",
     "encode_chunk",
+    "encode_chunks",
     "sse_frame",
     "sse_frames",
     "finish_reason_for",
@@ -87,6 +88,17 @@ def encode_chunk(chunk: dict[str, Any]) -> bytes:
         return orjson.dumps(_long_ints_as_floats(chunk)).join(_EMPTY_PAIR)
 
 
+def encode_chunks(chunks: list[dict[str, Any]]) -> list[bytes]:
+    """`[encode_chunk(c) for c in chunks]`, the same bytes, with the per-chunk Python call left
+    out of the common case: one read's chunks are encoded by one comprehension (docs/performance.md,
+    issue 29: ~340 instructions a chunk)."""
+    try:
+        return [_dumps(chunk).join(_EMPTY_PAIR) for chunk in chunks]
+    except TypeError:
+        return [encode_chunk(chunk) for chunk in chunks]  # a long int, or an error as encode_chunk raises it
+
+
+_dumps: Final = orjson.dumps
 _INT_RANGE: Final = range(-(2**63), 2**64)
 
 

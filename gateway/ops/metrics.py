@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import time
+import collections
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
@@ -34,6 +35,23 @@ __all__ = [
     "AGENT_LABELLED", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics",
 ]
+
+# (usage field, count key) for each token kind a usage of one shape counts.
+_TokenPlan = tuple[tuple[str, tuple[str, str, str]], ...]
+# Shapes remembered at most: an upstream that varies its usage's fields only misses the memo.
+_TOKEN_PLANS: Final = 256
+
+
+def _token_plan(agent: str, model: str, usage: Mapping[str, Any]) -> _TokenPlan:
+    """Each kind's first field the usage has (whatever its value) and the count it adds to."""
+    plan = []
+    for kind, fields in TOKEN_KINDS:
+        for field in fields:
+            if field in usage:
+                plan.append((field, (agent, model, kind)))
+                break
+    return tuple(plan)
+
 
 class GatewayMetrics:
     def __init__(self) -> None:
@@ -73,9 +91,10 @@ class GatewayMetrics:
         )
         # Counted in a plain dict and exported by a collector: a labelled Counter takes a lock per
         # inc(), a measurable share of an event's cost on the hot path.
-        # UI chunks emitted by type: a plain dict that the chat actors add to directly (a Counter
-        # child per chunk cost more than the chunk's encoding), turned into a counter at scrape time.
-        self.chunk_counts: dict[str, int] = {}
+        # UI chunks emitted by type: a collections.Counter (a dict) that the chat actors add a
+        # write's chunk types to with its C-coded update (a Counter child per chunk cost more than
+        # the chunk's encoding), turned into a counter at scrape time.
+        self.chunk_counts: collections.Counter[str] = collections.Counter()
         r.register(CountsCollector("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", ["type"], self.chunk_counts))
         self.ws_connections = Gauge(
             "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
@@ -131,6 +150,9 @@ class GatewayMetrics:
         r.register(CountsCollector("adk_gateway_tokens", TOKENS_HELP, ["agent", "model", "kind"], self._token_counts))
         # The models kept as `model` label values (metrics.models); know_agents sets them.
         self._token_models: frozenset[str] = frozenset()
+        # What a usage of one shape (agent, model label, its field names) counts: a stream's usages
+        # mostly share theirs, and finding each kind's field was most of the work (issue 29).
+        self._token_plans: dict[tuple[str, str, tuple[str, ...]], _TokenPlan] = {}
         self.first_token = Histogram(
             "adk_gateway_first_token_seconds",
             "From a run's start to the first words (text, reasoning or audio) written for the browser, by agent.",
@@ -293,15 +315,18 @@ class GatewayMetrics:
         counts as "other": the label's values are the config's, whatever the upstream reports."""
         if model not in self._token_models:
             model = OTHER_MODEL
+        plans = self._token_plans
+        shape = (agent, model, tuple(usage)) if type(usage) is dict else None
+        plan = plans.get(shape) if shape is not None else None
+        if plan is None:
+            plan = _token_plan(agent, model, usage)
+            if shape is not None and len(plans) < _TOKEN_PLANS:
+                plans[shape] = plan
         counts = self._token_counts
-        for kind, fields in TOKEN_KINDS:
-            for field in fields:
-                if field in usage:  # the first of the kind's fields the usage has
-                    value = usage[field]
-                    if type(value) is int and value > 0:
-                        key = (agent, model, kind)
-                        counts[key] = counts.get(key, 0) + value
-                    break
+        for field, key in plan:
+            value = usage[field]
+            if type(value) is int and value > 0:
+                counts[key] = counts.get(key, 0) + value
 
     def know_agents(self, config: GatewayConfig) -> None:
         """Export each agent's series at 0 until counted, its tools' too. Idempotent: a reload calls

@@ -186,3 +186,20 @@ def test_a_refused_event_that_orjson_reads_is_its_dict() -> None:
     orjson.loads(raw)
     (event,) = list(_parsed([raw]))
     assert type(event) is dict and event["id"] == "x"  # the old path's dict, every key kept
+
+
+def test_a_writes_chunks_are_encoded_as_each_alone() -> None:
+    # encode_chunks (the actor's, one comprehension a write) writes encode_chunk's bytes, its
+    # fallbacks included: a long int anywhere in the batch, and what orjson refuses.
+    from gateway.core.protocol import encode_chunks
+
+    batches = [
+        [{"type": "text-delta", "id": "t1", "delta": "é😀\x00"}, {"type": "finish-step"}],
+        [{"type": "tool-output-available", "toolCallId": "c", "output": {"f": 1e16, "n": 2**70}}, {"type": "start-step"}],
+        [{"type": "x", "output": {"n": 10**400}}],
+        [],
+    ]
+    for chunks in batches:
+        assert encode_chunks(chunks) == [encode_chunk(c) for c in chunks]
+    with pytest.raises(TypeError):
+        encode_chunks([{"type": "x", "output": {1, 2}}])

@@ -625,3 +625,19 @@ def test_tokens_are_exported_at_zero_per_listed_model_and_other_and_any_other_mo
     }
     models = {dict(labels).get("model") for (name, labels) in samples if name == "adk_gateway_tokens_total"}
     assert models == {"gemini-2.5-flash", OTHER_MODEL}
+
+
+def test_token_counts_of_a_usage_shape_seen_before_are_the_same() -> None:
+    # count_tokens remembers what a usage of one shape counts: the values are read each time,
+    # a kind's first field counts even when its value does not (None blocks the next field),
+    # and past the memo's bound the counts are still right.
+    from gateway.ops import metrics as module
+
+    metrics = GatewayMetrics()
+    for _ in range(3):
+        metrics.count_tokens("a", "m", {"candidatesTokenCount": 2, "promptTokenCount": 1})
+        metrics.count_tokens("a", "m", {"candidatesTokenCount": None, "responseTokenCount": 7, "totalTokenCount": True})
+    for n in range(module._TOKEN_PLANS + 10):
+        metrics.count_tokens("a", "m", {"promptTokenCount": 1, f"odd{n}": 0})
+    assert len(metrics._token_plans) == module._TOKEN_PLANS
+    assert metrics._token_counts == {("a", "other", "output"): 6, ("a", "other", "input"): 3 + module._TOKEN_PLANS + 10}
