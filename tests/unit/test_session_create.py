@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import pytest
 
 from gateway.chat.registry import Registry
@@ -18,6 +16,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.agents import Agents
 from gateway.upstream.client import UpstreamError
 from tests.unit.fixtures import check_stream_rules, types
+from tests.unit.test_chat_gates import read as read_chunks
 
 AGENT = "demo_agent"
 
@@ -76,14 +75,7 @@ async def turn(service: ChatService, chat_id: str, user: str = "u") -> list[dict
 
 
 async def read(attachment: Attachment) -> list[dict[str, Any]]:
-    frames: list[bytes] = []
-
-    async def follow() -> None:
-        async for batch in attachment.response.follow():
-            frames.extend(batch)
-
-    await asyncio.wait_for(follow(), 5)
-    chunks = [orjson.loads(f) for f in frames]
+    chunks = await read_chunks(attachment)
     check_stream_rules(chunks)
     return chunks
 

@@ -163,10 +163,8 @@ def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
     assert all((ROOT / f / "sessions.json").is_file() for f in SSE_FOLDERS)
 
 
-async def test_a_streaming_run_keeps_no_request_body(upstream: Any) -> None:
-    # A held SSE stream (a run waiting for a person, a slow model) lasts minutes: the request body
-    # it sent (orjson's result, a 4 KiB buffer) must not live as long (docs/performance.md, idle).
-    routes, client = upstream
+def held_run(routes: dict[Any, Any]) -> asyncio.Event:
+    """A `/run_sse` that sends one event, then holds the stream open until the event is set."""
     release = asyncio.Event()
 
     async def answer(request: web.Request) -> web.StreamResponse:
@@ -179,6 +177,14 @@ async def test_a_streaming_run_keeps_no_request_body(upstream: Any) -> None:
         return response
 
     routes[("POST", "/run_sse")] = answer
+    return release
+
+
+async def test_a_streaming_run_keeps_no_request_body(upstream: Any) -> None:
+    # A held SSE stream (a run waiting for a person, a slow model) lasts minutes: the request body
+    # it sent (orjson's result, a 4 KiB buffer) must not live as long (docs/performance.md, idle).
+    routes, client = upstream
+    release = held_run(routes)
     marker = "body-marker-" + "x" * 64
     batches = client.run_sse_batches(user_id="u1", session_id="s1", new_message={"role": "user", "parts": [{"text": marker}]})
     assert [e["author"] for e in await anext(batches)] == ["demo_agent"]
@@ -196,18 +202,7 @@ async def test_a_streaming_run_stacks_one_generator(upstream: Any) -> None:
     # Every generator a held run stacks keeps a frame and its locals for the stream's whole life
     # (docs/performance.md, idle SSE stream): the run's batches come from one, not a chain.
     routes, client = upstream
-    release = asyncio.Event()
-
-    async def answer(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
-        await response.write(b'data: {"author": "demo_agent"}\n\n')
-        await release.wait()
-        await response.write_eof()
-        return response
-
-    routes[("POST", "/run_sse")] = answer
+    release = held_run(routes)
     batches = client.run_sse_batches(user_id="u1", session_id="s1", new_message=MESSAGE)
     assert [e["author"] for e in await anext(batches)] == ["demo_agent"]
     assert inspect.isasyncgen(batches)
