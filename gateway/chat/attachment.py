@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.chat_request import ApprovalAnswer, ToolOutput
-from ..core.protocol import ClientVersion, encode_chunk
+from ..core.protocol import ClientVersion, encode_chunks
 from ..core.refusals import Refusal
 from .chunk_log import Feed, Run
 from .record import Chat
@@ -58,7 +58,7 @@ def browser_added(version: ClientVersion, answers: list[ApprovalAnswer], outputs
             chunks.append({"type": "tool-output-error", "toolCallId": output.tool_call_id, "errorText": output.error_text})
         else:
             chunks.append({"type": "tool-output-available", "toolCallId": output.tool_call_id, "output": output.output})
-    return [encode_chunk(chunk) for chunk in chunks]
+    return encode_chunks(chunks)
 
 
 def message_so_far(chat: Chat, message_id: str | None) -> tuple[bytes, ...] | None:

@@ -23,7 +23,7 @@ from ..core.chat_events import BrowserToolApproved, NativeAnswered
 from ..core.chat_request import ApprovalAnswer, ToolOutput, TurnPlan
 from ..core.deadlines import Deadline, deadline_key
 from ..core.ledger import NativeConfirmation
-from ..core.protocol import ClientVersion, encode_chunk
+from ..core.protocol import ClientVersion, encode_chunks
 from ..core.chat_outputs import BrowserApproved, NativeSettled, Output
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
@@ -200,7 +200,7 @@ class NativeConfirmations:
         handed = {c.approval_id for c in calls}
         run.browser_added(browser_added(version, [a for a in answers if a.approval_id in handed], []))
         reader = run.current.reader()
-        run.publish([encode_chunk(chunk) for chunk in handover_chunks(message_id, calls, version)])
+        run.publish(encode_chunks(handover_chunks(message_id, calls, version)))
         now = self._clock()
         run.end_response(now)
         chat.run = run

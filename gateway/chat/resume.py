@@ -15,7 +15,7 @@ import structlog
 
 from ..config.schema import GatewayConfig
 from ..core.chat_events import Resumed
-from ..core.protocol import ClientVersion, encode_chunk
+from ..core.protocol import ClientVersion, encode_chunks
 from ..core.rebuild import WaitingMessage, waiting_message
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
@@ -121,8 +121,8 @@ class Resumes:
         for index, response in enumerate(rebuilt.responses):
             if index:
                 run.next_response()
-            run.browser_added([encode_chunk(chunk) for chunk in response.added])
-            run.publish([encode_chunk(chunk) for chunk in response.chunks])
+            run.browser_added(encode_chunks(response.added))
+            run.publish(encode_chunks(response.chunks))
             run.end_response(now)
         chat.run = run
         for pending in rebuilt.pending:

@@ -7,6 +7,7 @@ not know as fatal, so everything ai 7 added is only ever sent to a client that s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import orjson
@@ -88,7 +89,7 @@ def encode_chunk(chunk: dict[str, Any]) -> bytes:
         return orjson.dumps(_long_ints_as_floats(chunk)).join(_EMPTY_PAIR)
 
 
-def encode_chunks(chunks: list[dict[str, Any]]) -> list[bytes]:
+def encode_chunks(chunks: Sequence[dict[str, Any]]) -> list[bytes]:
     """`[encode_chunk(c) for c in chunks]`, the same bytes, with the per-chunk Python call left
     out of the common case: one read's chunks are encoded by one comprehension (docs/performance.md,
     issue 29: ~340 instructions a chunk)."""
@@ -98,7 +99,6 @@ def encode_chunks(chunks: list[dict[str, Any]]) -> list[bytes]:
         return [encode_chunk(chunk) for chunk in chunks]  # a long int, or an error as encode_chunk raises it
 
 
-_dumps: Final = orjson.dumps
 _INT_RANGE: Final = range(-(2**63), 2**64)
 
 
@@ -118,6 +118,7 @@ def _long_ints_as_floats(value: Any) -> Any:
 
 
 _EMPTY_PAIR: Final = (b"", b"")
+_dumps: Final = orjson.dumps  # a global read, not an attribute lookup, per chunk of encode_chunks
 _SSE_AROUND: Final = (b"data: ", b"\n\n")
 
 

@@ -29,7 +29,8 @@ What is used, and what it buys:
   - `headers_with_first_write`: a streamed response's headers wait in the writer until its first
     write and leave in the same send (aiohttp's `_send_headers_with_payload`), instead of a send
     of their own at `prepare`. An SSE turn's first write (its `start` chunk) follows `prepare` at
-    once, so the browser waits for nothing; it saves a send (a syscall, a TCP segment) per turn.
+    once, so the browser waits for nothing; it saves a send (a syscall, a TCP segment) per turn:
+    `strace -c` over 200 new-chat turns, `write` 6.3 -> 5.3 a turn (issue 29).
 - `BaseRequest._read_bytes`, aiohttp's cached copy of a request body:
   - `forget_body`: a held SSE stream does not keep the body (the browser sends the chat's whole
     history every turn, so it grows with the chat). Round 2 of issue 8, with the other things a held
