@@ -28,9 +28,9 @@ number (null); strings stay strings.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping, Sequence
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
