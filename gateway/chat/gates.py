@@ -121,23 +121,23 @@ class Gates:
         return call
 
     def _decide_first(self, call: GatedCall, agent: str, chat: Chat, *, confirm: bool) -> Verdict | None:
-        """The tool's rules, then who answers what they ask: the call decided by a rule (released),
-        or given its approvers; CONFIRM when ADK's confirmation asks the chatting person instead."""
+        """The tool's rules and its own setting (config/rules.py `decide`, failing closed), then who
+        answers what they ask: the call decided by a rule (released), or given its approvers;
+        CONFIRM when ADK's confirmation asks the chatting person instead."""
         policy = call.policy
-        decision = None
-        if policy.rules:
-            decision = decide(
-                policy.rules, args=call.args, tool=call.tool, agent=agent, user=call.user_id, claims=chat.claims,
-                default="ask" if policy.approval else "approve",
-            )
-            if decision.error is not None:
-                log.warning("rule_failed", rule=decision.rule, error=decision.error)
-            if decision.decide != "ask":
-                call.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
-                return None
-            call.rule = decision.rule
-        spec = policy.asks(call.rule) if decision is not None or policy.approval else None
-        if spec is not None:
+        if not policy.rules and not policy.approval:
+            return CONFIRM if confirm else None  # a browser tool that runs unasked: its output is awaited
+        decision = decide(
+            policy.rules, args=call.args, tool=call.tool, agent=agent, user=call.user_id, claims=chat.claims,
+            default="ask" if policy.approval else "approve", default_asks=policy.asks(None),
+        )
+        for rule, error in decision.errors:
+            log.warning("rule_failed", rule=rule, error=error, decided=decision.decide, by=decision.rule)
+        if decision.decide != "ask":
+            call.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
+            return None
+        call.rule = decision.rule
+        if (spec := decision.asks) is not None:
             # Approvers answer through the API: the plugin waits on this request (as in hold mode)
             # while the chatting person's stream says whom it waits for.
             call.approvers, call.self_approval, call.quorum = spec.group, spec.self_approval, spec.quorum

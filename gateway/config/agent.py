@@ -92,8 +92,9 @@ class ToolPolicy(Section):
     # Default (blocking): the model's output stalls until the decision, though input keeps flowing.
     non_blocking: bool = False
     # Conditions on the call's arguments (config/rules.py), first match wins; none matching: `approval`
-    # decides (ask when true, approve when false). Any rule gates the tool, so a deny rule applies
-    # to a tool without `approval` too.
+    # decides (ask when true, approve when false); a condition that cannot be evaluated fails closed
+    # (config/rules.py `decide`). Any rule gates the tool, so a deny rule applies to a tool without
+    # `approval` too.
     rules: list[ToolRule] = Field(default_factory=list)
     # Who answers the calls the tool itself asks (`approval: true`, no rule matched), as a rule's
     # keys say for the calls it asks (config/rules.py): a group of `approvers.groups`, whether the
@@ -108,19 +109,20 @@ class ToolPolicy(Section):
             raise ValueError("rules on a browser tool are not supported yet (runs_in: browser)")
         if self.runs_in == "browser" and asker_problem(self, ask=False):
             raise ValueError("approvers on a browser tool are not supported (the chatting user's browser runs it)")
-        # A tool without approval still asks when one of its rules cannot be evaluated (config/rules.py).
-        if problem := asker_problem(self, ask=self.approval or bool(self.rules)):
-            raise ValueError(problem.replace("(decide: ask)", "(approval: true, or rules)"))
+        # The tool's own approvers answer only what the tool itself asks: a rule that cannot be
+        # evaluated is decided by its own keys (config/rules.py), never handed to the tool's.
+        if problem := asker_problem(self, ask=self.approval):
+            raise ValueError(problem.replace("(decide: ask)", "(approval: true)"))
         names = [rule.name for rule in self.rules]
         if twice := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"rule names must be unique within a tool: {', '.join(twice)} is used more than once")
         return self
 
     def asks(self, rule: str | None) -> AskSpec | None:
-        """Who answers a call asked by the rule named `rule` (None: no rule matched, the tool's own
-        `approval` asked); None: the chatting user. A rule that decides ask answers with its own
-        keys; any other name (an approve or deny rule whose condition could not be evaluated, a
-        rule a reload removed) with the tool's."""
+        """Who answers a call asked by the rule named `rule` (None: the tool's own `approval` asked);
+        None: the chatting user. An ask rule answers with its own keys; any other name (a rule a
+        reload removed) with the tool's. A call's decision (config/rules.py `decide`) may combine
+        several: this is what one of them says alone."""
         found = next((r for r in self.rules if r.name == rule and r.decide == "ask"), None) if rule else None
         if found is not None:
             return found.ask_spec

@@ -28,28 +28,26 @@ def tool_key(name: str) -> str:
 def tool_rules_loosened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
     findings = []
     for name in tool_names(was, now):
-        policy = now.tool_policy(name)
-        if what := _rules_loosened(was.tool_policy(name).rules, policy.rules, asks=policy.approval):
+        if what := _rules_loosened(was.tool_policy(name).rules, now.tool_policy(name).rules):
             key = "tools.default.rules (every tool not listed)" if name == "default" else f"tools.{name}.rules"
             findings.append((key, f"loosen a tool's rules ({'; '.join(what)})"))
     return findings
 
 
-def _rules_loosened(was: list[ToolRule], now: list[ToolRule], *, asks: bool) -> list[str]:
-    """What makes `now` decide some call more loosely than `was` (deny, then ask, then approve);
-    `asks`: the new policy asks when no rule decides (`approval: true`).
+def _rules_loosened(was: list[ToolRule], now: list[ToolRule]) -> list[str]:
+    """What makes `now` decide some call more loosely than `was` (deny, then ask, then approve).
 
     A rule is the same by its name, condition and outcome (a reason edited is the same rule). Kept
-    rules must stay in their order; deny rules may be added and approve rules removed, but a rule
-    whose condition cannot be evaluated for a call asks a person (config/rules.py), which deny rules
-    and approve rules change too: a deny rule added before a deny rule that stays would ask where
-    that rule refused, and an approve rule removed asked where a later approve rule, or the tool's
-    default, would approve."""
+    rules must stay in their order; deny rules may be added and approve rules removed, anywhere:
+    since a rule whose condition cannot be evaluated is decided by its own outcome at least
+    (config/rules.py `decide`: an unevaluable deny rule denies, an unevaluable approve rule never
+    approves), an added deny rule only ever refuses more, and a removed approve rule only lets the
+    walk reach a decision at least as strict."""
     was_keys, now_keys = {_rule_key(rule) for rule in was}, {_rule_key(rule) for rule in now}
     gone = {rule.name: rule for rule in was if _rule_key(rule) not in now_keys}
     added = {rule.name: rule for rule in now if _rule_key(rule) not in was_keys}
     what = []
-    for at, rule in enumerate(now):
+    for rule in now:
         if rule.name not in added:
             continue
         before = gone.get(rule.name)
@@ -57,27 +55,13 @@ def _rules_loosened(was: list[ToolRule], now: list[ToolRule], *, asks: bool) -> 
             what.append(f"change the rule {rule.name}")
         elif rule.decide != "deny":
             what.append(f"add the {rule.decide} rule {rule.name}")
-        elif later := _kept(now[at + 1:], "deny", added):
-            what.append(f"add the deny rule {rule.name} before the deny rule {later}")
-    for at, rule in enumerate(was):
-        if rule.name not in gone or (rule.name in added and added[rule.name].decide != "deny"):
-            continue  # kept, or changed (said above)
-        if rule.decide != "approve":
-            if rule.name not in added:
-                what.append(f"remove the {rule.decide} rule {rule.name}")
-        elif later := _kept(was[at + 1:], "approve", gone):
-            what.append(f"remove the approve rule {rule.name} before the approve rule {later}")
-        elif not asks:
-            what.append(f"remove the approve rule {rule.name} of a tool that approves what no rule decides")
+    for rule in was:
+        if rule.name in gone and rule.name not in added and rule.decide != "approve":
+            what.append(f"remove the {rule.decide} rule {rule.name}")
     kept_was = [_rule_key(rule) for rule in was if rule.name not in gone]
     if not what and kept_was != [_rule_key(rule) for rule in now if rule.name not in added]:
         what.append("reorder the rules")
     return what
-
-
-def _kept(rules: list[ToolRule], decide: str, changed: dict[str, ToolRule]) -> str | None:
-    """The first of `rules` that decides `decide` and stays through the reload."""
-    return next((rule.name for rule in rules if rule.decide == decide and rule.name not in changed), None)
 
 
 def _rule_key(rule: ToolRule) -> tuple[str, str, str]:

@@ -1,23 +1,37 @@
 """Rules on a tool call's arguments: the `rules:` of a tool's policy (config/agent.py `ToolPolicy`),
 each a CEL condition that decides `approve`, `deny` or `ask`; `ToolRule` compiles its condition when
-the configuration is validated, and `decide` walks a tool's rules for one call.
+the configuration is validated, and `decide` walks a tool's rules for one call, a pure function of
+the rules, the call and the tool's own setting.
 
 CEL (the Common Expression Language, cel.dev) rather than a language of our own: it is not Turing
 complete (no loops, no recursion, no I/O; every expression ends in time bounded by its length and its
 input), it is type-checked when compiled, so a typo is refused by `check-config` and a reload with a
 caret under it, and cel-cpp evaluates a rule in about 10 us.
 
-Evaluation fails closed: a condition that cannot be evaluated for a call (a missing key, a string
-where a number was expected, a result that is not a bool) stops the walk and asks a person, rather
-than letting a later rule approve the call.
+The arguments come from the model, so a prompt chooses them, and a condition may not be evaluable for
+a call (a missing argument, a string or a list where a number is meant, a list past CEL's iteration
+budget). Evaluation fails closed: never less authority than any rule that could have matched decides.
+The walk goes through the rules in order; a rule whose condition cannot be evaluated is a candidate
+(it might have matched) and the walk goes on; the first rule whose condition holds is a candidate and
+ends it; with none holding, the tool's own setting is one. The decision is the strongest candidate by
+authority: deny > ask approvers > ask the chatting user > approve. So an unevaluable `deny` rule
+denies, an unevaluable `ask` rule asks its approvers (or the user), and an unevaluable `approve` rule
+is no candidate at all (it could only have approved, which whatever follows it decides at least as
+strictly). With every condition evaluable this is the first match. Among candidates of one strength
+the first in the walk decides, except that approvers combine: the first candidate's group, four-eyes
+(no self-approval) if any approver candidate asks it, and the largest quorum among that group's
+candidates. Before the walk the values are read as a person would: an integer beyond 64 bits is
+a number (a double; past a double's range, infinite), and NaN, which no JSON writer produces, is no
+number (null); strings stay strings.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from cel_expr_python import cel
@@ -27,6 +41,7 @@ from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .values import Section
 
 __all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "decide"]
+
 
 Outcome = Literal["approve", "deny", "ask"]
 
@@ -169,27 +184,96 @@ def _type_name(kind: cel.Type) -> str:
 
 @dataclass(frozen=True)
 class RuleDecision:
-    """What a tool's rules decided for one call: the outcome, the rule that decided (None: no rule
-    matched and the tool's own setting applies), the rule's reason, and why its condition could
-    not be evaluated (then `decide` is `ask`)."""
+    """What a tool's rules decided for one call: the outcome; the rule that decided (None: the tool's
+    own setting); its reason (a deny's is told to the model and the person); who answers an `ask`
+    (a group, or None: the chatting user); and each rule whose condition could not be evaluated,
+    with why, in the order walked (for the log)."""
 
     decide: Outcome
     rule: str | None = None
     reason: str | None = None
-    error: str | None = None
+    asks: AskSpec | None = None
+    errors: tuple[tuple[str, str], ...] = ()
+
+
+# Authority, weakest first: how much a decision withholds from the requester.
+_APPROVE, _ASK_USER, _ASK_APPROVERS, _DENY = range(4)
+# An int outside int64: cel-cpp refuses it (for every rule, whatever argument it sits in).
+_INT64 = range(-(2**63), 2**63)
 
 
 def decide(
     rules: Sequence[ToolRule], *, args: Mapping[str, Any], tool: str, agent: str, user: str,
-    claims: Mapping[str, Any], default: Literal["approve", "ask"],
+    claims: Mapping[str, Any], default: Literal["approve", "ask"], default_asks: AskSpec | None = None,
 ) -> RuleDecision:
-    """The first rule whose condition holds decides; with none, `default` (the tool's `approval`).
-    A condition that cannot be evaluated stops the walk and asks a person (fail closed)."""
-    data = {"args": dict(args), "tool": tool, "agent": agent, "user": user, "claims": dict(claims)}
+    """The decision of `rules` for one call, failing closed (the module's docstring says exactly
+    how): `default` is the tool's `approval` (ask or approve), `default_asks` who answers what the
+    tool itself asks (its own approvers; None: the chatting user)."""
+    try:
+        data = {"args": _as_read(dict(args)), "tool": tool, "agent": agent, "user": user, "claims": _as_read(dict(claims))}
+    except RecursionError:
+        data = None  # nested past Python's stack: no condition can read it
+    candidates: list[RuleDecision] = []
+    errors: list[tuple[str, str]] = []
     for rule in rules:
-        matched = rule.matches(data)
+        matched = rule.matches(data) if data is not None else "the arguments are nested too deeply to read"
         if isinstance(matched, str):
-            return RuleDecision("ask", rule.name, None, matched)
-        if matched:
-            return RuleDecision(rule.decide, rule.name, rule.reason)
-    return RuleDecision(default)
+            errors.append((rule.name, matched))
+            if rule.decide != "approve":
+                candidates.append(_applied(rule, unevaluated=True))
+        elif matched:
+            candidates.append(_applied(rule, unevaluated=False))
+            break
+    else:
+        candidates.append(RuleDecision(default, asks=default_asks if default == "ask" else None))
+    return replace(_strongest(candidates), errors=tuple(errors))
+
+
+def _applied(rule: ToolRule, *, unevaluated: bool) -> RuleDecision:
+    reason = rule.reason
+    if unevaluated and rule.decide == "deny":
+        reason = f"The rule {rule.name} could not be evaluated for this call's arguments, so it applies: {rule.reason}"
+    return RuleDecision(rule.decide, rule.name, reason, rule.ask_spec)
+
+
+def _authority(decision: RuleDecision) -> int:
+    if decision.decide == "ask":
+        return _ASK_APPROVERS if decision.asks is not None else _ASK_USER
+    return _DENY if decision.decide == "deny" else _APPROVE
+
+
+def _strongest(candidates: list[RuleDecision]) -> RuleDecision:
+    """The first candidate of the greatest authority; approvers combine, never weaker than any one
+    of them alone could be within the group chosen: four-eyes if any asks it, the largest quorum."""
+    top = max(_authority(candidate) for candidate in candidates)
+    tied = [candidate for candidate in candidates if _authority(candidate) == top]
+    first = tied[0]
+    if first.asks is None:
+        return first
+    specs = [candidate.asks for candidate in tied if candidate.asks is not None]
+    group = first.asks.group
+    quorum = max(spec.quorum for spec in specs if spec.group == group)
+    return replace(first, asks=AskSpec(group, all(spec.self_approval for spec in specs), quorum))
+
+
+def _as_read(value: Any) -> Any:
+    """`value` with its numbers as a person reads them: an int beyond 64 bits is a number (cel-cpp
+    compares ints with doubles), NaN is none. Strings are never numbers."""
+    if isinstance(value, dict):
+        return {key: _as_read(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_read(item) for item in value]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value not in _INT64:
+        return _to_double(value)
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _to_double(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # past a double's range too
+        return math.inf if value > 0 else -math.inf

@@ -216,7 +216,7 @@ def test_asks_names_who_answers_by_the_rule_that_asked() -> None:
     # No rule matched: the tool's own keys; an ask rule without approvers: the chatting user.
     assert policy.asks(None) == AskSpec("supervisors", self_approval=False, quorum=1)
     assert policy.asks("mine") is None
-    # An approve rule asks only when its condition fails to evaluate: as the tool would.
+    # Any other name (a rule a reload removed): as the tool would.
     assert policy.asks("small") == policy.asks(None) == policy.asks("unknown")
     assert parse_config("", env={}).agents["demo_agent"].tool_policy("x").asks(None) is None
 
@@ -244,9 +244,12 @@ def test_approver_keys_are_checked_at_load(edit: tuple[str, str], problem: str) 
     assert problem in "\n".join(info.value.problems)
 
 
-def test_a_tool_without_approval_may_name_approvers_for_calls_its_rules_cannot_evaluate() -> None:
+def test_a_tool_names_approvers_only_for_what_it_asks_itself() -> None:
+    # A rule that cannot be evaluated is decided by its own keys (config/rules.py), never handed to the
+    # tool's approvers: on a tool without approval they would answer nothing, so the file is refused.
     text = TOOL.replace("        approval: true\n", "")
-    assert parse_config(text, env={}).agents["pay"].tool_policy("refund").asks(None) == AskSpec("supervisors", False, 1)
+    with pytest.raises(ConfigError, match=r"refund: approvers, self_approval only apply where calls are asked \(approval: true\)"):
+        parse_config(text, env={})
     bare = "internal: {secret: s}\ntools:\n  refund: {approvers: supervisors}\napprovers:\n  groups:\n    supervisors: {users: [s]}\n"
     with pytest.raises(ConfigError, match="only apply where calls are asked"):
         parse_config(bare, env={})

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.core.approvals import REFUSAL_KEY, GatedCall, Outcome
+from gateway.core.approvals import REFUSAL_KEY, GatedCall, Outcome, Verdict
 from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatService
 from gateway.config.schema import parse_config
@@ -291,3 +291,48 @@ async def test_an_output_given_while_the_run_writes_is_in_that_response_where_it
     resumed = service.resume(AGENT, "u", "chat-1")
     boundary = {"type": "message-metadata", "messageMetadata": first[-1].get("messageMetadata")}
     assert resumed is not None and await read(resumed) == [*first[:-1], boundary, *held]
+
+
+# ---- the shipped config's rules on arguments they cannot read (config/rules.py: fail closed) -------
+
+
+def shipped_service() -> tuple[ScriptedAdk, ChatService]:
+    """A ChatService of config/gateway.yaml as shipped (confirm mode), on the scripted ADK."""
+    from pathlib import Path
+
+    from gateway.config.schema import load_config
+
+    adk = ScriptedAdk()
+    config = load_config(Path(__file__).parents[2] / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
+    service = ChatService(
+        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(),  # type: ignore[arg-type, return-value]
+        config=config, new_id=lambda: "msg-1",
+    )
+    return adk, service
+
+
+async def test_a_payment_far_above_the_cap_written_as_a_string_is_refused_never_asked_of_the_payer() -> None:
+    adk, service = shipped_service()
+    await service.submit("demo_agent", "payer", request(USER))
+    adk.reads.put_nowait([call_event("process_payment")])
+    await asyncio.sleep(0.01)
+    args = {"amount": "50000000", "recipient": "Hanako", "currency": "USD"}
+    verdict = service.gates.open(app_name="demo_agent", user_id="payer", session_id="chat-1", tool_call_id=CALL,
+                                 tool="process_payment", args=args, confirm=True)
+    # Not CONFIRM (ADK's confirmation, which the payer answers): the cap refuses it, saying why.
+    assert isinstance(verdict, Verdict) and not verdict.run and verdict.response is not None
+    assert verdict.response[REFUSAL_KEY] == "denied_by_rule"
+    assert "could not be evaluated" in verdict.response["error"] and "10,000 or more" in verdict.response["error"]
+
+
+async def test_a_refund_the_rule_cannot_read_waits_for_a_supervisor_never_the_requester() -> None:
+    adk, service = shipped_service()
+    await service.submit("support_agent", "customer", request(USER))
+    event = call_event("issue_refund")
+    event["content"]["parts"][0]["functionCall"]["args"] = {"amount": "5000"}
+    adk.reads.put_nowait([event])
+    await asyncio.sleep(0.01)
+    call = service.gates.open(app_name="support_agent", user_id="customer", session_id="chat-1", tool_call_id=CALL,
+                              tool="issue_refund", args={"amount": "5000"}, confirm=True)
+    assert isinstance(call, GatedCall) and call.for_approver
+    assert (call.rule, call.approvers, call.self_approval, call.quorum) == ("large_refund", "supervisors", False, 1)

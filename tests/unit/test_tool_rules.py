@@ -1,4 +1,5 @@
-"""Rules on a tool call's arguments (config/rules.py): compiled at validation, walked per call, fail closed."""
+"""Rules on a tool call's arguments (config/rules.py): compiled at validation, walked per call, fail closed
+(each class of unevaluable argument, and the property, in test_rules_fail_closed.py)."""
 
 from __future__ import annotations
 
@@ -55,14 +56,14 @@ def problems(tools: str) -> list[str]:
 def test_the_first_rule_that_holds_decides_else_the_tools_setting(amount: float, outcome: str, rule: str | None) -> None:
     # JSON numbers are ints or doubles as the model wrote them; CEL compares the two either way.
     decision = run(policy().rules, {"amount": amount})
-    assert (decision.decide, decision.rule, decision.error) == (outcome, rule, None)
+    assert (decision.decide, decision.rule, decision.errors) == (outcome, rule, ())
     assert decision.reason == ("Payments of 10,000 or more are refused." if rule == "too_large" else None)
 
 
 def test_first_match_wins_in_the_order_written() -> None:
     both = rules(("anything", "true", "approve"), ("never", "args.amount > 0", "deny"))
     assert run(both, {"amount": 1}).rule == "anything"
-    assert run(list(reversed(both)), {"amount": 1}) == RuleDecision("deny", "never", "why", None)
+    assert run(list(reversed(both)), {"amount": 1}) == RuleDecision("deny", "never", "why")
 
 
 def test_no_rule_matching_takes_the_default() -> None:
@@ -75,34 +76,41 @@ def test_no_rule_matching_takes_the_default() -> None:
     ({"amount": "12"}, "No matching overloads found"),        # a string where a number was meant
     ({"amount": None}, "No matching overloads found"),
 ])
-def test_a_condition_that_cannot_be_evaluated_asks_a_person_and_stops_the_walk(args: dict[str, Any], error: str) -> None:
-    # `later` would approve every call: an error must not fall through to it.
+def test_a_condition_that_cannot_be_evaluated_never_falls_through_to_a_later_approval(args: dict[str, Any], error: str) -> None:
+    # `later` would approve every call: `small` might have approved it too, but `too_large`, which
+    # cannot read it either, might have refused it, so it is refused.
     walk = [*policy().rules, *rules(("later", "true", "approve"))]
     decision = run(walk, args, default="approve")
-    assert (decision.decide, decision.rule, decision.reason) == ("ask", "small", None)
-    assert decision.error is not None and error in decision.error
+    assert (decision.decide, decision.rule) == ("deny", "too_large")
+    assert [name for name, _ in decision.errors] == ["small", "too_large"]
+    assert all(error in why for _, why in decision.errors)
+    # Without the deny rule, `later` decides: what `small` could not read, it could only have approved.
+    assert run([*policy().rules[:1], *rules(("later", "true", "approve"))], args).rule == "later"
 
 
 def test_a_dyn_condition_that_is_not_a_bool_is_an_evaluation_error() -> None:
-    flag = rules(("flag", "args.urgent", "approve"))
-    assert run(flag, {"urgent": True}).decide == "approve"
-    assert run(flag, {"urgent": False}, default="ask") == RuleDecision("ask")
+    flag = rules(("flag", "args.urgent", "ask"))
+    assert run(flag, {"urgent": True}).decide == "ask"
+    assert run(flag, {"urgent": False}, default="approve") == RuleDecision("approve")
     decision = run(flag, {"urgent": "yes"}, default="approve")
-    assert decision == RuleDecision("ask", "flag", None, "the condition gave string, not true or false")
+    assert decision == RuleDecision("ask", "flag", errors=(("flag", "the condition gave string, not true or false"),))
 
 
 def test_arithmetic_mixing_ints_and_doubles_is_an_error_that_says_how_to_write_it() -> None:
-    double = rules(("double", "args.amount * 2 > 10", "approve"))
-    assert run(double, {"amount": 6}).decide == "approve"
-    decision = run(double, {"amount": 6.5})
-    assert decision.decide == "ask" and decision.error is not None
-    assert "_*_(double, int64)" in decision.error and "double(args.amount)" in decision.error
+    double = rules(("double", "args.amount * 2 > 10", "ask"))
+    assert run(double, {"amount": 6}, default="approve").decide == "ask"
+    decision = run(double, {"amount": 6.5}, default="approve")
+    [(_, error)] = decision.errors
+    assert decision.decide == "ask" and "_*_(double, int64)" in error and "double(args.amount)" in error
     assert run(rules(("fixed", "double(args.amount) * 2.0 > 10.0", "approve")), {"amount": 6}).decide == "approve"
 
 
-def test_an_integer_beyond_int64_is_an_evaluation_error_not_a_crash() -> None:
+def test_an_integer_beyond_int64_is_read_as_a_number_not_a_crash() -> None:
     decision = run(policy().rules, {"amount": 2**70})
-    assert decision.decide == "ask" and decision.rule == "small" and "out of range" in (decision.error or "")
+    assert (decision.decide, decision.rule, decision.errors) == ("deny", "too_large", ())
+    # A computation on it overflows no int: it is a double, and mixing it with an int is CEL's error.
+    [(_, error)] = run(rules(("twice", "args.amount * 2 > 10", "ask")), {"amount": 2**70}).errors
+    assert "_*_(double, int64)" in error
 
 
 def test_the_user_the_claims_the_tool_and_the_agent_are_visible() -> None:
@@ -111,7 +119,7 @@ def test_the_user_the_claims_the_tool_and_the_agent_are_visible() -> None:
     assert run(staff, {}, claims={"groups": ["ops"]}).decide == "ask"
     assert run(staff, {}, user="bob", claims={"groups": ["staff"]}).decide == "ask"
     # Without JWT the claims are {}: a rule that reads one fails closed.
-    assert run(staff, {}, claims={}).error == 'Key not found in map : "groups"'
+    assert run(staff, {}, claims={}).errors == (("staff", 'Key not found in map : "groups"'),)
     named = rules(("here", 'tool == "process_payment" && agent == "payments"', "deny"))
     assert run(named, {}).decide == "deny" and run(named, {}, tool="other").decide == "ask"
 
