@@ -1011,3 +1011,106 @@ def test_the_daemon_depends_on_no_adk(pyproject: dict) -> None:
     names = [re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0].lower() for dep in pyproject["project"]["dependencies"]]
     assert not {"google-adk", "google-genai", "uvicorn"} & set(names), names
     assert any(dep.startswith("google-adk") for dep in pyproject["project"]["optional-dependencies"]["demo"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The example agent image (deploy/kubernetes/agent.Dockerfile) and the Dockerfiles the docs show
+
+
+AGENT_EXAMPLE = ROOT / "deploy" / "kubernetes" / "agent.Dockerfile"
+# `pip install` arguments that are local paths (a requirement spec never starts with / or .).
+PIP_INSTALL = re.compile(r"\bpip3?\s+install\b([^;&|]*)")
+
+
+def named_build_contexts(path: Path) -> set[str]:
+    """The `--build-context NAME=...` of the build command the file's header gives."""
+    return set(re.findall(r"--build-context\s+([A-Za-z0-9_.-]+)=", path.read_text(encoding="utf-8")))
+
+
+def docs_dockerfiles() -> list[tuple[str, str]]:
+    """(where, text) of every ```dockerfile block of docs/ and the READMEs."""
+    found = []
+    for doc in sorted([*(ROOT / "docs").glob("*.md"), *ROOT.glob("*.md"), *(ROOT / "deploy").rglob("*.md")]):
+        for n, block in enumerate(re.findall(r"```dockerfile\n(.*?)```", doc.read_text(encoding="utf-8"), re.S)):
+            found.append((f"{doc.relative_to(ROOT)} block {n + 1}", block))
+    return found
+
+
+def pip_paths_not_copied_first(stages: list[Stage]) -> list[str]:
+    """Each local path a RUN's pip install names that no earlier COPY/ADD of its stage put there."""
+    problems = []
+    for stage in stages:
+        copied: list[str] = []
+        workdir = "/"
+        for ins in stage.instructions:
+            if ins.keyword == "WORKDIR":
+                workdir = str(Path(workdir) / ins.args.strip())
+            if ins.keyword in ("COPY", "ADD"):
+                (c,) = [c for c in copies([stage]) if c.ins is ins]
+                copied += [copy_destination(c, source) if source != "." else c.dest for source in c.sources]
+            if ins.keyword != "RUN":
+                continue
+            for args in PIP_INSTALL.findall(ins.args):
+                for word in shlex.split(args.replace("\\", " "), comments=True):
+                    if not word.startswith(("/", ".")):
+                        continue
+                    path = os.path.normpath(str(Path(workdir) / word.split("[")[0].strip("'\"")))
+                    if not any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in copied):
+                        problems.append(f"line {ins.line}: pip installs {word}, which no earlier COPY put at {path}")
+    return problems
+
+
+def test_the_example_agent_dockerfile_builds_from_its_contexts() -> None:
+    """Every COPY source is in the repository (the build context) and not .dockerignored, or comes
+    from a stage or a named context its build command gives; every path pip installs was copied."""
+    stages = read_dockerfile(AGENT_EXAMPLE)
+    named, rules = named_build_contexts(AGENT_EXAMPLE), dockerignore_rules()
+    assert re.search(r"docker build -f deploy/kubernetes/agent\.Dockerfile .*\.\s*$",
+                     AGENT_EXAMPLE.read_text(encoding="utf-8").replace("\\\n#", ""), re.M), (
+        "agent.Dockerfile: its build command does not name the repository root as the context"
+    )
+    for c in copies(stages):
+        if c.from_stage is not None:
+            assert stage_named(stages, c.from_stage) or c.from_stage in named, (
+                f"agent.Dockerfile:{c.ins.line}: COPY --from={c.from_stage} is neither a stage nor a named build context"
+            )
+            continue
+        for source in c.sources:
+            assert (ROOT / source).exists(), f"agent.Dockerfile:{c.ins.line}: COPY {source}: not in the build context"
+            assert not excluded_by(source, rules), f"agent.Dockerfile:{c.ins.line}: COPY {source}: .dockerignore keeps it out"
+    assert not pip_paths_not_copied_first(stages), pip_paths_not_copied_first(stages)
+    assert stages[-1].last("USER") is not None and stages[-1].last("USER").args.startswith("10001")
+
+
+@pytest.mark.parametrize("where, text", docs_dockerfiles() or [("no block", "FROM scratch\n")])
+def test_a_dockerfile_in_the_docs_copies_what_it_installs(where: str, text: str, tmp_path: Path) -> None:
+    path = tmp_path / "Dockerfile"
+    path.write_text(text, encoding="utf-8")
+    problems = pip_paths_not_copied_first(read_dockerfile(path))
+    assert not problems, f"{where}: {problems}"
+
+
+# --------------------------------------------------------------------------------------------------
+# ADK's session database URL: one spelling everywhere an operator copies it from
+
+SESSION_DB_URL = re.compile(r"\b(sqlite|postgres(?:ql)?|mysql|mariadb)(\+[a-z0-9]+)?://(/*)")
+# A file: sqlite:////absolute/path (four slashes; ADK strips one). A server: the asyncio driver
+# named, as ADK's SQLAlchemy engine needs (postgresql+asyncpg://, for MySQL mysql+aiomysql://).
+SESSION_DB_FORMS = {("sqlite", None, "//"), ("postgresql", "+asyncpg", ""), ("mysql", "+aiomysql", "")}
+
+
+def session_db_urls_off_the_form() -> list[str]:
+    files = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "docs").glob("*.md"), *(ROOT / "config").iterdir(),
+             *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and p.suffix not in (".json",))]
+    problems = []
+    for path in files:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in SESSION_DB_URL.finditer(line):
+                if match.groups() not in SESSION_DB_FORMS:
+                    problems.append(f"{path.relative_to(ROOT)}:{n}: {match.group(0)}")
+    return problems
+
+
+def test_one_spelling_of_the_session_database_url() -> None:
+    problems = session_db_urls_off_the_form()
+    assert not problems, "sqlite:////absolute/path or postgresql+asyncpg://user:password@host:5432/db:\n" + "\n".join(problems)

@@ -26,6 +26,7 @@ import copy
 import functools
 import importlib.util
 import io
+import ipaddress
 import os
 import re
 import shutil
@@ -72,7 +73,12 @@ SECRET_PLACEHOLDERS = {
     "GATEWAY_API_KEY": "k8s-test-api-key-0123456789",
     "REDIS_URL": "redis://redis.example:6379/0",
     "SESSIONS_SECRET": "k8s-test-sessions-secret-0123456789",
+    "REDIS_PASSWORD": "k8s-test-redis-password-0123456789",
 }
+# The same for the keys of the ConfigMaps the operator creates (auth.example.env).
+CONFIG_MAP_PLACEHOLDERS = {"JWT_ISSUER": "https://idp.example.com/", "JWT_AUDIENCE": "k8s-test-chat-app"}
+AUTH_EXAMPLE = K8S / "auth.example.env"
+EXAMPLES = K8S / "examples"
 
 Objects = list[dict[str, Any]]
 
@@ -164,8 +170,19 @@ def secret_refs(c: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     return refs
 
 
+def config_map_refs(c: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(variable, config map, key, optional) for each env var taken from a ConfigMap."""
+    refs = []
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref:
+            refs.append((e["name"], ref["name"], ref["key"], bool(ref.get("optional"))))
+    return refs
+
+
 def gateway_env(objects: Objects) -> dict[str, str]:
-    """What the gateway process sees: the image's ENV, the container's values, the Secrets' keys."""
+    """What the gateway process sees: the image's ENV, the container's values, the Secrets' and
+    the operator's ConfigMaps' keys."""
     runtime = read_dockerfile()[-1]
     env = {k: v for k, v in runtime.env().items() if not k.startswith(("PATH", "PYTHON"))}
     c = container(one(objects, "Deployment", GATEWAY), "gateway")
@@ -173,6 +190,9 @@ def gateway_env(objects: Objects) -> dict[str, str]:
     for variable, _, key, optional in secret_refs(c):
         if not optional:
             env[variable] = SECRET_PLACEHOLDERS[key]
+    for variable, _, key, optional in config_map_refs(c):
+        if not optional:
+            env[variable] = CONFIG_MAP_PLACEHOLDERS.get(key, "k8s-test-value")
     return env
 
 
@@ -305,24 +325,36 @@ def check_selectors(objects: Objects, tmp_path: Path) -> list[str]:
             problems.append(f"HorizontalPodAutoscaler {hpa['metadata']['name']} scales {ref['kind']} {ref['name']}, which is not there")
     config = gateway_config(objects, tmp_path)
     jobs = set(re.findall(r'job="([^"]+)"', ALERTS.read_text(encoding="utf-8")))
+    scraped = metrics_service(objects, config)
     for sm in find(objects, "ServiceMonitor"):
         services = [s for s in find(objects, "Service") if selects(sm["spec"]["selector"], s["metadata"].get("labels", {}))]
-        if [s["metadata"]["name"] for s in services] != [public_service(objects)["metadata"]["name"]]:
+        if [s["metadata"]["name"] for s in services] != [scraped["metadata"]["name"]]:
             problems.append(f"ServiceMonitor {sm['metadata']['name']} selects {[s['metadata']['name'] for s in services]}, "
-                            "not the public Service alone (where metrics.listener public serves /metrics)")
+                            f"not {scraped['metadata']['name']} alone (the listener metrics.listener {config.metrics.listener} serves /metrics on)")
         for endpoint in sm["spec"]["endpoints"]:
             if not any(endpoint.get("port") == p.get("name") for s in services for p in s["spec"]["ports"]):
                 problems.append(f"ServiceMonitor endpoint port {endpoint.get('port')!r} is no port name of the Service it selects")
             if endpoint.get("path", "/metrics") != config.metrics.path:
                 problems.append(f"ServiceMonitor scrapes {endpoint.get('path')}, the config serves {config.metrics.path}")
-        # Without jobLabel, Prometheus's job is the Service's name: the alerts select that job.
-        if "jobLabel" not in sm["spec"] and {s["metadata"]["name"] for s in services} != jobs:
-            problems.append(f"the scraped job would be {[s['metadata']['name'] for s in services]}, the alerts read job {sorted(jobs)}")
+        # Without jobLabel, Prometheus's job is the Service's name; with it, that label's value on
+        # the Service. The alerts select that job.
+        label = sm["spec"].get("jobLabel")
+        job = {s["metadata"]["name"] if label is None else s["metadata"].get("labels", {}).get(label) for s in services}
+        if job != jobs:
+            problems.append(f"the scraped job would be {sorted(map(str, job))}, the alerts read job {sorted(jobs)}")
     return problems
 
 
 def public_service(objects: Objects) -> dict[str, Any]:
     return one(objects, "Service", GATEWAY)
+
+
+def metrics_service(objects: Objects, config: GatewayConfig) -> dict[str, Any]:
+    """The Service whose port reaches the listener that serves metrics.path."""
+    if config.metrics.listener == "internal":
+        (internal,) = internal_services(objects) or [public_service(objects)]
+        return internal
+    return public_service(objects)
 
 
 def internal_services(objects: Objects) -> list[dict[str, Any]]:
@@ -364,9 +396,9 @@ def check_network_policy(objects: Objects, tmp_path: Path) -> list[str]:
     if not policies:
         return ["no NetworkPolicy selects the gateway's pods"]
     admitted_agent = False
+    if not any("Ingress" in policy["spec"].get("policyTypes", ["Ingress"]) for policy in policies):
+        problems.append("no NetworkPolicy restricts the gateway's ingress")
     for policy in policies:
-        if "Ingress" not in policy["spec"].get("policyTypes", ["Ingress"]):
-            problems.append(f"NetworkPolicy {policy['metadata']['name']} does not restrict ingress")
         for rule in policy["spec"].get("ingress", []):
             ports = rule.get("ports")
             opens_internal = not ports or any(container_port(dep, p.get("port")) is internal for p in ports)
@@ -377,12 +409,190 @@ def check_network_policy(objects: Objects, tmp_path: Path) -> list[str]:
                 problems.append(f"NetworkPolicy {policy['metadata']['name']} opens the internal port to everyone")
                 continue
             for peer in peers:
-                if set(peer) != {"podSelector"} or not selects(peer["podSelector"], agent_labels):
-                    problems.append(f"NetworkPolicy {policy['metadata']['name']} opens the internal port to {peer}, not the agent's pods")
-                else:
+                if set(peer) == {"podSelector"} and selects(peer["podSelector"], agent_labels):
                     admitted_agent = True
+                elif not (find(objects, "ServiceMonitor") and prometheus_peer(peer)):
+                    problems.append(f"NetworkPolicy {policy['metadata']['name']} opens the internal port to {peer}, "
+                                    "neither the agent's pods nor (for the ServiceMonitor's scrapes) Prometheus's")
     if not admitted_agent:
         problems.append("no NetworkPolicy rule admits the agent's pods to the internal port")
+    return problems
+
+
+def prometheus_peer(peer: dict[str, Any]) -> bool:
+    """Prometheus's pods in one named namespace: both selectors set, neither matching everything."""
+    return (
+        set(peer) == {"namespaceSelector", "podSelector"}
+        and bool(peer["namespaceSelector"].get("matchLabels", {}).get("kubernetes.io/metadata.name"))
+        and peer["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/name") == "prometheus"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# egress: where each pod may open connections. A destination is the pod labels and namespace labels
+# it has, or (outside the cluster) an address.
+
+KUBE_DNS = ({"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"})
+# Addresses the tests try: a private one (a managed Redis or database in the VPC) and a public one
+# (an identity provider, a model's API; TEST-NET-3).
+PRIVATE_ADDRESS, PUBLIC_ADDRESS = "10.1.2.3", "203.0.113.10"
+Destination = tuple[dict[str, str], dict[str, str] | None] | str
+
+
+def _peer_admits(peer: dict[str, Any], dest: Destination) -> bool:
+    if isinstance(dest, str):
+        block = peer.get("ipBlock")
+        if block is None:
+            return False
+        address = ipaddress.ip_address(dest)
+        return address in ipaddress.ip_network(block["cidr"]) and not any(
+            address in ipaddress.ip_network(cidr) for cidr in block.get("except", []))
+    labels, namespace = dest
+    if "ipBlock" in peer:
+        return False
+    pods = peer.get("podSelector")
+    if pods is not None and pods != {} and not selects(pods, labels):
+        return False
+    if "namespaceSelector" not in peer:
+        return namespace is None  # the policy's own namespace
+    nss = peer["namespaceSelector"]
+    return nss == {} or (namespace is not None and selects(nss, namespace))
+
+
+def _port_admits(ports: list[dict[str, Any]], number: int, protocol: str, names: set[str]) -> bool:
+    for p in ports:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        port = p.get("port")
+        if port == number or port in names or (isinstance(port, int) and port <= number <= p.get("endPort", port)):
+            return True
+    return False
+
+
+def may_connect(objects: Objects, source: dict[str, Any], dest: Destination, number: int, protocol: str = "TCP") -> bool:
+    """Whether the NetworkPolicies let `source`'s pods open `number`/`protocol` to `dest` (no policy
+    with Egress selecting them: anything goes)."""
+    policies = [p for p in find(objects, "NetworkPolicy")
+                if "Egress" in p["spec"].get("policyTypes", []) and selects(p["spec"]["podSelector"], pod_labels(source))]
+    if not policies:
+        return True
+    names = set()
+    if not isinstance(dest, str):
+        for w in workloads(objects):
+            if selects(w["spec"]["selector"], dest[0]) and dest[1] is None:
+                names |= {p["name"] for c in pod_spec(w)["containers"] for p in c.get("ports", [])
+                          if p["containerPort"] == number and "name" in p}
+    return any(
+        _port_admits(rule.get("ports") or [{"port": number, "protocol": protocol}], number, protocol, names)
+        and (not rule.get("to") or any(_peer_admits(peer, dest) for peer in rule["to"]))
+        for policy in policies for rule in policy["spec"].get("egress", [])
+    )
+
+
+def _service_target(objects: Objects, url: str) -> tuple[dict[str, Any] | None, int]:
+    """The workload behind a URL's cluster Service, and the container port the Service sends to."""
+    parts = urlsplit(url)
+    for svc in find(objects, "Service"):
+        if svc["metadata"]["name"] != parts.hostname:
+            continue
+        for port in svc["spec"]["ports"]:
+            if port["port"] == parts.port:
+                for w in workloads(objects):
+                    if selects(svc["spec"]["selector"], pod_labels(w)):
+                        target = container_port(w, port.get("targetPort", port["port"]))
+                        return w, target["containerPort"] if target else port["port"]
+    return None, parts.port or 80
+
+
+def check_egress(objects: Objects, tmp_path: Path) -> list[str]:
+    """Every pod's egress is restricted, and no rule opens every port or every peer; the gateway
+    reaches its agent, DNS, Redis (replicated) and the identity provider (jwt); the agent reaches
+    the internal listener and DNS; nothing reaches an arbitrary port of the internet."""
+    problems = []
+    for w in workloads(objects):
+        restricted = [p for p in find(objects, "NetworkPolicy")
+                      if "Egress" in p["spec"].get("policyTypes", []) and selects(p["spec"]["podSelector"], pod_labels(w))]
+        if not restricted:
+            problems.append(f"no NetworkPolicy restricts the egress of {w['metadata']['name']}'s pods")
+    for policy in find(objects, "NetworkPolicy"):
+        for rule in policy["spec"].get("egress", []):
+            if not rule.get("ports") or not rule.get("to"):
+                problems.append(f"NetworkPolicy {policy['metadata']['name']} has an egress rule to every "
+                                f"{'port' if not rule.get('ports') else 'destination'}: {rule}")
+    config = gateway_config(objects, tmp_path)
+    gateway, agent = one(objects, "Deployment", GATEWAY), one(objects, "Deployment", AGENT)
+    wanted: list[tuple[str, dict[str, Any], Destination, int, str]] = []
+    for name, served in config.agents.items():
+        target, port = _service_target(objects, served.upstream_base)
+        if target is None:
+            problems.append(f"agents.{name}'s upstream {served.upstream_base} is no Service of the manifests")
+            continue
+        wanted.append((f"the gateway to agent {name}", gateway, (pod_labels(target), None), port, "TCP"))
+    for who, source in (("the gateway", gateway), ("the agent", agent)):
+        wanted += [(f"{who} to DNS", source, KUBE_DNS, 53, "UDP"), (f"{who} to DNS", source, KUBE_DNS, 53, "TCP")]
+    plugin, port = _service_target(objects, literal_env(container(agent)).get("ADK_GATEWAY_URL", ""))
+    if plugin is not None:
+        wanted.append(("the plugin to the internal listener", agent, (pod_labels(plugin), None), port, "TCP"))
+    if config.sessions.backend == "redis":
+        redis = [w for w in workloads(objects) if container(w)["image"].startswith("redis")]
+        dest: Destination = (pod_labels(redis[0]), None) if redis else PRIVATE_ADDRESS
+        wanted.append(("the gateway to Redis", gateway, dest, 6379, "TCP"))
+    if config.auth.mode == "jwt" and config.auth.jwt is not None and config.auth.jwt.provider_keys:
+        wanted.append(("the gateway to the identity provider", gateway, PUBLIC_ADDRESS, 443, "TCP"))
+    for what, source, dest, number, protocol in wanted:
+        if not may_connect(objects, source, dest, number, protocol):
+            problems.append(f"the NetworkPolicies refuse {what} ({number}/{protocol})")
+    for source in (gateway, agent):
+        if may_connect(objects, source, PUBLIC_ADDRESS, 25):
+            problems.append(f"{source['metadata']['name']}'s pods may reach any port of the internet (tried 25)")
+    return problems
+
+
+def check_metrics_exposure(objects: Objects, tmp_path: Path) -> list[str]:
+    """The public Service (what an Ingress routes to) never reaches a listener serving metrics.path."""
+    config = gateway_config(objects, tmp_path)
+    if not config.metrics.enabled or config.metrics.listener != "public":
+        return []
+    return [f"metrics.listener is public: the public Service {public_service(objects)['metadata']['name']} carries "
+            f"{config.metrics.path}, which needs no credential (set METRICS_LISTENER=internal)"]
+
+
+def check_auth(objects: Objects, tmp_path: Path) -> list[str]:
+    """Each browser its own user: auth.mode jwt with an audience, its settings from the operator's
+    ConfigMap (auth.example.env names every key), no shared browser key."""
+    problems = []
+    auth = gateway_config(objects, tmp_path).auth
+    if auth.mode != "jwt" or auth.jwt is None:
+        problems.append(f"auth.mode is {auth.mode}, not jwt: with one shared key every browser is one user")
+    elif not auth.jwt.audience:
+        problems.append("auth.jwt has no audience: tokens the provider issued to any other app would pass")
+    example = dict(line.split("=", 1) for line in AUTH_EXAMPLE.read_text(encoding="utf-8").splitlines()
+                   if line.strip() and not line.startswith("#"))
+    c = container(one(objects, "Deployment", GATEWAY), "gateway")
+    for variable, name, key, optional in config_map_refs(c):
+        if name == "adk-gateway-auth" and not optional and key not in example:
+            problems.append(f"the gateway reads {key} of ConfigMap {name}, which auth.example.env does not name")
+    if not all(value.startswith("replace-with-") for value in example.values()):
+        problems.append("auth.example.env holds something other than placeholders")
+    if "GATEWAY_API_KEY" in {v for v, *_ in secret_refs(c)}:
+        problems.append("the gateway still takes a shared browser key (GATEWAY_API_KEY)")
+    return problems
+
+
+def check_redis(objects: Objects, tmp_path: Path) -> list[str]:
+    """A Redis the manifests run asks for a password from a Secret, and its probe signs in."""
+    problems = []
+    for w in workloads(objects):
+        c = container(w)
+        if not c["image"].startswith("redis"):
+            continue
+        argv = c.get("command", []) + c.get("args", [])
+        from_secret = {v for v, _, _, optional in secret_refs(c) if not optional}
+        password = argv[argv.index("--requirepass") + 1] if "--requirepass" in argv[:-1] else None
+        if password is None or password.removeprefix("$(").removesuffix(")") not in from_secret:
+            problems.append(f"{w['metadata']['name']} runs Redis without --requirepass $(VAR) from a Secret")
+        if "REDISCLI_AUTH" not in from_secret:
+            problems.append(f"{w['metadata']['name']}'s probe (redis-cli) does not sign in (REDISCLI_AUTH from the Secret)")
     return problems
 
 
@@ -555,6 +765,10 @@ CHECKS: dict[str, Check] = {
     "config": check_config,
     "replicas": check_replicas,
     "secrets": check_secrets,
+    "egress": check_egress,
+    "metrics_exposure": check_metrics_exposure,
+    "auth": check_auth,
+    "redis": check_redis,
 }
 
 
@@ -720,6 +934,17 @@ MUTATIONS: dict[str, tuple[str, Callable[[Objects], None]]] = {
     "no disruption budget": ("replicas", lambda o: o.remove(one(o, "PodDisruptionBudget", GATEWAY))),
     "a key the example lacks": ("secrets", lambda o: container(_gw(o))["env"].append({"name": "X", "valueFrom": {"secretKeyRef": {"name": "adk-gateway-secrets", "key": "X"}}})),
     "a shipped Secret": ("secrets", lambda o: o.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}})),
+    "gateway egress unrestricted": ("egress", lambda o: one(o, "NetworkPolicy", GATEWAY)["spec"].update(policyTypes=["Ingress"])),
+    "agent egress unrestricted": ("egress", lambda o: one(o, "NetworkPolicy", AGENT)["spec"].update(policyTypes=["Ingress"])),
+    "an egress rule to every port": ("egress", lambda o: one(o, "NetworkPolicy", GATEWAY)["spec"]["egress"][2].pop("ports")),
+    "no way to DNS": ("egress", lambda o: one(o, "NetworkPolicy", AGENT)["spec"]["egress"].pop(1)),
+    "no way to the agent": ("egress", lambda o: one(o, "NetworkPolicy", GATEWAY)["spec"]["egress"].pop(0)),
+    "no way to Redis": ("egress", lambda o: o.remove(one(o, "NetworkPolicy", "adk-gateway-redis-egress"))),
+    "metrics on the public listener": ("metrics_exposure", lambda o: _env(o, GATEWAY, "METRICS_LISTENER", "public")),
+    "one shared API key": ("auth", lambda o: _env(o, GATEWAY, "AUTH_MODE", "api_key") or _env(o, GATEWAY, "GATEWAY_API_KEY", "k")),
+    "a key the auth example lacks": ("auth", lambda o: container(_gw(o))["env"].append({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "adk-gateway-auth", "key": "X"}}})),
+    "Redis without a password": ("redis", lambda o: container(one(o, "Deployment", "adk-gateway-redis"))["args"].remove("--requirepass")),
+    "Redis probe without the password": ("redis", lambda o: container(one(o, "Deployment", "adk-gateway-redis"))["env"].pop()),
 }
 
 
@@ -755,6 +980,90 @@ def test_compose_and_kubernetes_set_the_same_knobs_of_the_one_config() -> None:
     compose_env = set(compose["services"]["gateway-1"]["environment"])
     c = container(one(render("replicated"), "Deployment", GATEWAY), "gateway")
     k8s_env = {e["name"] for e in c["env"]}
+    # The one intended difference: compose's browsers share an API key, the cluster's sign in each
+    # with their own JWT (check_auth).
+    compose_env -= {"GATEWAY_API_KEY"}
     assert compose_env <= k8s_env, f"compose sets {sorted(compose_env - k8s_env)}, the replicated overlay does not"
     read = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", CONFIG.read_text(encoding="utf-8")))
     assert k8s_env <= read, f"the gateway's pods set {sorted(k8s_env - read)}, which config/gateway.yaml never reads"
+
+
+# --------------------------------------------------------------------------------------------------
+# the example Ingress and HTTPRoute (deploy/kubernetes/examples, in no overlay)
+
+
+def _example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
+
+
+def _concrete(route: str) -> str:
+    """A route's canonical path with its placeholders filled: what a browser asks."""
+    return re.sub(r"\{[^}]+\}", "x1", route)
+
+
+def _prefix_matches(prefix: str, path: str) -> bool:
+    """Ingress `Prefix` and Gateway API `PathPrefix`: whole path elements."""
+    prefix = prefix.rstrip("/")
+    return prefix == "" or path == prefix or path.startswith(prefix + "/")
+
+
+def _gateway_paths(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """(browser paths, paths no browser may reach) of the gateway, its metrics served publicly
+    (the worst case: the Ingress must block them itself)."""
+    objects = render("single")
+    _env(objects, GATEWAY, "METRICS_LISTENER", "public")
+    config = gateway_config(objects, tmp_path)
+    routes = [_concrete(r.canonical) for r in create_app(config).router.resources()]
+    browser = [r for r in routes if r.startswith(("/api/", "/agents/"))]
+    return browser, [config.metrics.path, "/internal/v1/reload", "/internal/v1/tool-calls"]
+
+
+def test_the_example_ingress_routes_the_browser_paths_only_unbuffered_and_long(tmp_path: Path) -> None:
+    ingress = _example("ingress-nginx.yaml")
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(ingress, version, strict=True)
+    paths = [p for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    for p in paths:
+        assert p["pathType"] == "Prefix", p
+        assert p["backend"]["service"] == {"name": GATEWAY, "port": {"name": "http"}}, p
+    browser, private = _gateway_paths(tmp_path)
+    routed = lambda path: any(_prefix_matches(p["path"], path) for p in paths)  # noqa: E731
+    assert all(routed(path) for path in browser), [path for path in browser if not routed(path)]
+    assert not any(routed(path) for path in private), [path for path in private if routed(path)]
+    notes = ingress["metadata"]["annotations"]
+    config = gateway_config(render("single"), tmp_path)
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    for timeout in ("proxy-read-timeout", "proxy-send-timeout"):
+        assert int(notes[f"nginx.ingress.kubernetes.io/{timeout}"]) >= 3600
+    body = re.fullmatch(r"(\d+)([km]?)", notes["nginx.ingress.kubernetes.io/proxy-body-size"])
+    assert body and int(body[1]) * {"": 1, "k": 1024, "m": 1024 * 1024}[body[2]] >= config.chat.max_body_bytes
+
+
+def test_the_example_httproute_routes_the_browser_paths_only_for_an_hour(tmp_path: Path) -> None:
+    route = _example("httproute.yaml")
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["kind"] == "HTTPRoute"
+    (rule,) = route["spec"]["rules"]
+    public = public_service(render("single"))
+    assert rule["backendRefs"] == [{"name": GATEWAY, "port": public["spec"]["ports"][0]["port"]}]
+    prefixes = [m["path"]["value"] for m in rule["matches"] if m["path"]["type"] == "PathPrefix"]
+    assert len(prefixes) == len(rule["matches"])
+    browser, private = _gateway_paths(tmp_path)
+    assert all(any(_prefix_matches(p, path) for p in prefixes) for path in browser)
+    assert not any(_prefix_matches(p, path) for p in prefixes for path in private)
+    for timeout in ("request", "backendRequest"):
+        assert seconds(rule["timeouts"][timeout]) >= 3600
+
+
+# --------------------------------------------------------------------------------------------------
+# deploy/kubernetes/README.md: what an SRE reads first
+
+
+def test_the_readme_names_every_overlay_component_addon_and_the_pre_apply_check() -> None:
+    text = (K8S / "README.md").read_text(encoding="utf-8")
+    folders = [f"overlays/{o}" for o in OVERLAYS] + [f"components/{c.name}" for c in (K8S / "components").iterdir()]
+    assert all(f"`{f}`" in text for f in folders), [f for f in folders if f"`{f}`" not in text]
+    for needed in ("metrics-server", "Prometheus Operator", "1.30", "NetworkPolicy",
+                   "kubectl kustomize", "tests/test_kubernetes_manifests.py", "--dry-run=server",
+                   "examples/ingress-nginx.yaml", "examples/httproute.yaml", "agent.Dockerfile",
+                   "auth.example.env", "secrets.example.env"):
+        assert needed in text, f"deploy/kubernetes/README.md does not mention {needed}"

@@ -216,6 +216,16 @@ class AuthConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _jwt_checks_not_blank(self) -> AuthConfig:
+        # An empty audience or issuer (an unset `${JWT_AUDIENCE:-}`) is not "unchecked": it would
+        # be compared, and every token answered 401 with nothing said at start.
+        if self.mode == "jwt" and self.jwt is not None:
+            for name in ("audience", "issuer"):
+                if getattr(self.jwt, name) is not None and not getattr(self.jwt, name).strip():
+                    raise ValueError(f"auth.jwt.{name} is empty: set it (from its environment variable) or leave the key out")
+        return self
+
+    @model_validator(mode="after")
     def _credentials_for_mode(self) -> AuthConfig:
         if self.mode == "api_key":
             usable = [k for k in self.api_keys if (k.key and k.key.get_secret_value()) or k.sha256]

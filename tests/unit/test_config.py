@@ -122,6 +122,21 @@ def test_jwt_key_settings_are_checked_at_load(tmp_path: Path) -> None:
         )
 
 
+def test_the_reference_jwt_settings_need_their_variables_only_in_jwt_mode() -> None:
+    """The reference file's auth.jwt reads JWT_ISSUER and JWT_AUDIENCE (the Kubernetes manifests set
+    them): unused in the other modes, and refused at load when jwt mode leaves them empty, since an
+    empty audience would answer every token 401 with nothing said at start."""
+    reference = ROOT / "config" / "gateway.yaml"
+    assert load_config(reference, env={"ADK_GATEWAY_SECRET": "s"}).auth.mode == "none"
+    jwt = {"ADK_GATEWAY_SECRET": "s", "AUTH_MODE": "jwt", "JWT_ISSUER": "https://idp.example.com/", "JWT_AUDIENCE": "chat"}
+    settings = load_config(reference, env=jwt).auth.jwt
+    assert settings is not None and settings.discovery and settings.audience == "chat"
+    with pytest.raises(ConfigError, match="auth.jwt.audience is empty"):
+        load_config(reference, env={**jwt, "JWT_AUDIENCE": ""})
+    with pytest.raises(ConfigError, match="auth.jwt.issuer is empty"):
+        parse_config("auth:\n  mode: jwt\n  jwt:\n    secret: s\n    issuer: ''\n", env={})
+
+
 def test_sessions_backend_settings() -> None:
     assert parse_config("", env={}).sessions.backend == "memory"
     config = parse_config(
