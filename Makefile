@@ -114,7 +114,7 @@ redis-server:
 promtool:
 	command -v promtool >/dev/null || test -x /usr/bin/promtool || (apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends prometheus)
 
-# tests/test_ops_kit.py runs deploy/nginx.conf for real in front of gateways, and `make bench`
+# tests/test_ops_kit.py runs deploy/nginx/nginx.conf for real in front of gateways, and `make bench`
 # measures against nginx: Debian's nginx package (the tests and the bench start their own nginx
 # on loopback ports with a config of their own).
 nginx:

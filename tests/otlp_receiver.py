@@ -1,11 +1,17 @@
 """A real OTLP/HTTP trace receiver for the tests: an aiohttp server on 127.0.0.1 (in a thread of its
 own, so synchronous tests can use it) that decodes each `ExportTraceServiceRequest` with the
-official protobuf messages and keeps the spans, flattened."""
+official protobuf messages and keeps the spans, flattened.
+
+Run as a program it is the smallest trace viewer there is, for a look at the demo's traces without
+Docker (docs/operations.md, "Tracing"): ``python -m tests.otlp_receiver [PORT]`` (default 4318,
+OTLP/HTTP's port) prints one line per span as the exporters send them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,8 +50,10 @@ class Span:
 class Receiver:
     """`endpoint` for OTEL_EXPORTER_OTLP_ENDPOINT; `spans` as received; `wait_for(pred)`."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None, on_spans: Callable[[list[Span]], None] | None = None) -> None:
+        self.port = port or free_port()
+        # Called with each request's spans, in the receiver's thread.
+        self.on_spans = on_spans
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.spans: list[Span] = []
         self.requests = 0
@@ -94,6 +102,8 @@ class Receiver:
         with self._lock:
             self.requests += 1
             self.spans.extend(found)
+        if self.on_spans is not None:
+            self.on_spans(found)
         return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
 
     def snapshot(self) -> list[Span]:
@@ -107,3 +117,30 @@ class Receiver:
             if predicate(spans) or time.monotonic() > deadline:
                 return spans
             time.sleep(0.1)
+
+
+def span_line(span: Span) -> str:
+    """One span, as `python -m tests.otlp_receiver` prints it: the trace's first 8 hex digits group
+    a turn's spans; a root span (no parent) is marked."""
+    took = (span.end - span.start) / 1e6
+    root = "" if span.parent_id else "  (root)"
+    return f"trace {span.trace_id[:8]}  {span.service:<12} {span.kind:<8} {took:9.1f} ms  {span.name}{root}"
+
+
+def main() -> None:
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 4318
+
+    def show(spans: list[Span]) -> None:
+        for span in sorted(spans, key=lambda s: s.start):
+            print(span_line(span), flush=True)
+
+    with Receiver(port, on_spans=show) as receiver:
+        print(f"OTLP/HTTP receiver: OTEL_EXPORTER_OTLP_ENDPOINT={receiver.endpoint} (Ctrl-C stops)", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.demo import api_server_command
+from gateway.demo import AGENTS_DIR, api_server_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,8 +79,10 @@ class AdkServer:
     def __init__(
         self, tmp: Path, *, extra_plugins: tuple[str, ...] = (), env: dict[str, str] | None = None,
         port: int | None = None, adk: Path | None = None, sessions: str = "memory://", auto_create_session: bool = False,
+        agents_dir: Path = AGENTS_DIR,
     ) -> None:
         self.tmp = tmp
+        self.agents_dir = agents_dir  # another agents folder than the demo's
         self.extra_plugins = extra_plugins
         self.env = env
         self.sessions = sessions
@@ -99,7 +101,7 @@ class AdkServer:
             self.proc = subprocess.Popen(
                 api_server_command(
                     self.port, extra_plugins=self.extra_plugins, adk=self.adk, session_service_uri=self.sessions,
-                    auto_create_session=self.auto_create_session,
+                    auto_create_session=self.auto_create_session, agents_dir=self.agents_dir,
                 ), stdout=out,
                 stderr=subprocess.STDOUT, env=_child_env(self.env), cwd=self.tmp,
             )

@@ -186,5 +186,12 @@ class AgentConfig(Section):
     def gated_tools(self) -> list[str]:
         return sorted(name for name, policy in self.tools.items() if policy.gated)
 
+    @property
+    def browser_tools(self) -> list[str]:
+        """The tools, by name, whose calls the browser answers: what a page runs in the AI SDK's
+        onToolCall, which the SDK calls for every call. A `default` policy that runs in the
+        browser is left out: a page can only run the tools it knows by name."""
+        return sorted(name for name, policy in self.tools.items() if policy.runs_in == "browser" and name != "default")
+
 
 _NO_POLICY = ToolPolicy()

@@ -43,8 +43,10 @@ def api_server_command(
     adk: str | Path | None = None,
     session_service_uri: str = MEMORY,
     auto_create_session: bool = False,
+    agents_dir: Path = AGENTS_DIR,
 ) -> list[str]:
-    """The argv that starts the stock ADK API server on `AGENTS_DIR`.
+    """The argv that starts the stock ADK API server on `agents_dir` (the demo's, `AGENTS_DIR`,
+    unless told).
 
     Sessions live where `session_service_uri` says (in memory unless told, e.g.
     `sqlite_uri(path)`; never under the agents folder, where ADK 2.x would put
@@ -88,7 +90,7 @@ def api_server_command(
         argv.append("--auto_create_session")
     for plugin in extra_plugins:
         argv += ["--extra_plugins", plugin]
-    argv.append(str(AGENTS_DIR))
+    argv.append(str(agents_dir))
     return argv
 
 

@@ -88,6 +88,12 @@ class DemoPage(PageChecks):
         where = within or self.page.locator(".messages")
         self.expect(f"to see {text!r}", lambda: expect(where).to_contain_text(text, timeout=TIMEOUT_MS))
 
+    def lacks(self, text: str, within: Locator | None = None) -> None:
+        """`text` is not on the page now (no waiting: call it after a wait for the state it concerns)."""
+        where = within or self.page.locator(".messages")
+        if text in where.inner_text():
+            raise AssertionError(self.report(f"expected not to see {text!r}"))
+
     def idle(self) -> None:
         """The chat is ready again: the last response has ended and nothing is being sent."""
         self.expect("the chat to be ready", lambda: expect(self.page.locator("body")).to_have_attribute("data-status", "ready", timeout=TIMEOUT_MS))

@@ -41,6 +41,10 @@ def test_the_supervisor_decides_a_large_refund_the_customer_asked_for(
     card = demo.tool("issue_refund")
     demo.sees("Waiting for the supervisors (rule large_refund)")
     assert card.get_by_role("button", name="Approve", exact=True).count() == 0, "the customer must not be offered the approval"
+    # issue_refund runs on the server: the page's onToolCall (which the AI SDK calls for every call)
+    # must leave it alone, not answer it with an error while the supervisors decide.
+    demo.state(card, "input-available", "running")
+    demo.lacks("no browser tool named", card)
 
     supervisor.open()
     supervisor.sign_in(SUPERVISOR_KEY)

@@ -452,6 +452,22 @@ async def test_the_agent_list_answers_a_cross_origin_preflight() -> None:
         await client.close()
 
 
+async def test_the_agent_list_names_each_agents_browser_tools() -> None:
+    # A page's onToolCall is called for every call; it must answer only these (the rest run on the server).
+    browser = "      get_location: {runs_in: browser, approval: true}\n      change_bgm: {runs_in: browser}\n"
+    text = TWO_AGENTS.replace("        timeout: 2s\n", "        timeout: 2s\n" + browser, 1)
+    text = text.replace("    limits:\n", "      default: {runs_in: browser}\n    limits:\n")
+    client = TestClient(TestServer(create_app(two_agents(text))))
+    await client.start_server()
+    try:
+        listed = await (await client.get("/api/agents")).json()
+        tools = {agent["name"]: agent["browser_tools"] for agent in listed["agents"]}
+        # `default` is not a tool's name: a page cannot run a tool it does not know by name.
+        assert tools == {"payments": ["change_bgm", "get_location"], "support": []}
+    finally:
+        await client.close()
+
+
 async def test_the_probe_calls_an_agent_down_when_its_server_does_not_serve_its_app() -> None:
     from gateway.upstream.client import AdkClient
 

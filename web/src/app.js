@@ -1,7 +1,7 @@
 // The demo page: wires the AI SDK Chat (chat.js), the browser tools (browser-tools.js) and the
 // rendering (render.js) to the page's controls.
 import { generateId, getToolName, isToolUIPart } from 'ai';
-import { BROWSER_TOOLS, runBrowserTool } from './browser-tools.js';
+import { runBrowserTool, runsInBrowser } from './browser-tools.js';
 import { TRANSPORTS, createChat, loadAgents } from './chat.js';
 import { createMessageList } from './render.js';
 
@@ -34,13 +34,17 @@ ui.agent.replaceChildren(...agents.map((a) => new Option(a.name, a.name)));
 let chat = newChat(generateId(), []);
 
 function newChat(id, messages) {
+  const chatAgent = agent; // a chat stays with the agent it was opened on
   return createChat({
     id,
     messages,
-    agent,
+    agent: chatAgent,
     transport,
     onChange: scheduleRender,
     onToolCall: ({ toolCall }) => {
+      // The SDK calls this for every call; one the server runs (an approval that waits for
+      // someone else, say) is not the page's to answer.
+      if (!runsInBrowser(chatAgent, toolCall.toolName)) return;
       // Not awaited, and answered on whichever Chat is current when the tool finishes (the
       // person may switch transport while the browser asks for the position).
       runBrowserTool(
@@ -97,6 +101,7 @@ function setParam(key, value) {
 
 const actions = {
   approve: (part, approved) => void chat.addToolApprovalResponse({ id: part.approval.id, approved }),
+  runsInBrowser: (toolName) => runsInBrowser(agent, toolName),
 };
 const renderMessages = createMessageList(ui.list, actions);
 
@@ -118,7 +123,7 @@ function statusText() {
   const tools = last?.role === 'assistant' ? last.parts.filter(isToolUIPart) : [];
   const waiting = tools.filter((part) => part.state === 'approval-requested');
   if (waiting.length) return `Waiting for you: Approve or Deny ${waiting.length > 1 ? `the ${waiting.length} calls` : 'the call'} above.`;
-  const running = tools.find((part) => part.state === 'input-available' && BROWSER_TOOLS.has(getToolName(part)));
+  const running = tools.find((part) => part.state === 'input-available' && runsInBrowser(agent, getToolName(part)));
   if (running) return `Running ${getToolName(running)} in your browser…`;
   return '';
 }

@@ -1,8 +1,16 @@
-// The tools the gateway's policy runs in the browser (`runs_in: browser` in config/gateway.yaml).
-// Each one gets the call's input and a `respond` function, and calls it exactly once with either
+// The tools this page can run in the browser (the demo config's `runs_in: browser` tools). Each one
+// gets the call's input and a `respond` function, and calls it exactly once with either
 // `{output}` or `{state: 'output-error', errorText}`: what `chat.addToolOutput` takes.
 
-export const BROWSER_TOOLS = new Set(['get_location', 'change_bgm']);
+// What a gateway that does not list an agent's browser tools (GET /api/agents without
+// `browser_tools`) is taken to run in the browser: the demo agent's.
+const DEMO_BROWSER_TOOLS = ['get_location', 'change_bgm'];
+
+// Whether `agent` (an entry of GET /api/agents) runs `toolName` in the browser. The AI SDK calls
+// onToolCall for every tool call, server-run ones too: only these are the page's to answer.
+export function runsInBrowser(agent, toolName) {
+  return (agent.browser_tools ?? DEMO_BROWSER_TOOLS).includes(toolName);
+}
 
 export function runBrowserTool(toolCall, respond, { onPlaying } = {}) {
   switch (toolCall.toolName) {
@@ -11,8 +19,8 @@ export function runBrowserTool(toolCall, respond, { onPlaying } = {}) {
     case 'change_bgm':
       return changeBgm(toolCall.input ?? {}, respond, onPlaying);
     default:
-      // A tool the server hands to the browser that this page does not know: say so, rather than
-      // leaving the agent waiting until the policy's timeout.
+      // A tool the gateway runs in the browser that this page does not implement: say so, rather
+      // than leaving the agent waiting until the policy's timeout.
       return respond({ state: 'output-error', errorText: `This page has no browser tool named ${toolCall.toolName}.` });
   }
 }

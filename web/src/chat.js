@@ -53,7 +53,7 @@ export class Chat extends AbstractChat {
 // The agent a gateway without GET /api/agents serves: one, on the original routes.
 export const FALLBACK_AGENT = { name: 'demo_agent', default: true, api: '/api/chat', ws: '/api/chat/ws' };
 
-// The agents this page may talk to, from GET /api/agents: `{default, agents: [{name, api, ws}]}`,
+// The agents this page may talk to, from GET /api/agents: `{default, agents: [{name, api, ws, browser_tools}]}`,
 // only those the caller may use. Any failure (an older gateway answers 404) means the one
 // default agent on the original routes.
 export async function loadAgents() {

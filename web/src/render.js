@@ -1,7 +1,6 @@
 // Plain DOM rendering of the chat's messages. A message element is rebuilt only when the SDK
 // replaced that message (the state class stores a new object per change), so a long chat stays cheap.
 import { getToolName, isToolUIPart } from 'ai';
-import { BROWSER_TOOLS } from './browser-tools.js';
 import { el, json } from './dom.js';
 
 const FINAL_STATES = new Set(['output-available', 'output-error', 'output-denied']);
@@ -9,13 +8,13 @@ const FINAL_STATES = new Set(['output-available', 'output-error', 'output-denied
 // What a tool part's `state` means to a person, and the badge colour (a CSS class). `superseded`:
 // the part is not in the last message, so the person sent a new message while this call still
 // waited, and the gateway cancelled it (docs/approvals.md).
-function describeState(part, superseded) {
+function describeState(part, superseded, inBrowser) {
   if (superseded && !FINAL_STATES.has(part.state)) return ['cancelled', 'denied'];
   switch (part.state) {
     case 'input-streaming':
       return ['receiving input', 'running'];
     case 'input-available':
-      return [BROWSER_TOOLS.has(getToolName(part)) ? 'running in your browser' : 'running', 'running'];
+      return [inBrowser ? 'running in your browser' : 'running', 'running'];
     case 'approval-requested':
       return ['waiting for approval', 'waiting'];
     case 'approval-responded':
@@ -36,8 +35,9 @@ const note = (text) => el('p', { class: 'tool-note' }, text);
 
 function renderTool(part, actions, superseded) {
   const name = getToolName(part);
-  const [label, tone] = describeState(part, superseded);
-  const where = BROWSER_TOOLS.has(name) ? 'runs in your browser' : 'runs on the server';
+  const inBrowser = actions.runsInBrowser(name);
+  const [label, tone] = describeState(part, superseded, inBrowser);
+  const where = inBrowser ? 'runs in your browser' : 'runs on the server';
   const hint = part.approval?.descriptor?.hint; // the policy's `hint`, via the gateway
   const approved = part.approval?.approved;
   return el(
