@@ -207,6 +207,7 @@ _LIMIT_OVERRIDES = {
     "max_streams_total": 100_000,
     "max_chats_per_user": 10_000_000,
     "max_pending_approvals_per_chat": 10_000,
+    "max_pending_approvals_per_user": 10_000,
     "rate_per_user": 10_000_000.0,
     "burst_per_user": 10_000_000,
 }

@@ -172,7 +172,9 @@ def gateway_process(
         f"listen:\n  host: 127.0.0.1\n  port: {port}\n  drain_timeout: {drain_timeout}\n"
         f"logging:\n  level: debug\n  format: json\n" + config
         # The tests run many chats at once as one anonymous user: the production caps would bite.
-        + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n  max_chats_per_user: 5000\n")
+        + ("" if "limits:" in config else "limits:\n  max_streams_per_user: 500\n  rate_per_user: 1000\n  burst_per_user: 1000\n  max_chats_per_user: 5000\n"
+              # Not a key of every release the rolling upgrade runs: this checkout's only.
+              + ("  max_pending_approvals_per_user: 5000\n" if code == ROOT else ""))
         + ("" if "\nagents:" in "\n" + config else f"upstream:\n  url: {upstream}\n  health_interval: 200ms\n  mode: {upstream_mode}\n"
             + (f"  approvals: {approvals}\n" if approvals else "")
             + ("  auto_create_session: true\n" if auto_create_session else ""))

@@ -99,6 +99,11 @@ class ApproverAuth:
             return "self_approval"
         return None
 
+    def groups_of(self, identity: ApproverIdentity) -> list[str]:
+        """The groups `identity` is a member of: whose approvals `may_decide` may let them answer
+        (the approvals API lists only those, and the requester's own calls without a group)."""
+        return [name for name, group in self._config.groups.items() if _member(identity, group.users, group.jwt_claims)]
+
     def may_audit(self, identity: ApproverIdentity) -> bool:
         """Whether `identity` may read decided approvals (the audit trail)."""
         auditors = self._config.auditors

@@ -55,19 +55,23 @@ class ApprovalDesk:
 
     # ---- the owner's side ------------------------------------------------------------------
 
-    async def opened(self, call: GatedCall) -> None:
-        """A call waits for a decision: listed for the API (best effort: the chat still shows it)."""
+    async def opened(self, call: GatedCall) -> bool:
+        """A call waits for a decision: listed for the API (best effort: the chat still shows it).
+        False when its user has the agent's `max_pending_approvals_per_user` listed already: the
+        caller refuses the call. A call the store cannot list is not refused: it crowds nobody out."""
         agent = self._chats.gates.agent_of(call.user_id, call.session_id)
-        settings = self._chats.config.agents.get(agent)
+        config = self._chats.config
+        settings = config.agents.get(agent)
         record = pending_record(
             call, agent=agent, app_name=settings.upstream.app_name if settings else "", owner=self._state.replica_id,
             wall=self._wall(), now=self._chats.gates.now(),
         )
         ttl = max(call.deadline - self._chats.gates.now(), 0.0) + _MARGIN
         try:
-            await self._state.put_approval(record, ttl=ttl)
+            return await self._state.put_approval(record, ttl=ttl, cap=config.max_pending_approvals_per_user(agent))
         except SharedStateDown:
             log.warning("approval_not_listed", approval_id=call.id, reason="the shared store is unreachable")
+            return True
 
     async def closed(self, approval_id: str) -> None:
         with contextlib.suppress(SharedStateDown):

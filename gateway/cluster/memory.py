@@ -12,8 +12,7 @@ approval ids, numbered and placed as the Redis backend places them.
 Per-user limits (token buckets and stream slots) are kept here as Redis keeps them, for the tests'
 shared table (tests/unit/test_shared_limits.py); a gateway on this backend counts its limits in
 `Admission` (core/limits.py), `shares_limits` being false.
-Pending approvals expire `ttl` after they were last put, dropped when met expired (and all expired
-ones whenever the table has doubled since the last purge, as chat states are).
+Pending approvals: memory_approvals.py.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ import structlog
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
 from ..core.limits import LeasedLimits
-from .approval_votes import Tally, Verdict, approval_view, count_vote
+from .approval_index import ApprovalPage, ApprovalQuery
+from .approval_votes import Tally
+from .memory_approvals import ApprovalTable
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, audit_position,
 )
@@ -75,19 +76,6 @@ class _AuditKept:
 
 
 @dataclass
-class _ApprovalKept:
-    # As JSON, as Redis keeps it (see _ChatState); the votes and verdict beside it, as in Redis.
-    record: bytes
-    created: float
-    expires: float
-    votes: list[dict[str, Any]] = field(default_factory=list)
-    verdict: Verdict = "pending"
-
-    def view(self) -> dict[str, Any]:
-        return approval_view(orjson.loads(self.record), self.votes, self.verdict)
-
-
-@dataclass
 class _Relay:
     entries: list[RelayEntry] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -115,9 +103,8 @@ class MemoryHub:
     audit_ids: set[str] = field(default_factory=set)
     audit_last: tuple[int, int] = (0, 0)
     wall: Callable[[], float] = time.time
-    # The directory of pending approvals, by approval id (insertion order breaks ties of `created`).
-    approvals: dict[str, _ApprovalKept] = field(default_factory=dict)
-    approvals_purge_at: int = 64
+    # The directory of pending approvals.
+    approvals: ApprovalTable = field(default_factory=ApprovalTable)
     # Per-user limits: each user's bucket and stream slots.
     limits: LeasedLimits = field(default_factory=LeasedLimits)
 
@@ -310,63 +297,22 @@ class MemoryState(SharedState):
             found.append(record)
         return found
 
-    # ---- the directory of pending approvals ----------------------------------------------------
-    # No await in any of these: each is one step under the hub, as a Lua script is in Redis.
+    # ---- the directory of pending approvals (memory_approvals.py) -------------------------------
 
-    async def put_approval(self, record: dict[str, Any], *, ttl: float) -> None:
-        now = asyncio.get_running_loop().time()
-        approvals = self.hub.approvals
-        approval_id = str(record["id"])
-        kept = self._live_approval(approval_id, now)
-        encoded = orjson.dumps(record)
-        if kept is None:
-            approvals[approval_id] = _ApprovalKept(encoded, float(record["created"]), now + ttl)
-        else:
-            # The votes and the verdict stay (a put does not undo them); the first `created` keeps
-            # its place in the listing, as the Redis index does.
-            kept.record, kept.expires = encoded, now + ttl
-        if len(approvals) >= self.hub.approvals_purge_at:
-            for key in [key for key, kept in approvals.items() if kept.expires <= now]:
-                del approvals[key]
-            self.hub.approvals_purge_at = max(64, 2 * len(approvals))
-
-    def _live_approval(self, approval_id: str, now: float) -> _ApprovalKept | None:
-        kept = self.hub.approvals.get(approval_id)
-        if kept is not None and kept.expires <= now:
-            del self.hub.approvals[approval_id]
-            return None
-        return kept
+    async def put_approval(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
+        return self.hub.approvals.put(record, ttl=ttl, now=self._now(None), cap=cap)
 
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
-        kept = self._live_approval(approval_id, asyncio.get_running_loop().time())
-        return kept.view() if kept is not None else None
+        return self.hub.approvals.get(approval_id, self._now(None))
 
     async def drop_approval(self, approval_id: str) -> None:
-        self.hub.approvals.pop(approval_id, None)
+        self.hub.approvals.drop(approval_id)
 
-    async def list_approvals(self, *, agent: str | None = None, tool: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        now = asyncio.get_running_loop().time()
-        approvals = self.hub.approvals
-        for key in [key for key, kept in approvals.items() if kept.expires <= now]:
-            del approvals[key]
-        found: list[dict[str, Any]] = []
-        # sorted() is stable: approvals created in the same instant stay in the order they were put.
-        for kept in sorted(approvals.values(), key=lambda kept: kept.created):
-            if len(found) >= limit:
-                break
-            if kept.verdict != "pending":
-                continue
-            view = kept.view()
-            if (agent is None or view.get("agent") == agent) and (tool is None or view.get("tool") == tool):
-                found.append(view)
-        return found
+    async def page_approvals(self, query: ApprovalQuery) -> ApprovalPage:
+        return self.hub.approvals.page(query, self._now(None))
 
     async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
-        kept = self._live_approval(approval_id, asyncio.get_running_loop().time())
-        if kept is None:
-            return Tally("gone")
-        state, kept.verdict, kept.votes = count_vote(kept.verdict, kept.votes, user, approved, quorum)
-        return Tally(state, kept.view())
+        return self.hub.approvals.vote(approval_id, user, approved, quorum, self._now(None))
 
     async def take_token(self, user_id: str, *, rate: float, burst: int, now: float | None = None) -> float | None:
         return self.hub.limits.take_token(user_id, rate, burst, self._now(now))

@@ -60,6 +60,7 @@ from .sealing import Seal
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
 )
+from .approval_index import ApprovalPage, ApprovalQuery
 from .approval_votes import Tally
 
 __all__ = ["RedisState"]
@@ -332,8 +333,8 @@ class RedisState(SharedState):
     async def audit_read(self, query: AuditQuery, *, max_age: float) -> list[dict[str, Any]]:
         return await self._op(self._audit.read(query, max_age=max_age))  # type: ignore[no-any-return]
 
-    async def put_approval(self, record: dict[str, Any], *, ttl: float) -> None:
-        await self._op(self._approvals.put(record, ttl=ttl))
+    async def put_approval(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
+        return await self._op(self._approvals.put(record, ttl=ttl, cap=cap))  # type: ignore[no-any-return]
 
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         return await self._op(self._approvals.get(approval_id))  # type: ignore[no-any-return]
@@ -341,8 +342,8 @@ class RedisState(SharedState):
     async def drop_approval(self, approval_id: str) -> None:
         await self._op(self._approvals.drop(approval_id))
 
-    async def list_approvals(self, *, agent: str | None = None, tool: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        return await self._op(self._approvals.list(agent=agent, tool=tool, limit=limit))  # type: ignore[no-any-return]
+    async def page_approvals(self, query: ApprovalQuery) -> ApprovalPage:
+        return await self._op(self._approvals.page(query))  # type: ignore[no-any-return]
 
     async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
         return await self._op(self._approvals.vote(approval_id, user, approved, quorum))  # type: ignore[no-any-return]

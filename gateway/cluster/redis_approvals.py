@@ -1,16 +1,20 @@
 """The directory of pending approvals in Redis (`sessions.backend: redis`): a hash per approval and
 an index to list them.
 
-Two kinds of keys, under `sessions.key_prefix` (docs/scaling.md has the table):
+Keys, under `sessions.key_prefix` (docs/scaling.md has the table):
 - `{p}:approval:{id}`: a hash per pending approval, expiring with it (its deadline plus a margin,
   the caller's `ttl`): `sealed`, the record as the API shows it (its arguments among it), sealed for
   this key and field (sealing.py); and beside the seal what a Lua script must read and write in one
   step with a vote, which it could not do inside a seal: `state` (pending, approved or denied) and
   `votes` (JSON, [{user, approved, tag}]: user ids and answers only; the tag is the voting replica's
-  seal over the approval, the user and the answer).
-- `{p}:approvals`: a sorted set of approval ids scored by their `created` time, for listing oldest
-  first; it expires with its longest-lived approval, and an id whose hash expired is removed by the
-  listing that meets it.
+  seal over the approval, the user and the answer); and where the put listed it (`pos`, `index`,
+  `count`), for the drop.
+- `{p}:approvals` and `{p}:approvals:{digest}`: the indexes of approval_index.py (every approval;
+  an agent's; an audience's; an audience's of one agent), sorted sets of positions read in lexical
+  order; each expires with its longest-lived approval, and a position whose hash expired is removed
+  by the listing that meets it.
+- `{p}:approvals:user:{digest}`: a requester's approvals kept, scored by when each expires, for
+  `limits.max_pending_approvals_per_user`.
 Putting and voting are Lua scripts (redis_scripts.py APPROVAL_PUT, APPROVAL_VOTE), so two replicas
 voting at once never both decide. What the scripts cannot check, a replica checks when it reads: a
 record that does not open is absent, a vote whose tag does not open is not counted, and a decision
@@ -21,12 +25,14 @@ SharedStateDown.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
 import structlog
 
+from .approval_index import ALL, ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
 from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
 from .sealing import Seal, Tampered, fingerprint
 from .approval_votes import Tally, TallyState, Verdict, approval_view
@@ -48,7 +54,7 @@ class RedisApprovals:
     def __init__(self, client: aioredis.Redis, prefix: str, seal: Seal, replica_id: str) -> None:
         self._redis = client
         self._prefix = prefix
-        self._index = f"{prefix}:approvals"
+        self._all = f"{prefix}:approvals"
         self._seal = seal
         self._replica_id = replica_id
         self._put = client.register_script(APPROVAL_PUT)
@@ -57,13 +63,22 @@ class RedisApprovals:
     def _name(self, approval_id: str) -> str:
         return f"{self._prefix}:approval:{approval_id}"
 
-    async def put(self, record: dict[str, Any], *, ttl: float) -> None:
+    def _index(self, index: Index) -> str:
+        if index == (ALL, ALL):
+            return self._all
+        # Hashed: group names, user ids and agent names stay out of key names, and no two read alike.
+        return f"{self._all}:{_digest(orjson.dumps(index))}"
+
+    def _count(self, requester: str) -> str:
+        return f"{self._all}:user:{_digest(requester.encode())}"
+
+    async def put(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
         approval_id = str(record["id"])
         name = self._name(approval_id)
         sealed = self._seal.seal(orjson.dumps(record), f"{name}:sealed")
-        await self._put(
-            keys=[name, self._index], args=[sealed, max(int(ttl * 1000), 1), repr(float(record["created"])), approval_id],
-        )
+        keys = [name, self._count(str(record.get("requester", ""))), *map(self._index, indexes_of(record))]
+        kept = await self._put(keys=keys, args=[sealed, max(int(ttl * 1000), 1), position(record), approval_id, cap or 0])
+        return bool(kept)
 
     async def get(self, approval_id: str) -> dict[str, Any] | None:
         name = self._name(approval_id)
@@ -73,44 +88,72 @@ class RedisApprovals:
         return self._view(approval_id, sealed, votes, verdict)
 
     async def drop(self, approval_id: str) -> None:
+        name = self._name(approval_id)
+        # Where the put listed and counted it (outside the seal: a forged field only makes these
+        # removals miss, and a listing forgets an entry whose approval is gone anyway).
+        place, indexes, count = await self._redis.hmget(name, ["pos", "index", "count"])
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.delete(self._name(approval_id))
-            pipe.zrem(self._index, approval_id)
+            pipe.delete(name)
+            if place is not None:
+                for index in (indexes or b"").split(b"\n"):
+                    if index:
+                        pipe.zrem(index, place)
+            if count is not None:
+                pipe.zrem(count, approval_id)
             await pipe.execute()
 
-    async def list(self, *, agent: str | None, tool: str | None, limit: int) -> list[dict[str, Any]]:
+    async def page(self, query: ApprovalQuery) -> ApprovalPage:
+        """Reads the query's indexes in batches, merged in position order: of each round, only the
+        positions up to the smallest last one of a full batch are taken (beyond it another index
+        may hold earlier ones), and the next round starts after them."""
+        keys = [self._index(index) for index in wanted_indexes(query)]
         found: list[dict[str, Any]] = []
         expired: list[bytes] = []
-        start = 0
-        while len(found) < limit:
-            ids = await self._redis.zrange(self._index, start, start + _BATCH - 1)
-            if not ids:
-                break
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for raw_id in ids:
-                    pipe.hmget(self._name(raw_id.decode()), ["sealed", "votes", "state"])
-                rows = await pipe.execute()
-            for raw_id, (sealed, votes, verdict) in zip(ids, rows, strict=True):
-                if sealed is None:
-                    expired.append(raw_id)
-                    continue
-                if verdict != b"pending":
-                    continue  # decided by a vote: its owner drops it once it acted on it
-                view = self._view(raw_id.decode(), sealed, votes, verdict)
-                if view is None or (agent is not None and view.get("agent") != agent):
-                    continue
-                if tool is not None and view.get("tool") != tool:
-                    continue
-                found.append(view)
-                if len(found) >= limit:
-                    break
-            if len(ids) < _BATCH:
-                break
-            start += _BATCH
-        if expired:
-            # After the scan, so that the ranks it pages by do not move under it.
-            await self._redis.zrem(self._index, *expired)
-        return found
+        after = query.after
+        try:
+            while True:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.zrange(key, f"({after}" if after else "-", "+", bylex=True, offset=0, num=_BATCH)
+                    batches: list[list[bytes]] = await pipe.execute()
+                full = [batch[-1] for batch in batches if len(batch) == _BATCH]
+                frontier = min(full) if full else None
+                places = sorted({p for batch in batches for p in batch if frontier is None or p <= frontier})
+                for place, view in zip(places, await self._read(places, expired), strict=True):
+                    if view is not None and query.matches(view):
+                        found.append(view)
+                        if len(found) >= query.limit:
+                            return ApprovalPage(found, place.decode())
+                if frontier is None:
+                    return ApprovalPage(found, None)
+                after = frontier.decode()
+        finally:
+            if expired:
+                # After the scan, so that the positions it pages by do not move under it.
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.zrem(key, *expired)
+                    await pipe.execute()
+
+    async def _read(self, places: list[bytes], expired: list[bytes]) -> list[dict[str, Any] | None]:
+        """The pending approvals at `places` (None for one decided, unreadable or gone; a gone
+        one's position added to `expired`)."""
+        if not places:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for place in places:
+                pipe.hmget(self._name(place.partition(b"|")[2].decode()), ["sealed", "votes", "state"])
+            rows = await pipe.execute()
+        views: list[dict[str, Any] | None] = []
+        for place, (sealed, votes, verdict) in zip(places, rows, strict=True):
+            if sealed is None:
+                expired.append(place)
+                views.append(None)
+            elif verdict != b"pending":
+                views.append(None)  # decided by a vote: its owner drops it once it acted on it
+            else:
+                views.append(self._view(place.partition(b"|")[2].decode(), sealed, votes, verdict))
+        return views
 
     async def vote(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:
         name = self._name(approval_id)
@@ -182,6 +225,10 @@ class RedisApprovals:
         except (Tampered, ValueError):
             return False
         return True
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def _vote_payload(user: str, approved: bool) -> bytes:

@@ -128,16 +128,36 @@ return id
 """
 
 # A pending approval kept: its sealed record replaced, its verdict and votes created if missing
-# (a second put does not undo votes), its lifetime set, and its place in the index (its first
-# `created`) kept; the index lives as long as its longest-lived approval. KEYS: the approval's hash,
-# the index (a sorted set). ARGV: the sealed record, ttl (ms), created (UNIX seconds), approval id.
+# (a second put does not undo votes), its lifetime set, its place in the indexes (its first
+# position) kept, and its requester's count of approvals kept (score: when each expires, on Redis's
+# clock) updated. A new approval is refused (0) while the requester has `cap` (0: no cap) unexpired
+# ones. Each index and the count live as long as their longest-lived approval. KEYS: the approval's
+# hash, the requester's count (a sorted set), then its indexes (sorted sets of positions, all of
+# score 0, read in lexical order). ARGV: the sealed record, ttl (ms), position, approval id, cap.
 APPROVAL_PUT = """
+local ttl = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local place = redis.call('HGET', KEYS[1], 'pos')
+if not place then
+  local cap = tonumber(ARGV[5])
+  if cap > 0 and redis.call('ZCARD', KEYS[2]) >= cap then return 0 end
+  place = ARGV[3]
+  local names = {}
+  for i = 3, #KEYS do names[#names + 1] = KEYS[i] end
+  redis.call('HSET', KEYS[1], 'pos', place, 'index', table.concat(names, '\\n'), 'count', KEYS[2])
+end
 redis.call('HSET', KEYS[1], 'sealed', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'state', 'pending')
 redis.call('HSETNX', KEYS[1], 'votes', '[]')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[4])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+for i = 3, #KEYS do
+  redis.call('ZADD', KEYS[i], 0, place)
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
 return 1
 """
 

@@ -55,6 +55,11 @@ _VERDICT_RECORD_TTL = 120
 # How long a handed-over ask waits for the cancelled forward to end (it ends at once unless a
 # cancellation is lost inside a Redis call): the plugin is answered either way.
 _HANDOVER_GRACE = 1.0
+# What the model reads of a call refused for its user's cap on listed approvals.
+_OVER_USER_CAP = (
+    "too many of this user's tool calls are already waiting for approvers "
+    "(limits.max_pending_approvals_per_user); the call was not run"
+)
 
 
 class HandedOver(Refusal):
@@ -224,6 +229,7 @@ class RemoteGate:
         call = gates.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
         reattached = call is not None
         listed = False  # in the approvals API's directory: dropped once released
+        over_cap = False  # refused for its user's cap on listed approvals
         if call is not None:
             log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
         else:
@@ -236,8 +242,8 @@ class RemoteGate:
             call = opened
             await self._record_open(call)
             listed = self.desk is not None and call.state is CallState.AWAITING_APPROVAL
-            if listed:
-                await self.desk.opened(call)
+            if listed and not await self._list(call):
+                listed, over_cap = False, True
         if on_waiting is not None and not call.released:
             await on_waiting(call)
         if not reattached:
@@ -252,7 +258,21 @@ class RemoteGate:
             # Another replica holds the plugin's request and reads the verdict from the record
             # if the message is lost: keep trying through a Redis outage.
             self._tasks.spawn(self._record_verdict(call.id, verdict))
+        if over_cap:
+            return verdict, "too_many_pending_user"
         return verdict, "run" if verdict.run else "respond"
+
+    async def _list(self, call: GatedCall) -> bool:
+        """List the call for the approvals API; past its user's cap, refuse it (released as
+        cancelled: the model reads why, the browser sees it refused) and say so: False."""
+        assert self.desk is not None
+        if await self.desk.opened(call):
+            return True
+        agent = self._chats.gates.agent_of(call.user_id, call.session_id)
+        self.metrics.approvals_over_user_cap.labels(agent).inc()
+        log.warning("approval_over_user_cap", approval_id=call.id, tool=call.tool)
+        self._chats.gates.cancel(call, _OVER_USER_CAP)
+        return False
 
     async def _record_open(self, call: GatedCall) -> None:
         """Record a call just opened, before the browser can see it, so any replica can tell what became of it."""

@@ -45,6 +45,7 @@ from typing import Any
 
 from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
+from .approval_index import ApprovalPage, ApprovalQuery
 from .approval_votes import Tally
 
 __all__ = [
@@ -309,11 +310,14 @@ class SharedState(abc.ABC):
     # ---- the directory of pending approvals --------------------------------------------------
 
     @abc.abstractmethod
-    async def put_approval(self, record: dict[str, Any], *, ttl: float) -> None:
+    async def put_approval(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
         """Keep a pending approval for `ttl` seconds (its deadline plus a margin): `record` is the
-        approval as the API shows it (a JSON object with at least `id`, `agent`, `tool` and
-        `created`, UNIX seconds) plus `owner`, the replica running its chat. Put again, the record
-        and its lifetime are replaced and the votes counted so far kept (as is a decision)."""
+        approval as the API shows it (a JSON object with at least `id`, `agent`, `tool`,
+        `requester`, `approvers` and `created`, UNIX seconds) plus `owner`, the replica running its
+        chat; listed in the indexes of approval_index.py. Put again, the record and its lifetime
+        are replaced and the votes counted so far kept (as is a decision, and its place in the
+        listing). A new approval whose requester already has `cap` approvals kept is not kept:
+        False, in one step with every replica's puts (so replicas agree on the count)."""
 
     @abc.abstractmethod
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
@@ -326,10 +330,16 @@ class SharedState(abc.ABC):
         """Forget an approval (answered, timed out, cancelled), votes and all."""
 
     @abc.abstractmethod
+    async def page_approvals(self, query: ApprovalQuery) -> ApprovalPage:
+        """The approvals still pending (not decided by a vote) that `query` names, in their order
+        (approval_index.py `position`: oldest `created` first) after `query.after`, as get_approval
+        answers them; only the indexes of the query's audiences are read. `next`: the position of
+        the last one when the page is full. What expired meanwhile is skipped, and forgotten by
+        the indexes as it is met."""
+
     async def list_approvals(self, *, agent: str | None = None, tool: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """The approvals still pending (not decided by a vote), oldest `created` first, at most
-        `limit`, only those of `agent` and `tool` when given; as get_approval answers them. What
-        expired meanwhile is skipped, and forgotten by the index as it is met."""
+        """The first page of every pending approval (of `agent` and `tool` when given)."""
+        return (await self.page_approvals(ApprovalQuery(agent=agent, tool=tool, limit=limit))).approvals
 
     @abc.abstractmethod
     async def vote_approval(self, approval_id: str, user: str, approved: bool, quorum: int) -> Tally:

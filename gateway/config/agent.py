@@ -149,6 +149,7 @@ class AgentLimits(Section):
 
     max_messages: int | None = Field(None, ge=1)
     max_pending_approvals_per_chat: int | None = Field(None, ge=1)
+    max_pending_approvals_per_user: int | None = Field(None, ge=1)
 
 
 class AgentAccess(Section):

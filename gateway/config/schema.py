@@ -249,6 +249,11 @@ class GatewayConfig(Section):
         own = self.agents[agent].limits.max_pending_approvals_per_chat if agent in self.agents else None
         return own if own is not None else self.limits.max_pending_approvals_per_chat
 
+    def max_pending_approvals_per_user(self, agent: str) -> int:
+        """The cap on a user's listed approvals that a new call of `agent` is held to."""
+        own = self.agents[agent].limits.max_pending_approvals_per_user if agent in self.agents else None
+        return own if own is not None else self.limits.max_pending_approvals_per_user
+
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

@@ -97,6 +97,10 @@ class LimitsConfig(Section):
     max_chats_per_user: int = Field(200, ge=1)
     # Tool calls of one chat waiting for a person at once; more are refused to the agent.
     max_pending_approvals_per_chat: int = Field(16, ge=1)
+    # Approvals one user's calls may have listed for approvers at once, every chat and agent
+    # together (counted in the shared store); more are refused to the agent, so that no user's
+    # calls crowd out another's in the approvers' inbox.
+    max_pending_approvals_per_user: int = Field(64, ge=1)
     # Requests per second per user (token bucket; 429 with Retry-After), and the burst allowed.
     rate_per_user: float = Field(20.0, gt=0)
     burst_per_user: int = Field(40, ge=1)

@@ -3,12 +3,14 @@
 Identity (auth, or a WebSocket ticket), the page's origin, the agent the route names (404 if none such, 403 if the caller
 may not use it), the drain state and the user's request rate (with a stream slot, for a request that
 streams: `admit_stream`), in that order, each refused with its
-own status and JSON reason and counted in `adk_gateway_limited_total`; and the CORS preflight
-that comes before a cross-origin page's requests.
+own status and JSON reason and counted in `adk_gateway_limited_total`; the body of a request that
+has one (`read_body`: within `chat.body_timeout`, uncompressed, under the body size limit); and the
+CORS preflight that comes before a cross-origin page's requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Final
 
@@ -22,7 +24,7 @@ from .limiter import Slot
 from .state import GATEWAY
 from ..access.tickets import QUERY_PARAMETER
 
-__all__ = ["Caller", "admit", "admit_stream", "count_refusal", "identify", "preflight", "route_agent"]
+__all__ = ["Caller", "admit", "admit_stream", "count_refusal", "identify", "preflight", "read_body", "route_agent"]
 
 # What a request refused while draining is told to wait, in seconds: long enough for a balancer
 # polling `/readyz` (503 `draining` from the first moment) to stop routing here, so the retry lands
@@ -149,6 +151,31 @@ async def _before_limits(request: web.Request, *, new_work: bool, socket: bool) 
         count_refusal(request, "draining")
         raise HttpError(503, "draining", "the gateway is shutting down; retry on another instance", {"Retry-After": _DRAINING_RETRY_AFTER})
     return Caller(user_id, agent, identity)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, read within `chat.body_timeout` (408 `body_timeout`): a caller that
+    sends its body slowly holds a connection no longer than that. 413 over the size limit, 415 for
+    a compressed body, 400 for one that does not decode."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Browsers never compress request bodies; aiohttp's decoders can wait forever on a
+        # truncated deflate stream and answer unsupported ones in plain text.
+        raise HttpError(415, "unsupported_encoding", "compressed request bodies are not accepted")
+    try:
+        async with asyncio.timeout(request.app[GATEWAY].config.chat.body_timeout):
+            return await request.read()
+    except TimeoutError:
+        count_refusal(request, "body_timeout")
+        raise HttpError(408, "body_timeout", "the request body did not arrive in time") from None
+    except web.HTTPRequestEntityTooLarge:
+        count_refusal(request, "body_too_large")
+        raise
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        # A body that does not decode (e.g. Content-Encoding: gzip over bytes that are not gzip).
+        raise HttpError(400, "invalid_body", f"the request body could not be read: {type(exc).__name__}") from None
 
 
 async def preflight(request: web.Request) -> web.Response:

@@ -1,7 +1,9 @@
 """The approvals API: approvers (and the chatting user) list, read and decide pending approvals from
 any replica; auditors read the decided ones.
 
-- `GET /api/approvals?state=pending&agent=&tool=&limit=`: the pending approvals the caller may decide.
+- `GET /api/approvals?state=pending&agent=&tool=&limit=&cursor=`: the pending approvals the caller
+  may decide, read from the directory's indexes of the groups they belong to and of their own calls
+  (cluster/approval_index.py), a page at a time (`next_cursor`).
 - `GET /api/approvals?state=decided&since=&until=&agent=&tool=&after=&limit=`: the audit trail (auditors).
 - `GET /api/approvals/{id}`: one pending approval, to those who may decide it and to its requester.
 - `POST /api/approvals/{id}` `{"approved": bool, "reason"?: str}`: a vote; the quorum reached, the
@@ -9,23 +11,30 @@ any replica; auditors read the decided ones.
 
 Who the caller is and what they may do: access/approvers.py. What is listed: the shared directory of
 pending approvals (cluster/shared.py). A second answer is 409, never a second execution: votes are
-counted atomically, and the chat's machine releases a call once.
+counted atomically, and the chat's machine releases a call once. A query value that is not what it
+says is 400 naming it; a vote's body is read within `chat.body_timeout` (408), and spends the
+caller's token of the chat routes' per-user rate (429), as a chat request does.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from ..access.approvers import ApproverIdentity
+from ..access.approvers import APPROVER_KEY, ApproverIdentity
+from ..cluster.approval_index import (
+    ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, requester_audience,
+)
 from ..cluster.shared import SharedStateDown
 from ..config.approvers import AskSpec
 from ..core.refusals import HttpError
 from ..cluster.audit_trail import InvalidAuditQuery
-from .admit import count_refusal, preflight
+from ..core.limits import Limited
+from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
 __all__ = ["routes"]
@@ -70,10 +79,21 @@ def _public(record: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**{k: v for k, v in record.items() if k not in _PRIVATE}, **changes}
 
 
+# Query values are ASCII: int() and float() also take "²", "١", "1_0", "nan", "inf" and "1e308".
+_WHOLE = re.compile(r"[0-9]{1,6}")
+_SECONDS = re.compile(r"[0-9]{1,11}(?:\.[0-9]{1,6})?")
+# Agent and tool names are short; anything longer names nothing.
+_MAX_NAME = 256
+
+
+def _invalid(key: str, text: str) -> HttpError:
+    return HttpError(400, "invalid_query", f"{key}: {text}")
+
+
 def _limit(request: web.Request, default: int = 100) -> int:
     raw = request.query.get("limit", str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_LIMIT:
-        raise HttpError(400, "invalid_query", f"limit: a whole number from 1 to {_MAX_LIMIT}")
+    if _WHOLE.fullmatch(raw) is None or not 1 <= int(raw) <= _MAX_LIMIT:
+        raise _invalid("limit", f"a whole number from 1 to {_MAX_LIMIT}")
     return int(raw)
 
 
@@ -81,35 +101,69 @@ def _time(request: web.Request, key: str) -> float | None:
     raw = request.query.get(key)
     if raw is None:
         return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise HttpError(400, "invalid_query", f"{key}: UNIX seconds") from None
+    if _SECONDS.fullmatch(raw) is None:
+        raise _invalid(key, "UNIX seconds, digits with an optional fraction (e.g. 1764547200.5)")
+    return float(raw)
+
+
+def _name(request: web.Request, key: str) -> str | None:
+    raw = request.query.get(key)
+    if raw is not None and not 1 <= len(raw) <= _MAX_NAME:
+        raise _invalid(key, f"a name of 1 to {_MAX_NAME} characters")
+    return raw
+
+
+def _store_down() -> HttpError:
+    return HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"})
 
 
 async def list_approvals(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await _caller(request)
-    state, agent, tool = request.query.get("state", "pending"), request.query.get("agent"), request.query.get("tool")
+    state, agent, tool = request.query.get("state", "pending"), _name(request, "agent"), _name(request, "tool")
     limit = _limit(request)
+    if state == "decided":
+        return await _decided(request, who, agent, tool, limit)
+    if state != "pending":
+        raise _invalid("state", "pending or decided")
     try:
-        if state == "decided":
-            if not gateway.approver_auth().may_audit(who):
-                raise HttpError(403, "not_an_auditor", "reading decided approvals takes an auditor (approvers.auditors)")
-            records = await gateway.audit.read(
-                since=_time(request, "since"), until=_time(request, "until"), agent=agent, tool=tool, limit=limit,
-                after=request.query.get("after"),
-            )
-            return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
-        if state != "pending":
-            raise HttpError(400, "invalid_query", "state: pending or decided")
-        pending = await gateway.cluster.state.list_approvals(agent=agent, tool=tool, limit=_MAX_LIMIT)
-    except InvalidAuditQuery as exc:
+        after = decode_cursor(request.query["cursor"]) if "cursor" in request.query else None
+    except InvalidCursor as exc:
         raise HttpError(400, "invalid_query", str(exc)) from None
+    auth = gateway.approver_auth()
+    # Only the indexes of what the caller may decide: their groups', and their own calls that no
+    # group decides (an approver key never chats). The check per approval stays: four-eyes.
+    audiences = [group_audience(group) for group in auth.groups_of(who)]
+    if who.auth != APPROVER_KEY:
+        audiences.append(requester_audience(who.user_id))
+    query = ApprovalQuery(
+        audiences=tuple(audiences), agent=agent, tool=tool, after=after, limit=limit,
+        accept=lambda record: _refusal(gateway, who, record) is None,
+    )
+    try:
+        page = await gateway.cluster.state.page_approvals(query)
     except SharedStateDown:
-        raise HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"}) from None
-    mine = [_public(r) for r in pending if _refusal(gateway, who, r) is None]
-    return web.json_response({"approvals": mine[:limit]})
+        raise _store_down() from None
+    return web.json_response({
+        "approvals": [_public(r) for r in page.approvals],
+        "next_cursor": encode_cursor(page.next) if page.next is not None else None,
+    })
+
+
+async def _decided(request: web.Request, who: ApproverIdentity, agent: str | None, tool: str | None, limit: int) -> web.Response:
+    gateway = request.app[GATEWAY]
+    if not gateway.approver_auth().may_audit(who):
+        raise HttpError(403, "not_an_auditor", "reading decided approvals takes an auditor (approvers.auditors)")
+    since, until = _time(request, "since"), _time(request, "until")
+    try:
+        records = await gateway.audit.read(
+            since=since, until=until, agent=agent, tool=tool, limit=limit, after=request.query.get("after"),
+        )
+    except InvalidAuditQuery as exc:
+        raise HttpError(400, "invalid_query", f"after: {exc}") from None
+    except SharedStateDown:
+        raise _store_down() from None
+    return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 
 
 async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) -> dict[str, Any]:
@@ -118,7 +172,7 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
     try:
         record = await gateway.cluster.state.get_approval(approval_id)
     except SharedStateDown:
-        raise HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"}) from None
+        raise _store_down() from None
     if record is None or (_refusal(gateway, who, record) is not None and who.user_id != record["requester"]):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
     return record
@@ -134,7 +188,13 @@ async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await _caller(request)
     try:
-        vote = _Vote.model_validate_json(await request.read())
+        await gateway.admission.check_rate(who.user_id, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+    raw = await read_body(request)
+    try:
+        vote = _Vote.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from None
@@ -146,7 +206,7 @@ async def decide_approval(request: web.Request) -> web.Response:
     try:
         tally = await gateway.cluster.state.vote_approval(record["id"], who.user_id, vote.approved, int(record["quorum"]))
     except SharedStateDown:
-        raise HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"}) from None
+        raise _store_down() from None
     log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")

@@ -10,7 +10,6 @@ ignores and which keeps proxies with idle timeouts from cutting the stream.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Final
 
@@ -32,7 +31,7 @@ from ..core.protocol import (
 )
 from ..chat.chunk_log import Feed, FollowerLagged, Reader
 from .state import GATEWAY
-from .admit import Caller, admit, admit_stream, count_refusal, preflight
+from .admit import Caller, admit, admit_stream, count_refusal, preflight, read_body
 from .limiter import Slot
 from .aiohttp_raw import chunk_writer, forget_body, headers_with_first_write
 
@@ -61,25 +60,7 @@ async def _submit(request: web.Request, caller: Caller) -> tuple[Attachment, str
     """The request's body read and parsed, and submitted to its chat (here or on its owner)."""
     gateway = request.app[GATEWAY]
     user_id = caller.user_id
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        # Browsers never compress request bodies; aiohttp's decoders can wait forever on a
-        # truncated deflate stream and answer unsupported ones in plain text.
-        raise HttpError(415, "unsupported_encoding", "compressed request bodies are not accepted")
-    try:
-        async with asyncio.timeout(gateway.config.chat.body_timeout):
-            raw = await request.read()
-    except TimeoutError:
-        count_refusal(request, "body_timeout")
-        raise HttpError(408, "body_timeout", "the request body did not arrive in time") from None
-    except web.HTTPRequestEntityTooLarge:
-        count_refusal(request, "body_too_large")
-        raise
-    except ConnectionError:
-        raise
-    except Exception as exc:
-        # A body that does not decode (e.g. Content-Encoding: gzip over bytes that are not gzip).
-        raise HttpError(400, "invalid_body", f"the request body could not be read: {type(exc).__name__}") from None
+    raw = await read_body(request)
     try:
         chat_request = parse_chat_request(
             raw, version_header=request.headers.get(VERSION_HEADER), default_version=gateway.config.chat.default_protocol

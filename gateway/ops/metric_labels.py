@@ -38,6 +38,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "plugin_requests": _each(
         "run", "respond", "not_gated", "rule", "confirm", "no_browser", "too_many_pending", "unauthorized", "invalid",
         "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
+        "too_many_pending_user",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
     + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
@@ -74,7 +75,7 @@ STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 # adk_gateway_tokens_total has the agent first too, but is plain counts behind a collector
 # (GatewayMetrics.count_tokens), with no `.labels()` to check.
 AGENT_LABELLED: frozenset[str] = frozenset({
-    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approval_wait",
+    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approvals_over_user_cap", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
     "approval_decisions", "approval_decision_wait", "first_token",
 })

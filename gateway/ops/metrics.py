@@ -164,6 +164,11 @@ class GatewayMetrics:
         self.approvals_pending = Gauge(
             "adk_gateway_approvals_pending", "Tool calls waiting for a person's decision, by agent.", ["agent"], registry=r
         )
+        self.approvals_over_user_cap = Counter(
+            "adk_gateway_approvals_over_user_cap_total",
+            "Gated calls refused because their user had max_pending_approvals_per_user approvals listed, by agent.",
+            ["agent"], registry=r,
+        )
         self.approval_wait = Histogram(
             "adk_gateway_approval_wait_seconds",
             "From an approval request reaching the browser to the decision, by agent, tool and outcome "
@@ -334,7 +339,10 @@ class GatewayMetrics:
         self._token_models = frozenset(config.metrics.models)
         models = (*config.metrics.models, OTHER_MODEL)
         for name, agent in config.agents.items():
-            for attribute in ("upstream_up", "approvals_pending", "live_sessions", "upstream_first_event", "first_token"):
+            for attribute in (
+                "upstream_up", "approvals_pending", "approvals_over_user_cap", "live_sessions", "upstream_first_event",
+                "first_token",
+            ):
                 getattr(self, attribute).labels(name)
             for model in models:
                 for kind, _ in TOKEN_KINDS:

@@ -86,9 +86,13 @@ class FakeApprovalsApi:
         await asyncio.sleep(self.slow.get(user, 0))
         if request.query.get("state") != "pending":
             return self.error(400, "bad_request", "this stand-in lists pending approvals only")
+        # Pages as the gateway does: `limit`, and a cursor (here the offset) while more remain.
+        limit, start = int(request.query.get("limit", "100")), int(request.query.get("cursor", "0"))
         with self.lock:
             self.lines.append(f"GET {request.path_qs}")
-            return web.json_response({"approvals": sorted(self.pending.values(), key=lambda a: a["created"])})
+            ordered = sorted(self.pending.values(), key=lambda a: (a["created"], a["id"]))
+            more = start + limit < len(ordered)
+            return web.json_response({"approvals": ordered[start:start + limit], "next_cursor": str(start + limit) if more else None})
 
     async def decide(self, request: web.Request) -> web.Response:
         user = self.caller(request)
@@ -252,6 +256,21 @@ def test_the_list_follows_the_gateway_every_two_seconds(inbox: InboxPage, inbox_
     api.add(refund("gw-2"))
     inbox.refresh()
     inbox.expect("the new one at once", lambda: expect(inbox.item("gw-2")).to_be_visible(timeout=1500))
+    inbox.clean_console()
+
+
+def test_the_list_follows_the_gateways_cursor_past_one_page(inbox: InboxPage, inbox_api: tuple[FakeApprovalsApi, str]) -> None:
+    """More approvals than one page (the page asks 100 at a time): every one is shown, in order."""
+    api, _ = inbox_api
+    for n in range(230):
+        api.add({**refund(f"gw-{n:03d}"), "created": refund("x")["created"] + n})
+    inbox.open()
+    inbox.sign_in(SUPERVISOR_KEY)
+    inbox.signed_in()
+    inbox.expect("all 230 listed", lambda: expect(inbox.items()).to_have_count(230, timeout=5000))
+    inbox.sees("gw-229", "issue_refund")
+    assert any("cursor=200" in line for line in api.log_text().splitlines()), api.log_text()[-500:]
+    inbox.expect("no note of more", lambda: expect(inbox.page.locator("#more")).to_be_hidden())
     inbox.clean_console()
 
 

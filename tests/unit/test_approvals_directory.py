@@ -326,11 +326,14 @@ async def test_every_key_has_a_ttl(forger: tuple[RedisState, RedisState, aioredi
     await a.vote_approval("gw-1", "sup-1", True, 1)
     keys = [k async for k in client.scan_iter(f"{prefix}:*") if not k.endswith(b":epoch") and b":replica:" not in k]
     ttls = {k.decode().removeprefix(prefix): await client.pttl(k) for k in keys}
-    assert set(ttls) == {":approval:gw-1", ":approval:gw-2", ":approval:gw-3", ":approvals", ":beats"}
+    indexes = {k for k in ttls if k.startswith(":approvals")}
+    # Every approval, the agent's, the audience's, the audience's of the agent; the requester's count.
+    assert len(indexes) == 5 and len([k for k in indexes if k.startswith(":approvals:user:")]) == 1
+    assert set(ttls) == {":approval:gw-1", ":approval:gw-2", ":approval:gw-3", ":beats", *indexes}
     assert 0 < ttls[":approval:gw-1"] <= 30_000
     assert 0 < ttls[":beats"] <= 3_600_000  # the heartbeat's record of the last beat, kept an hour
-    # The index lives as long as its longest-lived approval.
-    assert 60_000 < ttls[":approvals"] <= 120_000
+    # The indexes and the count live as long as their longest-lived approval.
+    assert all(60_000 < ttls[k] <= 120_000 for k in indexes)
 
 
 async def test_with_redis_down_every_method_says_so_at_once_and_works_again_after(tmp_path: Path) -> None:
@@ -376,8 +379,12 @@ async def test_a_listing_forgets_the_ids_whose_approval_expired(forger: tuple[Re
     await a.put_approval(approval("short", now), ttl=0.2)
     await a.put_approval(approval("long", now + 1), ttl=TTL)
     await asyncio.sleep(0.4)
-    assert await client.zrange(f"{prefix}:approvals", 0, -1) == [b"short", b"long"]  # Redis expired the hash only
+    listed = [p.partition(b"|")[2] for p in await client.zrange(f"{prefix}:approvals", 0, -1)]
+    assert listed == [b"short", b"long"]  # Redis expired the hash only
     assert await ids(b) == ["long"]
-    assert await client.zrange(f"{prefix}:approvals", 0, -1) == [b"long"]
+    assert [p.partition(b"|")[2] for p in await client.zrange(f"{prefix}:approvals", 0, -1)] == [b"long"]
     await b.drop_approval("long")
-    assert await client.exists(f"{prefix}:approvals") == 0
+    # Dropped from every index and from its requester's count: nothing of it is left ("short" is
+    # left in the indexes no listing read yet, and goes with their TTL or the next listing of each).
+    left = [m async for k in client.scan_iter(f"{prefix}:approvals*") for m in await client.zrange(k, 0, -1)]
+    assert left and not any(m.endswith(b"long") for m in left)

@@ -5,6 +5,10 @@ import { el, json } from './dom.js';
 
 const KEY_STORAGE = 'adk-gateway.approver-key';
 const REFRESH_MS = 2000;
+// The list is read a page at a time, following the gateway's cursor, up to MAX_PAGES pages: past
+// that, the oldest are shown and a note says more wait.
+const PAGE_SIZE = 100;
+const MAX_PAGES = 10;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -19,6 +23,7 @@ const ui = {
   status: $('status'),
   empty: $('empty'),
   list: $('approval-list'),
+  more: $('more'),
 };
 
 let key = sessionStorage.getItem(KEY_STORAGE) ?? '';
@@ -108,6 +113,7 @@ function signOut(message) {
   generation += 1;
   clearTimeout(timer);
   loaded = false;
+  ui.more.hidden = true;
   for (const id of [...cards.keys()]) removeCard(id);
   showSignedIn();
   if (message) showError(message, 'action');
@@ -127,13 +133,24 @@ async function refresh() {
   const mine = generation;
   const request = (async () => {
     try {
-      const answer = await api('/api/approvals?state=pending');
-      if (mine !== generation) return;
-      if (answer.status === 401) return signOut(messageOf(answer));
-      if (!answer.ok) return showError(messageOf(answer), 'list');
+      const approvals = [];
+      let cursor = null;
+      for (let page = 0; page < MAX_PAGES; page += 1) {
+        const query = new URLSearchParams({ state: 'pending', limit: String(PAGE_SIZE) });
+        if (cursor) query.set('cursor', cursor);
+        const answer = await api(`/api/approvals?${query}`);
+        if (mine !== generation) return;
+        if (answer.status === 401) return signOut(messageOf(answer));
+        if (!answer.ok) return showError(messageOf(answer), 'list');
+        approvals.push(...(answer.body?.approvals ?? []));
+        cursor = answer.body?.next_cursor ?? null;
+        if (!cursor) break;
+      }
       clearError('list');
       loaded = true;
-      render(answer.body?.approvals ?? []);
+      render(approvals);
+      ui.more.hidden = !cursor;
+      ui.more.textContent = cursor ? `Showing the oldest ${approvals.length}; more wait. Decide some to see the next.` : '';
     } catch (exc) {
       if (mine === generation) showError(`The gateway did not answer: ${exc.message}`, 'list');
     } finally {
