@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import MappingProxyType
 
 import structlog
 from aiohttp import web
@@ -119,11 +120,25 @@ def _server_span(request: web.Request, gateway: Gateway) -> object:
     )
 
 
+# The demo's pages load only their own files (web/src has no inline script, style or handler) and
+# talk only to this origin; nothing may frame them: the inbox decides approvals with an approver's
+# key, so a framing page could trick a click, and an injected script would act with the key.
+_PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+_PAGE_HEADERS = MappingProxyType({
+    "Cache-Control": "no-cache", "Content-Security-Policy": _PAGE_POLICY,
+    # frame-ancestors' older spelling, for browsers without CSP 2.
+    "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+})
+
+
 def _demo_file(name: str) -> web.FileResponse:
     page = STATIC_DIR / "demo" / name
     if not page.is_file():
         raise HttpError(404, "demo_not_built", "the demo page is not built: run `make run` (it builds it)")
-    return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(page, headers=_PAGE_HEADERS)
 
 
 async def demo_page(request: web.Request) -> web.StreamResponse:
