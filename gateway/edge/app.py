@@ -289,7 +289,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     metrics_.webhooks.know(config.notifications)
     shared = shared_state(config)
     try:
-        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id)
+        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id, users=config.logging)
     except TracingUnavailable as exc:
         raise ConfigError([str(exc)]) from None
     if tracing.enabled:

@@ -15,6 +15,10 @@ to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG; 
 ten that starts here, and every one a sampled `traceparent` continues). The spans follow
 the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
 GenAI (development) attribute names where they apply (docs/operations.md#tracing).
+
+User ids reach a span only as `logging.user_id` lets them reach a log line (`user_shown`): as
+they are, as the logs' keyed hash, or `REDACTED`; a trace backend is one more place a log's
+reader can look.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ..config.sections import LoggingConfig
 from ..config.telemetry import TelemetryConfig
+from .logs import user_id_digest
 from .trace_export import TracingUnavailable, exporting_provider, flush_and_stop, follows_parent
 
 __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
@@ -32,6 +38,9 @@ __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 SEMCONV_VERSION: Final = "1.37.0"
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
+# What a span says for a user id that `logging.user_id: omit` keeps out of the logs (the
+# semantic conventions' word for a redacted part of `url.full`).
+REDACTED: Final = "REDACTED"
 
 
 class ClientCall:
@@ -80,8 +89,15 @@ class Tracing:
     """The gateway's tracer. `Tracing.off()` is the shared no-op; `Tracing.from_config` the one the
     configuration asks for (raising TracingUnavailable when it is on and the extra is missing)."""
 
-    def __init__(self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0) -> None:
+    def __init__(
+        self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0,
+        users: LoggingConfig | None = None,
+    ) -> None:
         self._provider = provider
+        # How user ids are written (the `logging:` section's `user_id` and its key): the same in spans.
+        users = users or LoggingConfig()
+        self._user_mode = users.user_id
+        self._user_key = users.user_id_key.get_secret_value() if users.user_id_key is not None else ""
         # Tested by every caller before any span work: False makes each helper a no-op.
         self.enabled = provider is not None
         self.service = service
@@ -111,12 +127,25 @@ class Tracing:
         return _OFF
 
     @classmethod
-    def from_config(cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None) -> Tracing:
+    def from_config(
+        cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None,
+        users: LoggingConfig | None = None,
+    ) -> Tracing:
         env = os.environ if env is None else env
         if not config.enabled_in(env):
             return cls.off()
         provider, service = exporting_provider(config, replica, env)
-        return cls(provider, service, replica, config.shutdown_timeout)
+        return cls(provider, service, replica, config.shutdown_timeout, users)
+
+    def user_shown(self, user_id: str) -> str:
+        """`user_id` as a span may carry it: as `logging.user_id` writes it in the logs (`plain`:
+        itself; `hash`: its `user_id_hash`, so a trace still leads to the user's log lines; `omit`:
+        REDACTED)."""
+        if self._user_mode == "plain":
+            return user_id
+        if self._user_mode == "hash":
+            return user_id_digest(self._user_key, user_id)
+        return REDACTED
 
     async def stop(self) -> None:
         """Export what is queued and stop, waiting `shutdown_timeout` at most."""
@@ -318,7 +347,8 @@ class Tracing:
         )
 
     def approval_decided(self, approval_id: str, outcome: str, source: str, approvers: tuple[str, ...] = ()) -> None:
-        """End the span of an approval's wait with what was decided and by whom (their user ids only)."""
+        """End the span of an approval's wait with what was decided and by whom (their user ids only,
+        as `user_shown` says; none with `logging.user_id: omit`)."""
         if not self.enabled:
             return
         span = self._waits.pop(approval_id, None)
@@ -326,8 +356,8 @@ class Tracing:
             return
         span.set_attribute("adk_gateway.outcome", outcome)
         span.set_attribute("adk_gateway.source", source)
-        if approvers:
-            span.set_attribute("adk_gateway.approvers", list(approvers))
+        if approvers and self._user_mode != "omit":
+            span.set_attribute("adk_gateway.approvers", [self.user_shown(user) for user in approvers])
         span.end()
 
     def approval_exemplar(self, approval_id: str) -> dict[str, str] | None:
