@@ -13,7 +13,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import MappingProxyType
 
@@ -36,6 +36,7 @@ from ..core.limits import Admission, Limited
 from .limiter import Limiter
 from ..cluster.audit_trail import AuditTrail
 from ..ops.coarse_timers import CoarseTimers
+from ..ops.logs import user_id_as_logged
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing, TracingUnavailable
 from ..upstream.client import AdkClient
@@ -283,13 +284,18 @@ def shared_state(config: GatewayConfig) -> SharedState:
     )
 
 
+def _users_as_logged(config: GatewayConfig) -> Callable[[str], str | None]:
+    key = config.logging.user_id_key
+    return user_id_as_logged(config.logging.user_id, key.get_secret_value() if key is not None else None)
+
+
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
     metrics_.webhooks.know(config.notifications)
     shared = shared_state(config)
     try:
-        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id, users=config.logging)
+        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id, users=_users_as_logged(config))
     except TracingUnavailable as exc:
         raise ConfigError([str(exc)]) from None
     if tracing.enabled:

@@ -15,22 +15,17 @@ to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG; 
 ten that starts here, and every one a sampled `traceparent` continues). The spans follow
 the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
 GenAI (development) attribute names where they apply (docs/operations.md#tracing).
-
-User ids reach a span only as `logging.user_id` lets them reach a log line (`user_shown`): as
-they are, as the logs' keyed hash, or `REDACTED`; a trace backend is one more place a log's
-reader can look.
+User ids reach a span only as `logging.user_id` writes them in the logs (`user_shown`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from ..config.sections import LoggingConfig
 from ..config.telemetry import TelemetryConfig
-from .logs import user_id_digest
 from .trace_export import TracingUnavailable, exporting_provider, flush_and_stop, follows_parent
 
 __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
@@ -38,8 +33,7 @@ __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 SEMCONV_VERSION: Final = "1.37.0"
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
-# What a span says for a user id that `logging.user_id: omit` keeps out of the logs (the
-# semantic conventions' word for a redacted part of `url.full`).
+# A user id the logs omit, in `url.full` (the semantic conventions' word for a redacted part).
 REDACTED: Final = "REDACTED"
 
 
@@ -91,13 +85,11 @@ class Tracing:
 
     def __init__(
         self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0,
-        users: LoggingConfig | None = None,
+        users: Callable[[str], str | None] = str,
     ) -> None:
         self._provider = provider
-        # How user ids are written (the `logging:` section's `user_id` and its key): the same in spans.
-        users = users or LoggingConfig()
-        self._user_mode = users.user_id
-        self._user_key = users.user_id_key.get_secret_value() if users.user_id_key is not None else ""
+        # A user id as the logs write it (ops/logs.py user_id_as_logged; None: not at all).
+        self._users = users
         # Tested by every caller before any span work: False makes each helper a no-op.
         self.enabled = provider is not None
         self.service = service
@@ -129,7 +121,7 @@ class Tracing:
     @classmethod
     def from_config(
         cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None,
-        users: LoggingConfig | None = None,
+        users: Callable[[str], str | None] = str,
     ) -> Tracing:
         env = os.environ if env is None else env
         if not config.enabled_in(env):
@@ -138,14 +130,8 @@ class Tracing:
         return cls(provider, service, replica, config.shutdown_timeout, users)
 
     def user_shown(self, user_id: str) -> str:
-        """`user_id` as a span may carry it: as `logging.user_id` writes it in the logs (`plain`:
-        itself; `hash`: its `user_id_hash`, so a trace still leads to the user's log lines; `omit`:
-        REDACTED)."""
-        if self._user_mode == "plain":
-            return user_id
-        if self._user_mode == "hash":
-            return user_id_digest(self._user_key, user_id)
-        return REDACTED
+        """`user_id` as the logs write it (a hash leads from a trace to the user's lines), or REDACTED."""
+        return self._users(user_id) or REDACTED
 
     async def stop(self) -> None:
         """Export what is queued and stop, waiting `shutdown_timeout` at most."""
@@ -347,8 +333,7 @@ class Tracing:
         )
 
     def approval_decided(self, approval_id: str, outcome: str, source: str, approvers: tuple[str, ...] = ()) -> None:
-        """End the span of an approval's wait with what was decided and by whom (their user ids only,
-        as `user_shown` says; none with `logging.user_id: omit`)."""
+        """End the span of an approval's wait with what was decided and by whom (their user ids as the logs write them)."""
         if not self.enabled:
             return
         span = self._waits.pop(approval_id, None)
@@ -356,8 +341,9 @@ class Tracing:
             return
         span.set_attribute("adk_gateway.outcome", outcome)
         span.set_attribute("adk_gateway.source", source)
-        if approvers and self._user_mode != "omit":
-            span.set_attribute("adk_gateway.approvers", [self.user_shown(user) for user in approvers])
+        shown = [user for user in map(self._users, approvers) if user is not None]
+        if shown:
+            span.set_attribute("adk_gateway.approvers", shown)
         span.end()
 
     def approval_exemplar(self, approval_id: str) -> dict[str, str] | None:

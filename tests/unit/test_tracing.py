@@ -16,9 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gateway.config.schema import ConfigError, UpstreamConfig, parse_config
-from gateway.config.sections import LoggingConfig
 from gateway.config.telemetry import TelemetryConfig
-from gateway.ops.logs import user_id_digest
+from gateway.ops.logs import user_id_as_logged, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import Tracing, TracingUnavailable
 from gateway.upstream.client import AdkClient
@@ -463,8 +462,7 @@ async def test_no_span_carries_a_user_id_that_logging_hashes_or_omits(mode: str,
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    logging = LoggingConfig(user_id=mode, user_id_key=USER_KEY if mode == "hash" else None)
-    tracing = Tracing(provider, "adk-gateway", "replica-1", users=logging)
+    tracing = Tracing(provider, "adk-gateway", "replica-1", users=user_id_as_logged(mode, USER_KEY))
     spans = await session_spans(tracing, exporter, "alice@example.com")
     tracing.approval_waiting("gw-1", "demo", "pay", "c1")
     tracing.approval_decided("gw-1", "approved", "approver", ("bob@example.com",))
@@ -486,3 +484,13 @@ async def test_plain_user_ids_stay_in_the_spans_as_in_the_logs() -> None:
     spans = await session_spans(tracing, exporter, "alice@example.com")
     created = spans["POST /apps/{app_name}/users/{user_id}/sessions"].attributes["url.full"]
     assert created.endswith("/apps/demo/users/alice%40example.com/sessions")
+
+
+@pytest.mark.parametrize(("logging", "shown"), [
+    ("", "alice"), (f"logging: {{user_id: hash, user_id_key: {USER_KEY}}}\n", user_id_digest(USER_KEY, "alice")),
+    ("logging: {user_id: omit}\n", None),
+])
+def test_the_app_gives_its_tracer_the_logging_section_s_user_ids(logging: str, shown: str | None) -> None:
+    from gateway.edge.app import _users_as_logged
+
+    assert _users_as_logged(parse_config("upstream: {url: 'http://adk:8000'}\n" + logging, env={}))("alice") == shown
