@@ -20,7 +20,7 @@ import orjson
 import structlog
 
 from ..config.schema import GatewayConfig
-from ..core.approval_notice import ApprovalNotice, Approver, NoticeKind
+from ..core.approval_notice import ApprovalNotice, Approver, NoticeKind, args_digest, args_digest_key
 from ..core.approvals import GatedCall
 from ..core.ledger import NativeConfirmation
 from ..ops.metrics import GatewayMetrics
@@ -56,6 +56,8 @@ class Notices:
         self._sinks: list[Sink] = []
         # The policy's digest, computed once per loaded configuration (not per notice).
         self._versioned: tuple[GatewayConfig, str] | None = None
+        # The arguments' digest key, derived once per loaded configuration (None: no key set).
+        self._keyed: tuple[GatewayConfig, bytes | None] | None = None
 
     def add_sink(self, sink: Sink) -> None:
         self._sinks.append(sink)
@@ -83,6 +85,7 @@ class Notices:
         return ApprovalNotice(
             kind, call.id, agent, self._app(agent), call.tool, call.tool_call_id, call.chat_id, call.user_id,
             call.args, self._wall(), rule=call.rule, reason=call.reason, policy_version=self._version(),
+            args_digest=self._digest(call.args),
             approvers=_deciders(call, decided.get("source")),
             asks=() if kind != "waiting" else (call.approvers or "the chatting user",), **decided,
         )
@@ -111,6 +114,7 @@ class Notices:
         return ApprovalNotice(
             kind, confirmation.approval_id, agent, self._app(agent), confirmation.tool, confirmation.tool_call_id,
             chat_id, user, dict(confirmation.args or {}), self._wall(), policy_version=self._version(),
+            args_digest=self._digest(confirmation.args or {}),
             approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
             asks=() if kind != "waiting" else ("the chatting user",), **decided,
         )
@@ -139,3 +143,11 @@ class Notices:
             digest = hashlib.sha256(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
             self._versioned = (config, digest)
         return self._versioned[1]
+
+    def _digest(self, args: dict[str, Any]) -> str | None:
+        config = self._config()
+        if self._keyed is None or self._keyed[0] is not config:
+            secret = config.args_digest_secret()
+            self._keyed = (config, args_digest_key(secret) if secret is not None else None)
+        key = self._keyed[1]
+        return args_digest(key, args) if key is not None else None

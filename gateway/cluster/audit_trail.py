@@ -117,7 +117,7 @@ class AuditTrail:
         except Exception as exc:  # noqa: BLE001 - a log that fails must not keep the record from the store
             with contextlib.suppress(Exception):
                 log.error("approval_audit_failed", approval_id=notice.approval_id, error=type(exc).__name__)
-        entry = AuditEntry(notice.approval_id, notice.agent, notice.tool, notice.at, record)
+        entry = AuditEntry(notice.approval_id, notice.at, record)
         if self._stopped:
             self._count("failed")
             log.warning("audit_record_not_stored", approval_id=notice.approval_id, reason="stopped")

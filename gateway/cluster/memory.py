@@ -69,8 +69,6 @@ class _AuditKept:
     # Where the store placed it: (milliseconds, sequence), its cursor "<ms>-<seq>".
     position: tuple[int, int]
     approval_id: str
-    agent: str
-    tool: str
     # As JSON, as Redis keeps it (see _ChatState).
     record: bytes
 
@@ -270,7 +268,7 @@ class MemoryState(SharedState):
         ms = max(int(entry.at * 1000), hub.audit_last[0])
         seq = hub.audit_last[1] + 1 if ms == hub.audit_last[0] else 0
         hub.audit_last = (ms, seq)
-        hub.audit.append(_AuditKept((ms, seq), entry.approval_id, entry.agent, entry.tool, orjson.dumps(entry.record)))
+        hub.audit.append(_AuditKept((ms, seq), entry.approval_id, orjson.dumps(entry.record)))
         hub.audit_ids.add(entry.approval_id)
         self._audit_trim(keep, max_age)
         return True
@@ -288,11 +286,14 @@ class MemoryState(SharedState):
         found: list[dict[str, Any]] = []
         for kept in self.hub.audit:
             ms = kept.position[0]
-            if ms < start or kept.position <= after or not query.matches(kept.agent, kept.tool):
+            if ms < start or kept.position <= after:
                 continue
             if (end is not None and ms > end) or len(found) >= query.limit:
                 break
             record: dict[str, Any] = orjson.loads(kept.record)
+            # Selected on the record, as in Redis (where only the record is sealed).
+            if not query.matches(record.get("agent"), record.get("tool")):
+                continue
             record["cursor"] = f"{ms}-{kept.position[1]}"
             found.append(record)
         return found

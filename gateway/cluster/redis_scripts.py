@@ -89,12 +89,12 @@ redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ms, 'NX')
 return redis.call('GET', KEYS[1])
 """
 
-# An audit record, once per approval id, then the store trimmed to its bounds; one step, so two
-# replicas recording the same approval cannot both append it. KEYS: the stream, the approval ids
-# (a sorted set, scored by place, trimmed with the stream). ARGV: approval id, the decision's time
-# (ms), keep, max_age (ms), agent, tool, the sealed record. Returns the entry's id, or nil for a
-# duplicate. Placed at the decision's time unless a later entry is there (a stream's ids only
-# grow), and at Redis's clock if even that is refused (the stream's newest entry was trimmed away).
+# An audit record, once per approval id, at the place the caller sealed it for, then the store
+# trimmed to its bounds; one step, so two replicas recording the same approval cannot both append
+# it. KEYS: the stream, the approval ids (a sorted set, scored by place, trimmed with the stream).
+# ARGV: approval id, the entry id (`<ms>-<seq>`), keep, max_age (ms), the sealed record. Returns the
+# entry's id; nil for a duplicate; or, when the place is not after the stream's newest (a stream's
+# ids only grow), {the newest id ever given}: the caller seals for a place after it and asks again.
 AUDIT_APPEND = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -109,16 +109,13 @@ if redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   trim()
   return false
 end
-local ms = tonumber(ARGV[2])
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if last[1] then
-  local last_ms = tonumber(string.match(last[1][1], '^(%d+)-'))
-  if last_ms > ms then ms = last_ms end
-end
-local id = redis.pcall('XADD', KEYS[1], 'MAXLEN', keep, string.format('%.0f', ms) .. '-*',
-                       'a', ARGV[5], 't', ARGV[6], 's', ARGV[7])
+local id = redis.pcall('XADD', KEYS[1], 'MAXLEN', keep, ARGV[2], 's', ARGV[5])
 if type(id) == 'table' and id.err then
-  id = redis.call('XADD', KEYS[1], 'MAXLEN', keep, '*', 'a', ARGV[5], 't', ARGV[6], 's', ARGV[7])
+  local info = redis.call('XINFO', 'STREAM', KEYS[1])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return {info[i + 1]} end
+  end
+  return redis.error_reply('the audit stream has no last-generated-id')
 end
 redis.call('ZADD', KEYS[2], tonumber(string.match(id, '^(%d+)-')), ARGV[1])
 trim()

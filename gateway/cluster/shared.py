@@ -124,11 +124,9 @@ def audit_position(cursor: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class AuditEntry:
-    """One record as appended: the JSON record, and what the store selects on without opening it."""
+    """One record as appended: the JSON record, its approval id (once per id) and its time."""
 
     approval_id: str
-    agent: str
-    tool: str
     # The decision's wall-clock time (UNIX seconds): where the store places the record, unless a
     # record placed later is there already (then at that one's time: the store's order is append order).
     at: float
@@ -149,7 +147,9 @@ class AuditQuery:
     limit: int = 100
     after: str | None = None
 
-    def matches(self, agent: str, tool: str) -> bool:
+    def matches(self, agent: Any, tool: Any) -> bool:
+        """Whether a record of `agent` and `tool`, as the record itself says them (inside its seal
+        in Redis: nothing written beside it decides what a read shows), is selected."""
         return (self.agent is None or agent == self.agent) and (self.tool is None or tool == self.tool)
 
 

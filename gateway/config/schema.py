@@ -151,6 +151,15 @@ class GatewayConfig(Section):
         internal = [s.get_secret_value() for s in (self.internal.secret, self.internal.previous_secret) if s is not None]
         return [s for s in internal if s] if internal and internal[0] else []
 
+    def args_digest_secret(self) -> str | None:
+        """What the arguments' digest in audit records and webhooks is keyed with
+        (core/approval_notice.py): `audit.args_digest_key`, else `internal.secret` (which every
+        replica shares, so their digests agree); None when neither is set."""
+        for secret in (self.audit.args_digest_key, self.internal.secret):
+            if secret is not None and secret.get_secret_value():
+                return secret.get_secret_value()
+        return None
+
     @model_validator(mode="after")
     def _agents_consistent(self) -> GatewayConfig:
         problems = []

@@ -17,12 +17,14 @@ Who decided (`source`):
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
 
-__all__ = ["NOTICE_KINDS", "SOURCES", "Approver", "ApprovalNotice", "args_digest"]
+__all__ = ["NOTICE_KINDS", "SOURCES", "Approver", "ApprovalNotice", "args_digest", "args_digest_key"]
 
 NoticeKind = Literal["waiting", "decided", "expired"]
 Source = Literal["person", "approver", "rule", "timeout", "cancel", "give_up"]
@@ -30,10 +32,27 @@ NOTICE_KINDS: tuple[NoticeKind, ...] = ("waiting", "decided", "expired")
 SOURCES: tuple[Source, ...] = ("person", "approver", "rule", "timeout", "cancel", "give_up")
 
 
-def args_digest(args: Any) -> str:
-    """A stable digest of a call's arguments (sha256 of their canonical JSON): what an audit shows
-    where the arguments themselves may not be kept."""
-    return "sha256:" + hashlib.sha256(orjson.dumps(args, option=orjson.OPT_SORT_KEYS)).hexdigest()
+# The secret a digest is keyed with is derived into a key for this one use, so a secret also used
+# elsewhere (internal.secret) yields unrelated values here.
+_DIGEST_DERIVATION = b"adk-gateway/args-digest/v1"
+
+
+def args_digest_key(secret: str) -> bytes:
+    """The HMAC key of `args_digest` from the configured secret (docs/approvals.md#audit-trail)."""
+    return hmac.digest(secret.encode(), _DIGEST_DERIVATION, "sha256")
+
+
+def args_digest(key: bytes, args: Any) -> str:
+    """A stable digest of a call's arguments, keyed: HMAC-SHA256 of their canonical JSON (sorted
+    keys). What an audit or a webhook shows where the arguments themselves may not be kept;
+    keyed, because arguments are often few enough to guess (an amount, an account number) and a
+    bare hash of them is found by hashing the guesses."""
+    try:
+        canonical = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        # orjson stops at 64-bit integers; the standard encoder writes any, in the same form.
+        canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return "hmac-sha256:" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +92,14 @@ class ApprovalNotice:
     trace_id: str | None = None
     # Who may answer, for `waiting` (e.g. ["the chatting user"] or approver groups), shown to notified people.
     asks: tuple[str, ...] = field(default=())
-
-    @property
-    def digest(self) -> str:
-        return args_digest(self.args)
+    # `args_digest` of the arguments under the configured key; None when no key is configured.
+    args_digest: str | None = None
 
     def as_json(self, *, with_args: bool = True) -> dict[str, Any]:
         """Plain JSON data; the arguments themselves only `with_args` (their digest always)."""
         data = asdict(self)
         data["approvers"] = [asdict(a) for a in self.approvers]
         data["asks"] = list(self.asks)
-        data["args_digest"] = self.digest
         if not with_args:
             del data["args"]
         return data

@@ -13,8 +13,9 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import MappingProxyType
 
 import structlog
 from aiohttp import web
@@ -35,6 +36,7 @@ from ..core.limits import Admission, Limited
 from .limiter import Limiter
 from ..cluster.audit_trail import AuditTrail
 from ..ops.coarse_timers import CoarseTimers
+from ..ops.logs import user_id_as_logged
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing, TracingUnavailable
 from ..upstream.client import AdkClient
@@ -119,11 +121,25 @@ def _server_span(request: web.Request, gateway: Gateway) -> object:
     )
 
 
+# The demo's pages load only their own files (web/src has no inline script, style or handler) and
+# talk only to this origin; nothing may frame them: the inbox decides approvals with an approver's
+# key, so a framing page could trick a click, and an injected script would act with the key.
+_PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+_PAGE_HEADERS = MappingProxyType({
+    "Cache-Control": "no-cache", "Content-Security-Policy": _PAGE_POLICY,
+    # frame-ancestors' older spelling, for browsers without CSP 2.
+    "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+})
+
+
 def _demo_file(name: str) -> web.FileResponse:
     page = STATIC_DIR / "demo" / name
     if not page.is_file():
         raise HttpError(404, "demo_not_built", "the demo page is not built: run `make run` (it builds it)")
-    return web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(page, headers=_PAGE_HEADERS)
 
 
 async def demo_page(request: web.Request) -> web.StreamResponse:
@@ -268,13 +284,18 @@ def shared_state(config: GatewayConfig) -> SharedState:
     )
 
 
+def _users_as_logged(config: GatewayConfig) -> Callable[[str], str | None]:
+    key = config.logging.user_id_key
+    return user_id_as_logged(config.logging.user_id, key.get_secret_value() if key is not None else None)
+
+
 def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
     metrics_.webhooks.know(config.notifications)
     shared = shared_state(config)
     try:
-        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id)
+        tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id, users=_users_as_logged(config))
     except TracingUnavailable as exc:
         raise ConfigError([str(exc)]) from None
     if tracing.enabled:

@@ -29,10 +29,12 @@ have to move to the new one before it is dropped).
 from __future__ import annotations
 
 import hmac
+import math
+from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from ..config.agent import ToolPolicy
 from .app import metrics as metrics_page
@@ -59,6 +61,30 @@ class ToolCallRequest(BaseModel):
     invocation_id: str | None = None
     # Confirm mode: decide by the tool's rules only; a person's decision is ADK's confirmation.
     confirm: bool = False
+
+    @field_validator("args")
+    @classmethod
+    def _finite(cls, args: dict[str, Any]) -> dict[str, Any]:
+        # The parser takes `NaN`, `Infinity` and numbers past a double's range (1e400) as floats
+        # that are not finite: not JSON, and every comparison a rule makes with NaN is false.
+        where = _not_finite(args)
+        if where is not None:
+            raise ValueError(f"{where} is not a finite number (NaN and Infinity are not JSON)")
+        return args
+
+
+def _not_finite(args: dict[str, Any]) -> str | None:
+    """Where in `args` (`args.a[2].b`) a float that is not finite is, or None."""
+    stack: list[tuple[str, Any]] = [("args", args)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 _METRICS_ROUTE = "metrics"

@@ -32,8 +32,8 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, SecretStr
 
 __all__ = [
-    "LogScrubber", "configure_logging", "redact_secrets", "safe_error_summary", "secret_values", "user_id_digest",
-    "user_id_rewriter",
+    "LogScrubber", "configure_logging", "redact_secrets", "safe_error_summary", "secret_values", "user_id_as_logged",
+    "user_id_digest", "user_id_rewriter",
 ]
 
 Processor = Callable[[Any, str, dict[str, Any]], dict[str, Any]]
@@ -54,6 +54,15 @@ def user_id_digest(key: str, user_id: str) -> str:
     """What `logging.user_id: hash` writes for `user_id`: HMAC-SHA256 under `key`, 64 bits in hex
     (enough to tell a deployment's users apart, short enough for every line)."""
     return hmac.new(key.encode(), user_id.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def user_id_as_logged(mode: str, key: str | None) -> Callable[[str], str | None]:
+    """How `logging.user_id` writes a user id (for what is not a log line: spans): itself, its
+    `user_id_hash`, or None (`omit`)."""
+    if mode == "hash":
+        hash_key = key or ""
+        return lambda user_id: user_id_digest(hash_key, user_id)
+    return str if mode == "plain" else lambda _user_id: None
 
 
 def user_id_rewriter(mode: str, key: str | None) -> Processor | None:

@@ -15,13 +15,14 @@ to export (OTEL_EXPORTER_OTLP_*) and what to sample (OTEL_TRACES_SAMPLER, _ARG; 
 ten that starts here, and every one a sampled `traceparent` continues). The spans follow
 the OpenTelemetry semantic conventions 1.37.0: HTTP (stable) for the request and upstream spans,
 GenAI (development) attribute names where they apply (docs/operations.md#tracing).
+User ids reach a span only as `logging.user_id` writes them in the logs (`user_shown`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..config.telemetry import TelemetryConfig
@@ -32,6 +33,8 @@ __all__ = ["ClientCall", "Tracing", "TracingUnavailable"]
 SEMCONV_VERSION: Final = "1.37.0"
 # Approvals waiting at once whose spans are kept open; beyond it a new one gets no span (a leak's bound).
 _MAX_OPEN_WAITS: Final = 10_000
+# A user id the logs omit, in `url.full` (the semantic conventions' word for a redacted part).
+REDACTED: Final = "REDACTED"
 
 
 class ClientCall:
@@ -80,8 +83,13 @@ class Tracing:
     """The gateway's tracer. `Tracing.off()` is the shared no-op; `Tracing.from_config` the one the
     configuration asks for (raising TracingUnavailable when it is on and the extra is missing)."""
 
-    def __init__(self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0) -> None:
+    def __init__(
+        self, provider: Any = None, service: str = "", replica: str = "", shutdown_timeout: float = 2.0,
+        users: Callable[[str], str | None] = str,
+    ) -> None:
         self._provider = provider
+        # A user id as the logs write it (ops/logs.py user_id_as_logged; None: not at all).
+        self._users = users
         # Tested by every caller before any span work: False makes each helper a no-op.
         self.enabled = provider is not None
         self.service = service
@@ -111,12 +119,19 @@ class Tracing:
         return _OFF
 
     @classmethod
-    def from_config(cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None) -> Tracing:
+    def from_config(
+        cls, config: TelemetryConfig, replica: str = "", env: Mapping[str, str] | None = None,
+        users: Callable[[str], str | None] = str,
+    ) -> Tracing:
         env = os.environ if env is None else env
         if not config.enabled_in(env):
             return cls.off()
         provider, service = exporting_provider(config, replica, env)
-        return cls(provider, service, replica, config.shutdown_timeout)
+        return cls(provider, service, replica, config.shutdown_timeout, users)
+
+    def user_shown(self, user_id: str) -> str:
+        """`user_id` as the logs write it (a hash leads from a trace to the user's lines), or REDACTED."""
+        return self._users(user_id) or REDACTED
 
     async def stop(self) -> None:
         """Export what is queued and stop, waiting `shutdown_timeout` at most."""
@@ -318,7 +333,7 @@ class Tracing:
         )
 
     def approval_decided(self, approval_id: str, outcome: str, source: str, approvers: tuple[str, ...] = ()) -> None:
-        """End the span of an approval's wait with what was decided and by whom (their user ids only)."""
+        """End the span of an approval's wait with what was decided and by whom (their user ids as the logs write them)."""
         if not self.enabled:
             return
         span = self._waits.pop(approval_id, None)
@@ -326,8 +341,9 @@ class Tracing:
             return
         span.set_attribute("adk_gateway.outcome", outcome)
         span.set_attribute("adk_gateway.source", source)
-        if approvers:
-            span.set_attribute("adk_gateway.approvers", list(approvers))
+        shown = [user for user in map(self._users, approvers) if user is not None]
+        if shown:
+            span.set_attribute("adk_gateway.approvers", shown)
         span.end()
 
     def approval_exemplar(self, approval_id: str) -> dict[str, str] | None:

@@ -106,6 +106,12 @@ class AdkClient:
         url = f"{self._base}/apps/{self._app}/users/{quote(user_id, safe='')}/sessions"
         return f"{url}/{quote(session_id, safe='')}" if session_id else url
 
+    def _traced_url(self, user_id: str, session_id: str | None = None) -> str:
+        """A session URL as its span's `url.full` says it: the user id as the logs write it."""
+        if not self._tracing.enabled:
+            return ""
+        return self._session_url(self._tracing.user_shown(user_id), session_id)
+
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         """Make sure the ADK session exists: create it, and take 409 (it exists) as done.
 
@@ -114,7 +120,7 @@ class AdkClient:
         whole history just to learn that it exists (a chat that moved replicas, or a restart).
         """
         url = self._session_url(user_id)
-        with self._tracing.client("POST", _SESSIONS, url, _JSON_HEADERS, app=self._app) as call:
+        with self._tracing.client("POST", _SESSIONS, self._traced_url(user_id), _JSON_HEADERS, app=self._app) as call:
             await self._create_session(url, session_id, call.headers or _JSON_HEADERS, call.answered)
 
     async def _create_session(self, url: str, session_id: str, headers: Mapping[str, str], answered: Any) -> None:
@@ -132,7 +138,7 @@ class AdkClient:
     async def session(self, user_id: str, session_id: str) -> Any:
         """The session as ADK's GET answers it (its whole history), or None if it does not exist."""
         url = self._session_url(user_id, session_id)
-        with self._tracing.client("GET", _SESSIONS + "/{session_id}", url, app=self._app) as call:
+        with self._tracing.client("GET", _SESSIONS + "/{session_id}", self._traced_url(user_id, session_id), app=self._app) as call:
             return await self._read_session(url, call.headers, call.answered)
 
     async def _read_session(self, url: str, headers: Mapping[str, str] | None, answered: Any) -> Any:

@@ -50,7 +50,7 @@ def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(stack: Plugi
     assert audits.keys() == {"small", "too_large"}
     assert audits["small"]["outcome"] == "approved" and audits["too_large"]["outcome"] == "denied"
     assert audits["too_large"]["reason"] == "Payments of 10,000 or more are refused."
-    assert audits["small"]["args_digest"].startswith("sha256:") and "args" not in audits["small"]
+    assert audits["small"]["args_digest"].startswith("hmac-sha256:") and "args" not in audits["small"]
     assert audits["small"]["agent"] == "demo_agent" and audits["small"]["app_name"] == "demo_agent"
     assert audits["small"]["policy_version"]
 
@@ -116,4 +116,4 @@ def test_a_webhook_is_told_signed_when_a_payment_waits_and_when_it_is_decided(tm
     assert waiting["approval_id"] == decided["approval_id"] and decided["chat_id"] == result["chatId"]
     assert (decided["source"], decided["outcome"], decided["tool"]) == ("person", "approved", "process_payment")
     assert decided["links"]["approval"] == f"http://gateway.example/api/approvals/{decided['approval_id']}"
-    assert "args" not in decided and decided["args_digest"].startswith("sha256:")
+    assert "args" not in decided and decided["args_digest"].startswith("hmac-sha256:")

@@ -31,7 +31,7 @@ def entry(approval_id: str, at: float, *, agent: str = "demo_agent", tool: str =
         "kind": "decided", "approval_id": approval_id, "agent": agent, "tool": tool, "at": at,
         "source": "person", "outcome": "approved", "approvers": [{"user": "alice", "auth": "none"}],
     }
-    return AuditEntry(approval_id, agent, tool, at, record)
+    return AuditEntry(approval_id, at, record)
 
 
 async def append(state: SharedState, *entries: AuditEntry, keep: int = KEEP, max_age: float = MAX_AGE) -> list[bool]:
@@ -187,6 +187,73 @@ async def test_an_entry_written_to_redis_without_the_seal_is_not_read(redis: Red
         await client.xadd(f"{prefix}:audit", {"a": "demo_agent", "t": "process_payment", "s": b"\x01" + b"0" * 32 + forged})
         await append(state, entry("ap-2", now + 2))
         assert await ids(state) == ["ap-1", "ap-2"]
+    finally:
+        await client.aclose()
+        await state.close()
+
+
+async def rebuild(client: Any, stream: str, change: Any) -> None:
+    """What a party who can write to Redis (but holds no secret) can do to the stream: read it,
+    delete it and write it back in any order, any entry at any id, with any clear fields."""
+    entries = await client.xrange(stream)
+    await client.delete(stream)
+    for entry_id, fields in change(entries):
+        await client.xadd(stream, fields, id=entry_id)
+
+
+async def test_a_genuine_record_appended_again_elsewhere_in_the_stream_is_not_read(redis: RedisServer) -> None:
+    """Each record is sealed for its place: a copy of a genuine one at another place (a replay
+    that would show an approval given twice, or again after the first was trimmed) does not open."""
+    import redis.asyncio as aioredis
+
+    prefix = "t" + secrets.token_hex(4)
+    state = redis_state(redis, "a", prefix)
+    await state.start(lambda message: None, lambda: [])
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        now = time.time() - 10
+        await append(state, entry("ap-1", now), entry("ap-2", now + 1))
+
+        def replayed(entries: list[Any]) -> list[Any]:
+            (first_id, first), (second_id, second) = entries
+            ms = int(second_id.decode().split("-")[0])
+            return [(first_id, first), (second_id, second), (f"{ms + 1}-0", first), (f"{ms + 2}-0", first)]
+
+        await rebuild(client, f"{prefix}:audit", replayed)
+        assert await ids(state) == ["ap-1", "ap-2"]
+
+        def moved(entries: list[Any]) -> list[Any]:
+            # The original gone, its copy placed later: the copy does not stand in for it.
+            (_, first), (second_id, second) = entries[0], entries[1]
+            return [(second_id, second), (f"{int(second_id.decode().split('-')[0]) + 5}-0", first)]
+
+        await rebuild(client, f"{prefix}:audit", moved)
+        assert await ids(state) == ["ap-2"]
+    finally:
+        await client.aclose()
+        await state.close()
+
+
+async def test_reads_select_on_the_sealed_record_not_on_fields_beside_it(redis: RedisServer) -> None:
+    """A filter on the agent or tool reads them inside the seal: fields written beside it in clear,
+    and changed, neither hide a record from a filtered read nor put one into another's."""
+    import redis.asyncio as aioredis
+
+    prefix = "t" + secrets.token_hex(4)
+    state = redis_state(redis, "a", prefix)
+    await state.start(lambda message: None, lambda: [])
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        now = time.time() - 10
+        await append(state, entry("pay-1", now), entry("refund-1", now + 1, agent="support_agent", tool="issue_refund"))
+
+        def relabelled(entries: list[Any]) -> list[Any]:
+            return [(i, {**fields, b"a": b"demo_agent", b"t": b"process_payment"}) for i, fields in entries]
+
+        await rebuild(client, f"{prefix}:audit", relabelled)
+        assert await ids(state, tool="issue_refund") == ["refund-1"]
+        assert await ids(state, agent="support_agent") == ["refund-1"]
+        assert await ids(state, tool="process_payment") == ["pay-1"]
     finally:
         await client.aclose()
         await state.close()

@@ -27,7 +27,7 @@ from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config.audit import AuditConfig
 from gateway.config.schema import LoggingConfig, parse_config
-from gateway.core.approval_notice import Approver, ApprovalNotice, args_digest
+from gateway.core.approval_notice import Approver, ApprovalNotice, args_digest, args_digest_key
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
 from gateway.cluster import audit_trail as audit_module
@@ -42,6 +42,7 @@ HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.4
 SEAL = Seal(["test-sessions-secret-0123456789"])
 CARD = "4111111111111111"
+DIGEST_KEY = args_digest_key("an-args-digest-key-0123")
 
 
 def notice(approval_id: str = "ap-1", *, kind: str = "decided", **changes: Any) -> ApprovalNotice:
@@ -49,6 +50,7 @@ def notice(approval_id: str = "ap-1", *, kind: str = "decided", **changes: Any) 
         "kind": kind, "approval_id": approval_id, "agent": "support_agent", "app_name": "support_app",
         "tool": "issue_refund", "tool_call_id": "call-1", "chat_id": "chat-1", "requester": "bob",
         "args": {"order": "A-17", "amount": 250, "card": CARD}, "at": time.time(),
+        "args_digest": args_digest(DIGEST_KEY, {"order": "A-17", "amount": 250, "card": CARD}),
         "source": "approver", "outcome": "approved", "approvers": (Approver("carol", "api_key"),),
         "rule": "large_refunds", "reason": "checked with the customer", "policy_version": "sha256:abc",
         "waited": 42.5, "trace_id": "0af7651916cd43dd8448eb211c80319c",
@@ -101,7 +103,7 @@ async def test_the_log_line_holds_every_field_and_the_arguments_only_when_allowe
         "approvers": [{"user": "carol", "auth": "api_key"}], "rule": "large_refunds",
         "reason": "checked with the customer", "policy_version": "sha256:abc", "waited": 42.5,
         "trace_id": "0af7651916cd43dd8448eb211c80319c", "asks": [],
-        "args_digest": args_digest({"order": "A-17", "amount": 250, "card": CARD}),
+        "args_digest": args_digest(DIGEST_KEY, {"order": "A-17", "amount": 250, "card": CARD}),
     }
     assert {key: line[key] for key in expected} == expected
     if include_args:
@@ -165,7 +167,7 @@ async def test_records_are_stored_once_per_approval_and_read_back() -> None:
     assert (counted(metrics, "stored"), counted(metrics, "duplicate")) == (2, 1)
     records = await audit.read(agent="support_agent", tool="issue_refund")
     assert [(r["approval_id"], r["outcome"]) for r in records] == [("ap-1", "approved"), ("ap-2", "denied")]
-    assert "args" not in records[0] and records[0]["args_digest"].startswith("sha256:")
+    assert "args" not in records[0] and records[0]["args_digest"].startswith("hmac-sha256:")
     assert [r["approval_id"] for r in await audit.read(limit=1, after=records[0]["cursor"])] == ["ap-2"]
     await audit.stop(1.0)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,38 @@ async def test_an_unbuilt_page_is_a_json_404_that_says_how_to_build_it(
     monkeypatch.setattr(edge_app, "STATIC_DIR", tmp_path)
     status, kind, body = await get(BASE + "demo: {page: true}\n", path)
     assert (status, kind) == (404, "application/json") and '"demo_not_built"' in body
+
+
+async def headers_of(path: str) -> dict[str, str]:
+    client = TestClient(TestServer(edge_app.create_app(parse_config(BASE + "demo: {page: true}\n", env={}))))
+    await client.start_server()
+    try:
+        response = await client.get(path)
+        assert response.status == 200
+        return dict(response.headers)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("path", ["/", "/inbox"])
+async def test_both_pages_refuse_framing_sniffing_and_any_script_but_their_own(built: Path, path: str) -> None:
+    """The inbox shows and decides approvals with an approver's key: a page that framed it could
+    trick a click (clickjacking), and a script injected into it would act with the key."""
+    headers = await headers_of(path)
+    policy = {d.split()[0]: d.split()[1:] for d in headers["Content-Security-Policy"].split(";") if d.strip()}
+    assert policy["default-src"] == ["'none'"]
+    assert policy["script-src"] == ["'self'"] and policy["style-src"] == ["'self'"]
+    assert policy["frame-ancestors"] == ["'none'"] and policy["base-uri"] == ["'none'"]
+    assert policy["connect-src"] == ["'self'"]
+    assert headers["X-Frame-Options"] == "DENY"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("page", ["index.html", "inbox.html"])
+def test_the_pages_need_nothing_inline_that_the_policy_refuses(page: str) -> None:
+    """What the policy allows is the page's own files: no inline script, style or handler in the
+    source the build copies (web/src), so the pages work under it (tests/browser run them)."""
+    html = (Path(__file__).parents[2] / "web" / "src" / page).read_text()
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", html) == []
+    assert "<style" not in html and re.search(r"\sstyle=", html) is None
+    assert re.search(r"\son[a-z]+=", html) is None

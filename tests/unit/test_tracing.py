@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gateway.config.schema import ConfigError, UpstreamConfig, parse_config
 from gateway.config.telemetry import TelemetryConfig
+from gateway.ops.logs import user_id_as_logged, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import Tracing, TracingUnavailable
 from gateway.upstream.client import AdkClient
@@ -430,3 +431,66 @@ async def test_a_forward_and_its_service_on_the_owner_are_one_trace() -> None:
     assert serve.parent.span_id == forward.context.span_id and serve.attributes["adk_gateway.sender"] == "b"
     assert served[0].span_id == serve.context.span_id and not served[1].is_valid
     assert len(exporter.get_finished_spans()) == 3
+
+
+# ---- user ids as logging.user_id says ------------------------------------------------------
+
+USER_KEY = "k" * 16
+
+
+async def session_spans(tracing: Tracing, exporter: InMemorySpanExporter, user: str) -> dict[str, Any]:
+    """The spans of a session create and a session lookup for `user` against a small ADK."""
+    async def sessions(request: web.Request) -> web.Response:
+        return web.json_response({}, status=409 if request.method == "POST" else 200)
+
+    app = web.Application()
+    app.router.add_post("/apps/demo/users/{user}/sessions", sessions)
+    app.router.add_get("/apps/demo/users/{user}/sessions/{session}", sessions)
+    async with TestServer(app) as server:
+        client = AdkClient(UpstreamConfig(url=str(server.make_url("")), app_name="demo"), tracing)
+        await client.start()
+        try:
+            await client.ensure_session(user, "s1")
+            assert await client.session(user, "s1") == {}
+        finally:
+            await client.close()
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("hash", user_id_digest(USER_KEY, "alice@example.com")), ("omit", "REDACTED")])
+async def test_no_span_carries_a_user_id_that_logging_hashes_or_omits(mode: str, shown: str) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider, "adk-gateway", "replica-1", users=user_id_as_logged(mode, USER_KEY))
+    spans = await session_spans(tracing, exporter, "alice@example.com")
+    tracing.approval_waiting("gw-1", "demo", "pay", "c1")
+    tracing.approval_decided("gw-1", "approved", "approver", ("bob@example.com",))
+    everything = [dict(s.attributes) for s in exporter.get_finished_spans()] + [s.name for s in exporter.get_finished_spans()]
+    assert "alice" not in str(everything) and "bob" not in str(everything)
+    created = spans["POST /apps/{app_name}/users/{user_id}/sessions"].attributes["url.full"]
+    assert created.endswith(f"/apps/demo/users/{shown}/sessions")
+    looked_up = spans["GET /apps/{app_name}/users/{user_id}/sessions/{session_id}"].attributes["url.full"]
+    assert looked_up.endswith(f"/apps/demo/users/{shown}/sessions/s1")
+    approval = exporter.get_finished_spans()[-1]
+    if mode == "hash":
+        assert tuple(approval.attributes["adk_gateway.approvers"]) == (user_id_digest(USER_KEY, "bob@example.com"),)
+    else:
+        assert "adk_gateway.approvers" not in approval.attributes
+
+
+async def test_plain_user_ids_stay_in_the_spans_as_in_the_logs() -> None:
+    tracing, exporter = traced()
+    spans = await session_spans(tracing, exporter, "alice@example.com")
+    created = spans["POST /apps/{app_name}/users/{user_id}/sessions"].attributes["url.full"]
+    assert created.endswith("/apps/demo/users/alice%40example.com/sessions")
+
+
+@pytest.mark.parametrize(("logging", "shown"), [
+    ("", "alice"), (f"logging: {{user_id: hash, user_id_key: {USER_KEY}}}\n", user_id_digest(USER_KEY, "alice")),
+    ("logging: {user_id: omit}\n", None),
+])
+def test_the_app_gives_its_tracer_the_logging_section_s_user_ids(logging: str, shown: str | None) -> None:
+    from gateway.edge.app import _users_as_logged
+
+    assert _users_as_logged(parse_config("upstream: {url: 'http://adk:8000'}\n" + logging, env={}))("alice") == shown

@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from gateway.config.schema import ConfigError, parse_config
-from gateway.core.approval_notice import NOTICE_KINDS, ApprovalNotice, Approver
+from gateway.core.approval_notice import NOTICE_KINDS, ApprovalNotice, Approver, args_digest, args_digest_key
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
 from gateway.ops.metrics import WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS, GatewayMetrics
@@ -33,13 +33,14 @@ from gateway.ops.webhooks import Webhooks, _retry_after, notice_body, sign
 
 SECRET = "a-webhook-secret-of-some-length"
 ARGS = {"amount": 750, "payee": "Hanako", "iban": "DE-secret-iban-0001"}
+DIGEST_KEY = args_digest_key("an-args-digest-key-0123")
 
 
 def notice(kind: str = "waiting", **changes: Any) -> ApprovalNotice:
     base = ApprovalNotice(
         kind=kind, approval_id="gw-appr/1", agent="support_agent", app_name="support", tool="issue_refund",
         tool_call_id="call-1", chat_id="chat-1", requester="alice", args=ARGS, at=1_700_000_000.25,
-        rule="big_refund", asks=("group:supervisors",),
+        rule="big_refund", asks=("group:supervisors",), args_digest=args_digest(DIGEST_KEY, ARGS),
     )
     if kind != "waiting":
         base = replace(base, source="approver", outcome="approved", approvers=(Approver("bob", "jwt"),), waited=12.5)
@@ -88,7 +89,7 @@ def test_the_body_carries_the_notice_its_type_time_and_link_but_the_arguments_on
     assert body["timestamp"] == "2023-11-14T22:13:20.250Z"
     data = body["data"]
     assert data["links"] == {"approval": "https://gw.example.com/api/approvals/gw-appr%2F1"}
-    assert "args" not in data and data["args_digest"] == notice("decided").digest
+    assert "args" not in data and data["args_digest"] == args_digest(DIGEST_KEY, ARGS)
     assert data["approvers"] == [{"user": "bob", "auth": "jwt"}] and data["source"] == "approver"
     assert data["rule"] == "big_refund" and data["agent"] == "support_agent" and data["tool"] == "issue_refund"
     with_args = json.loads(notice_body(notice(), include_args=True, public_url=""))
