@@ -14,6 +14,7 @@ counted atomically, and the chat's machine releases a call once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -22,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from ..access.approvers import ApproverIdentity
 from ..cluster.shared import SharedStateDown
-from ..config.approvers import AskSpec
+from ..cluster.approval_votes import needed
+from ..config.approvers import AskSpec, Principal
 from ..core.refusals import HttpError
 from ..cluster.audit_trail import InvalidAuditQuery
 from .admit import count_refusal, preflight
@@ -119,7 +121,8 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
         record = await gateway.cluster.state.get_approval(approval_id)
     except SharedStateDown:
         raise HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"}) from None
-    if record is None or (_refusal(gateway, who, record) is not None and who.user_id != record["requester"]):
+    asked = record is not None and who.principal == gateway.approver_auth().requester(record["requester"])
+    if record is None or (_refusal(gateway, who, record) is not None and not asked):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
     return record
 
@@ -143,8 +146,13 @@ async def decide_approval(request: web.Request) -> web.Response:
     if refused is not None:
         text = "the person who asked may not approve this call" if refused == "self_approval" else "you may not decide this approval"
         raise HttpError(403, refused, text)
+    # Votes of people a reload took out of the group stop counting: the store needs that many more.
+    def counts(voter: str) -> bool:
+        return gateway.approver_auth().counts(voter, _spec(record), record["requester"])
+
+    quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
-        tally = await gateway.cluster.state.vote_approval(record["id"], who.user_id, vote.approved, int(record["quorum"]))
+        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
     except SharedStateDown:
         raise HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"}) from None
     log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
@@ -155,10 +163,7 @@ async def decide_approval(request: web.Request) -> web.Response:
     votes = (tally.approval or record).get("votes", [])
     if tally.state == "counted":
         return web.json_response(_public(tally.approval or record))
-    # The earlier votes' authentication is not kept with them: "api" (they came through this API).
-    deciders = [{"user": who.user_id, "auth": who.auth}] + [
-        {"user": v["user"], "auth": "api"} for v in votes if v["user"] != who.user_id and v["approved"] == vote.approved
-    ]
+    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), vote.approved, counts)
     result = await gateway.cluster.approvals.decide(record, vote.approved, vote.reason, deciders)
     if result == "already":
         raise HttpError(409, "already_decided", "this approval was decided before (its deadline passed, or the run ended)")
@@ -169,6 +174,17 @@ async def decide_approval(request: web.Request) -> web.Response:
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
     outcome = "approved" if vote.approved else "denied"
     return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))
+
+
+def _earlier_deciders(votes: list[dict[str, Any]], mine: str, approved: bool, counts: Callable[[str], bool]) -> list[dict[str, str]]:
+    """The other voters who gave the deciding answer and still count, by id and where it comes from
+    (how they authenticated is not kept with a vote: an approver key's holder is `approver_key`)."""
+    deciders = []
+    for vote in votes:
+        who = Principal.parse(vote["user"])
+        if who is not None and vote["user"] != mine and vote["approved"] == approved and counts(vote["user"]):
+            deciders.append({"user": who.id, "auth": who.source})
+    return deciders
 
 
 def routes() -> list[web.RouteDef]:
