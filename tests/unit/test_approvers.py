@@ -317,7 +317,7 @@ def test_the_demo_asks_a_supervisor_for_large_refunds_never_the_requester() -> N
     assert refund.asks("large_refund") == AskSpec("supervisors", self_approval=False, quorum=1)
     assert refund.asks(None) is None and refund.timeout == 300
     assert [rule.when for rule in refund.rules] == ["args.amount > 100"]
-    assert loaded.approvers.groups["supervisors"].users == ["supervisor"]
+    assert loaded.approvers.groups["supervisors"].users == ["approver_key:supervisor"]
 
 
 def test_approver_keys_are_among_the_secrets_masked_in_logs() -> None:
