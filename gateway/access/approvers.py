@@ -69,6 +69,9 @@ class ApproverAuth:
         self._chat: Source = _KINDS[auth_mode]
         # (SHA-256 digest, id) of each usable key: an empty key is none (key_digests), so no bearer matches it.
         self._keys = key_digests(config.api_keys)
+        # Who each group and the auditors list, as principals: read once per config, not per approval listed.
+        self._listed = {name: config.group_members(name) for name in config.groups}
+        self._auditors = config.members(config.auditors.users)
 
     async def identify_approver(self, request: web.Request) -> ApproverIdentity:
         """Who the caller is, or raise HttpError(401) as the chat routes do. A bearer (or x-api-key)
@@ -104,7 +107,7 @@ class ApproverAuth:
             return None if me else "not_an_approver"
         group = self._config.groups.get(spec.group)
         # A group a reload removed answers nobody: the call waits for its deadline.
-        if group is None or not self._member(identity, self._config.group_members(spec.group), group.jwt_claims):
+        if group is None or not self._member(identity, self._listed[spec.group], group.jwt_claims):
             return "not_an_approver"
         if me and not spec.self_approval:
             return "self_approval"
@@ -127,13 +130,13 @@ class ApproverAuth:
         group = self._config.groups.get(spec.group)
         if group is None or (who == self.requester(requester) and not spec.self_approval):
             return False
-        listed = who in self._config.group_members(spec.group)
+        listed = who in self._listed[spec.group]
         return listed or (bool(group.jwt_claims) and who.source == "jwt")
 
     def may_audit(self, identity: ApproverIdentity) -> bool:
         """Whether `identity` may read decided approvals (the audit trail)."""
         auditors = self._config.auditors
-        return self._member(identity, self._config.members(auditors.users), auditors.jwt_claims)
+        return self._member(identity, self._auditors, auditors.jwt_claims)
 
     @staticmethod
     def _member(identity: ApproverIdentity, listed: frozenset[Principal], claims: Mapping[str, list[str]]) -> bool:

@@ -19,9 +19,9 @@ import hashlib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, StringConstraints, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
 from .auth import ApiKey
 from .values import ClaimValues, Section
@@ -33,8 +33,18 @@ GROUP_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 # Distinct approvers one call may need; more is a committee, not an approval.
 MAX_QUORUM = 10
 
+
+
+def _written_together(value: Any) -> Any:
+    # YAML reads `- approver_key: supervisor` (a space after the colon) as a mapping.
+    if isinstance(value, dict) and len(value) == 1:
+        [(source, id_)] = value.items()
+        raise ValueError(f"write {source}:{id_} without a space after the colon (YAML reads it as a mapping), or quote it")
+    return value
+
+
 # A member as a group lists it: `<source>:<id>`, or a bare id (see `member`). 128 for the id, and its source.
-UserId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=160)]
+UserId = Annotated[str, BeforeValidator(_written_together), StringConstraints(strip_whitespace=True, min_length=1, max_length=160)]
 
 # Where an identity comes from: an `approvers.api_keys` key, an `auth.api_keys` key, a JWT's user
 # claim, or auth.mode none (the anonymous user). The chat side holds one of the last three, by

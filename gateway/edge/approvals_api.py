@@ -15,6 +15,7 @@ counted atomically, and the chat's machine releases a call once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -147,9 +148,7 @@ async def decide_approval(request: web.Request) -> web.Response:
         text = "the person who asked may not approve this call" if refused == "self_approval" else "you may not decide this approval"
         raise HttpError(403, refused, text)
     # Votes of people a reload took out of the group stop counting: the store needs that many more.
-    def counts(voter: str) -> bool:
-        return gateway.approver_auth().counts(voter, _spec(record), record["requester"])
-
+    counts = partial(gateway.approver_auth().counts, spec=_spec(record), requester=record["requester"])
     quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
         tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)

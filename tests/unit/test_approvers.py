@@ -529,3 +529,9 @@ async def test_through_the_api_votes_of_an_approver_a_reload_removed_stop_counti
         assert decided == [[{"user": "chief", "auth": "approver_key"}, {"user": "lead", "auth": "approver_key"}]]
     finally:
         await client.close()
+
+
+def test_a_member_written_with_a_space_after_its_source_says_how_to_write_it() -> None:
+    text = AUTH["none"] + "approvers:\n  api_keys:\n    - {id: supervisor, key: k}\n  groups:\n    g:\n      users:\n        - approver_key: supervisor\n"
+    with pytest.raises(ConfigError, match="write approver_key:supervisor without a space after the colon"):
+        parse_config(text, env={})
