@@ -1,5 +1,6 @@
 """An approver's vote on a pending approval, counted (sans IO): what one vote does to an approval's
-verdict and votes, and the approval as the directory answers it.
+verdict and votes, and the approval as the directory answers it. A quorum is of distinct voters
+(`approvals`), and of voters who still count: `needed` raises it by the votes a reload took away.
 
 Both backends of the shared state (shared.py) count with these rules: the memory backend calls
 `count_vote` as is, Redis runs the same rule as a Lua script (redis_scripts.py APPROVAL_VOTE), and
