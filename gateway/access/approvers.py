@@ -3,12 +3,15 @@
 An approver is whoever the chat routes would let in (access/auth.py `Authenticator.identify`), or a
 holder of one of `approvers.api_keys`: people who answer through the API but never chat, in any
 auth mode (`none` included: how the demo's supervisor signs in). `ApproverIdentity` is the chat
-identity plus how it authenticated, which the audit trail records.
+identity plus how it authenticated, which the audit trail records, and where its id comes from:
+its `principal` (config/approvers.py), what every comparison of people uses, so that an IdP user
+named like an approver key is not that key's holder.
 
 Whether they may answer one call is `may_decide`: without approvers on the rule or tool
 (`AskSpec` None) only the chatting user (the requester) may; with a group, its members, the
-requester among them only with `self_approval` (four-eyes). `may_audit`: who may read decided
-approvals. Both are pure: the config section in, a reason code or a bool out.
+requester among them only with `self_approval` (four-eyes). `counts`: whether a vote given earlier
+still counts towards a quorum (its voter may still decide, as the config is now). `may_audit`: who
+may read decided approvals. All pure: the config section in, a reason code or a bool out.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from ..config.approvers import ApproversConfig, AskSpec, key_digests
+from ..config.approvers import ApproversConfig, AskSpec, Principal, Source, key_digests
 from ..core.approval_notice import Approver
 # The chat routes' claim matching and 401: an approver is matched and refused as a chat caller is.
 from .auth import Authenticator, Identity, claim_holds, unauthorized
@@ -37,15 +40,21 @@ APPROVER_KEY: AuthKind = "approver_key"
 
 @dataclass(frozen=True)
 class ApproverIdentity(Identity):
-    """A chat `Identity` and how it authenticated (`auth`): what an approval's votes and the
-    audit trail say of the person."""
+    """A chat `Identity`, how it authenticated (`auth`: what the audit trail says of the person)
+    and where its id comes from (`source`: an approver key, or the chat side's auth.mode)."""
 
     auth: AuthKind = "none"
+    source: Source = "none"
 
     @property
     def approver(self) -> Approver:
-        """This person as a vote, a notice and the audit trail name them."""
+        """This person as a notice and the audit trail name them."""
         return Approver(self.user_id, self.auth)
+
+    @property
+    def principal(self) -> Principal:
+        """This person as groups, votes and the four-eyes check compare them."""
+        return Principal(self.source, self.user_id)
 
 
 class ApproverAuth:
@@ -56,8 +65,13 @@ class ApproverAuth:
         self._authenticator = authenticator
         self._config = config
         self._auth_mode = auth_mode
+        # Where chatting users' ids come from: the requester of every call is one of them.
+        self._chat: Source = _KINDS[auth_mode]
         # (SHA-256 digest, id) of each usable key: an empty key is none (key_digests), so no bearer matches it.
         self._keys = key_digests(config.api_keys)
+        # Who each group and the auditors list, as principals: read once per config, not per approval listed.
+        self._listed = {name: config.group_members(name) for name in config.groups}
+        self._auditors = config.members(config.auditors.users)
 
     async def identify_approver(self, request: web.Request) -> ApproverIdentity:
         """Who the caller is, or raise HttpError(401) as the chat routes do. A bearer (or x-api-key)
@@ -66,14 +80,14 @@ class ApproverAuth:
         if credential:
             user = self._approver_key(credential)
             if user is not None:
-                return ApproverIdentity(user, auth=APPROVER_KEY)
+                return ApproverIdentity(user, auth=APPROVER_KEY, source="approver_key")
             if self._auth_mode == "none":
                 # The chat routes ignore credentials here; a supervisor's mistyped key must not
                 # quietly make them the anonymous chatting user.
                 raise unauthorized("unknown_api_key", "unknown approver key")
         identity = await self._authenticator.identify(request)
         kind: AuthKind = "cookie" if identity.via_cookie else _KINDS[self._auth_mode]
-        return ApproverIdentity(identity.user_id, identity.claims, identity.via_cookie, kind)
+        return ApproverIdentity(identity.user_id, identity.claims, identity.via_cookie, kind, self._chat)
 
     def _approver_key(self, credential: str) -> str | None:
         digest = hashlib.sha256(credential.encode()).hexdigest()
@@ -85,40 +99,60 @@ class ApproverAuth:
         return found
 
     def may_decide(self, identity: ApproverIdentity, spec: AskSpec | None, requester: str) -> DecideRefusal | None:
-        """None when `identity` may answer a call `requester` asked with `spec` (None: the chatting
-        user only), else why not. An approver key is never the chatting user: it cannot chat."""
+        """None when `identity` may answer a call `requester` (a chatting user's id) asked with
+        `spec` (None: the chatting user only), else why not. An approver key is never the chatting
+        user, whatever its id: it cannot chat."""
+        me = identity.principal == self.requester(requester)
         if spec is None:
-            if identity.user_id == requester and identity.auth != APPROVER_KEY:
-                return None
-            return "not_an_approver"
+            return None if me else "not_an_approver"
         group = self._config.groups.get(spec.group)
         # A group a reload removed answers nobody: the call waits for its deadline.
-        if group is None or not _member(identity, group.users, group.jwt_claims):
+        if group is None or not self._member(identity, self._listed[spec.group], group.jwt_claims):
             return "not_an_approver"
-        if identity.user_id == requester and not spec.self_approval:
+        if me and not spec.self_approval:
             return "self_approval"
         return None
+
+    def requester(self, user_id: str) -> Principal:
+        """The chatting user `user_id` (a call's requester) as a principal."""
+        return Principal(self._chat, user_id)
+
+    def counts(self, voter: str, spec: AskSpec | None, requester: str) -> bool:
+        """Whether a vote given earlier by `voter` (a `Principal` as the vote keeps it) still counts:
+        its voter listed in the call's group as the config is now (a reload may have removed them),
+        or let in by the group's claims, which a reload can only narrow and which the vote did not
+        keep. A vote of no principal (written by an older replica) counts for nothing."""
+        who = Principal.parse(voter)
+        if who is None:
+            return False
+        if spec is None:
+            return who == self.requester(requester)
+        group = self._config.groups.get(spec.group)
+        if group is None or (who == self.requester(requester) and not spec.self_approval):
+            return False
+        listed = who in self._listed[spec.group]
+        return listed or (bool(group.jwt_claims) and who.source == "jwt")
 
     def groups_of(self, identity: ApproverIdentity) -> list[str]:
         """The groups `identity` is a member of: whose approvals `may_decide` may let them answer
         (the approvals API lists only those, and the requester's own calls without a group)."""
-        return [name for name, group in self._config.groups.items() if _member(identity, group.users, group.jwt_claims)]
+        return [name for name, group in self._config.groups.items() if self._member(identity, self._listed[name], group.jwt_claims)]
 
     def may_audit(self, identity: ApproverIdentity) -> bool:
         """Whether `identity` may read decided approvals (the audit trail)."""
         auditors = self._config.auditors
-        return _member(identity, auditors.users, auditors.jwt_claims)
+        return self._member(identity, self._auditors, auditors.jwt_claims)
+
+    @staticmethod
+    def _member(identity: ApproverIdentity, listed: frozenset[Principal], claims: Mapping[str, list[str]]) -> bool:
+        """Listed as the principal it is, or carrying every claim with an allowed value (as an
+        agent's access list matches); no claims match nobody, so an empty list is never everyone."""
+        if identity.principal in listed:
+            return True
+        return bool(claims) and all(claim_holds(identity.claims.get(claim), allowed) for claim, allowed in claims.items())
 
 
-_KINDS: Mapping[str, AuthKind] = {"none": "none", "api_key": "api_key", "jwt": "jwt"}
-
-
-def _member(identity: Identity, users: list[str], claims: Mapping[str, list[str]]) -> bool:
-    """Listed by user id, or carrying every claim with an allowed value (as an agent's access list
-    matches); no claims match nobody, so an empty list is never everyone."""
-    if identity.user_id in users:
-        return True
-    return bool(claims) and all(claim_holds(identity.claims.get(claim), allowed) for claim, allowed in claims.items())
+_KINDS: Mapping[str, Literal["none", "api_key", "jwt"]] = {"none": "none", "api_key": "api_key", "jwt": "jwt"}
 
 
 def _bearer(request: web.Request) -> str:

@@ -1,5 +1,6 @@
 """An approver's vote on a pending approval, counted (sans IO): what one vote does to an approval's
-verdict and votes, and the approval as the directory answers it.
+verdict and votes, and the approval as the directory answers it. A quorum is of distinct voters
+(`approvals`), and of voters who still count: `needed` raises it by the votes a reload took away.
 
 Both backends of the shared state (shared.py) count with these rules: the memory backend calls
 `count_vote` as is, Redis runs the same rule as a Lua script (redis_scripts.py APPROVAL_VOTE), and
@@ -8,10 +9,11 @@ tests/unit/test_approvals_directory.py holds the two to one table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Tally", "TallyState", "Verdict", "approval_view", "count_vote"]
+__all__ = ["Tally", "TallyState", "Verdict", "approval_view", "approvals", "count_vote", "needed"]
 
 # What a vote did: the approval is decided (approved or denied: one deny denies), "counted" (more
 # approvals are needed), "already" (this user voted on it before: nothing changed) or "gone" (no
@@ -44,10 +46,24 @@ def count_vote(
     votes = [*votes, {"user": user, "approved": approved}]
     if not approved:
         return "decided_denied", "denied", votes
-    # Distinct users by construction (a second vote of a user is "already"), so a count is a quorum.
-    if sum(1 for vote in votes if vote["approved"]) >= quorum:
+    if approvals(votes) >= quorum:
         return "decided_approved", "approved", votes
     return "counted", verdict, votes
+
+
+def approvals(votes: list[dict[str, Any]]) -> int:
+    """The distinct voters who approved: a second vote of one voter is "already" when counted, but
+    a stored list may hold a copy (a Redis writer can repeat a genuine vote, tag and all), and one
+    person never makes two of a quorum."""
+    return len({vote["user"] for vote in votes if vote["approved"] is True})
+
+
+def needed(votes: list[dict[str, Any]], quorum: int, counts: Callable[[str], bool]) -> int:
+    """The approvals a store must count (`count_vote`'s `quorum`) for `quorum` of them to come from
+    voters who still count (`counts`, as the config is now: a reload may have removed one from the
+    group): one more per voter of `votes`, the approval as read before the vote, who does not. A
+    vote added since was accepted under the config of now, and a removed voter cannot add one."""
+    return quorum + len({vote["user"] for vote in votes if vote["approved"] is True and not counts(vote["user"])})
 
 
 def approval_view(record: dict[str, Any], votes: list[dict[str, Any]], verdict: Verdict) -> dict[str, Any]:

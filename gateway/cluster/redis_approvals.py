@@ -35,7 +35,7 @@ import structlog
 from .approval_index import ALL, ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
 from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
 from .sealing import Seal, Tampered, fingerprint
-from .approval_votes import Tally, TallyState, Verdict, approval_view
+from .approval_votes import Tally, TallyState, Verdict, approval_view, approvals
 
 __all__ = ["RedisApprovals"]
 
@@ -189,7 +189,7 @@ class RedisApprovals:
         verdict = (raw_verdict or b"").decode(errors="replace")
         needed = quorum if quorum is not None else _quorum(record)
         if verdict not in _VERDICTS or votes is None or (
-            verdict == "approved" and sum(1 for vote in votes if vote["approved"]) < needed
+            verdict == "approved" and approvals(votes) < needed
         ) or (verdict == "denied" and all(vote["approved"] for vote in votes)):
             log.warning("approval_decision_tampered", replica=self._replica_id, approval_id=approval_id)
             return None

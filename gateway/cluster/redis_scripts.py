@@ -158,8 +158,8 @@ end
 return 1
 """
 
-# One vote, by the rule of shared.py count_vote: on a pending approval only, once per user, one
-# deny decides, `quorum` approvals decide. The vote is stored with its tag (the voting replica's
+# One vote, by the rule of approval_votes.py count_vote: on a pending approval only, once per user, one
+# deny decides, `quorum` approvals of distinct users decide. The vote is stored with its tag (the voting replica's
 # seal over the approval, the user and the answer: what Lua cannot check, the replica does after).
 # KEYS: the approval's hash. ARGV: user, approved (1/0), quorum, tag. Returns {'gone'} when there is
 # no approval, else {what the vote did, the votes (JSON), the sealed record, the verdict}.
@@ -180,9 +180,13 @@ local verdict = 'pending'
 if not approved then
   result, verdict = 'decided_denied', 'denied'
 else
-  local yes = 0
+  -- Distinct voters (approval_votes.approvals): a repeated copy of a vote is one person.
+  local yes, seen = 0, {}
   for _, vote in ipairs(votes) do
-    if type(vote) == 'table' and vote.approved == true then yes = yes + 1 end
+    if type(vote) == 'table' and vote.approved == true and type(vote.user) == 'string' and not seen[vote.user] then
+      seen[vote.user] = true
+      yes = yes + 1
+    end
   end
   if yes >= tonumber(ARGV[3]) then result, verdict = 'decided_approved', 'approved' end
 end

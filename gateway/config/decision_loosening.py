@@ -6,7 +6,7 @@ table names each judge here); pure, as that one is.
 from __future__ import annotations
 
 from .agent import AgentConfig
-from .approvers import ApproversConfig, AskSpec, key_digests
+from .approvers import ApproversConfig, AskSpec, Principal, key_digests
 from .rules import ToolRule
 
 __all__ = ["Finding", "approver_keys_added", "asks_widened", "auditors_widened", "groups_widened", "tool_key", "tool_names",
@@ -75,14 +75,15 @@ def approver_keys_added(was: ApproversConfig, now: ApproversConfig) -> list[Find
             for user in sorted(added)]
 
 
-def _members_widened(was_users: list[str], was_claims: dict[str, list[str]],
-                     now_users: list[str], now_claims: dict[str, list[str]]) -> list[str]:
-    """How a list of people (a group, the auditors: its users, and whoever carries every claim
-    with an allowed value) takes in more: a user added, claims where none were (none match
-    nobody), a claim dropped or allowed another value. Claims added to others, or all dropped, narrow."""
+def _members_widened(was_users: frozenset[Principal], was_claims: dict[str, list[str]],
+                     now_users: frozenset[Principal], now_claims: dict[str, list[str]]) -> list[str]:
+    """How a list of people (a group, the auditors: the principals it lists, and whoever carries
+    every claim with an allowed value) takes in more: a principal added (an id now read from
+    another source is another person), claims where none were (none match nobody), a claim dropped
+    or allowed another value. Claims added to others, or all dropped, narrow."""
     what = []
-    if added := sorted(set(now_users) - set(was_users)):
-        what.append(f"users added: {', '.join(added)}")
+    if added := sorted(now_users - was_users):
+        what.append(f"users added: {', '.join(map(str, added))}")
     if now_claims and not was_claims:
         what.append("claims that match where none were")
     elif now_claims:
@@ -97,13 +98,15 @@ def groups_widened(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
     findings = []
     for name, group in now.groups.items():
         before = was.groups.get(name)
-        if before is not None and (what := _members_widened(before.users, before.jwt_claims, group.users, group.jwt_claims)):
+        if before is not None and (what := _members_widened(
+                was.group_members(name), before.jwt_claims, now.group_members(name), group.jwt_claims)):
             findings.append((f"approvers.groups.{name}", f"let more people answer its approvals ({'; '.join(what)})"))
     return findings
 
 
 def auditors_widened(was: ApproversConfig, now: ApproversConfig) -> list[Finding]:
-    what = _members_widened(was.auditors.users, was.auditors.jwt_claims, now.auditors.users, now.auditors.jwt_claims)
+    what = _members_widened(was.members(was.auditors.users), was.auditors.jwt_claims,
+                            now.members(now.auditors.users), now.auditors.jwt_claims)
     return [("approvers.auditors", f"let more people read decided approvals ({'; '.join(what)})")] if what else []
 
 
@@ -123,7 +126,9 @@ def asks_widened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
 
 def _ask_widened(was: AskSpec | None, now: AskSpec | None) -> str | None:
     if was is None:
-        return None  # the chatting user answered: any group is another person's say on top
+        # The chatting user answered their own calls: a group's members would decide them instead,
+        # people who decide none of them now.
+        return None if now is None else f"hand the chatting user's calls to the group {now.group}"
     if now is None:
         return f"let the chatting user answer what the group {was.group} answers"
     what = []

@@ -247,14 +247,16 @@ RULES: tuple[Rule, ...] = (
          lambda agent: agent, tool_rules_loosened),
     Rule("agents.<name>.tools.<tool>.approvers", Direction.NARROW,
          "who answers an asked call (the tool's and each ask rule's approvers, self_approval, quorum): dropping the "
-         "group lets the chatting user answer, another group other people, self_approval on the requester, a lower quorum fewer",
+         "group lets the chatting user answer, a group where the chatting user answered or another group other people, "
+         "self_approval on the requester, a lower quorum fewer",
          lambda agent: agent, asks_widened, covers=("agents.<name>.tools.<tool>.self_approval", "agents.<name>.tools.<tool>.quorum")),
     Rule("approvers.api_keys", Direction.NARROW,
          "a key added, or an id given to another key, lets its holder answer approvals as that person",
          lambda approvers: approvers, approver_keys_added,
          covers=("approvers.api_keys[].id", "approvers.api_keys[].key", "approvers.api_keys[].sha256")),
     Rule("approvers.groups", Direction.NARROW,
-         "a user added, claims where none were, or a claim dropped or widened lets more people answer the group's approvals",
+         "a user added (or an id read from another source), claims where none were, or a claim dropped or widened lets "
+         "more people answer the group's approvals",
          lambda approvers: approvers, groups_widened,
          covers=("approvers.groups.<group>.users", "approvers.groups.<group>.jwt_claims")),
     Rule("approvers.auditors", Direction.NARROW,

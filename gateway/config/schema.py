@@ -78,7 +78,7 @@ class GatewayConfig(Section):
     # OpenTelemetry traces (docs/operations.md#tracing): off unless the OTLP endpoint is set.
     telemetry: TelemetryConfig = TelemetryConfig()
     # Who may answer approvals besides the chatting user, and who may read decided ones (docs/approvals.md#approvers).
-    approvers: ApproversConfig = ApproversConfig()
+    approvers: ApproversConfig = Field(default_factory=ApproversConfig)
     # Reloading on a change of the file's content, without a SIGHUP (docs/configuration.md#reloading).
     reload: ReloadConfig = ReloadConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,
@@ -200,10 +200,13 @@ class GatewayConfig(Section):
         return problems
 
     def _approvers_problems(self) -> list[str]:
-        """The `approvers:` section against the rest: the groups tools name exist, claims are read
-        only from JWTs, and a key (or its id) means one person across both key lists."""
+        """The `approvers:` section against the rest: members name one person each (config/approvers.py
+        `member`), the groups tools name exist, claims are read only from JWTs, and a key (or its id)
+        means one person across both key lists."""
         section = self.approvers
-        problems = []
+        # Bare member ids are read by this file's auth.mode: a JWT user is never an approver key's holder.
+        problems = section.bind(self.auth.mode, [key.id for key in self.auth.api_keys])
+        bound = not problems
         for name, agent in self.agents.items():
             for tool, policy in agent.tools.items():
                 where = f"agents.{name}.tools.{tool}"
@@ -215,8 +218,9 @@ class GatewayConfig(Section):
                     if found is None:
                         known = ", ".join(section.groups) or "none"
                         problems.append(f"{where}: approvers {group!r} is not a group of approvers.groups ({known})")
-                    elif not found.jwt_claims and quorum > len(found.users):
-                        problems.append(f"{where}: quorum {quorum} needs more approvers than the group {group} lists ({len(found.users)})")
+                    elif bound and not found.jwt_claims and quorum > (listed := len(section.group_members(group))):
+                        # Distinct people: a member listed twice, or by id and by source, is one vote.
+                        problems.append(f"{where}: quorum {quorum} needs more approvers than the group {group} lists ({listed})")
         claims = [(f"approvers.groups.{g}", group.jwt_claims) for g, group in section.groups.items()]
         for where, values in [*claims, ("approvers.auditors", section.auditors.jwt_claims)]:
             if values and self.auth.mode != "jwt":

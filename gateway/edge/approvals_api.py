@@ -19,6 +19,8 @@ caller's token of the chat routes' per-user rate (429), as a chat request does.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -30,7 +32,8 @@ from ..cluster.approval_index import (
     ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, requester_audience,
 )
 from ..cluster.shared import SharedStateDown
-from ..config.approvers import AskSpec
+from ..cluster.approval_votes import needed
+from ..config.approvers import AskSpec, Principal
 from ..core.refusals import HttpError
 from ..cluster.audit_trail import InvalidAuditQuery
 from ..core.limits import Limited
@@ -173,7 +176,8 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
         record = await gateway.cluster.state.get_approval(approval_id)
     except SharedStateDown:
         raise _store_down() from None
-    if record is None or (_refusal(gateway, who, record) is not None and who.user_id != record["requester"]):
+    asked = record is not None and who.principal == gateway.approver_auth().requester(record["requester"])
+    if record is None or (_refusal(gateway, who, record) is not None and not asked):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
     return record
 
@@ -187,8 +191,11 @@ async def get_approval(request: web.Request) -> web.Response:
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await _caller(request)
+    # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
+    # chatting user whose id happens to equal the key's.
+    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
     try:
-        await gateway.admission.check_rate(who.user_id, gateway.clock())
+        await gateway.admission.check_rate(bucket, gateway.clock())
     except Limited as exc:
         count_refusal(request, exc.code)
         raise
@@ -203,8 +210,11 @@ async def decide_approval(request: web.Request) -> web.Response:
     if refused is not None:
         text = "the person who asked may not approve this call" if refused == "self_approval" else "you may not decide this approval"
         raise HttpError(403, refused, text)
+    # Votes of people a reload took out of the group stop counting: the store needs that many more.
+    counts = partial(gateway.approver_auth().counts, spec=_spec(record), requester=record["requester"])
+    quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
-        tally = await gateway.cluster.state.vote_approval(record["id"], who.user_id, vote.approved, int(record["quorum"]))
+        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
     except SharedStateDown:
         raise _store_down() from None
     log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
@@ -215,10 +225,7 @@ async def decide_approval(request: web.Request) -> web.Response:
     votes = (tally.approval or record).get("votes", [])
     if tally.state == "counted":
         return web.json_response(_public(tally.approval or record))
-    # The earlier votes' authentication is not kept with them: "api" (they came through this API).
-    deciders = [{"user": who.user_id, "auth": who.auth}] + [
-        {"user": v["user"], "auth": "api"} for v in votes if v["user"] != who.user_id and v["approved"] == vote.approved
-    ]
+    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), vote.approved, counts)
     result = await gateway.cluster.approvals.decide(record, vote.approved, vote.reason, deciders)
     if result == "already":
         raise HttpError(409, "already_decided", "this approval was decided before (its deadline passed, or the run ended)")
@@ -229,6 +236,17 @@ async def decide_approval(request: web.Request) -> web.Response:
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
     outcome = "approved" if vote.approved else "denied"
     return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))
+
+
+def _earlier_deciders(votes: list[dict[str, Any]], mine: str, approved: bool, counts: Callable[[str], bool]) -> list[dict[str, str]]:
+    """The other voters who gave the deciding answer and still count, by id and where it comes from
+    (how they authenticated is not kept with a vote: an approver key's holder is `approver_key`)."""
+    deciders = []
+    for vote in votes:
+        who = Principal.parse(vote["user"])
+        if who is not None and vote["user"] != mine and vote["approved"] == approved and counts(vote["user"]):
+            deciders.append({"user": who.id, "auth": who.source})
+    return deciders
 
 
 def routes() -> list[web.RouteDef]:

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from gateway.cluster import redis_approvals as approvals_module
 from gateway.cluster.memory import MemoryHub
 from gateway.cluster.redis import RedisState
-from gateway.cluster.approval_votes import count_vote
+from gateway.cluster.approval_votes import count_vote, needed
 from gateway.cluster.shared import SharedState, SharedStateDown
 from tests.procs import RedisServer
 from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
@@ -243,6 +243,25 @@ def test_the_vote_rule_sans_io() -> None:
     assert count_vote("approved", one, "v", True, 2) == ("gone", "approved", one)
 
 
+def test_a_quorum_counts_distinct_voters_even_from_a_list_that_repeats_one() -> None:
+    """One person never makes two of a quorum: a copy of a vote in the stored list (what a Redis
+    writer can add, tag and all) is the same voter."""
+    twice = [{"user": "u", "approved": True}, {"user": "u", "approved": True}]
+    assert count_vote("pending", twice, "v", True, 3)[:2] == ("counted", "pending")
+    assert count_vote("pending", twice, "v", True, 2)[:2] == ("decided_approved", "approved")
+
+
+def test_votes_that_no_longer_count_raise_what_the_store_needs() -> None:
+    votes = [{"user": "gone", "approved": True}, {"user": "kept", "approved": True}, {"user": "no", "approved": False}]
+    assert needed(votes, 2, lambda voter: voter != "gone") == 3
+    assert needed([*votes, {"user": "gone", "approved": True}], 2, lambda voter: voter != "gone") == 3
+    assert needed(votes, 2, lambda voter: True) == 2
+    # Quorum 2: "gone" approved, then left the group; the next approval is the first that counts, not the second.
+    state, _, counted = count_vote("pending", votes[:1], "next", True, needed(votes[:1], 2, lambda v: v != "gone"))
+    assert state == "counted"
+    assert count_vote("pending", counted, "last", True, needed(counted, 2, lambda v: v != "gone"))[0] == "decided_approved"
+
+
 # ---- Redis only: what a writer without the secret puts there -----------------------------------
 
 
@@ -308,6 +327,15 @@ async def test_forged_votes_are_not_counted_and_a_forged_decision_is_none(
     # the genuine votes 2: the replica does not take that decision.
     assert (await b.vote_approval("gw-2", "sup-2", True, 3)).state == "gone"
     assert await b.get_approval("gw-2") is None
+
+    # A genuine vote repeated, tag and all: still one voter, so two more approvals are needed, not one.
+    await a.put_approval(approval("gw-4", now + 3, quorum=3), ttl=TTL)
+    await a.vote_approval("gw-4", "sup-1", True, 3)
+    key4 = f"{prefix}:approval:gw-4"
+    votes = orjson.loads(await client.hget(key4, "votes"))
+    await client.hset(key4, "votes", orjson.dumps(votes * 2))
+    assert (await b.vote_approval("gw-4", "sup-2", True, 3)).state == "counted"
+    assert (await b.vote_approval("gw-4", "sup-3", True, 3)).state == "decided_approved"
 
     # A decision written straight into the state field.
     await a.put_approval(approval("gw-3", now + 2), ttl=TTL)

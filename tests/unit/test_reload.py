@@ -456,7 +456,9 @@ CASES: dict[str, tuple[tuple[str, str], tuple[str, str], str]] = {
     ),
     "approvers.api_keys": (
         (APPROVING, _swap(APPROVING, "    - {id: boss, key: k-boss}\n", "    - {id: boss, key: k-boss}\n    - {id: lead, key: k-lead}\n")),
-        (APPROVING, _swap(APPROVING, "  api_keys:\n    - {id: boss, key: k-boss}\n", "")),
+        # A key removed with its holder's places in the lists (bare, `boss` would name a chat key's holder).
+        (APPROVING, _swap(_swap(_swap(APPROVING, "  api_keys:\n    - {id: boss, key: k-boss}\n", ""), "[boss, staff, lead]",
+                                "[staff, lead]"), "  auditors: {users: [boss]}\n", "")),
         "approvers.api_keys[lead]",
     ),
     "approvers.groups": (
@@ -696,7 +698,11 @@ _LARGE_ASK = "          - {name: large, when: 'args.amount > 100', decide: ask, 
      "agents.pay.tools.issue_refund", "let the chatting user answer what the group supervisors answers"),
     (("        quorum: 2\n        rules:", "        quorum: 1\n        rules:"),
      "agents.pay.tools.issue_refund", "need fewer approvers"),
-    (("[boss, staff, lead]", "[boss, staff, lead, anonymous]"), "approvers.groups.supervisors", "users added: anonymous"),
+    (("[boss, staff, lead]", "[boss, staff, lead, anonymous]"), "approvers.groups.supervisors", "users added: api_key:anonymous"),
+    # The chatting user answered the small ones: the group's members would decide calls they decide none of now.
+    (("          - {name: small, when: 'args.amount < 10', decide: ask}\n",
+      "          - {name: small, when: 'args.amount < 10', decide: ask, approvers: others}\n"),
+     "agents.pay.tools.issue_refund.rules[small]", "hand the chatting user's calls to the group others"),
 ])
 def test_a_reload_never_lets_more_people_approve(edit: tuple[str, str], key: str, what: str) -> None:
     result = plan(_swap(APPROVING, *edit), now=APPROVING)
@@ -724,10 +730,9 @@ def test_claims_where_a_group_had_none_are_refused() -> None:
 
 
 @pytest.mark.parametrize("edit", [
-    # A group named where the chatting user answered; four-eyes turned on; a higher quorum.
-    ("          - {name: small, when: 'args.amount < 10', decide: ask}\n",
-     "          - {name: small, when: 'args.amount < 10', decide: ask, approvers: others}\n"),
     ("[boss, staff, lead]", "[boss, staff]"),
+    # The same people, written with the source their ids come from.
+    ("[boss, staff, lead]", "[approver_key:boss, api_key:staff, lead]"),
     ("{users: [web, lead]}", "{users: [lead]}"),
     ("  auditors: {users: [boss]}\n", ""),
     ("    - {id: boss, key: k-boss}\n", "    - {id: boss, sha256: " + hashlib.sha256(b"k-boss").hexdigest() + "}\n"),
