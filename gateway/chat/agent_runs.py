@@ -33,6 +33,9 @@ log = structlog.get_logger("adk_gateway.chat.agent_runs")
 
 # Upstream errors after which ADK runs nothing of the request: no cut to wait for.
 _NOT_RUNNING: Final = frozenset({"session_missing", "connect", "http", "reset"})
+# How long the next live turn waits for the end of one that was stopped (the model finishing its
+# answer, unread) before it gives up that live session for a new one.
+_LIVE_CUT_SECONDS: Final = 10.0
 
 
 class AgentRuns:
@@ -187,7 +190,7 @@ class AgentRuns:
     async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> Batches:
         """One live turn's events, a list per wake-up; `message` is the user's content (None: the
         turn is already under way)."""
-        link = await self.live_link(chat)
+        link = await self._settled_link(chat)
         started = self._clock()
         first = True
         try:
@@ -201,7 +204,7 @@ class AgentRuns:
 
     async def audio_turn(self, chat: Chat, blob: dict[str, Any]) -> Batches:
         """The live turn that the person's speech starts."""
-        link = await self.live_link(chat)
+        link = await self._settled_link(chat)
         try:
             async for batch in link.turn_batches(blob):
                 yield batch
@@ -215,6 +218,16 @@ class AgentRuns:
             chat.browser_left = False
             await self.close_live(chat)
             log.info("live_session_released", reason="the browser socket closed during the turn")
+
+    async def _settled_link(self, chat: Chat) -> LiveLink:
+        """The chat's live session, once a turn left before its end there has ended (upstream/live.py);
+        one that does not end in time is closed and another opened: the next answer is its own."""
+        link = await self.live_link(chat)
+        if not await link.settle(_LIVE_CUT_SECONDS):
+            log.warning("live_turn_unsettled", reason="the stopped live turn did not end; the live session is opened again")
+            await self.close_live(chat)
+            link = await self.live_link(chat)
+        return link
 
     async def live_link(self, chat: Chat) -> LiveLink:
         if chat.live is not None and chat.live.alive:
