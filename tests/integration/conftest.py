@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.demo import sqlite_uri
-from tests.procs import PLUGIN, Agent, start_agent
+from tests.procs import PLUGIN, Agent, PluginStack, plugin_stack, start_agent
 
 # The ADK session stores the lifecycle tests run on: ADK's in-memory store, and its database store
 # on SQLite as `make run` starts it (with --auto_create_session), which refuses a write from a run
@@ -61,3 +61,16 @@ def plugin_agent(agents: SharedAgents, *, chunk_delay: str | None = None, store:
 
     name = f"plugin-delay-{chunk_delay or 0}" + ("" if store == "memory" else f"-{store}")
     return agents.get(name, start)
+
+
+# Module scope, each store once: a module's lifecycle tests share a gateway per store, and every
+# module shares the two ADK servers (the package's shared agents).
+@pytest.fixture(scope="module", params=STORES)
+def lifecycle_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents
+) -> Iterator[PluginStack]:
+    """The demo's topology (procs.plugin_stack) on each of ADK's session stores (STORES), for the
+    tests of a chat's life: stop, resume, reload, concurrent sends."""
+    agent = plugin_agent(shared_agents, store=request.param)
+    with plugin_stack(tmp_path_factory.mktemp(f"lifecycle-{request.param}"), agent=agent) as stack:
+        yield stack
