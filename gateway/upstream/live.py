@@ -69,7 +69,8 @@ class LiveLink:
         finally:
             if self._turn is not None:
                 self._turn.put(_CLOSED)
-            self._cut_ended.set()  # a closed socket ends the cut turn too
+            self._cut = None  # a closed socket ends the cut turn too
+            self._cut_ended.set()
             self._on_closed()
 
     def _drop_cut(self, data: Any) -> None:
