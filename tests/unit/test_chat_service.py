@@ -465,6 +465,34 @@ async def test_the_run_after_a_stopped_one_reaches_adk_only_once_adk_sealed_the_
     assert env.adk.calls == ["run", "session", "session", "session", "session", "run"]
 
 
+async def test_after_an_abort_the_next_run_waits_for_adk_s_seal_too(env: Env) -> None:
+    """A WebSocket `abort` cuts the run's stream as Stop over SSE does."""
+    await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    assert env.service.abort(AGENT, "u", "chat-1")
+    await env.run_ended()
+    second = await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
+    env.says("It is ", "noon.")
+    env.ends()
+    assert text_of(await read(second)) == "It is noon."
+    assert env.adk.calls == ["run", "session", "session", "run"]
+
+
+async def test_a_run_whose_stream_ended_is_not_waited_for(env: Env) -> None:
+    """Only a cut run may still be writing: after one that ADK ended, the next goes out at once."""
+    first = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Done.")
+    env.ends()
+    await read(first)
+    await env.run_ended()
+    second = await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
+    env.says("It is ", "noon.")
+    env.ends()
+    assert text_of(await read(second)) == "It is noon."
+    assert env.adk.calls == ["run", "run"]
+
+
 async def test_a_reader_whose_browser_is_gone_does_not_keep_the_chat_busy(env: Env) -> None:
     attachment = await env.service.submit(AGENT, "u", body(USER))
     env.says("Working ")
