@@ -119,7 +119,7 @@ def run_chats(runs: list[dict], *, timeout: float = 30) -> list[dict]:
 
 def assert_clean(result: dict) -> None:
     """Assert the run is what a browser would accept without a hitch."""
-    summary = {k: result.get(k) for k in ("version", "status", "error", "timedOut", "schemaErrors")}
+    summary = {k: result.get(k) for k in ("version", "status", "error", "timedOut", "schemaErrors", "sequenceErrors")}
     assert result["ok"], f"chat run not ok: {json.dumps(summary, indent=2)}"
     assert not result["schemaErrors"], f"schema errors: {result['schemaErrors']}"
     assistant_ids = Counter(m["id"] for m in result["messages"] if m["role"] == "assistant")

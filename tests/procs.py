@@ -270,7 +270,7 @@ def plugin_stack(
     if agent is not None:
         with _policy_gateway(
             tmp, agent.server.base, agent.internal_port, agent.secret, payment_timeout, on_timeout, extra, tools,
-            gateway_env, upstream_mode, approvals,
+            gateway_env, upstream_mode, approvals, auto_create_session=agent.server.auto_create_session,
         ) as stack:
             yield stack
         return
@@ -288,6 +288,7 @@ def plugin_stack(
 def _policy_gateway(
     tmp: Path, adk_base: str, internal_port: int, secret: str, payment_timeout: str, on_timeout: str, extra: str,
     tools: str, gateway_env: dict[str, str] | None, upstream_mode: str, approvals: str | None,
+    auto_create_session: bool = False,
 ) -> Iterator[PluginStack]:
     internal = f"http://127.0.0.1:{internal_port}"
     config = (
@@ -295,7 +296,8 @@ def _policy_gateway(
         + f"internal:\n  port: {internal_port}\n  secret: {secret}\n  policy_refresh: 1s\n" + extra
     )
     with gateway_process(
-        tmp, adk_base, config, env=gateway_env, upstream_mode=upstream_mode, approvals=approvals
+        tmp, adk_base, config, env=gateway_env, upstream_mode=upstream_mode, approvals=approvals,
+        auto_create_session=auto_create_session,
     ) as gw:
         yield PluginStack(gw, adk_base, internal, secret, gw.config_path)
 
@@ -343,17 +345,21 @@ class Agent:
 
 def start_agent(
     tmp: Path, *, plugin: str | None = None, adk: Path | None = None, sessions: str = "memory://",
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, auto_create_session: bool = False,
 ) -> Agent:
     """An Agent, started (the caller stops `server`). `plugin`: the gateway plugin's path, told to
-    reach a free internal port with a fresh secret; none without it. `adk`, `sessions`: as AdkServer's."""
+    reach a free internal port with a fresh secret; none without it. `adk`, `sessions`,
+    `auto_create_session`: as AdkServer's (a plugin_stack in front of it follows the last)."""
     ledger = Ledger(tmp / "ledger.jsonl")
     agent_env = {"DEMO_TOOL_LEDGER": str(ledger.path), **(env or {})}
     internal_port, secret = 0, ""
     if plugin is not None:
         internal_port, secret = free_port(), "test-secret-" + os.urandom(6).hex()
         agent_env.update({"ADK_GATEWAY_URL": f"http://127.0.0.1:{internal_port}", "ADK_GATEWAY_SECRET": secret})
-    server = AdkServer(tmp, extra_plugins=(plugin,) if plugin else (), env=agent_env, adk=adk, sessions=sessions)
+    server = AdkServer(
+        tmp, extra_plugins=(plugin,) if plugin else (), env=agent_env, adk=adk, sessions=sessions,
+        auto_create_session=auto_create_session,
+    )
     server.start()
     return Agent(server, ledger, internal_port, secret)
 

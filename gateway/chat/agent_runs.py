@@ -9,8 +9,10 @@ and the next turn opens another. The chat's actor reads the events as a list per
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 import structlog
 
@@ -23,11 +25,17 @@ from ..core.chat_request import ApprovalAnswer, confirmation_message
 from ..core.rebuild import message_id_state
 from ..ops.metrics import GatewayMetrics
 from ..upstream.client import AdkClient, SessionConfirmations, UpstreamError
+from ..upstream.cut_runs import settle_cut
 
 __all__ = ["AgentRuns"]
 
 log = structlog.get_logger("adk_gateway.chat.agent_runs")
 
+# Upstream errors after which ADK runs nothing of the request: no cut to wait for.
+_NOT_RUNNING: Final = frozenset({"session_missing", "connect", "http", "reset"})
+# How long the next live turn waits for the end of one that was stopped (the model finishing its
+# answer, unread) before it gives up that live session for a new one.
+_LIVE_CUT_SECONDS: Final = 10.0
 
 
 class AgentRuns:
@@ -104,10 +112,15 @@ class AgentRuns:
         self, chat: Chat, message: dict[str, Any], wait: WaitSignal | None, state: dict[str, Any] | None = None,
     ) -> Batches:
         """The run's events, a list per upstream read, re-creating the ADK session once if the
-        upstream lost it (a restart). `state`: the run's `state_delta`."""
+        upstream lost it (a restart). `state`: the run's `state_delta`. Not before ADK finished
+        writing the chat's previous run, if the gateway cut that one (upstream/cut_runs.py); a
+        stream this run leaves before its end is such a cut."""
+        if chat.upstream_cut:
+            await self._after_cut(chat)
         started = self._clock()
         first = True
         for attempt in (1, 2):
+            ended = False
             try:
                 async for batch in self._client(chat).run_sse_batches(
                     user_id=chat.user_id, session_id=chat.session_id, new_message=message, wait=wait,
@@ -120,8 +133,11 @@ class AgentRuns:
                         chat.session_ready = True  # created here, or by the server with the run
                     yield batch
                     batch = None  # type: ignore[assignment]  # a held run keeps no spent batch
+                ended = True
                 return
             except UpstreamError as exc:
+                # ADK never ran what it refused before streaming, nor what it reset itself.
+                ended = exc.kind in _NOT_RUNNING
                 if exc.kind != "session_missing" or attempt == 2 or not first:
                     raise
                 self.metrics.upstream_errors.labels(chat.agent, exc.kind).inc()
@@ -138,6 +154,28 @@ class AgentRuns:
                     log.info("session_recreated", reason="upstream lost the session")
                 chat.session_ready = False
                 await self.ensure_session(chat)
+            finally:
+                # Cancelled, timed out, a bad event: the stream was left open, ADK's run goes on
+                # until it notices, and then writes its end into the session.
+                chat.upstream_cut = chat.upstream_cut or not ended
+
+    async def _after_cut(self, chat: Chat) -> None:
+        """Wait (bounded) until ADK has finished writing the run the gateway cut; then the next may go."""
+        # The loop's clock, not the service's: this wait is real time, whatever clock deadlines read.
+        client, clock = self._client(chat), asyncio.get_running_loop().time
+        started = clock()
+        try:
+            settled = await settle_cut(partial(client.session, chat.user_id, chat.session_id), clock=clock)
+        except UpstreamError as exc:
+            # Unreachable, or answering errors: the run that follows meets it and says so.
+            log.warning("previous_run_unsettled", reason=f"the session could not be read: {exc}")
+        else:
+            waited = round(clock() - started, 3)
+            if settled:
+                log.info("previous_run_settled", waited_s=waited)
+            else:
+                log.warning("previous_run_unsettled", reason="ADK was still writing the cut run", waited_s=waited)
+        chat.upstream_cut = False
 
     async def _drain(self, chat: Chat, message: dict[str, Any]) -> None:
         async for batch in self._events(chat, message, None):
@@ -152,7 +190,7 @@ class AgentRuns:
     async def _live_events(self, chat: Chat, message: dict[str, Any] | None) -> Batches:
         """One live turn's events, a list per wake-up; `message` is the user's content (None: the
         turn is already under way)."""
-        link = await self.live_link(chat)
+        link = await self._settled_link(chat)
         started = self._clock()
         first = True
         try:
@@ -166,7 +204,7 @@ class AgentRuns:
 
     async def audio_turn(self, chat: Chat, blob: dict[str, Any]) -> Batches:
         """The live turn that the person's speech starts."""
-        link = await self.live_link(chat)
+        link = await self._settled_link(chat)
         try:
             async for batch in link.turn_batches(blob):
                 yield batch
@@ -180,6 +218,16 @@ class AgentRuns:
             chat.browser_left = False
             await self.close_live(chat)
             log.info("live_session_released", reason="the browser socket closed during the turn")
+
+    async def _settled_link(self, chat: Chat) -> LiveLink:
+        """The chat's live session, once a turn left before its end there has ended (upstream/live.py);
+        one that does not end in time is closed and another opened: the next answer is its own."""
+        link = await self.live_link(chat)
+        if not await link.settle(_LIVE_CUT_SECONDS):
+            log.warning("live_turn_unsettled", reason="the stopped live turn did not end; the live session is opened again")
+            await self.close_live(chat)
+            link = await self.live_link(chat)
+        return link
 
     async def live_link(self, chat: Chat) -> LiveLink:
         if chat.live is not None and chat.live.alive:

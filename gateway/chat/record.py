@@ -36,6 +36,9 @@ class Chat:
     # gives the agent a new one, which the chat takes (and re-checks its session on) next turn.
     upstream: AdkClient | None = None
     session_ready: bool = False
+    # The gateway cut the chat's last `/run_sse` stream before its end: ADK may still be writing
+    # that run into the session, and the next run waits for it (upstream/cut_runs.py).
+    upstream_cut: bool = False
     run: Run | None = None
     # The chat's ADK live session, in live upstream mode.
     live: LiveLink | None = None

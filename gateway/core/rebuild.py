@@ -133,6 +133,32 @@ def _only_results(event: Mapping[str, Any]) -> bool:
     )
 
 
+def _as_streamed(run: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """A run's events in the order ADK streamed them. ADK streams a confirmation's request before
+    the placeholder response of the call it asks about, but stamps the placeholder first, and a
+    store that reads a session back by timestamp (ADK's SQLite store) gives the placeholder first,
+    which the converter would show as the call's error. Each such placeholder goes back after the
+    request that asks about its call."""
+    asked_at: dict[str, int] = {}  # a call asked about -> where its confirmation's request is
+    for index, event in enumerate(run):
+        for part in _parts(event):
+            call = _confirmation(part, "functionCall")
+            args = call.get("args") if call is not None else None
+            original = args.get("originalFunctionCall") if isinstance(args, dict) else None
+            if isinstance(original, dict) and isinstance(original.get("id"), str):
+                asked_at[original["id"]] = index
+    held: dict[int, list[dict[str, Any]]] = {}
+    ordered: list[dict[str, Any]] = []
+    for index, event in enumerate(run):
+        ids = [p["functionResponse"].get("id") for p in _parts(event)] if _only_results(event) else []
+        later = [asked_at.get(i, -1) if isinstance(i, str) else -1 for i in ids]
+        if later and min(later) > index:
+            held.setdefault(max(later), []).append(event)
+            continue
+        ordered += [event, *held.pop(index, ())]
+    return tuple(ordered)
+
+
 def message_id_state(message_id: str) -> dict[str, str]:
     """The `state_delta` of a `/run_sse` request whose run writes the message `message_id`."""
     return {MESSAGE_ID_STATE_KEY: message_id}
@@ -185,6 +211,7 @@ def waiting_message(session: Any) -> WaitingMessage | None:
         else:
             run.append(event)
     segments.append(Segment(answers, tuple(run)))
+    segments = [Segment(s.answers, _as_streamed(s.events)) for s in segments]
     # The person's message (if any) started the first run: its event carries that run's id.
     message_id = streamed_message_id(events[max(start - 1, 0):])
     if message_id is None:

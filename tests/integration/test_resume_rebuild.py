@@ -17,7 +17,7 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import said, tool_states
-from tests.integration.conftest import SharedAgents
+from tests.integration.conftest import STORES, SharedAgents, plugin_agent
 from tests.integration.test_adk_restart import native_agent, native_stack
 from tests.integration.test_confirm_mode import adk, agent, confirm_stack, runs  # noqa: F401 - fixtures
 from tests.jsdriver import assert_clean, run_chats
@@ -70,7 +70,18 @@ def _resumed_and_approved(
     return resumed
 
 
-def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(adk: tuple, agent: Agent, tmp_path: Path) -> None:  # noqa: F811
+@pytest.fixture(params=STORES)
+def stored_agent(request: pytest.FixtureRequest, adk: tuple, agent: Agent, shared_agents: SharedAgents) -> Agent:  # noqa: F811
+    """The agent under test on each of ADK's session stores (SQLite: this venv's ADK, as `make run`)."""
+    if request.param == "memory":
+        return agent
+    if adk[1] is not None:
+        pytest.skip("ADK's SQLite store is exercised on the newest ADK")
+    return plugin_agent(shared_agents, store=request.param)
+
+
+def test_a_reloaded_page_resumes_into_the_approval_after_a_gateway_kill(stored_agent: Agent, tmp_path: Path) -> None:
+    agent = stored_agent
     ledger = agent.ledger
     chats = {client: new_chat() for client in CLIENTS}
     with confirm_stack(tmp_path, agent) as (server, gw, extra):

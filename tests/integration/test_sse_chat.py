@@ -11,7 +11,7 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.jsdriver import check_streams
-from tests.procs import GatewayProcess, Reply, free_port, gateway_process, metric_value, request
+from tests.procs import GatewayProcess, PluginStack, Reply, free_port, gateway_process, metric_value, request
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +138,8 @@ def test_oversized_body_is_413_json(gateway: GatewayProcess) -> None:
     assert reply.json()["error"]["code"]
 
 
-def test_concurrent_requests_for_one_chat_are_not_interleaved(gateway: GatewayProcess) -> None:
+def test_concurrent_requests_for_one_chat_are_not_interleaved(lifecycle_stack: PluginStack) -> None:
+    gateway = lifecycle_stack.gateway  # on each of ADK's session stores
     chat = new_chat()
     post(gateway, chat, [user("hello there")])  # the ADK session exists, so both reach admission at once
     replies: list[Reply] = []
@@ -168,10 +169,12 @@ def test_resume_without_an_active_stream_is_204(gateway: GatewayProcess) -> None
     assert request(gateway.base, "GET", "/api/chat/bad%2Fid/stream").status == 404
 
 
-def test_a_resume_after_a_native_approval_cut_in_its_continuation_replays_the_whole_message(gateway: GatewayProcess) -> None:
+def test_a_resume_after_a_native_approval_cut_in_its_continuation_replays_the_whole_message(lifecycle_stack: PluginStack) -> None:
     """Issue 24, defect 11: the resume replayed the continuation alone, which the AI SDK, rebuilding the
     message from the stream's `start`, could not reduce ("No tool invocation found"). Here the answer
-    starts a new ADK run (native confirmation), which continues the same message."""
+    starts a new ADK run (native confirmation, asked by the plugin), which continues the same message;
+    on each of ADK's session stores."""
+    gateway = lifecycle_stack.gateway
     chat, first_message = new_chat(), user("pay 50 to Hanako")
     first = post(gateway, chat, [first_message])
     assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"], types(first)

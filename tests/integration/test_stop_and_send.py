@@ -17,24 +17,37 @@ import pytest
 
 from tests.chatflow import new_chat, post, user
 from tests.jsdriver import assert_clean, run_chats
-from tests.integration.conftest import SharedAgents, plugin_agent
+from tests.integration.conftest import STORES, SharedAgents, plugin_agent
 from tests.ops.stack import Replicas, replicas
 from tests.procs import GatewayProcess, PluginStack, plugin_stack
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def slow_stack(tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents) -> Iterator[PluginStack]:
-    # Chunks 0.1 s apart: the reply is still streaming when the driver stops it.
-    agent = plugin_agent(shared_agents, chunk_delay="0.1")
-    with plugin_stack(tmp_path_factory.mktemp("stop"), agent=agent) as stack:
+# Each upstream mode on each of ADK's session stores; one fixture, so that one gateway at a time
+# stands in front of each shared agent (its plugin calls that gateway's internal listener).
+@pytest.fixture(scope="module", params=[(mode, store) for mode in ("sse", "live") for store in STORES], ids="-".join)
+def slow_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, shared_agents: SharedAgents
+) -> Iterator[PluginStack]:
+    # Chunks 0.1 s apart: the reply is still streaming when the driver stops it. Over `/run_sse` ADK
+    # writes the stopped run's end after the cut, and its database store refuses a write from a run
+    # whose session went stale; over `/run_live` the stopped turn goes on in ADK's live session.
+    mode, store = request.param
+    agent = plugin_agent(shared_agents, chunk_delay="0.1", store=store)
+    with plugin_stack(tmp_path_factory.mktemp("stop"), agent=agent, upstream_mode=mode) as stack:
         yield stack
 
 
 @pytest.mark.js
 def test_stop_then_a_new_message_streams_whole_over_sse_and_websocket(slow_stack: PluginStack) -> None:
-    base = slow_stack.gateway.base
+    """The next reply is the new message's own (not the rest of the stopped one, in live mode),
+    whole, and ends with `finish`, over SSE and over WebSocket."""
+    check_stop_then_send(slow_stack)
+
+
+def check_stop_then_send(stack: PluginStack) -> None:
+    base = stack.gateway.base
     ws_url = base.replace("http", "ws") + "/api/chat/ws"
     steps = [
         {"send": "hello there, this is a much longer message to echo back slowly", "abortAfterChunks": 4},
@@ -52,8 +65,11 @@ def test_stop_then_a_new_message_streams_whole_over_sse_and_websocket(slow_stack
         assert [m["role"] for m in result["messages"]] == ["user", "assistant", "user", "assistant"], where
         last = "".join(p.get("text", "") for p in result["messages"][-1]["parts"])
         assert "hello again" in last, (where, last)
+        assert "slowly" not in last, (where, last)  # not the rest of the stopped reply
         first = "".join(p.get("text", "") for p in result["messages"][1]["parts"])
         assert "slowly" not in first, (where, first)  # it was stopped mid-reply
+        second = [chunk["type"] for index, chunk in result["chunks"] if index == len(result["requests"]) - 1]
+        assert second[-1] == "finish", (where, second)
         if result["transport"] == "sse":
             assert [r["status"] for r in result["requests"]] == [200, 200], (where, result["requests"])
 

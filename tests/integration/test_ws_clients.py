@@ -24,8 +24,8 @@ def test_every_demo_row_over_websocket(stack: PluginStack, version: int) -> None
 
 
 @pytest.mark.parametrize("version", [6, 7])
-def test_resume_after_a_dropped_socket_and_abort(stack: PluginStack, version: int) -> None:
-    ws_url = stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
+def test_resume_after_a_dropped_socket_and_abort(lifecycle_stack: PluginStack, version: int) -> None:
+    ws_url = lifecycle_stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
     runs = [
         {"version": version, "api": ws_url, "transport": "ws",
          "steps": [{"send": "hello there, this is a longer message", "dropSocketAfterChunks": 3}]},
@@ -53,10 +53,10 @@ def _shape(result: dict, version: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("version", [6, 7])
-def test_a_socket_dropped_in_the_reply_after_an_approval_resumes_into_the_whole_message(stack: PluginStack, version: int) -> None:
+def test_a_socket_dropped_in_the_reply_after_an_approval_resumes_into_the_whole_message(lifecycle_stack: PluginStack, version: int) -> None:
     """Issue 24, defect 11: the resume replayed the continuation alone, whose first chunk is the output
     of the call made in the first response; the stock Chat failed ("No tool invocation found")."""
-    ws_url = stack.gateway.base.replace("http", "ws") + f"/api/chat/ws?aiSdkVersion={version}"
+    ws_url = lifecycle_stack.gateway.base.replace("http", "ws") + f"/api/chat/ws?aiSdkVersion={version}"
     runs = [
         {"version": version, "api": ws_url, "transport": "ws", "steps": [{"send": "pay 50 to Hanako", "approvals": "approve"}]},
         {"version": version, "api": ws_url, "transport": "ws",

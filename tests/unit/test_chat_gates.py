@@ -44,11 +44,19 @@ CALL = "call-1"
 GAVE_UP = "Nobody decided within ADK_GATEWAY_MAX_WAIT (2 s); the call was not run."
 
 
+# ADK's session once it sealed a run the gateway cut (ADK 2.11+: upstream/cut_runs.py).
+SEALED = {"events": [{"author": "a", "errorCode": "INVOCATION_ABORTED"}], "lastUpdateTime": 2.0}
+
+
 class ScriptedAdk:
-    """`/run_sse` as the test feeds it: each batch put in the queue is one upstream read; None ends the run."""
+    """`/run_sse` as the test feeds it: each batch put in the queue is one upstream read; None ends
+    the run. `sessions`: what each read of the session answers, in turn (then SEALED); `calls`:
+    the runs and session reads, in order."""
 
     def __init__(self) -> None:
         self.reads: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
+        self.sessions: list[Any] = []
+        self.calls: list[str] = []
 
     # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
     auto_creates_sessions = False
@@ -56,7 +64,12 @@ class ScriptedAdk:
     async def ensure_session(self, user_id: str, session_id: str) -> None:
         return None
 
+    async def session(self, user_id: str, session_id: str) -> Any:
+        self.calls.append("session")
+        return self.sessions.pop(0) if self.sessions else SEALED
+
     async def run_sse_batches(self, **_: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        self.calls.append("run")
         while (batch := await self.reads.get()) is not None:
             yield batch
 

@@ -28,6 +28,7 @@ from gateway.chat.registry import ChatNotFound, Registry
 from tests.unit.fixtures import check_stream_rules, types
 from tests.unit.test_chat_gates import (
     CALL,
+    SEALED,
     USER,
     ScriptedAdk,
     answered,
@@ -441,6 +442,55 @@ async def test_a_new_message_after_the_browser_stopped_reading_ends_the_old_run_
     check_stream_rules(chunks)
     await env.run_ended()
     assert env.runs("completed") == 1
+
+
+async def test_the_run_after_a_stopped_one_reaches_adk_only_once_adk_sealed_the_stopped_run(env: Env) -> None:
+    """Stop, then a new message: the gateway cuts the stopped run's stream, and ADK writes that run's
+    abort seal into the session after the cut. On a database session store a run that loaded the
+    session before the seal fails its first write (StaleSessionError), so the new run goes out only
+    once ADK's session shows the seal."""
+    attachment = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    attachment.response.close()
+    writing = {"events": [{"author": "user"}, {"author": "a", "content": {}}], "lastUpdateTime": 1.0}
+    env.adk.sessions = [writing, writing | {"lastUpdateTime": 1.5}, SEALED]
+
+    new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
+    env.says("It is ", "noon.")
+    env.ends()
+    chunks = await read(new)
+    assert text_of(chunks) == "It is noon." and chunks[-1]["finishReason"] == "stop"
+    # The stopped run, three reads until the seal, one more to see it stay the last write, the new run.
+    assert env.adk.calls == ["run", "session", "session", "session", "session", "run"]
+
+
+async def test_after_an_abort_the_next_run_waits_for_adk_s_seal_too(env: Env) -> None:
+    """A WebSocket `abort` cuts the run's stream as Stop over SSE does."""
+    await env.service.submit(AGENT, "u", body(USER))
+    env.says("Working ")
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    assert env.service.abort(AGENT, "u", "chat-1")
+    await env.run_ended()
+    second = await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
+    env.says("It is ", "noon.")
+    env.ends()
+    assert text_of(await read(second)) == "It is noon."
+    assert env.adk.calls == ["run", "session", "session", "run"]
+
+
+async def test_a_run_whose_stream_ended_is_not_waited_for(env: Env) -> None:
+    """Only a cut run may still be writing: after one that ADK ended, the next goes out at once."""
+    first = await env.service.submit(AGENT, "u", body(USER))
+    env.says("Done.")
+    env.ends()
+    await read(first)
+    await env.run_ended()
+    second = await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
+    env.says("It is ", "noon.")
+    env.ends()
+    assert text_of(await read(second)) == "It is noon."
+    assert env.adk.calls == ["run", "run"]
 
 
 async def test_a_reader_whose_browser_is_gone_does_not_keep_the_chat_busy(env: Env) -> None:

@@ -343,3 +343,48 @@ async def test_with_on_disconnect_cancel_a_socket_closed_while_an_approval_waits
     verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
     assert not verdict.run and call.outcome is Outcome.CANCELLED
     assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
+
+
+# ---- a live turn left before its end: its remainder is not the next answer ----------------------
+
+def text_deltas(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+
+async def test_after_a_stop_the_next_message_reads_its_own_answer_not_the_rest_of_the_stopped_one(env: LiveEnv) -> None:
+    """The browser stopped reading mid-reply (SSE `stop()`, `on_disconnect: continue`) and sent the
+    next message: the stopped turn goes on in ADK's live session, and its rest, up to its
+    `turnComplete`, is dropped before the next message goes out and its answer is read."""
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(partial("Hel"))
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    first.response.close()  # the browser went away
+    second = await env.service.submit(AGENT, "u", body(USER, NEW))
+    await settled()
+    assert len(env.conn.sent) == 1  # the stopped turn has not ended in ADK: the next waits
+    says(env.conn, "lo")  # the rest of the stopped answer
+    await until(lambda: len(env.conn.sent) == 2)
+    says(env.conn, "Bye")  # the next message's answer
+    chunks = await read(second)
+    assert text_deltas(chunks) == "Bye" and chunks[-1]["type"] == "finish"
+    assert len(env.conn.sent) == 2 and env.chat().live is not None and env.chat().live.dropped == 3
+
+
+async def test_a_stopped_turn_that_never_ends_gives_its_live_session_up_for_a_new_one(env: LiveEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.chat.agent_runs._LIVE_CUT_SECONDS", 0.05)
+    first = await env.submit(USER)
+    env.conn.inbox.put_nowait(partial("Hel"))
+    await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
+    first.response.close()
+    stuck = env.conn
+    second = await env.service.submit(AGENT, "u", body(USER, NEW))
+    await asyncio.wait_for(until_opened(env, 2), 5)
+    says(env.conn, "Bye")
+    chunks = await read(second)
+    assert text_deltas(chunks) == "Bye" and chunks[-1]["type"] == "finish"
+    assert len(stuck.sent) == 1 and len(env.conn.sent) == 1
+
+
+async def until_opened(env: LiveEnv, count: int) -> None:
+    while len(env.adk.opened) < count or len(env.conn.sent) < 1:
+        await asyncio.sleep(0.01)

@@ -68,6 +68,36 @@ def test_a_pending_payment_is_rebuilt_as_the_live_run_showed_it(label: str, scen
     assert rebuilt.pending[0].asked_at == 5.0 and rebuilt.pending[0].tool == "process_payment"
 
 
+def _by_timestamp(session: dict[str, Any]) -> dict[str, Any]:
+    """The session as ADK's SQLite store reads it back: its events by timestamp. ADK streams (and
+    appends) a confirmation's request before the placeholder response of the call it asks about,
+    but stamps the placeholder first."""
+    session = copy.deepcopy(session)
+    events = session["events"]
+    ask = next(i for i, e in enumerate(events) if any(
+        p.get("functionCall", {}).get("name") == "adk_request_confirmation" for p in e["content"]["parts"]
+    ))
+    placeholder = events.pop(ask + 1)
+    assert all("functionResponse" in p for p in placeholder["content"]["parts"])
+    events.insert(ask, placeholder)
+    return session
+
+
+@pytest.mark.parametrize("label", VERSIONS)
+@pytest.mark.parametrize("scenario", ["confirm_pay", "native_pay"])
+def test_a_session_read_back_by_timestamp_is_rebuilt_as_adk_streamed_it(label: str, scenario: str) -> None:
+    """On ADK's SQLite store a reloaded page was shown the placeholder as a tool error
+    ("This tool call requires confirmation") before the approval request."""
+    session = sessions(label)[scenario]
+    streamed = replay(waiting_message(session), machine=ChatMachine(Ledger()), now=5.0)  # type: ignore[arg-type]
+    read_back = waiting_message(_by_timestamp(session))
+    assert read_back is not None
+    rebuilt = replay(read_back, machine=ChatMachine(Ledger()), now=5.0)
+    assert rebuilt is not None and streamed is not None
+    assert rebuilt.responses == streamed.responses
+    assert "tool-output-error" not in types(rebuilt.responses[0].chunks)
+
+
 @pytest.mark.parametrize("label", VERSIONS)
 def test_two_pending_payments_are_both_asked(label: str) -> None:
     session = sessions(label)["confirm_two"]
