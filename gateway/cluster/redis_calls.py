@@ -2,18 +2,18 @@
 overloaded (cluster/redis.py owns the backend; its parts raise what redis-py raises).
 
 - Redis down: any error of redis-py or of the socket, or a limit check that got no answer while
-  Redis answered nothing else either. SharedStateDown (503 `sessions_unavailable`), and the backend
+  no other command came back either (Redis hangs). SharedStateDown (503 `sessions_unavailable`), and the backend
   counts as down until its heartbeat gets through (`went_down`).
 - This replica overloaded: every pooled connection stayed in use for the command timeout
-  (redis_pool.py), or a limit check took too long while Redis answered other commands meanwhile
-  (the wait was this replica's event loop, behind a burst of requests). SharedStateBusy (503
+  (redis_pool.py), or a limit check took too long while other commands came back meanwhile (the
+  wait was this replica's event loop, behind a burst of requests: taking that for Redis down made
+  every request of the burst a 503 until the next heartbeat). SharedStateBusy (503
   `gateway_overloaded`); the backend stays available, and `shared_state_down` is not logged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -39,16 +39,12 @@ class RedisCalls:
         self._client = client
         self._available = available
         self._went_down = went_down
-        # When (time.monotonic) Redis last answered a call.
-        self._answered_at = 0.0
 
     async def __call__(self, op: Coroutine[Any, Any, Any]) -> Any:
         try:
             if not self._available():
                 raise SharedStateDown(_UNREACHABLE)
-            answer = await op
-            self._answered_at = time.monotonic()
-            return answer
+            return await op
         except PoolExhausted:
             raise self._busy() from None
         except (RedisError, OSError) as exc:
@@ -65,7 +61,7 @@ class RedisCalls:
         except TimeoutError:
             if self._client.exhausted:
                 raise self._busy() from None
-            if time.monotonic() - self._answered_at < timeout:
+            if self._client.answered_within(timeout):
                 raise SharedStateBusy("the gateway is overloaded (a check on its session store took too long); retry") from None
             self._went_down(TimeoutError())
             raise SharedStateDown(_UNREACHABLE) from None

@@ -22,6 +22,7 @@ behind a burst of commands would look dead to the others, and its chats would be
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,12 @@ class RedisClient:
         """Whether every connection of the commands' pool is in use (a command now waits)."""
         pool = self.redis.connection_pool
         return isinstance(pool, (WaitingPool, WaitingSentinelPool)) and pool.exhausted
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether a command of the commands' pool came back in the last `seconds`."""
+        pool = self.redis.connection_pool
+        released = pool.released_at if isinstance(pool, (WaitingPool, WaitingSentinelPool)) else 0.0
+        return time.monotonic() - released < seconds
 
     async def aclose(self) -> None:
         try:

@@ -60,6 +60,9 @@ class _Waits:
         self._watch: PoolWatch = watch or _Unwatched()
         # Notified at every release: one waiter looks again.
         self._freed = asyncio.Condition()
+        # When (time.monotonic) a connection last came back whole from a command: Redis answered
+        # then, which tells a slow check on a busy replica from a Redis that hangs.
+        self.released_at = 0.0
 
     if TYPE_CHECKING:
         def can_get_connection(self) -> bool: ...  # the pool class's
@@ -99,6 +102,8 @@ class _Waits:
 
     async def release(self, connection: AbstractConnection) -> None:
         await super().release(connection)  # type: ignore[misc]
+        if connection.is_connected:  # not one dropped by a failure or a cancelled command
+            self.released_at = time.monotonic()
         async with self._freed:
             self._freed.notify()
 

@@ -26,7 +26,7 @@ from redis.exceptions import MaxConnectionsError
 
 from gateway.cluster.redis import RedisState
 from gateway.cluster.redis_calls import RedisCalls
-from gateway.cluster.redis_client import CONTROL_CONNECTIONS, RedisTarget, connect
+from gateway.cluster.redis_client import CONTROL_CONNECTIONS, RedisClient, RedisTarget, connect
 from gateway.cluster.redis_pool import DEFAULT_MAX_CONNECTIONS, WaitingPool, WaitingSentinelPool
 from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateBusy, SharedStateDown
@@ -180,35 +180,39 @@ async def test_a_pool_exhausted_past_the_wait_is_an_overload_not_redis_down(
 # ---- a slow check: Redis down, or this replica behind a burst ------------------------------------
 
 
-def _calls() -> tuple[RedisCalls, list[BaseException]]:
+def _calls() -> tuple[RedisCalls, RedisClient, list[BaseException]]:
     client = connect(
         RedisTarget(url="redis://127.0.0.1:1/0"), connect_timeout=2.0, command_timeout=5.0, retry=Retry(NoBackoff(), 1),
         max_connections=8,
     )
     downs: list[BaseException] = []
-    return RedisCalls(client, available=lambda: True, went_down=downs.append), downs
+    return RedisCalls(client, available=lambda: True, went_down=downs.append), client, downs
 
 
-async def _answers() -> str:
-    return "ok"
-
-
-async def test_a_slow_check_while_redis_answers_other_calls_is_an_overload() -> None:
+async def test_a_slow_check_while_redis_answers_other_calls_is_an_overload(server: RedisServer) -> None:
     """A replica whose event loop is behind a burst of requests sees its limit check take longer
-    than the check's timeout while Redis answers every other call: not Redis down (which turned
-    every request of the burst into 503 `sessions_unavailable` until the next heartbeat)."""
-    calls, downs = _calls()
-    slow = asyncio.ensure_future(calls.within(asyncio.sleep(1), 0.2))
-    await asyncio.sleep(0.1)
-    assert await calls(_answers()) == "ok"  # Redis answered another call during the wait
-    with pytest.raises(SharedStateBusy):
-        await slow
-    assert downs == []
+    than the check's timeout while other commands come back: not Redis down (which turned every
+    request of the burst into 503 `sessions_unavailable` until the next heartbeat)."""
+    calls, client, downs = _calls()
+    client.redis.connection_pool.connection_kwargs.update(port=server.port)
+    try:
+        slow = asyncio.ensure_future(calls.within(asyncio.sleep(1), 0.2))
+        await asyncio.sleep(0.1)
+        assert await calls(client.redis.ping()) is True  # another command came back during the wait
+        with pytest.raises(SharedStateBusy):
+            await slow
+        assert downs == []
+    finally:
+        await client.aclose()
 
 
-async def test_a_slow_check_while_redis_answers_nothing_is_redis_down() -> None:
-    calls, downs = _calls()
-    assert await calls(_answers()) == "ok"  # before the wait: not during it
-    with pytest.raises(SharedStateDown) as refused:
-        await calls.within(asyncio.sleep(1), 0.2)
-    assert not isinstance(refused.value, SharedStateBusy) and len(downs) == 1
+async def test_a_slow_check_while_nothing_comes_back_is_redis_down(server: RedisServer) -> None:
+    calls, client, downs = _calls()
+    client.redis.connection_pool.connection_kwargs.update(port=server.port)
+    try:
+        assert await calls(client.redis.ping()) is True  # before the wait: not during it
+        with pytest.raises(SharedStateDown) as refused:
+            await calls.within(asyncio.sleep(1), 0.2)
+        assert not isinstance(refused.value, SharedStateBusy) and len(downs) == 1
+    finally:
+        await client.aclose()
