@@ -41,7 +41,10 @@ _UPSTREAM = ("first turn 502 upstream_unavailable", "answer 502 upstream_unavail
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    with replicas(tmp_path_factory.mktemp("ops-load"), plugin_via="balancer") as r:
+    # The default heartbeat and owner timeout (1 s, 3 s), not the suite's short ones: a replica
+    # whose event loop is behind 300 requests may miss a beat for longer than 800 ms, and be
+    # taken for dead (what a death looks like is the other rows' business).
+    with replicas(tmp_path_factory.mktemp("ops-load"), plugin_via="balancer", heartbeat="1s", owner_timeout="3s") as r:
         yield r
         r.ledger.assert_no_double_execution()
 
