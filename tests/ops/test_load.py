@@ -4,8 +4,11 @@ Hundreds of chats at once, each opened on replica A (which runs it) and its appr
 through replica B (which forwards the answer to A and follows the rest of the response through a
 relay), with the stock ADK and the plugin behind the suite's balancer. What a burst must not do:
 run a payment twice, or tell a browser its payment failed when it ran. What it must do here, on
-a Redis that is fine: finish every one (a gateway whose Redis connection pool runs dry answered
-`sessions_unavailable` and cut relays, with the payments already made).
+a Redis and an ADK server that are fine: finish every one. What broke it before: a Redis
+connection pool that failed at once when full (`sessions_unavailable` while Redis was fine), a
+limit check slowed by the replica's own event loop taken for Redis down, a forwarded answer done
+by a busy owner after the asker had taken its chat over (a payment made twice), and continuations
+sent on connections ADK was closing (its keep-alive ends before aiohttp's).
 
 Marked `chaos` (`make chaos` runs it, `make test` does not): the burst is 600 ADK runs, which the
 ADK server alone takes 10 s or more to serve on a quiet 2-core machine, and minutes on a busy one.
@@ -35,8 +38,6 @@ BURST = 300
 # the ADK server's share of a shared machine's CPU decides how long that is.
 BURST_TIMEOUT = 300.0
 _JSON = {"Content-Type": "application/json"}
-# What a browser is told when the ADK server failed it (not the gateway's shared state).
-_UPSTREAM = ("first turn 502 upstream_unavailable", "answer 502 upstream_unavailable", "answer: error chunk The agent service failed")
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +108,10 @@ def test_burst_of_cross_replica_approvals_each_paid_once_and_told_true(stack: Re
     assert max(ran.values()) <= 1, dict(tally)
     misled = [(chat, outcome) for chat, outcome in outcomes if outcome != "paid" and ran[chat]]
     assert not misled, f"told it failed, but paid: {misled[:3]} ({len(misled)}); all: {dict(tally)}"
-    # Nothing refused or cut for the shared state's sake (sessions_unavailable, gateway_overloaded,
-    # replica_unavailable, a relay's "lost contact"): Redis is fine, and so is each replica.
-    failed = {outcome: n for outcome, n in tally.items() if outcome != "paid"}
-    assert all(outcome.startswith(_UPSTREAM) for outcome in failed), dict(tally)
-    # The ADK server, on a machine whose CPU it shares, may miss the gateway's health probe or drop
-    # a connection now and then: those browsers were told the agent failed, and did not pay (above).
-    assert sum(failed.values()) <= BURST // 50, dict(tally)
+    # Nothing refused or cut: not for the shared state's sake (sessions_unavailable,
+    # gateway_overloaded, replica_unavailable, a relay's "lost contact"), nor the agent's (a
+    # continuation sent on a connection ADK was closing).
+    assert tally == {"paid": BURST}, dict(tally)
     for chat, _ in outcomes[:5]:
         r.ledger.assert_matches(chat, payment_responses(r.adk, chat, r.user))
     # The replicas never took the burst for Redis being down.
