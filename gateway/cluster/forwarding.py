@@ -159,12 +159,22 @@ class ForwardedRequests:
         if self.draining:
             raise HttpError(503, "draining", "the gateway replica running this chat is shutting down; retry in a moment", {"Retry-After": "5"})
 
+    async def _refuse_if_taken_over(self, user: str, chat: str) -> None:
+        # Work that reached a busy owner late: the asker may have taken it for dead meanwhile and
+        # taken the chat over (answering an approval there too). Sent on from here as well, the
+        # same confirmation would reach ADK twice, and ADK runs the tool for each.
+        owner = await self._state.owner(user, chat)
+        if owner is not None and owner != self._state.replica_id:
+            log.warning("forwarded_work_refused", reason="the chat was taken over", owner=owner)
+            raise HttpError(409, "chat_moved", "another gateway replica took this chat over; retry")
+
     # ---- one handler per kind of work ------------------------------------------------------
 
     async def _submit(self, work: Submit, asked: Forwarded) -> Answer:
         self._refuse_new_work_while_draining()
         request = parse_chat_body(work.body, version_header=None, default_version=self._chats.config.chat.default_protocol)
         structlog.contextvars.bind_contextvars(chat_id=request.chat_id)
+        await self._refuse_if_taken_over(work.user, request.chat_id)
         return Relayed(self._relays.open(await self._chats.submit(work.agent, work.user, request, claims=work.claims)))
 
     async def _resume(self, work: Resume, asked: Forwarded) -> Answer:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..core.refusals import HttpError
-from .shared import SharedState, SharedStateDown
+from .shared import SharedState, SharedStateBusy, SharedStateDown
 
 __all__ = ["Liveness", "OwnerDied", "OwnerLost", "OwnerSilent"]
 
@@ -55,7 +55,8 @@ class Liveness:
 
         Raises OwnerDied when the replica is dead, OwnerSilent after `timeout` seconds. The shared
         state being down raises SharedStateDown, unless `through_outages`: then the wait goes on
-        (the answer may still come through the inbox).
+        (the answer may still come through the inbox). A replica too busy to ask (SharedStateBusy)
+        learnt nothing: the wait goes on.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -69,6 +70,8 @@ class Liveness:
                     return found
                 if await self.dead(replica_id):
                     raise OwnerDied(replica_id)
+            except SharedStateBusy:
+                pass
             except SharedStateDown:
                 if not through_outages:
                     raise

@@ -22,8 +22,8 @@ part that writes it, and opened before use; what does not open is logged without
 treated as absent. The directory, heartbeats and epoch are not sealed: they route and they time
 out, they authorize nothing (docs/security.md).
 
-Every Redis error becomes SharedStateDown; the heartbeat loop notices recovery and marks the
-backend available again.
+Every Redis error becomes SharedStateDown, and an overload of this replica SharedStateBusy
+(redis_calls.py); the heartbeat loop notices recovery and marks the backend available again.
 Redis Cluster is not supported (the claim script touches keys it is not given). Sentinel and managed
 failover endpoints are (the client is redis_client.py's): a promoted replica holds the epoch as of its
 last replication, so a failover is not taken for lost data; what the old primary acknowledged and had
@@ -49,7 +49,9 @@ from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
 from .redis_approvals import RedisApprovals
 from .redis_audit import RedisAudit
+from .redis_calls import RedisCalls, reason
 from .redis_client import RedisTarget, connect
+from .redis_pool import DEFAULT_MAX_CONNECTIONS, PoolWatch
 from .redis_deadlines import RedisDeadlines
 from .redis_directory import RedisDirectory
 from .redis_inbox import RedisInbox
@@ -58,7 +60,7 @@ from .redis_records import RedisRecords
 from .redis_scripts import BEAT, NEW_EPOCH
 from .sealing import Seal
 from .shared import (
-    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, SharedStateDown,
+    DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState,
 )
 from .approval_index import ApprovalPage, ApprovalQuery
 from .approval_votes import Tally
@@ -73,7 +75,8 @@ _CONNECT_TIMEOUT = 2.0
 _COMMAND_TIMEOUT = 5.0
 # A per-user limit check (redis_limits.py) holds a request's admission: it waits no longer than a
 # connect may take, not a command's timeout and its retry (10 s). Beyond it the check falls back
-# (limits.shared_fallback) and the backend counts as down until its heartbeat gets through.
+# (limits.shared_fallback), and the backend counts as down until its heartbeat gets through, unless
+# Redis answered other commands meanwhile (redis_calls.py).
 _LIMIT_TIMEOUT = _CONNECT_TIMEOUT
 # close(), step by step. The loops were cancelled and also stop on their own once closed, so they
 # are given little time: more than that means something below lost the cancellation. The goodbye
@@ -94,6 +97,7 @@ class RedisState(SharedState):
 
     def __init__(
         self, replica_id: str, url: str | RedisTarget, *, prefix: str, heartbeat_interval: float, owner_timeout: float, seal: Seal,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS, pool_watch: PoolWatch | None = None,
     ) -> None:
         super().__init__(replica_id)
         self.available = False
@@ -107,13 +111,16 @@ class RedisState(SharedState):
         self._client = connect(
             url if isinstance(url, RedisTarget) else RedisTarget(url=url),
             connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 1),
+            max_connections=max_connections, watch=pool_watch,
         )
         self._redis: aioredis.Redis = self._client.redis
+        self._op = RedisCalls(self._client, available=lambda: self.available, went_down=self._went_down)
         self._epoch: str | None = None
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._new_epoch = self._redis.register_script(NEW_EPOCH)
-        self._beat_script = self._redis.register_script(BEAT)
+        # On the control client: the heartbeat never queues behind the commands of a burst.
+        self._beat_script = self._client.control.register_script(BEAT)
         # A pause in every replica's beats longer than this is an outage (heartbeats may have expired
         # then); beats come every heartbeat_interval, so a gap of one and a half is not one.
         self._gap_ms = int(max(owner_timeout - heartbeat_interval, 1.5 * heartbeat_interval) * 1000)
@@ -141,7 +148,7 @@ class RedisState(SharedState):
             epoch=lambda: self._epoch, may_be_live=self._missing_beat_may_be_live, reset_seen=self._reset_seen,
         )
         self._inbox_link = RedisInbox(
-            self._redis, prefix, seal, replica_id,
+            self._client.redis, self._client.control, prefix, seal, replica_id,
             redis_ms=self._redis_ms, closed=lambda: self._closed, beat_now=self._beat_now, beat_ok=self._beat_ok,
         )
 
@@ -180,12 +187,12 @@ class RedisState(SharedState):
                 await self._redis.delete(self._key("replica", self.replica_id))
         except (RedisError, OSError, TimeoutError) as exc:
             # The others take this replica's chats over once the heartbeat expires instead.
-            log.warning("heartbeat_not_deleted", reason=_reason(exc), expires_in_s=self._owner_timeout)
+            log.warning("heartbeat_not_deleted", reason=reason(exc), expires_in_s=self._owner_timeout)
         try:
             async with asyncio.timeout(_GOODBYE_TIMEOUT):
                 await self._client.aclose()
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("redis_connections_not_closed", reason=_reason(exc))
+            log.warning("redis_connections_not_closed", reason=reason(exc))
 
     async def _heartbeats(self) -> None:
         while not self._closed:
@@ -212,7 +219,7 @@ class RedisState(SharedState):
                 await self._adopt_epoch(epoch)
         except (RedisError, OSError) as exc:
             if self.available:
-                log.warning("shared_state_down", reason=_reason(exc))
+                log.warning("shared_state_down", reason=reason(exc))
             self.available = False
             return
         # Before `available` turns true, so readiness never shows the restore window as ready.
@@ -260,10 +267,6 @@ class RedisState(SharedState):
         return bool(self._serving_since) and now is not None and now - self._serving_since < self._owner_timeout * 1000
 
     # ---- calls into Redis ------------------------------------------------------------------
-
-    def _check(self) -> None:
-        if not self.available:
-            raise SharedStateDown("the shared session store (Redis) is unreachable")
 
     async def claim(
         self, user_id: str, chat_id: str, *, agent: str, default_agent: str, ttl: float, create: bool = True
@@ -362,12 +365,8 @@ class RedisState(SharedState):
         return await self._limit_op(self._limits.take_token_and_slot(user_id, slot_id, rate, burst, cap, lease, now))  # type: ignore[no-any-return]
 
     async def _limit_op(self, op: Any) -> Any:
-        try:
-            async with asyncio.timeout(_LIMIT_TIMEOUT):
-                return await self._op(op)
-        except TimeoutError:
-            # A slot the script may still have taken is not renewed: its lease frees it.
-            raise self._down(TimeoutError()) from None
+        # Past the timeout, a slot the script may still have taken is not renewed: its lease frees it.
+        return await self._op.within(op, _LIMIT_TIMEOUT)
 
     async def close_slot(self, user_id: str, slot_id: str) -> None:
         await self._op(self._limits.close_slot(user_id, slot_id))
@@ -375,24 +374,8 @@ class RedisState(SharedState):
     async def renew_slots(self, slots: Mapping[str, Sequence[str]], *, lease: float, now: float | None = None) -> int:
         return await self._op(self._limits.renew(slots, lease, now))  # type: ignore[no-any-return]
 
-    async def _op(self, op: Any) -> Any:
-        # One operation of a part (directory, records, inbox, deadlines...), which raises what redis-py raises.
-        try:
-            self._check()
-            return await op
-        except (RedisError, OSError) as exc:
-            raise self._down(exc) from None
-        finally:
-            op.close()  # not awaited when the store is down: no "never awaited" warning
-
-    def _down(self, exc: BaseException) -> SharedStateDown:
+    def _went_down(self, exc: BaseException) -> None:
         if self.available:
-            log.warning("shared_state_down", reason=_reason(exc))
+            log.warning("shared_state_down", reason=reason(exc))
         self.available = False
         self._beat_now.set()
-        return SharedStateDown("the shared session store (Redis) is unreachable")
-
-
-def _reason(exc: BaseException) -> str:
-    # Not str(exc) alone: redis-py's messages can include the URL, and with it the password.
-    return type(exc).__name__

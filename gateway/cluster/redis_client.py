@@ -13,21 +13,33 @@
 
 Either way a command's failure is not retried more than once and never hidden: it raises, and
 RedisState turns it into SharedStateDown (503 with Retry-After, or the caller's own retry).
+
+Two pools, both waiting for a free connection rather than failing (redis_pool.py): the commands'
+(`sessions.redis_max_connections`), and the control pool of the heartbeat and the inbox
+subscription, which hold or need a connection whatever the load: a replica whose heartbeat queued
+behind a burst of commands would look dead to the others, and its chats would be taken over.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, ConnectionPool, SSLConnection, parse_url
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
+from redis.maint_notifications import MaintNotificationsConfig
 
-__all__ = ["RedisClient", "RedisTarget", "connect"]
+from .redis_pool import PoolWatch, WaitingPool, WaitingSentinelPool
+
+__all__ = ["CONTROL_CONNECTIONS", "RedisClient", "RedisTarget", "connect"]
+
+# The control pool: the inbox's subscription holds one connection for good, the heartbeat uses one.
+CONTROL_CONNECTIONS = 2
 
 
 @dataclass(frozen=True)
@@ -54,33 +66,56 @@ class RedisTarget:
 
 @dataclass
 class RedisClient:
-    """The client the backend's parts share, and the sentinels' own clients (closed with it)."""
+    """The client the backend's parts share, the control client (heartbeat, inbox subscription), and
+    the sentinels' own clients (closed with them)."""
 
     redis: aioredis.Redis
+    control: aioredis.Redis
     sentinel: Sentinel | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every connection of the commands' pool is in use (a command now waits)."""
+        pool = self.redis.connection_pool
+        return isinstance(pool, (WaitingPool, WaitingSentinelPool)) and pool.exhausted
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether a command of the commands' pool came back in the last `seconds`."""
+        pool = self.redis.connection_pool
+        released = pool.released_at if isinstance(pool, (WaitingPool, WaitingSentinelPool)) else 0.0
+        return time.monotonic() - released < seconds
 
     async def aclose(self) -> None:
         try:
             await self.redis.aclose()
+            await self.control.aclose()
         finally:
             if self.sentinel is not None:
                 await self.sentinel.aclose()
 
 
-def connect(target: RedisTarget, *, connect_timeout: float, command_timeout: float, retry: Retry) -> RedisClient:
-    """The client for `target` (no I/O until its first command), with the timeouts and retry policy given."""
+def connect(
+    target: RedisTarget, *, connect_timeout: float, command_timeout: float, retry: Retry, max_connections: int,
+    watch: PoolWatch | None = None,
+) -> RedisClient:
+    """The clients for `target` (no I/O until their first command), with the timeouts and retry
+    policy given: the commands' on a pool of `max_connections` (a command waits up to
+    `command_timeout` for a free one, each wait told to `watch`), and the control client."""
     common: dict[str, Any] = {
         "socket_connect_timeout": connect_timeout, "socket_timeout": command_timeout, "retry": retry,
-        "health_check_interval": 0,
+        "health_check_interval": 0, "wait_timeout": command_timeout,
+        # Said, not left to redis-py's defaults, which 8.0 changed: the parts read replies in RESP2's
+        # shapes (XREAD's list of [stream, entries]; 8.x speaks RESP3 unless told, and converts
+        # back only while no protocol is named); and no CLIENT MAINT_NOTIFICATIONS at each new
+        # connection (a Redis Enterprise feature: elsewhere a failed round trip per connection,
+        # which a burst opening hundreds of them pays at once).
+        "protocol": 2, "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
     if not target.via_sentinel:
-        pool = ConnectionPool.from_url(target.url, **common)
-        # A demoted node must not keep a pooled connection answering READONLY forever.
-        if pool.connection_class is Connection:
-            pool.connection_class = _FollowsPromotion
-        elif pool.connection_class is SSLConnection:
-            pool.connection_class = _FollowsPromotionTLS
-        return RedisClient(aioredis.Redis.from_pool(pool))
+        return RedisClient(
+            _direct(target.url, {**common, "max_connections": max_connections, "watch": watch}),
+            _direct(target.url, {**common, "max_connections": CONTROL_CONNECTIONS}),
+        )
     data = _data_node_options(target.url)
     sentinel_options: dict[str, Any] = {
         # SENTINEL MASTERS answers at once: a sentinel slower than a connect timeout is skipped for the next.
@@ -92,7 +127,22 @@ def connect(target: RedisTarget, *, connect_timeout: float, command_timeout: flo
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)
     # SentinelManagedConnection turns READONLY into a ConnectionError after disconnecting, so the
     # one retry asks the sentinels again and lands on the new primary when they have promoted one.
-    return RedisClient(sentinel.master_for(target.service, **common, **data), sentinel)
+    options = {**common, **data, "connection_pool_class": WaitingSentinelPool}
+    return RedisClient(
+        sentinel.master_for(target.service, **options, max_connections=max_connections, watch=watch),
+        sentinel.master_for(target.service, **options, max_connections=CONTROL_CONNECTIONS),
+        sentinel,
+    )
+
+
+def _direct(url: str, options: dict[str, Any]) -> aioredis.Redis:
+    pool = WaitingPool.from_url(url, **options)
+    # A demoted node must not keep a pooled connection answering READONLY forever.
+    if pool.connection_class is Connection:
+        pool.connection_class = _FollowsPromotion
+    elif pool.connection_class is SSLConnection:
+        pool.connection_class = _FollowsPromotionTLS
+    return aioredis.Redis.from_pool(pool)
 
 
 def _data_node_options(url: str) -> dict[str, Any]:

@@ -38,13 +38,15 @@ _INBOX_WINDOW = 30.0
 
 
 class RedisInbox:
-    """Sends to any replica's inbox and listens on this one's. `redis_ms`: now on Redis's clock,
+    """Sends to any replica's inbox (through `client`) and listens on this one's (one subscription
+    per replica, on `control`, the pool no burst of commands can take). `redis_ms`: now on Redis's clock,
     as of the last heartbeat (None before the first); `closed`: whether the owner closed;
     `beat_now`, `beat_ok`: the owner's heartbeat, asked for now / set by each one that got through."""
 
     def __init__(
         self,
         client: aioredis.Redis,
+        control: aioredis.Redis,
         prefix: str,
         seal: Seal,
         replica_id: str,
@@ -55,6 +57,7 @@ class RedisInbox:
         beat_ok: asyncio.Event,
     ) -> None:
         self._redis = client
+        self._control = control
         self._prefix = prefix
         self._seal = seal
         self._replica_id = replica_id
@@ -80,7 +83,7 @@ class RedisInbox:
         # heartbeat gets through; only the changes are logged, not every attempt.
         backoff = Backoff(interval / 2, 5 * interval)
         while not self._closed():
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._control.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 failed = backoff.succeeded()

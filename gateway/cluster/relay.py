@@ -29,7 +29,7 @@ from ..chat.chunk_log import FollowerLagged, Reader
 from ..chat.response import CallAt
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow
-from .shared import RelayEntry, SharedState, SharedStateDown
+from .shared import RelayEntry, SharedState, SharedStateBusy, SharedStateDown
 from .tasks import Tasks
 
 __all__ = ["RelayFeed", "Relays"]
@@ -100,16 +100,25 @@ class Relays:
         try:
             try:
                 async for batch in attachment.response.follow(0):
-                    await self._state.relay_append(key, RelayEntry(seq, batch))
+                    await self._append(key, RelayEntry(seq, batch))
                     seq += len(batch)
                 end = "done"
             except FollowerLagged:
                 end = "lagged"
-            await self._state.relay_append(key, RelayEntry(seq, end=end))
+            await self._append(key, RelayEntry(seq, end=end))
         except SharedStateDown:
             log.warning("relay_cut", reason="the shared session store is unreachable")
         finally:
             attachment.response.close()
+
+    async def _append(self, key: str, entry: RelayEntry) -> None:
+        while True:
+            try:
+                return await self._state.relay_append(key, entry)
+            except SharedStateBusy:
+                # Redis is up and the browser still reads: an entry skipped would be a hole
+                # that ends its response. Each try already waited a command timeout.
+                log.info("relay_append_waits", reason="the gateway is overloaded")
 
 
 def _always() -> bool:
@@ -174,6 +183,10 @@ class RelayFeed:
                         self._over = True
                         return
                     continue
+            except SharedStateBusy:
+                # This replica had no free connection in time: Redis and the owner are fine, and
+                # nothing of the relay is lost by reading again.
+                continue
             except SharedStateDown:
                 if not ended:
                     yield opened.cut(_CONTACT_LOST)

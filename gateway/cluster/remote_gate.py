@@ -35,10 +35,10 @@ from ..ops.stopping import cancel_and_wait
 from .approval_desk import ApprovalDesk
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
-from .shared import SharedState, SharedStateDown
+from .shared import SharedState, SharedStateBusy, SharedStateDown
 from .tasks import Tasks
 
-__all__ = ["Ask", "HandedOver", "RemoteGate"]
+__all__ = ["Ask", "HandedOver", "RemoteGate", "store_refused"]
 
 log = structlog.get_logger("adk_gateway.cluster.remote_gate")
 
@@ -311,3 +311,11 @@ class RemoteGate:
             except SharedStateDown:
                 await asyncio.sleep(self._liveness.interval)
         log.warning("verdict_not_recorded", approval_id=call_id)
+
+
+def store_refused(exc: SharedStateDown) -> tuple[Verdict, str]:
+    """The verdict (and its label) of a gated call whose owner could not be looked up: refused,
+    saying whether Redis was down or this replica overloaded."""
+    if isinstance(exc, SharedStateBusy):
+        return Verdict.refuse("The gateway was overloaded; the call was not run."), "gateway_overloaded"
+    return Verdict.refuse("The gateway's shared session store is unreachable; the call was not run."), "sessions_unavailable"

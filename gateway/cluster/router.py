@@ -55,7 +55,7 @@ from .messages import (
 )
 from .relay import Relays
 from .approval_desk import ApprovalDesk
-from .remote_gate import RemoteGate
+from .remote_gate import RemoteGate, store_refused
 from .shared import Claim, LocalChat, SharedState, SharedStateDown
 from .state_keeper import StateKeeper
 from .tasks import Tasks
@@ -288,8 +288,8 @@ class Cluster:
         if not self.chats.gates.runs_here(user_id, session_id):
             try:
                 owner = await self.state.owner(user_id, session_id)
-            except SharedStateDown:
-                return Verdict.refuse("The gateway's shared session store is unreachable; the call was not run."), "sessions_unavailable"
+            except SharedStateDown as exc:
+                return store_refused(exc)
             if owner is not None and owner != self.replica_id:
                 return await self._gates.ask_owner(owner, request)
         return await self._gates.here(request)

@@ -50,7 +50,7 @@ from .approval_votes import Tally
 
 __all__ = [
     "AUDIT_CURSOR", "DEADLINE_LEASE", "AuditEntry", "AuditQuery", "Claim", "LocalChat", "RelayEntry", "SharedState",
-    "SharedStateDown", "Inbox", "Reassert", "audit_position",
+    "SharedStateBusy", "SharedStateDown", "Inbox", "Reassert", "audit_position",
 ]
 
 # How long a claim on a passed confirmation deadline holds (seconds) before another replica may
@@ -86,6 +86,13 @@ class SharedStateDown(Refusal):
     status = 503
     code = "sessions_unavailable"
     retry_after = 1
+
+
+class SharedStateBusy(SharedStateDown):
+    """The shared state is up, but this replica had no free connection to it in time: overloaded.
+    A SharedStateDown, so every caller fails closed as it does then; answered with its own code."""
+
+    code = "gateway_overloaded"
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,13 @@ class SessionsConfig(Section):
     redis_sentinel_username: str | None = None
     redis_sentinel_password: SecretStr | None = None
     redis_sentinel_tls: bool = False
+    # Connections to Redis this replica's commands may hold at once (the heartbeat and the inbox
+    # have two more of their own). A command that finds them all in use waits for one, up to
+    # the command timeout (5 s), then is answered 503 `gateway_overloaded`. Most commands hold one
+    # for a round trip; a browser following a response that runs on another replica holds one
+    # while its relay read waits (up to heartbeat_interval). 500 covers several hundred such
+    # streams per replica, and ten replicas stay at half of Redis's default `maxclients` (10,000).
+    redis_max_connections: int = Field(500, ge=8, le=100_000)
     # Every Redis key starts with this, so several gateways can share one Redis.
     key_prefix: str = Field("adk-gateway", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     # How often a replica tells Redis it is alive; a replica silent for `owner_timeout` is dead

@@ -258,8 +258,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway.metrics.unwatch_gc()
 
 
-def shared_state(config: GatewayConfig) -> SharedState:
-    """The configured backend for what replicas share, as this replica's view of it."""
+def shared_state(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> SharedState:
+    """The configured backend for what replicas share, as this replica's view of it (its Redis
+    connection pool's waits counted in `metrics`)."""
     replica_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
     sessions = config.sessions
     if sessions.backend == "memory":
@@ -281,6 +282,7 @@ def shared_state(config: GatewayConfig) -> SharedState:
         replica_id, target, prefix=sessions.key_prefix,
         heartbeat_interval=sessions.heartbeat_interval, owner_timeout=sessions.owner_timeout,
         seal=Seal(config.seal_secrets()),  # the config refuses backend redis without one
+        max_connections=sessions.redis_max_connections, pool_watch=metrics.redis_pool if metrics is not None else None,
     )
 
 
@@ -293,7 +295,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     metrics_ = GatewayMetrics()
     metrics_.know_agents(config)
     metrics_.webhooks.know(config.notifications)
-    shared = shared_state(config)
+    shared = shared_state(config, metrics_)
     try:
         tracing = Tracing.from_config(config.telemetry, replica=shared.replica_id, users=_users_as_logged(config))
     except TracingUnavailable as exc:

@@ -31,7 +31,7 @@ from ..access.approvers import APPROVER_KEY, ApproverIdentity
 from ..cluster.approval_index import (
     ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, requester_audience,
 )
-from ..cluster.shared import SharedStateDown
+from ..cluster.shared import SharedStateBusy, SharedStateDown
 from ..cluster.approval_votes import needed
 from ..config.approvers import AskSpec, Principal
 from ..core.refusals import HttpError
@@ -116,7 +116,10 @@ def _name(request: web.Request, key: str) -> str | None:
     return raw
 
 
-def _store_down() -> HttpError:
+def _store_down(exc: SharedStateDown) -> HttpError:
+    # An overloaded replica says so (503 gateway_overloaded), not that Redis is down.
+    if isinstance(exc, SharedStateBusy):
+        return exc.http()
     return HttpError(503, "sessions_unavailable", _STORE_DOWN, {"Retry-After": "1"})
 
 
@@ -145,8 +148,8 @@ async def list_approvals(request: web.Request) -> web.Response:
     )
     try:
         page = await gateway.cluster.state.page_approvals(query)
-    except SharedStateDown:
-        raise _store_down() from None
+    except SharedStateDown as exc:
+        raise _store_down(exc) from None
     return web.json_response({
         "approvals": [_public(r) for r in page.approvals],
         "next_cursor": encode_cursor(page.next) if page.next is not None else None,
@@ -164,8 +167,8 @@ async def _decided(request: web.Request, who: ApproverIdentity, agent: str | Non
         )
     except InvalidAuditQuery as exc:
         raise HttpError(400, "invalid_query", f"after: {exc}") from None
-    except SharedStateDown:
-        raise _store_down() from None
+    except SharedStateDown as exc:
+        raise _store_down(exc) from None
     return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 
 
@@ -174,8 +177,8 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
     it); else 404, so that an id tells nothing to anyone else."""
     try:
         record = await gateway.cluster.state.get_approval(approval_id)
-    except SharedStateDown:
-        raise _store_down() from None
+    except SharedStateDown as exc:
+        raise _store_down(exc) from None
     asked = record is not None and who.principal == gateway.approver_auth().requester(record["requester"])
     if record is None or (_refusal(gateway, who, record) is not None and not asked):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
@@ -215,8 +218,8 @@ async def decide_approval(request: web.Request) -> web.Response:
     quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
         tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
-    except SharedStateDown:
-        raise _store_down() from None
+    except SharedStateDown as exc:
+        raise _store_down(exc) from None
     log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 __all__ = [
-    "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "REQUEST_BUCKETS",
+    "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "REDIS_POOL_WAIT_BUCKETS", "REQUEST_BUCKETS",
     "WEBHOOK_BUCKETS", "AGENT_LABELLED", "HTTP_METHODS", "STATUS_CLASSES", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
     "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS",
 ]
@@ -38,7 +38,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "plugin_requests": _each(
         "run", "respond", "not_gated", "rule", "confirm", "no_browser", "too_many_pending", "unauthorized", "invalid",
         "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
-        "too_many_pending_user",
+        "too_many_pending_user", "gateway_overloaded",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
     + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
@@ -121,5 +121,8 @@ WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 FIRST_EVENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # A request's whole answer: from a probe (ms) to a streamed turn of several minutes.
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# A wait for a free Redis connection, bounded by the command timeout (5 s): from one freed a
+# moment later to one that never came.
+REDIS_POOL_WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5)
 # Time to first token: the first event's range, as a person waiting for words feels it.
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60)

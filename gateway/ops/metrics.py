@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
+from .redis_pool_metrics import RedisPoolMetrics
 from .webhook_metrics import WebhookMetrics
 
 # Re-exported: the series and the label values they are counted with are read from here.
@@ -63,6 +64,8 @@ class GatewayMetrics:
         self._gc_series(self.registry)
         # The approval webhooks' (ops/webhooks.py).
         self.webhooks = WebhookMetrics(self.registry)
+        # The Redis connection pool's waits (cluster/redis_pool.py).
+        self.redis_pool = RedisPoolMetrics(self.registry)
         self._export_known_at_zero()
         # The latency histograms' exemplars, the sampled trace's id: edge/app.py sets them when traces are on.
         self.exemplar: Callable[[], dict[str, str] | None] = lambda: None

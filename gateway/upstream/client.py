@@ -34,6 +34,9 @@ _JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "applicati
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 # The spans' route templates: no user or session id in a span's name.
 _SESSIONS: Final = "/apps/{app_name}/users/{user_id}/sessions"
+# Seconds an idle pooled connection is kept: under the 5 s after which uvicorn, which serves ADK's
+# API, closes one (its `timeout_keep_alive`), so a request never goes out on a closing connection.
+_KEEPALIVE: Final = 4.0
 
 
 class UpstreamError(Refusal):
@@ -82,7 +85,12 @@ class AdkClient:
 
     def open(self) -> None:
         """`start` for code that cannot await (a reload adding an agent); inside the event loop."""
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections)
+        # Not aiohttp's default keep-alive (15 s): it reused connections uvicorn was closing, and
+        # under a burst of approvals (connections idle while people answer) runs failed with
+        # ClientOSError before reaching ADK.
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=self._max_connections, keepalive_timeout=_KEEPALIVE,
+        )
         # No cookie jar: nothing from one browser's run may ride along on another's.
         self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 

@@ -206,6 +206,7 @@ def replicas(
     upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
     adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "", code: dict[str, Path] | None = None,
     replica_env: dict[str, dict[str, str]] | None = None, store: tuple[RedisServer, str] | None = None,
+    heartbeat: str = HEARTBEAT, owner_timeout: str = OWNER_TIMEOUT,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
@@ -221,7 +222,8 @@ def replicas(
     `gateway` package: a rolling upgrade); this checkout without it. `replica_env`: more
     environment for one replica.
     `store`: a Redis the caller runs (its primary) and the `sessions` keys that reach it (the
-    Sentinel test's); the stack's own redis-server and `redis_url` without it.
+    Sentinel test's); the stack's own redis-server and `redis_url` without it. `heartbeat`,
+    `owner_timeout`: the replicas' (short by default, so that a death is seen at once).
     """
     secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
@@ -263,7 +265,7 @@ def replicas(
                 + f"internal:\n  port: {ports[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
                 + f"sessions:\n  backend: redis\n{reach}  key_prefix: gw-test\n"
                 + f"  secret: {sessions_secret}\n"
-                + f"  heartbeat_interval: {HEARTBEAT}\n  owner_timeout: {OWNER_TIMEOUT}\n  forward_timeout: 5s\n"
+                + f"  heartbeat_interval: {heartbeat}\n  owner_timeout: {owner_timeout}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
                 # fails the test instead of hanging it.
                 + f"chat:\n  keepalive_interval: 60s\n  idle_chat_ttl: {idle_chat_ttl}\n"

@@ -23,7 +23,7 @@ from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatService
 from gateway.cluster.liveness import OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
-from gateway.cluster.messages import Refused, Reply
+from gateway.cluster.messages import Forwarded, Refused, Reply, Submit
 from gateway.cluster.router import Cluster
 from gateway.config.schema import parse_config
 from gateway.core.chat_request import ChatRequest, parse_chat_body
@@ -246,3 +246,39 @@ async def test_an_owner_that_is_not_draining_keeps_its_idle_chats(draining: Any)
     chats.run_changed(chats._registry.find_session("alice", "idle"), "")  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
     assert hub.chats["idle"].owner == "a"
+
+
+async def test_an_answer_that_reaches_its_owner_after_the_chat_was_taken_over_is_refused_there() -> None:
+    """A busy owner (its event loop behind a burst) can miss its heartbeat: the asker takes the
+    chat over and answers the approval itself. When the forwarded answer reaches the old owner
+    afterwards, it must not send it to ADK as well: ADK runs the tool once per answer it gets
+    (a payment made twice under a burst of 300 approvals)."""
+    config = parse_config(CONFIG, env={})
+    metrics = GatewayMetrics()
+    chats = ChatService(
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
+    )
+    submitted: list[ChatRequest] = []
+
+    async def submit(agent: str, user_id: str, request: ChatRequest, claims: dict[str, Any] | None = None) -> Attachment:
+        submitted.append(request)
+        return Attachment(None, None)  # type: ignore[arg-type]
+
+    chats.submit = submit  # type: ignore[method-assign]
+    hub = MemoryHub()
+    old, new = MemoryState("a", hub), MemoryState("b", hub)
+    replies: list[dict[str, Any]] = []
+    await new.start(replies.append, lambda: [])
+    cluster = Cluster(old, chats, metrics)
+    await cluster.start()
+    try:
+        assert (await new.claim("alice", "c9", agent=config.default, default_agent=config.default, ttl=60)).local
+        request = _request("c9", answer=True)
+        await cluster._forwarded.serve(Forwarded("b", "r1", Submit("alice", config.default, request.as_body())))  # type: ignore[attr-defined]
+        assert submitted == []
+        await asyncio.sleep(0)  # the reply is delivered as over a network: later
+        [reply] = replies
+        assert reply["error"]["code"] == "chat_moved", reply
+    finally:
+        await cluster.close()
+        await new.close()

@@ -127,7 +127,9 @@ def test_a_demoted_node_behind_one_address_is_left_not_written_to(tmp_path: Path
     SharedStateDown (503, retry): never a silent loss, never a connection stuck on the old node."""
 
     async def run(url: str, port: int) -> None:
-        client = connect(RedisTarget(url=url), connect_timeout=2.0, command_timeout=5.0, retry=Retry(NoBackoff(), 1))
+        client = connect(
+            RedisTarget(url=url), connect_timeout=2.0, command_timeout=5.0, retry=Retry(NoBackoff(), 1), max_connections=100,
+        )
         try:
             await client.redis.set("k", "before")
             await _wait_replica(port)
