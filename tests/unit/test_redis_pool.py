@@ -28,15 +28,11 @@ from gateway.cluster.redis import RedisState
 from gateway.cluster.redis_calls import RedisCalls
 from gateway.cluster.redis_client import CONTROL_CONNECTIONS, RedisClient, RedisTarget, connect
 from gateway.cluster.redis_pool import DEFAULT_MAX_CONNECTIONS, WaitingPool, WaitingSentinelPool
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateBusy, SharedStateDown
 from gateway.config.schema import parse_config
 from gateway.ops.redis_pool_metrics import RedisPoolMetrics
 from tests.procs import RedisServer, redis_server
-
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-SEAL = Seal(["test-sessions-secret-0123456789"])
+from tests.unit.shared_pair import HEARTBEAT, OWNER_TIMEOUT, SEAL
 
 
 @pytest.fixture(scope="module")
