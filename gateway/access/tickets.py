@@ -25,15 +25,14 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
 from .auth import Identity
-from ..cluster.shared import SharedState
 from ..core.refusals import HttpError
 
-__all__ = ["QUERY_PARAMETER", "Ticket", "Tickets"]
+__all__ = ["QUERY_PARAMETER", "Ticket", "TicketStore", "Tickets"]
 
 # The query parameter a socket's URL carries the ticket in.
 QUERY_PARAMETER: Final = "ticket"
@@ -56,10 +55,19 @@ def _key(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
+class TicketStore(Protocol):
+    """Where tickets are kept: the shared state (cluster/shared.py `SharedState`, memory or Redis),
+    which raises SharedStateDown when it cannot be asked. A port, so access/ does not import the cluster."""
+
+    async def put_ticket(self, key: str, record: dict[str, str], *, ttl: float) -> None: ...
+
+    async def take_ticket(self, key: str) -> dict[str, str] | None: ...
+
+
 class Tickets:
     """Issues tickets into the shared store and redeems them from it."""
 
-    def __init__(self, store: SharedState, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: TicketStore, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         # Wall-clock seconds: a token's `exp` is one.
         self._clock = clock

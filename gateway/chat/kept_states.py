@@ -18,7 +18,7 @@ twice or skip an approval. A state that does not validate is refused and the cha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -27,6 +27,7 @@ from ..core.chat_events import StateRestored
 from ..core.chat_machine import MachineError
 from ..core.ledger_snapshot import MalformedLedger
 from ..ops.metrics import GatewayMetrics
+from .ports import NO_STATE_STORE, StateStore, attached
 from .record import Chat
 
 __all__ = ["KeptStates"]
@@ -35,21 +36,27 @@ log = structlog.get_logger("adk_gateway.chat.kept_states")
 
 
 class KeptStates:
-    """The chat service's side of kept chat states; the cluster sets `save` and `load`."""
+    """The chat service's side of kept chat states; the cluster keeps them (`attach`, chat/ports.py)."""
 
     def __init__(self, metrics: GatewayMetrics, clock: Callable[[], float]) -> None:
         self._metrics = metrics
         self._clock = clock
-        # Keeps the chat's state (its machine's snapshot), in the background.
-        self.save: Callable[[Chat], None] | None = None
-        # The chat's state as last kept, or None (never kept, expired, unreadable, store down).
-        self.load: Callable[[Chat], Awaitable[dict[str, Any] | None]] | None = None
+        # Where states are kept (`save` in the background, `load`): nowhere unless the cluster attaches its store.
+        self._store: StateStore = NO_STATE_STORE
         # Chats whose state is being read: a second request of the chat waits for the same read.
         self._reading: dict[tuple[str, str], asyncio.Future[None]] = {}
 
+    def attach(self, store: StateStore) -> None:
+        """The store that keeps the chats' states (cluster/state_keeper.py); once."""
+        attached(self._store, NO_STATE_STORE, "the kept states' store")
+        self._store = store
+
+    @property
+    def store(self) -> StateStore:
+        return self._store
+
     def changed(self, chat: Chat) -> None:
-        if self.save is not None:
-            self.save(chat)
+        self._store.save(chat)
 
     async def adopt(self, chat: Chat, *, needed: bool = True) -> None:
         """Before this replica first acts on `chat`'s approvals: start from its kept state, if
@@ -62,13 +69,13 @@ class KeptStates:
         if reading is not None:
             await asyncio.shield(reading)
             return
-        if not needed or self.load is None:
+        if not needed:
             chat.adopted = True
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._reading[key] = done
         try:
-            state = await self.load(chat)
+            state = await self._store.load(chat)
             # Checked after the read: what this replica recorded meanwhile is newer than any kept state.
             if state is not None and chat.ledger.empty:
                 self._restore(chat, state)

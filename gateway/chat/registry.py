@@ -15,10 +15,9 @@ runs which chat) is gateway/cluster's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..core.refusals import Refusal
 from .actor import ChatActor
+from .ports import ActorMaker, attached
 from .record import Chat
 
 __all__ = ["ChatNotFound", "Registry", "TooManyChats"]
@@ -38,19 +37,30 @@ class TooManyChats(Exception):
     """The user already has as many chats as the gateway keeps per user."""
 
 
-def _no_actor(chat: Chat) -> ChatActor:
-    raise RuntimeError("no chat service makes the actors of this registry's chats")
+class _NoActors:
+    """No chat service drives this registry's chats yet: a chat without an actor is refused."""
+
+    def actor_for(self, chat: Chat) -> ChatActor:
+        raise RuntimeError("no chat service makes the actors of this registry's chats")
+
+
+_NO_ACTORS: ActorMaker = _NoActors()
 
 
 class Registry:
     def __init__(self, max_chats_per_user: int = 1_000_000) -> None:
         self.max_chats_per_user = max_chats_per_user
-        # Makes each new chat's actor: the chat service that drives the chats sets it.
-        self.new_actor: Callable[[Chat], ChatActor] = _no_actor
+        # Makes each new chat's actor: the chat service that drives the chats (`attach`).
+        self._actors: ActorMaker = _NO_ACTORS
         self._chats: dict[tuple[str, str], Chat] = {}
         self._owners: dict[str, str] = {}
         self._per_user: dict[str, int] = {}
         self._approvals: dict[str, Chat] = {}
+
+    def attach(self, actors: ActorMaker) -> None:
+        """Who makes each new chat's actor (chat/ports.py); once, by the chat service."""
+        attached(self._actors, _NO_ACTORS, "the registry's actor maker")
+        self._actors = actors
 
     def __len__(self) -> int:
         return len(self._chats)
@@ -71,7 +81,7 @@ class Registry:
             if self._per_user.get(user_id, 0) >= self.max_chats_per_user:
                 raise TooManyChats(user_id)
             chat = Chat(user_id, chat_id, chat_id, now, agent)
-            chat.actor = self.new_actor(chat)
+            chat.actor = self._actors.actor_for(chat)
             self._chats[(user_id, chat_id)] = chat
             self._owners[chat_id] = user_id
             self._per_user[user_id] = self._per_user.get(user_id, 0) + 1

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from .ports import Presence
+
 __all__ = ["CallAt", "Feed", "FollowerLagged", "Reader", "Response"]
 
 
@@ -29,8 +31,13 @@ class CallAt(Protocol):
 class Feed(Protocol):
     """What a transport follows: a `Reader` of a response here, or one relayed from another replica."""
 
-    # Whether the request's browser is still there; the transport sets how to tell.
-    connected: Callable[[], bool]
+    def watch(self, presence: Presence) -> None:
+        """How to tell the request's browser is gone: the transport's word (chat/ports.py)."""
+        ...
+
+    def connected(self) -> bool:
+        """Whether the request's browser is still there, as its `Presence` says."""
+        ...
 
     def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]: ...
 
@@ -284,8 +291,16 @@ def _resolve(waiter: asyncio.Future[object], value: object) -> None:
         waiter.set_result(value)
 
 
-def _always() -> bool:
-    return True
+class _Here:
+    """A reader nobody watches yet: its browser counts as there."""
+
+    __slots__ = ()
+
+    def connected(self) -> bool:
+        return True
+
+
+HERE: Presence = _Here()
 
 
 class Reader:
@@ -293,22 +308,28 @@ class Reader:
 
     It is taken when the request is admitted, before anything awaits, so a second request for the
     chat sees the response read even before the first one's transport starts to follow it. The
-    transport then says how to tell that its browser is gone (`connected`): a dropped HTTP
+    transport then says how to tell that its browser is gone (`watch`): a dropped HTTP
     connection is seen when it drops, not at the next write, which may be a tool call away.
 
     A resume's reader shows `earlier` first: the message's earlier responses (and what the browser
     added between them), so positions count over the whole message.
     """
 
-    __slots__ = ("connected", "earlier", "remote", "response")
+    __slots__ = ("_presence", "earlier", "remote", "response")
 
     def __init__(self, response: Response, earlier: tuple[bytes, ...] = ()) -> None:
         self.response = response
         self.earlier = earlier
-        self.connected: Callable[[], bool] = _always
+        self._presence = HERE
         # A relay to another replica's browser (cluster/relay.py): that replica tells when its
         # browser is gone, which takes up to one relay poll.
         self.remote = False
+
+    def watch(self, presence: Presence) -> None:
+        self._presence = presence
+
+    def connected(self) -> bool:
+        return self._presence.connected()
 
     def follow(self, start: int = 0, *, idle: float | None = None, timers: CallAt | None = None) -> AsyncIterator[list[bytes]]:
         """Batches of frames from position `start` until the response is complete."""

@@ -55,6 +55,7 @@ from .gated_answers import continue_gated_run
 from .gates import Gates
 from .kept_states import KeptStates
 from .live_chats import LiveChats
+from .ports import NO_DEADLINES, NO_RUN_WATCHER, DeadlineQueue, RunWatcher, attached
 from .record import Chat
 from .registry import ChatNotFound, Registry, TooManyChats
 from .resume import Resumes
@@ -100,17 +101,16 @@ class ChatService:
         self.notices = Notices(metrics, lambda: self.config, wall, tracing)
         # The plugin's side of gated calls: the cluster's remote gate and the sweeper use it.
         self.gates = Gates(registry, agents, metrics, lambda: self.config, clock, self.notices)
-        agents.in_use = self._carries_run
+        # The upstream's clients ask this service whether a chat's run still uses one (upstream/agents.py).
+        agents.attach(self)
         self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices, tracing)
-        registry.new_actor = lambda chat: ChatActor(chat.machine, self._hooks, chat.agent, chat.chat_id, chat.user_id)
-        # Told when a chat's run starts (its message id) and ends (""): the cluster router
-        # records it in the shared chat directory.
-        self.on_run: Callable[[Chat, str], None] | None = None
-        # Confirm mode's deadlines: the cluster keeps them (cluster/deadline_timer.py), told of
-        # each new one, and of each confirmation answered before its deadline (by its key).
+        registry.attach(self)
+        # The cluster's ports (chat/ports.py, `attach`): told when a chat's run starts (its message
+        # id) and ends ("") for the shared chat directory; confirm mode's deadlines, told of each
+        # new one and of each confirmation answered before its deadline (by its key).
+        self._watcher: RunWatcher = NO_RUN_WATCHER
+        self._deadlines: DeadlineQueue = NO_DEADLINES
         self.timeouts = ConfirmTimeouts(agents, wall)
-        self.on_deadline: Callable[[Deadline], None] | None = None
-        self.on_settled: Callable[[str], None] | None = None
         self._tasks = RunTasks(
             clock=clock, heartbeat=lambda: self.config.sessions.heartbeat_interval, started=self.run_changed, ended=self._run_done,
         )
@@ -129,9 +129,17 @@ class ChatService:
             adopt=self.states.adopt,
         )
 
+    def attach(self, *, runs: RunWatcher, deadlines: DeadlineQueue) -> None:
+        """The cluster's side of this replica's chats (chat/ports.py); once, by the cluster router."""
+        attached(self._watcher, NO_RUN_WATCHER, "the chat service's run watcher")
+        self._watcher, self._deadlines = runs, deadlines
+
+    def actor_for(self, chat: Chat) -> ChatActor:
+        """The registry's `ActorMaker`: each new chat's actor."""
+        return ChatActor(chat.machine, self._hooks, chat.agent, chat.chat_id, chat.user_id)
+
     def run_changed(self, chat: Chat, message_id: str) -> None:
-        if self.on_run is not None:
-            self.on_run(chat, message_id)
+        self._watcher.run_changed(chat, message_id)
 
     def _run_done(self, chat: Chat) -> None:
         self.run_changed(chat, "")
@@ -140,12 +148,10 @@ class ChatService:
             self._kept(deadline)
 
     def _kept(self, deadline: Deadline) -> None:
-        if self.on_deadline is not None:
-            self.on_deadline(deadline)
+        self._deadlines.add(deadline)
 
     def _settled(self, key: str) -> None:
-        if self.on_settled is not None:
-            self.on_settled(key)
+        self._deadlines.drop(key)
 
     def reconfigure(self, config: GatewayConfig) -> None:
         """New requests follow the new config; runs under way keep the policy they started with
@@ -153,7 +159,8 @@ class ChatService:
         self.config = config
         self._registry.max_chats_per_user = config.limits.max_chats_per_user
 
-    def _carries_run(self, client: AdkClient) -> bool:
+    def carries_run(self, client: AdkClient) -> bool:
+        """The agents' `ClientUsers`: whether a chat's run still goes through `client`."""
         return any(chat.upstream is client and chat.running for chat in self._registry.chats())
 
     def end_agent_runs(self, agent: str, reason: str) -> int:

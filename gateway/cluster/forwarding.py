@@ -116,6 +116,7 @@ class ForwardedRequests:
 
     def __init__(
         self, state: SharedState, chats: ChatService, metrics: GatewayMetrics, relays: Relays, gates: RemoteGate,
+        *, expire: Callable[[str], None] = lambda deadline: None,
     ) -> None:
         self._state = state
         self._chats = chats
@@ -125,7 +126,7 @@ class ForwardedRequests:
         # Set by the drain: new work forwarded here is refused, as the transports refuse their own.
         self.draining = False
         # Takes a passed deadline another replica claimed for a chat run here (deadline_timer.py).
-        self.expire: Callable[[str], None] | None = None
+        self._expire_deadline = expire
 
     async def serve(self, asked: Forwarded) -> None:
         """Do the work, and reply to the replica that sent it (unless it is a notice)."""
@@ -195,8 +196,7 @@ class ForwardedRequests:
         self._relays.unfollow(work.key)
 
     async def _expire(self, work: Expire, asked: Forwarded) -> None:
-        if self.expire is not None:
-            self.expire(work.deadline)
+        self._expire_deadline(work.deadline)
 
     async def _gate(self, work: Gate, asked: Forwarded) -> Answer | None:
         return await self._gates.serve(work, asked)

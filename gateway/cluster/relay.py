@@ -26,7 +26,8 @@ from ..chat.service import Attachment
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import encode_chunk
 from ..chat.chunk_log import FollowerLagged, Reader
-from ..chat.response import CallAt
+from ..chat.ports import Presence
+from ..chat.response import HERE, CallAt
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow
 from .shared import RelayEntry, SharedState, SharedStateBusy, SharedStateDown
@@ -121,10 +122,6 @@ class Relays:
                 log.info("relay_append_waits", reason="the gateway is overloaded")
 
 
-def _always() -> bool:
-    return True
-
-
 class RelayFeed:
     """A response running on another replica, read from its relay: what a transport follows."""
 
@@ -137,11 +134,17 @@ class RelayFeed:
         self.metrics = metrics
         self._owner = owner
         self._key = key
-        # Whether the browser is still there (the transport says how to tell, as for a Reader).
-        self.connected: Callable[[], bool] = _always
+        # Whether the browser is still there (the transport says how to tell, as for a Reader: `watch`).
+        self._presence: Presence = HERE
         # Told when the browser stops reading before the relay ended: the owner must hear of it.
         self._abandoned = abandoned
         self._over = False
+
+    def watch(self, presence: Presence) -> None:
+        self._presence = presence
+
+    def connected(self) -> bool:
+        return self._presence.connected()
 
     def close(self) -> None:
         """The request reads no more: if the relay has not ended, tell the owner (once)."""

@@ -81,7 +81,7 @@ class RemoteGate:
 
     def __init__(
         self, state: SharedState, chats: ChatService, metrics: GatewayMetrics, tasks: Tasks, liveness: Liveness,
-        ask: Ask, *, forward_timeout: float,
+        ask: Ask, *, forward_timeout: float, desk: ApprovalDesk | None = None,
     ) -> None:
         self._state = state
         self._chats = chats
@@ -92,8 +92,8 @@ class RemoteGate:
         self._forward_timeout = forward_timeout
         # Verdicts of calls waiting on another replica, by approval id.
         self._verdicts: dict[str, asyncio.Future[Decided]] = {}
-        # Lists the calls that wait for a decision for the approvals API (the cluster sets it).
-        self.desk: ApprovalDesk | None = None
+        # Lists the calls that wait for a decision for the approvals API (the cluster's; none in some tests).
+        self.desk = desk
         # Set when this replica starts to stop: what it holds for other replicas is handed back.
         self._handing_over = asyncio.Event()
 

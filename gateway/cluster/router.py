@@ -92,25 +92,24 @@ class Cluster:
         self._asker = Asker(state, liveness, forward_timeout=settings.forward_timeout, tracing=chats.tracing)
         # The responses this replica relays, and those it follows from others (relay.py).
         self.relays = Relays(state, self._tasks, liveness, metrics)
-        self._gates = RemoteGate(
-            state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout
-        )
-        self._forwarded = ForwardedRequests(state, chats, metrics, self.relays, self._gates)
         # The approvals API's directory and decisions (approval_desk.py); the gate lists its calls.
-        self.approvals = self._gates.desk = ApprovalDesk(state, chats, self._asker.ask)
+        self.approvals = ApprovalDesk(state, chats, self._asker.ask)
+        self._gates = RemoteGate(
+            state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
+            desk=self.approvals,
+        )
+        self._forwarded = ForwardedRequests(state, chats, metrics, self.relays, self._gates, expire=self._expire_forwarded)
         # Run marks waiting to be written to the directory: only the latest per chat matters.
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()
-        chats.on_run = self._on_run
         # Confirm mode's deadlines, shared by the replicas (deadline_timer.py).
         self._recheck = settings.owner_timeout
         # On the chat service's wall clock, read when needed (deadlines are compared with ADK's).
         self._deadlines = DeadlineTimer(
             state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=lambda: self.chats.timeouts.wall(),
         )
-        chats.on_deadline = self._deadlines.add
-        chats.on_settled = self._deadlines.drop
-        self._forwarded.expire = self._expire_forwarded
+        # The chat service's ports (chat/ports.py): this router keeps the run marks, the timer the deadlines.
+        chats.attach(runs=self, deadlines=self._deadlines)
         if state.outlives_process:
             StateKeeper(state, chats, self._tasks, timeout=settings.forward_timeout)
 
@@ -367,7 +366,8 @@ class Cluster:
 
     # ---- the directory ---------------------------------------------------------------------
 
-    def _on_run(self, chat: Chat, message_id: str) -> None:
+    def run_changed(self, chat: Chat, message_id: str) -> None:
+        """The chat service's `RunWatcher`: the run mark to write to the directory."""
         self._marks[(chat.user_id, chat.chat_id)] = message_id
         self._marks_due.set()
 

@@ -31,7 +31,7 @@ _ATTEMPTS = 20
 
 
 class StateKeeper:
-    """Keeps the states of `chats`' chats (it becomes their `states.save` and `states.load`), each
+    """Keeps the states of `chats`' chats (their states' `StateStore`, chat/ports.py), each
     for the chat's idle TTL as configured when it is written."""
 
     def __init__(self, state: SharedState, chats: ChatService, tasks: Tasks, *, timeout: float) -> None:
@@ -39,7 +39,7 @@ class StateKeeper:
         self._tasks = tasks
         self._ttl = lambda: chats.config.chat.idle_chat_ttl
         self._timeout = timeout
-        chats.states.save, chats.states.load = self.save, self.load
+        chats.states.attach(self)
         # Chats with a write under way, and whether another was asked for meanwhile.
         self._writing: dict[tuple[str, str], bool] = {}
 

@@ -302,8 +302,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         raise ConfigError([str(exc)]) from None
     if tracing.enabled:
         # The latency histograms carry the sampled trace's id (docs/metrics.md#exemplars).
-        metrics_.exemplar = tracing.exemplar
-        metrics_.approval_exemplar = tracing.approval_exemplar
+        metrics_.attach_exemplars(tracing)
     registry = Registry(config.limits.max_chats_per_user)
     timers = CoarseTimers()
     agents = Agents(

@@ -16,7 +16,7 @@ from typing import Final
 import structlog
 from aiohttp import web
 
-from ..chat.service import Attachment
+from ..chat.attachment import Attachment
 from ..core.refusals import HttpError, refusal
 from ..core.limits import Limited
 from ..core.chat_request import CHAT_ID_PATTERN, InvalidRequest, parse_chat_request
@@ -29,7 +29,7 @@ from ..core.protocol import (
     sse_frame,
     sse_frames,
 )
-from ..chat.chunk_log import Feed, FollowerLagged, Reader
+from ..chat.response import Feed, FollowerLagged, Reader
 from .state import GATEWAY
 from .admit import Caller, admit, admit_stream, count_refusal, preflight, read_body
 from .limiter import Slot
@@ -148,7 +148,7 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
     feed: Feed = attachment.response
     # A chat whose response nobody reads takes the person's next message (chat/service.py).
     browser = _Browser(request)
-    feed.connected = browser.connected
+    feed.watch(browser)
     gateway = request.app[GATEWAY]
     gauge = gateway.metrics.active_streams.labels(_TRANSPORT)
     request_id = structlog.contextvars.get_contextvars().get("request_id", "")

@@ -29,10 +29,10 @@ import orjson
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from ..chat.service import Attachment
+from ..chat.attachment import Attachment
 from ..core.limits import Limited
 from ..core.protocol import client_version
-from ..chat.chunk_log import Feed, FollowerLagged, Reader
+from ..chat.response import Feed, FollowerLagged, Reader
 from .state import GATEWAY, Gateway
 from .admit import Caller, admit, preflight
 from .aiohttp_raw import send_text_frames, write_text_frames_now
@@ -45,6 +45,19 @@ log = structlog.get_logger("adk_gateway.edge.ws")
 
 _TRANSPORT: Final = "ws"
 _MAX_REQUEST_ID = 128
+
+
+class _Request:
+    """One request of a socket as its feed's `Presence` (chat/ports.py): there until the socket
+    closes or the request is aborted."""
+
+    __slots__ = ("aborted", "request_id", "ws")
+
+    def __init__(self, ws: web.WebSocketResponse, request_id: str, aborted: set[str]) -> None:
+        self.ws, self.request_id, self.aborted = ws, request_id, aborted
+
+    def connected(self) -> bool:
+        return not (self.ws.closed or self.request_id in self.aborted)
 
 
 class Connection:
@@ -194,8 +207,7 @@ class Connection:
         the request was aborted (a chat whose response nobody reads takes the next message, chat/service.py).
         Set as soon as the request has its feed, so a request that never gets to follow it counts
         as gone with its socket."""
-        ws, aborted = self.ws, self.aborted
-        feed.connected = lambda: not (ws.closed or request_id in aborted)
+        feed.watch(_Request(self.ws, request_id, self.aborted))
 
     async def pump(self, request_id: str, attachment: Attachment, *, first_sequence: int = 0) -> None:
         """Send a response's chunks as `chunk` frames from `first_sequence`, then `end`."""

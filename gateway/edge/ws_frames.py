@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import structlog
 
 from ..chat.response import Feed
-from ..chat.service import Attachment
+from ..chat.attachment import Attachment
 from ..core.chat_request import InvalidRequest, is_chat_id, parse_chat_body
 from ..core.limits import Limited
 from ..core.protocol import VERSION_HEADER, ClientVersion, client_version

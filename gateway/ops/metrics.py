@@ -21,6 +21,7 @@ from .redis_pool_metrics import RedisPoolMetrics
 from .webhook_metrics import WebhookMetrics
 
 # Re-exported: the series and the label values they are counted with are read from here.
+from .exemplars import NO_EXEMPLARS, Exemplars, WithExemplars
 from .counts_collector import TOKENS_HELP, CountsCollector
 from .metric_labels import (
     APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS,
@@ -54,7 +55,7 @@ def _token_plan(agent: str, model: str, usage: Mapping[str, Any]) -> _TokenPlan:
     return tuple(plan)
 
 
-class GatewayMetrics:
+class GatewayMetrics(WithExemplars):
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._browser_series(self.registry)
@@ -67,9 +68,8 @@ class GatewayMetrics:
         # The Redis connection pool's waits (cluster/redis_pool.py).
         self.redis_pool = RedisPoolMetrics(self.registry)
         self._export_known_at_zero()
-        # The latency histograms' exemplars, the sampled trace's id: edge/app.py sets them when traces are on.
-        self.exemplar: Callable[[], dict[str, str] | None] = lambda: None
-        self.approval_exemplar: Callable[[str], dict[str, str] | None] = lambda approval_id: None
+        # The latency histograms' exemplars, the sampled trace's id: the tracer, when traces are on.
+        self._exemplars: Exemplars = NO_EXEMPLARS
 
     def _browser_series(self, r: CollectorRegistry) -> None:
         """What browsers asked and were answered: requests, streams, chunks, WebSocket frames, refusals."""

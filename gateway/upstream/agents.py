@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -23,7 +24,7 @@ from ..core.refusals import Refusal
 from ..ops.stopping import cancel_and_wait
 from .client import AdkClient
 
-__all__ = ["Agent", "AgentChanges", "Agents", "UnknownAgent"]
+__all__ = ["Agent", "AgentChanges", "Agents", "ClientUsers", "UnknownAgent"]
 
 log = structlog.get_logger("adk_gateway.upstream.agents")
 
@@ -33,6 +34,24 @@ _RETIRE_POLL = 1.0
 # person decides; a reload that removed their agent ended them already).
 _RETIRE_LIMIT = 3600.0
 _CLOSE_TIMEOUT = 2.0
+
+
+class ClientUsers(Protocol):
+    """The upstream layer's port to whoever runs chats through its clients (the chat service)."""
+
+    def carries_run(self, client: AdkClient) -> bool:
+        """Whether a chat's run still goes through `client` (a retired one is closed after its last)."""
+        ...
+
+
+class _NoUsers:
+    """Nothing runs chats yet: a retired client is closed at once."""
+
+    def carries_run(self, client: AdkClient) -> bool:
+        return False
+
+
+_NO_USERS: ClientUsers = _NoUsers()
 
 
 class UnknownAgent(Refusal):
@@ -80,8 +99,14 @@ class Agents:
         self._default = config.default
         self._started = False
         self._retiring: set[asyncio.Task[None]] = set()
-        # Whether a client still carries a run (set by the chat service, which knows the chats).
-        self.in_use: Callable[[AdkClient], bool] = lambda client: False
+        # Whether a client still carries a run: the chat service knows the chats (`attach`).
+        self._users: ClientUsers = _NO_USERS
+
+    def attach(self, users: ClientUsers) -> None:
+        """Who says whether a retired client still carries a run; once, by the chat service."""
+        if self._users is not _NO_USERS:
+            raise RuntimeError("the agents' client users are attached already")
+        self._users = users
 
     def __iter__(self) -> Iterator[Agent]:
         return iter(list(self._agents.values()))
@@ -176,7 +201,7 @@ class Agents:
     async def _close_when_unused(self, client: AdkClient) -> None:
         try:
             waited = 0.0
-            while self.in_use(client) and waited < _RETIRE_LIMIT:
+            while self._users.carries_run(client) and waited < _RETIRE_LIMIT:
                 await asyncio.sleep(_RETIRE_POLL)
                 waited += _RETIRE_POLL
         finally:

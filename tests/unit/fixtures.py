@@ -95,3 +95,13 @@ def check_stream_rules(chunks: list[dict[str, Any]], known: Iterable[str] = ()) 
             tools.add(chunk["toolCallId"])
         elif kind.startswith("tool-"):
             assert chunk["toolCallId"] in tools, f"tool chunk for an unknown call: {where}"
+
+
+class _Gone:
+    """A reader's `Presence` (gateway/chat/ports.py) whose browser went away."""
+
+    def connected(self) -> bool:
+        return False
+
+
+GONE = _Gone()

@@ -74,8 +74,10 @@ async def env() -> AsyncIterator[Env]:
     for name in ("a", "b"):
         state = MemoryState(name, hub)
         await state.start(lambda message: None, lambda: [])
-        gate = RemoteGate(state, chats, metrics, tasks, Liveness(state, 0.01), _no_ask, forward_timeout=0.05)
-        gate.desk = ApprovalDesk(state, chats, _no_ask)
+        gate = RemoteGate(
+            state, chats, metrics, tasks, Liveness(state, 0.01), _no_ask, forward_timeout=0.05,
+            desk=ApprovalDesk(state, chats, _no_ask),
+        )
         gates.append(gate)
     yield Env(chats, gates[0], gates[1], hub, metrics, adk)
     for _ in range(4):

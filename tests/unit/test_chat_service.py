@@ -25,7 +25,7 @@ from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import ChatNotFound, Registry
-from tests.unit.fixtures import check_stream_rules, types
+from tests.unit.fixtures import GONE, check_stream_rules, types
 from tests.unit.test_chat_gates import (
     CALL,
     SEALED,
@@ -497,7 +497,7 @@ async def test_a_reader_whose_browser_is_gone_does_not_keep_the_chat_busy(env: E
     attachment = await env.service.submit(AGENT, "u", body(USER))
     env.says("Working ")
     await until(lambda: len(env.chat().run.current.frames) > 2)  # type: ignore[union-attr]
-    attachment.response.connected = lambda: False  # type: ignore[attr-defined]  # the HTTP connection dropped; no write noticed it yet
+    attachment.response.watch(GONE)  # the HTTP connection dropped; no write noticed it yet
 
     new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
     env.says("Noon.")

@@ -27,6 +27,7 @@ from gateway.chat.registry import Registry
 from tests.unit.test_chat_gates import ScriptedAdk, text_events
 from tests.unit.test_chat_service import NEW_MESSAGE, body, text_of
 from tests.unit.test_chat_gates import USER
+from tests.unit.fixtures import GONE
 
 AGENT = "demo_agent"
 CONFIG = """
@@ -157,7 +158,7 @@ async def test_a_relayed_browser_that_left_while_the_run_is_quiet_is_seen_gone_w
     relayed = await pair.here.submit(AGENT, "u", body(USER, NEW_MESSAGE))
     pair.says("Once ", "upon ", final=False)
     browser = await reading(relayed, "upon ")
-    relayed.response.connected = lambda: False  # the connection dropped; nothing was written since
+    relayed.response.watch(GONE)  # the connection dropped; nothing was written since
 
     # The relay's next poll sees it, as a failed write would have.
     with pytest.raises(ConnectionResetError):

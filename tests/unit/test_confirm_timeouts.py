@@ -17,6 +17,7 @@ from gateway.config.schema import parse_config
 from gateway.core.deadlines import BROWSER_TIMEOUT_ERROR, TIMEOUT_ERROR, Deadline
 from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
 from gateway.ops.metrics import GatewayMetrics
+from gateway.chat.ports import NO_RUN_WATCHER
 from gateway.chat.registry import Registry
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
@@ -77,6 +78,19 @@ class ConfirmingAdk(NativeAdk):
             yield batch
 
 
+class _Kept:
+    """The chat service's `DeadlineQueue` (gateway/chat/ports.py): keeps every deadline it is given."""
+
+    def __init__(self, kept: list[Deadline]) -> None:
+        self.kept = kept
+
+    def add(self, deadline: Deadline) -> None:
+        self.kept.append(deadline)
+
+    def drop(self, key: str) -> None:
+        pass
+
+
 class Wall:
     def __init__(self) -> None:
         self.now = ASKED_AT + 0.5
@@ -97,7 +111,7 @@ def service(
         wall=wall,
     )
     kept: list[Deadline] = []
-    chats.on_deadline = kept.append
+    chats.attach(runs=NO_RUN_WATCHER, deadlines=_Kept(kept))
     return chats, kept
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -38,6 +39,16 @@ def _answered_elsewhere(approval_id: str) -> dict[str, Any]:
     return machine.snapshot()
 
 
+class _Store:
+    """A `StateStore` (chat/ports.py) that reads with `load` and keeps nothing."""
+
+    def __init__(self, load: Callable[[Chat], Awaitable[dict[str, Any] | None]]) -> None:
+        self.load = load
+
+    def save(self, chat: Chat) -> None:
+        pass
+
+
 async def test_two_requests_of_a_new_chat_read_its_state_once_and_both_see_it() -> None:
     reads: list[str] = []
     gate = asyncio.Event()
@@ -48,7 +59,7 @@ async def test_two_requests_of_a_new_chat_read_its_state_once_and_both_see_it() 
         return _answered_elsewhere("a1")
 
     states = KeptStates(GatewayMetrics(), time.monotonic)
-    states.load = load
+    states.attach(_Store(load))
     chat = _chat()
     one = asyncio.create_task(states.adopt(chat))
     two = asyncio.create_task(states.adopt(chat))
@@ -67,7 +78,7 @@ async def test_a_request_that_answers_nothing_does_not_wait_for_a_read() -> None
     async def load(chat: Chat) -> dict[str, Any] | None:
         raise AssertionError("not read")
 
-    states.load = load
+    states.attach(_Store(load))
     chat = _chat()
     await states.adopt(chat, needed=False)
     assert chat.adopted
@@ -79,7 +90,7 @@ async def test_a_state_that_does_not_validate_leaves_the_chat_empty() -> None:
     async def load(chat: Chat) -> dict[str, Any] | None:
         return {"v": 1, "ledger": {"v": 99}}
 
-    states.load = load
+    states.attach(_Store(load))
     chat = _chat()
     await states.adopt(chat)
     assert chat.adopted and chat.ledger.empty
@@ -122,7 +133,7 @@ async def test_saves_asked_for_while_one_is_written_fold_into_one_write_of_the_n
     await asyncio.sleep(0.05)
     assert len(store.written) == 2  # the first, then one more with everything since
     assert store.written[0]["ledger"]["answered"] == [] and store.written[-1] == chat.machine.snapshot()
-    assert await chats.states.load(chat) == chat.machine.snapshot()  # type: ignore[misc]
+    assert await chats.states.store.load(chat) == chat.machine.snapshot()  # type: ignore[misc]
     await tasks.close(1.0)
 
 

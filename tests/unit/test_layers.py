@@ -8,7 +8,13 @@ transports) sits on top. A contract checked here, not in reviews:
 - no module of the core, nor `config/loosening.py`, reaches an I/O library through its imports,
   inside the gateway package too;
 - the core imports nothing from the shells, and nothing below the edge imports the edge;
-- no two modules import each other at load time (a cycle), lazily or not.
+- no two modules import each other at load time (a cycle), lazily or not;
+- the edge reaches the chat layer only through the cluster router: of gateway/chat/ it imports only
+  the value types a transport follows (`chat/attachment.py`, `chat/response.py`), and the modules
+  that build and hold the object graph (`edge/app.py`, `edge/state.py`) the chat service and the
+  registry too; `access` does not import the cluster (it keeps tickets through its own port);
+- no callback is assigned onto another object after construction (a seam the import contract
+  cannot see): a layer that needs another names a `typing.Protocol` port, passed in (`_patched`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,25 @@ SHELLS = ("chat", "upstream", "edge", "access", "cluster", "ops")
 MAY_NOT_IMPORT = {
     "core": SHELLS,
     **{below: ("edge",) for below in ("chat", "upstream", "access", "cluster", "config", "ops")},
+    "access": ("edge", "cluster"),
+}
+# What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
+# transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
+# everything else through cluster/router.py; app.py builds the chat service and its registry, and
+# state.py holds them for the lifecycle (close, reload).
+EDGE_SEES_OF_CHAT = ("chat.attachment", "chat.response")
+EDGE_BUILDS_CHAT = {"edge.app": ("chat.service", "chat.registry"), "edge.state": ("chat.service", "chat.registry")}
+
+# Assignments the callback scan (`_patched`) finds that are not a layer's callback, each with why.
+NOT_A_PATCHED_CALLBACK = {
+    # aiohttp's own object: its Server takes no argument for the head guard, so GuardedAppRunner
+    # sets it on the server it just made (tests/unit/test_aiohttp_raw.py fails when aiohttp changes).
+    ("edge.aiohttp_raw", "server.guard"),
+    # WaitSignal and the reader that listens to it are one module's two halves; the signal has
+    # one listener, the stream reading while it is set (tests/unit/test_upstream_idle.py).
+    ("upstream.idle_reader", "wait._listener"),
+    # A value, not a callable: the agent's AdkClient (its name is also a Tracing method's).
+    ("chat.agent_runs", "chat.upstream"),
 }
 
 # One import statement's head, at any indentation (lazy imports inside functions count too). Read
@@ -173,6 +198,64 @@ def test_no_import_cycles() -> None:
     assert cycle is None, f"gateway's modules import each other at load time: {' -> '.join(cycle or [])}"
 
 
+def test_the_edge_reaches_chats_only_through_the_router() -> None:
+    found = {
+        module: sorted(
+            m for m in _imports(module)[1]
+            if m.split(".")[0] == "chat" and m not in (*EDGE_SEES_OF_CHAT, *EDGE_BUILDS_CHAT.get(module, ()))
+        )
+        for module in _modules() if module.split(".")[0] == "edge"
+    }
+    assert {m: chat for m, chat in found.items() if chat} == {}, "gateway/edge/ imports the chat layer beyond its value types"
+
+
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)")
+_PROPERTY = re.compile(r"^\s*@(?:\w+\.setter|property|cached_property|functools\.cached_property)\b")
+# `a.b = value` (or `a.b, c.d = x, y`) at any indentation, not a comparison.
+_ASSIGN = re.compile(r"^\s+((?:[A-Za-z_]\w*(?:\.\w+)*\s*,\s*)*[A-Za-z_]\w*(?:\.\w+)*)\s*=\s*([^=].*?)\s*(?:#.*)?$")
+
+
+def _functions(text: str) -> set[str]:
+    """The names of the functions and methods `text` defines (properties are values, not callables)."""
+    lines = text.splitlines()
+    return {
+        match.group(1) for i, line in enumerate(lines)
+        if (match := _DEF.match(line)) and not (i and _PROPERTY.match(lines[i - 1]))
+    }
+
+
+def _patched(text: str, functions: set[str]) -> list[str]:
+    """Callbacks `text` assigns onto another object: a heuristic over the source, documented here.
+
+    A target is an attribute of some object other than `self` itself (`self.x = ...` is an
+    object's own state; `self.x.y = ...`, `other.y = ...` are not), and the value is a callable:
+    a lambda, a `partial(...)`, or a bound method, a dotted name whose last part is a function
+    gateway/ defines (`functions`). What it flags that is no callback is listed, with why, in
+    NOT_A_PATCHED_CALLBACK."""
+    found = []
+    for line in text.splitlines():
+        if not (match := _ASSIGN.match(line)):
+            continue
+        targets = [t.strip() for t in match.group(1).split(",")]
+        values = [v.strip() for v in match.group(2).split(",")] if len(targets) > 1 else [match.group(2).strip()]
+        for target, value in zip(targets, values):
+            if target.count(".") == 0 or (target.startswith("self.") and target.count(".") == 1):
+                continue
+            bound = re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)+", value) and value.rsplit(".", 1)[1] in functions
+            if value.startswith("lambda") or re.match(r"(?:functools\.)?partial\(", value) or bound:
+                found.append(target)
+    return found
+
+
+def test_no_callback_is_patched_onto_another_object() -> None:
+    functions = set().union(*(_functions(_path(m).read_text()) for m in _modules()))
+    found = sorted(
+        (module, target) for module in _modules() for target in _patched(_path(module).read_text(), functions)
+        if (module, target) not in NOT_A_PATCHED_CALLBACK
+    )
+    assert found == [], f"callbacks assigned onto another object after construction (name a port instead): {found}"
+
+
 def test_every_package_init_says_what_it_owns_and_imports_nothing() -> None:
     for init in GATEWAY.glob("*/__init__.py"):
         package = init.parent.name
@@ -199,3 +282,8 @@ def test_the_contract_can_fail() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
     assert "core.chat_events" in _load_graph()["chat.service"]
     assert CORE[0].startswith("core.") and "core.turn" in CORE
+    patched = "        chats.on_run = self._on_run\n        a.b, a.c = self.save, self.load\n        feed.connected = lambda: True\n"
+    assert _patched(patched, {"_on_run", "save", "load"}) == ["chats.on_run", "a.b", "a.c", "feed.connected"]
+    own = "        self.on_run = self._on_run\n        chat.run = run\n        x.y = self.z\n        if a.b == c.d:\n"
+    assert _patched(own, {"_on_run", "run"}) == []
+    assert "chat.service" in _imports("edge.app")[1] and "cluster" in MAY_NOT_IMPORT["access"]

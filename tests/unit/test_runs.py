@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from gateway.chat.chunk_log import Feed, FollowerLagged, Reader, Response, Run
+from tests.unit.fixtures import GONE
 
 
 async def collect(response: Feed, start: int = 0) -> list[bytes]:
@@ -178,7 +179,7 @@ def test_a_response_is_read_while_a_reader_holds_it_and_its_browser_is_there() -
     assert isinstance(first, Reader) and response.read and response.read_here
     first.close()
     assert response.read  # the other one still reads
-    second.connected = lambda: False  # its connection dropped; nothing was written since
+    second.watch(GONE)  # its connection dropped; nothing was written since
     assert not response.read and not response.read_here
     relay = response.reader()
     relay.remote = True

@@ -283,7 +283,7 @@ def test_no_traceparent_to_adk_when_off() -> None:
 def test_openmetrics_on_request_with_the_trace_as_exemplar() -> None:
     tracing, _ = traced()
     metrics = GatewayMetrics()
-    metrics.exemplar = tracing.exemplar
+    metrics.attach_exemplars(tracing)
     started = tracing.server_span({}, "POST", "/api/chat", "/api/chat")
     metrics.upstream_first_event.labels("demo").observe(0.3, metrics.exemplar())
     trace_id = tracing.exemplar()

@@ -1,0 +1,97 @@
+"""The chat layer's ports: what it needs from the layers around it, named as `typing.Protocol`s.
+
+The chat layer calls these; whoever implements one is handed to it, at construction or through
+one `attach` (where construction order forces it: the cluster is built on the chat service), and
+never assigned onto the chat layer's objects as a callback, which the import contract could not
+see (tests/unit/test_layers.py fails on that). Each port has a null implementation, the chat
+layer's default when nothing is attached (a chat service built alone, in a test): a single
+replica with nothing to tell.
+
+- `RunWatcher`: told when a chat's run starts and ends (the cluster's run marks in the shared directory).
+- `DeadlineQueue`: confirm mode's deadlines, kept by the replicas together (cluster/deadline_timer.py).
+- `StateStore`: a chat's state kept outside this process (cluster/state_keeper.py, Redis only).
+- `ActorMaker`: makes each new chat's actor (the chat service, for its registry).
+- `Presence`: whether the browser of a request that reads a response is still there (the transports).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..core.deadlines import Deadline
+    from .actor import ChatActor
+    from .record import Chat
+
+__all__ = [
+    "ActorMaker", "DeadlineQueue", "NO_DEADLINES", "NO_RUN_WATCHER", "NO_STATE_STORE", "Presence", "RunWatcher",
+    "StateStore", "attached",
+]
+
+
+class RunWatcher(Protocol):
+    def run_changed(self, chat: Chat, message_id: str) -> None:
+        """`chat`'s run started (the message id it writes) or ended ("")."""
+        ...
+
+
+class DeadlineQueue(Protocol):
+    def add(self, deadline: Deadline) -> None:
+        """Keep a new confirmation deadline (or one moved later)."""
+        ...
+
+    def drop(self, key: str) -> None:
+        """The confirmation of `key` was answered before its deadline."""
+        ...
+
+
+class StateStore(Protocol):
+    def save(self, chat: Chat) -> None:
+        """Keep the chat's state (its machine's snapshot), in the background."""
+        ...
+
+    async def load(self, chat: Chat) -> dict[str, Any] | None:
+        """The chat's state as last kept, or None (never kept, expired, unreadable, store down)."""
+        ...
+
+
+class ActorMaker(Protocol):
+    def actor_for(self, chat: Chat) -> ChatActor:
+        """The actor that alone drives `chat`'s machine, made with the chat."""
+        ...
+
+
+class Presence(Protocol):
+    def connected(self) -> bool:
+        """Whether the request's browser is still there."""
+        ...
+
+
+class _Nothing:
+    """The single replica's ports: nobody to tell, nothing kept elsewhere."""
+
+    def run_changed(self, chat: Chat, message_id: str) -> None:
+        pass
+
+    def add(self, deadline: Deadline) -> None:
+        pass
+
+    def drop(self, key: str) -> None:
+        pass
+
+    def save(self, chat: Chat) -> None:
+        pass
+
+    async def load(self, chat: Chat) -> dict[str, Any] | None:
+        return None
+
+
+NO_RUN_WATCHER: RunWatcher = _Nothing()
+NO_DEADLINES: DeadlineQueue = _Nothing()
+NO_STATE_STORE: StateStore = _Nothing()
+
+
+def attached(current: object, null: object, what: str) -> None:
+    """Refuse a second `attach` of a port: one owner per seam, fixed once the object graph is built."""
+    if current is not null:
+        raise RuntimeError(f"{what} is attached already")
