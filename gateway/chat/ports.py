@@ -11,7 +11,6 @@ replica with nothing to tell.
 - `DeadlineQueue`: confirm mode's deadlines, kept by the replicas together (cluster/deadline_timer.py).
 - `StateStore`: a chat's state kept outside this process (cluster/state_keeper.py, Redis only).
 - `ActorMaker`: makes each new chat's actor (the chat service, for its registry).
-- `Presence`: whether the browser of a request that reads a response is still there (the transports).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from .record import Chat
 
 __all__ = [
-    "ActorMaker", "DeadlineQueue", "NO_DEADLINES", "NO_RUN_WATCHER", "NO_STATE_STORE", "Presence", "RunWatcher",
+    "ActorMaker", "DeadlineQueue", "NO_DEADLINES", "NO_RUN_WATCHER", "NO_STATE_STORE", "RunWatcher",
     "StateStore", "attached",
 ]
 
@@ -58,12 +57,6 @@ class StateStore(Protocol):
 class ActorMaker(Protocol):
     def actor_for(self, chat: Chat) -> ChatActor:
         """The actor that alone drives `chat`'s machine, made with the chat."""
-        ...
-
-
-class Presence(Protocol):
-    def connected(self) -> bool:
-        """Whether the request's browser is still there."""
         ...
 
 

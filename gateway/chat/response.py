@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from .ports import Presence
+from .presence import Presence
 
 __all__ = ["CallAt", "Feed", "FollowerLagged", "Reader", "Response"]
 

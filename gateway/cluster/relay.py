@@ -26,7 +26,7 @@ from ..chat.service import Attachment
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import encode_chunk
 from ..chat.chunk_log import FollowerLagged, Reader
-from ..chat.ports import Presence
+from ..chat.presence import Presence
 from ..chat.response import HERE, CallAt
 from .liveness import Liveness
 from .messages import Forwarded, Unfollow

@@ -48,7 +48,7 @@ _MAX_REQUEST_ID = 128
 
 
 class _Request:
-    """One request of a socket as its feed's `Presence` (chat/ports.py): there until the socket
+    """One request of a socket as its feed's `Presence` (chat/presence.py): there until the socket
     closes or the request is aborted."""
 
     __slots__ = ("aborted", "request_id", "ws")

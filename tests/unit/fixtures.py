@@ -98,7 +98,7 @@ def check_stream_rules(chunks: list[dict[str, Any]], known: Iterable[str] = ()) 
 
 
 class _Gone:
-    """A reader's `Presence` (gateway/chat/ports.py) whose browser went away."""
+    """A reader's `Presence` (gateway/chat/presence.py) whose browser went away."""
 
     def connected(self) -> bool:
         return False

@@ -200,9 +200,10 @@ async def _started(state: RedisState) -> RedisState:
 async def test_closing_while_a_run_mark_is_written_to_redis_never_hangs(server: RedisServer) -> None:
     """The issue's hang, with the real client: redis-py loses the cancellation when it lands in
     some of the event-loop steps of a command (here, steps 1 to 3 of EVALSHA), so try every step."""
-    prefix = "marks" + secrets.token_hex(3)
     for steps in range(12):
-        state = _redis_state(server, f"a{steps}", prefix)
+        # A prefix per step: the chat is new to each replica, not one to take over from the last
+        # (a take-over waits out a gap in the heartbeats, which a loaded machine can open).
+        state = _redis_state(server, f"a{steps}", "marks" + secrets.token_hex(3))
         cluster = cluster_on(state)
         await cluster.start()
         await state.claim("alice", "c1", agent="demo_agent", default_agent="demo_agent", ttl=60)
