@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gateway.demo.script import echo_text
 from tests.chatflow import new_chat, post, user
 from tests.jsdriver import assert_clean, run_chats
 from tests.integration.conftest import STORES, SharedAgents, plugin_agent
@@ -67,7 +68,10 @@ def check_stop_then_send(stack: PluginStack) -> None:
         assert "hello again" in last, (where, last)
         assert "slowly" not in last, (where, last)  # not the rest of the stopped reply
         first = "".join(p.get("text", "") for p in result["messages"][1]["parts"])
-        assert "slowly" not in first, (where, first)  # it was stopped mid-reply
+        # Stopped mid-reply: a part of the whole reply only (how much depends on how fast the
+        # driver's abort lands on a loaded machine, so no fixed word is asserted absent).
+        whole = echo_text(steps[0]["send"])
+        assert whole.startswith(first) and len(first) < len(whole), (where, first)
         second = [chunk["type"] for index, chunk in result["chunks"] if index == len(result["requests"]) - 1]
         assert second[-1] == "finish", (where, second)
         if result["transport"] == "sse":
