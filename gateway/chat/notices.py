@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -98,13 +99,15 @@ class Notices:
 
     def native_decided(
         self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, outcome: str, waited: float,
-        reason: str | None = None,
+        reason: str | None = None, deciders: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        source = _NATIVE_SOURCE.get(outcome, "person")
+        source = "approver" if deciders else _NATIVE_SOURCE.get(outcome, "person")
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
         notice = self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,
                                  waited=waited, reason=reason)
+        if deciders:
+            notice = replace(notice, approvers=tuple(Approver(who, auth) for who, auth in deciders))
         self._tracing.approval_decided(confirmation.approval_id, outcome, source, tuple(a.user for a in notice.approvers))
         self._tell(notice)
 

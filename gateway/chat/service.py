@@ -33,6 +33,7 @@ from ..core.approvals import GatedCall
 from ..core.browser_confirmations import BrowserCalls, plan_browser
 from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, plan_turn
 from ..core.deadlines import Deadline
+from ..core.native_confirmation import NativeConfirmation
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
 from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStarts, RunWanted
@@ -47,12 +48,13 @@ from .agent_runs import AgentRuns
 from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
-from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
+from .confirm_timeouts import ConfirmTimeouts
 from .notices import Notices
 from .confirmations import NativeConfirmations
 from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
+from .gateway_answers import GatewayAnswers
 from .kept_states import KeptStates
 from .live_chats import LiveChats
 from .record import Chat
@@ -127,6 +129,11 @@ class ChatService:
         self._resumes = Resumes(
             registry=registry, agents=agents, metrics=metrics, config=lambda: self.config, clock=clock, chat=self._chat,
             adopt=self.states.adopt,
+        )
+        # The gateway's own answers to ADK's confirmations: deadlines, approvers' decisions.
+        self._answers = GatewayAnswers(
+            agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt, runs=self.runs,
+            timeouts=self.timeouts, start_run=self._start_run,
         )
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
@@ -329,39 +336,27 @@ class ChatService:
     def local_chats(self) -> list[Chat]:
         return self._registry.chats()
 
+    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> tuple[Chat, NativeConfirmation] | None:
+        """A confirmation a chat here waits for, if its approvers answer it (the cluster lists it)."""
+        try:
+            chat = self._registry.find(agent, user_id, chat_id)
+        except ChatNotFound:
+            return None
+        found = chat.ledger.native(approval_id) if chat is not None else None
+        return (chat, found) if chat is not None and found is not None and found.for_approvers else None
+
     async def expire_confirmation(self, deadline: Deadline) -> float | None:
-        """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
-        tool's `on_timeout`, unless someone answered it already. ADK's session decides what is
-        still asked, and when it was. Returns when to look again (the chat is busy, ADK did not
-        answer, the deadline ADK's session gives is later), or None: answered, or nothing to do."""
-        agent = self.agents.get(deadline.agent)
-        if agent is None or agent.live:
-            return None
-        try:
-            chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
-        except (ChatNotFound, Limited):
-            return None
-        await self.states.adopt(chat)
-        decided = await self.timeouts.decide(agent, chat, deadline, self.runs.confirmations)
-        if not isinstance(decided, tuple):
-            return decided
-        answer, call = decided
-        # The browser holds the call in the message this continues: the one this replica wrote, or
-        # the one the gateway told ADK it was writing when ADK asked (the chat moved here, or this
-        # replica restarted). A new id would make a stock client show the message twice.
-        message_id = chat.run.message_id if chat.run is not None else call.message_id
-        known = frozenset({call.tool_call_id})
-        turn = chat.machine.turn
-        version = turn.converter.version if turn is not None else 6
-        try:
-            attachment = await self._start_run(
-                agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,
-            )
-        except (ChatBusy, UpstreamError):
-            return self.timeouts.wall() + EXPIRY_RETRY
-        # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
-        attachment.response.close()
-        return None
+        """A confirmation's deadline passed (this replica runs the chat): chat/gateway_answers.py."""
+        return await self._answers.expire(deadline)
+
+    async def answer_for_approvers(
+        self, agent: str, user_id: str, chat_id: str, approval_id: str, *, approved: bool, reason: str | None,
+        deciders: list[dict[str, str]],
+    ) -> str:
+        """Approvers decided an ADK confirmation marked theirs: chat/gateway_answers.py."""
+        return await self._answers.for_approvers(
+            agent, user_id, chat_id, approval_id, approved=approved, reason=reason, deciders=deciders,
+        )
 
     async def forget_idle(self, idle_before: float) -> list[Chat]:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""
