@@ -20,6 +20,7 @@ from ..core.limits import Limited
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import AskedCall, UpstreamError
 from .agent_runs import AgentRuns
+from .approver_waits import ApproverWaits
 from .attachment import Attachment, ChatBusy
 from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
 from .record import Chat
@@ -32,7 +33,7 @@ class GatewayAnswers:
     def __init__(
         self, *, agents: Agents, registry: Registry, chat: Callable[[Agent, str, str], Chat],
         adopt: Callable[[Chat], Awaitable[Any]], runs: AgentRuns, timeouts: ConfirmTimeouts,
-        start_run: Callable[..., Awaitable[Attachment]],
+        start_run: Callable[..., Awaitable[Attachment]], waits: ApproverWaits,
     ) -> None:
         self._agents = agents
         self._registry = registry
@@ -41,6 +42,7 @@ class GatewayAnswers:
         self._runs = runs
         self._timeouts = timeouts
         self._start_run = start_run
+        self._waits = waits
 
     async def expire(self, deadline: Deadline) -> float | None:
         """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
@@ -55,6 +57,11 @@ class GatewayAnswers:
         except (ChatNotFound, Limited):
             return None
         await self._adopt(chat)
+        if self._waits.waits(chat, deadline.approval_id):
+            # The run waits open for its approvers: the timeout's answer goes on in it.
+            asked = AskedCall(deadline.tool_call_id, deadline.tool, None)
+            self._waits.deliver(chat, self._timeouts.answer(agent, deadline.approval_id, asked))
+            return None
         decided = await self._timeouts.decide(agent, chat, deadline, self._runs.confirmations)
         if not isinstance(decided, tuple):
             return decided
@@ -77,6 +84,12 @@ class GatewayAnswers:
         except (ChatNotFound, Limited):
             return "gone"
         await self._adopt(chat)
+        who = tuple((d.get("user", ""), d.get("auth", "")) for d in deciders)
+        if self._waits.waits(chat, approval_id):
+            # The run waits open for them here: their answer goes on in it, into the requester's response.
+            asked = next(c for c in chat.ledger.asked_for_approvers() or () if c.approval_id == approval_id)
+            answer = ApprovalAnswer(approval_id, asked.tool_call_id, asked.tool, approved, reason=reason, deciders=who)
+            return "decided" if self._waits.deliver(chat, answer, tuple(u for u, _ in who)) else "already"
         if chat.ledger.native_answered(approval_id):
             return "already"
         try:
@@ -88,7 +101,6 @@ class GatewayAnswers:
             return "gone"
         if approval_id in held.answered or chat.ledger.native_answered(approval_id):
             return "already"
-        who = tuple((d.get("user", ""), d.get("auth", "")) for d in deciders)
         answer = ApprovalAnswer(approval_id, call.tool_call_id, call.tool, approved, reason=reason, deciders=who)
         return "decided" if await self._answer_adk(agent, chat, answer, call) else "busy"
 

@@ -119,7 +119,8 @@ class Notices:
             chat_id, user, dict(confirmation.args or {}), self._wall(), policy_version=self._version(),
             args_digest=self._digest(confirmation.args or {}),
             approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
-            asks=() if kind != "waiting" else ("the chatting user",), **decided,
+            asks=() if kind != "waiting" else (confirmation.mark.approvers if confirmation.mark else "the chatting user",),
+            **decided,
         )
 
     # ---- internals -------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
 from .gateway_answers import GatewayAnswers
+from .approver_waits import ApproverWaits
 from .kept_states import KeptStates
 from .live_chats import LiveChats
 from .record import Chat
@@ -130,11 +131,11 @@ class ChatService:
             registry=registry, agents=agents, metrics=metrics, config=lambda: self.config, clock=clock, chat=self._chat,
             adopt=self.states.adopt,
         )
-        # The gateway's own answers to ADK's confirmations: deadlines, approvers' decisions.
-        self._answers = GatewayAnswers(
-            agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt, runs=self.runs,
-            timeouts=self.timeouts, start_run=self._start_run,
-        )
+        # Runs that wait, open, for their approvers; the gateway's own answers to ADK's confirmations.
+        self._waits = ApproverWaits(runs=self.runs, native=self._native, metrics=metrics, notices=self.notices,
+                                    clock=clock, wall=wall, kept=self._kept, settled=self._settled)
+        self._answers = GatewayAnswers(agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt,
+                                       runs=self.runs, timeouts=self.timeouts, start_run=self._start_run, waits=self._waits)
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         if self.on_run is not None:
@@ -290,6 +291,8 @@ class ChatService:
         )
         wait = WaitSignal()
         batches = self.runs.turn(chat, plan.new_message, native, wait, run.message_id)
+        if not agent.live:
+            batches = self._waits.follow(chat, agent, batches, wait, run.message_id)
         return self._tasks.launch(chat, run, start, batches, wait, reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
@@ -342,7 +345,8 @@ class ChatService:
             chat = self._registry.find(agent, user_id, chat_id)
         except ChatNotFound:
             return None
-        found = chat.ledger.native(approval_id) if chat is not None else None
+        asked = chat.ledger.asked_for_approvers() or [] if chat is not None else []
+        found = chat.ledger.native(approval_id) or next((c for c in asked if c.approval_id == approval_id), None) if chat else None
         return (chat, found) if chat is not None and found is not None and found.for_approvers else None
 
     async def expire_confirmation(self, deadline: Deadline) -> float | None:

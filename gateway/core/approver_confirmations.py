@@ -16,7 +16,7 @@ from typing import Any
 
 from .message_writer import Chunk
 
-__all__ = ["ApproverMark", "mark", "marked", "native_approver_part", "read_mark"]
+__all__ = ["ApproverMark", "decided_chunks", "mark", "marked", "native_approver_part", "read_mark"]
 
 # The namespace of the gateway's keys in a confirmation's payload (core/browser_confirmations.py's).
 _NAMESPACE = "adk_gateway"
@@ -69,6 +69,7 @@ def marked(payload: Any) -> bool:
 
 def native_approver_part(
     approval_id: str, tool_call_id: str, who: ApproverMark, hint: str | None, state: str = "waiting",
+    decided: dict[str, Any] | None = None,
 ) -> Chunk:
     """The data part of an ADK confirmation its approvers answer, as `_approver_part` of a held call."""
     data: dict[str, Any] = {
@@ -79,4 +80,29 @@ def native_approver_part(
         data["rule"] = who.rule
     if hint:
         data["hint"] = hint
-    return {"type": "data-approval", "id": approval_id, "data": data}
+    return {"type": "data-approval", "id": approval_id, "data": {**data, **(decided or {})}}
+
+
+def decided_chunks(
+    confirmation: Any, who: ApproverMark, hint: str | None, approved: bool, reason: str | None, by: tuple[str, ...],
+    version: int, timed_out: bool = False,
+) -> list[Chunk]:
+    """What the chat sees when the approvers decided an ADK confirmation: its part updated to
+    `decided` (who, and why), and for ai 7 the decision as the tool part's approval (a request and
+    its response), so that its outcome reads as it does after a person's answer."""
+    decided: dict[str, Any] = {"approved": approved, "by": list(by)}
+    if reason:
+        decided["reason"] = reason
+    approval_id, tool_call_id = confirmation.approval_id, confirmation.tool_call_id
+    if timed_out:  # nobody decided in time: the tool's on_timeout (its outcome comes as ADK's result)
+        return [native_approver_part(approval_id, tool_call_id, who, hint, "timeout")]
+    out = [native_approver_part(approval_id, tool_call_id, who, hint, "decided", decided)]
+    if version >= 7:
+        descriptor = {key: value for key, value in (("rule", who.rule), ("approvers", who.approvers)) if value}
+        out.append({"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": tool_call_id,
+                    "approvalDescriptor": descriptor})
+        response: Chunk = {"type": "tool-approval-response", "approvalId": approval_id, "approved": approved}
+        if reason:
+            response["reason"] = reason
+        out.append(response)
+    return out

@@ -220,6 +220,24 @@ class Ledger:
     def asking(self) -> bool:
         return bool(self._asking)
 
+    def asked_for_approvers(self) -> list[NativeConfirmation] | None:
+        """The confirmations this run asked that its approvers answer; None if it also asked one of
+        the chatting person (the run ends for their answer, as always)."""
+        asked = list(self._asking.values())
+        return None if any(not c.for_approvers for c in asked) else asked
+
+    def answer_asked(self, approval_id: str, denied: bool) -> NativeConfirmation | None:
+        """Approvers answered a confirmation this run asked, and the run goes on with their answer
+        (`denied`: its call shows as denied). Returns it if it was still asked."""
+        found = next((c for c in self._asking.values() if c.approval_id == approval_id), None)
+        if found is None:
+            return None
+        del self._asking[found.tool_call_id]
+        self._answered[approval_id] = found.tool_call_id
+        if denied:
+            self._denied[found.tool_call_id] = None
+        return found
+
     def settle_asked(self, now: float) -> list[NativeConfirmation]:
         """The run ended: its confirmations now wait for the person; returns those newly pending."""
         new = []

@@ -212,3 +212,59 @@ async def test_a_denial_by_the_approvers_is_adks_rejection_with_their_reason_for
 
 def test_an_unknown_confirmation_is_gone() -> None:
     assert SessionConfirmations().calls == {}
+
+
+# ---- the run waits open for its approvers, and streams their outcome into the requester's response ----
+
+
+async def _follow(attachment: Any, into: list[dict[str, Any]]) -> None:
+    import orjson
+
+    async for batch in attachment.response.follow():
+        into.extend(orjson.loads(f) for f in batch)
+
+
+def _result(text: str) -> list[dict[str, Any]]:
+    return [
+        {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {
+            "id": "c-1", "name": "issue_refund", "response": {"refunded": 250}}}]}},
+        {"author": "a", "content": {"role": "model", "parts": [{"text": text}]}},
+    ]
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_the_requesters_response_stays_open_and_streams_the_approvers_outcome(approved: bool) -> None:
+    adk, service = shipped_service()
+    attachment = await service.submit("support_agent", "customer", request(USER, message_id=None))
+    seen: list[dict[str, Any]] = []
+    follower = asyncio.create_task(_follow(attachment, seen))
+    adk.reads.put_nowait(_confirmation(PAYLOAD))
+    adk.reads.put_nowait(None)  # ADK's run ends with the confirmation in its session
+    await asyncio.sleep(0.05)
+    kinds = [c["type"] for c in seen]
+    assert "data-approval" in kinds and "finish" not in kinds and "tool-approval-request" not in kinds
+    assert not follower.done(), "the requester's response waits for the approvers, open"
+    result = await service.answer_for_approvers(
+        "support_agent", "customer", "chat-1", "adk-9", approved=approved, reason=None if approved else "no",
+        deciders=[{"user": "sup", "auth": "approver_key"}],
+    )
+    assert result == "decided"
+    await asyncio.sleep(0.02)
+    [sent] = adk.messages[1:]  # the first is the user's message
+    assert sent["parts"][0]["functionResponse"]["response"] == {"confirmed": approved}
+    adk.reads.put_nowait(_result("Refunded.") if approved else [
+        {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {
+            "id": "c-1", "name": "issue_refund", "response": {"error": "This tool call is rejected."}}}]}}])
+    adk.reads.put_nowait(None)
+    await asyncio.wait_for(follower, 5)
+    decided = [c for c in seen if c["type"] == "data-approval"][-1]
+    assert decided["data"]["state"] == "decided" and decided["data"]["approved"] is approved
+    assert decided["data"]["by"] == ["sup"]
+    assert seen[-1]["type"] == "finish" and [c["type"] for c in seen].count("start") == 1
+    outcome = "tool-output-available" if approved else "tool-output-error"  # ai 6: a denial without its approval pair
+    assert any(c["type"] == outcome and c["toolCallId"] == "c-1" for c in seen), seen
+    # Once: the approvers' second word (another replica's replay) finds nothing waiting.
+    adk.sessions = [{"events": [*_confirmation(PAYLOAD), {"author": "u", "content": sent}]}]
+    again = await service.answer_for_approvers("support_agent", "customer", "chat-1", "adk-9", approved=True,
+                                               reason=None, deciders=[])
+    assert again == "already" and len(adk.messages) == 2
