@@ -34,6 +34,7 @@ class GatewayAnswers:
         self, *, agents: Agents, registry: Registry, chat: Callable[[Agent, str, str], Chat],
         adopt: Callable[[Chat], Awaitable[Any]], runs: AgentRuns, timeouts: ConfirmTimeouts,
         start_run: Callable[..., Awaitable[Attachment]], waits: ApproverWaits,
+        rebuild: Callable[[str, str, str], Awaitable[Attachment | None]],
     ) -> None:
         self._agents = agents
         self._registry = registry
@@ -43,6 +44,7 @@ class GatewayAnswers:
         self._timeouts = timeouts
         self._start_run = start_run
         self._waits = waits
+        self._rebuild = rebuild
 
     async def expire(self, deadline: Deadline) -> float | None:
         """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
@@ -102,6 +104,10 @@ class GatewayAnswers:
         if approval_id in held.answered or chat.ledger.native_answered(approval_id):
             return "already"
         answer = ApprovalAnswer(approval_id, call.tool_call_id, call.tool, approved, reason=reason, deciders=who)
+        if chat.run is None and (rebuilt := await self._rebuild(agent.name, chat.user_id, chat.chat_id)) is not None:
+            # This replica never wrote the message (it restarted, or took the chat over): rebuilt from
+            # ADK's session first, so that the outcome continues it and a resume reads it whole.
+            rebuilt.response.close()
         return "decided" if await self._answer_adk(agent, chat, answer, call) else "busy"
 
     async def _answer_adk(self, agent: Agent, chat: Chat, answer: ApprovalAnswer, call: AskedCall) -> bool:

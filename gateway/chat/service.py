@@ -135,7 +135,8 @@ class ChatService:
         self._waits = ApproverWaits(runs=self.runs, native=self._native, metrics=metrics, notices=self.notices,
                                     clock=clock, wall=wall, kept=self._kept, settled=self._settled)
         self._answers = GatewayAnswers(agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt,
-                                       runs=self.runs, timeouts=self.timeouts, start_run=self._start_run, waits=self._waits)
+                                       runs=self.runs, timeouts=self.timeouts, start_run=self._start_run, waits=self._waits,
+                                       rebuild=self._resumes.resume_waiting)
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         if self.on_run is not None:

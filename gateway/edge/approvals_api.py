@@ -46,7 +46,7 @@ log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
 _MAX_LIMIT = 1000
 # Kept in the directory for the owner's use, never shown.
-_PRIVATE = ("owner", "session")
+_PRIVATE = ("owner", "session", "engine")
 _STORE_DOWN = "the gateway's shared store is unreachable; retry"
 
 
