@@ -35,6 +35,8 @@ Sink = Callable[[ApprovalNotice], None]
 
 # A native confirmation's outcome as the browser or the gateway gave it -> who decided.
 _NATIVE_SOURCE = {"approved": "person", "denied": "person", "timeout": "timeout", "cancelled": "cancel"}
+# The same, answered by the gateway for approvers (a deadline or a cancel is nobody's decision).
+_APPROVERS_SOURCE = {**_NATIVE_SOURCE, "approved": "approver", "denied": "approver"}
 
 
 def _deciders(call: GatedCall, source: str | None) -> tuple[Approver, ...]:
@@ -101,7 +103,7 @@ class Notices:
         self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, outcome: str, waited: float,
         reason: str | None = None, deciders: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        source = "approver" if deciders else _NATIVE_SOURCE.get(outcome, "person")
+        source = (_APPROVERS_SOURCE if deciders else _NATIVE_SOURCE).get(outcome, "person")
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
         notice = self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,

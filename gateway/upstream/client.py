@@ -23,7 +23,9 @@ from ..core.eventstream import EventStreamDecoder, EventStreamError
 from ..core.adk_events import REFUSED, AdkEvent, decode_struct
 from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
-from .session_history import AskedCall, SessionConfirmations, session_confirmations
+from .session_history import (  # noqa: F401 - the two private readers: tests read them here
+    AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids, session_confirmations,
+)
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
 from ..ops.coarse_timers import CoarseTimers
 from ..ops.tracing import Tracing
