@@ -7,6 +7,11 @@ directory (`opened`), so that any replica can list it and read it, and drops it 
 replicas never both decide, and one approver never counts twice); once the quorum is reached, the
 owner applies it (`Decide`), as the chatting person's answer would be applied, and the plugin's
 request waiting for the verdict gets it.
+
+On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (chat/approver_waits.py):
+it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since
+ADK's session holds it whichever replica dies; its decision goes to whichever replica claims the chat
+then (`_decide_confirmation`: the owner, or this one taking over a dead owner's chat), which answers ADK.
 """
 
 from __future__ import annotations
