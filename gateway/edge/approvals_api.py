@@ -237,6 +237,9 @@ async def decide_approval(request: web.Request) -> web.Response:
         # plugin then refused): no inbox should list it again.
         await gateway.cluster.approvals.closed(record["id"])
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
+    if result == "busy":
+        # Counted, but the chat ran something else all along: its deadline's answer ends the wait.
+        raise HttpError(503, "chat_busy", "the decision is counted, but the chat stayed busy and the agent was not answered")
     outcome = "approved" if vote.approved else "denied"
     return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))
 
