@@ -29,7 +29,7 @@ from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import SessionConfirmations
 from .agent_runs import AgentRuns
-from .answers import LOST_APPROVAL, Gone
+from .answers import LOST_APPROVAL, ForApprovers, Gone
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
@@ -45,6 +45,20 @@ log = structlog.get_logger("adk_gateway.chat.confirmations")
 def settled(outputs: list[Output]) -> NativeConfirmation | None:
     """The confirmation a `NativeAnswered` settled, if it was pending in the chat."""
     return next((o.confirmation for o in outputs if isinstance(o, NativeSettled)), None)
+
+def _refuse_for_approvers(chat: Chat, answers: list[ApprovalAnswer], held: SessionConfirmations | None = None) -> None:
+    """Four-eyes and quorums hold only if the chat cannot answer for the approvers: an answer to a
+    confirmation its approvers decide (as the chat's ledger or, on a replica that never saw it,
+    ADK's session says) is refused whole, whatever else the request carries."""
+    for answer in answers:
+        known = chat.ledger.native(answer.approval_id)
+        asked = held.calls.get(answer.approval_id) if held is not None else None
+        if (known is not None and known.for_approvers) or (asked is not None and asked.for_approvers):
+            who = known.mark if known is not None and known.mark else asked.mark if asked is not None else None
+            log.warning("approval_for_approvers", approval_id=answer.approval_id, approvers=who and who.approvers)
+            group = f" ({who.approvers})" if who is not None else ""
+            raise ForApprovers(f"this approval is decided by its approvers{group} through the approvals API")
+
 
 class NativeConfirmations:
     """The native confirmations' side of admission, for the chat service. `settled` is told the
@@ -91,8 +105,10 @@ class NativeConfirmations:
         """
         ledger = chat.ledger
         open_ = [a for a in answers if not ledger.native_answered(a.approval_id)]
+        _refuse_for_approvers(chat, open_)
         if held is None:
             held = await self._runs.confirmations(chat) if open_ else SessionConfirmations()
+        _refuse_for_approvers(chat, open_, held)
         lost = [a for a in open_ if a.approval_id not in held.asked and a.approval_id not in held.answered]
         if lost:
             self._lose(chat, lost)
@@ -132,7 +148,7 @@ class NativeConfirmations:
                 self._record_browser_answer(chat, pending, answer, now)
                 continue
             outcome = "timeout" if answer.timed_out else "cancelled" if answer.implicit else ("approved" if answer.approved else "denied")
-            self.observe_native(chat, pending, outcome, now, answer.reason)
+            self.observe_native(chat, pending, outcome, now, answer.reason, answer.deciders)
             log.info("approval_answered", approval_id=answer.approval_id, tool=pending.tool, outcome=outcome)
 
     def _record_browser_answer(self, chat: Chat, pending: NativeConfirmation, answer: ApprovalAnswer, now: float) -> None:
@@ -160,14 +176,15 @@ class NativeConfirmations:
             self.observe_native(chat, confirmation, "cancelled", now)
 
     def observe_native(
-        self, chat: Chat, confirmation: NativeConfirmation, outcome: str, now: float, reason: str | None = None
+        self, chat: Chat, confirmation: NativeConfirmation, outcome: str, now: float, reason: str | None = None,
+        deciders: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """A confirmation's approval was decided (the person, its deadline, or nobody any more)."""
         waited = now - (confirmation.asked_at or now)
         self._metrics.approvals_pending.labels(chat.agent).dec()
         metrics = self._metrics
         metrics.approval_wait.labels(chat.agent, confirmation.tool, outcome).observe(waited, metrics.approval_exemplar(confirmation.approval_id))
-        self._notices.native_decided(chat.agent, chat.chat_id, chat.user_id, confirmation, outcome, waited, reason)
+        self._notices.native_decided(chat.agent, chat.chat_id, chat.user_id, confirmation, outcome, waited, reason, deciders)
 
     async def browser_outputs(
         self, chat: Chat, agent: Agent, plan: TurnPlan, native: list[ApprovalAnswer], browser: BrowserCalls,

@@ -20,6 +20,7 @@ import structlog
 from ..upstream.agents import Agents
 from ..config.rules import decide
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
+from ..core.approver_confirmations import ApproverMark, mark
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, PluginAsked
 from ..core.chat_outputs import AskAnswered
 from .notices import Notices
@@ -72,14 +73,16 @@ class Gates:
 
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
-        announce: bool = True, confirm: bool = False,
+        announce: bool = True, confirm: bool = False, approvers: bool = False,
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
         The tool's rules (config/rules.py) are applied first: a rule's `approve` or `deny` is the
         verdict, shown to the browser as an automatic decision. With `confirm` (the plugin asks
         ADK's confirmation in confirm mode) a person's decision is ADK's to ask: CONFIRM, and
-        nothing is recorded here. With `announce` false the browser is not told yet: the caller
+        nothing is recorded here; with `approvers` too (the plugin asks ADK's confirmation with the
+        gateway's payload), so is a call its approvers decide: CONFIRM with the mark of who answers
+        (core/approver_confirmations.py). With `announce` false the browser is not told yet: the caller
         records the call somewhere first, then calls `announce`.
         """
         agent = self._agents.for_app(app_name)
@@ -97,7 +100,7 @@ class Gates:
             tool=tool, args=args, policy=policy, now=self._clock(),
         )
         if chat.ledger.call(tool_call_id) is None:
-            verdict = self._decide_first(opened, agent.name, chat, confirm=confirm)
+            verdict = self._decide_first(opened, agent.name, chat, confirm=confirm, approvers=approvers)
             if verdict is not None:
                 return verdict
         [answer, *_] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
@@ -120,10 +123,12 @@ class Gates:
             self.announce(call)
         return call
 
-    def _decide_first(self, call: GatedCall, agent: str, chat: Chat, *, confirm: bool) -> Verdict | None:
+    def _decide_first(
+        self, call: GatedCall, agent: str, chat: Chat, *, confirm: bool, approvers: bool = False,
+    ) -> Verdict | None:
         """The tool's rules and its own setting (config/rules.py `decide`, failing closed), then who
         answers what they ask: the call decided by a rule (released), or given its approvers;
-        CONFIRM when ADK's confirmation asks the chatting person instead."""
+        CONFIRM when ADK's confirmation asks instead (marked with its approvers, if any)."""
         policy = call.policy
         if not policy.rules and not policy.approval:
             return CONFIRM if confirm else None  # a browser tool that runs unasked: its output is awaited
@@ -138,8 +143,13 @@ class Gates:
             return None
         call.rule = decision.rule
         if (spec := decision.asks) is not None:
-            # Approvers answer through the API: the plugin waits on this request (as in hold mode)
-            # while the chatting person's stream says whom it waits for.
+            if confirm and approvers:
+                # ADK's confirmation, in its session, marked with who answers: durable, and the
+                # chatting person's answer to it is refused (chat/confirmations.py).
+                who = ApproverMark(spec.group, spec.self_approval, spec.quorum, decision.rule)
+                return replace(CONFIRM, payload=mark(who))
+            # A plugin that cannot mark ADK's confirmation (it does not say `approvers`), or live mode: the
+            # plugin waits on this request while the chatting person's stream says whom it waits for.
             call.approvers, call.self_approval, call.quorum = spec.group, spec.self_approval, spec.quorum
             return None
         return CONFIRM if confirm else None

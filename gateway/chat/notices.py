@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -34,6 +35,8 @@ Sink = Callable[[ApprovalNotice], None]
 
 # A native confirmation's outcome as the browser or the gateway gave it -> who decided.
 _NATIVE_SOURCE = {"approved": "person", "denied": "person", "timeout": "timeout", "cancelled": "cancel"}
+# The same, answered by the gateway for approvers (a deadline or a cancel is nobody's decision).
+_APPROVERS_SOURCE = {**_NATIVE_SOURCE, "approved": "approver", "denied": "approver"}
 
 
 def _deciders(call: GatedCall, source: str | None) -> tuple[Approver, ...]:
@@ -98,13 +101,15 @@ class Notices:
 
     def native_decided(
         self, agent: str, chat_id: str, user: str, confirmation: NativeConfirmation, outcome: str, waited: float,
-        reason: str | None = None,
+        reason: str | None = None, deciders: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        source = _NATIVE_SOURCE.get(outcome, "person")
+        source = (_APPROVERS_SOURCE if deciders else _NATIVE_SOURCE).get(outcome, "person")
         self._count(agent, source, outcome, waited)
         kind: NoticeKind = "expired" if source == "timeout" else "decided"
         notice = self._of_native(kind, agent, chat_id, user, confirmation, source=source, outcome=outcome,
                                  waited=waited, reason=reason)
+        if deciders:
+            notice = replace(notice, approvers=tuple(Approver(who, auth) for who, auth in deciders))
         self._tracing.approval_decided(confirmation.approval_id, outcome, source, tuple(a.user for a in notice.approvers))
         self._tell(notice)
 
@@ -116,7 +121,8 @@ class Notices:
             chat_id, user, dict(confirmation.args or {}), self._wall(), policy_version=self._version(),
             args_digest=self._digest(confirmation.args or {}),
             approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
-            asks=() if kind != "waiting" else ("the chatting user",), **decided,
+            asks=() if kind != "waiting" else (confirmation.mark.approvers if confirmation.mark else "the chatting user",),
+            **decided,
         )
 
     # ---- internals -------------------------------------------------------------------------

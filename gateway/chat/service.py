@@ -33,6 +33,7 @@ from ..core.approvals import GatedCall
 from ..core.browser_confirmations import BrowserCalls, plan_browser
 from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, plan_turn
 from ..core.deadlines import Deadline
+from ..core.native_confirmation import NativeConfirmation
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
 from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStarts, RunWanted
@@ -47,12 +48,14 @@ from .agent_runs import AgentRuns
 from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
-from .confirm_timeouts import EXPIRY_RETRY, ConfirmTimeouts
+from .confirm_timeouts import ConfirmTimeouts
 from .notices import Notices
 from .confirmations import NativeConfirmations
 from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
+from .gateway_answers import GatewayAnswers
+from .approver_waits import ApproverWaits
 from .kept_states import KeptStates
 from .live_chats import LiveChats
 from .ports import NO_DEADLINES, NO_RUN_WATCHER, DeadlineQueue, RunWatcher, attached
@@ -128,6 +131,12 @@ class ChatService:
             registry=registry, agents=agents, metrics=metrics, config=lambda: self.config, clock=clock, chat=self._chat,
             adopt=self.states.adopt,
         )
+        # Runs that wait, open, for their approvers; the gateway's own answers to ADK's confirmations.
+        self._waits = ApproverWaits(runs=self.runs, native=self._native, metrics=metrics, notices=self.notices,
+                                    clock=clock, wall=wall, kept=self._kept, settled=self._settled)
+        self._answers = GatewayAnswers(agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt,
+                                       runs=self.runs, timeouts=self.timeouts, start_run=self._start_run, waits=self._waits,
+                                       rebuild=self._resumes.resume_waiting)
 
     def attach(self, *, runs: RunWatcher, deadlines: DeadlineQueue) -> None:
         """The cluster's side of this replica's chats (chat/ports.py); once, by the cluster router."""
@@ -290,6 +299,8 @@ class ChatService:
         )
         wait = WaitSignal()
         batches = self.runs.turn(chat, plan.new_message, native, wait, run.message_id)
+        if not agent.live:
+            batches = self._waits.follow(chat, agent, batches, wait, run.message_id)
         return self._tasks.launch(chat, run, start, batches, wait, reader)
 
     def _chat(self, agent: Agent, user_id: str, chat_id: str) -> Chat:
@@ -336,39 +347,28 @@ class ChatService:
     def local_chats(self) -> list[Chat]:
         return self._registry.chats()
 
+    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> tuple[Chat, NativeConfirmation] | None:
+        """A confirmation a chat here waits for, if its approvers answer it (the cluster lists it)."""
+        try:
+            chat = self._registry.find(agent, user_id, chat_id)
+        except ChatNotFound:
+            return None
+        asked = chat.ledger.asked_for_approvers() or [] if chat is not None else []
+        found = chat.ledger.native(approval_id) or next((c for c in asked if c.approval_id == approval_id), None) if chat else None
+        return (chat, found) if chat is not None and found is not None and found.for_approvers else None
+
     async def expire_confirmation(self, deadline: Deadline) -> float | None:
-        """A confirmation's deadline passed (this replica runs the chat): answer ADK with the
-        tool's `on_timeout`, unless someone answered it already. ADK's session decides what is
-        still asked, and when it was. Returns when to look again (the chat is busy, ADK did not
-        answer, the deadline ADK's session gives is later), or None: answered, or nothing to do."""
-        agent = self.agents.get(deadline.agent)
-        if agent is None or agent.live:
-            return None
-        try:
-            chat = self._registry.find(agent.name, deadline.user, deadline.chat) or self._chat(agent, deadline.user, deadline.chat)
-        except (ChatNotFound, Limited):
-            return None
-        await self.states.adopt(chat)
-        decided = await self.timeouts.decide(agent, chat, deadline, self.runs.confirmations)
-        if not isinstance(decided, tuple):
-            return decided
-        answer, call = decided
-        # The browser holds the call in the message this continues: the one this replica wrote, or
-        # the one the gateway told ADK it was writing when ADK asked (the chat moved here, or this
-        # replica restarted). A new id would make a stock client show the message twice.
-        message_id = chat.run.message_id if chat.run is not None else call.message_id
-        known = frozenset({call.tool_call_id})
-        turn = chat.machine.turn
-        version = turn.converter.version if turn is not None else 6
-        try:
-            attachment = await self._start_run(
-                agent, chat, TurnPlan(None, (answer,), (), message_id, known), [], [answer], version, browser=False,
-            )
-        except (ChatBusy, UpstreamError):
-            return self.timeouts.wall() + EXPIRY_RETRY
-        # Nobody reads it now: kept for the browser's next attach (its late answer, or a resume).
-        attachment.response.close()
-        return None
+        """A confirmation's deadline passed (this replica runs the chat): chat/gateway_answers.py."""
+        return await self._answers.expire(deadline)
+
+    async def answer_for_approvers(
+        self, agent: str, user_id: str, chat_id: str, approval_id: str, *, approved: bool, reason: str | None,
+        deciders: list[dict[str, str]],
+    ) -> str:
+        """Approvers decided an ADK confirmation marked theirs: chat/gateway_answers.py."""
+        return await self._answers.for_approvers(
+            agent, user_id, chat_id, approval_id, approved=approved, reason=reason, deciders=deciders,
+        )
 
     async def forget_idle(self, idle_before: float) -> list[Chat]:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""

@@ -7,10 +7,16 @@ directory (`opened`), so that any replica can list it and read it, and drops it 
 replicas never both decide, and one approver never counts twice); once the quorum is reached, the
 owner applies it (`Decide`), as the chatting person's answer would be applied, and the plugin's
 request waiting for the verdict gets it.
+
+On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (chat/approver_waits.py):
+it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since
+ADK's session holds it whichever replica dies; its decision goes to whichever replica claims the chat
+then (`_decide_confirmation`: the owner, or this one taking over a dead owner's chat), which answers ADK.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -18,18 +24,27 @@ from typing import Any
 
 import structlog
 
+from ..chat.registry import ChatNotFound
 from ..chat.service import ChatService
 from ..core.approvals import GatedCall
+from ..core.approver_confirmations import ApproverMark
+from ..core.deadlines import Deadline
+from ..core.native_confirmation import NativeConfirmation
 from ..core.refusals import HttpError
 from .messages import Answer, Decide, Decided, Work
 from .shared import SharedState, SharedStateDown
 
-__all__ = ["ApprovalDesk", "pending_record"]
+__all__ = ["CONFIRM_ENGINE", "ApprovalDesk", "native_record", "pending_record"]
 
 log = structlog.get_logger("adk_gateway.cluster.approval_desk")
 
 # A record outlives its call's deadline by this much: a late reader still finds what it was.
 _MARGIN = 60.0
+# An ADK confirmation's record (`engine`): answered from ADK's session by whichever replica runs the chat.
+CONFIRM_ENGINE = "confirm"
+# A decision for a chat that streams is tried again this often, this many times.
+_BUSY_WAIT = 0.5
+_BUSY_TRIES = 60
 
 
 def pending_record(call: GatedCall, *, agent: str, app_name: str, owner: str, wall: float, now: float) -> dict[str, Any]:
@@ -81,6 +96,8 @@ class ApprovalDesk:
 
     async def decide(self, record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]]) -> str:
         """Apply approvers' decision where the call's chat runs: `decided`, `already` or `gone`."""
+        if record.get("engine") == CONFIRM_ENGINE:
+            return await self._decide_confirmation(record, approved, reason, deciders)
         work = Decide(record["requester"], record["session"], record["id"], approved, reason or "", {"deciders": deciders})
         if record["owner"] == self._state.replica_id:
             return self._chats.gates.decide_for_approvers(
@@ -94,3 +111,78 @@ class ApprovalDesk:
             log.warning("approval_owner_unreachable", approval_id=work.approval, error=exc.code)
             return "gone"
         return answer.result if isinstance(answer, Decided) else "gone"
+
+    # ---- ADK's confirmations its approvers answer (`/run_sse`) -------------------------------
+
+    async def confirmation_waiting(self, deadline: Deadline) -> None:
+        """A run here left an ADK confirmation its approvers answer (its deadline just kept): listed
+        for the API under ADK's own id, which every replica reads again from ADK's session. Listed
+        again (a replica that took the chat over sees it anew), its votes stay (put keeps them)."""
+        found = self._chats.native_waiting(deadline.agent, deadline.user, deadline.chat, deadline.approval_id)
+        if found is None:
+            return
+        chat, confirmation = found
+        assert confirmation.mark is not None
+        settings = self._chats.config.agents.get(chat.agent)
+        wall = self._wall()
+        record = native_record(
+            confirmation, confirmation.mark, agent=chat.agent, app_name=settings.upstream.app_name if settings else "",
+            chat_id=chat.chat_id, requester=chat.user_id, session=chat.session_id,
+            hint=settings.tool_policy(confirmation.tool).hint if settings else None,
+            created=confirmation.seen_at or wall, deadline=deadline.due,
+        )
+        try:
+            await self._state.put_approval(record, ttl=max(deadline.due - wall, 0.0) + _MARGIN)
+        except SharedStateDown:
+            # Not lost: ADK's session keeps it, and the next run's end or take-over lists it again.
+            log.warning("approval_not_listed", approval_id=record["id"], reason="the shared store is unreachable")
+
+    async def _decide_confirmation(
+        self, record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]],
+    ) -> str:
+        """Approvers decided an ADK confirmation: the replica that runs the chat (any one, when its
+        owner died: the chat is taken over) answers ADK. A chat busy streaming is waited for."""
+        agent, user, chat = str(record["agent"]), str(record["requester"]), str(record["chat_id"])
+        for _ in range(_BUSY_TRIES):
+            try:
+                claim = await self._state.claim(
+                    user, chat, agent=agent, default_agent=self._chats.config.default,
+                    ttl=self._chats.config.chat.idle_chat_ttl,
+                )
+            except (SharedStateDown, ChatNotFound):
+                return "gone"
+            if claim.local:
+                result = await self._chats.answer_for_approvers(
+                    agent, user, chat, str(record["id"]), approved=approved, reason=reason, deciders=deciders,
+                )
+            else:
+                work = Decide(user, str(record["session"]), str(record["id"]), approved, reason or "",
+                              {"deciders": deciders, "agent": agent, "chat": chat})
+                try:
+                    answer = await self._ask(claim.owner, work)
+                except HttpError:
+                    result = "busy"  # the owner died meanwhile: the next try takes the chat over
+                else:
+                    result = answer.result if isinstance(answer, Decided) else "gone"
+            if result != "busy":
+                if result in ("decided", "already"):
+                    await self.closed(str(record["id"]))
+                return result
+            await asyncio.sleep(_BUSY_WAIT)
+        log.warning("approval_not_answered", approval_id=record["id"], reason="the chat stayed busy")
+        return "busy"
+
+
+def native_record(
+    confirmation: NativeConfirmation, mark: ApproverMark, *, agent: str, app_name: str, chat_id: str, requester: str,
+    session: str, hint: str | None, created: float, deadline: float,
+) -> dict[str, Any]:
+    """An ADK confirmation its approvers answer, as the approvals API shows it (wall clock times).
+    No owner: any replica answers it, from ADK's session (`engine: confirm`)."""
+    return {
+        "id": confirmation.approval_id, "state": "pending", "agent": agent, "app_name": app_name,
+        "tool": confirmation.tool, "tool_call_id": confirmation.tool_call_id, "chat_id": chat_id, "requester": requester,
+        "args": dict(confirmation.args or {}), "rule": mark.rule, "hint": hint, "approvers": mark.approvers,
+        "self_approval": mark.self_approval, "quorum": mark.quorum, "votes": [], "created": created,
+        "deadline": deadline, "owner": "", "session": session, "engine": CONFIRM_ENGINE,
+    }

@@ -50,6 +50,7 @@ class DeadlineTimer:
     def __init__(
         self, state: SharedState, tasks: Tasks, answer: Answer, *, poll: float | None,
         wall: Callable[[], float] = time.time, lease: float = DEADLINE_LEASE,
+        kept: Callable[[Deadline], Awaitable[None]] | None = None,
     ) -> None:
         self._state = state
         self._lease = lease
@@ -59,6 +60,8 @@ class DeadlineTimer:
         self._wall = wall
         self._handle: asyncio.TimerHandle | None = None
         self._armed_for: float | None = None
+        # Told of each deadline added here once it is kept (the approvals API lists approvers' ones).
+        self._kept = kept
 
     def start(self) -> None:
         self._tasks.spawn(self._watch())
@@ -84,6 +87,8 @@ class DeadlineTimer:
             log.warning("deadline_not_kept", approval_id=deadline.approval_id, reason="the shared store is unreachable")
             return
         self._arm(deadline.due)
+        if self._kept is not None:
+            await self._kept(deadline)
 
     async def _drop(self, key: str) -> None:
         with contextlib.suppress(SharedStateDown):

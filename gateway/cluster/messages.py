@@ -136,6 +136,9 @@ class Gate(_Work):
     args: dict[str, Any]
     # The plugin asks ADK's confirmation unless a rule decides (confirm mode): ask nobody here.
     confirm: Flag = False
+    # The plugin marks ADK's confirmation with the gateway's payload: a call its approvers decide
+    # is confirmed by ADK too (core/approver_confirmations.py), not held.
+    approvers: Flag = False
 
 
 @dataclass(frozen=True)

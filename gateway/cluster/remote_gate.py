@@ -236,6 +236,7 @@ class RemoteGate:
             opened = gates.open(
                 app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
                 tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
+                approvers=gate.approvers,
             )
             if isinstance(opened, Verdict):
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")

@@ -102,11 +102,11 @@ class Cluster:
         # Run marks waiting to be written to the directory: only the latest per chat matters.
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()
-        # Confirm mode's deadlines, shared by the replicas (deadline_timer.py).
+        # Confirm mode's deadlines (deadline_timer.py; an approvers' confirmation is listed as its deadline is kept).
         self._recheck = settings.owner_timeout
-        # On the chat service's wall clock, read when needed (deadlines are compared with ADK's).
         self._deadlines = DeadlineTimer(
             state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=lambda: self.chats.timeouts.wall(),
+            kept=self.approvals.confirmation_waiting,
         )
         # The chat service's ports (chat/ports.py): this router keeps the run marks, the timer the deadlines.
         chats.attach(runs=self, deadlines=self._deadlines)
@@ -276,14 +276,14 @@ class Cluster:
 
     async def gate(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
-        confirm: bool = False,
+        confirm: bool = False, approvers: bool = False,
     ) -> tuple[Verdict, str]:
         """The verdict for a gated call the plugin of ADK app `app_name` asks about, and its label for the metrics.
 
         Raises HandedOver (503 `retry_elsewhere`) once this replica drains, for a chat another
         replica owns: the plugin asks again, and lands on a replica that stays.
         """
-        request = Gate(app_name, user_id, session_id, tool_call_id, tool, args, confirm)
+        request = Gate(app_name, user_id, session_id, tool_call_id, tool, args, confirm, approvers)
         if not self.chats.gates.runs_here(user_id, session_id):
             try:
                 owner = await self.state.owner(user_id, session_id)

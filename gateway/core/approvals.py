@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -77,10 +77,13 @@ class Verdict:
     reason: str | None = None
     # Neither: the plugin asks ADK's own confirmation of the call (confirm mode, a rule said ask).
     confirm: bool = False
+    # With `confirm`: what the plugin asks ADK's confirmation with (the gateway's mark of who
+    # answers: approvers), kept in ADK's session with the request and read back by the gateway.
+    payload: dict[str, Any] | None = field(default=None, compare=True, hash=False)
 
     def as_json(self) -> dict[str, Any]:
         if self.confirm:
-            return {"verdict": "confirm"}
+            return {"verdict": "confirm", "payload": self.payload} if self.payload is not None else {"verdict": "confirm"}
         return {"verdict": "run"} if self.run else {"verdict": "respond", "response": self.response}
 
     @classmethod
@@ -89,7 +92,8 @@ class Verdict:
         if data.get("verdict") == "run":
             return RUN
         if data.get("verdict") == "confirm":
-            return CONFIRM
+            payload = data.get("payload")
+            return replace(CONFIRM, payload=payload) if isinstance(payload, dict) else CONFIRM
         response = data.get("response")
         return cls(run=False, response=response) if isinstance(response, dict) else cls.refuse("The call was not run.")
 

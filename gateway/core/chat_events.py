@@ -17,7 +17,7 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent",
+    "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent", "ConfirmationDecided",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
     "PluginAsked", "RunStarts", "RunWanted", "Settled", "StateRestored", "UpstreamRead",
 ]
@@ -84,6 +84,20 @@ class ApproversDecided:
     approved: bool
     reason: str | None
     now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationDecided:
+    """Approvers decided an ADK confirmation the run asked and waits open for: the run goes on
+    with their answer (chat/approver_waits.py); `by`: who decided."""
+
+    approval_id: str
+    approved: bool
+    reason: str | None
+    by: tuple[str, ...]
+    now: float
+    # The gateway's answer to its deadline, not the approvers'.
+    timed_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,5 +243,5 @@ class StateRestored:
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
-    | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided
+    | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided | ConfirmationDecided
 )

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from .approvals import CallState, GatedCall
 from .chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
+    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
     DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
     StateRestored,
     UpstreamRead,
@@ -48,7 +48,7 @@ class MachineError(Exception):
 
 
 _RUN_EVENTS: Final = (
-    UpstreamRead, GateOpened, Attached, Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
+    UpstreamRead, GateOpened, Attached, Answered, ApproversDecided, ConfirmationDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
     RunClosed,
 )
 # Between runs a late answer, cancel, deadline or end reaches the last turn, which no longer
@@ -158,6 +158,9 @@ class ChatMachine:
 
     def _approvers_decided(self, event: ApproversDecided) -> list[Output]:
         return self._current().approvers_decided(event.call, event.approved, event.reason, event.now)
+
+    def _confirmation_decided(self, event: ConfirmationDecided) -> list[Output]:
+        return self._current().confirmation_decided(event.approval_id, event.approved, event.reason, event.by, event.timed_out)
 
     def _resume(self, event: Resumed) -> list[Output]:
         return self._current().resume()
@@ -297,6 +300,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     Attached: ChatMachine._attach,
     Answered: ChatMachine._answer,
     ApproversDecided: ChatMachine._approvers_decided,
+    ConfirmationDecided: ChatMachine._confirmation_decided,
     Resumed: ChatMachine._resume,
     Settled: ChatMachine._settle,
     CallCancelled: ChatMachine._cancel,

@@ -144,6 +144,8 @@ class ApprovalAnswer:
     payload: dict[str, Any] | None = None
     # The gateway's answer to a confirmation whose deadline passed (implicit too).
     timed_out: bool = False
+    # The gateway's answer for the approvers who decided (user, auth each), their quorum reached.
+    deciders: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

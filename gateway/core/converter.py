@@ -23,6 +23,7 @@ import orjson
 from ..config.agent import ToolPolicy
 from .adk_events import UNSET, AdkEvent, as_event
 from .approvals import CallState, GatedCall, refusal_code
+from .approver_confirmations import native_approver_part, read_mark
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk, MessageWriter, map_finish_reason
 from .protocol import ClientVersion
@@ -248,8 +249,15 @@ class Converter(MessageWriter):
             if policy.approval:
                 out.append(_approval_request(approval_id, tool_call_id, policy.hint))
             return
-        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name, args=dict(call_args)))
-        hint = (args.get("toolConfirmation") or {}).get("hint")
+        confirmation = args.get("toolConfirmation") or {}
+        who = read_mark(confirmation.get("payload")) if isinstance(confirmation, dict) else None
+        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name, args=dict(call_args), mark=who))
+        if who is not None:
+            # Its approvers answer, through the approvals API: the chat is told whom it waits for,
+            # and given nothing to answer (ai 6 and ai 7 alike, as for a held call's).
+            out.append(native_approver_part(approval_id, tool_call_id, who, policy.hint if policy else None))
+            return
+        hint = confirmation.get("hint") if isinstance(confirmation, dict) else None
         out.append(_approval_request(approval_id, tool_call_id, None if _is_default_hint(hint) else hint))
 
     def _show_tool(self, out: list[Chunk], call_id: str, name: str, args: Any) -> None:

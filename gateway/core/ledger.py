@@ -21,15 +21,12 @@ data and back (`snapshot`, `restore`; the format's checks: core/ledger_snapshot.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from .approvals import GatedCall, Outcome
-from .ledger_snapshot import (
-    SNAPSHOT_VERSION, MalformedLedger, flag, indices, items, json_object, keyed, names, number, record, refer, text,
-)
+from .ledger_snapshot import SNAPSHOT_VERSION, MalformedLedger, indices, items, keyed, names, record, refer
+from .native_confirmation import NativeConfirmation
 
 __all__ = ["Ledger", "MalformedLedger", "NativeConfirmation"]
 
@@ -37,58 +34,6 @@ __all__ = ["Ledger", "MalformedLedger", "NativeConfirmation"]
 _ANSWERED_KEPT = 256
 
 
-@dataclass(eq=False, slots=True)
-class NativeConfirmation:
-    """A native ADK confirmation a run asked for."""
-
-    approval_id: str
-    tool_call_id: str
-    tool: str
-    # When the run that asked ended (the metrics time the wait from there); None while it runs.
-    asked_at: float | None = None
-    # A browser tool's (confirm mode): the browser runs it, and its output answers the confirmation.
-    in_browser: bool = False
-    # Whether a person approves it first (a browser tool without approval asks nobody).
-    approval: bool = True
-    # The call's arguments, handed to the browser once approved (a browser tool's).
-    args: dict[str, Any] | None = None
-    # When the person approved it (a browser tool's: its output is awaited since).
-    approved_at: float | None = None
-
-    # When the gateway first saw it pending, on the wall clock (its deadline runs from the later
-    # of this and ADK's own time: deadlines.py); None until its deadline is set.
-    seen_at: float | None = None
-    # When the person approved it, on the wall clock (a browser tool's: its deadline runs from
-    # here, deadlines.py); None until then, or when approved where this replica did not see it.
-    approved_wall: float | None = None
-
-    @property
-    def awaits_output(self) -> bool:
-        """A browser tool's that nobody has to approve first, or that was approved."""
-        return self.in_browser and (not self.approval or self.approved_at is not None)
-
-    def as_json(self) -> dict[str, Any]:
-        """Every field as plain JSON data; `from_json` reads it back."""
-        return {key: copy.deepcopy(getattr(self, key)) for key in _NATIVE_KEYS}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "confirmation") -> NativeConfirmation:
-        """The confirmation `as_json` wrote; anything else raises MalformedLedger."""
-        fields = record(data, _NATIVE_KEYS, where)
-        return cls(
-            *(text(fields, key, where) for key in ("approval_id", "tool_call_id", "tool")),
-            asked_at=number(fields, "asked_at", where, optional=True), in_browser=flag(fields, "in_browser", where),
-            approval=flag(fields, "approval", where), args=json_object(fields, "args", where, optional=True),
-            approved_at=number(fields, "approved_at", where, optional=True),
-            seen_at=number(fields, "seen_at", where, optional=True),
-            approved_wall=number(fields, "approved_wall", where, optional=True),
-        )
-
-
-_NATIVE_KEYS = (
-    "approval_id", "tool_call_id", "tool", "asked_at", "in_browser", "approval", "args", "approved_at", "seen_at",
-    "approved_wall",
-)
 # The ledger's sets of names (dicts of None), under their snapshot's keys (the field is `_` + key).
 _NAME_SETS = ("current", "expected", "confirmable", "seen", "denied", "delivered", "timed_out")
 _SNAPSHOT_KEYS = ("v", "calls", "by_approval", "open", *_NAME_SETS, "confirmations", "asking", "native", "answered")
@@ -274,6 +219,24 @@ class Ledger:
     @property
     def asking(self) -> bool:
         return bool(self._asking)
+
+    def asked_for_approvers(self) -> list[NativeConfirmation] | None:
+        """The confirmations this run asked that its approvers answer; None if it also asked one of
+        the chatting person (the run ends for their answer, as always)."""
+        asked = list(self._asking.values())
+        return None if any(not c.for_approvers for c in asked) else asked
+
+    def answer_asked(self, approval_id: str, denied: bool) -> NativeConfirmation | None:
+        """Approvers answered a confirmation this run asked, and the run goes on with their answer
+        (`denied`: its call shows as denied). Returns it if it was still asked."""
+        found = next((c for c in self._asking.values() if c.approval_id == approval_id), None)
+        if found is None:
+            return None
+        del self._asking[found.tool_call_id]
+        self._answered[approval_id] = found.tool_call_id
+        if denied:
+            self._denied[found.tool_call_id] = None
+        return found
 
     def settle_asked(self, now: float) -> list[NativeConfirmation]:
         """The run ended: its confirmations now wait for the person; returns those newly pending."""

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from ..config.agent import ToolPolicy
 from .approvals import GatedCall
+from .approver_confirmations import decided_chunks
 from .converter import Converter
 from .ledger import Ledger
 from .message_writer import Chunk
@@ -228,6 +229,19 @@ class Turn:
         out: list[Output] = []
         self._decide(out, [(call, approved, reason)], now)
         self._pause(out)
+        return out
+
+    def confirmation_decided(
+        self, approval_id: str, approved: bool, reason: str | None, by: tuple[str, ...], timed_out: bool = False,
+    ) -> list[Output]:
+        """Approvers decided an ADK confirmation this run asked: its part says so (ai 7: with the
+        approval pair), and the run goes on with ADK's answer to it."""
+        asked = self.ledger.answer_asked(approval_id, denied=not approved and not timed_out and self.converter.version >= 7)
+        if asked is None or asked.mark is None:
+            return []
+        hint = self.converter.policy(asked.tool).hint if self.converter.policy is not None else None
+        out: list[Output] = []
+        self._write(out, decided_chunks(asked, asked.mark, hint, approved, reason, by, self.converter.version, timed_out))
         return out
 
     def resume(self) -> list[Output]:

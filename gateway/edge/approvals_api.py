@@ -46,7 +46,7 @@ log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
 _MAX_LIMIT = 1000
 # Kept in the directory for the owner's use, never shown.
-_PRIVATE = ("owner", "session")
+_PRIVATE = ("owner", "session", "engine")
 _STORE_DOWN = "the gateway's shared store is unreachable; retry"
 
 
@@ -237,6 +237,9 @@ async def decide_approval(request: web.Request) -> web.Response:
         # plugin then refused): no inbox should list it again.
         await gateway.cluster.approvals.closed(record["id"])
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
+    if result == "busy":
+        # Counted, but the chat ran something else all along: its deadline's answer ends the wait.
+        raise HttpError(503, "chat_busy", "the decision is counted, but the chat stayed busy and the agent was not answered")
     outcome = "approved" if vote.approved else "denied"
     return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))
 

@@ -17,7 +17,9 @@ have to move to the new one before it is dropped).
   blocks on the request below and the rules apply there (fail closed, not durable).
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
   `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`; with `"confirm": true`, a
-  rule's verdict at once or `{"verdict": "confirm"}` (ask ADK's confirmation); or, from a replica that
+  rule's verdict at once or `{"verdict": "confirm"}` (ask ADK's confirmation); with `"approvers": true`
+  too (the plugin can mark ADK's confirmation), a call its approvers decide is
+  `{"verdict": "confirm", "payload": {...}}`, the payload to ask ADK's confirmation with; or, from a replica that
   drains while the call's chat runs on another, 503 `retry_elsewhere` (the plugin asks again, and
   the chat's replica takes the repeated ask as the same call).
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
@@ -61,6 +63,9 @@ class ToolCallRequest(BaseModel):
     invocation_id: str | None = None
     # Confirm mode: decide by the tool's rules only; a person's decision is ADK's confirmation.
     confirm: bool = False
+    # With `confirm`: the plugin asks ADK's confirmation with the verdict's payload (plugin 0.3.0),
+    # so a call its approvers decide waits in ADK's session too.
+    approvers: bool = False
 
     @field_validator("args")
     @classmethod
@@ -196,6 +201,7 @@ async def tool_call(request: web.Request) -> web.Response:
         verdict, result = await gateway.cluster.gate(
             app_name=body.app_name, user_id=body.user_id, session_id=body.session_id,
             tool_call_id=body.function_call_id, tool=body.tool, args=body.args, confirm=body.confirm,
+            approvers=body.confirm and body.approvers,
         )
     except Refusal as exc:
         # `retry_elsewhere` (this replica drains, the chat runs on another): the plugin asks again;

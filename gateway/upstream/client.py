@@ -23,7 +23,9 @@ from ..core.eventstream import EventStreamDecoder, EventStreamError
 from ..core.adk_events import REFUSED, AdkEvent, decode_struct
 from .idle_reader import IdleReader, WaitSignal
 # Re-exported: what a session's history says of its confirmations is read from here too.
-from .session_history import AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids
+from .session_history import (  # noqa: F401 - the two private readers: tests read them here
+    AskedCall, SessionConfirmations, _asked_calls, _confirmation_ids, session_confirmations,
+)
 from ..core.live_frames import InvalidLiveFrame, encode_live_frame
 from ..ops.coarse_timers import CoarseTimers
 from ..ops.tracing import Tracing
@@ -168,14 +170,7 @@ class AdkClient:
     async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
         """The native confirmations the session asked and those it holds an answer to (a download
         of the session's history)."""
-        session = await self.session(user_id, session_id)
-        if session is None:
-            return SessionConfirmations()
-        return SessionConfirmations(
-            asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
-            answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
-            calls=_asked_calls(session),
-        )
+        return session_confirmations(await self.session(user_id, session_id))
 
     def run_sse_batches(
         self, *, user_id: str, session_id: str, new_message: dict[str, Any],

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.approver_confirmations import ApproverMark, marked, read_mark
 from ..core.rebuild import streamed_message_id
 
-__all__ = ["AskedCall", "SessionConfirmations"]
+__all__ = ["AskedCall", "SessionConfirmations", "session_confirmations"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,21 @@ class AskedCall:
     # The message the gateway was writing when ADK asked (the newest id its runs told ADK as
     # state, core/rebuild.py); None if no run of the gateway's said.
     message_id: str | None = None
+    # Who answers it, as the gateway marked the confirmation (its approvers); None: the chatting person.
+    mark: ApproverMark | None = None
+    # Whether the confirmation's payload names approvers at all (even unreadably): never the chatting person's.
+    for_approvers: bool = False
+
+
+def session_confirmations(session: Any) -> SessionConfirmations:
+    """What a session (as ADK's GET answers it; None: no such session) holds of its confirmations."""
+    if session is None:
+        return SessionConfirmations()
+    return SessionConfirmations(
+        asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
+        answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
+        calls=_asked_calls(session),
+    )
 
 
 def _confirmation_ids(session: Any, camel: str, snake: str) -> set[str]:
@@ -79,8 +95,10 @@ def _asked_calls(session: Any) -> dict[str, AskedCall]:
             original = (args.get("originalFunctionCall") or args.get("original_function_call")) if isinstance(args, dict) else None
             if isinstance(original, dict) and isinstance(original.get("id"), str) and isinstance(original.get("name"), str):
                 original_args = original.get("args")
+                asked = args.get("toolConfirmation") or args.get("tool_confirmation") if isinstance(args, dict) else None
+                payload = asked.get("payload") if isinstance(asked, dict) else None
                 found[call["id"]] = AskedCall(
                     original["id"], original["name"], timestamp, original_args if isinstance(original_args, dict) else {},
-                    message_id,
+                    message_id, read_mark(payload), marked(payload),
                 )
     return found

@@ -212,7 +212,11 @@ class GatewayPlugin(BasePlugin):
                     return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
                 verdict = await self._ask(tool.name, tool_args, tool_context, confirm=True)
                 if verdict.get("verdict") == "confirm":
-                    return self._confirm(tool.name, policy.get("hint"), tool_context, browser=browser)
+                    marked = verdict.get("payload")  # who answers (approvers), kept in ADK's session
+                    return self._confirm(
+                        tool.name, policy.get("hint"), tool_context, browser=browser,
+                        payload=marked if isinstance(marked, dict) and not browser else None,
+                    )
             else:
                 verdict = await self._ask(tool.name, tool_args, tool_context)
         except Exception:  # an exception here would abort the user's whole run
@@ -228,10 +232,12 @@ class GatewayPlugin(BasePlugin):
         return _refuse("The approval gateway answered something unexpected; the call was not run.", "unexpected_answer")
 
     @staticmethod
-    def _confirm(tool: str, hint: Any, tool_context: ToolContext, *, browser: bool = False) -> dict[str, Any] | None:
+    def _confirm(
+        tool: str, hint: Any, tool_context: ToolContext, *, browser: bool = False, payload: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
         try:
             if not browser:
-                return confirm(tool, hint, tool_context)
+                return confirm(tool, hint, tool_context, payload)
             result = confirm(tool, hint, tool_context, BROWSER_PAYLOAD)
             if result is None:
                 # Confirmed without the browser's output (a bare `confirmed: true`, whoever sent it):
@@ -373,7 +379,8 @@ class GatewayPlugin(BasePlugin):
             "args": args,
         }
         if confirm:
-            payload["confirm"] = True
+            # `approvers`: this plugin confirms with the verdict's payload (a call its approvers decide).
+            payload["confirm"] = payload["approvers"] = True
         url = f"{self._url}/internal/v1/tool-calls"
         # Read here, in ADK's tool span (the gateway puts the approval's wait under it); every
         # retry of the same ask carries the same context.

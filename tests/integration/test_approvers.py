@@ -174,12 +174,12 @@ def test_on_two_replicas_the_approval_is_listed_and_decided_on_the_one_that_does
         assert any(line.get("event") == "approval_vote" for line in pair.b.log_lines())
 
 
-def test_an_approval_whose_replica_died_is_gone_for_the_supervisor_and_never_runs(
+def test_an_approval_whose_replica_died_is_decided_through_the_other_and_runs_once(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """Held where its chat ran: the replica killed, the plugin's request goes with it (refused, the
-    tool does not run); the supervisor's answer through the other replica is 410, and the inbox no
-    longer lists it. Fail closed, not durable (docs/approvals.md)."""
+    """The approval waits as ADK's confirmation, in ADK's session: the replica that ran the chat
+    killed, the supervisor's approval through the other one runs the payment, once, and the
+    requester's resume there reads the outcome (docs/approvals.md, "What survives what")."""
     with replicas(tmp_path_factory.mktemp("four-eyes-killed"), tools=_four_eyes_tools(), extra=APPROVERS) as pair:
         run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
                "steps": [{"send": "pay 2000 to Hanako"}]}
@@ -188,13 +188,22 @@ def test_an_approval_whose_replica_died_is_gone_for_the_supervisor_and_never_run
             pending = _pending(pair.b)
             pair.a.proc.kill()
             pair.a.proc.wait()
-            late = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
-            assert late.status == 410 and late.json()["error"]["code"] == "approval_gone", late.body
             [result] = chat.result()
-        assert result["status"] != "ready" or result.get("errors"), "the requester's stream ended with its replica"
+        assert _api(pair.b, "GET", f"/api/approvals/{pending['id']}").json()["id"] == pending["id"]
+        assert pair.ledger.of(result["chatId"]) == []  # nothing ran while it waited
+        decided = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
+        assert decided.status == 200 and decided.json()["outcome"] == "approved", decided.body
+        deadline = time.monotonic() + 20
+        while not pair.ledger.of(result["chatId"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pair.ledger.of(result["chatId"])) == 1
+        assert _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
         assert _api(pair.b, "GET", "/api/approvals?state=pending").json()["approvals"] == []
-        time.sleep(1.0)  # the plugin's refusal reaches ADK; no late run of the tool follows
-        assert pair.ledger.of(result["chatId"]) == []
+        resumed = request(pair.b.base, "GET", f"/api/chat/{result['chatId']}/stream", headers={"x-ai-sdk-version": "7"})
+        kinds = [json.loads(line[6:])["type"] for line in resumed.body.decode().splitlines() if line.startswith("data: {")]
+        assert "tool-output-available" in kinds, (resumed.status, kinds)
+        time.sleep(1.0)  # no second run of the payment follows
+        assert len(pair.ledger.of(result["chatId"])) == 1
 
 
 def test_a_requester_who_left_while_the_supervisors_decided_reads_the_outcome_on_resume(four_eyes: PluginStack) -> None:

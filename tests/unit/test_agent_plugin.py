@@ -727,3 +727,23 @@ def test_confirm_mode_builds_no_experimental_warning_on_adk_1x() -> None:
         warnings.simplefilter("always")
         confirm("pay", "h", ctx)
     assert seen == []
+
+
+async def test_a_call_for_approvers_is_confirmed_by_adk_with_the_gateways_payload(gateway: tuple[FakeGateway, str]) -> None:
+    """The gateway's mark of who answers goes with ADK's confirmation (kept in ADK's session); the
+    plugin says it can carry it, and ADK's re-run with the gateway's answer runs the tool."""
+    fake, url = gateway
+    fake.tools = {"pay": {**CONFIRM, "rules": True}}
+    mark = {"adk_gateway": {"approvers": {"approvers": "supervisors", "self_approval": False, "quorum": 2, "rule": "big"}}}
+    fake.verdict = {"verdict": "confirm", "payload": mark}
+    plugin = GatewayPlugin(url=url, secret="s3cret")
+    ctx = sse_context()
+    response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5000}, tool_context=ctx)
+    assert response == {"error": "This tool call requires confirmation, please approve or reject."}
+    assert ctx.request_confirmation.requested == [{"hint": "Money leaves.", "payload": mark}]
+    [asked] = fake.asked
+    assert asked["confirm"] is True and asked["approvers"] is True
+    rerun = sse_context(answer=SimpleNamespace(confirmed=True, payload=None))
+    assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5000}, tool_context=rerun) is None
+    assert len(fake.asked) == 1  # the re-run with the answer is not asked about again
+    await plugin.close()
