@@ -121,6 +121,8 @@ def connect(
         # SENTINEL MASTERS answers at once: a sentinel slower than a connect timeout is skipped for the next.
         "socket_connect_timeout": connect_timeout, "socket_timeout": connect_timeout,
         "username": target.sentinel_username, "password": target.sentinel_password,
+        # Sentinels have no CLIENT MAINT_NOTIFICATIONS either: each new connection to one logged its refusal.
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
     if target.sentinel_tls:
         sentinel_options["ssl"] = True
