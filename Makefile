@@ -63,9 +63,10 @@ compat: $(STAMP) $(JS_STAMP) redis-server
 fuzz: $(STAMP) $(JS_STAMP)
 	HYPOTHESIS_PROFILE=full $(PY) -m pytest tests/fuzz -q --timeout=3600
 
-# The operations fault suite alone (tests/ops, about four minutes): two replicas on Redis, the ADK
+# The operations fault suite alone (tests/ops, about eight minutes): two replicas on Redis, the ADK
 # server with the plugin and a ledger of real tool executions, and each row of docs/operations.md's
-# "Failure modes" table proved, issue 25's durable-approval rows included. `make test` runs it too,
+# "Failure modes" table proved, the durable-approval rows (the chatting user's and the approvers'),
+# and 300 concurrent cross-replica approvals included. `make test` runs it too,
 # but for the rows marked `chaos` (the slower durable-approval rows), which only this target runs.
 .PHONY: chaos
 chaos: $(STAMP) $(JS_STAMP) redis-server
