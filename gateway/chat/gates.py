@@ -1,10 +1,12 @@
 """The plugin's side of a gated tool call: opened here, shown by the chat's turn, waited on here.
 
 The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
-the request, cluster/ sends it to the replica that runs the chat). `Gates` answers at once when the
-tool is not gated or nobody could answer, else records a `GatedCall` in the chat's ledger, has the
-chat's actor show it to the browser, and holds the plugin's request until the chat's machine
-releases the call (the person, the browser, a deadline or the end of the run decide:
+the request, cluster/ sends it to the replica that runs the chat). `Gates` hands the ask to the
+chat's actor as `ToolAsked`; the chat's machine decides what it comes to (core/gate_decision.py:
+run, refused, decided by a rule, ADK's confirmation, or a `GatedCall` that waits here, recorded in
+the chat's ledger) and `Gates` carries that out: logs, metrics, notices, the approvals index, the
+call shown to the browser. It holds the plugin's request on a call that waits until the chat's
+machine releases it (the person, the browser, a deadline or the end of the run decide:
 core/chat_machine.py) and its verdict comes back here.
 """
 
@@ -12,17 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from ..upstream.agents import Agents
-from ..config.rules import decide
-from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.approver_confirmations import ApproverMark, mark
-from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, PluginAsked
-from ..core.chat_outputs import AskAnswered
+from ..core.approvals import CallState, GatedCall, Verdict
+from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
+from ..core.chat_outputs import GateDecided
+from ..core.gate_decision import decide_ask, refuse_ask
 from .notices import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
@@ -32,17 +32,6 @@ from .registry import Registry
 __all__ = ["Gates"]
 
 log = structlog.get_logger("adk_gateway.chat.gates")
-
-
-# What the plugin's ask refused at once tells the model, by the machine's reason.
-_REFUSALS = {
-    "no_browser": "No browser is attached to this session, so nobody can answer; the call was not run.",
-    "too_many_pending": "Too many tool calls are already waiting for the user in this chat; the call was not run.",
-}
-
-
-def _refusal(reason: str, text: str) -> Verdict:
-    return Verdict(run=False, reason=reason, response={"error": text, REFUSAL_KEY: reason})
 
 
 class Gates:
@@ -77,82 +66,52 @@ class Gates:
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
-        The tool's rules (config/rules.py) are applied first: a rule's `approve` or `deny` is the
-        verdict, shown to the browser as an automatic decision. With `confirm` (the plugin asks
-        ADK's confirmation in confirm mode) a person's decision is ADK's to ask: CONFIRM, and
-        nothing is recorded here; with `approvers` too (the plugin asks ADK's confirmation with the
-        gateway's payload), so is a call its approvers decide: CONFIRM with the mark of who answers
-        (core/approver_confirmations.py). With `announce` false the browser is not told yet: the caller
-        records the call somewhere first, then calls `announce`.
+        The chat's machine decides (core/gate_decision.py: the tool's rules, who answers, the
+        upstream mode); this carries it out. `confirm`: the plugin asks ADK's confirmation in
+        confirm mode; `approvers`: it marks that confirmation with who answers (plugin 0.3). With
+        `announce` false the browser is not told yet: the caller records the call somewhere
+        first, then calls `announce`.
         """
         agent = self._agents.for_app(app_name)
         if agent is None:
             # An app this gateway does not serve: nobody here can answer for it.
-            return _refusal("unknown_agent", f"The gateway serves no agent for ADK app {app_name!r}; the call was not run.")
-        policy = agent.tool_policy(tool)
-        if not policy.gated:
-            return RUN
+            return refuse_ask("unknown_agent", f"The gateway serves no agent for ADK app {app_name!r}; the call was not run.")
         chat = self._chat_of(agent.name, user_id, session_id)
-        if chat is None:
-            return _refusal("no_browser", _REFUSALS["no_browser"])
-        opened = GatedCall.open(
-            user_id=user_id, chat_id=chat.chat_id, session_id=session_id, tool_call_id=tool_call_id,
-            tool=tool, args=args, policy=policy, now=self._clock(),
+        ask = ToolAsked(
+            tool_call_id=tool_call_id, tool=tool, args=args, policy=agent.tool_policy(tool), agent=agent.name,
+            user_id=user_id, chat_id=chat.chat_id if chat is not None else "", session_id=session_id, now=self._clock(),
+            claims=chat.claims if chat is not None else {}, confirm=confirm, approvers=approvers,
+            mode=agent.config.upstream.mode, max_pending=self._config().max_pending_approvals_per_chat(agent.name),
         )
-        if chat.ledger.call(tool_call_id) is None:
-            verdict = self._decide_first(opened, agent.name, chat, confirm=confirm, approvers=approvers)
-            if verdict is not None:
-                return verdict
-        [answer, *_] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
-        assert isinstance(answer, AskAnswered)
-        if answer.call is None:
-            assert answer.refused is not None
-            return _refusal(answer.refused, _REFUSALS[answer.refused])
-        if answer.call is not opened:
-            return answer.call
-        call = opened
-        if call.verdict is not None:
-            log.info("gate_decided_by_rule", approval_id=call.id, tool=tool, rule=call.rule, approved=call.approved)
-            return replace(call.verdict, reason="rule")
+        # No chat here, no machine to ask: the decision alone (run, or refused: nobody could answer).
+        [decided, *_] = chat.actor.handle(ask) if chat is not None else [decide_ask(ask, None)]
+        assert isinstance(decided, GateDecided)
+        return self._carry_out(decided, agent.name, chat, announce)
+
+    def _carry_out(self, decided: GateDecided, agent: str, chat: Chat | None, announce: bool) -> GatedCall | Verdict:
+        """What the machine decided, done: logged, and a call that waits now indexed, counted,
+        notified and (with `announce`) shown."""
+        for rule, error in decided.rule_failed:
+            log.warning("rule_failed", rule=rule, error=error, decided=decided.ruled, by=decided.by_rule)
+        call = decided.call
+        if decided.action == "rule":
+            assert call is not None and decided.verdict is not None
+            log.info("gate_decided_by_rule", approval_id=call.id, tool=call.tool, rule=call.rule, approved=call.approved)
+            return decided.verdict
+        if decided.action != "wait":
+            assert decided.verdict is not None
+            return decided.verdict
+        assert call is not None and chat is not None
+        if decided.again:
+            return call
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
-            self._metrics.approvals_pending.labels(agent.name).inc()
-            self._notices.call_waiting(agent.name, call, chat.actor.span)
-        log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
+            self._metrics.approvals_pending.labels(agent).inc()
+            self._notices.call_waiting(agent, call, chat.actor.span)
+        log.info("gate_opened", approval_id=call.id, tool=call.tool, tool_call_id=call.tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)
         return call
-
-    def _decide_first(
-        self, call: GatedCall, agent: str, chat: Chat, *, confirm: bool, approvers: bool = False,
-    ) -> Verdict | None:
-        """The tool's rules and its own setting (config/rules.py `decide`, failing closed), then who
-        answers what they ask: the call decided by a rule (released), or given its approvers;
-        CONFIRM when ADK's confirmation asks instead (marked with its approvers, if any)."""
-        policy = call.policy
-        if not policy.rules and not policy.approval:
-            return CONFIRM if confirm else None  # a browser tool that runs unasked: its output is awaited
-        decision = decide(
-            policy.rules, args=call.args, tool=call.tool, agent=agent, user=call.user_id, claims=chat.claims,
-            default="ask" if policy.approval else "approve", default_asks=policy.asks(None),
-        )
-        for rule, error in decision.errors:
-            log.warning("rule_failed", rule=rule, error=error, decided=decision.decide, by=decision.rule)
-        if decision.decide != "ask":
-            call.decide_by_rule(decision.decide == "approve", decision.rule, decision.reason)
-            return None
-        call.rule = decision.rule
-        if (spec := decision.asks) is not None:
-            if confirm and approvers:
-                # ADK's confirmation, in its session, marked with who answers: durable, and the
-                # chatting person's answer to it is refused (chat/confirmations.py).
-                who = ApproverMark(spec.group, spec.self_approval, spec.quorum, decision.rule)
-                return replace(CONFIRM, payload=mark(who))
-            # A plugin that cannot mark ADK's confirmation (it does not say `approvers`), or live mode: the
-            # plugin waits on this request while the chatting person's stream says whom it waits for.
-            call.approvers, call.self_approval, call.quorum = spec.group, spec.self_approval, spec.quorum
-            return None
-        return CONFIRM if confirm else None
 
     def find(self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str) -> GatedCall | None:
         """The call the plugin of ADK app `app_name` already asked about for this tool call, if any:

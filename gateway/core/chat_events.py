@@ -2,15 +2,16 @@
 
 Each event is a fact the shell observed, with the time it observed it (`now`, on the gateway's
 clock) where the machine's answer depends on time: a browser request's plan starting a run, a read
-of upstream events, the plugin's ask, the person's answers, an abort, a deadline, the run's end.
+of upstream events, the plugin's ask (which the machine decides), the person's answers, an abort, a
+deadline, the run's end.
 The machine answers each with the outputs of core/chat_outputs.py; it never reads a clock itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..config.agent import ToolPolicy
 from .approvals import GatedCall
@@ -19,7 +20,7 @@ from .protocol import ClientVersion
 __all__ = [
     "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent", "ConfirmationDecided",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "PluginAsked", "RunStarts", "RunWanted", "Settled", "StateRestored", "UpstreamRead",
+    "RunStarts", "RunWanted", "Settled", "StateRestored", "ToolAsked", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -154,14 +155,34 @@ class RunClosed:
 
 
 @dataclass(frozen=True, slots=True)
-class PluginAsked:
-    """The plugin asks about a gated call (`call`, as it would be opened now): the same call again
-    if it asked before, else refused (no run here to show it, or `max_pending` calls already
-    wait) or recorded. A recorded call is shown to the browser by `GateOpened`, once the cluster
-    recorded it too; one a rule already decided (released) is recorded and shown at once."""
+class ToolAsked:
+    """The plugin asks about a call of `tool` (its raw ask, as the shell read it): the machine
+    decides what it comes to (core/gate_decision.py) and records what waits here.
 
-    call: GatedCall
-    max_pending: int
+    `policy`: the tool's in the agent `agent`; `claims`: those of the chatting user's latest
+    request (the rules read them); `confirm`: the plugin asks ADK's confirmation unless the gateway
+    decides (confirm mode); `approvers`: it can mark that confirmation with who answers (plugin
+    0.3); `mode`: the agent's upstream (`live` has no confirmation); `max_pending`: the chat's cap
+    of waiting calls; `approval_id`: the id a new call takes (None: a fresh unguessable one).
+    A recorded call is shown to the browser by `GateOpened`, once the cluster recorded it too; one
+    a rule decided (released) is recorded and shown at once.
+    """
+
+    tool_call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    policy: ToolPolicy
+    agent: str
+    user_id: str
+    chat_id: str
+    session_id: str
+    now: float
+    claims: Mapping[str, Any] = field(default_factory=dict)
+    confirm: bool = False
+    approvers: bool = False
+    mode: Literal["sse", "live"] = "sse"
+    max_pending: int = 16
+    approval_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +263,6 @@ class StateRestored:
 
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
-    | RunFailed | Aborted | RunClosed | PluginAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
+    | RunFailed | Aborted | RunClosed | ToolAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
     | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided | ConfirmationDecided
 )

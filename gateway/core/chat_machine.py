@@ -1,6 +1,7 @@
 """One chat as a state machine: its ledger of calls that wait for a person and its current turn (sans-IO).
 
-A `ChatMachine` is the single owner of what a chat is waiting for. It takes the typed events of
+A `ChatMachine` is the single owner of what a chat is waiting for, and it decides what the plugin's
+ask about a tool call comes to (`ToolAsked`: core/gate_decision.py). It takes the typed events of
 core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat's actor
 (chat/actor.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
 
@@ -23,14 +24,15 @@ from typing import Any, Final
 from .approvals import CallState, GatedCall
 from .chat_events import (
     Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
-    StateRestored,
+    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
+    StateRestored, ToolAsked,
     UpstreamRead,
 )
 from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
-from .chat_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from .chat_outputs import Admission, BrowserApproved, ConfirmationSeen, NativeSettled
+from .gate_decision import ChatView, decide_ask
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -59,7 +61,7 @@ _AFTER_RUN: Final = (Answered, ApproversDecided, Resumed, Settled, CallCancelled
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
 # plugin may ask at any time; the machine refuses what no run here can show.
 _NATIVE: Final = (
-    NativeAnswered, BrowserToolApproved, ConfirmationsSeen, PluginAsked, BrowserAsked, AnswersGoing, AnswersSent, RunWanted,
+    NativeAnswered, BrowserToolApproved, ConfirmationsSeen, ToolAsked, BrowserAsked, AnswersGoing, AnswersSent, RunWanted,
 )
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
@@ -191,21 +193,19 @@ class ChatMachine:
             out += _release_alone(self.ledger, call, lambda c: c.cancel("the gateway replica that held it stopped"), event.now)
         return out
 
-    def _asked(self, event: PluginAsked) -> list[Output]:
+    def _asked(self, event: ToolAsked) -> list[Output]:
+        """The plugin's ask, decided (core/gate_decision.py) against this chat; what waits, or what
+        a rule decided, recorded in the ledger (the latter shown to the browser at once)."""
         ledger = self.ledger
-        existing = ledger.call(event.call.tool_call_id)
-        if existing is not None:
-            return [AskAnswered(existing)]  # asked again (handed back, or its connection cut): the same call
-        if not self.running:
-            return [AskAnswered(None, "no_browser")]  # no run here that could show it to anyone
-        call = event.call
-        if call.released:
-            # A rule decided it: nobody waits, so no cap applies; the browser sees the decision.
-            ledger.add(call)
-            return [AskAnswered(call), CallChanged(call, CallState.AWAITING_APPROVAL, 0.0), *self._current().show_decided(call, call.created)]
-        if len(ledger.unreleased()) >= event.max_pending:
-            return [AskAnswered(None, "too_many_pending")]
-        return [AskAnswered(ledger.add(call))]
+        view = ChatView(self.running, len(ledger.unreleased()), ledger.call(event.tool_call_id))
+        decided = decide_ask(event, view)
+        call = decided.call
+        if call is None or decided.again:
+            return [decided]
+        ledger.add(call)
+        if decided.action == "rule":
+            return [decided, CallChanged(call, CallState.AWAITING_APPROVAL, 0.0), *self._current().show_decided(call, call.created)]
+        return [decided]
 
     def _native_answered(self, event: NativeAnswered) -> list[Output]:
         ledger = self.ledger
@@ -308,7 +308,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     RunFailed: ChatMachine._fail,
     Aborted: ChatMachine._abort,
     RunClosed: ChatMachine._close,
-    PluginAsked: ChatMachine._asked,
+    ToolAsked: ChatMachine._asked,
     NativeAnswered: ChatMachine._native_answered,
     BrowserToolApproved: ChatMachine._browser_approved,
     ConfirmationsSeen: ChatMachine._seen,

@@ -8,14 +8,14 @@ log, chunks written there, a released call's verdict sent to the plugin, metrics
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from .approvals import CallState, GatedCall
+from .approvals import CallState, GatedCall, Verdict
 from .ledger import NativeConfirmation
 from .message_writer import Chunk
 
 __all__ = [
-    "Admission", "AskAnswered", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "NativeAsked",
+    "Admission", "BrowserApproved", "Bypassed", "CallChanged", "Chunks", "CloseResponse", "ConfirmationSeen", "GateAction", "GateDecided", "NativeAsked",
     "NativeSettled", "OpenResponse", "Output", "Raised", "RunEnded", "UsageSeen",
 ]
 
@@ -97,13 +97,35 @@ class Admission:
     text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class AskAnswered:
-    """What the plugin's ask comes to: `call` (recorded now, or the one it asked about before), or
-    `refused`, why it is answered at once (`no_browser`, `too_many_pending`) and `call` None."""
+GateAction = Literal["run", "refuse", "rule", "confirm", "wait"]
 
-    call: GatedCall | None
-    refused: str | None = None
+
+@dataclass(frozen=True, slots=True)
+class GateDecided:
+    """What the plugin's ask comes to (core/gate_decision.py), for the shell to carry out:
+
+    - `run`: the tool is not gated (`verdict` RUN);
+    - `refuse`: refused at once, `verdict` says why (its `reason`: `no_browser`, `too_many_pending`,
+      `plugin_too_old`);
+    - `rule`: a rule approved or denied `call` (recorded released, shown to the browser);
+      `verdict` is the call's, for the plugin at once;
+    - `confirm`: the plugin asks ADK's confirmation (`verdict` CONFIRM, with the mark of who
+      answers when approvers do); nothing is recorded here;
+    - `wait`: `call` waits here, held in the plugin's request (recorded now; `again`: the call the
+      plugin asked about before).
+
+    `rule_failed`: each rule whose condition could not be evaluated, with why (the shell logs
+    them), and `ruled`, `by_rule`: what the rules decided and by which rule (None: the tool's own
+    setting), when they ran.
+    """
+
+    action: GateAction
+    verdict: Verdict | None = None
+    call: GatedCall | None = None
+    again: bool = False
+    rule_failed: tuple[tuple[str, str], ...] = ()
+    ruled: str | None = None
+    by_rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +152,6 @@ class ConfirmationSeen:
 
 
 Output = (
-    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | UsageSeen | NativeAsked | RunEnded | Raised | AskAnswered
+    OpenResponse | Chunks | CloseResponse | CallChanged | Bypassed | UsageSeen | NativeAsked | RunEnded | Raised | GateDecided
     | NativeSettled | BrowserApproved | ConfirmationSeen | Admission
 )

@@ -11,12 +11,15 @@ import pytest
 from gateway.cluster.messages import Decide, from_json
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CallState, GatedCall, Outcome
-from gateway.core.chat_events import ApproversDecided, DeadlineReached, GateOpened, PluginAsked, RunStarts, UpstreamRead
+from gateway.core.chat_events import ApproversDecided, DeadlineReached, GateOpened, RunStarts, ToolAsked, UpstreamRead
+from gateway.core.chat_outputs import GateDecided
 from gateway.core.chat_machine import ChatMachine
 from gateway.core.ledger import Ledger
 from gateway.core.turn import CloseResponse, Chunks
 
-REFUND = ToolPolicy(approval=True, timeout=60, hint="Card credited.")
+REFUND = ToolPolicy.model_validate({"approval": True, "timeout": 60, "hint": "Card credited.", "rules": [
+    {"name": "large_refund", "when": "args.amount > 100", "decide": "ask", "approvers": "supervisors", "self_approval": False},
+]})
 
 
 class _NoActors:
@@ -31,11 +34,12 @@ def _waiting(version: int) -> tuple[ChatMachine, GatedCall]:
     machine.handle(RunStarts("m1", 0.0, version=version, policy=lambda name: REFUND))  # type: ignore[arg-type]
     part = {"functionCall": {"id": "t1", "name": "refund", "args": {"amount": 250}}}
     machine.handle(UpstreamRead([{"author": "a", "content": {"role": "model", "parts": [part]}}], 0.0))
-    call = GatedCall.open(
-        user_id="u", chat_id="c", session_id="c", tool_call_id="t1", tool="refund", args={"amount": 250}, policy=REFUND, now=0.0,
-    )
-    call.rule, call.approvers, call.self_approval = "large_refund", "supervisors", False
-    machine.handle(PluginAsked(call, 16))
+    # Live mode (ADK has no confirmation there): the call waits here, held in the plugin's request.
+    ask = ToolAsked("t1", "refund", {"amount": 250}, REFUND, "agent", "u", "c", "c", 0.0, mode="live")
+    [decided] = machine.handle(ask)
+    assert isinstance(decided, GateDecided) and decided.action == "wait" and decided.call is not None
+    call = decided.call
+    assert (call.rule, call.approvers, call.self_approval, call.quorum) == ("large_refund", "supervisors", False, 1)
     return machine, call
 
 

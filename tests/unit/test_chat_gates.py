@@ -338,14 +338,26 @@ async def test_a_payment_far_above_the_cap_written_as_a_string_is_refused_never_
     assert "could not be evaluated" in verdict.response["error"] and "10,000 or more" in verdict.response["error"]
 
 
-async def test_a_refund_the_rule_cannot_read_waits_for_a_supervisor_never_the_requester() -> None:
+@pytest.mark.parametrize("approvers", [True, False])
+async def test_a_refund_the_rule_cannot_read_waits_for_a_supervisor_never_the_requester(approvers: bool) -> None:
+    """On /run_sse a call for approvers is ADK's confirmation marked with them (plugin 0.3), never
+    held here and never confirmed unmarked: a 0.2 plugin, which cannot mark it, is refused."""
     adk, service = shipped_service()
     await service.submit("support_agent", "customer", request(USER))
     event = call_event("issue_refund")
     event["content"]["parts"][0]["functionCall"]["args"] = {"amount": "5000"}
     adk.reads.put_nowait([event])
     await asyncio.sleep(0.01)
-    call = service.gates.open(app_name="support_agent", user_id="customer", session_id="chat-1", tool_call_id=CALL,
-                              tool="issue_refund", args={"amount": "5000"}, confirm=True)
-    assert isinstance(call, GatedCall) and call.for_approver
-    assert (call.rule, call.approvers, call.self_approval, call.quorum) == ("large_refund", "supervisors", False, 1)
+    verdict = service.gates.open(app_name="support_agent", user_id="customer", session_id="chat-1", tool_call_id=CALL,
+                                 tool="issue_refund", args={"amount": "5000"}, confirm=True, approvers=approvers)
+    assert isinstance(verdict, Verdict) and not verdict.run
+    if approvers:
+        who = {"approvers": "supervisors", "self_approval": False, "quorum": 1, "rule": "large_refund"}
+        assert verdict.confirm and verdict.payload == {"adk_gateway": {"approvers": who}}
+    else:
+        assert not verdict.confirm and verdict.reason == "plugin_too_old" and verdict.response == {
+            "error": "This call waits for approvers, which needs adk-gateway-plugin 0.3 or newer on the agent; it was not run.",
+            REFUSAL_KEY: "plugin_too_old",
+        }
+    # Nothing waits here for it: the requester has nothing to answer.
+    assert service.gates.find(app_name="support_agent", user_id="customer", session_id="chat-1", tool_call_id=CALL) is None

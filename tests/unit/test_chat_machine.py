@@ -16,14 +16,14 @@ from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
     Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, PluginAsked, RunClosed, RunFailed, RunStarts, RunWanted, StateRestored,
-    UpstreamRead,
+    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunFailed, RunStarts, RunWanted, StateRestored,
+    ToolAsked, UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
-from gateway.core.chat_outputs import Admission, AskAnswered, BrowserApproved, ConfirmationSeen, NativeSettled
+from gateway.core.chat_outputs import Admission, BrowserApproved, ConfirmationSeen, GateDecided, NativeSettled
 
 PAY = ToolPolicy(approval=True, timeout=30)
 
@@ -42,12 +42,25 @@ def _call(call_id: str, now: float = 0.0) -> GatedCall:
     )
 
 
+def _tool_asked(call_id: str, now: float = 0.0, max_pending: int = 16) -> ToolAsked:
+    """The plugin's ask about a call of `pay` (which a person approves) in chat `c`."""
+    return ToolAsked(call_id, "pay", {}, PAY, "agent", "u", "c", "c", now, max_pending=max_pending)
+
+
+def _refusal(outputs: list[Any]) -> str | None:
+    [decided] = outputs
+    assert isinstance(decided, GateDecided) and decided.action == "refuse" and decided.verdict is not None
+    return decided.verdict.reason
+
+
 def _asks(machine: ChatMachine, call_id: str, now: float = 0.0) -> GatedCall:
     """The model calls `pay`, the plugin asks: the call waits for a person."""
     event = {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": "pay", "args": {}}}]}}
     machine.handle(UpstreamRead([event], now))
-    call = _call(call_id, now)
-    assert machine.handle(PluginAsked(call, 16)) == [AskAnswered(call)]
+    [decided] = machine.handle(_tool_asked(call_id, now))
+    assert isinstance(decided, GateDecided) and decided.action == "wait" and not decided.again
+    call = decided.call
+    assert call is not None and machine.ledger.call(call_id) is call
     machine.handle(GateOpened(call, now))
     return call
 
@@ -148,15 +161,45 @@ def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
 
 def test_the_plugins_ask_is_refused_without_a_run_to_show_it_and_beyond_the_cap() -> None:
     machine = ChatMachine()
-    assert machine.handle(PluginAsked(_call("c1"), 16)) == [AskAnswered(None, "no_browser")]
+    assert _refusal(machine.handle(_tool_asked("c1"))) == "no_browser"
     machine.handle(_start())
     first = _asks(machine, "c1")
     # Asked again (the plugin's request handed back, or cut): the same call, not a new one.
-    assert machine.handle(PluginAsked(_call("c1"), 16)) == [AskAnswered(first)]
-    assert machine.handle(PluginAsked(_call("c2"), 1)) == [AskAnswered(None, "too_many_pending")]
+    assert machine.handle(_tool_asked("c1")) == [GateDecided("wait", call=first, again=True)]
+    assert _refusal(machine.handle(_tool_asked("c2", max_pending=1))) == "too_many_pending"
     machine.handle(RunClosed(1.0))
-    assert machine.handle(PluginAsked(_call("c3"), 16)) == [AskAnswered(None, "no_browser")]
+    assert _refusal(machine.handle(_tool_asked("c3"))) == "no_browser"
     assert machine.ledger.call("c2") is None and machine.ledger.call("c3") is None
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_the_plugins_ask_is_the_machines_transition_in_every_phase(phase: Phase) -> None:
+    assert (phase, ToolAsked) in TRANSITIONS
+
+
+def test_the_machine_records_what_its_decision_leaves_waiting_or_decided_and_nothing_it_hands_to_adk() -> None:
+    refund = ToolPolicy.model_validate({"approval": True, "rules": [
+        {"name": "small", "when": "args.amount < 5", "decide": "approve"},
+        {"name": "large", "when": "args.amount > 100", "decide": "ask", "approvers": "leads"},
+    ]})
+    machine = ChatMachine()
+    machine.handle(_start())
+
+    def asked(call_id: str, amount: int, **plugin: Any) -> list[Any]:
+        return machine.handle(ToolAsked(call_id, "refund", {"amount": amount}, refund, "a", "u", "c", "c", 1.0, **plugin))
+
+    # ADK's confirmation (marked with the approvers on sse): nothing recorded here.
+    [confirm] = asked("c1", 250, confirm=True, approvers=True)
+    assert isinstance(confirm, GateDecided) and confirm.action == "confirm" and machine.ledger.call("c1") is None
+    [refused] = asked("c2", 250, confirm=True)
+    assert refused.action == "refuse" and machine.ledger.call("c2") is None
+    # A rule's decision: recorded released, its change reported, shown at once.
+    ruled, changed, *_ = asked("c3", 2)
+    assert ruled.action == "rule" and machine.ledger.call("c3") is ruled.call
+    assert isinstance(changed, CallChanged) and changed.call is ruled.call and ruled.call.released
+    # Held for its approvers in live mode: recorded, waiting.
+    [held] = asked("c4", 250, mode="live")
+    assert held.action == "wait" and machine.ledger.call("c4") is held.call and held.call.for_approver
 
 
 def _asked(machine: ChatMachine, approval_id: str, *, in_browser: bool = False) -> NativeConfirmation:

@@ -11,9 +11,9 @@ import pytest
 from gateway.cluster.messages import Gate, Submit, from_json as read_message
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CONFIRM, RUN, GatedCall, Outcome, Verdict
-from gateway.core.chat_events import PluginAsked, RunStarts, UpstreamRead
+from gateway.core.chat_events import RunStarts, ToolAsked, UpstreamRead
 from gateway.core.chat_machine import ChatMachine
-from gateway.core.chat_outputs import AskAnswered
+from gateway.core.chat_outputs import GateDecided
 from gateway.core.ledger import Ledger
 from gateway.core.turn import CallChanged, Chunks
 
@@ -43,15 +43,29 @@ def _chunks(outputs: list[Any]) -> list[dict[str, Any]]:
     return [c for o in outputs if isinstance(o, Chunks) for c in o.chunks]
 
 
+def _ask(amount: float, policy: ToolPolicy = PAY, max_pending: int = 16) -> ToolAsked:
+    """The plugin's ask about `pay` of `amount` (2: `small` approves, 20000: `too_large` denies)."""
+    return ToolAsked("t1", "pay", {"amount": amount}, policy, "agent", "u", "c", "c", 1.0, max_pending=max_pending)
+
+
+def _ruled(machine: ChatMachine, ask: ToolAsked) -> tuple[GatedCall, list[Any]]:
+    """The ask decided by a rule: the call it recorded released, and the outputs."""
+    outputs = machine.handle(ask)
+    decided = outputs[0]
+    assert isinstance(decided, GateDecided) and decided.action == "rule" and decided.call is not None
+    assert decided.verdict is not None and decided.verdict.reason == "rule"
+    return decided.call, outputs
+
+
 def _result(machine: ChatMachine, response: dict[str, Any]) -> list[dict[str, Any]]:
     part = {"functionResponse": {"id": "t1", "name": "pay", "response": response}}
     return _chunks(machine.handle(UpstreamRead([{"author": "a", "content": {"role": "user", "parts": [part]}}], 2.0)))
 
 
 def test_ai7_sees_an_automatic_approval_then_the_output() -> None:
-    machine, call = _running(7), _decided(True)
-    outputs = machine.handle(PluginAsked(call, 16))
-    assert outputs[:2] == [AskAnswered(call), CallChanged(call, outputs[1].before, 0.0)]
+    machine = _running(7)
+    call, outputs = _ruled(machine, _ask(2))
+    assert outputs[1] == CallChanged(call, outputs[1].before, 0.0)
     assert _chunks(outputs) == [
         {"type": "tool-approval-request", "approvalId": call.id, "toolCallId": "t1", "isAutomatic": True,
          "approvalDescriptor": {"rule": "small"}},
@@ -63,17 +77,18 @@ def test_ai7_sees_an_automatic_approval_then_the_output() -> None:
 
 def test_ai6_sees_the_call_and_its_output_alone() -> None:
     machine = _running(6)
-    assert _chunks(machine.handle(PluginAsked(_decided(True), 16))) == []
+    assert _chunks(_ruled(machine, _ask(2))[1]) == []
     assert [c["type"] for c in _result(machine, {"success": True})] == ["tool-output-available"]
 
 
 @pytest.mark.parametrize(("version", "shown"), [(7, "tool-output-denied"), (6, "tool-output-error")])
 def test_a_rules_refusal_is_denied_to_ai7_and_an_error_to_ai6(version: int, shown: str) -> None:
-    machine, call = _running(version), _decided(False, "too_large", "Too much.")
+    machine = _running(version)
+    call, outputs = _ruled(machine, _ask(20000))
     assert call.outcome is Outcome.DENIED and call.source == "rule"
     assert call.verdict is not None and call.verdict.response is not None
     assert "Too much." in call.verdict.response["error"]
-    chunks = _chunks(machine.handle(PluginAsked(call, 16)))
+    chunks = _chunks(outputs)
     if version == 7:
         assert chunks[-1] == {"type": "tool-approval-response", "approvalId": call.id, "approved": False, "reason": "Too much."}
     [result] = _result(machine, call.verdict.response)
@@ -83,15 +98,13 @@ def test_a_rules_refusal_is_denied_to_ai7_and_an_error_to_ai6(version: int, show
 
 
 def test_a_decided_call_is_not_held_to_the_cap_of_waiting_calls() -> None:
-    machine, call = _running(7), _decided(True)
-    assert machine.handle(PluginAsked(call, 0))[0] == AskAnswered(call)
+    machine = _running(7)
+    assert _ruled(machine, _ask(2, max_pending=0))[0].verdict == RUN
 
 
 def test_a_tool_allowed_by_its_own_default_shows_no_approval() -> None:
     plain = ToolPolicy.model_validate({"rules": [{"name": "no", "when": "args.amount > 9", "decide": "deny", "reason": "x"}]})
-    call = GatedCall.open(user_id="u", chat_id="c", session_id="c", tool_call_id="t1", tool="pay", args={}, policy=plain, now=0)
-    assert call.decide_by_rule(True, None, None)
-    assert _chunks(_running(7).handle(PluginAsked(call, 16))) == []
+    assert _chunks(_ruled(_running(7), _ask(1, plain))[1]) == []
 
 
 def test_who_decided_survives_a_snapshot_and_an_older_replicas_snapshot_reads_as_undecided() -> None:

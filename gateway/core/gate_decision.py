@@ -1,0 +1,127 @@
+"""Where an approval is decided: what the plugin's ask about one tool call comes to (sans-IO).
+
+The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b). `decide_ask` takes
+the ask as the shell read it (`ToolAsked`: the tool, its arguments and policy, the agent, the
+chatting user and the claims of their latest request, what the plugin can do, the upstream mode)
+and what the chat holds (`ChatView`), and says in one `GateDecided` what happens, in this order:
+
+1. the tool is not gated: it runs;
+2. no chat here has the session: refused (`no_browser`), nobody could answer;
+3. the plugin asked about this tool call before: the same call (`wait`, `again`);
+4. the tool's rules (config/rules.py `decide`, failing closed): a rule's approve or deny decides
+   (`rule`), else the ask names who answers: the chatting user, or a group of approvers;
+5. who answers, by the upstream mode. On `/run_sse` a person's decision is ADK's confirmation
+   (`confirm`), kept in ADK's session; one its approvers make carries the gateway's mark of who
+   answers (core/approver_confirmations.py), and a plugin that cannot mark it (before 0.3) is
+   refused (`plugin_too_old`): held in its request instead, the call would be lost with a replica
+   or ADK, and confirmed unmarked, the chatting user would answer for the approvers. On `/run_live`
+   (ADK has no confirmation there) the call waits here, held (`wait`), with its approvers set;
+6. recording it needs a run of the chat to show it (else `no_browser`) and, unless a rule already
+   released it, room under the chat's cap of waiting calls (else `too_many_pending`).
+
+Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
+log. The chat's machine (core/chat_machine.py) calls this for its `ToolAsked` and records what
+waits; the shell calls it alone only when no chat here has the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config.rules import decide
+from .approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
+from .approver_confirmations import ApproverMark, mark
+from .chat_events import ToolAsked
+from .chat_outputs import GateDecided
+
+__all__ = ["REFUSALS", "ChatView", "decide_ask", "refuse_ask"]
+
+# What an ask refused at once tells the model, by its reason.
+REFUSALS = {
+    "no_browser": "No browser is attached to this session, so nobody can answer; the call was not run.",
+    "too_many_pending": "Too many tool calls are already waiting for the user in this chat; the call was not run.",
+    "plugin_too_old": (
+        "This call waits for approvers, which needs adk-gateway-plugin 0.3 or newer on the agent; it was not run."
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatView:
+    """What of the chat the decision reads: whether a run is under way (to show the call), how many
+    calls wait already, and the call recorded for this tool call, if the plugin asked before."""
+
+    running: bool
+    waiting: int
+    asked_before: GatedCall | None = None
+
+
+def refuse_ask(reason: str, text: str) -> Verdict:
+    """The verdict of an ask refused at once: ADK's `{"error"}` with the refusal's marker."""
+    return Verdict(run=False, reason=reason, response={"error": text, REFUSAL_KEY: reason})
+
+
+def _refused_ask(reason: str, decided: GateDecided | None = None) -> GateDecided:
+    """Refused at once for `reason`; with what the rules found on the way, if they ran (`decided`)."""
+    verdict = refuse_ask(reason, REFUSALS[reason])
+    return GateDecided("refuse", verdict) if decided is None else replace(decided, action="refuse", verdict=verdict, call=None)
+
+
+def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
+    """What the plugin's `ask` comes to, given the chat that has its session (None: no chat here)."""
+    if not ask.policy.gated:
+        return GateDecided("run", RUN)
+    if chat is None:
+        return _refused_ask("no_browser")
+    if chat.asked_before is not None:
+        # Asked again (a replica handed the plugin's request back, or its connection was cut).
+        return GateDecided("wait", call=chat.asked_before, again=True)
+    call = GatedCall.open(
+        user_id=ask.user_id, chat_id=ask.chat_id, session_id=ask.session_id, tool_call_id=ask.tool_call_id,
+        tool=ask.tool, args=dict(ask.args), policy=ask.policy, now=ask.now, approval_id=ask.approval_id,
+    )
+    first = _first(ask, call)
+    if first.action != "wait":
+        return first
+    if not chat.running:
+        return _refused_ask("no_browser", first)
+    if call.released:
+        # A rule decided it: nobody waits, so no cap applies; the browser sees the decision.
+        assert call.verdict is not None
+        return replace(first, action="rule", verdict=replace(call.verdict, reason="rule"))
+    if chat.waiting >= ask.max_pending:
+        return _refused_ask("too_many_pending", first)
+    return first
+
+
+def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
+    """The tool's rules and its own setting, then who answers what they ask: `confirm` (ADK's
+    confirmation asks), `refuse`, or `wait` with `call` to record: released by a rule, or given
+    its approvers, or for the chatting user (or, a browser tool nobody approves, its output)."""
+    policy = call.policy
+    confirm = ask.confirm
+    if not policy.rules and not policy.approval:
+        return GateDecided("confirm", CONFIRM) if confirm else GateDecided("wait", call=call)
+    ruling = decide(
+        policy.rules, args=call.args, tool=call.tool, agent=ask.agent, user=call.user_id, claims=ask.claims,
+        default="ask" if policy.approval else "approve", default_asks=policy.asks(None),
+    )
+    waits = GateDecided("wait", call=call, rule_failed=ruling.errors, ruled=ruling.decide, by_rule=ruling.rule)
+    if ruling.decide != "ask":
+        call.decide_by_rule(ruling.decide == "approve", ruling.rule, ruling.reason)
+        return waits
+    call.rule = ruling.rule
+    spec = ruling.asks
+    if spec is None:
+        return replace(waits, action="confirm", verdict=CONFIRM, call=None) if confirm else waits
+    if ask.mode == "live":
+        # ADK has no confirmation in live mode: the plugin's request holds the call, and the
+        # chatting person's stream says whom it waits for.
+        call.approvers, call.self_approval, call.quorum = spec.group, spec.self_approval, spec.quorum
+        return waits
+    if not (confirm and ask.approvers):
+        return _refused_ask("plugin_too_old", waits)
+    # ADK's confirmation, in its session, marked with who answers: durable, and the chatting
+    # person's answer to it is refused (chat/confirmations.py).
+    who = ApproverMark(spec.group, spec.self_approval, spec.quorum, ruling.rule)
+    return replace(waits, action="confirm", verdict=replace(CONFIRM, payload=mark(who)), call=None)
