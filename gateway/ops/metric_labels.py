@@ -38,7 +38,7 @@ KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType
     "plugin_requests": _each(
         "run", "respond", "not_gated", "rule", "confirm", "no_browser", "too_many_pending", "unauthorized", "invalid",
         "owner_lost", "sessions_unavailable", "replica_unavailable", "verdict_lost", "unknown_agent", "retry_elsewhere",
-        "too_many_pending_user", "gateway_overloaded",
+        "too_many_pending_user", "gateway_overloaded", "plugin_too_old",
     ),
     "ws_frames": tuple(("in", t) for t in ("send", "resume", "abort", "audio", "invalid"))
     + tuple(("out", t) for t in ("start", "chunk", "end", "no-active", "error")),
