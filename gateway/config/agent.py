@@ -14,7 +14,15 @@ from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .rules import ToolRule, asker_problem
 from .values import ClaimValues, Duration, Section
 
-__all__ = ["AGENT_NAME_PATTERN", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
+__all__ = ["AGENT_NAME_PATTERN", "HOLD_ON_SSE", "AgentAccess", "AgentConfig", "AgentLimits", "ToolPolicy", "UpstreamConfig"]
+
+
+# The one held engine is live's: on /run_sse a held plugin request dies with the replica or ADK
+# that holds it, where ADK's confirmation survives both.
+HOLD_ON_SSE = (
+    "approvals: hold is not available with mode: sse: every call that waits for a person on /run_sse is ADK's "
+    "confirmation in the session; remove the key, or use mode: live where the held engine is the only one"
+)
 
 
 class UpstreamConfig(Section):
@@ -33,14 +41,12 @@ class UpstreamConfig(Section):
     max_connections: int = Field(1000, ge=1)
     # How often /readyz may probe the upstream; between probes the last answer is reused.
     health_interval: Duration = Field(5.0, gt=0)
-    # How the plugin waits for a person on a gated tool (docs/approvals.md). Unset: confirm on
-    # sse, hold on live, so a stock deploy keeps its pending approvals through gateway and ADK
-    # restarts. confirm (sse only): the plugin asks ADK for a confirmation of the call, so the run
-    # ends and the request is kept in ADK's session; the answer re-runs the call (a browser tool's
-    # output is the answer's payload, returned as the call's result). hold: it blocks inside the
-    # tool call on a long request to the gateway until the decision (the pending approval lives in
-    # that request and in the gateway's memory); the only path ADK's live flow has. Both gate every
-    # call the policy gates. Resolved by the validator: every reader sees "hold" or "confirm".
+    # How a call that waits for a person waits (docs/approvals.md); each mode has one way, and this
+    # key only names it. sse: confirm, ADK's confirmation in its session (the run ends; the answer,
+    # the person's, the approvers' or a deadline's, re-runs the call; a browser tool's output is the
+    # answer's payload). live: hold, the plugin blocks inside the tool call on a long request to the
+    # gateway until the decision (ADK's live flow has no confirmation). Any other pairing is refused.
+    # Resolved by the validator: every reader sees "hold" or "confirm".
     approvals: Literal["hold", "confirm"] | None = None
     # The ADK server runs with `--auto_create_session`: a new chat's first `/run_sse` goes out
     # without creating the session first (one round trip fewer). A server that answers 404 all the
@@ -49,18 +55,20 @@ class UpstreamConfig(Section):
     auto_create_session: bool = False
 
     @model_validator(mode="after")
-    def _confirm_needs_sse(self) -> UpstreamConfig:
+    def _one_engine_per_mode(self) -> UpstreamConfig:
         if self.approvals is None:
             # Not in the fields set, so a mode set later (`with_mode`) derives it again.
             object.__setattr__(self, "approvals", "confirm" if self.mode == "sse" else "hold")
         elif self.approvals == "confirm" and self.mode == "live":
             # ADK's live flow has no tool confirmation: the plugin must block there.
             raise ValueError("approvals: confirm needs mode: sse (ADK's live flow has no tool confirmations); use hold")
+        elif self.approvals == "hold" and self.mode == "sse":
+            raise ValueError(HOLD_ON_SSE)
         return self
 
     def with_mode(self, mode: Literal["sse", "live"]) -> UpstreamConfig:
         """This upstream in `mode` (`--upstream-mode`), validated again: approvals the file left
-        unset follow the new mode; an explicit confirm on live is refused as in the file."""
+        unset follow the new mode; an explicit confirm on live or hold on sse is refused as in the file."""
         data = self.model_dump()
         if not self.approvals_explicit:
             del data["approvals"]

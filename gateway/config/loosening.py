@@ -270,7 +270,7 @@ UNJUDGED: dict[str, str] = {
     "auth.jwt.jwks_min_refetch": "when the same provider's keys are fetched, not which are trusted",
     "auth.jwt.jwks_timeout": "how long one fetch of the same provider's keys may take",
     "agents.<name>.upstream": "where the agent runs; agents are matched by name, by ADK app and by /api/chat instead; "
-        "its approvals (hold or confirm) both gate every call the policy gates",
+        "its approvals (each mode's one way: confirm on sse, hold on live) both gate every call the policy gates",
     "agents.<name>.limits": "how much a caller may do, not who may",
     "agents.<name>.tools.<tool>.timeout": "how long a gated call waits; it never runs unasked",
     "agents.<name>.tools.<tool>.on_timeout": "what a timeout shows; the tool does not run either way",

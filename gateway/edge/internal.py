@@ -7,21 +7,25 @@ bearer token, compared in constant time: `internal.secret`, or during a rotation
 have to move to the new one before it is dropped).
 
 - `GET /internal/v1/policy?app_name=APP`: the tool policy of the agent whose ADK app is APP, so
-  the plugin only calls back for gated tools (404 for an app no agent has). A tool marked
-  `confirm` (the agent's `upstream.approvals: confirm`) is gated by ADK's own confirmation
-  instead: the plugin asks ADK, not this listener. Without `app_name`
-  (a plugin from before several agents): every agent's policies merged, each tool as gated as
-  any agent has it. A tool with rules (config/rules.py) or approvers is marked `rules`: a plugin that says it
-  knows them (`features=rules`) asks about each call first (below, with `confirm`), and asks ADK's
-  confirmation only when no rule decided; to an older plugin, such a tool is not `confirm`, so it
-  blocks on the request below and the rules apply there (fail closed, not durable).
+  the plugin only calls back for gated tools (404 for an app no agent has). A tool of an agent on
+  `/run_sse` is marked `confirm` (`confirm_browser` for a browser tool): it waits as ADK's own
+  confirmation, which the plugin asks ADK for, not this listener. A tool with rules
+  (config/rules.py) or approvers is marked `rules` too: the plugin asks about each call first (below,
+  with `confirm`), and asks ADK's confirmation only when no rule decided. Without `app_name` (a
+  plugin from before several agents): every agent's policies merged, each tool as gated as any agent
+  has it. A plugin that does not say `features=rules` is older than 0.2: it would confirm without
+  asking and skip the rules, so it is served no `confirm` at all; it then asks about every gated
+  call, and each ask of an agent on `/run_sse` is refused (`plugin_too_old`, below).
 - `POST /internal/v1/tool-calls`: announce a call and wait (long request) for its verdict:
-  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}`; with `"confirm": true`, a
-  rule's verdict at once or `{"verdict": "confirm"}` (ask ADK's confirmation); with `"approvers": true`
-  too (the plugin can mark ADK's confirmation), a call its approvers decide is
-  `{"verdict": "confirm", "payload": {...}}`, the payload to ask ADK's confirmation with; or, from a replica that
-  drains while the call's chat runs on another, 503 `retry_elsewhere` (the plugin asks again, and
-  the chat's replica takes the repeated ask as the same call).
+  `{"verdict": "run"}` or `{"verdict": "respond", "response": {...}}` (live mode's held engine);
+  with `"confirm": true`, a rule's verdict at once or `{"verdict": "confirm"}` (ask ADK's
+  confirmation); with `"approvers": true` too (plugin 0.3: it can mark ADK's confirmation), a call its
+  approvers decide is `{"verdict": "confirm", "payload": {...}}`, the payload to ask ADK's
+  confirmation with; or, from a replica that drains while the call's chat runs on another, 503
+  `retry_elsewhere` (the plugin asks again, and the chat's replica takes the repeated ask as the same
+  call). An ask without `"confirm": true` about an agent on `/run_sse` comes from a plugin older than
+  0.2 (or from a `/run_live` call to that agent's ADK that did not come through the gateway): it is
+  refused at once, the call not run, never held.
 - `POST /internal/v1/reload`: reload the config file (as SIGHUP does); 422 with the problems
   when the new file is bad (the old config stays).
 - `GET /metrics` (`metrics.path`), with `metrics.listener: internal`: the Prometheus metrics,
@@ -42,11 +46,12 @@ from ..config.agent import ToolPolicy
 from .app import metrics as metrics_page
 from ..config.schema import GatewayConfig
 from .errors import error_middleware, json_error
+from ..core.approvals import Verdict
 from ..core.refusals import HttpError, Refusal
 from .reload import reload_config
 from .state import GATEWAY
 
-__all__ = ["create_internal_app"]
+__all__ = ["PLUGIN_TOO_OLD", "TOO_OLD", "create_internal_app"]
 
 log = structlog.get_logger("adk_gateway.edge.internal")
 
@@ -94,6 +99,16 @@ def _not_finite(args: dict[str, Any]) -> str | None:
 
 _METRICS_ROUTE = "metrics"
 
+# The refusal of an ask from a plugin older than 0.2 (docs/approvals.md, "Refusals"): read by the
+# model and shown to the person as the call's error.
+PLUGIN_TOO_OLD = "plugin_too_old"
+TOO_OLD = (
+    "This agent's adk-gateway-plugin is too old for this gateway: it must be 0.2 or newer (upgrade the plugin "
+    "in the agent's image first, then the gateway; the gateway's docs/operations.md); the call was not run."
+)
+# The apps whose too-old plugin this process has logged already, kept on the internal Application.
+_WARNED_TOO_OLD = web.AppKey("warned_too_old", set[str])
+
 
 def _matches(given: bytes, secret: SecretStr | None) -> bool:
     expected = secret.get_secret_value().encode() if secret is not None else b""
@@ -124,21 +139,17 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
     return await handler(request)
 
 
-def _entry(p: ToolPolicy, confirm: bool = False, knows_rules: bool = True) -> dict[str, object]:
+def _entry(p: ToolPolicy, confirm: bool) -> dict[str, object]:
     browser = p.runs_in == "browser"
-    # The gateway decides first (a rule, or who answers: approvers) before any ADK confirmation.
-    # A plugin that does not know this would confirm without asking: it must block instead.
-    first = bool(p.rules) or p.approvers is not None
-    confirm = confirm and (knows_rules or not first)
     return {
-        "rules": first,
+        # The gateway decides first (a rule, or who answers: approvers) before any ADK confirmation.
+        "rules": bool(p.rules) or p.approvers is not None,
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
-        # `upstream.approvals: confirm`: ask ADK's confirmation (with this hint) instead of blocking.
-        # A plugin from before this key ignores it and blocks: still gated.
+        # An agent on /run_sse: ask ADK's confirmation (with this hint) instead of blocking.
         "confirm": confirm and not browser, "hint": p.hint,
         # The same for a browser tool, whose output comes back as the answer's payload: its own key,
         # so that a plugin from before it (which would run the tool's server function on a bare
-        # confirmation) blocks for it instead.
+        # confirmation) asks instead, and is refused.
         "confirm_browser": confirm and browser,
     }
 
@@ -158,7 +169,8 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
             "gated": any(p.gated for p in policies),
             "rules": any(bool(p.rules) or p.approvers is not None for p in policies),
             "non_blocking": all(p.non_blocking for p in policies),
-            # Without the app, the plugin blocks (hold): it gates for every agent alike.
+            # Without the app, the plugin asks about every gated call (its asks name the app: refused
+            # for an agent on /run_sse, held for one on /run_live).
             "confirm": False,
             "confirm_browser": False,
             "hint": None,
@@ -169,6 +181,10 @@ def merged_policy(config: GatewayConfig) -> dict[str, dict[str, object]]:
 async def policy(request: web.Request) -> web.Response:
     config = request.app[GATEWAY].config
     app = request.query.get("app_name")
+    # Plugin 0.2 and newer say they ask about a tool with rules before ADK's confirmation. An older
+    # one would confirm such a call without asking (the rules and approvers skipped): it is served no
+    # `confirm`, so that every gated call it sees is asked about, and refused (`tool_call`).
+    current = "rules" in request.query.get("features", "").split(",")
     if app is None:
         tools = merged_policy(config)
     else:
@@ -177,9 +193,24 @@ async def policy(request: web.Request) -> web.Response:
             log.warning("policy_for_unknown_app", app_name=app)
             raise HttpError(404, "agent_not_found", f"no agent of this gateway has the ADK app name {app!r}")
         settings = config.agents[agent]
-        knows_rules = "rules" in request.query.get("features", "").split(",")
-        tools = {name: _entry(p, settings.confirms(name), knows_rules) for name, p in settings.tools.items()}
+        if not current and settings.upstream.mode == "sse":
+            _too_old(request, app, agent)
+        tools = {name: _entry(p, current and settings.confirms(name)) for name, p in settings.tools.items()}
     return web.json_response({"tools": tools, "refresh": config.internal.policy_refresh})
+
+
+def _too_old(request: web.Request, app: str, agent: str) -> None:
+    """Log, once per app and process, that the agent's plugin is too old for its calls to be asked."""
+    warned = request.app[_WARNED_TOO_OLD]
+    if app in warned:
+        return
+    warned.add(app)
+    log.warning(
+        "plugin_too_old", app_name=app, agent=agent,
+        detail="the agent's adk-gateway-plugin is older than 0.2 (it asks without ADK's confirmation): every gated "
+        "call of this agent is refused until it is upgraded; upgrade the plugin in the agent's image first, then the "
+        "gateway (docs/operations.md)",
+    )
 
 
 async def tool_call(request: web.Request) -> web.Response:
@@ -195,6 +226,12 @@ async def tool_call(request: web.Request) -> web.Response:
     )
     # The agent label is bounded by the config: an app no agent has counts under "".
     agent = gateway.config.agent_for_app(body.app_name) or ""
+    if agent and not body.confirm and gateway.config.agents[agent].upstream.mode == "sse":
+        # On /run_sse every call that waits for a person is ADK's confirmation: a held ask would die
+        # with this replica or ADK. Refused before anything is recorded; the tool does not run.
+        _too_old(request, body.app_name, agent)
+        gateway.metrics.plugin_requests.labels(agent, PLUGIN_TOO_OLD).inc()
+        return web.json_response(Verdict.refuse(TOO_OLD, PLUGIN_TOO_OLD).as_json())
     # The plugin's `traceparent` (ADK's tool span), if it sends one, parents the approval's wait.
     continued = gateway.tracing.continue_from(request.headers) if gateway.tracing.enabled else None
     try:
@@ -231,6 +268,7 @@ def create_internal_app(public: web.Application) -> web.Application:
     """The internal Application, sharing the public one's state."""
     app = web.Application(middlewares=[error_middleware, require_secret], client_max_size=1024 * 1024)
     app[GATEWAY] = public[GATEWAY]
+    app[_WARNED_TOO_OLD] = set()
     app.add_routes([
         web.get("/internal/v1/policy", policy),
         web.post("/internal/v1/tool-calls", tool_call),

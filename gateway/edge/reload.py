@@ -92,7 +92,7 @@ def plan_reload(
                 for name, agent in new.agents.items()
             }})
         except ValidationError as exc:
-            # An explicit `approvals: confirm` under `--upstream-mode live`: refused as at start.
+            # An explicit `approvals: confirm` under `--upstream-mode live` (or `hold` under sse): refused as at start.
             return ReloadPlan(None, [
                 f"{source} with --upstream-mode {upstream_mode}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
             ])

@@ -7,20 +7,21 @@ Add it to a stock ADK API server without touching agent code:
         adk api_server --extra_plugins adk_gateway_plugin.GatewayPlugin AGENTS_DIR
 
 Before each tool call, `before_tool_callback` checks the gateway's tool policy for the call's ADK
-app (fetched once per app and refreshed, so ungated tools cost no round trip; one gateway serves
-several agents, each with its own policy, named by app name). For a gated call it asks the gateway's internal
-listener and waits for the verdict: run the tool, or answer the call with a response instead (a
-denial, a timeout, or the output the browser produced). This works for `/run_sse` and `/run_live`
-alike, which ADK's own confirmation does not.
+app (fetched per app and refreshed, so ungated tools cost no round trip; one gateway serves several
+agents, each named by app). A gated call waits for a person or the browser one way per upstream mode:
 
-With the agent's `upstream.approvals: confirm` (the policy marks such a tool `confirm`), a call
-that needs approval on an SSE run is not held: the plugin asks ADK's own tool confirmation
-(`tool_context.request_confirmation`, as `require_confirmation` does), ADK ends the run with the
-request in its session, and ADK's re-run after the answer runs the tool (confirmed) or answers
-ADK's rejection. A browser tool (`runs_in: browser`) is asked the same way, marked as one in the
-confirmation's payload: the gateway answers with the browser's output as the answer's payload, which
-the re-run returns as the tool's result (its server function never runs). A live run (which has no
-confirmations) keeps the blocking path.
+- `/run_sse` (the policy marks the tool `confirm`, or `confirm_browser`): nothing is held. The
+  plugin asks ADK's own tool confirmation (`tool_context.request_confirmation`, as
+  `require_confirmation` does); ADK ends the run with the request in its session, and its re-run
+  after the answer runs the tool or answers ADK's rejection. A tool with rules or approvers (`rules`)
+  is asked about first (`"confirm": true`): a rule may decide at once, and a call its approvers
+  decide is confirmed with the gateway's payload naming them (`"approvers": true`). A browser tool's
+  output comes back as the answer's payload, returned as its result (its server function never runs).
+- `/run_live` (no confirmations): it asks the gateway and waits for the verdict: run the tool, or
+  answer the call with a response instead (a denial, a timeout, the browser's output).
+
+The gateway requires 0.2 or newer: it refuses an older plugin's asks about an agent on `/run_sse`
+(`plugin_too_old`), approvers there need 0.3; upgrade the plugin first (gateway docs/operations.md).
 
 It fails closed: if the gateway cannot be reached or answers nonsense, the call is answered with an
 error saying why and the tool does not run. It never raises, because a plugin exception aborts the

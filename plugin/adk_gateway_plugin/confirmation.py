@@ -1,4 +1,4 @@
-"""The plugin's `confirm` path (`upstream.approvals: confirm`): ADK's own confirmation of a call.
+"""The plugin's `confirm` path (every gated call of an agent on `/run_sse`): ADK's own confirmation of a call.
 
 Kept apart from the blocking path in __init__.py: nothing here talks to the gateway. The plugin
 asks ADK for a confirmation exactly as ADK's `FunctionTool(require_confirmation=True)` does, so ADK
@@ -53,7 +53,7 @@ def _gateway_payload(payload: Any) -> dict[str, Any] | None:
 
 
 def confirm(tool: str, hint: Any, context: Any, payload: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """`upstream.approvals: confirm`: ask ADK's own confirmation of the call instead of blocking.
+    """On `/run_sse`: ask ADK's own confirmation of the call instead of blocking.
 
     What ADK's `FunctionTool(require_confirmation=True)` does, in 1.22 and 2.x alike: no answer yet
     -> request one (ADK ends the run with an `adk_request_confirmation` call in its session) and

@@ -34,7 +34,6 @@ internal:
   secret: test-secret
 upstream:
   app_name: pay_app
-  approvals: hold
 limits:
   max_pending_approvals_per_user: 2
 tools:

@@ -21,7 +21,7 @@ from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, V
 from gateway.chat.record import Chat
 from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatBusy, ChatService, Forbidden, Gone
-from gateway.config.schema import parse_config
+from gateway.config.schema import GatewayConfig, parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import ChatNotFound, Registry
@@ -46,15 +46,25 @@ TOOL = "process_payment"
 CONFIG = """\
 internal:
   secret: s3cret
-# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
-upstream:
-  approvals: hold
 tools:
   process_payment:
     approval: true
     timeout: 2s
 """
 WAIT = "adk_gateway_approval_wait_seconds"
+
+
+def held_engine(config: GatewayConfig) -> GatewayConfig:
+    """`config` with every agent's gated calls on the held engine (the plugin's held request, `gw-`
+    ids), live mode's one way to wait, driven here through the scripted `/run_sse` upstream (tests/unit
+    has no scripted live one). No file can say this (config/agent.py refuses hold on sse; the internal
+    listener refuses a held ask about an sse agent, tests/unit/test_plugin_too_old.py); the chat's
+    held engine does not look at the mode."""
+    agents = {
+        name: agent.model_copy(update={"upstream": agent.upstream.model_copy(update={"approvals": "hold"})})
+        for name, agent in config.agents.items()
+    }
+    return config.model_copy(update={"agents": agents})
 NEW_MESSAGE = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "never mind, what time is it?"}]}
 
 
@@ -109,7 +119,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
     ids = iter(f"msg-{n}" for n in range(1, 100))
-    config = parse_config(CONFIG, env={})
+    config = held_engine(parse_config(CONFIG, env={}))
     service = ChatService(
         agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
         config=config, clock=clock, new_id=lambda: next(ids),
@@ -285,13 +295,13 @@ async def test_an_approved_gated_call_runs_once_and_its_answer_reads_the_result_
     assert env.runs("completed") == 1
 
 
-async def test_a_plugin_that_ignores_confirm_still_gates_the_call_as_in_hold_mode() -> None:
-    """`approvals` left unset (confirm on sse) while the agent runs a plugin from before confirm mode,
-    which blocks: its ask is shown as a `gw-` approval and decided as on the blocking path, so the
-    call never runs unasked (docs/approvals.md, "Upgrade the plugin with the gateway")."""
+async def test_a_held_ask_about_a_call_adk_was_to_confirm_still_gates_it() -> None:
+    """Defense in depth: the internal listener refuses a held ask about an sse agent (a plugin older
+    than 0.2 asks so; tests/unit/test_plugin_too_old.py), but one that reached the chat's gate all the
+    same is shown as a `gw-` approval and decided as on the held engine: the call never runs unasked."""
     adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
     ids = iter(f"msg-{n}" for n in range(1, 100))
-    config = parse_config(CONFIG.replace("upstream:\n  approvals: hold\n", ""), env={})
+    config = parse_config(CONFIG, env={})
     assert config.agents[AGENT].confirms(TOOL)
     service = ChatService(
         agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]

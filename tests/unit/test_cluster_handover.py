@@ -39,9 +39,9 @@ ARGS = {"amount": 50, "recipient": "Hanako", "currency": "USD"}
 CONFIG = """
 internal:
   secret: s3cret
-# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
-upstream:
-  approvals: hold
+# The held engine (the plugin's held request, `gw-` ids), live mode's, driven through the scripted
+# /run_sse upstream: the chat's gate takes a held ask (no `confirm`) alike in either mode; the
+# internal listener refuses one for an sse agent before it gets here (tests/unit/test_plugin_too_old.py).
 sessions:
   heartbeat_interval: 50ms
   owner_timeout: 1s
@@ -220,7 +220,7 @@ async def test_the_internal_listener_answers_a_handed_back_ask_with_a_503_on_a_c
     client = TestClient(TestServer(create_internal_app(app)))
     await client.start_server()
     try:
-        body = {"app_name": AGENT, "user_id": "u", "session_id": "chat-1", "function_call_id": CALL, "tool": TOOL}
+        body = {"app_name": AGENT, "user_id": "u", "session_id": "chat-1", "function_call_id": CALL, "tool": TOOL, "confirm": True}
         resp = await client.post("/internal/v1/tool-calls", json=body, headers={"Authorization": "Bearer s3cret"})
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == "retry_elsewhere"

@@ -35,9 +35,9 @@ from gateway.chat.registry import Registry
 CONFIG = """
 internal:
   secret: test-secret
-# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+# The held engine (the plugin's held request, `gw-` ids): live mode's one way to wait.
 upstream:
-  approvals: hold
+  mode: live
 sessions:
   heartbeat_interval: 10ms
   forward_timeout: 30ms

@@ -367,9 +367,9 @@ async def test_a_sealed_chat_state_that_is_no_state_reads_as_absent(cluster: Any
 GATED = """
 internal:
   secret: test-secret
-# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
+# The held engine (the plugin's held request, `gw-` ids): live mode's one way to wait.
 upstream:
-  approvals: hold
+  mode: live
 tools:
   pay:
     approval: true

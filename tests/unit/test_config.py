@@ -29,6 +29,51 @@ def test_the_reference_agents_take_the_default_approvals_path_of_their_mode() ->
     assert {a.upstream.approvals for a in live.agents.values()} == {"hold"}
 
 
+HOLD_ON_SSE_REFUSAL = (
+    "gw.yaml: upstream: approvals: hold is not available with mode: sse: every call that waits for a person on "
+    "/run_sse is ADK's confirmation in the session; remove the key, or use mode: live where the held engine is the only one"
+)
+
+
+@pytest.mark.parametrize("mode", ["", "  mode: sse\n"])
+def test_hold_on_sse_is_refused_naming_the_replacement(mode: str) -> None:
+    """On /run_sse every call that waits for a person is ADK's confirmation: a held plugin request
+    there would die with its replica or ADK, so the file that asks for one does not load."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"upstream:\n{mode}  approvals: hold\n", source="gw.yaml", env={})
+    assert info.value.problems == [HOLD_ON_SSE_REFUSAL]
+
+
+def test_each_mode_keeps_naming_its_own_way_and_confirm_on_live_stays_refused() -> None:
+    assert parse_config("upstream:\n  mode: sse\n  approvals: confirm\n", env={}).agents["demo_agent"].upstream.approvals == "confirm"
+    assert parse_config("upstream:\n  mode: live\n  approvals: hold\n", env={}).agents["demo_agent"].upstream.approvals == "hold"
+    with pytest.raises(ConfigError, match="approvals: confirm needs mode: sse"):
+        parse_config("upstream:\n  mode: live\n  approvals: confirm\n", env={})
+
+
+def test_hold_on_a_live_upstream_moved_to_sse_is_refused_too() -> None:
+    """`--upstream-mode sse` (and a reload under it) validates the file's explicit hold again."""
+    live = parse_config("upstream:\n  mode: live\n  approvals: hold\n", env={}).agents["demo_agent"].upstream
+    with pytest.raises(ValueError, match="approvals: hold is not available with mode: sse"):
+        live.with_mode("sse")
+
+
+async def test_a_reload_to_hold_on_sse_is_refused_and_the_running_config_stays(tmp_path: Path) -> None:
+    from gateway.edge.app import create_app
+    from gateway.edge.reload import reload_config
+    from gateway.edge.state import GATEWAY
+
+    text = "internal:\n  secret: s\ntools:\n  pay:\n    approval: true\n"
+    running = parse_config(text, source="gw.yaml", env={})
+    gateway = create_app(running)[GATEWAY]
+    path = tmp_path / "gw.yaml"
+    path.write_text("upstream:\n  approvals: hold\n" + text)
+    result = reload_config(gateway, path)
+    assert not result.ok
+    assert any("approvals: hold is not available with mode: sse" in p and "mode: live" in p for p in result.problems), result.problems
+    assert gateway.config is running and gateway.config.agents["demo_agent"].upstream.approvals == "confirm"
+
+
 def test_environment_substitution() -> None:
     config = load_config(ROOT / "config" / "gateway.yaml", env={"PORT": "9001", "ADK_UPSTREAM_URL": "http://agent:8000", "ADK_GATEWAY_SECRET": "s"})
     assert config.listen.port == 9001

@@ -41,6 +41,7 @@ agents:
     upstream:
       url: http://adk-b:8000
       app_name: support_app
+      mode: live
       approvals: hold
     tools:
       process_payment:
@@ -55,7 +56,7 @@ def config(text: str = CONFIRMING) -> GatewayConfig:
 # ---- the setting -------------------------------------------------------------------------------
 
 
-def test_confirm_is_the_default_on_sse_and_hold_is_per_agent() -> None:
+def test_confirm_is_the_default_on_sse_and_hold_is_lives() -> None:
     agents = config().agents
     assert agents["support"].upstream.approvals == "hold"
     assert agents["payments"].upstream.approvals == "confirm"
@@ -79,15 +80,17 @@ def test_unset_approvals_are_confirm_on_sse_and_hold_on_live() -> None:
 
 def test_the_default_follows_a_mode_set_later_and_an_explicit_value_stays() -> None:
     """`--upstream-mode live` on a file that leaves approvals unset takes hold; an explicit
-    confirm is still refused there (and an explicit hold stays hold on sse)."""
+    confirm is still refused there, and an explicit hold on sse."""
     unset = config(CONFIRMING.replace("      approvals: confirm\n", "")).agents["payments"].upstream
     assert unset.with_mode("live").approvals == "hold"
     assert unset.with_mode("live").with_mode("sse").approvals == "confirm"
     explicit = config().agents["payments"].upstream
     with pytest.raises(ValueError, match="live flow has no tool confirmations"):
         explicit.with_mode("live")
-    held = config(CONFIRMING.replace("approvals: confirm", "approvals: hold")).agents["payments"].upstream
-    assert held.with_mode("live").with_mode("sse").approvals == "hold"
+    held = config().agents["support"].upstream
+    assert held.approvals == "hold"
+    with pytest.raises(ValueError, match="approvals: hold is not available with mode: sse"):
+        held.with_mode("sse")
 
 
 def test_confirm_is_refused_on_a_live_upstream_with_the_reason() -> None:
@@ -123,22 +126,23 @@ async def test_the_policy_tells_the_plugin_which_tools_adk_confirms_and_with_wha
     await client.start_server()
     try:
         auth = {"Authorization": "Bearer s3cret"}
-        pay = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app"}, headers=auth)).json())["tools"]
+        current = {"features": "rules"}
+        pay = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app", **current}, headers=auth)).json())["tools"]
         assert pay["process_payment"]["confirm"] is True and pay["process_payment"]["gated"] is True
         assert pay["process_payment"]["hint"] == "Money leaves the account."
-        # Browser tools under their own key: a plugin from before it blocks for them (it would run
-        # the tool's server stand-in on a bare confirmation), this one carries their output.
+        # Browser tools under their own key: a plugin from before it asks about them (it would run
+        # the tool's server stand-in on a bare confirmation) and is refused; this one carries their output.
         assert pay["get_location"]["confirm"] is False and pay["change_bgm"]["confirm"] is False
         assert pay["get_location"]["confirm_browser"] is True and pay["change_bgm"]["confirm_browser"] is True
         assert pay["process_payment"]["confirm_browser"] is False
         assert pay["get_location"]["runs_in"] == pay["change_bgm"]["runs_in"] == "browser"
-        support = (await (await client.get("/internal/v1/policy", params={"app_name": "support_app"}, headers=auth)).json())["tools"]
+        support = (await (await client.get("/internal/v1/policy", params={"app_name": "support_app", **current}, headers=auth)).json())["tools"]
         assert support["process_payment"]["confirm"] is False and support["process_payment"]["gated"] is True
     finally:
         await client.close()
 
 
-def test_a_plugin_that_names_no_app_blocks_for_every_agent() -> None:
+def test_a_plugin_that_names_no_app_asks_about_every_gated_call() -> None:
     merged = merged_policy(config())
     assert merged["process_payment"]["gated"] and merged["process_payment"]["confirm"] is False
 
@@ -307,6 +311,6 @@ async def test_a_tool_whose_approvers_decide_is_asked_about_first_and_never_conf
         new = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app", "features": "rules"}, headers=auth)).json())
         assert new["tools"]["wire"]["rules"] is True and new["tools"]["wire"]["confirm"] is True
         old = (await (await client.get("/internal/v1/policy", params={"app_name": "pay_app"}, headers=auth)).json())
-        assert old["tools"]["wire"]["confirm"] is False, "an older plugin must block, so that the gateway decides who answers"
+        assert old["tools"]["wire"]["confirm"] is False, "an older plugin must ask, so that the gateway decides who answers"
     finally:
         await client.close()

@@ -30,7 +30,8 @@ tools:
 internal:
   secret: s3cret-internal
 """
-HEAD = b'{"app_name": "shop", "user_id": "u", "session_id": "s", "function_call_id": "f", "tool": "buy", "args": '
+# A current plugin's rules-first ask (`confirm`): the agent runs on /run_sse.
+HEAD = b'{"app_name": "shop", "user_id": "u", "session_id": "s", "function_call_id": "f", "tool": "buy", "confirm": true, "args": '
 
 
 async def ask(args: bytes) -> tuple[int, Any, list[dict[str, Any]]]:
