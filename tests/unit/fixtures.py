@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gateway.config.schema import GatewayConfig
 from gateway.core.converter import Converter
 from gateway.core.ledger import Ledger
 from gateway.core.protocol import ClientVersion
@@ -105,3 +106,16 @@ class _Gone:
 
 
 GONE = _Gone()
+
+
+def held_engine(config: GatewayConfig) -> GatewayConfig:
+    """`config` with every agent's gated calls on the held engine (the plugin's held request, `gw-`
+    ids), live mode's one way to wait, driven here through the scripted `/run_sse` upstream (tests/unit
+    has no scripted live one). No file can say this (config/agent.py refuses hold on sse; the internal
+    listener refuses a held ask about an sse agent, tests/unit/test_plugin_too_old.py); the chat's
+    held engine does not look at the mode."""
+    agents = {
+        name: agent.model_copy(update={"upstream": agent.upstream.model_copy(update={"approvals": "hold"})})
+        for name, agent in config.agents.items()
+    }
+    return config.model_copy(update={"agents": agents})

@@ -17,7 +17,7 @@ from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
-from tests.unit.fixtures import check_stream_rules, types
+from tests.unit.fixtures import check_stream_rules, held_engine, types
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
 AGENT = "demo_agent"
@@ -25,9 +25,6 @@ AGENT = "demo_agent"
 CONFIG = """\
 internal:
   secret: s3cret
-# The blocking path (the plugin's held request, `gw-` ids): not the sse default, confirm.
-upstream:
-  approvals: hold
 tools:
   process_payment:
     approval: true
@@ -127,7 +124,8 @@ def answered(first: list[dict[str, Any]], tool: str, approved: bool) -> dict[str
 def scripted_service() -> tuple[ScriptedAdk, ChatService, GatewayMetrics]:
     """A ChatService on the scripted ADK, with its metrics; every message id is msg-1."""
     adk, metrics = ScriptedAdk(), GatewayMetrics()
-    config = parse_config(CONFIG, env={})
+    # The held engine (the plugin's held request, `gw-` ids), live mode's, through the scripted /run_sse.
+    config = held_engine(parse_config(CONFIG, env={}))
     service = ChatService(
         agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
         config=config, new_id=lambda: "msg-1",

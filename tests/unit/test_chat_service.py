@@ -25,7 +25,7 @@ from gateway.config.schema import GatewayConfig, parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import ChatNotFound, Registry
-from tests.unit.fixtures import GONE, check_stream_rules, types
+from tests.unit.fixtures import GONE, check_stream_rules, held_engine, types
 from tests.unit.test_chat_gates import (
     CALL,
     SEALED,
@@ -54,17 +54,6 @@ tools:
 WAIT = "adk_gateway_approval_wait_seconds"
 
 
-def held_engine(config: GatewayConfig) -> GatewayConfig:
-    """`config` with every agent's gated calls on the held engine (the plugin's held request, `gw-`
-    ids), live mode's one way to wait, driven here through the scripted `/run_sse` upstream (tests/unit
-    has no scripted live one). No file can say this (config/agent.py refuses hold on sse; the internal
-    listener refuses a held ask about an sse agent, tests/unit/test_plugin_too_old.py); the chat's
-    held engine does not look at the mode."""
-    agents = {
-        name: agent.model_copy(update={"upstream": agent.upstream.model_copy(update={"approvals": "hold"})})
-        for name, agent in config.agents.items()
-    }
-    return config.model_copy(update={"agents": agents})
 NEW_MESSAGE = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "never mind, what time is it?"}]}
 
 
