@@ -21,7 +21,7 @@ from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, V
 from gateway.chat.record import Chat
 from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatBusy, ChatService, Forbidden, Gone
-from gateway.config.schema import GatewayConfig, parse_config
+from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import ChatNotFound, Registry
