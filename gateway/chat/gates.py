@@ -23,7 +23,7 @@ from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Ve
 from ..core.approver_confirmations import ApproverMark, mark
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, PluginAsked
 from ..core.chat_outputs import AskAnswered
-from .notices import Notices
+from ..approvals.reports import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics

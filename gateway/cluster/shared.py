@@ -21,7 +21,7 @@ drives do that):
 - chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
   user, and read back under that user only;
-- the audit trail's store: one record per decided approval (cluster/audit_trail.py makes them), appended once
+- the audit trail's store: one record per decided approval (approvals/audit_trail.py makes them), appended once
   per approval id and read back oldest first by any replica, bounded by a count and an age;
 - the directory of pending approvals: each approval that waits for someone (its record, as the
   approvals API shows it, plus the replica running its chat), listed and read by any replica, and
@@ -45,8 +45,8 @@ from typing import Any
 
 from ..core.deadlines import Deadline
 from ..core.refusals import Refusal
-from .approval_index import ApprovalPage, ApprovalQuery
-from .approval_votes import Tally
+from ..approvals.index import ApprovalPage, ApprovalQuery
+from ..approvals.votes import Tally
 
 __all__ = [
     "AUDIT_CURSOR", "DEADLINE_LEASE", "AuditEntry", "AuditQuery", "Claim", "LocalChat", "RelayEntry", "SharedState",
@@ -321,7 +321,7 @@ class SharedState(abc.ABC):
         """Keep a pending approval for `ttl` seconds (its deadline plus a margin): `record` is the
         approval as the API shows it (a JSON object with at least `id`, `agent`, `tool`,
         `requester`, `approvers` and `created`, UNIX seconds) plus `owner`, the replica running its
-        chat; listed in the indexes of approval_index.py. Put again, the record and its lifetime
+        chat; listed in the indexes of approvals/index.py. Put again, the record and its lifetime
         are replaced and the votes counted so far kept (as is a decision, and its place in the
         listing). A new approval whose requester already has `cap` approvals kept is not kept:
         False, in one step with every replica's puts (so replicas agree on the count)."""
@@ -339,7 +339,7 @@ class SharedState(abc.ABC):
     @abc.abstractmethod
     async def page_approvals(self, query: ApprovalQuery) -> ApprovalPage:
         """The approvals still pending (not decided by a vote) that `query` names, in their order
-        (approval_index.py `position`: oldest `created` first) after `query.after`, as get_approval
+        (approvals/index.py `position`: oldest `created` first) after `query.after`, as get_approval
         answers them; only the indexes of the query's audiences are read. `next`: the position of
         the last one when the page is full. What expired meanwhile is skipped, and forgotten by
         the indexes as it is met."""

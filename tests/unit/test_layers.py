@@ -266,10 +266,19 @@ def test_every_package_init_says_what_it_owns_and_imports_nothing() -> None:
         assert list(_statements(package)) == [], f"gateway/{package}/__init__.py imports something"
 
 
+# A logger that keeps an earlier module's name, with why.
+LOGS_AS = {
+    # The audit line's logger is what operators archive and filter the audit by (docs/approvals.md,
+    # docs/metrics.md): it kept its name when the module moved into the approvals room.
+    "approvals.audit_trail": "adk_gateway.cluster.audit_trail",
+}
+
+
 def test_each_module_logs_under_its_own_name() -> None:
     for module in _modules():
         for name in re.findall(r'structlog\.get_logger\("([\w.]+)"\)', _path(module).read_text()):
-            assert name in ("adk_gateway", f"adk_gateway.{module}"), f"gateway.{module} logs as {name}"
+            own = LOGS_AS.get(module, f"adk_gateway.{module}")
+            assert name in ("adk_gateway", own), f"gateway.{module} logs as {name}"
 
 
 def test_the_contract_can_fail() -> None:

@@ -1,6 +1,6 @@
 """The audit trail of approvals: one record per decided approval, as a JSON log line and in the shared store.
 
-The chat layer hands every approval notice to `AuditTrail.record` (core/approval_notice.py); a
+The chat layer hands every approval notice to `AuditTrail.record` (approvals/notice.py); a
 notice of kind `decided` or `expired` becomes a record: the notice's fields, the digest of the
 call's arguments always and the arguments themselves only with `audit.include_args`. The record is
 written at once as one log line (logger `adk_gateway.cluster.audit_trail`, event `approval_audit`): the
@@ -33,10 +33,10 @@ from typing import Any
 import structlog
 
 from ..ops.backoff import Backoff
-from .shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
+from ..cluster.shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
 from ..config.audit import AuditConfig
 from ..config.sections import LoggingConfig
-from ..core.approval_notice import ApprovalNotice
+from .notice import ApprovalNotice
 from ..core.refusals import Refusal
 from ..ops.logs import user_id_digest
 from ..ops.metrics import GatewayMetrics
