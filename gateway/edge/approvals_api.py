@@ -36,6 +36,7 @@ from ..approvals.votes import needed
 from ..config.approvers import AskSpec, Principal
 from ..core.refusals import HttpError
 from ..approvals.audit_trail import InvalidAuditQuery
+from ..approvals.store import StoreDown
 from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
@@ -116,7 +117,7 @@ def _name(request: web.Request, key: str) -> str | None:
     return raw
 
 
-def _store_down(exc: SharedStateDown) -> HttpError:
+def _store_down(exc: StoreDown) -> HttpError:
     # An overloaded replica says so (503 gateway_overloaded), not that Redis is down.
     if isinstance(exc, SharedStateBusy):
         return exc.http()
@@ -167,7 +168,7 @@ async def _decided(request: web.Request, who: ApproverIdentity, agent: str | Non
         )
     except InvalidAuditQuery as exc:
         raise HttpError(400, "invalid_query", f"after: {exc}") from None
-    except SharedStateDown as exc:
+    except StoreDown as exc:
         raise _store_down(exc) from None
     return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 
