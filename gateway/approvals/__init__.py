@@ -3,8 +3,10 @@
 An approval is a tool call that waits for a person's decision: the chatting user's, or its approvers'
 (a group, with a quorum and self-approval) through the approvals API. This package holds what is
 told about it, where it is listed and how votes count, its audit trail and its webhooks. It sits
-below the chat shell and the cluster, which use it, and above `core/`, `config/` and `ops/`, which
-it uses (tests/unit/test_layers.py, docs/architecture.md "Where each concern lives"):
+below the chat shell, the cluster and access, which use it, and above `core/`, `config/` and
+`ops/`, which it uses; it reaches the shared store only through its port, `store.py`. The edge
+imports it where the object graph is built and held and in the approvals API
+(tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
 
 - `notice.py`: `ApprovalNotice`, what the gateway tells the world about one approval (waiting,
   decided, expired), and the arguments' digest. Plain data (sans-IO).
@@ -17,6 +19,9 @@ it uses (tests/unit/test_layers.py, docs/architecture.md "Where each concern liv
   count (sans-IO; the Redis backend runs the same rule as a Lua script).
 - `audit_trail.py`: `AuditTrail`, one record per decided approval, as a log line and in the store.
 - `webhooks.py`: `Webhooks`, approval notices delivered to the configured webhooks, signed and retried.
+- `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
+  pending approvals, the audit trail), declared here and inherited by cluster/shared.py
+  `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
 
 Its neighbours, each in the layer of its other concern: the decision itself, sans-IO, in
 `core/approvals.py` (`GatedCall`) and `core/approver_confirmations.py` (who answers an ADK
