@@ -2,7 +2,7 @@
 
 The packages are layers (docs/architecture.md): `core` is sans-IO (it takes events and returns
 chunks, requests and verdicts, testable in milliseconds and free of sockets, clocks and event
-loops, so that a chat's state can be stored and rebuilt); `chat`, `upstream`, `access`,
+loops, so that a chat's state can be stored and rebuilt: issue 25); `chat`, `upstream`, `access`,
 `cluster`, `config` and `ops` are shells around it; `approvals` is the approvals room, between
 them; `edge` (the HTTP application, process and transports) sits on top. A contract checked here,
 not in reviews:
