@@ -25,7 +25,7 @@ from typing import Literal
 from aiohttp import web
 
 from ..config.approvers import ApproversConfig, AskSpec, Principal, Source, key_digests
-from ..core.approval_notice import Approver
+from ..approvals.notice import Approver
 # The chat routes' claim matching and 401: an approver is matched and refused as a chat caller is.
 from .auth import Authenticator, Identity, claim_holds, unauthorized
 

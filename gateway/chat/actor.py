@@ -43,7 +43,7 @@ from ..ops.tracing import Tracing
 from ..upstream.client import UpstreamError
 from ..upstream.idle_reader import WaitSignal
 from .chunk_log import Run
-from .notices import Notices
+from ..approvals.reports import Notices
 
 __all__ = ["ChatActor", "RunHooks"]
 

@@ -29,7 +29,7 @@ from ..upstream.idle_reader import WaitSignal
 from .actor import Batches
 from .agent_runs import AgentRuns
 from .confirmations import NativeConfirmations
-from .notices import Notices
+from ..approvals.reports import Notices
 from .record import Chat
 
 __all__ = ["ApproverWaits"]

@@ -33,7 +33,7 @@ from .answers import LOST_APPROVAL, ForApprovers, Gone
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
-from .notices import Notices
+from ..approvals.reports import Notices
 from .record import Chat
 
 __all__ = ["NativeConfirmations"]

@@ -23,7 +23,7 @@ from ..core.approvals import CallState, GatedCall, Verdict
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decision import decide_ask, refuse_ask
-from .notices import Notices
+from ..approvals.reports import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
 from ..ops.metrics import GatewayMetrics

@@ -49,7 +49,7 @@ from .answers import Forbidden, Gone, pending_outputs, split_answers
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
-from .notices import Notices
+from ..approvals.reports import Notices
 from .confirmations import NativeConfirmations
 from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run

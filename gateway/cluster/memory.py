@@ -30,8 +30,8 @@ import structlog
 from ..chat.registry import ChatNotFound
 from ..core.deadlines import Deadline, DeadlineQueue
 from ..core.limits import LeasedLimits
-from .approval_index import ApprovalPage, ApprovalQuery
-from .approval_votes import Tally
+from ..approvals.index import ApprovalPage, ApprovalQuery
+from ..approvals.votes import Tally
 from .memory_approvals import ApprovalTable
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, audit_position,

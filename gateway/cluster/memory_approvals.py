@@ -3,7 +3,7 @@
 
 Each approval is kept as JSON (what the caller changes afterwards is not stored, and what is not
 JSON fails here as it would there) with its votes and verdict beside it; it is listed in the
-indexes of approval_index.py (sorted lists of positions) and counted under its requester for
+indexes of approvals/index.py (sorted lists of positions) and counted under its requester for
 `limits.max_pending_approvals_per_user`. Approvals expire `ttl` after they were last put, dropped
 when met expired (and all expired ones whenever the table has doubled since the last purge).
 Nothing here awaits: each method is one step, as a Lua script is in Redis. `now` is the caller's
@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from .approval_index import ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
-from .approval_votes import Tally, Verdict, approval_view, count_vote
+from ..approvals.index import ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
+from ..approvals.votes import Tally, Verdict, approval_view, count_vote
 
 __all__ = ["ApprovalTable"]
 
@@ -102,7 +102,7 @@ class ApprovalTable:
                 del self._by_user[kept.requester]
 
     def page(self, query: ApprovalQuery, now: float) -> ApprovalPage:
-        """The listing of approval_index.py: only the indexes the query names are read."""
+        """The listing of approvals/index.py: only the indexes the query names are read."""
         after = query.after or ""
         lists = []
         for index in wanted_indexes(query):

@@ -62,8 +62,8 @@ from .sealing import Seal
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState,
 )
-from .approval_index import ApprovalPage, ApprovalQuery
-from .approval_votes import Tally
+from ..approvals.index import ApprovalPage, ApprovalQuery
+from ..approvals.votes import Tally
 
 __all__ = ["RedisState"]
 

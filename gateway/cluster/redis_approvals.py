@@ -9,7 +9,7 @@ Keys, under `sessions.key_prefix` (docs/scaling.md has the table):
   `votes` (JSON, [{user, approved, tag}]: user ids and answers only; the tag is the voting replica's
   seal over the approval, the user and the answer); and where the put listed it (`pos`, `index`,
   `count`), for the drop.
-- `{p}:approvals` and `{p}:approvals:{digest}`: the indexes of approval_index.py (every approval;
+- `{p}:approvals` and `{p}:approvals:{digest}`: the indexes of approvals/index.py (every approval;
   an agent's; an audience's; an audience's of one agent), sorted sets of positions read in lexical
   order; each expires with its longest-lived approval, and a position whose hash expired is removed
   by the listing that meets it.
@@ -32,10 +32,10 @@ import orjson
 import redis.asyncio as aioredis
 import structlog
 
-from .approval_index import ALL, ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
+from ..approvals.index import ALL, ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
 from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
 from .sealing import Seal, Tampered, fingerprint
-from .approval_votes import Tally, TallyState, Verdict, approval_view, approvals
+from ..approvals.votes import Tally, TallyState, Verdict, approval_view, approvals
 
 __all__ = ["RedisApprovals"]
 

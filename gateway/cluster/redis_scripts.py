@@ -158,7 +158,7 @@ end
 return 1
 """
 
-# One vote, by the rule of approval_votes.py count_vote: on a pending approval only, once per user, one
+# One vote, by the rule of approvals/votes.py count_vote: on a pending approval only, once per user, one
 # deny decides, `quorum` approvals of distinct users decide. The vote is stored with its tag (the voting replica's
 # seal over the approval, the user and the answer: what Lua cannot check, the replica does after).
 # KEYS: the approval's hash. ARGV: user, approved (1/0), quorum, tag. Returns {'gone'} when there is
@@ -180,7 +180,7 @@ local verdict = 'pending'
 if not approved then
   result, verdict = 'decided_denied', 'denied'
 else
-  -- Distinct voters (approval_votes.approvals): a repeated copy of a vote is one person.
+  -- Distinct voters (approvals/votes.py approvals): a repeated copy of a vote is one person.
   local yes, seen = 0, {}
   for _, vote in ipairs(votes) do
     if type(vote) == 'table' and vote.approved == true and type(vote.user) == 'string' and not seen[vote.user] then

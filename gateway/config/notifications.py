@@ -1,7 +1,7 @@
 """The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires.
 
 Each webhook names where to POST (`url`), the secret its calls are signed with (Standard Webhooks,
-ops/webhooks.py), which notices it wants (`events`) and of which approvals (`agents`, `tools`,
+approvals/webhooks.py), which notices it wants (`events`) and of which approvals (`agents`, `tools`,
 `rules`: empty means every one). The delivery settings (attempts, backoff, the queue's bound) are
 the section's. Whether an agent a webhook names exists is a rule across sections: `GatewayConfig`
 asks `unknown_agents`.

@@ -153,7 +153,7 @@ class GatewayConfig(Section):
 
     def args_digest_secret(self) -> str | None:
         """What the arguments' digest in audit records and webhooks is keyed with
-        (core/approval_notice.py): `audit.args_digest_key`, else `internal.secret` (which every
+        (approvals/notice.py): `audit.args_digest_key`, else `internal.secret` (which every
         replica shares, so their digests agree); None when neither is set."""
         for secret in (self.audit.args_digest_key, self.internal.secret):
             if secret is not None and secret.get_secret_value():

@@ -34,7 +34,7 @@ from ..core.refusals import HttpError
 from ..access.jwks import provider_keys
 from ..core.limits import Admission, Limited
 from .limiter import Limiter
-from ..cluster.audit_trail import AuditTrail
+from ..approvals.audit_trail import AuditTrail
 from ..ops.coarse_timers import CoarseTimers
 from ..ops.logs import user_id_as_logged
 from ..ops.metrics import GatewayMetrics
@@ -44,7 +44,7 @@ from ..config.schema import ConfigError
 from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
-from ..ops.webhooks import Webhooks
+from ..approvals.webhooks import Webhooks
 from ..access.tickets import Tickets
 from . import approvals_api, sse, ws
 from .admit import count_refusal, identify, preflight

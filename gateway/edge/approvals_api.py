@@ -3,7 +3,7 @@ any replica; auditors read the decided ones.
 
 - `GET /api/approvals?state=pending&agent=&tool=&limit=&cursor=`: the pending approvals the caller
   may decide, read from the directory's indexes of the groups they belong to and of their own calls
-  (cluster/approval_index.py), a page at a time (`next_cursor`).
+  (approvals/index.py), a page at a time (`next_cursor`).
 - `GET /api/approvals?state=decided&since=&until=&agent=&tool=&after=&limit=`: the audit trail (auditors).
 - `GET /api/approvals/{id}`: one pending approval, to those who may decide it and to its requester.
 - `POST /api/approvals/{id}` `{"approved": bool, "reason"?: str}`: a vote; the quorum reached, the
@@ -28,14 +28,15 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from ..access.approvers import APPROVER_KEY, ApproverIdentity
-from ..cluster.approval_index import (
+from ..approvals.index import (
     ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, requester_audience,
 )
 from ..cluster.shared import SharedStateBusy, SharedStateDown
-from ..cluster.approval_votes import needed
+from ..approvals.votes import needed
 from ..config.approvers import AskSpec, Principal
 from ..core.refusals import HttpError
-from ..cluster.audit_trail import InvalidAuditQuery
+from ..approvals.audit_trail import InvalidAuditQuery
+from ..approvals.store import StoreDown
 from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
@@ -116,7 +117,7 @@ def _name(request: web.Request, key: str) -> str | None:
     return raw
 
 
-def _store_down(exc: SharedStateDown) -> HttpError:
+def _store_down(exc: StoreDown) -> HttpError:
     # An overloaded replica says so (503 gateway_overloaded), not that Redis is down.
     if isinstance(exc, SharedStateBusy):
         return exc.http()
@@ -167,7 +168,7 @@ async def _decided(request: web.Request, who: ApproverIdentity, agent: str | Non
         )
     except InvalidAuditQuery as exc:
         raise HttpError(400, "invalid_query", f"after: {exc}") from None
-    except SharedStateDown as exc:
+    except StoreDown as exc:
         raise _store_down(exc) from None
     return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 

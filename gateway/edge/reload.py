@@ -197,7 +197,7 @@ def reload_config(gateway: Gateway, path: Path) -> ReloadResult:
         ended = gateway.chats.end_agent_runs(name, f"The agent {name} was removed from the gateway; this response was ended.")
         log.warning("agent_removed", agent=name, runs_ended=ended)
     gateway.metrics.know_agents(applied)  # new agents' and tools' series exist from now, at 0
-    gateway.metrics.webhooks.know(applied.notifications)  # so do new webhooks' (ops/webhooks.py reads the config per notice)
+    gateway.metrics.webhooks.know(applied.notifications)  # so do new webhooks' (approvals/webhooks.py reads the config per notice)
     gateway.metrics.config_reloads.labels("success").inc()
     gateway.metrics.config_last_reload.set(time.time())
     log.info(

@@ -23,11 +23,11 @@ from ..chat.service import ChatService
 from ..cluster.router import Cluster
 from ..config.schema import GatewayConfig
 from ..access.jwks import Jwks
-from ..cluster.audit_trail import AuditTrail
+from ..approvals.audit_trail import AuditTrail
 from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing
-from ..ops.webhooks import Webhooks
+from ..approvals.webhooks import Webhooks
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
 from .limiter import Limiter
@@ -51,9 +51,9 @@ class Gateway:
     # WebSocket tickets, kept where every replica can redeem them (access/tickets.py).
     tickets: Tickets
     # The audit trail of decided approvals: `audit.record(notice)` where an approval ends,
-    # `await audit.read(...)` for the approvals API (cluster/audit_trail.py).
+    # `await audit.read(...)` for the approvals API (approvals/audit_trail.py).
     audit: AuditTrail
-    # Approval notices to the configured webhooks (ops/webhooks.py): `webhooks.notify(notice)`.
+    # Approval notices to the configured webhooks (approvals/webhooks.py): `webhooks.notify(notice)`.
     webhooks: Webhooks
     clock: Callable[[], float] = time.monotonic
     draining: bool = False

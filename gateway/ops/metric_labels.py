@@ -87,7 +87,7 @@ TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
-# The webhooks' series (ops/webhooks.py), exported at 0 for each configured webhook by `WebhookMetrics.know`
+# The webhooks' series (approvals/webhooks.py), exported at 0 for each configured webhook by `WebhookMetrics.know`
 # (the webhook's name comes first, like the agent of AGENT_LABELLED): the notice kinds, how a
 # delivery ended, and how one attempt did.
 WEBHOOK_EVENTS: tuple[str, ...] = ("waiting", "decided", "expired")

@@ -63,7 +63,7 @@ class GatewayMetrics(WithExemplars):
         self._approval_series(self.registry)
         self._gateway_series(self.registry)
         self._gc_series(self.registry)
-        # The approval webhooks' (ops/webhooks.py).
+        # The approval webhooks' (approvals/webhooks.py).
         self.webhooks = WebhookMetrics(self.registry)
         # The Redis connection pool's waits (cluster/redis_pool.py).
         self.redis_pool = RedisPoolMetrics(self.registry)

@@ -1,4 +1,4 @@
-"""The approval webhooks' series (ops/webhooks.py delivers; docs/metrics.md documents them):
+"""The approval webhooks' series (approvals/webhooks.py delivers; docs/metrics.md documents them):
 deliveries, attempts, how long a notice took to arrive, what waits. Part of the gateway's registry
 (metrics.py); each configured webhook's series are exported at 0 by `know`.
 """

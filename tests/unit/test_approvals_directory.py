@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from gateway.cluster import redis_approvals as approvals_module
 from gateway.cluster.memory import MemoryHub
 from gateway.cluster.redis import RedisState
-from gateway.cluster.approval_votes import count_vote, needed
+from gateway.approvals.votes import count_vote, needed
 from gateway.cluster.shared import SharedState, SharedStateDown
 from tests.procs import RedisServer
 from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures

@@ -1,4 +1,4 @@
-"""Listing pending approvals by who may decide them (cluster/approval_index.py, `page_approvals`),
+"""Listing pending approvals by who may decide them (approvals/index.py, `page_approvals`),
 and the per-user cap on listed approvals (`put_approval(cap=)`), held against both backends (a
 `MemoryHub`, and a real redis-server) as tests/unit/test_approvals_directory.py holds the rest of
 the directory.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cluster.approval_index import (
+from gateway.approvals.index import (
     ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, position, requester_audience,
 )
 from gateway.cluster.shared import SharedState

@@ -16,7 +16,7 @@ from gateway.access.approvers import ApproverAuth, ApproverIdentity
 from gateway.access.auth import Authenticator
 from gateway.config.approvers import AskSpec, Principal
 from gateway.config.schema import ConfigError, GatewayConfig, parse_config
-from gateway.core.approval_notice import Approver
+from gateway.approvals.notice import Approver
 from gateway.core.refusals import HttpError
 from gateway.edge.errors import error_middleware
 

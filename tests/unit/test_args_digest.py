@@ -4,7 +4,7 @@
 digest stays, so a record can be matched with the arguments kept elsewhere. Tool arguments are
 often few enough to guess (an amount, one of a few payees), and a bare SHA-256 of their JSON is
 found by hashing the guesses: the digest is an HMAC under `audit.args_digest_key`, else under
-`internal.secret`, and absent when neither is set. Through chat/notices.py, which makes every
+`internal.secret`, and absent when neither is set. Through approvals/reports.py, which makes every
 notice the sinks receive.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.chat.notices import Notices
+from gateway.approvals.reports import Notices
 from gateway.config.schema import ConfigError, parse_config
-from gateway.core.approval_notice import ApprovalNotice
+from gateway.approvals.notice import ApprovalNotice
 from gateway.core.ledger import NativeConfirmation
 from gateway.ops.metrics import GatewayMetrics
 

@@ -1,4 +1,4 @@
-"""The audit trail (cluster/audit_trail.py): one JSON log line and one stored record per decided approval.
+"""The audit trail (approvals/audit_trail.py): one JSON log line and one stored record per decided approval.
 
 - The log line: every field of the record, the arguments only with `audit.include_args` (their
   digest always); nothing for a notice that does not end an approval.
@@ -27,11 +27,11 @@ from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config.audit import AuditConfig
 from gateway.config.schema import LoggingConfig, parse_config
-from gateway.core.approval_notice import Approver, ApprovalNotice, args_digest, args_digest_key
+from gateway.approvals.notice import Approver, ApprovalNotice, args_digest, args_digest_key
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
-from gateway.cluster import audit_trail as audit_module
-from gateway.cluster.audit_trail import AuditTrail, InvalidAuditQuery
+from gateway.approvals import audit_trail as audit_module
+from gateway.approvals.audit_trail import AuditTrail, InvalidAuditQuery
 from gateway.ops.logs import configure_logging, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from tests.procs import RedisServer, redis_server

@@ -3,11 +3,17 @@
 The packages are layers (docs/architecture.md): `core` is sans-IO (it takes events and returns
 chunks, requests and verdicts, testable in milliseconds and free of sockets, clocks and event
 loops, so that a chat's state can be stored and rebuilt: issue 25); `chat`, `upstream`, `access`,
-`cluster`, `config` and `ops` are shells around it; `edge` (the HTTP application, process and
-transports) sits on top. A contract checked here, not in reviews:
-- no module of the core, nor `config/loosening.py`, reaches an I/O library through its imports,
-  inside the gateway package too;
+`cluster`, `config` and `ops` are shells around it; `approvals` is the approvals room, between
+them; `edge` (the HTTP application, process and transports) sits on top. A contract checked here,
+not in reviews:
+- no module of the core, nor `config/loosening.py`, nor the approvals room's plain data (what is
+  told, listed, voted, and its store's port), reaches an I/O library through its imports, inside
+  the gateway package too;
 - the core imports nothing from the shells, and nothing below the edge imports the edge;
+- the approvals room imports only what lies below it (core, config, ops) and reaches the store
+  through its own port (`approvals/store.py`); the chat, the cluster, access and the edge may
+  import it, upstream, ops and config may not; of the edge, only the modules that build and hold
+  the object graph and the approvals API do;
 - no two modules import each other at load time (a cycle), lazily or not;
 - the edge reaches the chat layer only through the cluster router: of gateway/chat/ it imports only
   the value types a transport follows (`chat/attachment.py`, `chat/response.py`), and the modules
@@ -30,17 +36,27 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # The sans-IO core: every module of gateway/core/ (listed, so a new one is covered), and the
 # judgement of a reload, which is pure too.
 CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "config.loosening", "config.decision_loosening")
+# The approvals room's plain data: what is told of an approval, where it is listed, how votes
+# count, and its port to the store (a Protocol and its value types). Checked as the core is.
+APPROVALS_PURE = ("approvals.index", "approvals.notice", "approvals.store", "approvals.votes")
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)
 FORBIDDEN = ("asyncio", "aiohttp", "redis", "structlog", "prometheus_client", "socket", "time", "logging")
 
 # Which packages each layer may not import (the edge may import anything; cli.py sits above all).
-SHELLS = ("chat", "upstream", "edge", "access", "cluster", "ops")
+SHELLS = ("chat", "upstream", "edge", "access", "cluster", "ops", "approvals")
 MAY_NOT_IMPORT = {
     "core": SHELLS,
-    **{below: ("edge",) for below in ("chat", "upstream", "access", "cluster", "config", "ops")},
+    **{below: ("edge",) for below in ("chat", "cluster")},
+    **{below: ("edge", "approvals") for below in ("upstream", "config", "ops")},
     "access": ("edge", "cluster"),
+    # The approvals room (docs/architecture.md, "The layers' rules"): below the chat, the cluster and
+    # access, which use it; it reaches the store through its port, approvals/store.py.
+    "approvals": ("edge", "chat", "cluster", "access", "upstream"),
 }
+# Which edge modules may import the approvals room: those that build and hold the object graph
+# (the audit trail, the webhooks) and the approvals API, its HTTP face.
+EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api")
 # What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
 # transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
 # everything else through cluster/router.py; app.py builds the chat service and its registry, and
@@ -147,7 +163,7 @@ def _closure(module: str) -> dict[str, set[str]]:
     return seen
 
 
-@pytest.mark.parametrize("module", CORE)
+@pytest.mark.parametrize("module", (*CORE, *APPROVALS_PURE))
 def test_the_sans_io_core_imports_no_io(module: str) -> None:
     found = {
         reached: sorted(outside & set(FORBIDDEN)) for reached, outside in _closure(module).items()
@@ -209,6 +225,14 @@ def test_the_edge_reaches_chats_only_through_the_router() -> None:
     assert {m: chat for m, chat in found.items() if chat} == {}, "gateway/edge/ imports the chat layer beyond its value types"
 
 
+def test_the_edge_reaches_the_approvals_room_through_its_api() -> None:
+    found = {
+        module: sorted(m for m in _imports(module)[1] if m.split(".")[0] == "approvals")
+        for module in _modules() if module.split(".")[0] == "edge" and module not in EDGE_SEES_APPROVALS
+    }
+    assert {m: room for m, room in found.items() if room} == {}, "gateway/edge/ imports the approvals room beside its API"
+
+
 _DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)")
 _PROPERTY = re.compile(r"^\s*@(?:\w+\.setter|property|cached_property|functools\.cached_property)\b")
 # `a.b = value` (or `a.b, c.d = x, y`) at any indentation, not a comparison.
@@ -266,10 +290,19 @@ def test_every_package_init_says_what_it_owns_and_imports_nothing() -> None:
         assert list(_statements(package)) == [], f"gateway/{package}/__init__.py imports something"
 
 
+# A logger that keeps an earlier module's name, with why.
+LOGS_AS = {
+    # The audit line's logger is what operators archive and filter the audit by (docs/approvals.md,
+    # docs/metrics.md): it kept its name when the module moved into the approvals room.
+    "approvals.audit_trail": "adk_gateway.cluster.audit_trail",
+}
+
+
 def test_each_module_logs_under_its_own_name() -> None:
     for module in _modules():
         for name in re.findall(r'structlog\.get_logger\("([\w.]+)"\)', _path(module).read_text()):
-            assert name in ("adk_gateway", f"adk_gateway.{module}"), f"gateway.{module} logs as {name}"
+            own = LOGS_AS.get(module, f"adk_gateway.{module}")
+            assert name in ("adk_gateway", own), f"gateway.{module} logs as {name}"
 
 
 def test_the_contract_can_fail() -> None:
@@ -287,3 +320,5 @@ def test_the_contract_can_fail() -> None:
     own = "        self.on_run = self._on_run\n        chat.run = run\n        x.y = self.z\n        if a.b == c.d:\n"
     assert _patched(own, {"_on_run", "run"}) == []
     assert "chat.service" in _imports("edge.app")[1] and "cluster" in MAY_NOT_IMPORT["access"]
+    assert "approvals.store" in _imports("approvals.audit_trail")[1] and "cluster" in MAY_NOT_IMPORT["approvals"]
+    assert "approvals.index" in _imports("edge.approvals_api")[1] and all(_exists(m) for m in APPROVALS_PURE)

@@ -357,7 +357,7 @@ DYNAMIC_SOURCES: dict[tuple[str, int], DynamicSource] = {
 OPEN_POSITIONS = {
     ("policy_bypassed", 0), ("approval_timeouts", 0), ("approval_wait", 0), ("browser_tool_wait", 0),
     ("approval_wait", 1), ("browser_tool_wait", 1),
-    # Who decided an approval and how (chat/notices.py, from the call or the confirmation): the
+    # Who decided an approval and how (approvals/reports.py, from the call or the confirmation): the
     # pairs that can happen are exported at 0 (KNOWN_LABEL_VALUES); the notices' test checks them.
     ("approval_decisions", 0), ("approval_decisions", 1), ("approval_decision_wait", 0),
 }

@@ -25,11 +25,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from gateway.config.schema import ConfigError, parse_config
-from gateway.core.approval_notice import NOTICE_KINDS, ApprovalNotice, Approver, args_digest, args_digest_key
+from gateway.approvals.notice import NOTICE_KINDS, ApprovalNotice, Approver, args_digest, args_digest_key
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
 from gateway.ops.metrics import WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS, GatewayMetrics
-from gateway.ops.webhooks import Webhooks, _retry_after, notice_body, sign
+from gateway.approvals.webhooks import Webhooks, _retry_after, notice_body, sign
 
 SECRET = "a-webhook-secret-of-some-length"
 ARGS = {"amount": 750, "payee": "Hanako", "iban": "DE-secret-iban-0001"}

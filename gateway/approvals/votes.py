@@ -2,8 +2,8 @@
 verdict and votes, and the approval as the directory answers it. A quorum is of distinct voters
 (`approvals`), and of voters who still count: `needed` raises it by the votes a reload took away.
 
-Both backends of the shared state (shared.py) count with these rules: the memory backend calls
-`count_vote` as is, Redis runs the same rule as a Lua script (redis_scripts.py APPROVAL_VOTE), and
+Both backends of the shared state (cluster/shared.py) count with these rules: the memory backend calls
+`count_vote` as is, Redis runs the same rule as a Lua script (cluster/redis_scripts.py APPROVAL_VOTE), and
 tests/unit/test_approvals_directory.py holds the two to one table.
 """
 
@@ -38,7 +38,7 @@ def count_vote(
 ) -> tuple[TallyState, Verdict, list[dict[str, Any]]]:
     """One vote on an approval that stands at `verdict` with `votes` ({user, approved} each): what it
     did, the new verdict and votes (sans IO). The memory backend runs it as is; Redis runs the same
-    rule as a Lua script (redis_scripts.py APPROVAL_VOTE)."""
+    rule as a Lua script (cluster/redis_scripts.py APPROVAL_VOTE)."""
     if verdict != "pending":
         return "gone", verdict, votes
     if any(vote["user"] == user for vote in votes):

@@ -1,7 +1,7 @@
 """Delivering approval notices to webhooks: signed POSTs, retried with backoff, never in the chat's way.
 
 `Webhooks.notify(notice)` is what the chat layer calls when an approval starts waiting, is decided
-or expires (core/approval_notice.py). It only enqueues: one delivery per webhook that wants the
+or expires (approvals/notice.py). It only enqueues: one delivery per webhook that wants the
 notice (`notifications.webhooks[].events/agents/tools/rules`), each an asyncio task that POSTs the
 body, signed as the Standard Webhooks spec says (standardwebhooks.com: `webhook-id`,
 `webhook-timestamp`, `webhook-signature: v1,<base64 HMAC-SHA256>`), and retries 5xx, 429 and calls
@@ -41,15 +41,15 @@ import aiohttp
 import orjson
 import structlog
 
-from .backoff import Backoff
+from ..ops.backoff import Backoff
 from ..config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
-from ..core.approval_notice import ApprovalNotice
-from .metrics import GatewayMetrics
-from .stopping import cancel_and_wait
+from .notice import ApprovalNotice
+from ..ops.metrics import GatewayMetrics
+from ..ops.stopping import cancel_and_wait
 
 __all__ = ["Webhooks", "notice_body", "sign"]
 
-log = structlog.get_logger("adk_gateway.ops.webhooks")
+log = structlog.get_logger("adk_gateway.approvals.webhooks")
 
 _USER_AGENT = "adk-gateway-webhooks"
 

@@ -1,5 +1,5 @@
 """Where the directory lists a pending approval, in what order, and the listing's cursor: the same
-for both backends (memory.py's `MemoryApprovals`, redis_approvals.py).
+for both backends (cluster/memory_approvals.py's `ApprovalTable`, cluster/redis_approvals.py).
 
 An approval is decided by one audience: the members of its approver group (`approvers`), or,
 without a group, its requester alone (access/approvers.py `may_decide`). The directory indexes it

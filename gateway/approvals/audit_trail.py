@@ -1,13 +1,13 @@
 """The audit trail of approvals: one record per decided approval, as a JSON log line and in the shared store.
 
-The chat layer hands every approval notice to `AuditTrail.record` (core/approval_notice.py); a
+The chat layer hands every approval notice to `AuditTrail.record` (approvals/notice.py); a
 notice of kind `decided` or `expired` becomes a record: the notice's fields, the digest of the
 call's arguments always and the arguments themselves only with `audit.include_args`. The record is
 written at once as one log line (logger `adk_gateway.cluster.audit_trail`, event `approval_audit`): the
 long-term copy, kept as long as the logs are. Then it is appended to the shared store (memory or
-Redis: cluster/shared.py), which keeps the newest `audit.keep` records for at most `audit.max_age`
-and which any replica reads (`AuditTrail.read`, for the approvals API), so an auditor needs neither
-log access nor Redis.
+Redis, through the room's port, store.py), which keeps the newest `audit.keep` records for at most
+`audit.max_age` and which any replica reads (`AuditTrail.read`, for the approvals API), so an
+auditor needs neither log access nor Redis.
 
 The log line names people as `logging.user_id` says of every line: with `hash`, `requester_hash`
 and each approver's `user_hash` (the keyed digest of logs.py) instead of their ids; with `omit`,
@@ -33,14 +33,14 @@ from typing import Any
 import structlog
 
 from ..ops.backoff import Backoff
-from .shared import AuditEntry, AuditQuery, SharedState, SharedStateDown, audit_position
 from ..config.audit import AuditConfig
 from ..config.sections import LoggingConfig
-from ..core.approval_notice import ApprovalNotice
+from .notice import ApprovalNotice
 from ..core.refusals import Refusal
 from ..ops.logs import user_id_digest
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import cancel_and_wait
+from .store import ApprovalStore, AuditEntry, AuditQuery, StoreDown, audit_position
 
 __all__ = ["MAX_PAGE", "AuditTrail", "InvalidAuditQuery"]
 
@@ -69,7 +69,7 @@ class AuditTrail:
 
     def __init__(
         self,
-        store: SharedState,
+        store: ApprovalStore,
         metrics: GatewayMetrics,
         config: Callable[[], AuditConfig],
         *,
@@ -205,7 +205,7 @@ class AuditTrail:
         try:
             async with asyncio.timeout(self._timeout):
                 appended = await self._store.audit_append(entry, keep=audit.keep, max_age=audit.max_age)
-        except (SharedStateDown, TimeoutError):
+        except (StoreDown, TimeoutError):
             return None
         except Exception as exc:  # noqa: BLE001 - a bug or a record the store refuses: not retried
             log.error("audit_record_not_stored", approval_id=entry.approval_id, reason=type(exc).__name__)
@@ -232,9 +232,9 @@ class AuditTrail:
         limit: int = 100,
         after: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Records oldest first (cluster/shared.py AuditQuery says what each argument selects), each
+        """Records oldest first (store.py AuditQuery says what each argument selects), each
         with its `cursor`: pass the last one as `after` for the next page. Raises InvalidAuditQuery
-        (400) for a bad cursor or limit, SharedStateDown (503) when the store cannot answer in time."""
+        (400) for a bad cursor or limit, StoreDown (503) when the store cannot answer in time."""
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidAuditQuery(f"limit must be between 1 and {MAX_PAGE}")
         if after is not None:
@@ -247,4 +247,4 @@ class AuditTrail:
             async with asyncio.timeout(self._timeout):
                 return await self._store.audit_read(query, max_age=self._config().max_age)
         except TimeoutError:
-            raise SharedStateDown("the audit trail's store did not answer in time") from None
+            raise StoreDown("the audit trail's store did not answer in time") from None

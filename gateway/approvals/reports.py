@@ -1,7 +1,7 @@
 """Telling the world about approvals: each one that starts waiting, is decided or expires, once.
 
 The chat's machine decides; this module only reports, after the fact. For each approval it makes an
-`ApprovalNotice` (core/approval_notice.py), counts the decision in the metrics (by who decided it),
+`ApprovalNotice` (approvals/notice.py), counts the decision in the metrics (by who decided it),
 and hands the notice to the sinks the application gave it (the audit trail, the webhooks). A sink
 that raises is logged and skipped: reporting never changes or blocks what was decided.
 
@@ -21,7 +21,7 @@ import orjson
 import structlog
 
 from ..config.schema import GatewayConfig
-from ..core.approval_notice import ApprovalNotice, Approver, NoticeKind, args_digest, args_digest_key
+from .notice import ApprovalNotice, Approver, NoticeKind, args_digest, args_digest_key
 from ..core.approvals import GatedCall
 from ..core.ledger import NativeConfirmation
 from ..ops.metrics import GatewayMetrics
@@ -29,7 +29,7 @@ from ..ops.tracing import Tracing
 
 __all__ = ["Notices", "Sink"]
 
-log = structlog.get_logger("adk_gateway.chat.notices")
+log = structlog.get_logger("adk_gateway.approvals.reports")
 
 Sink = Callable[[ApprovalNotice], None]
 

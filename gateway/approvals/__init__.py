@@ -1,0 +1,32 @@
+"""The approvals room: what an approval is, and how it is listed, voted, audited and told.
+
+An approval is a tool call that waits for a person's decision: the chatting user's, or its approvers'
+(a group, with a quorum and self-approval) through the approvals API. This package holds what is
+told about it, where it is listed and how votes count, its audit trail and its webhooks. It sits
+below the chat shell, the cluster and access, which use it, and above `core/`, `config/` and
+`ops/`, which it uses; it reaches the shared store only through its port, `store.py`. The edge
+imports it where the object graph is built and held and in the approvals API
+(tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
+
+- `notice.py`: `ApprovalNotice`, what the gateway tells the world about one approval (waiting,
+  decided, expired), and the arguments' digest. Plain data (sans-IO).
+- `reports.py`: `Notices`, the chat shell's one door into the room: each approval's start and
+  decision reported once, after the fact, counted, and handed to the sinks (the audit trail, the
+  webhooks).
+- `index.py`: where the shared directory lists a pending approval and in what order; the
+  listing's cursor (sans-IO).
+- `votes.py`: what one approver's vote does to an approval, its quorum of distinct voters who still
+  count (sans-IO; the Redis backend runs the same rule as a Lua script).
+- `audit_trail.py`: `AuditTrail`, one record per decided approval, as a log line and in the store.
+- `webhooks.py`: `Webhooks`, approval notices delivered to the configured webhooks, signed and retried.
+- `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
+  pending approvals, the audit trail), declared here and inherited by cluster/shared.py
+  `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
+
+Its neighbours, each in the layer of its other concern: the decision itself, sans-IO, in
+`core/approvals.py` (`GatedCall`) and `core/approver_confirmations.py` (who answers an ADK
+confirmation); the store's two backends of the directory and the trail in `cluster/`
+(`memory_approvals.py`, `redis_approvals.py`, `redis_audit.py`); a decision carried to the replica
+that runs the chat, `cluster/approval_desk.py`; the HTTP API, `edge/approvals_api.py`; who may
+decide, `access/approvers.py`; the `approvers:`, `audit:` and `notifications:` sections, `config/`.
+"""
