@@ -3,7 +3,7 @@
 The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
 the request, cluster/ sends it to the replica that runs the chat). `Gates` answers at once when the
 tool is not gated or nobody could answer, else records a `GatedCall` in the chat's ledger, has the
-chat's actor show it to the browser, and holds the plugin's request until the chat's machine
+chat's machine show it to the browser, and holds the plugin's request until the chat's machine
 releases the call (the person, the browser, a deadline or the end of the run decide:
 core/chat_machine.py) and its verdict comes back here.
 """
@@ -69,7 +69,7 @@ class Gates:
     def runs_here(self, user_id: str, session_id: str) -> bool:
         """Whether this process is running the chat behind an ADK session right now."""
         chat = self._registry.find_session(user_id, session_id)
-        return chat is not None and chat.running
+        return chat is not None and not chat.machine.settled
 
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
@@ -103,7 +103,7 @@ class Gates:
             verdict = self._decide_first(opened, agent.name, chat, confirm=confirm, approvers=approvers)
             if verdict is not None:
                 return verdict
-        [answer, *_] = chat.actor.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
+        [answer, *_] = chat.handle(PluginAsked(opened, self._config().max_pending_approvals_per_chat(agent.name)))
         assert isinstance(answer, AskAnswered)
         if answer.call is None:
             assert answer.refused is not None
@@ -117,7 +117,7 @@ class Gates:
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent.name).inc()
-            self._notices.call_waiting(agent.name, call, chat.actor.span)
+            self._notices.call_waiting(agent.name, call, chat.span)
         log.info("gate_opened", approval_id=call.id, tool=tool, tool_call_id=tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)
@@ -170,8 +170,8 @@ class Gates:
     def announce(self, call: GatedCall) -> None:
         """Show the call to the browser (once), asking for approval if it needs one."""
         chat = self._registry.find_session(call.user_id, call.session_id)
-        if chat is not None and chat.running:
-            chat.actor.handle(GateOpened(call, self._clock()))
+        if chat is not None:
+            chat.handle(GateOpened(call, self._clock()))  # the machine shows it only in a run under way
 
     def decide_for_approvers(
         self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,
@@ -187,13 +187,13 @@ class Gates:
         if not call.for_approver:
             return "already"
         call.decided_by, call.deciders = "approver", deciders
-        chat.actor.handle(ApproversDecided(call, approved, reason, self._clock()))
+        chat.handle(ApproversDecided(call, approved, reason, self._clock()))
         return "decided"
 
     def cancel(self, call: GatedCall, why: str) -> None:
         chat = self._registry.find_session(call.user_id, call.session_id)
         if chat is not None:
-            chat.actor.handle(CallCancelled(call, why, self._clock()))
+            chat.handle(CallCancelled(call, why, self._clock()))
 
     async def wait(self, call: GatedCall) -> Verdict:
         """The call's verdict, once it is released."""
