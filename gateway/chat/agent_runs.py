@@ -4,7 +4,7 @@
 the upstream lost it (a restart), and keeps each chat's live session (`/run_live`, upstream/live.py) open
 across its turns, while a browser is there to take them: a session whose browser socket closed
 mid-turn is closed when that turn ends (a live model connection is paid for while it is open),
-and the next turn opens another. The chat's actor reads the events as a list per upstream read.
+and the next turn opens another. The chat reads the events as a list per upstream read.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Final
 import structlog
 
 from ..upstream.agents import Agent, Agents
-from .actor import Batches
+from .record import Batches
 from .record import Chat
 from ..upstream.idle_reader import WaitSignal
 from ..upstream.live import LiveLink

@@ -26,7 +26,7 @@ from ..core.native_confirmation import NativeConfirmation
 from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent
 from ..upstream.idle_reader import WaitSignal
-from .actor import Batches
+from .record import Batches
 from .agent_runs import AgentRuns
 from .confirmations import NativeConfirmations
 from ..approvals.reports import Notices
@@ -77,7 +77,7 @@ class ApproverWaits:
         confirmation.asked_at = self._clock()
         confirmation.seen_at = confirmation.seen_at or now
         self._metrics.approvals_pending.labels(chat.agent).inc()
-        self._notices.native_waiting(chat.agent, chat.chat_id, chat.user_id, confirmation, chat.actor.span)
+        self._notices.native_waiting(chat.agent, chat.chat_id, chat.user_id, confirmation, chat.span)
         log.info("approval_requested", approval_id=confirmation.approval_id, tool=confirmation.tool, approvers=True)
         timeout = agent.config.tool_policy(confirmation.tool).timeout
         self._kept(Deadline(
@@ -98,7 +98,7 @@ class ApproverWaits:
             return False
         asked = next((c for c in chat.ledger.asked_for_approvers() or () if c.approval_id == answer.approval_id), None)
         now = self._clock()
-        chat.actor.handle(ConfirmationDecided(answer.approval_id, answer.approved, answer.reason, by, now, answer.timed_out))
+        chat.handle(ConfirmationDecided(answer.approval_id, answer.approved, answer.reason, by, now, answer.timed_out))
         self._settled(deadline_key(chat.chat_id, answer.approval_id))
         if asked is not None:
             outcome = "timeout" if answer.timed_out else "approved" if answer.approved else "denied"

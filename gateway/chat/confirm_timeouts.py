@@ -45,7 +45,7 @@ class ConfirmTimeouts:
         agent = self._agents.get(chat.agent)
         out: list[Deadline] = []
         now = self.wall()
-        for seen in chat.actor.handle(ConfirmationsSeen(now)):
+        for seen in chat.handle(ConfirmationsSeen(now)):
             assert isinstance(seen, ConfirmationSeen)
             confirmation = seen.confirmation
             if agent is None or not agent.config.confirms(confirmation.tool):
@@ -104,8 +104,8 @@ class ConfirmTimeouts:
         retry = self.wall() + EXPIRY_RETRY
         if chat.ledger.native_answered(approval_id):
             return None
-        if chat.running or (chat.run is not None and chat.run.streaming):
-            return retry
+        if chat.wanted(free=True, claim=False).action != "start":
+            return retry  # the chat's run is under way or streams: its answer would start a second
         try:
             held = await confirmations(chat)
         except UpstreamError:

@@ -125,7 +125,7 @@ class NativeConfirmations:
     def _lose(self, chat: Chat, answers: list[ApprovalAnswer]) -> None:
         now = self._clock()
         for answer in answers:
-            pending = settled(chat.actor.handle(NativeAnswered(answer.approval_id)))
+            pending = settled(chat.handle(NativeAnswered(answer.approval_id)))
             if pending is not None:
                 self.observe_cancelled(chat, pending, now)
             log.warning("native_approval_lost", approval_id=answer.approval_id, reason="not in the agent's session")
@@ -136,7 +136,7 @@ class NativeConfirmations:
         for answer in answers:
             self._settled(deadline_key(chat.chat_id, answer.approval_id))
             event = NativeAnswered(answer.approval_id, answer.tool_call_id, timed_out=answer.timed_out)
-            pending = settled(chat.actor.handle(event))
+            pending = settled(chat.handle(event))
             if answer.timed_out:
                 self._metrics.approval_timeouts.labels(chat.agent, answer.tool_name).inc()
                 log.info("approval_timed_out", approval_id=answer.approval_id, tool=answer.tool_name, payload=answer.payload is not None)
@@ -210,8 +210,9 @@ class NativeConfirmations:
     ) -> Attachment:
         """Approved browser tools go to the browser to run, as hold mode hands them over; ADK hears
         of the approval with their output, so nothing is sent to it and nothing runs meanwhile."""
-        if chat.run is not None and chat.run.streaming:
-            raise ChatBusy("a response is already streaming for this chat")
+        free = chat.wanted(free=True, claim=False)  # it replaces the run log, and starts no run
+        if free.action != "start":
+            raise ChatBusy(free.text)
         message_id = plan.continue_message_id or self._new_id()
         run = Run(message_id, limit=self._config().chat.run_buffer_chunks, earlier=message_so_far(chat, message_id))
         handed = {c.approval_id for c in calls}
@@ -222,7 +223,7 @@ class NativeConfirmations:
         run.end_response(now)
         chat.run = run
         for call in calls:
-            for approved in chat.actor.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall())):
+            for approved in chat.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall())):
                 assert isinstance(approved, BrowserApproved)
                 pending = approved.confirmation
                 self.observe_native(chat, pending, "approved", now)

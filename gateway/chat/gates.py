@@ -2,7 +2,7 @@
 
 The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
 the request, cluster/ sends it to the replica that runs the chat). `Gates` hands the ask to the
-chat's actor as `ToolAsked`; the chat's machine decides what it comes to (core/gate_decision.py:
+chat as `ToolAsked`; the chat's machine decides what it comes to (core/gate_decision.py:
 run, refused, decided by a rule, ADK's confirmation, or a `GatedCall` that waits here, recorded in
 the chat's ledger) and `Gates` carries that out: logs, metrics, notices, the approvals index, the
 call shown to the browser. It holds the plugin's request on a call that waits until the chat's
@@ -58,7 +58,7 @@ class Gates:
     def runs_here(self, user_id: str, session_id: str) -> bool:
         """Whether this process is running the chat behind an ADK session right now."""
         chat = self._registry.find_session(user_id, session_id)
-        return chat is not None and chat.running
+        return chat is not None and not chat.machine.settled
 
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
@@ -84,7 +84,7 @@ class Gates:
             mode=agent.config.upstream.mode, max_pending=self._config().max_pending_approvals_per_chat(agent.name),
         )
         # No chat here, no machine to ask: the decision alone (run, or refused: nobody could answer).
-        [decided, *_] = chat.actor.handle(ask) if chat is not None else [decide_ask(ask, None)]
+        [decided, *_] = chat.handle(ask) if chat is not None else [decide_ask(ask, None)]
         assert isinstance(decided, GateDecided)
         return self._carry_out(decided, agent.name, chat, announce)
 
@@ -107,7 +107,7 @@ class Gates:
         self._registry.index_approval(call.id, chat)
         if call.state is CallState.AWAITING_APPROVAL:
             self._metrics.approvals_pending.labels(agent).inc()
-            self._notices.call_waiting(agent, call, chat.actor.span)
+            self._notices.call_waiting(agent, call, chat.span)
         log.info("gate_opened", approval_id=call.id, tool=call.tool, tool_call_id=call.tool_call_id, state=call.state.value)
         if announce:
             self.announce(call)
@@ -129,8 +129,8 @@ class Gates:
     def announce(self, call: GatedCall) -> None:
         """Show the call to the browser (once), asking for approval if it needs one."""
         chat = self._registry.find_session(call.user_id, call.session_id)
-        if chat is not None and chat.running:
-            chat.actor.handle(GateOpened(call, self._clock()))
+        if chat is not None:
+            chat.handle(GateOpened(call, self._clock()))  # the machine shows it only in a run under way
 
     def decide_for_approvers(
         self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,
@@ -146,13 +146,13 @@ class Gates:
         if not call.for_approver:
             return "already"
         call.decided_by, call.deciders = "approver", deciders
-        chat.actor.handle(ApproversDecided(call, approved, reason, self._clock()))
+        chat.handle(ApproversDecided(call, approved, reason, self._clock()))
         return "decided"
 
     def cancel(self, call: GatedCall, why: str) -> None:
         chat = self._registry.find_session(call.user_id, call.session_id)
         if chat is not None:
-            chat.actor.handle(CallCancelled(call, why, self._clock()))
+            chat.handle(CallCancelled(call, why, self._clock()))
 
     async def wait(self, call: GatedCall) -> Verdict:
         """The call's verdict, once it is released."""

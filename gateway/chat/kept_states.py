@@ -86,7 +86,7 @@ class KeptStates:
 
     def _restore(self, chat: Chat, state: dict[str, Any]) -> None:
         try:
-            chat.actor.handle(StateRestored(state, self._clock()))
+            chat.handle(StateRestored(state, self._clock()))
         except (MalformedLedger, MachineError) as exc:
             log.warning("chat_state_refused", chat_id=chat.chat_id, reason=str(exc))
             return

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config.schema import GatewayConfig
-from ..core.chat_events import RunStarts
+from ..core.chat_events import AudioHeard, RunStarts, SocketClosed
+from ..core.chat_outputs import Admission
 from ..core.chat_request import InvalidRequest
 from ..core.protocol import ClientVersion
 from ..upstream.agents import Agent, Agents
@@ -60,11 +61,13 @@ class LiveChats:
         if not agent.live:
             raise InvalidRequest("audio needs an agent in live mode (upstream.mode: live)")
         chat = self._chat(agent, user_id, chat_id)
-        if not chat.running:
+        if chat.machine.settled:
             await self._runs.take_upstream(chat, agent)
         link = await self._runs.live_link(chat)
         blob = {"blob": {"mimeType": mime_type, "data": data}}
-        if link.in_turn or chat.running:
+        [heard] = chat.handle(AudioHeard(link.in_turn))
+        assert isinstance(heard, Admission)
+        if heard.action == "relay":
             await link.send(blob)
             return None
         run = Run(self._new_id(), limit=self._config().chat.run_buffer_chunks)
@@ -83,10 +86,14 @@ class LiveChats:
         chat = self._registry.find_session(user_id, chat_id)
         if chat is None or chat.agent != agent or not self._runs.live(chat):
             return
-        if chat.running and self._config().chat.on_disconnect == "cancel":
+        [closed] = chat.handle(SocketClosed(self._config().chat.on_disconnect == "cancel"))
+        assert isinstance(closed, Admission)
+        if closed.action == "abort":
             self._abort(agent, user_id, chat_id)
-            await chat.actor.ended(_CANCEL_TIMEOUT)
-        if chat.running:
+            await chat.ended(_CANCEL_TIMEOUT)
+            [closed] = chat.handle(SocketClosed(cancel=False))  # a run stuck past the wait closes the session at its end
+            assert isinstance(closed, Admission)
+        if closed.action == "wait":
             chat.browser_left = True
             return
         await self._runs.close_live(chat)

@@ -10,7 +10,7 @@ replica with nothing to tell.
 - `RunWatcher`: told when a chat's run starts and ends (the cluster's run marks in the shared directory).
 - `DeadlineQueue`: confirm mode's deadlines, kept by the replicas together (cluster/deadline_timer.py).
 - `StateStore`: a chat's state kept outside this process (cluster/state_keeper.py, Redis only).
-- `ActorMaker`: makes each new chat's actor (the chat service, for its registry).
+- `ChatMaker`: makes each new chat, with what its runs share (the chat service, for its registry).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..core.deadlines import Deadline
-    from .actor import ChatActor
     from .record import Chat
 
 __all__ = [
-    "ActorMaker", "DeadlineQueue", "NO_DEADLINES", "NO_RUN_WATCHER", "NO_STATE_STORE", "RunWatcher",
+    "ChatMaker", "DeadlineQueue", "NO_DEADLINES", "NO_RUN_WATCHER", "NO_STATE_STORE", "RunWatcher",
     "StateStore", "attached",
 ]
 
@@ -54,9 +53,9 @@ class StateStore(Protocol):
         ...
 
 
-class ActorMaker(Protocol):
-    def actor_for(self, chat: Chat) -> ChatActor:
-        """The actor that alone drives `chat`'s machine, made with the chat."""
+class ChatMaker(Protocol):
+    def new_chat(self, agent: str, user_id: str, chat_id: str, now: float) -> Chat:
+        """A new chat of `agent`, whose ADK session id is its chat id, able to run."""
         ...
 
 

@@ -16,8 +16,7 @@ runs which chat) is gateway/cluster's.
 from __future__ import annotations
 
 from ..core.refusals import Refusal
-from .actor import ChatActor
-from .ports import ActorMaker, attached
+from .ports import ChatMaker, attached
 from .record import Chat
 
 __all__ = ["ChatNotFound", "Registry", "TooManyChats"]
@@ -37,30 +36,30 @@ class TooManyChats(Exception):
     """The user already has as many chats as the gateway keeps per user."""
 
 
-class _NoActors:
-    """No chat service drives this registry's chats yet: a chat without an actor is refused."""
+class _NoMaker:
+    """No chat service drives this registry's chats yet: a chat that could not run is refused."""
 
-    def actor_for(self, chat: Chat) -> ChatActor:
-        raise RuntimeError("no chat service makes the actors of this registry's chats")
+    def new_chat(self, agent: str, user_id: str, chat_id: str, now: float) -> Chat:
+        raise RuntimeError("no chat service makes this registry's chats")
 
 
-_NO_ACTORS: ActorMaker = _NoActors()
+_NO_MAKER: ChatMaker = _NoMaker()
 
 
 class Registry:
     def __init__(self, max_chats_per_user: int = 1_000_000) -> None:
         self.max_chats_per_user = max_chats_per_user
-        # Makes each new chat's actor: the chat service that drives the chats (`attach`).
-        self._actors: ActorMaker = _NO_ACTORS
+        # Makes each new chat: the chat service that drives the chats (`attach`).
+        self._maker: ChatMaker = _NO_MAKER
         self._chats: dict[tuple[str, str], Chat] = {}
         self._owners: dict[str, str] = {}
         self._per_user: dict[str, int] = {}
         self._approvals: dict[str, Chat] = {}
 
-    def attach(self, actors: ActorMaker) -> None:
-        """Who makes each new chat's actor (chat/ports.py); once, by the chat service."""
-        attached(self._actors, _NO_ACTORS, "the registry's actor maker")
-        self._actors = actors
+    def attach(self, maker: ChatMaker) -> None:
+        """Who makes each new chat (chat/ports.py); once, by the chat service."""
+        attached(self._maker, _NO_MAKER, "the registry's chat maker")
+        self._maker = maker
 
     def __len__(self) -> int:
         return len(self._chats)
@@ -80,8 +79,7 @@ class Registry:
                 raise ChatNotFound(chat_id)
             if self._per_user.get(user_id, 0) >= self.max_chats_per_user:
                 raise TooManyChats(user_id)
-            chat = Chat(user_id, chat_id, chat_id, now, agent)
-            chat.actor = self._actors.actor_for(chat)
+            chat = self._maker.new_chat(agent, user_id, chat_id, now)
             self._chats[(user_id, chat_id)] = chat
             self._owners[chat_id] = user_id
             self._per_user[user_id] = self._per_user.get(user_id, 0) + 1
@@ -111,14 +109,11 @@ class Registry:
         return self._approvals.get(approval_id)
 
     def expire(self, *, idle_before: float) -> list[Chat]:
-        """Forget chats idle since before `idle_before` that have nothing streaming; returns them."""
-        gone = [
-            chat
-            for chat in self._chats.values()
-            if chat.last_active < idle_before and (chat.run is None or not chat.run.streaming) and not chat.running
-        ]
+        """Forget chats idle since before `idle_before` whose machine is settled (no run under way
+        or being started); returns them."""
+        gone = [chat for chat in self._chats.values() if chat.last_active < idle_before and chat.machine.settled]
         for chat in gone:
-            chat.actor.disarm()
+            chat.disarm()
             del self._chats[(chat.user_id, chat.chat_id)]
             self._owners.pop(chat.chat_id, None)
             left = self._per_user.get(chat.user_id, 1) - 1

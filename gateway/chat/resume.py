@@ -34,7 +34,7 @@ def _may_wait_unseen(chat: Chat) -> bool:
     """Whether a resume that found nothing to replay in a chat this replica remembers should ask
     ADK's session: the chat has no run (it failed to start), or its last run ended on native
     confirmations still pending here and its message is past the replay's retention."""
-    return chat.run is None or (not chat.running and bool(chat.ledger.pending_native()))
+    return chat.run is None or chat.machine.waiting_on_adk
 
 
 class Resumes:
@@ -66,9 +66,8 @@ class Resumes:
         if chat is None or chat.run is None:
             return None
         chat.browser_left = False  # a browser is back (see ChatService.socket_closed)
-        if chat.running:
-            # What the run wrote while a person decides is held for the next reader: this one.
-            chat.actor.handle(Resumed())
+        # What the run wrote while a person decides is held for the next reader: this one.
+        chat.handle(Resumed())
         reader = chat.run.resumable(self._clock(), self._config().chat.run_retention)
         return None if reader is None else Attachment(chat.run, reader)
 
@@ -100,7 +99,7 @@ class Resumes:
             return None
         chat = self._chat(agent, user_id, chat_id)
         await self._adopt(chat)
-        if chat.run is not seen or chat.running:
+        if chat.run is not seen or not chat.machine.settled:
             # A request of the chat got in while ADK answered: that is what a resume follows.
             return self.resume(agent_name, user_id, chat_id)
         return self._rebuilt_run(agent, chat, message, version or self._config().chat.default_protocol)
@@ -110,7 +109,7 @@ class Resumes:
         answer that follows continues it, and a replay of that answer is refused."""
         now = self._clock()
         before = {c.approval_id for c in chat.ledger.pending_native()}
-        rebuilt = chat.actor.replay(
+        rebuilt = chat.replay(
             message, now=now, version=version, policy=agent.config.tool_policy, confirms=agent.config.confirms,
         )
         if rebuilt is None:

@@ -1,7 +1,7 @@
 """The chat runs going on in this replica, each an asyncio task driving its turn: started, and every way one ends early.
 
-A run outlives the browser request that started it (chat/actor.py). `RunTasks` starts its task
-through the chat's actor (`launch`), tells the chat service when it ends, and ends runs before their time: the browser's
+A run outlives the browser request that started it (chat/record.py). `RunTasks` starts its task
+through the chat (`launch`), tells the chat service when it ends, and ends runs before their time: the browser's
 abort, a new message in a chat whose response nobody reads any more (`stop_unread`, as an abort)
 or whose run waits for a person (`settle`: what it waits for is released, then up to 10 s for it
 to end), an agent a reload removed (`end_agent`), a shutdown (`close`).
@@ -19,7 +19,7 @@ from ..core.chat_events import RunStarts, Settled
 from ..core.chat_request import ApprovalAnswer
 from ..ops.stopping import cancel_and_wait
 from ..upstream.idle_reader import WaitSignal
-from .actor import Batches
+from .record import Batches
 from .attachment import Attachment
 from .chunk_log import Reader, Run
 from .record import Chat
@@ -69,7 +69,7 @@ class RunTasks:
         """Start the chat's run writing `run` (the chat has none under way): its task outlives
         the request, which reads its first response through `reader` (one is taken if not given)."""
         chat.run = run
-        task = chat.actor.start(run, start, batches, wait, self._reason)
+        task = chat.start(run, start, batches, wait, self._reason)
         # One bound callback, not a coroutine around the drive or a closure: a held run keeps them.
         self._tasks[task] = chat
         task.add_done_callback(self._run_done)
@@ -84,7 +84,7 @@ class RunTasks:
     @staticmethod
     def abort(chat: Chat) -> bool:
         """The browser stopped the response: cancel the agent run behind it. True if one was running."""
-        if not chat.actor.abort():
+        if not chat.abort():
             return False
         log.info("run_aborted", chat_id=chat.chat_id)
         return True
@@ -93,7 +93,18 @@ class RunTasks:
     def end_agent(chats: list[Chat], agent: str, reason: str) -> int:
         """End the runs of `agent` among `chats`: each ends with an error chunk saying `reason`.
         Returns how many."""
-        return sum(1 for chat in chats if chat.agent == agent and chat.actor.close_soon(reason))
+        return sum(1 for chat in chats if chat.agent == agent and chat.close_soon(reason))
+
+    async def somebody_reads(self, chat: Chat) -> bool:
+        """Whether somebody reads the chat's response still being written (False when none is):
+        the fact the chat's machine decides busy on (`RunWanted`)."""
+        run = chat.run
+        if run is None or run.current.closed:
+            return False
+        if not await self.nobody_reads(run.current):
+            return True
+        # Another request took the chat while this one waited for a relayed reader: its response counts now.
+        return chat.run is not run and await self.somebody_reads(chat)
 
     async def nobody_reads(self, response: Response) -> bool:
         """Whether nobody reads `response` any more. A relay to another replica's browser is given
@@ -117,16 +128,16 @@ class RunTasks:
         its response ends with `abort`, a call it had open is cancelled, its upstream request is
         closed (ADK then cancels its invocation: docs/protocol.md says what the session keeps)."""
         log.info("run_aborted", reason="a new message came and nobody reads the response")
-        await chat.actor.stop(_CLOSE_TIMEOUT)
+        await chat.stop(_CLOSE_TIMEOUT)
 
     async def settle(self, chat: Chat, answers: list[tuple[ApprovalAnswer, GatedCall]]) -> None:
         """The person typed instead of answering: release what the chat's run waits for, let it end."""
         # The person did decide where an answer is not implicit; the message carrying it just never went out on its own.
         decided = [(call, answer.approved, answer.reason) for answer, call in answers if not answer.implicit]
-        chat.actor.handle(Settled(decided, self._clock()))
-        if not await chat.actor.ended(_SETTLE_SECONDS):
+        chat.handle(Settled(decided, self._clock()))
+        if not await chat.ended(_SETTLE_SECONDS):
             log.warning("previous_run_cancelled", reason="it did not end after its calls were cancelled")
-            await chat.actor.stop(_CLOSE_TIMEOUT, abort=False)
+            await chat.stop(_CLOSE_TIMEOUT, abort=False)
 
     async def close(self, reason: str) -> None:
         """Cancel every run still going, each ending with an error chunk saying `reason` (shutdown)."""
@@ -135,4 +146,4 @@ class RunTasks:
         await cancel_and_wait(list(self._tasks), _CLOSE_TIMEOUT, what="runs")
         for chat in chats:
             # A task stuck past the bound: its run still ends, for its machine and its readers.
-            await chat.actor.stop(0, abort=False, reason=reason)
+            await chat.stop(0, abort=False, reason=reason)

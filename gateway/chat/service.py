@@ -3,7 +3,7 @@
 `ChatService` admits one streaming response per chat at a time (a new message in a chat whose
 response nobody reads any more ends that run first, as an abort would), matches the answers a
 request carries to what the chat's ledger says waits (core/ledger.py), makes sure the ADK session
-exists, and starts each run through the chat's actor (chat/actor.py, the only caller of the chat's
+exists, and starts each run through the chat (chat/record.py, the only caller of the chat's
 machine, core/chat_machine.py) with its task, so the run outlives the browser request. Two kinds
 of approval meet here (DESIGN.md decision 3):
 - native ADK confirmations end the ADK run; the person's answer starts a new run that continues
@@ -36,7 +36,7 @@ from ..core.deadlines import Deadline
 from ..core.native_confirmation import NativeConfirmation
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
-from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunStarts, RunWanted
+from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunDropped, RunStarts
 from ..core.chat_outputs import Admission
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import within
@@ -51,7 +51,6 @@ from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
 from ..approvals.reports import Notices
 from .confirmations import NativeConfirmations
-from .actor import ChatActor, RunHooks
 from .gated_answers import continue_gated_run
 from .gates import Gates
 from .gateway_answers import GatewayAnswers
@@ -59,7 +58,7 @@ from .approver_waits import ApproverWaits
 from .kept_states import KeptStates
 from .live_chats import LiveChats
 from .ports import NO_DEADLINES, NO_RUN_WATCHER, DeadlineQueue, RunWatcher, attached
-from .record import Chat
+from .record import Chat, RunHooks
 from .registry import ChatNotFound, Registry, TooManyChats
 from .resume import Resumes
 from .run_tasks import RunTasks
@@ -143,9 +142,9 @@ class ChatService:
         attached(self._watcher, NO_RUN_WATCHER, "the chat service's run watcher")
         self._watcher, self._deadlines = runs, deadlines
 
-    def actor_for(self, chat: Chat) -> ChatActor:
-        """The registry's `ActorMaker`: each new chat's actor."""
-        return ChatActor(chat.machine, self._hooks, chat.agent, chat.chat_id, chat.user_id)
+    def new_chat(self, agent: str, user_id: str, chat_id: str, now: float) -> Chat:
+        """The registry's `ChatMaker`: each new chat, with what its runs share."""
+        return Chat(user_id, chat_id, chat_id, now, agent, self._hooks)
 
     def run_changed(self, chat: Chat, message_id: str) -> None:
         self._watcher.run_changed(chat, message_id)
@@ -170,7 +169,7 @@ class ChatService:
 
     def carries_run(self, client: AdkClient) -> bool:
         """The agents' `ClientUsers`: whether a chat's run still goes through `client`."""
-        return any(chat.upstream is client and chat.running for chat in self._registry.chats())
+        return any(chat.upstream is client and not chat.machine.settled for chat in self._registry.chats())
 
     def end_agent_runs(self, agent: str, reason: str) -> int:
         """End the runs of an agent a reload removed: each ends with an error chunk saying `reason`,
@@ -210,7 +209,7 @@ class ChatService:
             only_native = plan.new_message is None and not (gated or outputs)
             native = await self._native.unanswered(chat, native, strict=only_native, held=held)
         asked = BrowserAsked(plan.new_message is not None, bool(gated or outputs), sent, len(native), agent.live)
-        [admission] = chat.actor.handle(asked)
+        [admission] = chat.handle(asked)
         assert isinstance(admission, Admission)
         if admission.action == "refuse":
             raise (Gone if admission.status == 410 else InvalidRequest)(admission.text)
@@ -241,7 +240,7 @@ class ChatService:
         # A confirmation is answered once: from here until the ledger records it (or the run
         # fails to start), another answer to it (the person's, the deadline's) does not go out.
         ids = tuple(a.approval_id for a in native)
-        [claim] = chat.actor.handle(AnswersGoing(ids, tuple(a.timed_out for a in native), browser))
+        [claim] = chat.handle(AnswersGoing(ids, tuple(a.timed_out for a in native), browser))
         assert isinstance(claim, Admission)
         if claim.action == "late":
             return self._native.late(chat)
@@ -250,29 +249,32 @@ class ChatService:
         try:
             return await self._start_answered_run(agent, chat, plan, gated, native, version, carried)
         finally:
-            chat.actor.handle(AnswersSent(ids))
+            chat.handle(AnswersSent(ids))
 
     async def _start_answered_run(
         self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
         native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None,
     ) -> Attachment:
-        before = chat.run
-        if before is not None and before.streaming and not await self._tasks.nobody_reads(before.current):
-            raise ChatBusy("a response is already streaming for this chat")
-        if chat.run is not before:
-            # Another new message got in while this one waited for a relayed reader to leave.
-            raise ChatBusy("a response is already streaming for this chat")
-        current = chat.actor.run
-        [wanted] = chat.actor.handle(RunWanted(current is not None and current.streaming))
-        assert isinstance(wanted, Admission)
-        if wanted.action != "start":
+        wanted = chat.wanted(read=await self._tasks.somebody_reads(chat))
+        if wanted.action in ("abort", "settle"):
             if wanted.action == "abort":
                 await self._tasks.stop_unread(chat)
             else:
                 await self._tasks.settle(chat, gated)
-            if chat.run is not None and chat.run.streaming:
-                # Another new message got in while the old run wound down: it runs, this one waits.
-                raise ChatBusy("a response is already streaming for this chat")
+            # Asked again: another new message may have got in while the old run wound down.
+            wanted = chat.wanted(free=True)
+        if wanted.action == "refuse":
+            raise ChatBusy(wanted.text)
+        try:
+            return await self._claimed_run(agent, chat, plan, gated, native, version, carried)
+        except BaseException:
+            chat.handle(RunDropped())  # the run never started: the chat is not claimed any more
+            raise
+
+    async def _claimed_run(
+        self, agent: Agent, chat: Chat, plan: TurnPlan, gated: list[tuple[ApprovalAnswer, GatedCall]],
+        native: list[ApprovalAnswer], version: ClientVersion, carried: list[ToolOutput] | None,
+    ) -> Attachment:
         run = Run(
             plan.continue_message_id or self._new_id(), limit=self.config.chat.run_buffer_chunks,
             earlier=message_so_far(chat, plan.continue_message_id),

@@ -150,7 +150,7 @@ class Cluster:
             settled = time.monotonic() - _ADMISSION_SETTLE  # the chat service's clock
             for chat in self.chats.local_chats():
                 key = (chat.user_id, chat.chat_id)
-                if key in handed or chat.running or chat.last_active > settled:
+                if key in handed or not chat.machine.settled or chat.last_active > settled:
                     continue
                 if self._tasks.closed:
                     return
@@ -395,6 +395,5 @@ class Cluster:
         out = []
         for chat in self.chats.local_chats():
             self.chats.states.changed(chat)
-            running = chat.run.message_id if chat.running and chat.run is not None else ""
-            out.append(LocalChat(chat.user_id, chat.chat_id, chat.agent, running))
+            out.append(LocalChat(chat.user_id, chat.chat_id, chat.agent, chat.message_under_way()))
         return out

@@ -20,7 +20,7 @@ from .protocol import ClientVersion
 __all__ = [
     "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent", "ConfirmationDecided",
     "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "RunStarts", "RunWanted", "Settled", "StateRestored", "ToolAsked", "UpstreamRead",
+    "RunStarts", "RunWanted", "RunDropped", "AudioHeard", "SocketClosed", "Settled", "StateRestored", "ToolAsked", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -52,6 +52,8 @@ class UpstreamRead:
 
     batch: Iterable[dict[str, Any]]
     now: float
+    # The run it is of (`ChatMachine.run` when it started); None: the run under way.
+    run: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ class RunFailed:
     text: str
     now: float
     outcome: str = "error"
+    run: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,7 @@ class Aborted:
     """The browser stopped the response."""
 
     now: float
+    run: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,7 @@ class RunClosed:
     """The run's upstream stream is over, whatever ended it."""
 
     now: float
+    run: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +251,37 @@ class AnswersSent:
 
 @dataclass(frozen=True, slots=True)
 class RunWanted:
-    """A request is to start a run of the chat; `streaming`: the run under way writes a response
-    that nobody reads any more (the shell asked its readers)."""
+    """A request wants a run of the chat (or only asks whether it could start one now), with what
+    the shell observed of the chat's current response: `open`, still being written; `read`,
+    somebody reads it (a browser here, or a relay given the time to say its browser left).
+    `free`: the request cannot make a run under way end (it did so already and asks again, or it
+    hands a browser tool over instead of running), so anything under way or being written is
+    busy. `claim`: a `start` answer claims the chat for the run this request starts (until its
+    `RunStarts`, or `RunDropped`); False when the request only asks."""
 
-    streaming: bool
+    open: bool
+    read: bool = False
+    free: bool = False
+    claim: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RunDropped:
+    """The run a request claimed (`RunWanted`) will not start: its upstream refused before it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AudioHeard:
+    """The person's speech reached a live chat; `in_turn`: its live session is in a model turn."""
+
+    in_turn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SocketClosed:
+    """The browser socket that drove a live chat closed; `cancel`: `chat.on_disconnect: cancel`."""
+
+    cancel: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,4 +297,5 @@ ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
     | RunFailed | Aborted | RunClosed | ToolAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
     | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided | ConfirmationDecided
+    | RunDropped | AudioHeard | SocketClosed
 )

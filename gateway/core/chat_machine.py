@@ -2,12 +2,17 @@
 
 A `ChatMachine` is the single owner of what a chat is waiting for, and it decides what the plugin's
 ask about a tool call comes to (`ToolAsked`: core/gate_decision.py). It takes the typed events of
-core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat's actor
-(chat/actor.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
+core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat
+(chat/record.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
 
 - NEW: no run yet;
 - RUNNING: a run's turn (core/turn.py) is under way, from `RunStarts` until `RunClosed` reported it;
 - IDLE: the last run reported how it ended; what it asked ADK to confirm waits in the ledger.
+
+Runs are numbered (`run`): the events of a run's task name theirs, and those of a run that is not
+the one under way (it was made to end) are dropped here. Whether a request may start a run now
+(`RunWanted`: busy, or the run under way ends first), whether the chat may be forgotten or handed
+over (`settled`), and what a live chat's audio and closed socket call for are the machine's answers.
 
 `TRANSITIONS` says which events each phase takes; any other is a `MachineError` (a bug in the
 caller), raised before anything changes. Within a run the turn's own table (turn.TRANSITIONS)
@@ -23,9 +28,9 @@ from typing import Any, Final
 
 from .approvals import CallState, GatedCall
 from .chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunFailed, RunStarts, RunWanted, Settled,
-    StateRestored, ToolAsked,
+    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, AudioHeard, BrowserAsked,
+    BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen, DeadlineReached, GateOpened, NativeAnswered,
+    Resumed, RunClosed, RunDropped, RunFailed, RunStarts, RunWanted, Settled, SocketClosed, StateRestored, ToolAsked,
     UpstreamRead,
 )
 from .ledger import Ledger
@@ -55,19 +60,25 @@ _RUN_EVENTS: Final = (
 )
 # Between runs a late answer, cancel, deadline or end reaches the last turn, which no longer
 # writes but still releases a call and reports once; nothing may feed it events or attach to it.
-_AFTER_RUN: Final = (Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed)
+_AFTER_RUN: Final = (
+    Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed, Attached,
+    GateOpened,
+)
+# The events of a run's task, which name their run: a run that is not the one under way says nothing.
+_OF_A_RUN: Final = frozenset({UpstreamRead, RunFailed, Aborted, RunClosed})
 
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
 # plugin may ask at any time; the machine refuses what no run here can show.
 _NATIVE: Final = (
     NativeAnswered, BrowserToolApproved, ConfirmationsSeen, ToolAsked, BrowserAsked, AnswersGoing, AnswersSent, RunWanted,
+    RunDropped, AudioHeard, SocketClosed,
 )
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
 # one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
 TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
-    {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, StateRestored, *_NATIVE)}
+    {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, StateRestored, Attached, Resumed, GateOpened, *_NATIVE)}
     | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, *_NATIVE)}
     | {(Phase.IDLE, kind) for kind in (RunStarts, *_AFTER_RUN, *_NATIVE)}
 )
@@ -76,7 +87,7 @@ TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
 class ChatMachine:
     """The state of one chat's approvals and runs, changed only by `handle`."""
 
-    __slots__ = ("answering", "ledger", "turn")
+    __slots__ = ("answering", "claimed", "ledger", "run", "turn")
 
     def __init__(self, ledger: Ledger | None = None) -> None:
         self.ledger = ledger if ledger is not None else Ledger()
@@ -86,6 +97,10 @@ class ChatMachine:
         self.answering: dict[str, bool] = {}
         # The current run's turn, or the last one's once it ended (its client version, message).
         self.turn: Turn | None = None
+        # The number of the current (or last) run: how many runs started in this machine.
+        self.run = 0
+        # A request claimed the chat for a run it is starting (`RunWanted`), not started yet.
+        self.claimed = False
 
     @property
     def phase(self) -> Phase:
@@ -97,6 +112,22 @@ class ChatMachine:
     def running(self) -> bool:
         """A run of this chat is under way."""
         return self.turn is not None and not self.turn.reported
+
+    def under_way(self, run: int) -> bool:
+        """Run number `run` is the one under way: what its task says still counts."""
+        return run == self.run and self.running
+
+    @property
+    def settled(self) -> bool:
+        """Nothing of this chat is under way here: no run, none being started. Only a settled
+        chat is forgotten when idle, or handed to another replica, and only then may its
+        upstream client change."""
+        return not self.running and not self.claimed
+
+    @property
+    def waiting_on_adk(self) -> bool:
+        """Between runs, with ADK confirmations pending: what the chat waits for is in ADK's session."""
+        return not self.running and bool(self.ledger.pending_native())
 
     @property
     def waiting_for_person(self) -> bool:
@@ -117,14 +148,20 @@ class ChatMachine:
         return {"v": SNAPSHOT_VERSION, "ledger": self.ledger.snapshot()}
 
     def handle(self, event: ChatEvent) -> list[Output]:
-        """Apply `event`; the outputs to carry out, in order."""
-        if (self.phase, type(event)) not in TRANSITIONS:
-            raise MachineError(f"a chat that is {self.phase.value} does not take {type(event).__name__}")
-        return _HANDLERS[type(event)](self, event)
+        """Apply `event`; the outputs to carry out, in order. An event of a run that is not the
+        one under way (a run that was made to end) changes nothing."""
+        kind = type(event)
+        if kind in _OF_A_RUN and event.run is not None and not self.under_way(event.run):  # type: ignore[union-attr]
+            return []
+        if (self.phase, kind) not in TRANSITIONS:
+            raise MachineError(f"a chat that is {self.phase.value} does not take {kind.__name__}")
+        return _HANDLERS[kind](self, event)
 
     # ---- handlers ---------------------------------------------------------------------------
 
     def _start(self, event: RunStarts) -> list[Output]:
+        self.run += 1
+        self.claimed = False
         self.turn = Turn(
             event.message_id, ledger=self.ledger, version=event.version, known_tool_calls=event.known_tool_calls,
             denied_tool_calls=event.denied_tool_calls, delivered_tool_calls=event.delivered_tool_calls,
@@ -147,12 +184,17 @@ class ChatMachine:
         return out
 
     def _show(self, event: GateOpened) -> list[Output]:
+        if not self.running:
+            return []  # no run here to show it in (it ended while the cluster recorded the call)
         return self._current().show_gate(event.call, event.now)
 
     def _feed(self, event: UpstreamRead) -> list[Output]:
         return self._current().feed(event.batch, event.now)
 
     def _attach(self, event: Attached) -> list[Output]:
+        if not self.running:
+            # The run ended while nobody was attached, and what it wrote last was read: nothing to read.
+            return [_refused(410, "these calls were already answered and the run has ended")]
         return self._current().attach()
 
     def _answer(self, event: Answered) -> list[Output]:
@@ -165,6 +207,8 @@ class ChatMachine:
         return self._current().confirmation_decided(event.approval_id, event.approved, event.reason, event.by, event.timed_out)
 
     def _resume(self, event: Resumed) -> list[Output]:
+        if self.turn is None:
+            return []  # a run log with no run behind it (a browser tool handed over): nothing held
         return self._current().resume()
 
     def _settle(self, event: Settled) -> list[Output]:
@@ -266,13 +310,32 @@ class ChatMachine:
         return []
 
     def _run_wanted(self, event: RunWanted) -> list[Output]:
+        if (event.open and event.read) or (event.free and (event.open or not self.settled)):
+            # One streaming response per chat: two runs on one ADK session would interleave.
+            return [_refused(409, "a response is already streaming for this chat")]
         if not self.running:
+            self.claimed = self.claimed or event.claim
             return [Admission("start")]
-        if event.streaming and not self.ledger.waiting_for_person:
+        if event.open and not self.ledger.waiting_for_person:
             # Nobody reads the response any more (the AI SDK's stop() dropped its request and the
             # run went on, `chat.on_disconnect: continue`): the run ends as an abort would end it.
             return [Admission("abort")]
         return [Admission("settle")]  # the person typed instead of answering: release what it waits for
+
+    def _run_dropped(self, event: RunDropped) -> list[Output]:
+        self.claimed = False
+        return []
+
+    def _audio_heard(self, event: AudioHeard) -> list[Output]:
+        # Speech during a turn is the turn's input; between turns it starts one (the person just speaks).
+        return [Admission("relay" if event.in_turn or self.running else "start")]
+
+    def _socket_closed(self, event: SocketClosed) -> list[Output]:
+        # A live session is a model connection paid for while open, so it is not kept for a browser
+        # that left; a run under way outlives the socket (a resume reads it), and closes it at its end.
+        if not self.running:
+            return [Admission("close")]
+        return [Admission("abort" if event.cancel else "wait")]
 
     def _current(self) -> Turn:
         assert self.turn is not None  # TRANSITIONS lets these in only once a run started
@@ -317,4 +380,7 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     AnswersGoing: ChatMachine._answers_going,
     AnswersSent: ChatMachine._answers_sent,
     RunWanted: ChatMachine._run_wanted,
+    RunDropped: ChatMachine._run_dropped,
+    AudioHeard: ChatMachine._audio_heard,
+    SocketClosed: ChatMachine._socket_closed,
 }

@@ -1,7 +1,7 @@
 """What a chat's machine asks its shell to do: the outputs `Turn` (turn.py) and `ChatMachine`
 (chat_machine.py) return, in order (sans-IO).
 
-The chat's actor (chat/actor.py) carries each one out: responses opened and closed in the chat's chunk
+The chat (chat/record.py, chat/carry_out.py) carries each one out: responses opened and closed in the chat's chunk
 log, chunks written there, a released call's verdict sent to the plugin, metrics and log lines.
 """
 

@@ -4,7 +4,7 @@ A `Turn` is what happens between a browser request that starts an agent run and 
 run. It takes inputs (upstream events, a gated call the plugin opened, the person's answers and the
 browser's tool outputs, a deadline reached, an abort, a failure; the caller supplies the time) and
 returns outputs (defined in chat_outputs.py), in order, for the chat's machine (core/chat_machine.py)
-to hand to its actor (chat/actor.py):
+to hand to its chat (chat/record.py), which carries them out (chat/carry_out.py):
 
 - `OpenResponse`, `Chunks`, `CloseResponse`: the browser responses the run's chunks go into. A
   run that waits for a person ends its response (`finish` with reason `tool-calls`) so the AI SDK

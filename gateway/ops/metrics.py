@@ -94,7 +94,7 @@ class GatewayMetrics(WithExemplars):
         )
         # Counted in a plain dict and exported by a collector: a labelled Counter takes a lock per
         # inc(), a measurable share of an event's cost on the hot path.
-        # UI chunks emitted by type: a collections.Counter (a dict) that the chat actors add a
+        # UI chunks emitted by type: a collections.Counter (a dict) that the chats (chat/carry_out.py) add a
         # write's chunk types to with its C-coded update (a Counter child per chunk cost more than
         # the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: collections.Counter[str] = collections.Counter()

@@ -2,7 +2,7 @@
 
 `Tracing` is made once per application (edge/app.py) from the `telemetry:` section and handed to
 what makes spans: the request middleware and the WebSocket `send` (a SERVER span each, continuing
-an incoming W3C `traceparent`), the chat actor (one INTERNAL span per turn, from RunStarts to the
+an incoming W3C `traceparent`), the chat (chat/record.py: one INTERNAL span per turn, from RunStarts to the
 run's end, under the request that started it), the ADK client (a CLIENT span per upstream call,
 whose `traceparent` goes out in the request's headers so ADK's own spans join the trace) and the
 approval notices (one span per approval, from its start to its decision). Never a span per chunk

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.chat.record import Chat
 from gateway.cluster.messages import Decide, from_json
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CallState, GatedCall, Outcome
@@ -22,11 +23,11 @@ REFUND = ToolPolicy.model_validate({"approval": True, "timeout": 60, "hint": "Ca
 ]})
 
 
-class _NoActors:
-    """The registry's `ActorMaker` (gateway/chat/ports.py) when nothing drives its chats."""
+class _Chats:
+    """The registry's `ChatMaker` (gateway/chat/ports.py) when nothing drives its chats."""
 
-    def actor_for(self, chat: Any) -> None:
-        return None
+    def new_chat(self, agent: str, user_id: str, chat_id: str, now: float) -> Chat:
+        return Chat(user_id, chat_id, chat_id, now, agent)
 
 
 def _waiting(version: int) -> tuple[ChatMachine, GatedCall]:
@@ -124,7 +125,7 @@ def test_the_chat_cannot_answer_for_the_approvers() -> None:
     from gateway.core.chat_request import ApprovalAnswer
 
     registry = Registry()
-    registry.attach(_NoActors())  # type: ignore[arg-type]  # nothing drives it here
+    registry.attach(_Chats())  # chats that never run here
     chat = registry.get("agent", "u", "c", now=0.0)
     _, call = _waiting(7)
     chat.machine.ledger.add(call)

@@ -154,7 +154,7 @@ async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_
         adk.reads.put_nowait([event])
     adk.reads.put_nowait(None)
     chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001 - the run's task, to wait for its end
-    assert chat is not None and await chat.actor.ended(5) and not chat.running
+    assert chat is not None and await chat.ended(5) and not chat.machine.running
 
     # The person clicks Approve afterwards: the tool never runs, and the answer reads what happened.
     late = await read(await service.submit(AGENT, "u", request(USER, answered(first, tool, True), message_id="msg-1")))
@@ -218,7 +218,7 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
     adk.reads.put_nowait(text_events("I could not change the music."))
     adk.reads.put_nowait(None)
     chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001
-    assert chat is not None and await chat.actor.ended(5) and not chat.running
+    assert chat is not None and await chat.ended(5) and not chat.machine.running
 
     # The browser ran the tool meanwhile (onToolCall) and posts its output: too late for ADK.
     output = {

@@ -15,9 +15,9 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, Attached, BrowserAsked, BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen,
-    DeadlineReached, GateOpened, NativeAnswered, RunClosed, RunFailed, RunStarts, RunWanted, StateRestored,
-    ToolAsked, UpstreamRead,
+    Aborted, Answered, AnswersGoing, AnswersSent, Attached, AudioHeard, BrowserAsked, BrowserToolApproved, CallCancelled,
+    ChatEvent, ConfirmationsSeen, DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunDropped,
+    RunFailed, RunStarts, RunWanted, Settled, SocketClosed, StateRestored, ToolAsked, UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
@@ -83,7 +83,7 @@ def test_a_chat_is_new_then_running_then_idle_by_its_own_state() -> None:
     assert machine.running and machine.ledger is ledger
 
 
-@pytest.mark.parametrize("event", [UpstreamRead([], 0.0), GateOpened(_call("x"), 0.0), Attached(), Answered([], [], 0.0)])
+@pytest.mark.parametrize("event", [UpstreamRead([], 0.0), Settled([], 0.0), RunClosed(0.0), Answered([], [], 0.0)])
 def test_a_run_event_before_any_run_is_refused_and_changes_nothing(event: Any) -> None:
     machine = ChatMachine()
     with pytest.raises(MachineError, match="new"):
@@ -104,13 +104,17 @@ def test_one_run_at_a_time_a_new_run_waits_for_the_old_ones_end() -> None:
     assert machine.turn is not turn
 
 
-def test_an_ended_run_takes_no_more_upstream_events_nor_attaches() -> None:
+def test_an_ended_run_takes_no_more_upstream_events_and_refuses_an_attach() -> None:
     machine = ChatMachine()
+    assert machine.handle(Attached()) == [Admission("refuse", status=410, text="these calls were already answered and the run has ended")]
+    assert machine.handle(Resumed()) == [] and machine.handle(GateOpened(_call("x"), 0.0)) == []  # no run: nothing to show
     machine.handle(_start())
     machine.handle(RunClosed(1.0))
-    for event in (UpstreamRead([], 2.0), Attached(), GateOpened(_call("x"), 2.0)):
-        with pytest.raises(MachineError, match="idle"):
-            machine.handle(event)
+    with pytest.raises(MachineError, match="idle"):
+        machine.handle(UpstreamRead([], 2.0))
+    [refused] = machine.handle(Attached())
+    assert isinstance(refused, Admission) and refused.status == 410
+    assert machine.handle(GateOpened(_call("x"), 2.0)) == []  # the run it was for ended: nobody to show it to
 
 
 def test_the_table_lists_every_event_in_some_phase() -> None:
@@ -354,8 +358,93 @@ def test_a_confirmation_is_answered_once_while_its_answer_goes_out() -> None:
 
 def test_a_new_run_ends_the_old_one_as_an_abort_when_nobody_reads_it_else_settles_it() -> None:
     machine = ChatMachine()
-    assert machine.handle(RunWanted(streaming=True)) == [Admission("start")]  # nothing runs
+    assert machine.handle(RunWanted(open=True)) == [Admission("start")]  # nothing runs
     machine.handle(_start())
-    assert machine.handle(RunWanted(streaming=True)) == [Admission("abort")]
+    assert machine.handle(RunWanted(open=True)) == [Admission("abort")]
     _asks(machine, "c1")  # the run now waits for a person
-    assert machine.handle(RunWanted(streaming=False)) == [Admission("settle")]
+    assert machine.handle(RunWanted(open=False)) == [Admission("settle")]
+    assert machine.handle(RunWanted(open=True)) == [Admission("settle")]  # its held response too
+
+
+BUSY = Admission("refuse", status=409, text="a response is already streaming for this chat")
+
+
+@pytest.mark.parametrize(
+    ("wanted", "running", "answer"),
+    [
+        (RunWanted(open=True, read=True), False, BUSY),  # another request's run is being started and read
+        (RunWanted(open=True, read=True), True, BUSY),  # one streaming response per chat
+        (RunWanted(open=True), False, Admission("start")),  # a response nobody reads, and no run behind it
+        (RunWanted(open=False, free=True), True, BUSY),  # asked again: a newer run got in meanwhile
+        (RunWanted(open=True, free=True), False, BUSY),
+        (RunWanted(open=False, free=True), False, Admission("start")),
+    ],
+)
+def test_whether_a_request_may_start_a_run_is_the_machines_answer(wanted: RunWanted, running: bool, answer: Admission) -> None:
+    machine = ChatMachine()
+    if running:
+        machine.handle(_start())
+    assert machine.handle(wanted) == [answer]
+
+
+def test_a_run_being_started_keeps_the_chat_unsettled_until_it_starts_or_is_dropped() -> None:
+    machine = ChatMachine()
+    assert machine.settled
+    assert machine.handle(RunWanted(open=False, free=True, claim=False)) == [Admission("start")]
+    assert machine.settled  # it only asked
+    assert machine.handle(RunWanted(open=False)) == [Admission("start")]
+    assert not machine.settled and not machine.running  # claimed: not forgotten, not handed over
+    assert machine.handle(RunWanted(open=False, free=True)) == [BUSY]
+    machine.handle(RunDropped())  # its upstream refused before the run started
+    assert machine.settled
+    machine.handle(RunWanted(open=False))
+    machine.handle(_start())
+    assert not machine.settled and not machine.claimed
+    machine.handle(RunClosed(1.0))
+    assert machine.settled
+
+
+def test_what_a_run_made_to_end_says_later_is_dropped() -> None:
+    machine = ChatMachine()
+    machine.handle(_start())
+    assert machine.run == 1 and machine.under_way(1)
+    machine.handle(Aborted(1.0, run=1))
+    machine.handle(RunClosed(1.0, run=1))  # a stuck task, ended by the shell for the machine
+    assert not machine.under_way(1)
+    machine.handle(RunStarts("m2", 2.0))
+    turn = machine.turn
+    text = {"author": "a", "content": {"role": "model", "parts": [{"text": "late"}]}}
+    for late in (UpstreamRead([text], 3.0, 1), RunFailed("x", 3.0, run=1), Aborted(3.0, 1), RunClosed(3.0, 1)):
+        assert machine.handle(late) == []
+    assert machine.turn is turn and machine.under_way(2)
+    assert "text-delta" in _chunk_types(machine.handle(UpstreamRead([text], 3.0, 2)))
+    machine.handle(RunClosed(4.0, 2))
+    assert machine.handle(RunClosed(4.0, 2)) == []  # reported once
+
+
+def test_a_chat_waits_on_adk_between_runs_while_a_confirmation_is_pending() -> None:
+    machine = ChatMachine()
+    assert not machine.waiting_on_adk
+    _asked(machine, "a1")
+    assert machine.waiting_on_adk
+    machine.handle(RunStarts("m2", 2.0))
+    assert not machine.waiting_on_adk  # a run under way says what it waits for itself
+    machine.handle(RunClosed(3.0))
+    machine.handle(NativeAnswered("a1", "c-a1"))
+    assert not machine.waiting_on_adk
+
+
+def test_a_live_chats_audio_starts_a_turn_only_between_turns() -> None:
+    machine = ChatMachine()
+    assert machine.handle(AudioHeard(in_turn=False)) == [Admission("start")]
+    assert machine.handle(AudioHeard(in_turn=True)) == [Admission("relay")]  # the live session is in a turn
+    machine.handle(_start())
+    assert machine.handle(AudioHeard(in_turn=False)) == [Admission("relay")]
+
+
+def test_a_live_chats_closed_socket_closes_its_session_between_turns_else_at_the_turns_end() -> None:
+    machine = ChatMachine()
+    assert machine.handle(SocketClosed(cancel=True)) == [Admission("close")]
+    machine.handle(_start())
+    assert machine.handle(SocketClosed(cancel=False)) == [Admission("wait")]
+    assert machine.handle(SocketClosed(cancel=True)) == [Admission("abort")]

@@ -81,7 +81,7 @@ class Env:
 
     async def run_ended(self, user: str = "u", chat_id: str = "chat-1") -> None:
         chat = self.chat(user, chat_id)
-        assert await chat.actor.ended(5) and not chat.running
+        assert await chat.ended(5) and not chat.machine.running
 
     def runs(self, outcome: str) -> float:
         return self.metrics.registry.get_sample_value("adk_gateway_runs_total", {"agent": AGENT, "outcome": outcome}) or 0.0
@@ -208,7 +208,7 @@ async def test_another_users_chat_id_is_not_found_for_every_request(env: Env) ->
     with pytest.raises(ChatNotFound):
         env.service.resume(AGENT, "mallory", "chat-1")
     assert env.service.abort(AGENT, "mallory", "chat-1") is False
-    assert env.chat().running and call.state is CallState.AWAITING_APPROVAL
+    assert env.chat().machine.running and call.state is CallState.AWAITING_APPROVAL
 
 
 async def test_another_users_approval_answered_from_their_own_chat_is_forbidden(env: Env) -> None:
@@ -514,7 +514,7 @@ async def test_a_new_message_while_another_tab_still_reads_the_response_is_busy(
 
     with pytest.raises(ChatBusy):
         await env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE))
-    assert env.chat().run.message_id == "msg-1" and env.chat().running  # type: ignore[union-attr]
+    assert env.chat().run.message_id == "msg-1" and env.chat().machine.running  # type: ignore[union-attr]
 
     other_tab.response.close()
     new = await asyncio.wait_for(env.service.submit(AGENT, "u", body(USER, NEW_MESSAGE)), 5)
@@ -540,8 +540,8 @@ async def test_two_new_messages_after_a_stop_start_one_run_and_the_other_is_busy
 async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_run_and_starts_a_new_one(env: Env) -> None:
     call, first = await gated_call(env)
     plugin = asyncio.create_task(env.service.gates.wait(call))
-    old_run = env.chat().actor.run
-    assert old_run is not None and env.chat().running
+    old_run = env.chat().run
+    assert old_run is not None and env.chat().machine.running
 
     submitted = asyncio.create_task(env.service.submit(AGENT, "u", body(USER, still_asking(first), NEW_MESSAGE)))
     verdict = await asyncio.wait_for(plugin, 1)
@@ -554,8 +554,8 @@ async def test_a_new_message_instead_of_an_answer_cancels_the_call_ends_the_old_
     env.says("Cancelled.")
     env.ends()
     attachment = await asyncio.wait_for(submitted, 5)
-    assert not old_run.streaming and env.chat().running
-    assert env.chat().actor.run is not old_run
+    assert not old_run.streaming and env.chat().machine.running
+    assert env.chat().run is not old_run
 
     env.says("It is ", "noon.")
     env.ends()
@@ -616,16 +616,16 @@ async def test_a_call_past_its_deadline_times_out_and_the_late_answer_reads_what
     plugin = asyncio.create_task(env.service.gates.wait(call))
 
     env.clock.now += 1.9
-    assert env.chat().actor.deadline_passed() == 0 and not call.released
+    assert env.chat().deadline_passed() == 0 and not call.released
     env.clock.now += 0.2
-    assert env.chat().actor.deadline_passed() == 1
+    assert env.chat().deadline_passed() == 1
     verdict = await asyncio.wait_for(plugin, 1)
     assert not verdict.run and verdict.response is not None and verdict.response[REFUSAL_KEY] == "timeout"
     assert call.outcome is Outcome.TIMEOUT
     assert wait_count(env.metrics, WAIT, TOOL, "timeout") == 1
     assert env.sample("adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": TOOL}) == 1
     assert env.sample("adk_gateway_approvals_pending", {"agent": AGENT}) == 0
-    assert env.chat().actor.deadline_passed() == 0  # once
+    assert env.chat().deadline_passed() == 0  # once
 
     # The model carries on while nobody is attached; what it says is kept for the browser.
     env.plugin_answers(verdict)

@@ -154,7 +154,7 @@ async def test_the_chats_kept_states_are_written_back_after_redis_came_back_empt
     gateway = app[GATEWAY]
     state = gateway.cluster.state
     chat = gateway.chats._registry.get("demo_agent", "alice", "chat-kept", now=0.0)  # noqa: SLF001 - a chat this replica runs
-    chat.actor.handle(NativeAnswered("adk-1", "call-1", timed_out=True))
+    chat.handle(NativeAnswered("adk-1", "call-1", timed_out=True))
     gateway.chats.states.changed(chat)
     await asyncio.sleep(0.1)
     assert await state.get_chat_state("alice", "chat-kept") == chat.machine.snapshot()

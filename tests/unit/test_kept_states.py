@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway.chat.actor import ChatActor, RunHooks
 from gateway.chat.kept_states import KeptStates
-from gateway.chat.record import Chat
+from gateway.chat.record import Chat, RunHooks
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.shared import SharedStateDown
 from gateway.cluster.state_keeper import StateKeeper
@@ -28,9 +27,7 @@ from gateway.ops.metrics import GatewayMetrics
 
 
 def _chat() -> Chat:
-    chat = Chat("alice", "c1", "c1", 0.0, "agent")
-    chat.actor = ChatActor(chat.machine, RunHooks(GatewayMetrics(), time.monotonic, lambda call: None), "agent")
-    return chat
+    return Chat("alice", "c1", "c1", 0.0, "agent", RunHooks(GatewayMetrics(), time.monotonic, lambda call: None))
 
 
 def _answered_elsewhere(approval_id: str) -> dict[str, Any]:
@@ -125,9 +122,9 @@ async def test_saves_asked_for_while_one_is_written_fold_into_one_write_of_the_n
     chat = _chat()
     chats.states.changed(chat)
     await asyncio.sleep(0)  # the first write took its snapshot and waits on the store
-    chat.actor.handle(NativeAnswered("a1"))
+    chat.handle(NativeAnswered("a1"))
     chats.states.changed(chat)
-    chat.actor.handle(NativeAnswered("a2"))
+    chat.handle(NativeAnswered("a2"))
     chats.states.changed(chat)
     store.release.set()
     await asyncio.sleep(0.05)
@@ -150,7 +147,7 @@ async def test_a_store_that_is_down_is_tried_again_and_one_that_hangs_is_given_u
     await asyncio.sleep(0.7)
     assert store.written == [chat.machine.snapshot()]
     store.release.clear()  # a write that hangs is given up at the bound, and a new one may start
-    chat.actor.handle(NativeAnswered("a1"))
+    chat.handle(NativeAnswered("a1"))
     chats.states.changed(chat)
     await asyncio.sleep(0.2)
     assert len(store.written) == 1

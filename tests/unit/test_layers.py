@@ -307,7 +307,7 @@ def test_each_module_logs_under_its_own_name() -> None:
 
 def test_the_contract_can_fail() -> None:
     """The checker sees an import of each kind (a test that cannot fail is a defect)."""
-    outside, inside = _imports("chat.actor")
+    outside, inside = _imports("chat.record")
     assert "asyncio" in outside and "core.turn" in inside
     assert set(FORBIDDEN) & {pkg for m, pkgs in _closure("chat.service").items() for pkg in pkgs}
     assert "edge.ws" in _imports("edge.app")[1]  # `from . import ws`-style and `.ws import` alike

@@ -197,7 +197,7 @@ class LiveEnv:
 
     async def turn_ended(self) -> None:
         chat = self.chat()
-        assert await chat.actor.ended(5) and not chat.running
+        assert await chat.ended(5) and not chat.machine.running
 
 
 def live_env(on_disconnect: str) -> AsyncIterator[LiveEnv]:
@@ -306,7 +306,7 @@ async def test_a_socket_closed_while_an_approval_waits_keeps_the_turn_and_the_ap
     assert types(asked)[-3:] == ["tool-approval-request", "finish-step", "finish"]
     await env.socket_closed()  # the person's socket drops while they decide
     await settled()
-    assert env.chat().running and env.open_sessions() == 1
+    assert env.chat().machine.running and env.open_sessions() == 1
     # The new socket resumes (the ended response: what the stock client reads), then answers.
     resumed = env.service.resume(AGENT, "u", "chat-1")
     assert resumed is not None and "error" not in types(await read(resumed))
@@ -328,7 +328,7 @@ async def test_with_on_disconnect_cancel_a_socket_closed_mid_turn_aborts_the_tur
     await env.socket_closed()
     chunks = await read(first)
     assert chunks[-1] == {"type": "abort"} and "error" not in types(chunks)
-    assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
+    assert not env.chat().machine.running and env.chat().live is None and env.open_sessions() == 0
 
 
 async def test_with_on_disconnect_cancel_a_socket_closed_while_an_approval_waits_cancels_the_call(cancelling_env: LiveEnv) -> None:
@@ -342,7 +342,7 @@ async def test_with_on_disconnect_cancel_a_socket_closed_while_an_approval_waits
     await env.socket_closed()
     verdict = await asyncio.wait_for(env.service.gates.wait(call), 1)
     assert not verdict.run and call.outcome is Outcome.CANCELLED
-    assert not env.chat().running and env.chat().live is None and env.open_sessions() == 0
+    assert not env.chat().machine.running and env.chat().live is None and env.open_sessions() == 0
 
 
 # ---- a live turn left before its end: its remainder is not the next answer ----------------------

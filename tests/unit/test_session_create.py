@@ -151,6 +151,12 @@ async def test_without_the_setting_an_unreachable_upstream_is_the_requests_502()
     with pytest.raises(UpstreamError) as refused:
         await service.submit(AGENT, "u", request("chat-1"))
     assert refused.value.http().status == 502
+    chat = service._registry.find(AGENT, "u", "chat-1")
+    # The run it claimed never started: the claim is given back, so the chat is neither busy nor kept for ever.
+    assert chat is not None and chat.machine.settled and chat.run is None
+    adk.down = False
+    assert "text-delta" in types(await turn(service, "chat-1"))
+    assert await service.forget_idle(float("inf")) == [chat]
 
 
 async def test_a_live_session_is_created_first_whatever_the_setting() -> None:

@@ -1,7 +1,7 @@
 """The turn (gateway/core/turn.py) as the state machine it is: inputs in, outputs out, no I/O, no clock.
 
-Every test drives a `Turn` by hand, as the chat's machine does for its actor (gateway/chat/actor.py), and reads what it
-hands back. `Shell` below does with the outputs what `ChatActor.handle` does with them, minus the
+Every test drives a `Turn` by hand, as the chat's machine does for its chat (gateway/chat/record.py), and reads what it
+hands back. `Shell` below does with the outputs what `Chat.handle` (chat/carry_out.py) does with them, minus the
 I/O: chunks go into the current response, `OpenResponse` starts the next one, `CloseResponse`
 ends it; everything else is recorded. Each response it assembles is checked against the AI SDK's
 ordering rules (tests/unit/fixtures.py `check_stream_rules`).
@@ -110,7 +110,7 @@ class Response:
 
 
 class Shell:
-    """ChatActor.handle's carrying out without the I/O: the responses the browser would read, and the rest observed."""
+    """Chat.handle's carrying out without the I/O: the responses the browser would read, and the rest observed."""
 
     def __init__(self, turn: Turn) -> None:
         self.turn = turn
@@ -820,7 +820,7 @@ def test_a_batch_that_raises_midway_hands_back_the_first_events_chunks_then_the_
     else:
         assert isinstance(out[1].error, Exception)
     assert turn.state is TurnState.STREAMING  # the shell decides what the error means
-    # What the shell does with it (ChatActor._drive): fail the turn, then end it.
+    # What the shell does with it (Chat._drive): fail the turn, then end it.
     shell.apply(out[:1])
     shell.apply(turn.fail("The gateway failed while streaming this response.", 2.0))
     ended = shell.apply(turn.end(3.0))

@@ -1,6 +1,6 @@
-"""The chat actor (chat/actor.py): the machine's one caller, its run's task and its deadline timer.
+"""The chat (chat/record.py): the machine's one caller, its run's task and its deadline timer.
 
-Real event loop, real clock: a deadline is met by the actor's own timer (no sweep runs here), and a
+Real event loop, real clock: a deadline is met by the chat's own timer (no sweep runs here), and a
 run's end is the machine's to say even when its task never got to run.
 """
 
@@ -14,8 +14,7 @@ from typing import Any
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import GateOpened, RunStarts
-from gateway.core.chat_machine import ChatMachine
-from gateway.chat.actor import ChatActor, RunHooks
+from gateway.chat.record import Chat, RunHooks
 from gateway.chat.chunk_log import Run
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.idle_reader import WaitSignal
@@ -23,9 +22,13 @@ from gateway.upstream.idle_reader import WaitSignal
 PAY = ToolPolicy(approval=True, timeout=0.05)
 
 
-def _actor() -> tuple[ChatActor, list[GatedCall]]:
+def _chat(hooks: RunHooks) -> Chat:
+    return Chat("u", "c", "c", 0.0, "agent", hooks)
+
+
+def _actor() -> tuple[Chat, list[GatedCall]]:
     released: list[GatedCall] = []
-    return ChatActor(ChatMachine(), RunHooks(GatewayMetrics(), time.monotonic, released.append), "agent"), released
+    return _chat(RunHooks(GatewayMetrics(), time.monotonic, released.append)), released
 
 
 async def _asks_then_waits(call_id: str, hold: asyncio.Event) -> AsyncIterator[list[dict[str, Any]]]:
@@ -33,12 +36,12 @@ async def _asks_then_waits(call_id: str, hold: asyncio.Event) -> AsyncIterator[l
     await hold.wait()
 
 
-def _start(actor: ChatActor, batches: AsyncIterator[Any]) -> asyncio.Task[None]:
+def _start(actor: Chat, batches: AsyncIterator[Any]) -> asyncio.Task[None]:
     start = RunStarts("m1", time.monotonic(), policy=lambda name: PAY if name == "pay" else ToolPolicy())
     return actor.start(Run("m1"), start, batches, WaitSignal(), lambda: "The gateway is shutting down.")
 
 
-async def test_a_gated_call_times_out_on_the_actors_own_timer() -> None:
+async def test_a_gated_call_times_out_on_the_chats_own_timer() -> None:
     actor, released = _actor()
     hold = asyncio.Event()
     _start(actor, _asks_then_waits("c1", hold))
@@ -55,19 +58,19 @@ async def test_a_gated_call_times_out_on_the_actors_own_timer() -> None:
     assert call.outcome is Outcome.TIMEOUT and released == [call]
     assert not actor.upstream_wait.waiting  # the wait is over: silence upstream is idleness again
     hold.set()
-    assert await actor.ended(2) and not actor.running
+    assert await actor.ended(2) and not actor.machine.running
 
 
 async def test_a_run_cancelled_before_its_first_step_still_ends_for_the_machine() -> None:
     actor, _ = _actor()
     task = _start(actor, _asks_then_waits("c1", asyncio.Event()))
-    assert actor.running
+    assert actor.machine.running
     task.cancel()  # before the task ever ran: its own `finally` never runs
     await asyncio.gather(task, return_exceptions=True)
     await asyncio.sleep(0)
-    assert not actor.running
+    assert not actor.machine.running
     run = actor.run
-    assert run is not None and not run.streaming  # its response is closed, so the chat is not busy for ever
+    assert run is not None and run.current.closed  # its response is closed, so the chat is not busy for ever
 
 
 async def test_stop_ends_a_stuck_run_and_the_timer_is_gone_with_it() -> None:
@@ -88,10 +91,10 @@ async def test_stop_ends_a_stuck_run_and_the_timer_is_gone_with_it() -> None:
     ))
     actor.handle(GateOpened(call, time.monotonic()))
     await actor.stop(0.05)
-    assert not actor.running and call.outcome is Outcome.CANCELLED and released == [call]
+    assert not actor.machine.running and call.outcome is Outcome.CANCELLED and released == [call]
     assert actor.machine.next_deadline() is None
     # The task ends later: what it says then no longer reaches the machine.
-    assert await actor.ended(2) and not actor.running
+    assert await actor.ended(2) and not actor.machine.running
 
 
 async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
@@ -108,7 +111,7 @@ async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
     await asyncio.sleep(0.01)
     await actor.stop(0.05, abort=False, reason="The gateway is shutting down.")
     run = actor.run
-    assert run is not None and not run.streaming and not actor.running
+    assert run is not None and run.current.closed and not actor.machine.running
     frames = b"".join(run.current.frames)
     assert b'"type":"error"' in frames and b"The gateway is shutting down." in frames
     assert await actor.ended(2)
@@ -140,7 +143,7 @@ async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_
     clock = _Clock()
     metrics = GatewayMetrics()
     metrics.know_agents(parse_config("agents: {agent: {upstream: {app_name: a}}}\nmetrics: {models: [demo-scripted]}\n", env={}))
-    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    actor = _chat(RunHooks(metrics, clock, lambda call: None))
     start = RunStarts("m1", clock(), policy=lambda name: ToolPolicy())
     actor.start(Run("m1"), start, _recorded("weather_tokyo", clock), WaitSignal(), lambda: "")
     assert await actor.ended(2)
@@ -160,7 +163,7 @@ async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_
 async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
     clock = _Clock()
     metrics = GatewayMetrics()
-    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    actor = _chat(RunHooks(metrics, clock, lambda call: None))
     actor.start(Run("m1"), RunStarts("m1", clock()), _recorded("hello_there", clock), WaitSignal(), lambda: "")
     assert await actor.ended(2)
     assert metrics.registry.get_sample_value(
@@ -171,7 +174,7 @@ async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
 async def test_words_after_a_persons_decision_are_not_a_time_to_first_token() -> None:
     clock = _Clock()
     metrics = GatewayMetrics()
-    actor = ChatActor(ChatMachine(), RunHooks(metrics, clock, lambda call: None), "agent")
+    actor = _chat(RunHooks(metrics, clock, lambda call: None))
     hold = asyncio.Event()
 
     async def batches() -> AsyncIterator[list[dict[str, Any]]]:
@@ -196,3 +199,32 @@ async def test_words_after_a_persons_decision_are_not_a_time_to_first_token() ->
     assert await actor.ended(2)
     assert metrics.chunk_counts.get("text-delta") == 1  # the words were written, and not timed
     assert not metrics.registry.get_sample_value("adk_gateway_first_token_seconds_count", {"agent": "agent"})
+
+
+async def test_what_a_run_made_to_end_says_later_reaches_no_newer_run() -> None:
+    """Which run counts is the machine's: the stuck run's late end does not end the run after it."""
+    actor, _ = _actor()
+    let_go = asyncio.Event()
+
+    async def stuck() -> AsyncIterator[list[dict[str, Any]]]:
+        yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "one"}]}}]
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await let_go.wait()  # lets go only once the next run is under way
+            yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "late"}]}}]
+
+    _start(actor, stuck())
+    await asyncio.sleep(0.01)
+    await actor.stop(0.05)
+    hold = asyncio.Event()
+    _start(actor, _asks_then_waits("c2", hold))
+    second = actor.run
+    await asyncio.sleep(0.01)
+    assert actor.machine.run == 2 and actor.machine.running
+    let_go.set()
+    await asyncio.sleep(0.05)
+    assert actor.machine.running and actor.machine.under_way(2)  # the first run's end did not end it
+    assert second is not None and b"late" not in b"".join(second.current.frames)
+    hold.set()
+    assert await actor.ended(2) and not actor.machine.running
