@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -24,9 +24,20 @@ from ..approvals.reports import Notices
 
 if TYPE_CHECKING:
     from .chunk_log import Run
-    from .record import Chat
 
-__all__ = ["RunHooks", "carry_out"]
+__all__ = ["Carried", "RunHooks", "carry_out"]
+
+
+class Carried(Protocol):
+    """What of a chat (chat/record.py `Chat`) carrying out its machine's outputs reads and writes:
+    named here so that this module does not import the chat that imports it."""
+
+    agent: str
+    chat_id: str
+    user_id: str
+    run: Run | None
+    span: object | None
+    first_token_from: float | None
 
 log = structlog.get_logger("adk_gateway.chat.carry_out")
 
@@ -52,7 +63,7 @@ class RunHooks:
     tracing: Tracing = Tracing.off()
 
 
-def carry_out(chat: Chat, hooks: RunHooks, outputs: list[Output]) -> None:
+def carry_out(chat: Carried, hooks: RunHooks, outputs: list[Output]) -> None:
     """Do what `outputs` ask for, in order, for `chat`."""
     for output in outputs:
         if type(output) is Chunks:
@@ -68,12 +79,12 @@ def carry_out(chat: Chat, hooks: RunHooks, outputs: list[Output]) -> None:
             _observe(chat, hooks, output)
 
 
-def _log(chat: Chat) -> Run:
+def _log(chat: Carried) -> Run:
     assert chat.run is not None  # a turn writes only after `start` gave it its run
     return chat.run
 
 
-def _write(chat: Chat, hooks: RunHooks, chunks: list[dict[str, Any]]) -> None:
+def _write(chat: Carried, hooks: RunHooks, chunks: list[dict[str, Any]]) -> None:
     # Per write, not per chunk: the types read and counted (a plain dict, read at scrape time)
     # and the chunks encoded, each in a loop that runs in C (docs/performance.md).
     kinds = list(map(_TYPE, chunks))
@@ -90,7 +101,7 @@ def _write(chat: Chat, hooks: RunHooks, chunks: list[dict[str, Any]]) -> None:
         metrics.first_token.labels(chat.agent).observe(hooks.clock() - started, metrics.exemplar())
 
 
-def _observe(chat: Chat, hooks: RunHooks, output: Output) -> None:
+def _observe(chat: Carried, hooks: RunHooks, output: Output) -> None:
     metrics, agent = hooks.metrics, chat.agent
     match output:
         case CallChanged(call=call, before=before, waited=waited):
