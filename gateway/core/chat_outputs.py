@@ -102,11 +102,12 @@ GateAction = Literal["run", "refuse", "rule", "confirm", "wait"]
 
 @dataclass(frozen=True, slots=True)
 class GateDecided:
-    """What the plugin's ask comes to (core/gate_decision.py), for the shell to carry out:
+    """What the plugin's ask comes to (the approvals room's decision, approvals/decision.py, taken
+    through the machine's port core/gate_decider.py), for the shell to carry out:
 
     - `run`: the tool is not gated (`verdict` RUN);
     - `refuse`: refused at once, `verdict` says why (its `reason`: `no_browser`, `too_many_pending`,
-      `plugin_too_old`);
+      `plugin_too_old`; `no_decider` from a machine built without the room's decider);
     - `rule`: a rule approved or denied `call` (recorded released, shown to the browser);
       `verdict` is the call's, for the plugin at once;
     - `confirm`: the plugin asks ADK's confirmation (`verdict` CONFIRM, with the mark of who

@@ -12,6 +12,7 @@ from typing import Any, get_args
 import orjson
 import pytest
 
+from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import (
@@ -122,7 +123,7 @@ def test_the_table_lists_every_event_in_some_phase() -> None:
 
 
 def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     assert machine.next_deadline() is None
     first = _asks(machine, "c1", now=0.0)
@@ -134,7 +135,7 @@ def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released()
 
 
 def test_a_deadline_times_out_only_what_is_due() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     call = _asks(machine, "c1", now=0.0)
     assert machine.handle(DeadlineReached(29.9)) == [] and not call.released
@@ -153,7 +154,7 @@ def test_a_cancel_before_any_run_still_releases_the_call_for_its_plugin() -> Non
 
 
 def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     call = _asks(machine, "c1")
     out = machine.handle(RunFailed("The agent service failed.", 3.0))
@@ -164,7 +165,7 @@ def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
 
 
 def test_the_plugins_ask_is_refused_without_a_run_to_show_it_and_beyond_the_cap() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert _refusal(machine.handle(_tool_asked("c1"))) == "no_browser"
     machine.handle(_start())
     first = _asks(machine, "c1")
@@ -181,12 +182,26 @@ def test_the_plugins_ask_is_the_machines_transition_in_every_phase(phase: Phase)
     assert (phase, ToolAsked) in TRANSITIONS
 
 
+def test_a_machine_built_without_the_rooms_decider_refuses_every_ask() -> None:
+    # The decision is the approvals room's, handed in (core/gate_decider.py): one forgotten fails closed.
+    machine = ChatMachine()
+    machine.handle(_start())
+    assert _refusal(machine.handle(_tool_asked("c1"))) == "no_decider"
+    plain = ToolAsked("c2", "lookup", {}, ToolPolicy(), "agent", "u", "c", "c", 0.0)
+    assert _refusal(machine.handle(plain)) == "no_decider"
+    assert machine.ledger.empty and not machine.waiting_for_decision
+    # Handed the room's (approvals/decision.py), the same ask waits for a person.
+    room = ChatMachine(decider=DECIDER)
+    room.handle(_start())
+    assert _asks(room, "c1").tool_call_id == "c1"
+
+
 def test_the_machine_records_what_its_decision_leaves_waiting_or_decided_and_nothing_it_hands_to_adk() -> None:
     refund = ToolPolicy.model_validate({"approval": True, "rules": [
         {"name": "small", "when": "args.amount < 5", "decide": "approve"},
         {"name": "large", "when": "args.amount > 100", "decide": "ask", "approvers": "leads"},
     ]})
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
 
     def asked(call_id: str, amount: int, **plugin: Any) -> list[Any]:
@@ -260,7 +275,7 @@ def test_a_chat_state_restores_into_a_fresh_machine_as_plain_json() -> None:
 
 
 def test_a_call_left_waiting_in_a_saved_state_is_cancelled_on_restore() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     _asks(machine, "c1")
     saved = machine.snapshot()  # as if saved mid-run (the shell saves at a run's end)
@@ -357,7 +372,7 @@ def test_a_confirmation_is_answered_once_while_its_answer_goes_out() -> None:
 
 
 def test_a_new_run_ends_the_old_one_as_an_abort_when_nobody_reads_it_else_settles_it() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(RunWanted(open=True)) == [Admission("start")]  # nothing runs
     machine.handle(_start())
     assert machine.handle(RunWanted(open=True)) == [Admission("abort")]
