@@ -1,12 +1,19 @@
-"""The approvals room: what an approval is, and how it is listed, voted, audited and told.
+"""The approvals room: what an approval is, and how it is decided, stored, listed, voted, audited and told.
 
 An approval is a tool call that waits for a person's decision: the chatting user's, or its approvers'
-(a group, with a quorum and self-approval) through the approvals API. This package holds what is
-told about it, where it is listed and how votes count, its audit trail and its webhooks. It sits
-below the chat shell, the cluster and access, which use it, and above `core/`, `config/` and
-`ops/`, which it uses; it reaches the shared store only through its port, `store.py`. The edge
-imports it where the object graph is built and held and in the approvals API
-(tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
+(a group, with a quorum and self-approval) through the approvals API. This package holds how the
+plugin's ask about a call is decided, what is told about it, where it is listed and how votes
+count, its audit trail and its webhooks. It sits below the chat shell, the cluster and access,
+which use it, and above `core/`, `config/` and `ops/`, which it uses. It meets the rest behind
+three ports: the chat's machine takes its decision through the machine's own port
+(core/gate_decider.py `GateDecider`, which `decision.py` implements: the core may not import the
+room), it reaches the shared store only through `store.py`, and a counted decision reaches the
+chat through `ports.py`. The edge imports it where the object graph is built and held and in the
+approvals API (tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
+
+- `decision.py`: where an approval is decided: `decide_ask`, what the plugin's ask about a call
+  comes to (the tool's rules, who answers, how by the upstream mode), and `DECIDER`, the machine's
+  `GateDecider` that every chat's machine is handed (sans-IO).
 
 - `notice.py`: `ApprovalNotice`, what the gateway tells the world about one approval (waiting,
   decided, expired), and the arguments' digest. Plain data (sans-IO).
@@ -22,10 +29,13 @@ imports it where the object graph is built and held and in the approvals API
 - `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
   pending approvals, the audit trail), declared here and inherited by cluster/shared.py
   `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
+- `ports.py`: `ApprovalDecisions`, the room's port to the chat: approvers' counted decision applied
+  where the call's chat runs, implemented by the chat service, called by the cluster (sans-IO).
 
-Its neighbours, each in the layer of its other concern: the decision itself, sans-IO, in
-`core/approvals.py` (`GatedCall`) and `core/approver_confirmations.py` (who answers an ADK
-confirmation); the store's two backends of the directory and the trail in `cluster/`
+Its neighbours, each in the layer of its other concern: the machine's side of the decision, its
+port (`core/gate_decider.py`), one call's states (`core/approvals.py` `GatedCall`) and who answers
+an ADK confirmation (`core/approver_confirmations.py`, which the converter and the turn read too),
+sans-IO in the core; the store's two backends of the directory and the trail in `cluster/`
 (`memory_approvals.py`, `redis_approvals.py`, `redis_audit.py`); a decision carried to the replica
 that runs the chat, `cluster/approval_desk.py`; the HTTP API, `edge/approvals_api.py`; who may
 decide, `access/approvers.py`; the `approvers:`, `audit:` and `notifications:` sections, `config/`.
