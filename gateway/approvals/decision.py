@@ -31,11 +31,11 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from ..config.rules import decide
-from ..core.approvals import CONFIRM, RUN, GatedCall
+from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
 from ..core.approver_confirmations import ApproverMark, mark
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
-from ..core.gate_decider import ChatView, GateDecider, refuse_ask
+from ..core.gate_decider import ChatView, GateDecider
 
 __all__ = ["DECIDER", "REFUSALS", "ChatView", "decide_ask", "refuse_ask"]
 
@@ -47,6 +47,11 @@ REFUSALS = {
         "This call waits for approvers, which needs adk-gateway-plugin 0.3 or newer on the agent; it was not run."
     ),
 }
+
+
+def refuse_ask(reason: str, text: str) -> Verdict:
+    """The verdict of an ask refused at once: ADK's `{"error"}` with the refusal's marker."""
+    return Verdict(run=False, reason=reason, response={"error": text, REFUSAL_KEY: reason})
 
 
 def _refused_ask(reason: str, decided: GateDecided | None = None) -> GateDecided:

@@ -39,7 +39,7 @@ from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
 from .chat_outputs import Admission, BrowserApproved, ConfirmationSeen, NativeSettled
-from .gate_decider import NO_DECIDER, ChatView, GateDecider
+from .gate_decider import ChatView, GateDecider
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -91,10 +91,10 @@ class ChatMachine:
 
     __slots__ = ("answering", "claimed", "decider", "ledger", "run", "turn")
 
-    def __init__(self, ledger: Ledger | None = None, decider: GateDecider = NO_DECIDER) -> None:
+    def __init__(self, ledger: Ledger | None = None, *, decider: GateDecider) -> None:
         self.ledger = ledger if ledger is not None else Ledger()
-        # Where the plugin's asks are decided (the approvals room's, handed in by the chat); the
-        # default refuses every ask, so a machine built without it fails closed.
+        # Where the plugin's asks are decided: the approvals room's, handed in by the chat. No
+        # default: a decider that refused everything would hide a machine built without it.
         self.decider = decider
         # Confirmations whose answer is going out to ADK now (True: the deadline's), by approval
         # id: from here until the ledger records it, no second answer to one goes out. Not state

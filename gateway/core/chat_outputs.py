@@ -107,7 +107,7 @@ class GateDecided:
 
     - `run`: the tool is not gated (`verdict` RUN);
     - `refuse`: refused at once, `verdict` says why (its `reason`: `no_browser`, `too_many_pending`,
-      `plugin_too_old`; `no_decider` from a machine built without the room's decider);
+      `plugin_too_old`);
     - `rule`: a rule approved or denied `call` (recorded released, shown to the browser);
       `verdict` is the call's, for the plugin at once;
     - `confirm`: the plugin asks ADK's confirmation (`verdict` CONFIRM, with the mark of who

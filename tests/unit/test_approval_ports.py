@@ -12,7 +12,7 @@ import pytest
 from gateway.approvals.decision import DECIDER
 from gateway.approvals.ports import ApprovalDecisions
 from gateway.chat.service import ChatService
-from gateway.core.gate_decider import NO_DECIDER, GateDecider
+from gateway.core.gate_decider import GateDecider
 
 
 def _signature(method: object) -> list[tuple[str, object, object]]:
@@ -20,7 +20,7 @@ def _signature(method: object) -> list[tuple[str, object, object]]:
 
 
 @pytest.mark.parametrize(("port", "implementation"), [
-    (GateDecider, type(DECIDER)), (GateDecider, type(NO_DECIDER)), (ApprovalDecisions, ChatService),
+    (GateDecider, type(DECIDER)), (ApprovalDecisions, ChatService),
 ])
 def test_each_port_is_implemented_with_its_own_signatures(port: type, implementation: type) -> None:
     methods = [name for name, _ in inspect.getmembers(port, inspect.isfunction) if not name.startswith("_")]
