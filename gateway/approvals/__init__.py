@@ -1,20 +1,15 @@
 """The approvals room: what an approval is, and how it is decided, stored, listed, voted, audited and told.
 
 An approval is a tool call that waits for a person's decision: the chatting user's, or its approvers'
-(a group, with a quorum and self-approval) through the approvals API. This package holds how the
-plugin's ask about a call is decided, what is told about it, where it is listed and how votes
-count, its audit trail and its webhooks. It sits below the chat shell, the cluster and access,
-which use it, and above `core/`, `config/` and `ops/`, which it uses. It meets the rest behind
-three ports: the chat's machine takes its decision through the machine's own port
-(core/gate_decider.py `GateDecider`, which `decision.py` implements: the core may not import the
-room), it reaches the shared store only through `store.py`, and a counted decision reaches the
-chat through `ports.py`. The edge imports it where the object graph is built and held and in the
-approvals API (tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
+(a group, with a quorum and self-approval) through the approvals API. It sits below the chat shell,
+the cluster and access, which use it, and above `core/`, `config/` and `ops/`, which it uses,
+behind three ports: the machine's own (core/gate_decider.py `GateDecider`: the core may not import
+the room), the store's (`store.py`) and the chat's (`ports.py`). The edge imports it where the
+object graph is built and held and in the approvals API (tests/unit/test_layers.py;
+docs/architecture.md, "The layers' rules"):
 
-- `decision.py`: where an approval is decided: `decide_ask`, what the plugin's ask about a call
-  comes to (the tool's rules, who answers, how by the upstream mode), and `DECIDER`, the machine's
-  `GateDecider` that every chat's machine is handed (sans-IO).
-
+- `decision.py`: where an approval is decided: `decide_ask` (the tool's rules, who answers, how by
+  the upstream mode), and `DECIDER`, the `GateDecider` every chat's machine is handed (sans-IO).
 - `notice.py`: `ApprovalNotice`, what the gateway tells the world about one approval (waiting,
   decided, expired), and the arguments' digest. Plain data (sans-IO).
 - `reports.py`: `Notices`, the chat shell's one door into the room: each approval's start and
