@@ -1,13 +1,15 @@
-"""The approvals room: what an approval is, and how it is listed, voted, audited and told.
+"""The approvals room: what an approval is, and how it is decided, stored, listed, voted, audited and told.
 
 An approval is a tool call that waits for a person's decision: the chatting user's, or its approvers'
-(a group, with a quorum and self-approval) through the approvals API. This package holds what is
-told about it, where it is listed and how votes count, its audit trail and its webhooks. It sits
-below the chat shell, the cluster and access, which use it, and above `core/`, `config/` and
-`ops/`, which it uses; it reaches the shared store only through its port, `store.py`. The edge
-imports it where the object graph is built and held and in the approvals API
-(tests/unit/test_layers.py; docs/architecture.md, "The layers' rules"):
+(a group, with a quorum and self-approval) through the approvals API. It sits below the chat shell,
+the cluster and access, which use it, and above `core/`, `config/` and `ops/`, which it uses,
+behind three ports: the machine's own (core/gate_decider.py `GateDecider`: the core may not import
+the room), the store's (`store.py`) and the chat's (`ports.py`). The edge imports it where the
+object graph is built and held and in the approvals API (tests/unit/test_layers.py;
+docs/architecture.md, "The layers' rules"):
 
+- `decision.py`: where an approval is decided: `decide_ask` (the tool's rules, who answers, how by
+  the upstream mode), and `DECIDER`, the `GateDecider` every chat's machine is handed (sans-IO).
 - `notice.py`: `ApprovalNotice`, what the gateway tells the world about one approval (waiting,
   decided, expired), and the arguments' digest. Plain data (sans-IO).
 - `reports.py`: `Notices`, the chat shell's one door into the room: each approval's start and
@@ -22,10 +24,13 @@ imports it where the object graph is built and held and in the approvals API
 - `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
   pending approvals, the audit trail), declared here and inherited by cluster/shared.py
   `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
+- `ports.py`: `ApprovalDecisions`, the room's port to the chat: approvers' counted decision applied
+  where the call's chat runs, implemented by the chat service, called by the cluster (sans-IO).
 
-Its neighbours, each in the layer of its other concern: the decision itself, sans-IO, in
-`core/approvals.py` (`GatedCall`) and `core/approver_confirmations.py` (who answers an ADK
-confirmation); the store's two backends of the directory and the trail in `cluster/`
+Its neighbours, each in the layer of its other concern: the machine's side of the decision, its
+port (`core/gate_decider.py`), one call's states (`core/approvals.py` `GatedCall`) and who answers
+an ADK confirmation (`core/approver_confirmations.py`, which the converter and the turn read too),
+sans-IO in the core; the store's two backends of the directory and the trail in `cluster/`
 (`memory_approvals.py`, `redis_approvals.py`, `redis_audit.py`); a decision carried to the replica
 that runs the chat, `cluster/approval_desk.py`; the HTTP API, `edge/approvals_api.py`; who may
 decide, `access/approvers.py`; the `approvers:`, `audit:` and `notifications:` sections, `config/`.

@@ -2,7 +2,7 @@
 
 The gateway's ADK plugin asks before a gated tool runs (DESIGN.md decision 3b; edge/internal.py takes
 the request, cluster/ sends it to the replica that runs the chat). `Gates` hands the ask to the
-chat as `ToolAsked`; the chat's machine decides what it comes to (core/gate_decision.py:
+chat as `ToolAsked`; the chat's machine has the approvals room decide it (approvals/decision.py:
 run, refused, decided by a rule, ADK's confirmation, or a `GatedCall` that waits here, recorded in
 the chat's ledger) and `Gates` carries that out: logs, metrics, notices, the approvals index, the
 call shown to the browser. It holds the plugin's request on a call that waits until the chat's
@@ -22,7 +22,7 @@ from ..upstream.agents import Agents
 from ..core.approvals import CallState, GatedCall, Verdict
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
 from ..core.chat_outputs import GateDecided
-from ..core.gate_decision import decide_ask, refuse_ask
+from ..approvals.decision import decide_ask, refuse_ask
 from ..approvals.reports import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
@@ -66,8 +66,8 @@ class Gates:
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
-        The chat's machine decides (core/gate_decision.py: the tool's rules, who answers, the
-        upstream mode); this carries it out. `confirm`: the plugin asks ADK's confirmation in
+        The chat's machine has the approvals room decide (approvals/decision.py: the tool's rules,
+        who answers, the upstream mode); this carries it out. `confirm`: the plugin asks ADK's confirmation in
         confirm mode; `approvers`: it marks that confirmation with who answers (plugin 0.3). With
         `announce` false the browser is not told yet: the caller records the call somewhere
         first, then calls `announce`.

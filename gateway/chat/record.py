@@ -4,7 +4,8 @@ A chat is keyed by (user id, AI SDK chat id): a browser can only ever reach chat
 It belongs to one agent (upstream/agents.py), whose routes alone reach it. It holds its ADK session
 (on the client of its agent's upstream it was made with), its run log (that requests follow), its
 live session in live mode, and its machine (core/chat_machine.py: the ledger of calls that wait
-for a person, the current turn, which run is under way, as data).
+for a person, the current turn, which run is under way, as data), built with the approvals room's
+decider (approvals/decision.py `DECIDER`), the one way the machine decides the plugin's asks.
 
 Everything that changes the chat's approvals or runs reaches its machine through `handle`, which
 applies one typed event and carries out the outputs at once (chat/carry_out.py), with no await in
@@ -28,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from ..approvals.decision import DECIDER
 from ..config.agent import ToolPolicy
 from ..core.approvals import Outcome
 from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, RunFailed, RunStarts, RunWanted, UpstreamRead
@@ -79,7 +81,8 @@ class Chat:
     adopted: bool = False
     # The identity claims of the user's latest request (JWT; empty otherwise): the tool rules read them.
     claims: dict[str, Any] = field(default_factory=dict)
-    machine: ChatMachine = field(default_factory=ChatMachine)
+    # Its machine, handed the approvals room's decider: where each of the plugin's asks is decided.
+    machine: ChatMachine = field(default_factory=partial(ChatMachine, decider=DECIDER))
     # The run's task, and the machine's number of the run it drives.
     task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     task_run: int = field(default=0, init=False, repr=False)

@@ -363,11 +363,22 @@ class ChatService:
         """A confirmation's deadline passed (this replica runs the chat): chat/gateway_answers.py."""
         return await self._answers.expire(deadline)
 
+    def decide_for_approvers(
+        self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,
+        deciders: list[dict[str, str]],
+    ) -> str:
+        """Approvers decided a call held here (approvals/ports.py `ApprovalDecisions`): chat/gates.py."""
+        return self.gates.decide_for_approvers(
+            user_id=user_id, session_id=session_id, approval_id=approval_id, approved=approved, reason=reason,
+            deciders=deciders,
+        )
+
     async def answer_for_approvers(
         self, agent: str, user_id: str, chat_id: str, approval_id: str, *, approved: bool, reason: str | None,
         deciders: list[dict[str, str]],
     ) -> str:
-        """Approvers decided an ADK confirmation marked theirs: chat/gateway_answers.py."""
+        """Approvers decided an ADK confirmation marked theirs (approvals/ports.py `ApprovalDecisions`):
+        chat/gateway_answers.py."""
         return await self._answers.for_approvers(
             agent, user_id, chat_id, approval_id, approved=approved, reason=reason, deciders=deciders,
         )

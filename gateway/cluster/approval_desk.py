@@ -6,7 +6,8 @@ directory (`opened`), so that any replica can list it and read it, and drops it 
 (`closed`). A decision through the API (any replica) is counted there first (`vote`: atomic, so two
 replicas never both decide, and one approver never counts twice); once the quorum is reached, the
 owner applies it (`Decide`), as the chatting person's answer would be applied, and the plugin's
-request waiting for the verdict gets it.
+request waiting for the verdict gets it. A decision is applied through the approvals room's port
+to the chat (approvals/ports.py `ApprovalDecisions`), whichever way the call waits.
 
 On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (chat/approver_waits.py):
 it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since
@@ -24,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from ..approvals.ports import ApprovalDecisions
 from ..chat.registry import ChatNotFound
 from ..chat.service import ChatService
 from ..core.approvals import GatedCall
@@ -65,6 +67,8 @@ class ApprovalDesk:
     ) -> None:
         self._state = state
         self._chats = chats
+        # Where a decision is applied once it reaches this replica: the room's port to the chat.
+        self._decisions: ApprovalDecisions = chats
         self._ask = ask
         self._wall = wall
 
@@ -100,7 +104,7 @@ class ApprovalDesk:
             return await self._decide_confirmation(record, approved, reason, deciders)
         work = Decide(record["requester"], record["session"], record["id"], approved, reason or "", {"deciders": deciders})
         if record["owner"] == self._state.replica_id:
-            return self._chats.gates.decide_for_approvers(
+            return self._decisions.decide_for_approvers(
                 user_id=work.user, session_id=work.session, approval_id=work.approval, approved=approved,
                 reason=reason, deciders=deciders,
             )
@@ -152,7 +156,7 @@ class ApprovalDesk:
             except (SharedStateDown, ChatNotFound):
                 return "gone"
             if claim.local:
-                result = await self._chats.answer_for_approvers(
+                result = await self._decisions.answer_for_approvers(
                     agent, user, chat, str(record["id"]), approved=approved, reason=reason, deciders=deciders,
                 )
             else:

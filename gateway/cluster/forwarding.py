@@ -208,7 +208,7 @@ class ForwardedRequests:
                 approved=work.approved, reason=work.reason or None, deciders=list(work.deciders.get("deciders", [])),
             )
             return Decided(RUN if work.approved else Verdict.refuse("decided by approvers"), result)
-        result = self._chats.gates.decide_for_approvers(
+        result = self._chats.decide_for_approvers(
             user_id=work.user, session_id=work.session, approval_id=work.approval, approved=work.approved,
             reason=work.reason or None, deciders=list(work.deciders.get("deciders", [])),
         )

@@ -161,8 +161,9 @@ class RunClosed:
 
 @dataclass(frozen=True, slots=True)
 class ToolAsked:
-    """The plugin asks about a call of `tool` (its raw ask, as the shell read it): the machine
-    decides what it comes to (core/gate_decision.py) and records what waits here.
+    """The plugin asks about a call of `tool` (its raw ask, as the shell read it): the approvals
+    room decides what it comes to (approvals/decision.py), asked by the machine through its port
+    (core/gate_decider.py), and the machine records what waits here.
 
     `policy`: the tool's in the agent `agent`; `claims`: those of the chatting user's latest
     request (the rules read them); `confirm`: the plugin asks ADK's confirmation unless the gateway

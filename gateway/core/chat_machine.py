@@ -1,7 +1,9 @@
 """One chat as a state machine: its ledger of calls that wait for a person and its current turn (sans-IO).
 
-A `ChatMachine` is the single owner of what a chat is waiting for, and it decides what the plugin's
-ask about a tool call comes to (`ToolAsked`: core/gate_decision.py). It takes the typed events of
+A `ChatMachine` is the single owner of what a chat is waiting for, and it turns the plugin's ask
+about a tool call (`ToolAsked`) into a transition: what the ask comes to is decided by the approvals
+room (approvals/decision.py), which the machine reaches only through its port, the `GateDecider` it
+is built with (core/gate_decider.py), and what waits is recorded here. It takes the typed events of
 core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat
 (chat/record.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
 
@@ -37,7 +39,7 @@ from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
 from .chat_outputs import Admission, BrowserApproved, ConfirmationSeen, NativeSettled
-from .gate_decision import ChatView, decide_ask
+from .gate_decider import ChatView, GateDecider
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -87,10 +89,13 @@ TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
 class ChatMachine:
     """The state of one chat's approvals and runs, changed only by `handle`."""
 
-    __slots__ = ("answering", "claimed", "ledger", "run", "turn")
+    __slots__ = ("answering", "claimed", "decider", "ledger", "run", "turn")
 
-    def __init__(self, ledger: Ledger | None = None) -> None:
+    def __init__(self, ledger: Ledger | None = None, *, decider: GateDecider) -> None:
         self.ledger = ledger if ledger is not None else Ledger()
+        # Where the plugin's asks are decided: the approvals room's, handed in by the chat. No
+        # default: a decider that refused everything would hide a machine built without it.
+        self.decider = decider
         # Confirmations whose answer is going out to ADK now (True: the deadline's), by approval
         # id: from here until the ledger records it, no second answer to one goes out. Not state
         # to keep: it lasts one request.
@@ -238,11 +243,12 @@ class ChatMachine:
         return out
 
     def _asked(self, event: ToolAsked) -> list[Output]:
-        """The plugin's ask, decided (core/gate_decision.py) against this chat; what waits, or what
-        a rule decided, recorded in the ledger (the latter shown to the browser at once)."""
+        """The plugin's ask, decided by the approvals room (the machine's `decider`) against this
+        chat; what waits, or what a rule decided, recorded in the ledger (the latter shown to the
+        browser at once)."""
         ledger = self.ledger
         view = ChatView(self.running, len(ledger.unreleased()), ledger.call(event.tool_call_id))
-        decided = decide_ask(event, view)
+        decided = self.decider.decide(event, view)
         call = decided.call
         if call is None or decided.again:
             return [decided]

@@ -102,7 +102,8 @@ GateAction = Literal["run", "refuse", "rule", "confirm", "wait"]
 
 @dataclass(frozen=True, slots=True)
 class GateDecided:
-    """What the plugin's ask comes to (core/gate_decision.py), for the shell to carry out:
+    """What the plugin's ask comes to (the approvals room's decision, approvals/decision.py, taken
+    through the machine's port core/gate_decider.py), for the shell to carry out:
 
     - `run`: the tool is not gated (`verdict` RUN);
     - `refuse`: refused at once, `verdict` says why (its `reason`: `no_browser`, `too_many_pending`,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.approvals.decision import DECIDER
 from gateway.chat.record import Chat
 from gateway.cluster.messages import Decide, from_json
 from gateway.config.schema import ToolPolicy
@@ -31,7 +32,7 @@ class _Chats:
 
 
 def _waiting(version: int) -> tuple[ChatMachine, GatedCall]:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(RunStarts("m1", 0.0, version=version, policy=lambda name: REFUND))  # type: ignore[arg-type]
     part = {"functionCall": {"id": "t1", "name": "refund", "args": {"amount": 250}}}
     machine.handle(UpstreamRead([{"author": "a", "content": {"role": "model", "parts": [part]}}], 0.0))

@@ -12,8 +12,9 @@ from typing import Any, get_args
 import orjson
 import pytest
 
+from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
-from gateway.core.approvals import GatedCall, Outcome
+from gateway.core.approvals import GatedCall, Outcome, Verdict
 from gateway.core.chat_events import (
     Aborted, Answered, AnswersGoing, AnswersSent, Attached, AudioHeard, BrowserAsked, BrowserToolApproved, CallCancelled,
     ChatEvent, ConfirmationsSeen, DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunDropped,
@@ -22,6 +23,7 @@ from gateway.core.chat_events import (
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
 from gateway.core.chat_machine import TRANSITIONS, ChatMachine, MachineError, Phase
+from gateway.core.gate_decider import ChatView
 from gateway.core.turn import CallChanged, Chunks, CloseResponse, RunEnded
 from gateway.core.chat_outputs import Admission, BrowserApproved, ConfirmationSeen, GateDecided, NativeSettled
 
@@ -70,7 +72,7 @@ def _chunk_types(outputs: list[Any]) -> list[str]:
 
 
 def test_a_chat_is_new_then_running_then_idle_by_its_own_state() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.phase is Phase.NEW and not machine.running
     assert _chunk_types(machine.handle(_start())) == ["start"]
     assert machine.phase is Phase.RUNNING and machine.running
@@ -85,14 +87,14 @@ def test_a_chat_is_new_then_running_then_idle_by_its_own_state() -> None:
 
 @pytest.mark.parametrize("event", [UpstreamRead([], 0.0), Settled([], 0.0), RunClosed(0.0), Answered([], [], 0.0)])
 def test_a_run_event_before_any_run_is_refused_and_changes_nothing(event: Any) -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     with pytest.raises(MachineError, match="new"):
         machine.handle(event)
     assert machine.phase is Phase.NEW and machine.turn is None
 
 
 def test_one_run_at_a_time_a_new_run_waits_for_the_old_ones_end() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     turn = machine.turn
     with pytest.raises(MachineError, match="running does not take RunStarts"):
@@ -105,7 +107,7 @@ def test_one_run_at_a_time_a_new_run_waits_for_the_old_ones_end() -> None:
 
 
 def test_an_ended_run_takes_no_more_upstream_events_and_refuses_an_attach() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(Attached()) == [Admission("refuse", status=410, text="these calls were already answered and the run has ended")]
     assert machine.handle(Resumed()) == [] and machine.handle(GateOpened(_call("x"), 0.0)) == []  # no run: nothing to show
     machine.handle(_start())
@@ -122,7 +124,7 @@ def test_the_table_lists_every_event_in_some_phase() -> None:
 
 
 def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     assert machine.next_deadline() is None
     first = _asks(machine, "c1", now=0.0)
@@ -134,7 +136,7 @@ def test_the_next_deadline_is_the_earliest_call_waiting_and_none_once_released()
 
 
 def test_a_deadline_times_out_only_what_is_due() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     call = _asks(machine, "c1", now=0.0)
     assert machine.handle(DeadlineReached(29.9)) == [] and not call.released
@@ -145,7 +147,7 @@ def test_a_deadline_times_out_only_what_is_due() -> None:
 
 
 def test_a_cancel_before_any_run_still_releases_the_call_for_its_plugin() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     call = machine.ledger.add(_call("c1"))
     out = machine.handle(CallCancelled(call, "nobody is attached", 1.0))
     assert call.outcome is Outcome.CANCELLED and call.verdict is not None and not call.verdict.run
@@ -153,7 +155,7 @@ def test_a_cancel_before_any_run_still_releases_the_call_for_its_plugin() -> Non
 
 
 def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     call = _asks(machine, "c1")
     out = machine.handle(RunFailed("The agent service failed.", 3.0))
@@ -164,7 +166,7 @@ def test_the_end_of_a_run_cancels_what_waits_and_closes_its_response() -> None:
 
 
 def test_the_plugins_ask_is_refused_without_a_run_to_show_it_and_beyond_the_cap() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert _refusal(machine.handle(_tool_asked("c1"))) == "no_browser"
     machine.handle(_start())
     first = _asks(machine, "c1")
@@ -181,12 +183,42 @@ def test_the_plugins_ask_is_the_machines_transition_in_every_phase(phase: Phase)
     assert (phase, ToolAsked) in TRANSITIONS
 
 
+class _Told:
+    """A decider (core/gate_decider.py) that says what it was told to, and notes what it was shown."""
+
+    def __init__(self, *decisions: GateDecided) -> None:
+        self.decisions = list(decisions)
+        self.seen: list[tuple[str, ChatView]] = []
+
+    def decide(self, ask: ToolAsked, chat: ChatView) -> GateDecided:
+        self.seen.append((ask.tool_call_id, chat))
+        return self.decisions.pop(0)
+
+
+def test_the_machine_takes_the_decision_from_its_decider_and_records_only_what_waits() -> None:
+    # The decision is the approvals room's (approvals/decision.py), handed in through the machine's
+    # port: the machine shows it the chat and records what it leaves waiting, nothing else.
+    call = _call("c1")
+    refused = GateDecided("refuse", Verdict.refuse("no."))
+    told = _Told(GateDecided("wait", call=call), refused, GateDecided("wait", call=call, again=True))
+    machine = ChatMachine(decider=told)
+    machine.handle(_start())
+    assert machine.handle(_tool_asked("c1")) == [GateDecided("wait", call=call)]
+    assert machine.handle(_tool_asked("c2")) == [refused]
+    assert machine.handle(_tool_asked("c1")) == [GateDecided("wait", call=call, again=True)]
+    assert told.seen == [
+        ("c1", ChatView(running=True, waiting=0)), ("c2", ChatView(running=True, waiting=1)),
+        ("c1", ChatView(running=True, waiting=1, asked_before=call)),
+    ]
+    assert machine.ledger.call("c1") is call and machine.ledger.call("c2") is None
+
+
 def test_the_machine_records_what_its_decision_leaves_waiting_or_decided_and_nothing_it_hands_to_adk() -> None:
     refund = ToolPolicy.model_validate({"approval": True, "rules": [
         {"name": "small", "when": "args.amount < 5", "decide": "approve"},
         {"name": "large", "when": "args.amount > 100", "decide": "ask", "approvers": "leads"},
     ]})
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
 
     def asked(call_id: str, amount: int, **plugin: Any) -> list[Any]:
@@ -216,7 +248,7 @@ def _asked(machine: ChatMachine, approval_id: str, *, in_browser: bool = False) 
 
 
 def test_confirmations_are_seen_once_answered_once_and_known_answered_after() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     asked = _asked(machine, "a1")
     assert machine.handle(ConfirmationsSeen(100.0)) == [ConfirmationSeen(asked)] and asked.seen_at == 100.0
     assert machine.handle(ConfirmationsSeen(200.0)) == [] and asked.seen_at == 100.0
@@ -227,13 +259,13 @@ def test_confirmations_are_seen_once_answered_once_and_known_answered_after() ->
 
 
 def test_a_replica_that_never_ran_the_chat_records_answers_too() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(NativeAnswered("a9", "c9", timed_out=True)) == [NativeSettled("a9", None)]
     assert machine.ledger.native_timed_out("a9") and machine.phase is Phase.NEW
 
 
 def test_a_browser_tool_is_approved_once_with_both_clocks() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     asked = _asked(machine, "b1", in_browser=True)
     assert machine.handle(BrowserToolApproved("b1", 5.0, 1000.0)) == [BrowserApproved(asked)]
     assert asked.approved_at == 5.0 and asked.approved_wall == 1000.0 and asked.awaits_output
@@ -244,14 +276,14 @@ def test_a_browser_tool_is_approved_once_with_both_clocks() -> None:
 
 
 def test_a_chat_state_restores_into_a_fresh_machine_as_plain_json() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     asked = _asked(machine, "a1", in_browser=True)
     machine.handle(ConfirmationsSeen(100.0))
     machine.handle(BrowserToolApproved("a1", 5.0, 105.0))
     machine.handle(NativeAnswered("a0", "c0", timed_out=True))
     saved = orjson.loads(orjson.dumps(machine.snapshot()))
 
-    other = ChatMachine()
+    other = ChatMachine(decider=DECIDER)
     assert other.handle(StateRestored(saved, 0.0)) == []
     assert other.snapshot() == saved
     restored = other.ledger.native("a1")
@@ -260,12 +292,12 @@ def test_a_chat_state_restores_into_a_fresh_machine_as_plain_json() -> None:
 
 
 def test_a_call_left_waiting_in_a_saved_state_is_cancelled_on_restore() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     _asks(machine, "c1")
     saved = machine.snapshot()  # as if saved mid-run (the shell saves at a run's end)
 
-    other = ChatMachine()
+    other = ChatMachine(decider=DECIDER)
     out = other.handle(StateRestored(saved, 7.0))
     call = other.ledger.call("c1")
     assert call is not None and call.outcome is Outcome.CANCELLED and call.verdict is not None and not call.verdict.run
@@ -275,7 +307,7 @@ def test_a_call_left_waiting_in_a_saved_state_is_cancelled_on_restore() -> None:
 
 @pytest.mark.parametrize("saved", [None, [], {"v": 2, "ledger": {}}, {"v": 1}, {"v": 1, "ledger": {"v": 1}}, {"v": 1, "ledger": {}, "x": 1}])
 def test_a_state_that_does_not_validate_is_refused_and_changes_nothing(saved: Any) -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     ledger = machine.ledger
     with pytest.raises(MalformedLedger):
         machine.handle(StateRestored(saved, 0.0))
@@ -283,13 +315,13 @@ def test_a_state_that_does_not_validate_is_refused_and_changes_nothing(saved: An
 
 
 def test_a_state_is_restored_only_into_a_chat_that_has_done_nothing() -> None:
-    saved = ChatMachine().snapshot()
-    answered = ChatMachine()
+    saved = ChatMachine(decider=DECIDER).snapshot()
+    answered = ChatMachine(decider=DECIDER)
     answered.handle(NativeAnswered("a1"))  # an answer recorded here must not be lost to an older state
     with pytest.raises(MachineError):
         answered.handle(StateRestored(saved, 0.0))
     assert answered.ledger.native_answered("a1")
-    busy = ChatMachine()
+    busy = ChatMachine(decider=DECIDER)
     _asked(busy, "a2")
     with pytest.raises(MachineError):
         busy.handle(StateRestored(saved, 0.0))
@@ -304,7 +336,7 @@ def _browser(new_message: bool = False, gated: bool = False, sent: tuple[str, ..
 
 
 def test_answers_to_the_running_runs_gated_calls_continue_it() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     assert machine.handle(_browser(gated=True)) == [Admission("continue")]
 
@@ -314,12 +346,12 @@ def test_answers_to_the_running_runs_gated_calls_continue_it() -> None:
     (_browser(sent=("a1",), open_=1, live=True), 400, "do not exist in live mode"),
 ])
 def test_answers_that_match_nothing_are_refused_400(asked: BrowserAsked, status: int, words: str) -> None:
-    [admission] = ChatMachine().handle(asked)
+    [admission] = ChatMachine(decider=DECIDER).handle(asked)
     assert admission.action == "refuse" and admission.status == status and words in admission.text
 
 
 def test_an_answer_adk_no_longer_waits_for_is_gone_unless_the_gateway_timed_it_out() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     [gone] = machine.handle(_browser(sent=("a1",)))
     assert gone.action == "refuse" and gone.status == 410 and "already answered" in gone.text
     machine.handle(NativeAnswered("a2", timed_out=True))
@@ -327,7 +359,7 @@ def test_an_answer_adk_no_longer_waits_for_is_gone_unless_the_gateway_timed_it_o
 
 
 def test_confirmation_answers_while_another_run_runs_are_gone_and_leave_it_be() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     [gone] = machine.handle(_browser(sent=("a1",), open_=1))
     assert gone.action == "refuse" and gone.status == 410 and "not pending" in gone.text
@@ -335,14 +367,14 @@ def test_confirmation_answers_while_another_run_runs_are_gone_and_leave_it_be() 
 
 
 def test_a_new_message_starts_a_run_and_live_mode_forwards_no_confirmation_answers() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(_browser(new_message=True)) == [Admission("start")]
     assert machine.handle(_browser(sent=("a1",), open_=1)) == [Admission("start")]
     assert machine.handle(_browser(new_message=True, sent=("a1",), open_=1, live=True)) == [Admission("start", forward_native=False)]
 
 
 def test_a_confirmation_is_answered_once_while_its_answer_goes_out() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(AnswersGoing(("a1",), (False,), True)) == [Admission("start")]
     [busy] = machine.handle(AnswersGoing(("a1",), (False,), True))
     assert busy.action == "refuse" and busy.status == 409
@@ -357,7 +389,7 @@ def test_a_confirmation_is_answered_once_while_its_answer_goes_out() -> None:
 
 
 def test_a_new_run_ends_the_old_one_as_an_abort_when_nobody_reads_it_else_settles_it() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(RunWanted(open=True)) == [Admission("start")]  # nothing runs
     machine.handle(_start())
     assert machine.handle(RunWanted(open=True)) == [Admission("abort")]
@@ -381,14 +413,14 @@ BUSY = Admission("refuse", status=409, text="a response is already streaming for
     ],
 )
 def test_whether_a_request_may_start_a_run_is_the_machines_answer(wanted: RunWanted, running: bool, answer: Admission) -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     if running:
         machine.handle(_start())
     assert machine.handle(wanted) == [answer]
 
 
 def test_a_run_being_started_keeps_the_chat_unsettled_until_it_starts_or_is_dropped() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.settled
     assert machine.handle(RunWanted(open=False, free=True, claim=False)) == [Admission("start")]
     assert machine.settled  # it only asked
@@ -405,7 +437,7 @@ def test_a_run_being_started_keeps_the_chat_unsettled_until_it_starts_or_is_drop
 
 
 def test_what_a_run_made_to_end_says_later_is_dropped() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     assert machine.run == 1 and machine.under_way(1)
     machine.handle(Aborted(1.0, run=1))
@@ -423,7 +455,7 @@ def test_what_a_run_made_to_end_says_later_is_dropped() -> None:
 
 
 def test_a_chat_waits_on_adk_between_runs_while_a_confirmation_is_pending() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert not machine.waiting_on_adk
     _asked(machine, "a1")
     assert machine.waiting_on_adk
@@ -435,7 +467,7 @@ def test_a_chat_waits_on_adk_between_runs_while_a_confirmation_is_pending() -> N
 
 
 def test_a_live_chats_audio_starts_a_turn_only_between_turns() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(AudioHeard(in_turn=False)) == [Admission("start")]
     assert machine.handle(AudioHeard(in_turn=True)) == [Admission("relay")]  # the live session is in a turn
     machine.handle(_start())
@@ -443,7 +475,7 @@ def test_a_live_chats_audio_starts_a_turn_only_between_turns() -> None:
 
 
 def test_a_live_chats_closed_socket_closes_its_session_between_turns_else_at_the_turns_end() -> None:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     assert machine.handle(SocketClosed(cancel=True)) == [Admission("close")]
     machine.handle(_start())
     assert machine.handle(SocketClosed(cancel=False)) == [Admission("wait")]

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import GateOpened, RunStarts
@@ -228,3 +229,10 @@ async def test_what_a_run_made_to_end_says_later_reaches_no_newer_run() -> None:
     assert second is not None and b"late" not in b"".join(second.current.frames)
     hold.set()
     assert await actor.ended(2) and not actor.machine.running
+
+
+def test_every_chat_decides_the_plugins_asks_in_the_approvals_room() -> None:
+    # The machine takes the decision through its port (core/gate_decider.py); a chat hands it the
+    # room's (approvals/decision.py), not the fail-closed default a machine built alone has.
+    assert Chat("u", "c", "c", 0.0).machine.decider is DECIDER
+    assert Chat("u", "d", "d", 0.0).machine is not Chat("u", "d", "d", 0.0).machine

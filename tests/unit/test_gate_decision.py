@@ -1,4 +1,4 @@
-"""Where an approval is decided (core/gate_decision.py, sans-IO): what the plugin's ask comes to, by
+"""Where an approval is decided (approvals/decision.py, sans-IO): what the plugin's ask comes to, by
 the tool's rules, what the plugin can do, the upstream mode and what the chat holds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, Outcome
 from gateway.core.chat_events import ToolAsked
-from gateway.core.gate_decision import ChatView, decide_ask
+from gateway.approvals.decision import ChatView, decide_ask
 
 # A rule approves small payments, another denies huge ones; the rest the chatting user answers.
 PAY = ToolPolicy.model_validate({"approval": True, "rules": [

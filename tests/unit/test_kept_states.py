@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gateway.approvals.decision import DECIDER
 from gateway.chat.kept_states import KeptStates
 from gateway.chat.record import Chat, RunHooks
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -31,7 +32,7 @@ def _chat() -> Chat:
 
 
 def _answered_elsewhere(approval_id: str) -> dict[str, Any]:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(NativeAnswered(approval_id, "call-1", timed_out=True))
     return machine.snapshot()
 

@@ -6,14 +6,16 @@ loops, so that a chat's state can be stored and rebuilt: issue 25); `chat`, `ups
 `cluster`, `config` and `ops` are shells around it; `approvals` is the approvals room, between
 them; `edge` (the HTTP application, process and transports) sits on top. A contract checked here,
 not in reviews:
-- no module of the core, nor `config/loosening.py`, nor the approvals room's plain data (what is
-  told, listed, voted, and its store's port), reaches an I/O library through its imports, inside
-  the gateway package too;
+- no module of the core, nor `config/loosening.py`, nor the approvals room's plain data and decision
+  (what is told, decided, listed, voted, and its ports), reaches an I/O library through its imports,
+  inside the gateway package too;
 - the core imports nothing from the shells, and nothing below the edge imports the edge;
 - the approvals room imports only what lies below it (core, config, ops) and reaches the store
   through its own port (`approvals/store.py`); the chat, the cluster, access and the edge may
   import it, upstream, ops and config may not; of the edge, only the modules that build and hold
-  the object graph and the approvals API do;
+  the object graph and the approvals API do; the chat's machine takes the room's decision through
+  its own port (`core/gate_decider.py`), and the cluster's desk applies a decision through the
+  room's port to the chat (`approvals/ports.py`);
 - no two modules import each other at load time (a cycle), lazily or not;
 - the edge reaches the chat layer only through the cluster router: of gateway/chat/ it imports only
   the value types a transport follows (`chat/attachment.py`, `chat/response.py`), and the modules
@@ -36,9 +38,23 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # The sans-IO core: every module of gateway/core/ (listed, so a new one is covered), and the
 # judgement of a reload, which is pure too.
 CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "config.loosening", "config.decision_loosening")
-# The approvals room's plain data: what is told of an approval, where it is listed, how votes
-# count, and its port to the store (a Protocol and its value types). Checked as the core is.
-APPROVALS_PURE = ("approvals.index", "approvals.notice", "approvals.store", "approvals.votes")
+# The approvals room's plain data and its decision: what is told of an approval, how a plugin's ask
+# is decided, where it is listed, how votes count, and its ports to the store and to the chat (a
+# Protocol and its value types). Checked as the core is.
+APPROVALS_PURE = (
+    "approvals.decision", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store", "approvals.votes",
+)
+# The seams between the approvals room and the layers around it (docs/architecture.md, "Where an
+# approval is decided"): each module, the port it reaches the other side through, and the modules of
+# that side it must not import (the port is the way).
+ROOM_PORTS = {
+    # The machine takes the decision through its own port; the core cannot see the room.
+    "core.chat_machine": ("core.gate_decider", "approvals."),
+    # The room implements the machine's port.
+    "approvals.decision": ("core.gate_decider", "chat."),
+    # The desk applies a counted decision through the room's port to the chat, not the chat's gates.
+    "cluster.approval_desk": ("approvals.ports", "chat.gates"),
+}
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)
 FORBIDDEN = ("asyncio", "aiohttp", "redis", "structlog", "prometheus_client", "socket", "time", "logging")
@@ -233,6 +249,14 @@ def test_the_edge_reaches_the_approvals_room_through_its_api() -> None:
     assert {m: room for m, room in found.items() if room} == {}, "gateway/edge/ imports the approvals room beside its API"
 
 
+@pytest.mark.parametrize("module", sorted(ROOM_PORTS))
+def test_the_approvals_room_and_the_machine_meet_through_ports(module: str) -> None:
+    port, forbidden = ROOM_PORTS[module]
+    inside = _imports(module)[1]
+    assert port in inside, f"gateway.{module} does not go through its port, {port}"
+    assert sorted(m for m in inside if m.startswith(forbidden)) == [], f"gateway.{module} reaches past its port"
+
+
 _DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)")
 _PROPERTY = re.compile(r"^\s*@(?:\w+\.setter|property|cached_property|functools\.cached_property)\b")
 # `a.b = value` (or `a.b, c.d = x, y`) at any indentation, not a comparison.
@@ -322,3 +346,5 @@ def test_the_contract_can_fail() -> None:
     assert "chat.service" in _imports("edge.app")[1] and "cluster" in MAY_NOT_IMPORT["access"]
     assert "approvals.store" in _imports("approvals.audit_trail")[1] and "cluster" in MAY_NOT_IMPORT["approvals"]
     assert "approvals.index" in _imports("edge.approvals_api")[1] and all(_exists(m) for m in APPROVALS_PURE)
+    assert all(_exists(m) and _exists(port) for m, (port, _) in ROOM_PORTS.items())
+    assert "approvals.decision" in _imports("chat.record")[1]  # the prefix check above sees such an import

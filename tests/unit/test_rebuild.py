@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.approvals.decision import DECIDER
 from gateway.config.agent import ToolPolicy
 from gateway.core.chat_machine import ChatMachine, Phase
 from gateway.core.ledger import Ledger
@@ -48,7 +49,7 @@ def test_a_pending_payment_is_rebuilt_as_the_live_run_showed_it(label: str, scen
     assert waiting_message(copy.deepcopy(session)) == message
 
     ledger = Ledger()
-    rebuilt = replay(message, machine=ChatMachine(ledger), now=5.0)
+    rebuilt = replay(message, machine=ChatMachine(ledger, decider=DECIDER), now=5.0)
     assert rebuilt is not None
     [response] = rebuilt.responses
     chunks = response.chunks
@@ -89,10 +90,10 @@ def test_a_session_read_back_by_timestamp_is_rebuilt_as_adk_streamed_it(label: s
     """On ADK's SQLite store a reloaded page was shown the placeholder as a tool error
     ("This tool call requires confirmation") before the approval request."""
     session = sessions(label)[scenario]
-    streamed = replay(waiting_message(session), machine=ChatMachine(Ledger()), now=5.0)  # type: ignore[arg-type]
+    streamed = replay(waiting_message(session), machine=ChatMachine(Ledger(), decider=DECIDER), now=5.0)  # type: ignore[arg-type]
     read_back = waiting_message(_by_timestamp(session))
     assert read_back is not None
-    rebuilt = replay(read_back, machine=ChatMachine(Ledger()), now=5.0)
+    rebuilt = replay(read_back, machine=ChatMachine(Ledger(), decider=DECIDER), now=5.0)
     assert rebuilt is not None and streamed is not None
     assert rebuilt.responses == streamed.responses
     assert "tool-output-error" not in types(rebuilt.responses[0].chunks)
@@ -103,7 +104,7 @@ def test_two_pending_payments_are_both_asked(label: str) -> None:
     session = sessions(label)["confirm_two"]
     message = waiting_message(session)
     assert message is not None and message.pending == set(_confirmation_ids(session))
-    rebuilt = replay(message, machine=ChatMachine(), now=0.0)
+    rebuilt = replay(message, machine=ChatMachine(decider=DECIDER), now=0.0)
     assert rebuilt is not None
     [response] = rebuilt.responses
     assert types(response.chunks).count("tool-approval-request") == 2
@@ -137,7 +138,7 @@ def test_a_confirmation_with_odd_arguments_is_read_without_a_crash(args: Any) ->
                 part["functionCall"]["args"] = args
     message = waiting_message(session)
     assert message is not None and len(message.pending) == 1
-    replay(message, machine=ChatMachine(), now=0.0)  # the converter skips what it cannot show
+    replay(message, machine=ChatMachine(decider=DECIDER), now=0.0)  # the converter skips what it cannot show
 
 
 def _answered_then_asked(label: str, approved: bool) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def test_a_message_over_two_runs_is_rebuilt_as_two_responses(label: str, version
     first_ask, second_ask = _confirmation_ids(session)
     assert message.pending == {second_ask} and len(message.segments) == 2
     ledger = Ledger()
-    machine = ChatMachine(ledger)
+    machine = ChatMachine(ledger, decider=DECIDER)
     rebuilt = replay(message, machine=machine, now=1.0, version=version)
     assert rebuilt is not None
     # The chat's machine is left as those runs' ends leave it: between runs, its last turn the message's.
@@ -181,7 +182,7 @@ def test_a_message_over_two_runs_is_rebuilt_as_two_responses(label: str, version
 
 def test_a_denied_call_in_an_earlier_run_shows_as_denied() -> None:
     session = _answered_then_asked("newest", approved=False)
-    rebuilt = replay(waiting_message(session), machine=ChatMachine(), now=1.0)
+    rebuilt = replay(waiting_message(session), machine=ChatMachine(decider=DECIDER), now=1.0)
     assert rebuilt is not None
     second = rebuilt.responses[1].chunks
     assert second[1] == {"type": "tool-output-denied", "toolCallId": rebuilt.responses[0].chunks[2]["toolCallId"]}
@@ -192,7 +193,7 @@ def test_a_gated_tool_of_confirm_mode_is_not_waited_for_twice() -> None:
     policy = ToolPolicy(approval=True)
     message = waiting_message(sessions("newest")["confirm_pay"])
     assert message is not None
-    rebuilt = replay(message, machine=ChatMachine(), now=0.0, policy=lambda name: policy, confirms=lambda name: True)
+    rebuilt = replay(message, machine=ChatMachine(decider=DECIDER), now=0.0, policy=lambda name: policy, confirms=lambda name: True)
     assert rebuilt is not None
     assert types(rebuilt.responses[0].chunks).count("tool-approval-request") == 1
     assert rebuilt.responses[0].chunks[-1]["finishReason"] == "tool-calls"
@@ -217,7 +218,7 @@ def test_the_message_keeps_the_id_the_gateway_streamed_it_under(label: str, scen
     session = _streamed_as(sessions(label)[scenario], "msg-live")
     message = waiting_message(session)
     assert message is not None and message.message_id == "msg-live"
-    rebuilt = replay(message, machine=ChatMachine(), now=0.0)
+    rebuilt = replay(message, machine=ChatMachine(decider=DECIDER), now=0.0)
     assert rebuilt is not None and rebuilt.message_id == "msg-live"
     assert rebuilt.responses[0].chunks[0] == {"type": "start", "messageId": "msg-live"}
 

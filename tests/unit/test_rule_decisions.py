@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.cluster.messages import Gate, Submit, from_json as read_message
+from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CONFIRM, RUN, GatedCall, Outcome, Verdict
 from gateway.core.chat_events import RunStarts, ToolAsked, UpstreamRead
@@ -24,7 +25,7 @@ PAY = ToolPolicy.model_validate({"approval": True, "rules": [
 
 
 def _running(version: int) -> ChatMachine:
-    machine = ChatMachine()
+    machine = ChatMachine(decider=DECIDER)
     machine.handle(RunStarts("m1", 0.0, version=version, policy=lambda name: PAY))  # type: ignore[arg-type]
     call = {"functionCall": {"id": "t1", "name": "pay", "args": {"amount": 2}}}
     machine.handle(UpstreamRead([{"author": "a", "content": {"role": "model", "parts": [call]}}], 0.0))

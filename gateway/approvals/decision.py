@@ -20,21 +20,24 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
    released it, room under the chat's cap of waiting calls (else `too_many_pending`).
 
 Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
-log. The chat's machine (core/chat_machine.py) calls this for its `ToolAsked` and records what
-waits; the shell calls it alone only when no chat here has the session.
+log. The chat's machine (core/chat_machine.py) takes this decision through its port,
+core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's machine is handed it
+(chat/record.py). The shell calls `decide_ask` alone only when no chat here has the session.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Final
 
 from ..config.rules import decide
-from .approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
-from .approver_confirmations import ApproverMark, mark
-from .chat_events import ToolAsked
-from .chat_outputs import GateDecided
+from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
+from ..core.approver_confirmations import ApproverMark, mark
+from ..core.chat_events import ToolAsked
+from ..core.chat_outputs import GateDecided
+from ..core.gate_decider import ChatView, GateDecider
 
-__all__ = ["REFUSALS", "ChatView", "decide_ask", "refuse_ask"]
+__all__ = ["DECIDER", "REFUSALS", "ChatView", "decide_ask", "refuse_ask"]
 
 # What an ask refused at once tells the model, by its reason.
 REFUSALS = {
@@ -44,16 +47,6 @@ REFUSALS = {
         "This call waits for approvers, which needs adk-gateway-plugin 0.3 or newer on the agent; it was not run."
     ),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ChatView:
-    """What of the chat the decision reads: whether a run is under way (to show the call), how many
-    calls wait already, and the call recorded for this tool call, if the plugin asked before."""
-
-    running: bool
-    waiting: int
-    asked_before: GatedCall | None = None
 
 
 def refuse_ask(reason: str, text: str) -> Verdict:
@@ -92,6 +85,18 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
     if chat.waiting >= ask.max_pending:
         return _refused_ask("too_many_pending", first)
     return first
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """The room's side of the machine's port: the decision above, for a chat's machine."""
+
+    def decide(self, ask: ToolAsked, chat: ChatView) -> GateDecided:
+        return decide_ask(ask, chat)
+
+
+# What every chat's machine is handed (chat/record.py): a value, with nothing to change.
+DECIDER: Final[GateDecider] = _Room()
 
 
 def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
