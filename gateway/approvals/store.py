@@ -106,6 +106,12 @@ class ApprovalStore(Protocol):
         False, in one step with every replica's puts (so replicas agree on the count)."""
 
     @abc.abstractmethod
+    async def pending_approvals(self, requester: str) -> int:
+        """How many approvals of `requester` are kept (put's `cap` counts the same): a call that
+        would be listed only later (an ADK confirmation, listed once ADK's run asked it) is held to
+        the cap before it is asked."""
+
+    @abc.abstractmethod
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         """The approval (votes.py `approval_view`: the record with its votes, and once decided its `state` and
         `outcome`), or None: unknown, expired, dropped, or (Redis) not sealed by a replica (logged

@@ -303,6 +303,9 @@ class MemoryState(SharedState):
     async def put_approval(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
         return self.hub.approvals.put(record, ttl=ttl, now=self._now(None), cap=cap)
 
+    async def pending_approvals(self, requester: str) -> int:
+        return self.hub.approvals.pending_of(requester, self._now(None))
+
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         return self.hub.approvals.get(approval_id, self._now(None))
 

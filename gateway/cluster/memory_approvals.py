@@ -58,7 +58,7 @@ class ApprovalTable:
             kept.record, kept.expires = encoded, now + ttl
             return True
         requester = str(record.get("requester", ""))
-        if cap is not None and self._pending_of(requester, now) >= cap:
+        if cap is not None and self.pending_of(requester, now) >= cap:
             return False
         kept = self._kept[approval_id] = _Kept(encoded, position(record), requester, indexes_of(record), now + ttl)
         for index in kept.indexes:
@@ -70,7 +70,7 @@ class ApprovalTable:
             self._purge_at = max(64, 2 * len(self._kept))
         return True
 
-    def _pending_of(self, requester: str, now: float) -> int:
+    def pending_of(self, requester: str, now: float) -> int:
         return sum(1 for approval_id in list(self._by_user.get(requester, ())) if self._live(approval_id, now) is not None)
 
     def _live(self, approval_id: str, now: float) -> _Kept | None:

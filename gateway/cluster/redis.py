@@ -339,6 +339,9 @@ class RedisState(SharedState):
     async def put_approval(self, record: dict[str, Any], *, ttl: float, cap: int | None = None) -> bool:
         return await self._op(self._approvals.put(record, ttl=ttl, cap=cap))  # type: ignore[no-any-return]
 
+    async def pending_approvals(self, requester: str) -> int:
+        return await self._op(self._approvals.pending_of(requester))  # type: ignore[no-any-return]
+
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         return await self._op(self._approvals.get(approval_id))  # type: ignore[no-any-return]
 

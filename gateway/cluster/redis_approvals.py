@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from ..approvals.index import ALL, ApprovalPage, ApprovalQuery, Index, indexes_of, position, wanted_indexes
-from .redis_scripts import APPROVAL_PUT, APPROVAL_VOTE
+from .redis_scripts import APPROVAL_COUNT, APPROVAL_PUT, APPROVAL_VOTE
 from .sealing import Seal, Tampered, fingerprint
 from ..approvals.votes import Tally, TallyState, Verdict, approval_view, approvals
 
@@ -59,6 +59,7 @@ class RedisApprovals:
         self._replica_id = replica_id
         self._put = client.register_script(APPROVAL_PUT)
         self._vote = client.register_script(APPROVAL_VOTE)
+        self._count_script = client.register_script(APPROVAL_COUNT)
 
     def _name(self, approval_id: str) -> str:
         return f"{self._prefix}:approval:{approval_id}"
@@ -79,6 +80,9 @@ class RedisApprovals:
         keys = [name, self._count(str(record.get("requester", ""))), *map(self._index, indexes_of(record))]
         kept = await self._put(keys=keys, args=[sealed, max(int(ttl * 1000), 1), position(record), approval_id, cap or 0])
         return bool(kept)
+
+    async def pending_of(self, requester: str) -> int:
+        return int(await self._count_script(keys=[self._count(requester)]))
 
     async def get(self, approval_id: str) -> dict[str, Any] | None:
         name = self._name(approval_id)

@@ -10,12 +10,13 @@ write that depends on it cannot be split by another replica's command.
 - `AUDIT_APPEND`: an audit record, once per approval id, and the audit store trimmed to its bounds
   (redis_audit.py).
 - `APPROVAL_PUT`, `APPROVAL_VOTE`: a pending approval kept (its votes and decision left as they
-  are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py).
+  are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py);
+  `APPROVAL_COUNT`, a requester's approvals kept, as the put counts them for its cap.
 
 Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 """
 
-__all__ = ["APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "BEAT", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
+__all__ = ["APPROVAL_COUNT", "APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "BEAT", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
 
 # ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
 # agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch,
@@ -156,6 +157,14 @@ for i = 3, #KEYS do
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return 1
+"""
+
+# A requester's approvals kept, as APPROVAL_PUT counts them for its cap (on Redis's clock). KEYS: the
+# requester's count.
+APPROVAL_COUNT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', now), '+inf')
 """
 
 # One vote, by the rule of approvals/votes.py count_vote: on a pending approval only, once per user, one

@@ -137,6 +137,22 @@ async def test_a_second_put_replaces_the_record_and_keeps_its_votes_and_place(pa
     assert await ids(b) == ["gw-1", "gw-2"]
 
 
+async def test_a_requesters_kept_approvals_are_counted_as_the_cap_counts_them(pair: tuple[SharedState, SharedState]) -> None:
+    """What an ask about an ADK confirmation for approvers is held to before it is listed."""
+    a, b = pair
+    now = time.time()
+    await a.put_approval(approval("gw-1", now), ttl=TTL)
+    await a.put_approval(approval("gw-2", now), ttl=0.2)
+    await a.put_approval(approval("gw-3", now) | {"requester": "bob"}, ttl=TTL)
+    assert (await b.pending_approvals("alice"), await b.pending_approvals("bob"), await b.pending_approvals("x")) == (2, 1, 0)
+    # The cap of put counts the same.
+    assert not await b.put_approval(approval("gw-4", now), ttl=TTL, cap=2)
+    await asyncio.sleep(0.3)
+    assert await a.pending_approvals("alice") == 1
+    await b.drop_approval("gw-1")
+    assert await a.pending_approvals("alice") == 0
+
+
 async def test_an_approval_expires_with_its_ttl_and_leaves_the_listing(pair: tuple[SharedState, SharedState]) -> None:
     a, b = pair
     now = time.time()
