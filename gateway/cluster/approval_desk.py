@@ -13,6 +13,10 @@ On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (
 it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since
 ADK's session holds it whichever replica dies; its decision goes to whichever replica claims the chat
 then (`_decide_confirmation`: the owner, or this one taking over a dead owner's chat), which answers ADK.
+The decision is the approval's once the quorum is counted in the store: a chat that stays busy
+keeps it there (`queued`), with the reason and who decided, and its deadline is made due at once;
+whoever answers the deadline (`deadline_passed`) answers ADK with that decision, never `on_timeout`.
+Answered either way, the approval leaves the listing at once.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import structlog
 from ..approvals.ports import ApprovalDecisions
 from ..chat.registry import ChatNotFound
 from ..chat.service import ChatService
+from ..config.approvers import Principal
 from ..core.approvals import GatedCall
 from ..core.approver_confirmations import ApproverMark
 from ..core.deadlines import Deadline
@@ -44,9 +49,15 @@ log = structlog.get_logger("adk_gateway.cluster.approval_desk")
 _MARGIN = 60.0
 # An ADK confirmation's record (`engine`): answered from ADK's session by whichever replica runs the chat.
 CONFIRM_ENGINE = "confirm"
-# A decision for a chat that streams is tried again this often, this many times.
+# A decision for a chat that streams is tried again this often, this many times, before it is
+# left to the deadline queue (`queued`), which tries it again every second until the chat frees.
 _BUSY_WAIT = 0.5
-_BUSY_TRIES = 60
+_BUSY_TRIES = 10
+# A decision that waits for its chat to free is kept this long past the approval's deadline (then
+# the chat itself is long idle): the deadline queue applies it, whenever the chat frees before.
+_DECIDED_KEEP = 3600.0
+# A passed deadline whose chat is busy, or whose store is down, is tried again this much later.
+_RETRY = 1.0
 
 
 def pending_record(call: GatedCall, *, agent: str, app_name: str, owner: str, wall: float, now: float) -> dict[str, Any]:
@@ -99,7 +110,8 @@ class ApprovalDesk:
     # ---- any replica's side ----------------------------------------------------------------
 
     async def decide(self, record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]]) -> str:
-        """Apply approvers' decision where the call's chat runs: `decided`, `already` or `gone`."""
+        """Apply approvers' decision where the call's chat runs: `decided`, `already` or `gone`; for
+        an ADK confirmation whose chat stays busy, `queued` (applied when it frees) or `busy`."""
         if record.get("engine") == CONFIRM_ENGINE:
             return await self._decide_confirmation(record, approved, reason, deciders)
         work = Decide(record["requester"], record["session"], record["id"], approved, reason or "", {"deciders": deciders})
@@ -145,7 +157,8 @@ class ApprovalDesk:
         self, record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]],
     ) -> str:
         """Approvers decided an ADK confirmation: the replica that runs the chat (any one, when its
-        owner died: the chat is taken over) answers ADK. A chat busy streaming is waited for."""
+        owner died: the chat is taken over) answers ADK. A chat busy streaming is waited for a
+        while, then the decision is queued for it (`_queue`)."""
         agent, user, chat = str(record["agent"]), str(record["requester"]), str(record["chat_id"])
         for _ in range(_BUSY_TRIES):
             try:
@@ -173,8 +186,63 @@ class ApprovalDesk:
                     await self.closed(str(record["id"]))
                 return result
             await asyncio.sleep(_BUSY_WAIT)
-        log.warning("approval_not_answered", approval_id=record["id"], reason="the chat stayed busy")
-        return "busy"
+        return await self._queue(record, approved, reason, deciders)
+
+    async def _queue(self, record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]]) -> str:
+        """The chat stayed busy: the decision stays the approval's, kept with it in the store (its
+        reason and deciders too, which the votes do not hold), and its deadline is due now, so the
+        replica that answers deadlines applies it when the chat frees. `queued`; `busy` when the
+        store cannot keep it (the approval's verdict is in the store all the same)."""
+        wall = self._wall()
+        kept = {**record, "decision": {"approved": approved, "reason": reason, "deciders": deciders}}
+        deadline = Deadline(
+            str(record["agent"]), str(record["requester"]), str(record["chat_id"]), str(record["id"]),
+            str(record["tool_call_id"]), str(record["tool"]), wall + _RETRY,
+        )
+        try:
+            await self._state.put_approval(kept, ttl=max(float(record["deadline"]) - wall, 0.0) + _DECIDED_KEEP)
+            await self._state.add_deadline(deadline)
+        except SharedStateDown:
+            log.warning("approval_not_answered", approval_id=record["id"], reason="the chat stayed busy")
+            return "busy"
+        log.info("approval_decision_queued", approval_id=record["id"], reason="the chat is busy")
+        return "queued"
+
+    async def deadline_passed(self, deadline: Deadline) -> float | None:
+        """A confirmation's deadline, claimed where its chat runs (here): the approvers' decision
+        if the store holds one that has not reached ADK yet, else the tool's `on_timeout`
+        (chat/gateway_answers.py). Answered, the approval leaves the listing at once, as a decided
+        one does. Returns when to look again, or None (the deadline timer's contract)."""
+        try:
+            record = await self._state.get_approval(deadline.approval_id)
+        except SharedStateDown:
+            return self._wall() + _RETRY
+        ours = record is not None and record.get("engine") == CONFIRM_ENGINE and (
+            record.get("chat_id"), record.get("requester"), record.get("agent")
+        ) == (deadline.chat, deadline.user, deadline.agent)
+        if ours and record is not None and record.get("state") == "decided":
+            decision = record.get("decision") or {}
+            result = await self._chats.answer_for_approvers(
+                deadline.agent, deadline.user, deadline.chat, deadline.approval_id,
+                approved=record.get("outcome") == "approved", reason=decision.get("reason"),
+                deciders=list(decision.get("deciders") or _voters(record)),
+            )
+            if result == "busy":
+                return self._wall() + _RETRY
+            await self.closed(deadline.approval_id)
+            return None
+        again = await self._chats.expire_confirmation(deadline)
+        if ours and again is None:
+            await self.closed(deadline.approval_id)
+        return again
+
+
+def _voters(record: dict[str, Any]) -> list[dict[str, str]]:
+    """Who decided an approval whose decision the store kept without them (the replica that
+    counted the deciding vote stopped before it could keep them): the voters of its outcome."""
+    approved = record.get("outcome") == "approved"
+    voters = [Principal.parse(str(v["user"])) for v in record.get("votes", []) if v.get("approved") is approved]
+    return [{"user": who.id, "auth": who.source} for who in voters if who is not None]
 
 
 def native_record(

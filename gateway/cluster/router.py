@@ -307,7 +307,7 @@ class Cluster:
         except ChatNotFound:
             return None
         if claim.local:
-            return await self.chats.expire_confirmation(deadline)
+            return await self.approvals.deadline_passed(deadline)
         try:
             await self.state.send(
                 claim.owner, Forwarded(self.replica_id, secrets.token_hex(8), Expire(deadline.user, deadline.to_json())).to_json()
@@ -329,7 +329,7 @@ class Cluster:
         self._tasks.spawn(self._expire_here(deadline))
 
     async def _expire_here(self, deadline: Deadline) -> None:
-        again = await self.chats.expire_confirmation(deadline)
+        again = await self.approvals.deadline_passed(deadline)
         if again is None:
             self._deadlines.drop(deadline.key)
         else:

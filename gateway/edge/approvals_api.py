@@ -47,7 +47,7 @@ log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
 _MAX_LIMIT = 1000
 # Kept in the directory for the owner's use, never shown.
-_PRIVATE = ("owner", "session", "engine")
+_PRIVATE = ("owner", "session", "engine", "decision")
 _STORE_DOWN = "the gateway's shared store is unreachable; retry"
 
 
@@ -239,10 +239,13 @@ async def decide_approval(request: web.Request) -> web.Response:
         await gateway.cluster.approvals.closed(record["id"])
         raise HttpError(410, "approval_gone", "the chat or the run this approval belonged to is gone")
     if result == "busy":
-        # Counted, but the chat ran something else all along: its deadline's answer ends the wait.
+        # Counted, but neither applied nor kept for later (the store failed meanwhile): the
+        # approval's verdict is in the store, which its deadline reads.
         raise HttpError(503, "chat_busy", "the decision is counted, but the chat stayed busy and the agent was not answered")
     outcome = "approved" if vote.approved else "denied"
-    return web.json_response(_public(record, state="decided", outcome=outcome, source="approver", votes=votes))
+    decided = _public(record, state="decided", outcome=outcome, source="approver", votes=votes, applied=result != "queued")
+    # `queued`: the decision is the approval's; the chat runs something else, and gets it when it frees.
+    return web.json_response(decided, status=202 if result == "queued" else 200)
 
 
 def _earlier_deciders(votes: list[dict[str, Any]], mine: str, approved: bool, counts: Callable[[str], bool]) -> list[dict[str, str]]:

@@ -139,3 +139,26 @@ async def test_votes_spend_the_callers_rate_and_are_429_past_it(client: TestClie
     # Another caller has their own budget.
     other = await client.post("/api/approvals/gw-unknown", json={"approved": True}, headers=MALLORY)
     assert other.status == 404
+
+
+async def test_a_decision_kept_for_a_busy_chat_is_202_decided_and_not_yet_applied(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where merge-i38 answered 503 `chat_busy` (and the deadline then answered ADK with `on_timeout`):
+    the quorum is reached and the decision is the approval's; the chat gets it when it frees."""
+    desk = client.app[GATEWAY].cluster.approvals  # type: ignore[index]
+
+    async def queued(record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]]) -> str:
+        return "queued"  # what the desk answers once its chat stayed busy (tests/unit/test_approver_decisions.py)
+
+    monkeypatch.setattr(desk, "decide", queued)
+    await put(client, asked("adk-1", time.time(), "bob", "supervisors") | {"engine": "confirm"})
+    answer = await client.post("/api/approvals/adk-1", json={"approved": True}, headers=SUPERVISOR)
+    assert answer.status == 202
+    decided = await answer.json()
+    assert (decided["state"], decided["outcome"], decided["source"], decided["applied"]) == ("decided", "approved", "approver", False)
+    assert "engine" not in decided and "decision" not in decided
+    status, listing = await listed(client, SUPERVISOR)
+    assert status == 200 and listing["approvals"] == []
+    again = await client.post("/api/approvals/adk-1", json={"approved": False}, headers=SUPERVISOR)
+    assert again.status == 409 and (await again.json())["error"]["code"] == "already_decided"

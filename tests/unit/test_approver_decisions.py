@@ -1,0 +1,204 @@
+"""What the cluster does with an ADK confirmation its approvers decide (`/run_sse`), between the
+approvals API's directory, the deadline queue and the chat: a deadline's answer takes it out of the
+listing at once; a decision whose chat is busy stays the approval's and is applied when the chat
+frees, never replaced by `on_timeout`; and such confirmations count against the caps on waiting
+calls (per chat, per user) as held calls do.
+
+A real chat service on tests/unit/test_chat_gates.py's scripted ADK, a real cluster router on the
+memory backend (10 ms heartbeats), and the approval put in the directory as the chat's replica puts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import gateway.cluster.approval_desk as approval_desk
+from gateway.chat.registry import Registry
+from gateway.chat.service import ChatService
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.router import Cluster
+from gateway.config.schema import parse_config
+from gateway.core.deadlines import Deadline
+from gateway.ops.metrics import GatewayMetrics
+from gateway.upstream.agents import Agents
+from gateway.upstream.session_history import SessionConfirmations, session_confirmations
+from tests.unit.test_agents import body
+from tests.unit.test_chat_gates import ScriptedAdk
+
+CONFIG = """
+internal:
+  secret: test-secret
+upstream:
+  app_name: pay_app
+sessions:
+  heartbeat_interval: 10ms
+  owner_timeout: 50ms
+limits:
+  max_pending_approvals_per_chat: 2
+  max_pending_approvals_per_user: 2
+approvers:
+  api_keys:
+    - {id: supervisor, key: k-supervisor}
+  groups:
+    supervisors: {users: [supervisor]}
+tools:
+  pay:
+    approval: true
+    timeout: 30s
+    approvers: supervisors
+    self_approval: false
+"""
+USER, CHAT, APPROVAL, CALL = "u", "chat-1", "adk-9", "c-1"
+MARK = {"adk_gateway": {"approvers": {"approvers": "supervisors", "self_approval": False, "quorum": 1, "rule": None}}}
+UNTIL = 5.0
+
+
+def asked(approval_id: str = APPROVAL, call: str = CALL, at: float | None = None) -> list[dict[str, Any]]:
+    """ADK's events of a `pay` call whose confirmation its approvers answer, asked at `at` (wall clock)."""
+    stamp = {"timestamp": at} if at is not None else {}
+    return [
+        {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": call, "name": "pay", "args": {"amount": 9}}}]}},
+        {"author": "a", "longRunningToolIds": [approval_id], **stamp, "content": {"role": "user", "parts": [{"functionCall": {
+            "id": approval_id, "name": "adk_request_confirmation",
+            "args": {"originalFunctionCall": {"id": call, "name": "pay", "args": {"amount": 9}},
+                     "toolConfirmation": {"hint": "", "confirmed": False, "payload": MARK}},
+        }}]}},
+    ]
+
+
+class Adk(ScriptedAdk):
+    """The scripted ADK whose session holds `history` (read as AdkClient reads it), and the
+    messages each run was started with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[dict[str, Any]] = []
+        self.messages: list[dict[str, Any]] = []
+
+    async def session(self, user_id: str, session_id: str) -> Any:
+        self.calls.append("session")
+        return {"events": list(self.history), "lastUpdateTime": 1.0}
+
+    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
+        return session_confirmations(await self.session(user_id, session_id))
+
+    async def run_sse_batches(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        if kwargs.get("new_message"):
+            self.messages.append(kwargs["new_message"])
+        async for batch in super().run_sse_batches(**kwargs):
+            yield batch
+
+    def answers(self) -> list[dict[str, Any]]:
+        """What the gateway answered ADK's confirmations with, in order."""
+        return [p["functionResponse"]["response"] for m in self.messages for p in m.get("parts", ())
+                if "functionResponse" in p and p["functionResponse"]["name"] == "adk_request_confirmation"]
+
+
+@dataclass
+class Env:
+    adk: Adk
+    chats: ChatService
+    state: MemoryState
+    cluster: Cluster
+    metrics: GatewayMetrics
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    config = parse_config(CONFIG, env={})
+    adk = Adk()
+    metrics = GatewayMetrics()
+    metrics.know_agents(config)
+    chats = ChatService(
+        agents=Agents(config, client=lambda agent: adk),  # type: ignore[arg-type, return-value]
+        registry=Registry(), metrics=metrics, config=config,
+    )
+    state = MemoryState("a", MemoryHub())
+    cluster = Cluster(state, chats, metrics)
+    await cluster.start()
+    yield Env(adk, chats, state, cluster, metrics)
+    for _ in range(4):
+        adk.reads.put_nowait(None)
+    await cluster.close()
+    await chats.close()
+
+
+async def listed(env: Env, *, due: float) -> dict[str, Any]:
+    """The confirmation listed for its approvers, as the replica that ran the chat lists it, with its
+    chat claimed in the shared directory (the deadline's answer goes where the chat runs)."""
+    config = env.chats.config
+    await env.state.claim(USER, CHAT, agent=config.default, default_agent=config.default, ttl=60)
+    record = {
+        "id": APPROVAL, "state": "pending", "agent": config.default, "app_name": "pay_app", "tool": "pay",
+        "tool_call_id": CALL, "chat_id": CHAT, "requester": USER, "args": {"amount": 9}, "rule": None, "hint": None,
+        "approvers": "supervisors", "self_approval": False, "quorum": 1, "votes": [], "created": due - 30,
+        "deadline": due, "owner": "", "session": CHAT, "engine": approval_desk.CONFIRM_ENGINE,
+    }
+    await env.state.put_approval(record, ttl=max(due - time.time(), 0) + 60)
+    return record
+
+
+async def until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + UNTIL
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_a_confirmation_answered_at_its_deadline_leaves_the_approvers_listing_at_once(env: Env) -> None:
+    """Failed on merge-i38: ADK got the timeout's answer, but the approval stayed listed (and open
+    to votes) until its record expired, a minute past the deadline."""
+    now = time.time()
+    env.adk.history = asked(at=now - 60)
+    await listed(env, due=now - 30)
+    await env.state.add_deadline(Deadline(env.chats.config.default, USER, CHAT, APPROVAL, CALL, "pay", now - 30))
+    env.adk.reads.put_nowait(None)  # the timeout's run
+    await until(lambda: _true(env.adk.answers()), "the deadline was answered")
+    assert env.adk.answers() == [{"confirmed": False}]  # on_timeout: deny
+    await until(lambda: _none(env.state.get_approval(APPROVAL)), "the approval left the directory")
+    assert await env.state.list_approvals() == []
+
+
+async def test_a_decision_whose_chat_is_busy_is_kept_and_applied_when_the_chat_frees(
+    env: Env, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Failed on merge-i38: the approvers got 503 `chat_busy`, and the deadline later answered ADK
+    with `on_timeout`: their decision was lost."""
+    monkeypatch.setattr(approval_desk, "_BUSY_TRIES", 2)
+    monkeypatch.setattr(approval_desk, "_BUSY_WAIT", 0.01)
+    now = time.time()
+    env.adk.history = asked(at=now - 1)
+    record = await listed(env, due=now + 0.3)
+    await env.state.add_deadline(Deadline(env.chats.config.default, USER, CHAT, APPROVAL, CALL, "pay", now + 0.3))
+    # The requester chats on: a run streams (it never ends by itself here).
+    await env.cluster.submit(env.chats.config.default, USER, body(CHAT))
+    tally = await env.state.vote_approval(APPROVAL, "approver_key:supervisor", True, 1)
+    assert tally.state == "decided_approved"
+    deciders = [{"user": "supervisor", "auth": "approver_key"}]
+    result = await env.cluster.approvals.decide(record, True, None, deciders)
+    assert result == "queued"
+    kept = await env.state.get_approval(APPROVAL)
+    assert kept is not None and (kept["state"], kept["outcome"]) == ("decided", "approved")
+    assert await env.state.list_approvals() == [], "decided: not listed for a vote any more"
+    await asyncio.sleep(0.5)  # the approval's own deadline passes while the chat is busy
+    assert env.adk.answers() == [], "nothing reaches ADK while its chat runs something else"
+    env.adk.reads.put_nowait(None)  # the chat frees
+    env.adk.reads.put_nowait(None)  # the decision's run
+    await until(lambda: _true(env.adk.answers()), "the decision reached ADK")
+    await until(lambda: _none(env.state.get_approval(APPROVAL)), "the approval left the directory")
+    # The approvers' approval, not the deadline's `on_timeout` (a rejection); once.
+    assert env.adk.answers() == [{"confirmed": True}]
+
+
+async def _true(value: Any) -> bool:
+    return bool(value)
+
+
+async def _none(awaitable: Any) -> bool:
+    return await awaitable is None
