@@ -28,6 +28,7 @@ import structlog
 
 from ..config.agent import ToolPolicy
 from ..core.approvals import CallState, GatedCall, Verdict
+from ..core.approver_confirmations import marked
 from ..chat.service import ChatService
 from ..core.refusals import HttpError, Refusal
 from ..ops.metrics import GatewayMetrics
@@ -239,6 +240,9 @@ class RemoteGate:
                 approvers=gate.approvers,
             )
             if isinstance(opened, Verdict):
+                if await self._over_user_cap(gate, opened):
+                    refused = Verdict.refuse(f"The call was cancelled: {_OVER_USER_CAP}", "too_many_pending_user")
+                    return refused, "too_many_pending_user"
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened
             await self._record_open(call)
@@ -262,6 +266,22 @@ class RemoteGate:
         if over_cap:
             return verdict, "too_many_pending_user"
         return verdict, "run" if verdict.run else "respond"
+
+    async def _over_user_cap(self, gate: Gate, verdict: Verdict) -> bool:
+        """An ADK confirmation for approvers, asked by a user who has their cap of approvals listed
+        already: refused as a held call past it is (it would be listed once ADK's run asked it,
+        when it can no longer be refused). The store unreachable refuses nothing, as for a held call."""
+        if self.desk is None or not (verdict.confirm and marked(verdict.payload)):
+            return False
+        agent = self._chats.gates.agent_of(gate.user, gate.session)
+        try:
+            over = await self._state.pending_approvals(gate.user) >= self._chats.config.max_pending_approvals_per_user(agent)
+        except SharedStateDown:
+            return False
+        if over:
+            self.metrics.approvals_over_user_cap.labels(agent).inc()
+            log.warning("approval_over_user_cap", tool_call_id=gate.tool_call_id, tool=gate.tool)
+        return over
 
     async def _list(self, call: GatedCall) -> bool:
         """List the call for the approvals API; past its user's cap, refuse it (released as

@@ -226,6 +226,11 @@ class Ledger:
         asked = list(self._asking.values())
         return None if any(not c.for_approvers for c in asked) else asked
 
+    def waiting_for_approvers(self) -> int:
+        """The confirmations its approvers answer that wait in this chat: asked by this run, or
+        pending since an earlier one (the chat's cap of waiting calls counts them)."""
+        return len({c.approval_id for c in (*self._asking.values(), *self._native.values()) if c.for_approvers})
+
     def answer_asked(self, approval_id: str, denied: bool) -> NativeConfirmation | None:
         """Approvers answered a confirmation this run asked, and the run goes on with their answer
         (`denied`: its call shows as denied). Returns it if it was still asked."""

@@ -24,12 +24,14 @@ from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
 from gateway.config.schema import parse_config
+from gateway.core.approvals import REFUSAL_KEY, Verdict
+from gateway.core.approver_confirmations import marked
 from gateway.core.deadlines import Deadline
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.agents import Agents
 from gateway.upstream.session_history import SessionConfirmations, session_confirmations
 from tests.unit.test_agents import body
-from tests.unit.test_chat_gates import ScriptedAdk
+from tests.unit.test_chat_gates import ScriptedAdk, call_event
 
 CONFIG = """
 internal:
@@ -202,3 +204,59 @@ async def _true(value: Any) -> bool:
 
 async def _none(awaitable: Any) -> bool:
     return await awaitable is None
+
+
+# ---- the caps on waiting calls -----------------------------------------------------------------
+
+
+async def _ask(env: Env, call: str) -> tuple[Verdict, str]:
+    """The plugin's ask about a `pay` call (plugin 0.3: it marks ADK's confirmation for approvers)."""
+    return await env.cluster.gate(app_name="pay_app", user_id=USER, session_id=CHAT, tool_call_id=call, tool="pay",
+                                  args={"amount": 9}, confirm=True, approvers=True)
+
+
+def _refused(verdict: Verdict, reason: str, words: str) -> bool:
+    response = verdict.response or {}
+    return not verdict.run and not verdict.confirm and response.get(REFUSAL_KEY) == reason and words in response["error"]
+
+
+async def test_confirmations_for_approvers_count_against_the_chats_cap(env: Env) -> None:
+    """Failed on merge-i38: a chat could have any number of confirmations waiting for approvers."""
+    default = env.chats.config.default
+    attachment = await env.cluster.submit(default, USER, body(CHAT))
+    env.adk.reads.put_nowait([*asked("adk-1", "c-1"), *asked("adk-2", "c-2")])
+    env.adk.reads.put_nowait(None)  # the run ends with two confirmations for the approvers
+    await until(lambda: _true(env.chats.native_waiting(default, USER, CHAT, "adk-2")), "both wait")
+    attachment.response.close()
+    # The requester chats on (ADK's session keeps both), and the next run's call would be a third.
+    again = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and pay 9 more"}]}
+    await env.cluster.submit(default, USER, body(CHAT, again))
+    env.adk.reads.put_nowait([call_event("pay")])
+    await asyncio.sleep(0.02)
+    chat = env.chats.local_chats()[0]
+    assert sorted(c.approval_id for c in chat.ledger.pending_native()) == ["adk-1", "adk-2"]
+    verdict, result = await _ask(env, "c-3")
+    assert result == "too_many_pending"
+    assert _refused(verdict, "too_many_pending", "max_pending_approvals_per_chat"), verdict
+
+
+async def test_confirmations_for_approvers_count_against_the_users_cap(env: Env) -> None:
+    """Failed on merge-i38: the plugin was told to ask ADK's confirmation whatever its user had listed."""
+    default = env.chats.config.default
+    for n in (1, 2):  # listed in other chats of the same user (on any replica: the store counts)
+        await env.state.put_approval({
+            "id": f"adk-{n}", "agent": default, "tool": "pay", "requester": USER, "approvers": "supervisors",
+            "created": time.time(), "engine": approval_desk.CONFIRM_ENGINE,
+        }, ttl=60)
+    await env.cluster.submit(default, USER, body(CHAT))
+    env.adk.reads.put_nowait([call_event("pay")])
+    await asyncio.sleep(0.02)
+    verdict, result = await _ask(env, "c-3")
+    assert result == "too_many_pending_user"
+    assert _refused(verdict, "too_many_pending_user", "max_pending_approvals_per_user"), verdict
+    assert env.metrics.registry.get_sample_value("adk_gateway_approvals_over_user_cap_total", {"agent": default}) == 1
+    assert len(await env.state.list_approvals()) == 2, "nothing more listed"
+    # Below the cap the same ask is ADK's confirmation, marked for the approvers.
+    await env.state.drop_approval("adk-1")
+    verdict, result = await _ask(env, "c-4")
+    assert verdict.confirm and marked(verdict.payload) and result == "confirm", verdict
