@@ -52,7 +52,7 @@ CONFIRM_ENGINE = "confirm"
 # A decision for a chat that streams is tried again this often, this many times, before it is
 # left to the deadline queue (`queued`), which tries it again every second until the chat frees.
 _BUSY_WAIT = 0.5
-_BUSY_TRIES = 10
+_BUSY_TRIES = 60
 # A decision that waits for its chat to free is kept this long past the approval's deadline (then
 # the chat itself is long idle): the deadline queue applies it, whenever the chat frees before.
 _DECIDED_KEEP = 3600.0
