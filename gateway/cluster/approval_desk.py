@@ -222,7 +222,7 @@ class ApprovalDesk:
         ) == (deadline.chat, deadline.user, deadline.agent)
         if ours and record is not None and record.get("state") == "decided":
             decision = record.get("decision") or {}
-            result = await self._chats.answer_for_approvers(
+            result = await self._decisions.answer_for_approvers(
                 deadline.agent, deadline.user, deadline.chat, deadline.approval_id,
                 approved=record.get("outcome") == "approved", reason=decision.get("reason"),
                 deciders=list(decision.get("deciders") or _voters(record)),
