@@ -162,8 +162,9 @@ def gateway_process(
 ) -> Iterator[GatewayProcess]:
     """A gateway subprocess. `config` is extra YAML (whole sections) added to the test defaults; with
     an `agents:` section in it, `upstream` is unused (each agent names its own). `approvals`: the
-    agent's `upstream.approvals`; None leaves it unset (the default: confirm on sse, hold on live),
-    "hold" for the tests of the blocking path. `auto_create_session`: the agent's
+    agent's `upstream.approvals`; None leaves it unset (what each mode waits with: ADK's confirmation
+    on sse, the plugin's held request on live; the tests of the held path use `upstream_mode="live"`).
+    `auto_create_session`: the agent's
     `upstream.auto_create_session`. `code`: the source tree whose `gateway` package runs
     (another release's, for the rolling upgrade test); this checkout by default."""
     port = port or free_port()

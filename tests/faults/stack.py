@@ -22,9 +22,11 @@ __all__ = ["demo_stack"]
 def demo_stack(
     tmp: Path, *, payment_timeout: str = "5m", on_timeout: str = "deny", extra: str = "",
     upstream: dict[str, Any] | None = None, adk_env: dict[str, str] | None = None, tools: str | None = None,
+    upstream_mode: str = "sse",
 ) -> Iterator[PluginStack]:
     """The stock ADK API server with the gateway plugin, and a gateway with the demo tool policy
-    (or `tools`, a whole `tools:` YAML section)."""
+    (or `tools`, a whole `tools:` YAML section). `upstream_mode`: "live" for the plugin's held
+    requests (on sse every call that waits for a person is ADK's confirmation)."""
     internal_port = free_port()
     secret = "test-secret-" + os.urandom(6).hex()
     internal = f"http://127.0.0.1:{internal_port}"
@@ -34,6 +36,6 @@ def demo_stack(
     )
     env = {"ADK_GATEWAY_URL": internal, "ADK_GATEWAY_SECRET": secret, **(adk_env or {})}
     with adk_server(tmp, extra_plugins=(PLUGIN,), env=env) as adk, gateway_process(
-        tmp, upstream_with(adk, **(upstream or {})), config
+        tmp, upstream_with(adk, **(upstream or {})), config, upstream_mode=upstream_mode
     ) as gw:
         yield PluginStack(gw, adk, internal, secret, gw.config_path)

@@ -90,6 +90,14 @@ CRASH_EVENTS = {"handler_crashed", "run_crashed", "ws_request_crashed"}
 GATING_TEXT = re.compile(r"\b(pay|send|transfer)\b|where\s+am\s+i|\bplay\s+(track|song|bgm)", re.IGNORECASE)
 
 
+# The log lines that say a call waits for a person or the browser, and those that change one, on
+# either engine: `/run_sse`'s confirmations (ADK's `adk-` ids) and a live upstream's held calls (`gw-`).
+# (`native_approval_lost` is a refused answer naming an id its chat's ADK session does not hold,
+# which changes nothing: a forged answer in another chat logs it with the victim's id.)
+WAITING_EVENTS = frozenset({"gate_opened", "approval_requested", "browser_tool_requested"})
+CHANGED_EVENTS = frozenset({"gate_changed", "approval_answered", "browser_tool_answered", "approval_timed_out"})
+
+
 @dataclass
 class Pending:
     """A gated call left waiting for a person, and what its owner needs to answer it."""
@@ -205,7 +213,7 @@ class Fuzz:
         crashes, touched = [], []
         victim_ids = {a for v in self.victims for a in v.gate_ids}
         for line in self.new_log_lines():
-            if not owner and line.get("event") == "gate_changed" and line.get("approval_id") in victim_ids:
+            if not owner and line.get("event") in CHANGED_EVENTS and line.get("approval_id") in victim_ids:
                 touched.append(line)
             if not is_crash(line):
                 continue
@@ -294,7 +302,8 @@ def make_pending(gw: GatewayProcess, text: str, auth: dict[str, str] | None = No
     assert calls and chunks[-1]["finishReason"] == "tool-calls", types(first)
     gates = [
         line["approval_id"] for line in gw.log_lines()
-        if line.get("event") == "gate_opened" and line.get("tool_call_id") in calls
+        if line.get("event") in WAITING_EVENTS and (line.get("tool_call_id") in calls or (
+            line.get("event") != "gate_opened" and line.get("chat_id") == chat))
     ]
     assert len(gates) == len(calls), (calls, gates)
     return Pending(chat, [message], first, approvals, calls, text, gates)

@@ -3,8 +3,8 @@
 The victims (harness.setup_victims) wait for their owner. Fuzz answers name them from other chats,
 put forged ids (random `gw-` and `adk-` ids, other victims' ids, spent ids) into the victims' own
 chats, replay spent answers, and mangle every field around them. No case may change a victim
-(harness.Fuzz.after_case watches the gateway's gate_changed log lines); the owner's own answer is
-never fuzzed (test_zz_after_fuzz.py sends it at the end).
+(harness.Fuzz.after_case watches the log lines that change a waiting call, harness.CHANGED_EVENTS);
+the owner's own answer is never fuzzed (test_zz_after_fuzz.py sends it at the end).
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ def build(fuzz: Fuzz, plan: dict[str, Any], draw_mutation: Any) -> tuple[dict[st
         and len(message_id) <= 256 and message_id
     )
     if clean and id_kind in ("victim", "other_victim") and approval_id not in victim.approval_ids:
-        expected = "403"  # another chat's approval
+        # Another chat's approval: a held call's `gw-` id is known to the gateway as that chat's
+        # (403); an ADK confirmation's `adk-` id is looked up in this chat's ADK session, which
+        # does not hold it (410 approval_gone). Either way it reaches no run.
+        expected = "403" if approval_id.startswith("gw-") else "410"
     elif clean and target == "spent" and id_kind == "spent" and not plan["then_user"]:
         expected = "410"  # replayed after its run ended
     return body, expected

@@ -50,7 +50,6 @@ def bearer(key: str) -> dict[str, str]:
 def alice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     with demo_stack(
         tmp_path_factory.mktemp("users"), tools=FUZZ_TOOLS, extra=fuzz_config() + auth_config(),
-        upstream={"idle_timeout": "3h", "approvals": "hold"},
     ) as stack:
         yield setup_victims(stack.gateway, bearer(KEYS["alice"]), ["pay 50 to Hanako", "where am I", "play track 2"])
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.chatflow import assistant_from
 from tests.faults.client import bounded_request, check_stream
-from tests.fuzz.harness import REQUEST_DEADLINE, Fuzz, approval_metrics, make_pending, send, ws_exchange
+from tests.fuzz.harness import CHANGED_EVENTS, REQUEST_DEADLINE, Fuzz, approval_metrics, make_pending, send, ws_exchange
 from tests.fuzz.strategies import encode
 
 pytestmark = pytest.mark.integration
@@ -75,11 +75,13 @@ def test_a_ws_frame_whose_type_is_not_a_string_gets_an_error_frame(fuzz: Fuzz, k
 
 
 def test_a_forged_native_answer_does_not_cancel_a_pending_gated_approval(fuzz: Fuzz) -> None:
-    # Found by test_forged_and_replayed_answers_change_nothing: an answer-only request whose approval
-    # id is not a known gw- id is treated as a native ADK confirmation; ChatService.submit then
-    # "settles" the chat's open run (the path for a person who typed instead of answering), which
-    # cancels the real pending approval; the forged id goes to ADK (ValueError as an error chunk),
-    # and the owner's real answer afterwards gets 410 approval_gone.
+    # Found by test_forged_and_replayed_answers_change_nothing, on the held path: an answer-only
+    # request whose approval id is not a known gw- id is treated as a native ADK confirmation;
+    # ChatService.submit then "settles" the chat's open run (the path for a person who typed instead
+    # of answering), which cancels the real pending approval; the forged id goes to ADK (ValueError
+    # as an error chunk), and the owner's real answer afterwards gets 410 approval_gone. The victim
+    # here is the fuzz stack's engine's (an ADK confirmation on /run_sse): a forged confirmation id
+    # beside it must change it no more.
     assert approval_metrics(fuzz.gateway) == fuzz.baseline, "the fuzz cases before this one changed approvals"
     try:
         victim = make_pending(fuzz.gateway, "pay 50 to Hanako")
@@ -89,7 +91,7 @@ def test_a_forged_native_answer_does_not_cancel_a_pending_gated_approval(fuzz: F
         send(fuzz, "regression", "POST", "/api/chat", encode(body), what="forged native id in the owner's chat")
         cancelled = [
             line for line in fuzz.gateway.log_lines()
-            if line.get("event") == "gate_changed" and line.get("approval_id") == victim.approval_ids[0]
+            if line.get("event") in CHANGED_EVENTS and line.get("approval_id") in victim.gate_ids
         ]
         assert not cancelled, f"the forged answer changed the pending approval: {cancelled}"
         real = assistant_from(victim.first, [True])

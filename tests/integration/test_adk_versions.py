@@ -148,7 +148,7 @@ def test_approval_row_through_the_gateway_with_an_old_adk_upstream(old: tuple[st
     ledger = tmp_path / "ledger.jsonl"
     with plugin_stack(
         tmp_path, adk=old[1] / "bin" / "adk", plugin=PLUGIN, adk_env={"DEMO_TOOL_LEDGER": str(ledger)},
-        approvals="hold",  # the blocking path's `gw-` approval (confirm on old ADKs: test_confirm_mode.py)
+        upstream_mode="live",  # the blocking path's `gw-` approval (confirm on old ADKs: test_confirm_mode.py)
     ) as stack:
         gw = stack.gateway
         for approved in (True, False):

@@ -264,7 +264,7 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
 
 # ---- browser tools in confirm mode -----------------------------------------------------------------
 
-# What hold mode shows for these rows (tests/integration/test_gateway_approvals.py, docs/protocol.md).
+# What the held path (live mode) shows for these rows (tests/integration/test_gateway_approvals.py, docs/protocol.md).
 BGM_FIRST = ["start", "start-step", "tool-input-start", "tool-input-available", "finish-step", "finish"]
 LOCATION_FIRST = ["start", "start-step", "tool-input-start", "tool-input-delta", "tool-approval-request", "finish-step", "finish"]
 
@@ -480,12 +480,12 @@ def wire(result: dict) -> list[list[dict]]:
 
 
 @pytest.mark.js
-def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(
+def test_stock_chats_see_browser_tools_chunk_for_chunk_as_on_the_held_path(
     adk: tuple[str, Path | None], agent: Agent, shared_agents: SharedAgents, tmp_path: Path,
 ) -> None:
     """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
-    mode receive, request by request, what the same rows receive in hold mode (only ids and the
-    model's words differ)."""
+    mode receive, request by request, what the same rows receive on the held path, a live
+    upstream's (only ids and the model's words differ)."""
     if adk[0] != "newest":
         pytest.skip("the chunks are the gateway's: one ADK shows them (the rows run on each ADK above)")
     batch = [(version, name) for version in (6, 7) for name in BROWSER_ROWS]
@@ -494,7 +494,7 @@ def test_stock_chats_see_browser_tools_chunk_for_chunk_as_in_hold_mode(
         return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
 
     (tmp_path / "hold").mkdir()
-    with plugin_stack(tmp_path / "hold", approvals="hold", agent=plugin_agent(shared_agents)) as hold:
+    with plugin_stack(tmp_path / "hold", upstream_mode="live", agent=plugin_agent(shared_agents)) as hold:
         held = rows(hold.gateway.base)
         assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
     with confirm_stack(tmp_path, agent) as (_, gw, _extra):

@@ -1,6 +1,7 @@
 """Gateway-owned approvals and browser tools: the tool policy enforced by the plugin in the real ADK server,
-on the blocking path (`upstream.approvals: hold`: the plugin's held request, `gw-` ids), which live
-upstreams use and an agent may choose on sse (the sse default, confirm: tests/integration/test_confirm_mode.py)."""
+on the blocking path (the plugin's held request, `gw-` ids), which is `/run_live`'s: each stack here
+runs its chats on `mode: live` (on `/run_sse` every such call is ADK's confirmation:
+tests/integration/test_confirm_mode.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.demo_rows import SCENARIOS, check_rows
 from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import run_chats
+from tests.ops.stack import payment_responses
 from tests.procs import (
     PLUGIN, PluginStack, adk_server, free_port, gateway_process, metric_value, plugin_stack, request,
 )
@@ -25,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
-    """The demo's topology on the blocking path (conftest's `stack` takes the default, confirm)."""
-    with plugin_stack(tmp_path_factory.mktemp("held"), approvals="hold") as s:
+    """The demo's topology on the blocking path: a live upstream (conftest's `stack` is sse's confirmation)."""
+    with plugin_stack(tmp_path_factory.mktemp("held"), upstream_mode="live") as s:
         yield s
 
 
@@ -144,7 +146,7 @@ def test_every_demo_row_with_stock_chats(stack: PluginStack) -> None:
 
 def test_timeouts_resume_and_late_answers(tmp: Path, shared_agents: SharedAgents) -> None:
     agent = plugin_agent(shared_agents, chunk_delay="0.1")
-    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", approvals="hold", agent=agent) as stack:
+    with plugin_stack(tmp, payment_timeout="1s", on_timeout="error", upstream_mode="live", agent=agent) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
@@ -206,7 +208,7 @@ def test_plugin_fails_closed_when_the_gateway_is_down(tmp: Path) -> None:
 
 
 def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path, shared_agents: SharedAgents) -> None:
-    with plugin_stack(tmp, approvals="hold", agent=plugin_agent(shared_agents)) as stack:
+    with plugin_stack(tmp, upstream_mode="live", agent=plugin_agent(shared_agents)) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
@@ -214,14 +216,26 @@ def test_gateway_restart_while_a_call_waits_fails_visibly(tmp: Path, shared_agen
         gw.proc.terminate()
         gw.proc.wait(timeout=15)
         # Same ports, same policy: a restarted gateway that lost its memory.
-        with gateway_process(tmp, stack.adk, _policy_and_internal(stack), port=gw.port, approvals="hold") as again:
+        with gateway_process(tmp, stack.adk, _policy_and_internal(stack), port=gw.port, upstream_mode="live") as again:
             answer = assistant_from(first, [True])
             reply = post(again, chat, [first_message, answer], messageId=answer["id"])
             assert reply.status == 410
             assert "no longer pending" in reply.json()["error"]["message"]
-            # Typing a new message is the way forward, and it works.
+            # Typing a new message is the way forward, and it works. What the new live session answers
+            # first depends on whether ADK recorded the held call's refusal before the old gateway's
+            # socket closed (a race with the stop): then the model reads the new message; else the
+            # session's last turn is the unanswered call, which the next connection asks anew.
+            refused = payment_responses(stack.adk, chat)
             fresh = post(again, chat, [first_message, answer, user("hello there")])
-            assert fresh.status == 200 and fresh.chunks[-1]["finishReason"] == "stop"
+            assert fresh.status == 200, fresh.body
+            if refused:
+                assert len(refused) == 1 and "success" not in refused[0], refused
+                assert fresh.chunks[-1]["finishReason"] == "stop", types(fresh)
+            else:
+                assert types(fresh)[-3:] == ["tool-approval-request", "finish-step", "finish"], types(fresh)
+                asked = next(c for c in fresh.chunks if c["type"] == "tool-input-available")
+                assert asked["input"] == {"amount": 50, "recipient": "Hanako", "currency": "USD"}, asked
+                assert asked["toolCallId"] != first.chunks[4]["toolCallId"]
 
 
 def _policy_and_internal(stack: PluginStack) -> str:

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    # The blocking path: the plugin's gate requests reach B for chats A runs (remote gates); the sse
-    # default, confirm, holds none (across replicas: tests/integration/test_confirm_mode.py, tests/ops/test_durable_approvals.py).
-    with replicas(tmp_path_factory.mktemp("replicas"), approvals="hold") as r:
+    # `/run_sse`'s confirmations; the plugin's held requests forwarded between replicas are a live
+    # upstream's (tests/ops/test_handover.py, tests/ops/test_failure_modes.py).
+    with replicas(tmp_path_factory.mktemp("replicas")) as r:
         yield r
 
 
@@ -67,16 +67,18 @@ def test_chat_started_on_a_is_approved_and_read_through_b(pair: Replicas) -> Non
     assert second.chunks[1]["type"] == "tool-output-available" and second.chunks[1]["output"]["success"] is True
     assert "Hanako" in text(second) and second.chunks[-1]["finishReason"] == "stop"
     schema_clean(first, second)
-    # B forwarded the plugin's gate and the answer to A, which ran the tool exactly once.
+    # B forwarded the answer (and what the plugin asked) to A, which ran the tool exactly once.
     assert metric_value(pair.b.base, "adk_gateway_forwarded_total", {"direction": "out"}) >= forwarded_before + 2
     assert metric_value(pair.a.base, "adk_gateway_forwarded_total", {"direction": "in"}) >= 2
-    assert [r.get("success") for r in payment_responses(pair.adk, chat)] == [True]
+    # ADK's placeholder while the confirmation waited, then the one result.
+    placeholder, paid = payment_responses(pair.adk, chat)
+    assert "requires confirmation" in placeholder["error"] and paid["success"] is True, (placeholder, paid)
     assert len(pair.ledger.of(chat)) == 1  # the agent's own count of real executions
     # A replayed answer through either replica changes nothing.
     for gw in (pair.a, pair.b):
         replay = post(gw, chat, [first_message, answer], messageId=answer["id"])
         assert replay.status == 410 and replay.json()["error"]["code"] == "approval_gone", replay.body
-    assert len(payment_responses(pair.adk, chat)) == 1 and len(pair.ledger.of(chat)) == 1
+    assert len(payment_responses(pair.adk, chat)) == 2 and len(pair.ledger.of(chat)) == 1
 
 
 def test_resume_on_b_after_the_stream_on_a_dropped(pair: Replicas) -> None:

@@ -1,6 +1,8 @@
 """Traces end to end: a gateway and a real ADK server (the plugin loaded) export over OTLP/HTTP to a
 receiver that decodes the real protocol (tests/otlp_receiver.py); an approval turn's span tree is
-checked as a trace viewer would draw it."""
+checked as a trace viewer would draw it: on `/run_sse` (the approval is ADK's confirmation, its
+wait a span of the turn that asked) and on a live upstream (the plugin's held request carries ADK's
+tool span, under which the wait sits)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def receiver() -> Iterator[Receiver]:
 def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(
-        tmp_path_factory.mktemp("traced"), approvals="hold", gateway_env=otel,
+        tmp_path_factory.mktemp("traced"), gateway_env=otel,
         adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
     ) as s:
         yield s
@@ -90,31 +92,34 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
     assert req.attributes["http.response.status_code"] == 200
     assert req.attributes["adk_gateway.chat_id"] == chat and req.attributes["adk_gateway.agent"] == "demo_agent"
     assert "adk_gateway.replica" in req.attributes
-    # The turn, under the request that started it, lasts until the run ended (after the decision).
+    # The turn, under the request that started it, lasts until the run ended with ADK's confirmation.
     turn = by_name["turn demo_agent"]
     assert turn.kind == "INTERNAL" and turn.parent_id == req.span_id
-    assert turn.attributes["adk_gateway.outcome"] == "completed"
+    assert turn.attributes["adk_gateway.outcome"] == "waiting"
     # The upstream call, a CLIENT span under the turn; the session's creation, under the request.
     run_sse = by_name["POST /run_sse"]
     assert run_sse.kind == "CLIENT" and run_sse.parent_id == turn.span_id
     assert run_sse.attributes["http.response.status_code"] == 200
     session = by_name["POST /apps/{app_name}/users/{user_id}/sessions"]
     assert session.kind == "CLIENT" and session.parent_id == req.span_id
-    # The person's wait, under ADK's tool span (the plugin's ask carried it as its traceparent), with
-    # what was decided and by whom; no argument values. The whole tree, as a trace viewer draws it:
-    # request -> turn -> upstream call -> ADK's server, agent and tool spans -> the wait.
+    # The person's wait, under the turn that asked (ADK's run ended with its confirmation; nothing of
+    # ADK's is open while the person decides), with what was decided and by whom; no argument values.
+    # ADK's tool span that asked sits under its run: request -> turn -> upstream call -> ADK's server,
+    # agent and tool spans.
     wait = by_name["approval process_payment"]
     adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
-    assert wait.parent_id == adk["execute_tool process_payment"].span_id
-    lineage = _lineage(wait, _of(spans, trace_id))
+    assert wait.parent_id == turn.span_id
+    assert _lineage(wait, _of(spans, trace_id)) == [
+        ("adk-gateway", "approval process_payment"), ("adk-gateway", "turn demo_agent"), ("adk-gateway", "POST /api/chat"),
+    ]
     assert _in_order([
-        ("adk-gateway", "approval process_payment"), ("adk-agent", "execute_tool process_payment"),
-        ("adk-agent", "invoke_agent demo_agent"), ("adk-agent", "POST /run_sse"), ("adk-gateway", "POST /run_sse"),
-        ("adk-gateway", "turn demo_agent"), ("adk-gateway", "POST /api/chat"),
-    ], lineage), lineage
-    assert lineage[-1] == ("adk-gateway", "POST /api/chat")  # rooted at the browser's request
+        ("adk-agent", "execute_tool process_payment"), ("adk-agent", "invoke_agent demo_agent"),
+        ("adk-agent", "POST /run_sse"), ("adk-gateway", "POST /run_sse"), ("adk-gateway", "turn demo_agent"),
+        ("adk-gateway", "POST /api/chat"),
+    ], _lineage(adk["execute_tool process_payment"], _of(spans, trace_id)))
     assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
-    assert wait.attributes["adk_gateway.tool"] == "process_payment"
+    assert wait.attributes["adk_gateway.tool"] == "process_payment" and wait.attributes["adk_gateway.mode"] == "confirm"
+    assert wait.attributes["adk_gateway.approval_id"].startswith("adk-")
     assert wait.end - wait.start >= 0.4e9
     assert not any("Hanako" in str(v) for s in mine for v in s.attributes.values())
     # ADK's own spans join the trace: its server span of /run_sse is the child of the gateway's
@@ -127,9 +132,53 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
     assert scraped.headers["content-type"].startswith("application/openmetrics-text")
     assert f'trace_id="{trace_id}"' in scraped.body.decode()
     assert "trace_id" not in request(gw.base, "GET", "/metrics").body.decode()
-    # The answering request is its own trace's root (it sent no traceparent).
-    answering = [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
+    # The answering request is its own trace's root (it sent no traceparent), and the run it starts,
+    # where ADK runs the confirmed tool, is in that trace.
+    def answering_of(spans: list[Span]) -> list[Span]:
+        return [s for s in spans if s.name == "POST /api/chat" and s.trace_id != trace_id and s.attributes.get("adk_gateway.chat_id") == chat]
+    answering = answering_of(receiver.wait_for(lambda spans: bool(answering_of(spans))))
     assert answering and answering[0].parent_id == ""
+    rerun = receiver.wait_for(lambda spans: any(
+        s.service == "adk-agent" and s.name == "execute_tool process_payment" for s in _of(spans, answering[0].trace_id)))
+    turns = [s for s in _of(rerun, answering[0].trace_id) if s.name == "turn demo_agent"]
+    assert [t.attributes["adk_gateway.outcome"] for t in turns] == ["completed"] and turns[0].parent_id == answering[0].span_id
+
+
+def test_a_held_approval_waits_under_adk_s_tool_span(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
+    """A live upstream's gated call waits in the plugin's held request, which carries ADK's tool span
+    as its `traceparent`: the person's wait is that span's child, in the browser's trace."""
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
+    with plugin_stack(
+        tmp_path_factory.mktemp("traced-held"), upstream_mode="live", gateway_env=otel,
+        adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
+    ) as held:
+        gw = held.gateway
+        trace_id = "5ce0e9a56015fec5aadfa328ae398115"
+        chat, first_message = new_chat(), user("pay 50 to Hanako")
+        first = request(
+            gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
+            headers={"traceparent": f"00-{trace_id}-ab42124a3c573678-01"},
+        )
+        assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
+        time.sleep(0.5)  # the person takes their time
+        answer = assistant_from(first, [True])
+        assert "tool-output-available" in types(post(gw, chat, [first_message, answer], messageId=answer["id"]))
+
+        def complete(spans: list[Span]) -> bool:
+            names = {(s.service, s.name) for s in _of(spans, trace_id)}
+            return {("adk-gateway", "approval process_payment"), ("adk-agent", "execute_tool process_payment"),
+                    ("adk-gateway", "turn demo_agent"), ("adk-gateway", "GET /run_live")} <= names
+        spans = _of(receiver.wait_for(complete), trace_id)
+        assert complete(spans), sorted((s.service, s.name) for s in spans)
+    by_name = {(s.service, s.name): s for s in spans}
+    wait, tool = by_name["adk-gateway", "approval process_payment"], by_name["adk-agent", "execute_tool process_payment"]
+    assert wait.parent_id == tool.span_id
+    assert wait.attributes["adk_gateway.mode"] == "hold" and wait.attributes["adk_gateway.approval_id"].startswith("gw-")
+    assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
+    assert tool.start <= wait.start and wait.end <= tool.end and wait.end - wait.start >= 0.4e9
+    turn = by_name["adk-gateway", "turn demo_agent"]
+    assert by_name["adk-gateway", "GET /run_live"].parent_id == turn.span_id
+    assert turn.parent_id == by_name["adk-gateway", "POST /api/chat"].span_id
 
 
 async def test_each_websocket_send_is_a_span_with_its_turn(stack: PluginStack, receiver: Receiver) -> None:
@@ -165,7 +214,7 @@ def replicas_traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
     saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY", *_KEEP_ALL)}
     os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL})
     try:
-        with replicas(tmp_path_factory.mktemp("traced-replicas"), approvals="hold", adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
+        with replicas(tmp_path_factory.mktemp("traced-replicas"), adk_env={"OTEL_SERVICE_NAME": "adk-agent"}) as r:
             yield r
     finally:
         for name, value in saved.items():
@@ -208,21 +257,27 @@ def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_tra
     assert forward.attributes["adk_gateway.replica"] == b and serve.attributes["adk_gateway.replica"] == a != b
     adk = {s.name: s for s in _of(spans, trace_id) if s.service == "adk-agent"}
     assert adk["POST /run_sse"].parent_id == run.span_id
-    # The plugin's ask went to B with ADK's tool span as its traceparent: B's forward of it sits
-    # under the tool span, A's service of it under that, and the person's wait (on A) under it.
+    # The plugin's ask (the tool's rules first) went to B with ADK's tool span as its traceparent:
+    # B's forward of it sits under the tool span, A's service of it under that. The person's wait,
+    # on A, is the span of the turn that ended with ADK's confirmation.
     ask, served, wait = (mine[n] for n in asked)
     assert ask.parent_id == adk["execute_tool process_payment"].span_id and ask.attributes["adk_gateway.replica"] == b
     assert served.parent_id == ask.span_id and served.attributes["adk_gateway.replica"] == a
-    assert wait.parent_id == served.span_id and wait.attributes["adk_gateway.replica"] == a
+    assert wait.parent_id == turn.span_id and wait.attributes["adk_gateway.replica"] == a
     assert wait.attributes["adk_gateway.outcome"] == "approved" and wait.attributes["adk_gateway.source"] == "person"
-    lineage = _lineage(wait, _of(spans, trace_id))
+    assert wait.attributes["adk_gateway.mode"] == "confirm"
+    lineage = _lineage(served, _of(spans, trace_id))
     assert _in_order([
-        ("adk-gateway", "approval process_payment"), ("adk-gateway", "serve gate"), ("adk-gateway", "forward gate"),
+        ("adk-gateway", "serve gate"), ("adk-gateway", "forward gate"),
         ("adk-agent", "execute_tool process_payment"), ("adk-agent", "invoke_agent demo_agent"),
         ("adk-agent", "POST /run_sse"), ("adk-gateway", "POST /run_sse"), ("adk-gateway", "turn demo_agent"),
         ("adk-gateway", "serve submit"), ("adk-gateway", "forward submit"), ("adk-gateway", "POST /api/chat"),
     ], lineage), lineage
     assert lineage[-1] == ("adk-gateway", "POST /api/chat")
+    assert _lineage(wait, _of(spans, trace_id)) == [
+        ("adk-gateway", "approval process_payment"), ("adk-gateway", "turn demo_agent"), ("adk-gateway", "serve submit"),
+        ("adk-gateway", "forward submit"), ("adk-gateway", "POST /api/chat"),
+    ]
 
 
 def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:

@@ -298,20 +298,21 @@ async def test_ws_failure_before_the_stream_is_an_error_frame(faulty: Faulty) ->
 
 
 def test_pending_approval_outlives_the_upstream_idle_timeout(tmp_path: Path) -> None:
-    """A gated call keeps ADK's run open and silent while the person decides: the upstream idle
-    timeout (meant for a stalled agent) must not cancel an approval that is within its own timeout,
-    nor the run right after it (silence counts from the decision). The timer logic itself is
-    tested without real time in tests/unit/test_upstream_idle.py; this checks the wiring."""
+    """A gated call on `/run_sse` ends ADK's run with its confirmation: the person's wait is no
+    silence of any run, so the upstream idle timeout (meant for a stalled agent) must not cancel an
+    approval that is within its own timeout, nor the run its answer starts (a new one, with a whole
+    idle period of its own). The idle reader's timer logic is tested without real time in
+    tests/unit/test_upstream_idle.py; this checks the wiring."""
     # ADK has a whole idle period after the decision for its next event, plenty on a loaded
     # machine; the person's wait only has to be longer than one, and its length decides nothing.
     idle = 2.0
-    # The blocking path: ADK's run is held open (the sse default, confirm, ends it).
-    with demo_stack(tmp_path, payment_timeout="60s", upstream={"idle_timeout": f"{idle}s", "approvals": "hold"}) as stack:
+    with demo_stack(tmp_path, payment_timeout="60s", upstream={"idle_timeout": f"{idle}s"}) as stack:
         gw = stack.gateway
         chat, first_message = new_chat(), user("pay 50 to Hanako")
         first = post(gw, chat, [first_message])
         assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"], types(first)
-        time.sleep(idle * 1.5)  # the person takes a moment; ADK's run sends nothing meanwhile
+        assert first.chunks[-3]["approvalId"].startswith("adk-")  # ADK's confirmation: its run has ended
+        time.sleep(idle * 1.5)  # the person takes a moment; no run is open meanwhile
         answer = assistant_from(first, [True])
         second = bounded_request(
             gw.base, "POST", "/api/chat",

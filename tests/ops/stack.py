@@ -212,8 +212,8 @@ def replicas(
 
     `plugin_via`: "a" or "b" (that replica's internal listener) or "balancer" (a `Balancer` over
     both, sending every new connection to `prefer` while it is up). `api_keys` (id -> key) turns
-    auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals` (hold
-    or confirm; None leaves it unset: confirm on sse, hold on live). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
+    auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals`; None
+    leaves it unset (confirm on sse, hold on live: the held path's scenarios set `upstream_mode="live"`). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
     that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
     `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
     venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.

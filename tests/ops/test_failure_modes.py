@@ -12,6 +12,11 @@ it breaks:
 
 Scenarios that leave the stack whole share one (`shared`, with API keys on); those that kill or
 stop a replica or Redis get their own. Each stack starts in ~2 s.
+
+The rows whose subject is a call held open while it waits (an owner killed or Redis restarted with
+the plugin's request held, the plugin giving up) run on a live upstream, whose path that is; the
+others on `/run_sse`'s default, where a pending approval is ADK's confirmation in its session (the
+run ends with the request, the answer starts a new one; its own table: test_durable_approvals.py).
 """
 
 from __future__ import annotations
@@ -35,10 +40,9 @@ from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = pytest.mark.integration
 
-# Every row here is the blocking path (the plugin's held requests), which live upstreams use; the
-# sse default, confirm, has its own table: test_durable_approvals.py.
-HOLD = "hold"
-MAX_WAIT = 4  # the shared stack's ADK_GATEWAY_MAX_WAIT, seconds: answer its approvals at once
+# The held path (the plugin's requests held open while a person decides) is a live upstream's.
+HELD = "live"
+MAX_WAIT = 4  # the plugin's ADK_GATEWAY_MAX_WAIT in the row where it gives up, seconds
 # The demo quotes this in ~14 deltas, one per DEMO_CHUNK_DELAY: a stream that lasts long enough
 # to break it mid-way.
 LONG_TEXT = "please repeat after me " + " ".join(f"word{i}" for i in range(36))
@@ -49,8 +53,7 @@ RESET = "The agent service failed: the agent service closed the connection mid-s
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     with replicas(
-        tmp_path_factory.mktemp("ops-shared"), plugin_via="balancer", api_keys=KEYS, approvals=HOLD,
-        adk_env={"DEMO_CHUNK_DELAY": "0.2", "ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
+        tmp_path_factory.mktemp("ops-shared"), plugin_via="balancer", api_keys=KEYS, adk_env={"DEMO_CHUNK_DELAY": "0.2"},
     ) as r:
         yield r
         r.ledger.assert_no_double_execution()
@@ -118,9 +121,9 @@ def log_events(gw: GatewayProcess, event: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("plugin_at", ["other", "owner"])
 def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> None:
-    """A (the owner) is killed while two payments wait for a person. `plugin_at`: the balancer put
-    the plugin's requests on B (forwarded to A) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", approvals=HOLD) as r:
+    """A (the owner) is killed while two payments wait for a person, each call held in its live
+    session. `plugin_at`: the balancer put the plugin's requests on B (forwarded to A) or on A itself."""
+    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
         browser = Browser(r.headers)
         lost = {what: metric(r.b, "owner_lost_total", what=what) for what in ("approval", "gated_call", "run")}
         chat1, msg1, first1 = start_payment(r, r.a, "pay 50 to Hanako")
@@ -134,10 +137,6 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
         assert early.status == 410 and early.json()["error"]["code"] == "approval_gone", early.body
         assert "stopped" in early.json()["error"]["message"]
 
-        # ADK is released fail-closed for both calls: answered without running.
-        for chat in (chat1, chat2):
-            [response] = answered(r, chat)
-            assert "error" in response and "success" not in response, response
         if plugin_at == "other":
             wait_until(lambda: metric(r.b, "owner_lost_total", what="gated_call") >= lost["gated_call"] + 2,
                        "B to release the two calls it held for A")
@@ -145,7 +144,7 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
             # A's connection to ADK died with A: ADK aborts the runs. The plugin's connection broke
             # too, and a plugin that asks again before ADK cancels it (asking.py) reaches B, which
             # finds the owner dead and refuses the call, counting it: zero, one or both calls,
-            # depending on that race. Nothing runs either way (above).
+            # depending on that race. Nothing runs either way (the ledger, below).
             held = metric(r.b, "owner_lost_total", what="gated_call")
             assert lost["gated_call"] <= held <= lost["gated_call"] + 2
 
@@ -159,11 +158,21 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
         assert metric(r.b, "owner_lost_total", what="approval") >= lost["approval"] + 1
         assert metric(r.b, "owner_lost_total", what="run") >= lost["run"] + 2
 
-        # The chats go on on B, gated payments included (the plugin now reaches B).
+        # Both calls' live sessions went with A: ADK's session holds each call, never answered.
+        for chat in (chat1, chat2):
+            assert payment_responses(r.adk, chat, r.user) == []
+        # The chats go on on B, gated payments included (the plugin now reaches B). B's new live
+        # session answers the session's dangling turn first, as the model's next connection does:
+        # the payment is asked anew, a new call and a new approval (the lost one stays lost).
         again = browser.post(r.b.base, chat1, [msg1, answer(first1), user("weather in Tokyo")])
         assert again.status == 200, again.body
-        assert text_of(assert_one_terminal(again, error=False))
-        assert_sdk_clean(first1, again.chunks)
+        chunks = assert_one_terminal(again, error=False)
+        asked = next(c for c in chunks if c["type"] == "tool-input-available")
+        [shown] = [c for c in chunks if c["type"] == "tool-approval-request"]
+        assert asked["input"] == {"amount": 50, "recipient": "Hanako", "currency": "USD"}, asked
+        old = next(c for c in first1 if c["type"] == "tool-approval-request")
+        assert asked["toolCallId"] != old["toolCallId"] and shown["approvalId"] not in (old["approvalId"], None)
+        assert_sdk_clean(first1, chunks)
         chat3, msg3, first3 = start_payment(r, r.b, "pay 70 to Hanako")
         paid = approve(r, r.b, chat3, msg3, first3)
         assert paid.status == 200 and assert_one_terminal(paid, error=False)[1]["type"] == "tool-output-available"
@@ -182,7 +191,7 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
 def test_redis_restart_mid_approval(tmp_path: Path, plugin_at: str) -> None:
     """Redis stops while a payment waits, and comes back empty. `plugin_at`: the plugin's request
     on B (forwarded to A, the path that depends on Redis most) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", approvals=HOLD) as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
         browser = Browser(r.headers)
         chat, message, first = start_payment(r, r.a)
         if plugin_at == "other":
@@ -239,11 +248,11 @@ def test_redis_restart_mid_approval(tmp_path: Path, plugin_at: str) -> None:
 @pytest.mark.parametrize("drain", ["long", "short"])
 def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, drain: str) -> None:
     """A is sent SIGTERM while it streams to a browser of its own and to one reading through B, and
-    while a payment waits for a person. `long`: the drain (20 s) outlasts the streams (~2 s);
-    `short`: the drain (1 s) cuts them (~3.5 s)."""
+    while a payment waits for a person (ADK's confirmation: its run has ended). `long`: the drain
+    (20 s) outlasts the streams (~2 s); `short`: the drain (1 s) cuts them (~3.5 s)."""
     drain_timeout, delay = ("20s", "0.15") if drain == "long" else ("1s", "0.25")
     with replicas(
-        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": delay}, drain_timeout=drain_timeout, approvals=HOLD,
+        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": delay}, drain_timeout=drain_timeout,
     ) as r:
         browser = Browser(r.headers)
         relayed_chat, relayed_history = owned_by(r, r.a)
@@ -281,30 +290,46 @@ def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, drain: str) -> N
         assert not log_events(r.a, "stop_forced") and not log_events(r.a, "stop_step_timed_out")
         for chunks in ends:
             assert_sdk_clean(chunks)
-        # The waiting payment was cancelled by the drain: the model read so, the tool never ran.
-        [response] = answered(r, pending)
-        assert "success" not in response, response
-        assert any(line.get("outcome") == "cancelled" for line in log_events(r.a, "gate_changed"))
+        # The waiting payment held nothing the drain could cancel: it waits in ADK's session, unanswered
+        # (ADK's placeholder response alone).
+        [waiting] = payment_responses(r.adk, pending, r.user)
+        assert "requires confirmation" in waiting["error"] and r.ledger.lines() == [], waiting
 
-        # B takes A's chats over at once (a clean stop deletes A's heartbeat): the late Approve
-        # reads that the approval is gone, and new messages run on B.
+        # B takes A's chats over at once (a clean stop deletes A's heartbeat): the late Approve runs
+        # the payment once, and new messages run on B.
         late = approve(r, r.b, pending, pending_msg, pending_first)
-        assert late.status == 410 and late.json()["error"]["code"] == "approval_gone", late.body
+        assert late.status == 200, late.body
+        paid = assert_one_terminal(late, error=False)
+        assert paid[1]["type"] == "tool-output-available" and paid[1]["output"]["success"] is True, paid[:3]
+        assert_sdk_clean(pending_first, paid)
         for chat, history, chunks in ((local_chat, local_history, ends[0]), (relayed_chat, relayed_history, ends[1])):
             messages = [*history, said(chunks), user("weather in Tokyo")]
             again = browser.post(r.b.base, chat, messages)
             assert again.status == 200, again.body
             assert "Tokyo" in text_of(assert_one_terminal(again, error=False))
-        assert r.ledger.lines() == []
+        assert len(r.ledger.of(pending)) == 1 and len(r.ledger.lines()) == 1, r.ledger.lines()
+        r.ledger.assert_matches(pending, payment_responses(r.adk, pending, r.user))
+        r.ledger.assert_no_double_execution()
 
 
 # ---- the shared stack: ADK crash, reload, the plugin giving up ---------------------------------
 
 
-def test_plugin_gives_up_waiting(shared: Replicas) -> None:
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Replicas]:
+    """A live upstream's replicas, whose plugin waits (and gives up) on its held requests."""
+    with replicas(
+        tmp_path, plugin_via="balancer", api_keys=KEYS, upstream_mode=HELD,
+        adk_env={"DEMO_CHUNK_DELAY": "0.2", "ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
+    ) as r:
+        yield r
+        r.ledger.assert_no_double_execution()
+
+
+def test_plugin_gives_up_waiting(held: Replicas) -> None:
     """The plugin's ADK_GATEWAY_MAX_WAIT passes before the person answers: the call is refused and
     the late Approve, through the other replica, reads that refusal."""
-    r = shared
+    r = held
     tool_wait = {"tool": "process_payment", "outcome": "abandoned"}
     before = metric(r.a, "approval_wait_seconds_count", **tool_wait)
     chat, message, first = start_payment(r, r.a, "pay 80 to Hanako")
@@ -380,14 +405,13 @@ def test_reload_good_bad_and_empty(shared: Replicas) -> None:
 
 def test_adk_crash_mid_stream(shared: Replicas) -> None:
     """The ADK server is killed (-9) while A streams to its own browser and to one reading through
-    B, and while a payment waits; then it comes back on the same port, empty."""
+    B, and while a payment waits (ADK's confirmation, in ADK's memory); then it comes back on the
+    same port, empty."""
     r = shared
     browser = Browser(r.headers)
     resets = metric(r.a, "upstream_errors_total", kind="reset")
     missing = metric(r.a, "upstream_errors_total", kind="session_missing")
-    cancelled = metric(r.a, "approval_wait_seconds_count", tool="process_payment", outcome="cancelled")
     relayed_chat, history = owned_by(r, r.a)
-    # Started last, so that its call still waits (well inside the plugin's MAX_WAIT) at the crash.
     pending, pending_msg, pending_first = start_payment(r, r.a, "pay 40 to Kenji")
     local_chat = new_chat()
     _, local = long_stream(r, r.a, local_chat, [])
@@ -403,19 +427,15 @@ def test_adk_crash_mid_stream(shared: Replicas) -> None:
             wait_until(lambda gw=gw: request(gw.base, "GET", "/readyz").json()["status"] == "upstream_unreachable",
                        f"{gw.base}/readyz to report ADK down", 10)
             assert metric(gw, "upstream_up") == 0
-        # The payment's run died with ADK, its approval cancelled with it: the late Approve reads
-        # how the run ended (the same error), and nothing runs.
-        assert metric(r.a, "approval_wait_seconds_count", tool="process_payment", outcome="cancelled") >= cancelled + 1
-        late = approve(r, r.b, pending, pending_msg, pending_first)
-        assert late.status == 200, late.body
-        chunks = assert_one_terminal(late, error=True)
-        assert next(c for c in chunks if c["type"] == "error")["errorText"] == RESET, chunks
-        assert "tool-output-available" not in types_of(chunks)
-        assert_sdk_clean(pending_first, chunks)
     finally:
         r.agent.start()
     for gw in (r.a, r.b):
         wait_ready(gw)
+    # The payment's confirmation went with ADK's in-memory session: the late Approve is refused
+    # before it reaches ADK, saying why, and nothing runs.
+    late = approve(r, r.b, pending, pending_msg, pending_first)
+    assert late.status == 410 and late.json()["error"]["code"] == "approval_gone", late.body
+    assert "restarted and lost this approval" in late.json()["error"]["message"], late.body
     assert r.ledger.of(pending) == []
 
     # ADK lost its sessions with the crash; the chats go on (the gateway opens new ones).

@@ -1,5 +1,6 @@
-"""A replica that stops does not take another replica's approvals down with it (issue 25, item 3:
-the blocking path, `upstream.approvals: hold`, which live upstreams keep).
+"""A replica that stops does not take another replica's approvals down with it, on the blocking
+path: the plugin's held requests, which live upstreams use (on `/run_sse` a pending approval is ADK's
+confirmation and holds no request: tests/ops/test_durable_approvals.py).
 
 Two replicas on a real redis-server, the stock ADK API server with the plugin behind the
 round-robin balancer (stack.Balancer, preferring A), and the agent's ledger of real payments. B
@@ -73,13 +74,9 @@ def approved_once_each(r: Replicas, pending: list[tuple[str, dict[str, Any], Chu
     r.ledger.assert_no_double_execution()
 
 
-@pytest.mark.parametrize("upstream_mode", ["sse", "live"])
-def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(
-    tmp_path: Path, upstream_mode: str,
-) -> None:
-    """`live`: the gateway's runs are ADK live sessions, which have no confirmations: the blocking
-    path is theirs for good."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode=upstream_mode, approvals="hold") as r:
+def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
+    """The gateway's runs are ADK live sessions, which have no confirmations: the blocking path is theirs."""
+    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode="live") as r:
         pending = held_by_a(r)
         r.a.proc.send_signal(signal.SIGTERM)
         assert r.a.proc.wait(timeout=30) == 0
@@ -97,7 +94,7 @@ def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_rep
 
 
 def test_kill_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
-    with replicas(tmp_path, plugin_via="balancer", prefer="a", approvals="hold") as r:
+    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode="live") as r:
         pending = held_by_a(r)
         r.a.proc.kill()
         r.a.proc.wait()

@@ -12,8 +12,9 @@ agents' plugin after).
 Each way round, a chat is started on one replica and its payment approved through the other: the
 answer is forwarded to the chat's owner, which runs the tool exactly once (the ledger of real
 executions), and a replay of the answer through either replica is refused. In confirm mode (the
-default), and in hold mode with the plugin's held request on the old replica, so that a chat the
-new replica runs has its gate forwarded old -> new and its verdict released new -> old. Skipped, saying so,
+default on /run_sse), and on a live upstream (the plugin's held requests) with the plugin asking
+the old replica, so that a chat the new replica runs has its gate forwarded old -> new and its
+verdict released new -> old. Skipped, saying so,
 when the repository's history does not hold PREVIOUS (a shallow clone).
 
 Run alone: `PYTEST_ARGS='-k rolling_upgrade' make test`, or pytest with `-k rolling_upgrade`.
@@ -91,9 +92,10 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
 
 @pytest.fixture(scope="module")
 def upgrade_hold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    """Hold mode: the plugin's request is held by A, the old replica, whichever replica runs the
-    chat, so a chat on B is a gate forwarded old -> new and its verdict released new -> old."""
-    with _mixed(tmp_path_factory.mktemp("rolling_upgrade_hold"), approvals="hold", plugin_via="a") as r:
+    """The held path (a live upstream): the plugin's request is held by A, the old replica,
+    whichever replica runs the chat, so a chat on B is a gate forwarded old -> new and its verdict
+    released new -> old."""
+    with _mixed(tmp_path_factory.mktemp("rolling_upgrade_hold"), upstream_mode="live", plugin_via="a") as r:
         yield r
 
 
@@ -156,7 +158,7 @@ def test_rolling_upgrade_a_new_message_forwarded_both_ways(upgrade: Replicas) ->
     _no_refused_messages(upgrade.a, upgrade.b)
 
 
-# Hold mode across the upgrade: its own stack of replicas (~20 s), so `make chaos` runs it and `make
+# The held path across the upgrade: its own stack of replicas (~20 s), so `make chaos` runs it and `make
 # test` keeps the confirm-mode crossings above (the suite stays within its time budget).
 @pytest.mark.chaos
 def test_rolling_upgrade_hold_gate_forwarded_from_the_old_replica_to_the_new_owner(upgrade_hold: Replicas) -> None:

@@ -4,8 +4,8 @@ A primary redis-server and a replica of it (`--replicaof`), three redis-sentinel
 failure detection scaled down to half a second), replicas A and B configured with the sentinels
 (`sessions.redis_sentinels`, no redis_url host), the stock ADK API server with the plugin behind a
 round-robin balancer and its ledger of real payments. Payments wait for a person on both replicas
-(the blocking path, whose gated calls live in Redis) while a response streams from A to a browser
-reading through B (relayed through Redis). Then kill -9 of the primary, mid-traffic:
+(ADK's confirmations, each chat's record of them in Redis) while a response streams from A to a
+browser reading through B (relayed through Redis). Then kill -9 of the primary, mid-traffic:
 
 - the sentinels promote the replica, and both gateways follow without a restart (their next
   connection asks the sentinels): ready again, new chats on each, no `shared_state_reset` (the
@@ -285,7 +285,7 @@ def failover(ha: Store, r: Replicas, *, resume: subprocess.Popen[Any] | None = N
 
 def _stack(tmp_path: Path, ha: Store) -> Any:
     return replicas(
-        tmp_path, plugin_via="balancer", approvals="hold", adk_env={"DEMO_CHUNK_DELAY": "0.15"},
+        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": "0.15"},
         store=(ha.primary, ha.reach()),
     )
 
