@@ -17,13 +17,15 @@ from ..core.refusals import Refusal
 from ..core.chat_request import ApprovalAnswer, ToolOutput
 from .registry import Registry
 
-__all__ = ["LOST_APPROVAL", "ForApprovers", "Forbidden", "Gone", "pending_outputs", "split_answers"]
+__all__ = ["LOST_APPROVAL", "NOT_PENDING", "ForApprovers", "Forbidden", "Gone", "pending_outputs", "split_answers"]
 
 log = structlog.get_logger("adk_gateway.chat.answers")
 
 # A native confirmation ADK's session no longer holds: ADK restarted without keeping its sessions
 # (`memory://`), so the paused call, and the approval with it, are gone.
 LOST_APPROVAL = "the agent service restarted and lost this approval; send your message again"
+# An ADK confirmation id this chat never asked (another chat's, or made up): its session never held it.
+NOT_PENDING = "this approval is not pending in this chat; send a new message to go on"
 
 
 class Forbidden(Refusal):

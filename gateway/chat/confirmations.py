@@ -29,7 +29,7 @@ from ..ops.metrics import GatewayMetrics
 from ..upstream.agents import Agent, Agents
 from ..upstream.client import SessionConfirmations
 from .agent_runs import AgentRuns
-from .answers import LOST_APPROVAL, ForApprovers, Gone
+from .answers import LOST_APPROVAL, NOT_PENDING, ForApprovers, Gone
 from .attachment import Attachment, ChatBusy, browser_added, message_so_far
 from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
@@ -109,11 +109,17 @@ class NativeConfirmations:
         if held is None:
             held = await self._runs.confirmations(chat) if open_ else SessionConfirmations()
         _refuse_for_approvers(chat, open_, held)
-        lost = [a for a in open_ if a.approval_id not in held.asked and a.approval_id not in held.answered]
+        missing = [a for a in open_ if a.approval_id not in held.asked and a.approval_id not in held.answered]
+        # One this chat asked and ADK no longer holds was lost by ADK (a restart on in-memory
+        # sessions); one it never asked (another chat's id, or made up) was never this chat's.
+        lost = [a for a in missing if ledger.native_pending(a.approval_id)]
         if lost:
             self._lose(chat, lost)
-            if strict:
-                raise Gone(LOST_APPROVAL)
+        for answer in missing:
+            if not ledger.native_pending(answer.approval_id) and answer not in lost:
+                log.warning("native_approval_unknown", approval_id=answer.approval_id, reason="not in the agent's session")
+        if missing and strict:
+            raise Gone(LOST_APPROVAL if lost else NOT_PENDING)
         # Not answered here meanwhile either (the deadline's answer may have gone while ADK was asked).
         fresh = [
             a for a in open_

@@ -92,8 +92,8 @@ GATING_TEXT = re.compile(r"\b(pay|send|transfer)\b|where\s+am\s+i|\bplay\s+(trac
 
 # The log lines that say a call waits for a person or the browser, and those that change one, on
 # either engine: `/run_sse`'s confirmations (ADK's `adk-` ids) and a live upstream's held calls (`gw-`).
-# (`native_approval_lost` is a refused answer naming an id its chat's ADK session does not hold,
-# which changes nothing: a forged answer in another chat logs it with the victim's id.)
+# (`native_approval_unknown` is a refused answer naming an id its chat never asked, which changes
+# nothing: a forged answer in another chat logs it with the victim's id.)
 WAITING_EVENTS = frozenset({"gate_opened", "approval_requested", "browser_tool_requested"})
 CHANGED_EVENTS = frozenset({"gate_changed", "approval_answered", "browser_tool_answered", "approval_timed_out"})
 

@@ -208,6 +208,28 @@ async def test_an_answer_adk_lost_in_a_restart_is_410_and_never_reaches_adk() ->
     await chats.close()
 
 
+async def test_an_answer_to_a_confirmation_this_chat_never_asked_is_410_without_blaming_a_restart() -> None:
+    """Another chat's (or a made-up) ADK confirmation id answered here: ADK's session of this chat
+    does not hold it, as after an ADK restart, but nothing restarted: the refusal must not say so."""
+    adk = NativeAdk()
+    chats = service(adk)
+    first = await _finished(chats, "alice", request(USER))
+    answer = approval_of(first)
+    foreign = {**answer, "parts": [
+        {**part, "approval": {**part["approval"], "id": "adk-of-another-chat"}} if "approval" in part else part
+        for part in answer["parts"]
+    ]}
+    with pytest.raises(Gone) as refused:
+        await chats.submit(AGENT, "alice", request(USER, foreign, message_id=answer["id"]))
+    assert refused.value.status == 410 and refused.value.code == "approval_gone"
+    assert "restarted" not in str(refused.value) and "not pending in this chat" in str(refused.value)
+    assert confirmations(adk) == 0
+    # The chat's own confirmation still waits, and its answer still goes through.
+    await _finished(chats, "alice", request(USER, answer, message_id=answer["id"]))
+    assert confirmations(adk) == 1
+    await chats.close()
+
+
 async def test_a_lost_answer_alongside_a_new_message_is_left_out() -> None:
     adk = NativeAdk()
     chats = service(adk)
