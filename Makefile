@@ -45,7 +45,7 @@ test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 # plugin (docs/testing.md, which records the baseline). The gateways and ADK API servers the tests
 # start are measured too ([tool.coverage.run] in pyproject.toml: patch = subprocess, sigterm). Prints
 # coverage.py's per-file report, then a per-package table and the totals (.ci/coverage_summary.py);
-# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. About 35
+# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. About 45
 # minutes on 2 cores.
 .PHONY: coverage
 coverage: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
