@@ -41,6 +41,19 @@ run-adk: $(STAMP) $(DEMO_BUNDLE)
 test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 	ADK_VERSIONS= $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
+# `make test`'s selection under coverage.py, for line and branch coverage of gateway/ and the ADK
+# plugin (docs/testing.md, which records the baseline). The gateways and ADK API servers the tests
+# start are measured too ([tool.coverage.run] in pyproject.toml: patch = subprocess, sigterm). Prints
+# coverage.py's per-file report, then a per-package table and the totals (.ci/coverage_summary.py);
+# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. About 45
+# minutes on 2 cores.
+.PHONY: coverage
+coverage: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
+	rm -f .coverage .coverage.*
+	ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" $(PYTEST_ARGS); status=$$?; \
+		$(PY) -m coverage combine -q && $(PY) -m coverage report && $(PY) .ci/coverage_summary.py; \
+		exit $$status
+
 # The integration scenarios against every supported google-adk release in COMPAT_ADK (each in its
 # own .venv-adk-<version>, built once, about 45 s): every demo row with the stock ai 6 and ai 7
 # Chats over SSE and WebSocket, SSE and live upstream, the plugin's checks and the approval row, and
@@ -125,4 +138,4 @@ check-config: $(STAMP)
 	$(VENV)/bin/adk-gateway check-config config/gateway.yaml
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules .pytest_cache
+	rm -rf $(VENV) tests/js/node_modules .pytest_cache .coverage .coverage.* htmlcov
