@@ -179,10 +179,17 @@ def hold_events(live: bool = False) -> tuple[bytes, ...]:
     return (text[0],)
 
 
-def gate_events(call_id: str, tool: str) -> tuple[list[bytes], list[bytes]]:
-    """A gated tool turn: (before the plugin's verdict, after it), from the recorded tool turn."""
-    fc_partial, fc_final, fr, *after = recorded("weather_tokyo")
-    original = _call_ids(recorded("weather_tokyo"))[0]
+def gate_events(call_id: str, tool: str, live: bool = False) -> tuple[list[bytes], list[bytes]]:
+    """A gated tool turn: (before the plugin's verdict, after it), from the recorded tool turn (live:
+    the `/run_live` recording, whose call has no partial event and whose turn ends `turnComplete`)."""
+    events = recorded("weather_tokyo", "adk_live") if live else recorded("weather_tokyo")
+    original = _call_ids(events)[0]
+    if live:
+        fc, fr, *after = events
+        before = [fc]
+    else:
+        fc_partial, fc_final, fr, *after = events
+        before = [fc_partial, fc_final]
 
     def rename(raw: bytes) -> bytes:
         event = orjson.loads(raw.replace(original, call_id.encode()))
@@ -193,7 +200,7 @@ def gate_events(call_id: str, tool: str) -> tuple[list[bytes], list[bytes]]:
                 part["functionResponse"].update(name=tool, response={"success": True, "transaction_id": "tx-1"})
         return orjson.dumps(event)
 
-    return [rename(fc_partial), rename(fc_final)], [rename(fr), *after]
+    return [rename(raw) for raw in before], [rename(fr), *after]
 
 
 # ---- the tool-heavy stream (issue 18) -------------------------------------------------------------

@@ -13,7 +13,8 @@ gateway that costs a fraction of that. This one answers what the gateway calls:
   the tool-heavy stream); `gate_before` / `gate_after` stream the two halves of a `gate` run as two
   runs that end (what a bare proxy carries for an approval's two requests);
 - `GET /run_live` (WebSocket): for each `{"content": ...}` frame, that turn's events as text
-  frames ending with `turnComplete`; `{"close": true}` closes;
+  frames ending with `turnComplete` (a `gate` turn, the held engine's, waits for its release as
+  `/run_sse`'s does); `{"close": true}` closes;
 - `POST /bench/release?call=<id>`: lets a `gate` run go on (its tool was "released").
 
 Run: `python -m bench.fake_upstream --port 8000`. Paced events carry their send time (see
@@ -185,12 +186,29 @@ async def run_live(request: web.Request) -> web.WebSocketResponse:
             elif spec.mode == "hold":
                 for raw in hold_events(live=True):
                     await ws.send_str(raw.decode())
+            elif spec.mode == "gate":
+                await _live_gate(request, ws, spec)
             else:
                 for raw in _live_frames(spec):
                     await ws.send_str(raw)
     except (ConnectionError, asyncio.CancelledError):
         pass
     return ws
+
+
+async def _live_gate(request: web.Request, ws: web.WebSocketResponse, spec: StreamSpec) -> None:
+    """A gated tool turn on the live socket: the call, then (once released) the rest of the turn."""
+    call_id = f"bench-{request.query.get('session_id')}"
+    before, after = gate_events(call_id, spec.tool, live=True)
+    release = request.app[GATES].setdefault(call_id, asyncio.Event())
+    for raw in before:
+        await ws.send_str(raw.decode())
+    try:
+        await asyncio.wait_for(release.wait(), _MAX_HOLD_S)
+    finally:
+        request.app[GATES].pop(call_id, None)
+    for raw in after:
+        await ws.send_str(raw.decode())
 
 
 _live_cache: dict[tuple[int, int], list[str]] = {}

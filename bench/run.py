@@ -299,17 +299,17 @@ async def _run_processes(sizes: Sizes, phases: tuple[str, ...], workdir: Path, l
     shared = {"sse", "ws", "growth"} & set(phases) or (smoke and {"idle", "approval"} & set(phases))
     if shared:
         # One set of processes, started together. The smoke run also measures idle and approvals on
-        # them (a gated tool in the gateway's policy); the full run gives those fresh processes.
+        # them (a gated tool in the live gateway's policy: the held engine, whose round trip the
+        # approval phase measures, is live mode's); the full run gives those fresh processes.
         internal_port, secret = procs.free_port(), secrets.token_urlsafe(16)
         fake = procs.start_fake(workdir, wait=False)
         passthrough = procs.start_passthrough(workdir, fake.base, wait=False)
         nginx = procs.start_nginx(workdir, fake.base, wait=False) if nginx_bin else None
-        gateway = procs.start_gateway(
-            workdir, fake.base, extra=_approval_extra(internal_port, secret) if smoke else "", wait=False
-        )
-        live = procs.start_gateway(workdir, fake.base, name="gateway-live", mode="live", wait=False) if (
-            "ws" in phases or (smoke and "idle" in phases)
-        ) else None
+        gateway = procs.start_gateway(workdir, fake.base, wait=False)
+        live = procs.start_gateway(
+            workdir, fake.base, name="gateway-live", mode="live", wait=False,
+            extra=_approval_extra(internal_port, secret) if smoke else "",
+        ) if ("ws" in phases or (smoke and {"idle", "approval"} & set(phases))) else None
         # Growth gets a gateway of its own: what earlier phases left in the heap would change it.
         fresh = procs.start_gateway(workdir, fake.base, name="gateway-growth", wait=False) if (
             "growth" in phases and not smoke
@@ -347,8 +347,9 @@ async def _run_processes(sizes: Sizes, phases: tuple[str, ...], workdir: Path, l
                          ("ws", "gateway", live), ("ws", "gateway_sse_upstream", gateway)]
                 results["idle"] = await _idle_cases(cases, sizes, log, hold_s=600.0)
             if smoke and "approval" in phases:
-                log("approval round trip (smoke: on the shared gateway)")
-                results["approval"] = await _approval(gateway, fake, internal_port, secret, sizes, log)
+                log("approval round trip (smoke: on the shared live gateway)")
+                assert live is not None
+                results["approval"] = await _approval(live, fake, internal_port, secret, sizes, log)
     if not smoke and "idle" in phases:
         log(f"idle scale: {sizes.idle_connections} held connections per process")
         results["idle"] = await _idle_phase(workdir, sizes, nginx_bin is not None, log)
@@ -540,8 +541,9 @@ async def _approval(gateway: Proc, fake: Proc, internal_port: int, secret: str, 
 async def _approval_phase(workdir: Path, sizes: Sizes, log: Any) -> dict[str, Any]:
     internal_port, secret = procs.free_port(), secrets.token_urlsafe(16)
     fake = procs.start_fake(workdir, "approval-fake", wait=False)
+    # The held engine (the plugin's request held open until the browser answers) is live mode's.
     gateway = procs.start_gateway(
-        workdir, fake.base, name="approval-gateway", extra=_approval_extra(internal_port, secret), wait=False
+        workdir, fake.base, name="approval-gateway", mode="live", extra=_approval_extra(internal_port, secret), wait=False
     )
     procs.ready(fake, gateway)
     with started(fake, gateway):
