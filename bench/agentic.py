@@ -13,7 +13,8 @@ request) with many tool events. Each measurement here runs the gateway and the b
   the gated call, the plugin (`GatewayPlugin`, in this process as in the agent's) asks the gateway,
   the response ends with the approval request; the second POST carries the approval, the plugin's
   call returns, the tool "runs" (the fake releases the run) and the rest streams. Through a bare
-  proxy: the same events as two `/run_sse` runs that end (`gate_before`, `gate_after`).
+  proxy: the same events as two `/run_sse` runs that end (`gate_before`, `gate_after`). The
+  gateway's upstream is `/run_live` here: the held engine, the only one in which the plugin waits.
 - `first_text`: sequential requests, one at a time, time from sending the request to the first
   text event (the gateway's first `text-delta` chunk; ADK's first event with text), for a new chat
   and a warm one (the `gateway_creates` route: a gateway creating each new chat's session first,

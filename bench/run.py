@@ -389,8 +389,10 @@ async def _agentic_phases(workdir: Path, sizes: Sizes, phases: tuple[str, ...], 
         workdir, fake.base, name="ttft-gateway-creates", wait=False, auto_create_session=False,
     ) if "ttft" in phases else None
     turner = procs.start_gateway(workdir, fake.base, name="turns-gateway", wait=False) if "turns" in phases else None
+    # The pairs' gateway holds the plugin's request until the browser answers: the held engine,
+    # live mode's (on /run_sse the answer starts a new run, and no plugin request waits).
     approver = procs.start_gateway(
-        workdir, fake.base, name="pairs-gateway", extra=_approval_extra(internal_port, secret), wait=False
+        workdir, fake.base, name="pairs-gateway", mode="live", extra=_approval_extra(internal_port, secret), wait=False
     ) if "turns" in phases else None
     everything = [p for p in (fake, passthrough, nginx, gateway, creator, turner, approver) if p is not None]
     procs.ready(*everything)
