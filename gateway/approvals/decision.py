@@ -32,7 +32,7 @@ from typing import Final
 
 from ..config.rules import decide
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
-from ..core.approver_confirmations import ApproverMark, mark
+from ..core.approver_confirmations import ApproverMark, mark, marked
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decider import ChatView, GateDecider
@@ -54,9 +54,9 @@ def refuse_ask(reason: str, text: str) -> Verdict:
     return Verdict(run=False, reason=reason, response={"error": text, REFUSAL_KEY: reason})
 
 
-def _refused_ask(reason: str, decided: GateDecided | None = None) -> GateDecided:
+def _refused_ask(reason: str, decided: GateDecided | None = None, text: str | None = None) -> GateDecided:
     """Refused at once for `reason`; with what the rules found on the way, if they ran (`decided`)."""
-    verdict = refuse_ask(reason, REFUSALS[reason])
+    verdict = refuse_ask(reason, text or REFUSALS[reason])
     return GateDecided("refuse", verdict) if decided is None else replace(decided, action="refuse", verdict=verdict, call=None)
 
 
@@ -74,6 +74,11 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
         tool=ask.tool, args=dict(ask.args), policy=ask.policy, now=ask.now, approval_id=ask.approval_id,
     )
     first = _first(ask, call)
+    if first.action == "confirm" and first.verdict is not None and marked(first.verdict.payload):
+        # Approvers' inboxes are the chat's cap's to protect too: what its approvers answer counts
+        # with what is held here.
+        if chat.waiting + chat.approvers_waiting >= ask.max_pending:
+            return _refused_ask("too_many_pending", first, _OVER_CAP_FOR_APPROVERS)
     if first.action != "wait":
         return first
     if not chat.running:
@@ -85,6 +90,12 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
     if chat.waiting >= ask.max_pending:
         return _refused_ask("too_many_pending", first)
     return first
+
+
+_OVER_CAP_FOR_APPROVERS = (
+    "Too many tool calls are already waiting for approvers in this chat "
+    "(limits.max_pending_approvals_per_chat); the call was not run."
+)
 
 
 @dataclass(frozen=True, slots=True)

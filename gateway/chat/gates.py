@@ -21,7 +21,6 @@ import structlog
 from ..upstream.agents import Agents
 from ..core.approvals import CallState, GatedCall, Verdict
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
-from ..core.approver_confirmations import marked
 from ..core.chat_outputs import GateDecided
 from ..approvals.decision import decide_ask, refuse_ask
 from ..approvals.reports import Notices
@@ -33,23 +32,6 @@ from .registry import Registry
 __all__ = ["Gates"]
 
 log = structlog.get_logger("adk_gateway.chat.gates")
-
-
-# What the model reads of a call for approvers refused for the chat's cap of waiting calls.
-_OVER_CHAT_CAP = (
-    "Too many tool calls are already waiting for approvers in this chat "
-    "(limits.max_pending_approvals_per_chat); the call was not run."
-)
-
-
-def _for_approvers(decided: GateDecided) -> bool:
-    """The machine has ADK confirm the call, marked for its approvers (`/run_sse`)."""
-    return decided.action == "confirm" and decided.verdict is not None and marked(decided.verdict.payload)
-
-
-def _waiting(chat: Chat) -> int:
-    """What waits in the chat: its held calls, and the confirmations its approvers answer."""
-    return len(chat.ledger.unreleased()) + chat.ledger.waiting_for_approvers()
 
 
 class Gates:
@@ -104,11 +86,7 @@ class Gates:
         # No chat here, no machine to ask: the decision alone (run, or refused: nobody could answer).
         [decided, *_] = chat.handle(ask) if chat is not None else [decide_ask(ask, None)]
         assert isinstance(decided, GateDecided)
-        carried = self._carry_out(decided, agent.name, chat, announce)
-        if chat is not None and _for_approvers(decided) and _waiting(chat) >= ask.max_pending:
-            # Approvers' inboxes are the chat's cap's to protect too: past it, refused as a held call is.
-            return refuse_ask("too_many_pending", _OVER_CHAT_CAP)
-        return carried
+        return self._carry_out(decided, agent.name, chat, announce)
 
     def _carry_out(self, decided: GateDecided, agent: str, chat: Chat | None, announce: bool) -> GatedCall | Verdict:
         """What the machine decided, done: logged, and a call that waits now indexed, counted,

@@ -247,7 +247,9 @@ class ChatMachine:
         chat; what waits, or what a rule decided, recorded in the ledger (the latter shown to the
         browser at once)."""
         ledger = self.ledger
-        view = ChatView(self.running, len(ledger.unreleased()), ledger.call(event.tool_call_id))
+        view = ChatView(
+            self.running, len(ledger.unreleased()), ledger.call(event.tool_call_id), ledger.waiting_for_approvers(),
+        )
         decided = self.decider.decide(event, view)
         call = decided.call
         if call is None or decided.again:

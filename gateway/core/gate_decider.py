@@ -22,11 +22,13 @@ __all__ = ["ChatView", "GateDecider"]
 @dataclass(frozen=True, slots=True)
 class ChatView:
     """What of the chat the decision reads: whether a run is under way (to show the call), how many
-    calls wait already, and the call recorded for this tool call, if the plugin asked before."""
+    calls wait already (held here; and ADK's confirmations its approvers answer), and the call
+    recorded for this tool call, if the plugin asked before."""
 
     running: bool
     waiting: int
     asked_before: GatedCall | None = None
+    approvers_waiting: int = 0
 
 
 class GateDecider(Protocol):

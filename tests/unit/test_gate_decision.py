@@ -147,8 +147,15 @@ def test_over_the_cap_a_call_that_would_wait_is_refused_and_one_a_rule_decided_i
     assert over.verdict.response is not None and over.verdict.response[REFUSAL_KEY] == "too_many_pending"
     assert decide_ask(ask(PAY, 2, max_pending=2), full).action == "rule"
     assert decide_ask(ask(PAY, 50, max_pending=3), full).action == "wait"
-    # ADK's confirmation holds nothing here: no cap.
-    assert decide_ask(ask(REFUND, 250, max_pending=2, **V03), full).action == "confirm"
+    # ADK's confirmation the chatting user answers holds nothing here: no cap.
+    assert decide_ask(ask(PAY, 50, max_pending=2, **V02), full).action == "confirm"
+    # One its approvers answer fills their inboxes: it counts, with those already waiting for them.
+    refused = decide_ask(ask(REFUND, 250, max_pending=2, **V03), full)
+    assert refused.action == "refuse" and refused.verdict is not None and refused.verdict.reason == "too_many_pending"
+    assert "waiting for approvers" in str(refused.verdict.response)
+    some = ChatView(running=True, waiting=0, approvers_waiting=1)
+    assert decide_ask(ask(REFUND, 250, max_pending=2, **V03), some).action == "confirm"
+    assert decide_ask(ask(REFUND, 250, max_pending=1, **V03), some).action == "refuse"
 
 
 def test_an_ask_about_a_call_asked_before_is_that_call_whatever_it_is_now() -> None:
