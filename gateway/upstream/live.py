@@ -2,15 +2,16 @@
 
 In live mode the agent keeps one bidirectional session per chat. The gateway opens it on the
 chat's first turn and keeps it across turns until the browser socket closes (once the turn under
-way has ended: chat/agent_runs.py) or the chat goes idle. A reader
-task takes every event off the socket and hands it to the turn in progress, which ends at ADK's
-`turnComplete`. Events that arrive with no turn in progress (the model speaking up by itself)
-are dropped and counted: the AI SDK has no request to carry them.
+way has ended: chat/agent_runs.py) or the chat goes idle. `LiveLink` is the I/O shell of the
+session's turns: it keeps the socket, the reader task that takes every event off it, the turn's
+inbox and the event `settle` waits on; every decision (where a turn ends, whose an event is,
+whether a turn may start, what becomes of a turn left before its end, a closed socket mid-turn)
+is the sans-IO machine's, core/live_turns.py `LiveTurns`, which it asks and then obeys.
 
 A turn the gateway leaves before its end (the browser stopped it, a new message came while nobody
-read it) goes on in ADK's live session: the model finishes its answer there. Its remainder is not
-the next turn's: it is dropped up to that turn's end, and the next turn's request goes out only
-then (`settle`), so that what the next turn reads is the answer to its own request.
+read it) goes on in ADK's live session: its remainder is dropped up to that turn's end, and the
+next turn's request goes out only then (`settle`), so that what the next turn reads is the answer
+to its own request. Events that arrive with no turn in progress are dropped and counted.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from typing import Any
 
 import structlog
 
+from ..core.live_turns import LiveTurns, Verdict
 from .client import LiveConnection, UpstreamError, parse_live_event
 
 __all__ = ["LiveLink"]
 
 log = structlog.get_logger("adk_gateway.upstream.live")
+
+# Compared on every event of a turn: a module global, not an Enum member looked up on its class.
+_TURN_ENDED = Verdict.TURN_ENDED
 
 # What a turn's queue receives when the socket is gone.
 _CLOSED: dict[str, Any] = {}
@@ -35,13 +40,12 @@ class LiveLink:
     def __init__(self, connection: LiveConnection, on_closed: Callable[[], None] = lambda: None) -> None:
         self.connection = connection
         self._on_closed = on_closed
-        self._turn: _Inbox | None = None
-        # A turn left before its end: where its end is looked for, and set when it came.
-        self._cut: _TurnEnd | None = None
+        self._turns = LiveTurns()
+        self._inbox: _Inbox | None = None  # the turn's, while its reader is there
+        # Set unless a turn left before its end is still under way in ADK.
         self._cut_ended = asyncio.Event()
         self._cut_ended.set()
         self._reader = asyncio.create_task(self._read(), name="live-reader")
-        self.dropped = 0
 
     @property
     def alive(self) -> bool:
@@ -49,39 +53,39 @@ class LiveLink:
 
     @property
     def in_turn(self) -> bool:
-        return self._turn is not None
+        return self._turns.in_turn
+
+    @property
+    def dropped(self) -> int:
+        return self._turns.dropped
 
     async def _read(self) -> None:
+        turns = self._turns
         try:
             async for data in self.connection.messages():
-                if self._turn is not None:
+                if turns.in_turn:
                     # Parsed by the turn as it takes them: a socket read can bring hundreds of
                     # events, and as many parsed events alive at once kept the garbage collector
                     # busy (~9 us per event at saturation).
-                    self._turn.put(data)
-                elif self._cut is not None:
-                    self._drop_cut(data)
-                elif parse_live_event(data) is not None:
-                    self.dropped += 1
-                    log.debug("live_event_dropped", reason="no turn in progress")
+                    self._inbox.put(data)  # type: ignore[union-attr]
+                elif (event := parse_live_event(data)) is not None:
+                    self._carry_out(turns.event(event))
         except UpstreamError as exc:
             log.warning("live_read_failed", reason=str(exc))
         finally:
-            if self._turn is not None:
-                self._turn.put(_CLOSED)
-            self._cut = None  # a closed socket ends the cut turn too
-            self._cut_ended.set()
+            self._carry_out(turns.closed())
             self._on_closed()
 
-    def _drop_cut(self, data: Any) -> None:
-        """An event of the turn that was left before its end: dropped; its end ends the cut."""
-        event = parse_live_event(data)
-        if event is None or self._cut is None:
-            return
-        self.dropped += 1
-        if self._cut.ends_with(event):
-            self._cut = None
+    def _carry_out(self, verdict: Verdict) -> None:
+        """What the machine's verdict on an event nobody reads, a cut or a close asks of the shell."""
+        if verdict is Verdict.DROP:
+            log.debug("live_event_dropped", reason="no turn in progress")
+        elif verdict is Verdict.CUT_ENDED:
             self._cut_ended.set()
+        elif verdict is Verdict.CUT:
+            self._cut_ended.clear()
+        elif verdict is Verdict.CLOSE_TURN:
+            self._inbox.put(_CLOSED)  # type: ignore[union-attr]
 
     async def settle(self, timeout: float) -> bool:
         """Wait up to `timeout` for the end of a turn that was left before its end (at once if
@@ -103,15 +107,13 @@ class LiveLink:
     async def turn_batches(self, request: dict[str, Any] | None) -> AsyncIterator[Iterator[dict[str, Any]]]:
         """`turn`, in batches: the events that arrived while the turn slept, parsed as the batch is
         iterated (iterate it before asking for the next one)."""
-        if self._turn is not None:
-            raise UpstreamError("protocol", "a live turn is already in progress for this chat")
-        if not self.alive:
+        turns = self._turns
+        verdict = turns.begin()
+        if verdict is Verdict.CLOSED:
             raise UpstreamError("reset", f"the live session is {self.connection.close_reason}")
-        if self._cut is not None:
-            raise UpstreamError("protocol", "the live session's previous turn has not ended (settle first)")
-        inbox = _Inbox()
-        self._turn = inbox
-        end = _TurnEnd()
+        if verdict is not Verdict.START:
+            raise UpstreamError("protocol", verdict.value)
+        inbox = self._inbox = _Inbox()
         ended = sent = False
 
         def events(arrived: list[Any]) -> Iterator[dict[str, Any]]:
@@ -127,7 +129,7 @@ class LiveLink:
                 if event is None:
                     continue
                 yield event
-                if end.ends_with(event):
+                if turns.event(event) is _TURN_ENDED:
                     # What arrived after the turn's end is not this turn's (dropped, as before).
                     ended = True
                     return
@@ -139,17 +141,23 @@ class LiveLink:
             while not ended:
                 yield events(await inbox.take())
         finally:
-            self._turn = None
-            if sent and not ended and self.alive:
-                # Left before its end: ADK's model goes on with this turn; its rest is dropped.
-                self._cut = end
-                self._cut_ended.clear()
-                try:
-                    for data in inbox.events:
-                        if data is not _CLOSED and self._cut is not None:
-                            self._drop_cut(data)
-                except UpstreamError:
-                    self._reader.cancel()  # the session is not to be trusted any more, as above
+            verdict = turns.left(sent)
+            self._inbox = None
+            self._carry_out(verdict)
+            if verdict is Verdict.CUT:
+                self._drop_cut(inbox.events)
+
+    def _drop_cut(self, arrived: list[Any]) -> None:
+        """What a turn left before its end had not taken yet: its remainder, up to its end."""
+        turns = self._turns
+        try:
+            for data in arrived:
+                if not turns.cut:
+                    return
+                if data is not _CLOSED and (event := parse_live_event(data)) is not None:
+                    self._carry_out(turns.event(event))
+        except UpstreamError:
+            self._reader.cancel()  # the session is not to be trusted any more, as above
 
     async def send(self, request: dict[str, Any]) -> None:
         await self.connection.send(request)
@@ -158,6 +166,8 @@ class LiveLink:
         await self.connection.close()
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
+        # A reader cancelled before its first step told the machine nothing.
+        self._carry_out(self._turns.closed())
 
 
 class _Inbox:
@@ -185,32 +195,3 @@ class _Inbox:
                 self.waiter = None
         events, self.events = self.events, []
         return events
-
-
-class _TurnEnd:
-    """Where a live turn ends: at ADK's `turnComplete`, unless the model has not spoken since the
-    last tool results. Some Live models (Gemini 2.x, per ADK) complete a turn right after a tool
-    call and then answer the tool's result in another turn: that turn is not over yet."""
-
-    __slots__ = ("answered",)
-
-    def __init__(self) -> None:
-        self.answered = True
-
-    def ends_with(self, event: dict[str, Any]) -> bool:
-        self.answered = _after_tools(event, self.answered)
-        return bool(event.get("turnComplete")) and self.answered
-
-
-def _after_tools(event: dict[str, Any], answered: bool) -> bool:
-    """Whether the model has spoken since the last tool results, after this event."""
-    content = event.get("content")
-    parts = content.get("parts") if isinstance(content, dict) else None
-    if not parts:
-        return answered
-    for part in parts:
-        if "functionResponse" in part:
-            return False
-    if content.get("role") == "model":
-        return True
-    return answered

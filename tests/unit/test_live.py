@@ -98,6 +98,39 @@ async def test_socket_closing_mid_turn_is_an_upstream_error() -> None:
         await play(link, conn, [])
 
 
+async def cut_after_first_event(link: LiveLink, conn: FakeConnection) -> None:
+    """A turn whose reader leaves after its first event (the browser stopped it)."""
+    conn.inbox.put_nowait(model("Hel"))
+    turn = link.turn_batches({"content": {"role": "user", "parts": [{"text": "hi"}]}})
+    assert list(await anext(turn)) == [model("Hel")]
+    await turn.aclose()
+
+
+async def test_a_turn_left_before_its_end_is_dropped_up_to_it_and_the_next_waits_for_it() -> None:
+    conn = FakeConnection()
+    link = LiveLink(conn)  # type: ignore[arg-type]
+    await cut_after_first_event(link, conn)
+    assert not link.in_turn and not await link.settle(0.01)
+    with pytest.raises(UpstreamError, match="settle first"):
+        await play(link, conn, [])
+    for event in (model("lo"), DONE):
+        conn.inbox.put_nowait(event)
+    assert await link.settle(1) and link.dropped == 2
+    assert await play(link, conn, [model("Bye"), DONE]) == [model("Bye"), DONE]
+    await link.close()
+
+
+async def test_the_socket_closing_mid_cut_ends_the_cut_and_refuses_the_next_turn() -> None:
+    conn = FakeConnection()
+    link = LiveLink(conn)  # type: ignore[arg-type]
+    await cut_after_first_event(link, conn)
+    await conn.close()
+    assert await link.settle(1) and not link.alive
+    with pytest.raises(UpstreamError, match="live session is closed"):
+        await play(link, conn, [])
+    await link.close()
+
+
 # ---- recorded sessions of every supported ADK (tests/fixtures/adk_live*, tests/unit/fixtures.py) ----
 
 def _one_turn_recordings() -> list[tuple[str, str]]:
