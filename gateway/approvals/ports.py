@@ -13,15 +13,25 @@ is applied by the chat, in one of the two ways a call waits (docs/approvals.md):
 Each says `decided`, `already` (decided before: a deadline, the end of the run, another vote),
 `gone` (no such call here), or, for a confirmation, `busy` (the chat is streaming: try again).
 `ApprovalDecisions` names them once; the chat service (chat/service.py) implements it and the
-cluster calls it, so the desk depends on this port, not on the chat layer's classes. Plain types
-only (sans-IO).
+cluster calls it, so the desk depends on this port, not on the chat layer's classes.
+
+`ApprovalChats` is the rest of what the cluster's approval desk reads of this replica's chats to
+list an approval and to answer a deadline (whose agent a session is, the gateway's clock, the
+configuration, an ADK confirmation a chat here waits for its approvers on, as plain
+`WaitingConfirmation` values): the chat service implements it too, and the desk is built with it
+and imports nothing of gateway/chat/. Plain types only (sans-IO).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ApprovalDecisions"]
+from ..config.schema import GatewayConfig
+from ..core.deadlines import Deadline
+from ..core.native_confirmation import NativeConfirmation
+
+__all__ = ["ApprovalChats", "ApprovalDecisions", "WaitingConfirmation"]
 
 
 class ApprovalDecisions(Protocol):
@@ -37,4 +47,41 @@ class ApprovalDecisions(Protocol):
         deciders: list[dict[str, str]],
     ) -> str:
         """Approvers decided an ADK confirmation marked theirs: `decided`, `already`, `gone` or `busy`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingConfirmation:
+    """An ADK confirmation a chat of this replica waits for its approvers on, and whose chat it is."""
+
+    agent: str
+    user_id: str
+    chat_id: str
+    session_id: str
+    confirmation: NativeConfirmation
+
+
+class ApprovalChats(ApprovalDecisions, Protocol):
+    """This replica's chats as the cluster's approval desk sees them (cluster/approval_desk.py)."""
+
+    @property
+    def config(self) -> GatewayConfig:
+        """The configuration in force (a reload replaces it): the agents, their caps and TTLs."""
+        ...
+
+    def now(self) -> float:
+        """The gateway's monotonic clock, which a gated call's times are on."""
+        ...
+
+    def agent_of(self, user_id: str, session_id: str) -> str:
+        """The agent whose chat holds the session ("" if no chat here does)."""
+        ...
+
+    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
+        """The ADK confirmation `approval_id`, if a chat here waits for its approvers on it."""
+        ...
+
+    async def expire_confirmation(self, deadline: Deadline) -> float | None:
+        """A confirmation's deadline passed where its chat runs: answered with the tool's
+        `on_timeout`; when to look again, or None (done)."""
         ...

@@ -15,7 +15,9 @@ idleness), and one timer is kept for the machine's next deadline.
 
 A run's upstream stream is read by a task (`start`); the run outlives the browser request that
 started it. Which run counts is the machine's to say: the task's events name its run's number, and
-those of a run that was made to end are dropped by the machine.
+those of a run that was made to end are dropped by the machine. So is how a run made to end ends:
+the chat tells the machine why (`EndAsked`: the browser's abort, or a sentence) before it cancels
+the task, and that the task was cancelled (`RunCancelled`); it keeps no flag of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import structlog
 from ..approvals.decision import DECIDER
 from ..config.agent import ToolPolicy
 from ..core.approvals import Outcome
-from ..core.chat_events import Aborted, ChatEvent, DeadlineReached, RunClosed, RunFailed, RunStarts, RunWanted, UpstreamRead
+from ..core.chat_events import (
+    ChatEvent, DeadlineReached, EndAsked, EndHow, RunCancelled, RunClosed, RunFailed, RunStarts, RunWanted, UpstreamRead,
+)
 from ..core.chat_machine import ChatMachine
 from ..core.chat_outputs import Admission
 from ..core.ledger import Ledger
@@ -86,10 +90,6 @@ class Chat:
     # The run's task, and the machine's number of the run it drives.
     task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     task_run: int = field(default=0, init=False, repr=False)
-    # The browser asked to stop (WebSocket `abort`): the run ends with an `abort` chunk.
-    aborting: bool = field(default=False, init=False, repr=False)
-    # Why the run is being cancelled, when it is this run alone (its agent was removed).
-    closing_reason: str | None = field(default=None, init=False, repr=False)
     # Tells the upstream stream's idle timer when the run waits for a person.
     upstream_wait: WaitSignal = field(default_factory=WaitSignal, init=False, repr=False)
     timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
@@ -147,26 +147,23 @@ class Chat:
 
     # ---- the run's task --------------------------------------------------------------------
 
-    def start(
-        self, run: Run, event: RunStarts, batches: Batches, wait: WaitSignal, closing_reason: Callable[[], str]
-    ) -> asyncio.Task[None]:
+    def start(self, run: Run, event: RunStarts, batches: Batches, wait: WaitSignal) -> asyncio.Task[None]:
         """Start a run writing into `run`, reading `batches` (whose idle timer `wait` tells of
         waits for a person); the chat has no run under way."""
         hooks = self._hooks()
         self.run, self.upstream_wait = run, wait
-        self.aborting, self.closing_reason = False, None
         self.first_token_from = event.now
         tracing = hooks.tracing
         span = self.span = tracing.start_turn(self.agent, self.chat_id) if tracing.enabled else None
         self.handle(event)
         number = self.task_run = self.machine.run
-        drive = self._drive(number, batches, closing_reason)
+        drive = self._drive(number, batches)
         # The turn's span current in the task (a copy of the request's context, which the task outlives).
         task = self.task = asyncio.create_task(drive) if span is None else asyncio.create_task(drive, context=tracing.context_with(span))
-        task.add_done_callback(partial(self._task_done, number, closing_reason, span))
+        task.add_done_callback(partial(self._task_done, number, span))
         return task
 
-    async def _drive(self, number: int, batches: Batches, closing_reason: Callable[[], str]) -> None:
+    async def _drive(self, number: int, batches: Batches) -> None:
         """Feed the machine the run's upstream events until the run ends, whatever ends it."""
         hooks = self._hooks()
         clock, metrics, handle = hooks.clock, hooks.metrics, self.handle
@@ -183,7 +180,8 @@ class Chat:
             log.warning("upstream_failed", kind=exc.kind, status=exc.status, reason=str(exc))
             handle(RunFailed(f"The agent service failed: {exc}", clock(), run=number))
         except asyncio.CancelledError:
-            handle(self._cancelled(number, closing_reason))
+            # How it ends (an abort, or a sentence) is what the machine was told before the cancel.
+            handle(RunCancelled(clock(), number))
             raise
         except Exception:
             # A bug here must not leave the browser hanging on an open stream.
@@ -192,20 +190,13 @@ class Chat:
         finally:
             handle(RunClosed(clock(), number))
 
-    def _cancelled(self, number: int, closing_reason: Callable[[], str]) -> ChatEvent:
-        now = self._hooks().clock()
-        if self.aborting:
-            return Aborted(now, number)
-        return RunFailed(self.closing_reason or closing_reason(), now, outcome="cancelled", run=number)
-
-    def _task_done(
-        self, number: int, closing_reason: Callable[[], str], span: object | None, task: asyncio.Task[None]
-    ) -> None:
+    def _task_done(self, number: int, span: object | None, task: asyncio.Task[None]) -> None:
         # Cancelled before its first step, the task never ran its own end: the machine hears it
         # here (and drops it if the run had ended).
         hooks = self._hooks()
-        self.handle(self._cancelled(number, closing_reason))
-        self.handle(RunClosed(hooks.clock(), number))
+        now = hooks.clock()
+        self.handle(RunCancelled(now, number))
+        self.handle(RunClosed(now, number))
         if self.task is task:
             self.task = None
         if span is not None:
@@ -213,36 +204,44 @@ class Chat:
             if self.span is span:
                 self.span = None
 
-    def abort(self) -> bool:
-        """The browser stopped the response: cancel the run. True if one was under way."""
+    def end_asked(self, how: EndHow, reason: str | None = None) -> bool:
+        """Tell the machine how the run under way is being ended (core/run_ending.py), before its
+        task is cancelled: `abort` (the browser's stop) or `cancel` saying `reason`. True if a run
+        is under way."""
         if self.task is None or not self.machine.under_way(self.task_run):
             return False
-        self.aborting = True
+        self.handle(EndAsked(self.task_run, how, reason))
+        return True
+
+    def abort(self) -> bool:
+        """The browser stopped the response: cancel the run. True if one was under way."""
+        if self.task is None or not self.end_asked("abort"):
+            return False
         self.task.cancel()
         return True
 
     def close_soon(self, reason: str) -> bool:
         """End the run with an error chunk saying `reason` (its agent was removed). True if one was under way."""
-        if self.task is None or not self.machine.under_way(self.task_run):
+        if self.task is None or not self.end_asked("cancel", reason):
             return False
-        self.closing_reason = reason
         # After the task's first step, not now: a run admitted a moment ago has not started yet.
         asyncio.get_running_loop().call_soon(self.task.cancel)
         return True
 
-    async def stop(self, timeout: float, *, abort: bool = True, reason: str = "This response was cancelled.") -> None:
-        """Cancel the run (as an abort does, or as a shutdown does: `abort` false) and wait up to
-        `timeout` for its task; a run whose task is stuck is ended here, so that it cannot keep
-        the chat busy for ever (the machine drops this end if the run ended, or a newer one started)."""
+    async def stop(self, timeout: float, *, how: EndHow = "abort", reason: str | None = None) -> None:
+        """Cancel the run (`how` it ends: as an abort does, or as the gateway closing it with
+        `reason`) and wait up to `timeout` for its task; a run whose task is stuck is ended here,
+        so that it cannot keep the chat busy for ever (the machine drops this end if the run
+        ended, or a newer one started)."""
         task, number = self.task, self.task_run
+        self.handle(EndAsked(number, how, reason))
         if task is not None:
-            self.aborting = abort
             task.cancel()
             await asyncio.wait((task,), timeout=timeout)
         if self.machine.under_way(number):
             log.warning("previous_run_stuck", reason="it did not end after it was cancelled")
         now = self._hooks().clock()
-        self.handle(Aborted(now, number) if abort else RunFailed(reason, now, outcome="cancelled", run=number))
+        self.handle(RunCancelled(now, number))
         self.handle(RunClosed(now, number))
 
     async def ended(self, timeout: float) -> bool:

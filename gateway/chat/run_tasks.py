@@ -4,7 +4,9 @@ A run outlives the browser request that started it (chat/record.py). `RunTasks` 
 through the chat (`launch`), tells the chat service when it ends, and ends runs before their time: the browser's
 abort, a new message in a chat whose response nobody reads any more (`stop_unread`, as an abort)
 or whose run waits for a person (`settle`: what it waits for is released, then up to 10 s for it
-to end), an agent a reload removed (`end_agent`), a shutdown (`close`).
+to end), an agent a reload removed (`end_agent`), a shutdown (`close`). Each tells the chat's
+machine how the run ends (an abort, or the gateway closing it with a sentence) before its task is
+cancelled: what the cancellation then writes is the machine's (core/run_ending.py), not a flag here.
 """
 
 from __future__ import annotations
@@ -56,9 +58,6 @@ class RunTasks:
         self._ended = ended
         # Each tells the cluster when its run ends.
         self._tasks: dict[asyncio.Task[None], Chat] = {}
-        self._closing_reason = "This response was cancelled."
-        # Made once, not per run: every held run's task keeps what it is given.
-        self._reason: Callable[[], str] = lambda: self._closing_reason
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -69,7 +68,7 @@ class RunTasks:
         """Start the chat's run writing `run` (the chat has none under way): its task outlives
         the request, which reads its first response through `reader` (one is taken if not given)."""
         chat.run = run
-        task = chat.start(run, start, batches, wait, self._reason)
+        task = chat.start(run, start, batches, wait)
         # One bound callback, not a coroutine around the drive or a closure: a held run keeps them.
         self._tasks[task] = chat
         task.add_done_callback(self._run_done)
@@ -137,13 +136,15 @@ class RunTasks:
         chat.handle(Settled(decided, self._clock()))
         if not await chat.ended(_SETTLE_SECONDS):
             log.warning("previous_run_cancelled", reason="it did not end after its calls were cancelled")
-            await chat.stop(_CLOSE_TIMEOUT, abort=False)
+            await chat.stop(_CLOSE_TIMEOUT, how="cancel")
 
     async def close(self, reason: str) -> None:
         """Cancel every run still going, each ending with an error chunk saying `reason` (shutdown)."""
-        self._closing_reason = reason
         chats = list(self._tasks.values())
+        for chat in chats:
+            # Told first: a run already being ended (aborted, its agent removed) keeps its own end.
+            chat.end_asked("cancel", reason)
         await cancel_and_wait(list(self._tasks), _CLOSE_TIMEOUT, what="runs")
         for chat in chats:
             # A task stuck past the bound: its run still ends, for its machine and its readers.
-            await chat.stop(0, abort=False, reason=reason)
+            await chat.stop(0, how="cancel", reason=reason)

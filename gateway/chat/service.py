@@ -33,7 +33,7 @@ from ..core.approvals import GatedCall
 from ..core.browser_confirmations import BrowserCalls, plan_browser
 from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, plan_turn
 from ..core.deadlines import Deadline
-from ..core.native_confirmation import NativeConfirmation
+from ..approvals.ports import WaitingConfirmation
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
 from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunDropped, RunStarts
@@ -76,19 +76,13 @@ def new_message_id() -> str:
 
 
 class ChatService:
-    """Admits browser requests to a chat's runs; the chat layer's face to the transports and the cluster."""
+    """Admits browser requests to a chat's runs; the chat layer's face to the transports and the
+    cluster (to its approval desk, through approvals/ports.py `ApprovalChats`)."""
 
     def __init__(
-        self,
-        *,
-        agents: Agents,
-        registry: Registry,
-        metrics: GatewayMetrics,
-        config: GatewayConfig,
-        clock: Callable[[], float] = time.monotonic,
-        new_id: Callable[[], str] = new_message_id,
-        wall: Callable[[], float] = time.time,
-        tracing: Tracing | None = None,
+        self, *, agents: Agents, registry: Registry, metrics: GatewayMetrics, config: GatewayConfig,
+        clock: Callable[[], float] = time.monotonic, new_id: Callable[[], str] = new_message_id,
+        wall: Callable[[], float] = time.time, tracing: Tracing | None = None,
     ) -> None:
         # The gateway's spans (ops/tracing.py); the cluster's forwarding uses them too.
         self.tracing = tracing = tracing or Tracing.off()
@@ -349,18 +343,27 @@ class ChatService:
     def local_chats(self) -> list[Chat]:
         return self._registry.chats()
 
-    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> tuple[Chat, NativeConfirmation] | None:
-        """A confirmation a chat here waits for, if its approvers answer it (the cluster lists it)."""
+    # ---- the approval desk's view of these chats (approvals/ports.py `ApprovalChats`) -----------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def agent_of(self, user_id: str, session_id: str) -> str:
+        return self.gates.agent_of(user_id, session_id)
+
+    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
         try:
             chat = self._registry.find(agent, user_id, chat_id)
         except ChatNotFound:
             return None
         asked = chat.ledger.asked_for_approvers() or [] if chat is not None else []
         found = chat.ledger.native(approval_id) or next((c for c in asked if c.approval_id == approval_id), None) if chat else None
-        return (chat, found) if chat is not None and found is not None and found.for_approvers else None
+        if chat is None or found is None or not found.for_approvers:
+            return None
+        return WaitingConfirmation(chat.agent, chat.user_id, chat.chat_id, chat.session_id, found)
 
     async def expire_confirmation(self, deadline: Deadline) -> float | None:
-        """A confirmation's deadline passed (this replica runs the chat): chat/gateway_answers.py."""
+        """chat/gateway_answers.py."""
         return await self._answers.expire(deadline)
 
     def decide_for_approvers(

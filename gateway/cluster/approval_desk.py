@@ -6,8 +6,10 @@ directory (`opened`), so that any replica can list it and read it, and drops it 
 (`closed`). A decision through the API (any replica) is counted there first (`vote`: atomic, so two
 replicas never both decide, and one approver never counts twice); once the quorum is reached, the
 owner applies it (`Decide`), as the chatting person's answer would be applied, and the plugin's
-request waiting for the verdict gets it. A decision is applied through the approvals room's port
-to the chat (approvals/ports.py `ApprovalDecisions`), whichever way the call waits.
+request waiting for the verdict gets it. The desk reaches this replica's chats only through the
+approvals room's port to them (approvals/ports.py `ApprovalChats`, which the chat service
+implements and the router hands in): a decision is applied through it (`ApprovalDecisions`),
+whichever way the call waits, and what a listing needs of a chat is read through it as plain values.
 
 On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (chat/approver_waits.py):
 it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since
@@ -29,15 +31,13 @@ from typing import Any
 
 import structlog
 
-from ..approvals.ports import ApprovalDecisions
-from ..chat.registry import ChatNotFound
-from ..chat.service import ChatService
+from ..approvals.ports import ApprovalChats
 from ..config.approvers import Principal
 from ..core.approvals import GatedCall
 from ..core.approver_confirmations import ApproverMark
 from ..core.deadlines import Deadline
 from ..core.native_confirmation import NativeConfirmation
-from ..core.refusals import HttpError
+from ..core.refusals import HttpError, Refusal
 from .messages import Answer, Decide, Decided, Work
 from .shared import SharedState, SharedStateDown
 
@@ -73,13 +73,12 @@ def pending_record(call: GatedCall, *, agent: str, app_name: str, owner: str, wa
 
 class ApprovalDesk:
     def __init__(
-        self, state: SharedState, chats: ChatService, ask: Callable[[str, Work], Awaitable[Answer]],
+        self, state: SharedState, chats: ApprovalChats, ask: Callable[[str, Work], Awaitable[Answer]],
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._state = state
+        # This replica's chats, through the room's port: where a decision is applied once it reaches here.
         self._chats = chats
-        # Where a decision is applied once it reaches this replica: the room's port to the chat.
-        self._decisions: ApprovalDecisions = chats
         self._ask = ask
         self._wall = wall
 
@@ -89,14 +88,14 @@ class ApprovalDesk:
         """A call waits for a decision: listed for the API (best effort: the chat still shows it).
         False when its user has the agent's `max_pending_approvals_per_user` listed already: the
         caller refuses the call. A call the store cannot list is not refused: it crowds nobody out."""
-        agent = self._chats.gates.agent_of(call.user_id, call.session_id)
+        agent = self._chats.agent_of(call.user_id, call.session_id)
         config = self._chats.config
         settings = config.agents.get(agent)
         record = pending_record(
             call, agent=agent, app_name=settings.upstream.app_name if settings else "", owner=self._state.replica_id,
-            wall=self._wall(), now=self._chats.gates.now(),
+            wall=self._wall(), now=self._chats.now(),
         )
-        ttl = max(call.deadline - self._chats.gates.now(), 0.0) + _MARGIN
+        ttl = max(call.deadline - self._chats.now(), 0.0) + _MARGIN
         try:
             return await self._state.put_approval(record, ttl=ttl, cap=config.max_pending_approvals_per_user(agent))
         except SharedStateDown:
@@ -116,7 +115,7 @@ class ApprovalDesk:
             return await self._decide_confirmation(record, approved, reason, deciders)
         work = Decide(record["requester"], record["session"], record["id"], approved, reason or "", {"deciders": deciders})
         if record["owner"] == self._state.replica_id:
-            return self._decisions.decide_for_approvers(
+            return self._chats.decide_for_approvers(
                 user_id=work.user, session_id=work.session, approval_id=work.approval, approved=approved,
                 reason=reason, deciders=deciders,
             )
@@ -137,13 +136,13 @@ class ApprovalDesk:
         found = self._chats.native_waiting(deadline.agent, deadline.user, deadline.chat, deadline.approval_id)
         if found is None:
             return
-        chat, confirmation = found
+        confirmation = found.confirmation
         assert confirmation.mark is not None
-        settings = self._chats.config.agents.get(chat.agent)
+        settings = self._chats.config.agents.get(found.agent)
         wall = self._wall()
         record = native_record(
-            confirmation, confirmation.mark, agent=chat.agent, app_name=settings.upstream.app_name if settings else "",
-            chat_id=chat.chat_id, requester=chat.user_id, session=chat.session_id,
+            confirmation, confirmation.mark, agent=found.agent, app_name=settings.upstream.app_name if settings else "",
+            chat_id=found.chat_id, requester=found.user_id, session=found.session_id,
             hint=settings.tool_policy(confirmation.tool).hint if settings else None,
             created=confirmation.seen_at or wall, deadline=deadline.due,
         )
@@ -166,10 +165,11 @@ class ApprovalDesk:
                     user, chat, agent=agent, default_agent=self._chats.config.default,
                     ttl=self._chats.config.chat.idle_chat_ttl,
                 )
-            except (SharedStateDown, ChatNotFound):
+            except (SharedStateDown, Refusal):
+                # The store's refusal is chat/registry.py's ChatNotFound: another user's or agent's chat id.
                 return "gone"
             if claim.local:
-                result = await self._decisions.answer_for_approvers(
+                result = await self._chats.answer_for_approvers(
                     agent, user, chat, str(record["id"]), approved=approved, reason=reason, deciders=deciders,
                 )
             else:
@@ -222,7 +222,7 @@ class ApprovalDesk:
         ) == (deadline.chat, deadline.user, deadline.agent)
         if ours and record is not None and record.get("state") == "decided":
             decision = record.get("decision") or {}
-            result = await self._decisions.answer_for_approvers(
+            result = await self._chats.answer_for_approvers(
                 deadline.agent, deadline.user, deadline.chat, deadline.approval_id,
                 approved=record.get("outcome") == "approved", reason=decision.get("reason"),
                 deciders=list(decision.get("deciders") or _voters(record)),

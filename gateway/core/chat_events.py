@@ -2,8 +2,8 @@
 
 Each event is a fact the shell observed, with the time it observed it (`now`, on the gateway's
 clock) where the machine's answer depends on time: a browser request's plan starting a run, a read
-of upstream events, the plugin's ask (which the machine decides), the person's answers, an abort, a
-deadline, the run's end.
+of upstream events, the plugin's ask (which the machine decides), the person's answers, why the
+shell is ending a run (`EndAsked`) and its task's cancellation, a deadline, the run's end.
 The machine answers each with the outputs of core/chat_outputs.py; it never reads a clock itself.
 """
 
@@ -18,9 +18,9 @@ from .approvals import GatedCall
 from .protocol import ClientVersion
 
 __all__ = [
-    "Aborted", "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent", "ConfirmationDecided",
-    "ConfirmationsSeen", "DeadlineReached", "GateOpened", "NativeAnswered", "Resumed", "RunClosed", "RunFailed",
-    "RunStarts", "RunWanted", "RunDropped", "AudioHeard", "SocketClosed", "Settled", "StateRestored", "ToolAsked", "UpstreamRead",
+    "Answered", "AnswersGoing", "ApproversDecided", "AnswersSent", "Attached", "BrowserAsked", "BrowserToolApproved", "CallCancelled", "ChatEvent", "ConfirmationDecided",
+    "ConfirmationsSeen", "DeadlineReached", "EndAsked", "EndHow", "GateOpened", "NativeAnswered", "Resumed", "RunCancelled",
+    "RunClosed", "RunFailed", "RunStarts", "RunWanted", "RunDropped", "AudioHeard", "SocketClosed", "Settled", "StateRestored", "ToolAsked", "UpstreamRead",
 ]
 
 Decision = tuple[GatedCall, bool, "str | None"]  # (call, approved, reason)
@@ -135,17 +135,33 @@ class DeadlineReached:
 
 @dataclass(frozen=True, slots=True)
 class RunFailed:
-    """The run cannot go on: the upstream failed, the gateway closes it (`outcome` cancelled), or it broke."""
+    """The run cannot go on: the upstream failed, or the gateway broke while streaming it."""
 
     text: str
     now: float
-    outcome: str = "error"
     run: int | None = None
 
 
+# How the shell ends a run early: as the browser's stop (`abort`), or closing it with a sentence (`cancel`).
+EndHow = Literal["abort", "cancel"]
+
+
 @dataclass(frozen=True, slots=True)
-class Aborted:
-    """The browser stopped the response."""
+class EndAsked:
+    """The shell is ending run `run` before its end (it cancels the run's task next): `abort`, the
+    browser stopped it, or a new message came for a chat whose response nobody reads; `cancel`,
+    the gateway closes it saying `reason` (its agent was removed, a shutdown; None: the default
+    sentence). Recorded by the machine until the run's `RunCancelled` (core/run_ending.py)."""
+
+    run: int | None
+    how: EndHow
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunCancelled:
+    """The run's task was cancelled (or is stuck past its bound, and the shell ends the run for it):
+    the run ends as the `EndAsked` its machine recorded says, the default sentence without one."""
 
     now: float
     run: int | None = None
@@ -296,7 +312,7 @@ class StateRestored:
 
 ChatEvent = (
     RunStarts | UpstreamRead | GateOpened | Attached | Answered | Resumed | Settled | CallCancelled | DeadlineReached
-    | RunFailed | Aborted | RunClosed | ToolAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
+    | RunFailed | EndAsked | RunCancelled | RunClosed | ToolAsked | NativeAnswered | BrowserToolApproved | ConfirmationsSeen
     | StateRestored | BrowserAsked | AnswersGoing | AnswersSent | RunWanted | ApproversDecided | ConfirmationDecided
     | RunDropped | AudioHeard | SocketClosed
 )

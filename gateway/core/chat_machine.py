@@ -2,19 +2,19 @@
 
 A `ChatMachine` is the single owner of what a chat is waiting for, and it turns the plugin's ask
 about a tool call (`ToolAsked`) into a transition: what the ask comes to is decided by the approvals
-room (approvals/decision.py), which the machine reaches only through its port, the `GateDecider` it
-is built with (core/gate_decider.py), and what waits is recorded here. It takes the typed events of
-core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat
-(chat/record.py, its only caller) to carry out. Its phase is data, not the liveness of a task:
-
-- NEW: no run yet;
-- RUNNING: a run's turn (core/turn.py) is under way, from `RunStarts` until `RunClosed` reported it;
-- IDLE: the last run reported how it ended; what it asked ADK to confirm waits in the ledger.
+room (approvals/decision.py), reached only through the machine's port, the `GateDecider` it is built
+with (core/gate_decider.py); what waits is recorded here. It takes the typed events of
+core/chat_events.py and returns the outputs of core/chat_outputs.py for the chat (chat/record.py, its
+only caller) to carry out. Its phase is data, not the liveness of a task: NEW (no run yet), RUNNING
+(a run's turn, core/turn.py, from `RunStarts` until `RunClosed` reported it), IDLE (the last run
+reported how it ended; what it asked ADK to confirm waits in the ledger).
 
 Runs are numbered (`run`): the events of a run's task name theirs, and those of a run that is not
-the one under way (it was made to end) are dropped here. Whether a request may start a run now
-(`RunWanted`: busy, or the run under way ends first), whether the chat may be forgotten or handed
-over (`settled`), and what a live chat's audio and closed socket call for are the machine's answers.
+the one under way (it was made to end) are dropped here. How a run made to end ends is decided here
+too (core/run_ending.py): the shell says why it ends it (`EndAsked`), then that its task was
+cancelled (`RunCancelled`). Whether a request may start a run now (`RunWanted`: busy, or the run
+under way ends first), whether the chat may be forgotten or handed over (`settled`), and what a live
+chat's audio and closed socket call for are the machine's answers.
 
 `TRANSITIONS` says which events each phase takes; any other is a `MachineError` (a bug in the
 caller), raised before anything changes. Within a run the turn's own table (turn.TRANSITIONS)
@@ -30,16 +30,17 @@ from typing import Any, Final
 
 from .approvals import CallState, GatedCall
 from .chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, AudioHeard, BrowserAsked,
-    BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen, DeadlineReached, GateOpened, NativeAnswered,
-    Resumed, RunClosed, RunDropped, RunFailed, RunStarts, RunWanted, Settled, SocketClosed, StateRestored, ToolAsked,
-    UpstreamRead,
+    Answered, AnswersGoing, AnswersSent, ApproversDecided, ConfirmationDecided, Attached, AudioHeard, BrowserAsked,
+    BrowserToolApproved, CallCancelled, ChatEvent, ConfirmationsSeen, DeadlineReached, EndAsked, GateOpened,
+    NativeAnswered, Resumed, RunCancelled, RunClosed, RunDropped, RunFailed, RunStarts, RunWanted, Settled,
+    SocketClosed, StateRestored, ToolAsked, UpstreamRead,
 )
 from .ledger import Ledger
 from .ledger_snapshot import MalformedLedger
 from .turn import CallChanged, Output, Turn
 from .chat_outputs import Admission, BrowserApproved, ConfirmationSeen, NativeSettled
 from .gate_decider import ChatView, GateDecider
+from .run_ending import Ending, asked, cancelled
 
 __all__ = ["SNAPSHOT_VERSION", "TRANSITIONS", "ChatMachine", "MachineError", "Phase"]
 
@@ -56,18 +57,16 @@ class MachineError(Exception):
     """An event the machine's phase does not take (a bug in the caller); nothing was changed."""
 
 
-_RUN_EVENTS: Final = (
-    UpstreamRead, GateOpened, Attached, Answered, ApproversDecided, ConfirmationDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted,
-    RunClosed,
-)
 # Between runs a late answer, cancel, deadline or end reaches the last turn, which no longer
 # writes but still releases a call and reports once; nothing may feed it events or attach to it.
 _AFTER_RUN: Final = (
-    Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, Aborted, RunClosed, Attached,
+    Answered, ApproversDecided, Resumed, Settled, CallCancelled, DeadlineReached, RunFailed, RunCancelled, RunClosed, Attached,
     GateOpened,
 )
+# A run under way takes those, its upstream's events, and what only it can carry out or be ended by.
+_RUN_EVENTS: Final = (*_AFTER_RUN, UpstreamRead, ConfirmationDecided, EndAsked)
 # The events of a run's task, which name their run: a run that is not the one under way says nothing.
-_OF_A_RUN: Final = frozenset({UpstreamRead, RunFailed, Aborted, RunClosed})
+_OF_A_RUN: Final = frozenset({UpstreamRead, RunFailed, EndAsked, RunCancelled, RunClosed})
 
 # ADK's confirmations are asked by one run and answered by the request that starts the next (or
 # settled by a deadline, or lost): their bookkeeping is the chat's, whatever its phase. The
@@ -78,7 +77,7 @@ _NATIVE: Final = (
 )
 
 # (phase, event type) the machine takes. One run at a time: a run that must make way for a new
-# one is ended first (RunFailed or Aborted, then RunClosed). The plugin asks only while a run runs.
+# one is ended first (EndAsked and RunCancelled, then RunClosed). The plugin asks only while a run runs.
 TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
     {(Phase.NEW, kind) for kind in (RunStarts, CallCancelled, DeadlineReached, StateRestored, Attached, Resumed, GateOpened, *_NATIVE)}
     | {(Phase.RUNNING, kind) for kind in (*_RUN_EVENTS, *_NATIVE)}
@@ -89,7 +88,7 @@ TRANSITIONS: Final[frozenset[tuple[Phase, type]]] = frozenset(
 class ChatMachine:
     """The state of one chat's approvals and runs, changed only by `handle`."""
 
-    __slots__ = ("answering", "claimed", "decider", "ledger", "run", "turn")
+    __slots__ = ("answering", "claimed", "decider", "ending", "ledger", "run", "turn")
 
     def __init__(self, ledger: Ledger | None = None, *, decider: GateDecider) -> None:
         self.ledger = ledger if ledger is not None else Ledger()
@@ -106,6 +105,8 @@ class ChatMachine:
         self.run = 0
         # A request claimed the chat for a run it is starting (`RunWanted`), not started yet.
         self.claimed = False
+        # How the run under way ends once its task is cancelled, if the shell said (`EndAsked`).
+        self.ending: Ending | None = None
 
     @property
     def phase(self) -> Phase:
@@ -166,7 +167,7 @@ class ChatMachine:
 
     def _start(self, event: RunStarts) -> list[Output]:
         self.run += 1
-        self.claimed = False
+        self.claimed, self.ending = False, None
         self.turn = Turn(
             event.message_id, ledger=self.ledger, version=event.version, known_tool_calls=event.known_tool_calls,
             denied_tool_calls=event.denied_tool_calls, delivered_tool_calls=event.delivered_tool_calls,
@@ -220,10 +221,14 @@ class ChatMachine:
         return self._current().settle(event.decisions, event.now)
 
     def _fail(self, event: RunFailed) -> list[Output]:
-        return self._current().fail(event.text, event.now, outcome=event.outcome)
+        return self._current().fail(event.text, event.now)
 
-    def _abort(self, event: Aborted) -> list[Output]:
-        return self._current().abort(event.now)
+    def _end_asked(self, event: EndAsked) -> list[Output]:
+        self.ending = asked(self.ending, event)
+        return []
+
+    def _cancelled(self, event: RunCancelled) -> list[Output]:
+        return cancelled(self._current(), self.ending, event.now)
 
     def _close(self, event: RunClosed) -> list[Output]:
         return self._current().end(event.now)
@@ -377,7 +382,8 @@ _HANDLERS: Final[dict[type, Callable[[ChatMachine, Any], list[Output]]]] = {
     CallCancelled: ChatMachine._cancel,
     DeadlineReached: ChatMachine._expire,
     RunFailed: ChatMachine._fail,
-    Aborted: ChatMachine._abort,
+    EndAsked: ChatMachine._end_asked,
+    RunCancelled: ChatMachine._cancelled,
     RunClosed: ChatMachine._close,
     ToolAsked: ChatMachine._asked,
     NativeAnswered: ChatMachine._native_answered,

@@ -2,7 +2,8 @@
 here, so the signatures are held against each other): the machine's `GateDecider`
 (core/gate_decider.py), implemented by the room's decision (approvals/decision.py), and the room's
 `ApprovalDecisions` (approvals/ports.py), implemented by the chat service and called by the desk,
-which reaches the chat through it alone."""
+and `ApprovalChats`, the whole of what the desk reads of this replica's chats, through which alone
+it reaches them (tests/unit/test_layers.py holds it to importing nothing of gateway/chat/)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ from typing import Any
 import pytest
 
 from gateway.approvals.decision import DECIDER
-from gateway.approvals.ports import ApprovalDecisions
+from gateway.approvals.ports import ApprovalChats, ApprovalDecisions, WaitingConfirmation
 from gateway.chat.service import ChatService
-from gateway.cluster.approval_desk import ApprovalDesk
+from gateway.cluster.approval_desk import CONFIRM_ENGINE, ApprovalDesk
 from gateway.cluster.memory import MemoryState
 from gateway.cluster.messages import Answer, Work
+from gateway.config.schema import GatewayConfig, ToolPolicy, parse_config
+from gateway.core.approvals import GatedCall
+from gateway.core.approver_confirmations import ApproverMark
+from gateway.core.deadlines import Deadline
 from gateway.core.gate_decider import GateDecider
+from gateway.core.native_confirmation import NativeConfirmation
 
 
 def _signature(method: object) -> list[tuple[str, object, object]]:
@@ -25,7 +31,7 @@ def _signature(method: object) -> list[tuple[str, object, object]]:
 
 
 @pytest.mark.parametrize(("port", "implementation"), [
-    (GateDecider, type(DECIDER)), (ApprovalDecisions, ChatService),
+    (GateDecider, type(DECIDER)), (ApprovalDecisions, ChatService), (ApprovalChats, ChatService),
 ])
 def test_each_port_is_implemented_with_its_own_signatures(port: type, implementation: type) -> None:
     methods = [name for name, _ in inspect.getmembers(port, inspect.isfunction) if not name.startswith("_")]
@@ -64,3 +70,52 @@ async def test_the_desk_applies_a_decision_held_here_through_the_port() -> None:
     assert decisions.applied == [
         {"user_id": "u", "session_id": "s1", "approval_id": "gw-1", "approved": True, "reason": "fine", "deciders": deciders},
     ]
+
+
+class _Chats(_Decisions):
+    """This replica's chats as the desk sees them (`ApprovalChats`), with nothing of the chat layer:
+    one chat of the default agent, its session "s1", waiting on ADK confirmation "adk-1" for its
+    supervisors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: GatewayConfig = parse_config("internal:\n  secret: s\nupstream:\n  app_name: pay_app\n", env={})
+        self.expired: list[Deadline] = []
+
+    def now(self) -> float:
+        return 100.0
+
+    def agent_of(self, user_id: str, session_id: str) -> str:
+        return self.config.default if (user_id, session_id) == ("u", "s1") else ""
+
+    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
+        if approval_id != "adk-1":
+            return None
+        confirmation = NativeConfirmation("adk-1", "c1", "pay", args={"amount": 500}, mark=ApproverMark("supervisors"))
+        return WaitingConfirmation(agent, user_id, chat_id, "s1", confirmation)
+
+    async def expire_confirmation(self, deadline: Deadline) -> float | None:
+        self.expired.append(deadline)
+        return None
+
+
+async def test_the_desk_lists_what_waits_reading_the_chats_only_through_the_port() -> None:
+    chats, state = _Chats(), MemoryState("a")
+    desk = ApprovalDesk(state, chats, _no_ask, wall=lambda: 5000.0)
+    call = GatedCall.open(
+        user_id="u", chat_id="chat-1", session_id="s1", tool_call_id="c1", tool="pay", args={}, now=90.0,
+        policy=ToolPolicy(approval=True, timeout=30),
+    )
+    assert await desk.opened(call)
+    held = await state.get_approval(call.id)
+    assert held is not None and (held["agent"], held["app_name"], held["owner"]) == (chats.config.default, "pay_app", "a")
+    assert (held["created"], held["deadline"]) == (4990.0, 5020.0)  # the chats' clock, shown on the wall clock
+    deadline = Deadline(chats.config.default, "u", "chat-1", "adk-1", "c1", "pay", 5030.0)
+    await desk.confirmation_waiting(deadline)
+    listed = await state.get_approval("adk-1")
+    assert listed is not None and listed["engine"] == CONFIRM_ENGINE and listed["approvers"] == "supervisors"
+    assert (listed["requester"], listed["chat_id"], listed["session"], listed["deadline"]) == ("u", "chat-1", "s1", 5030.0)
+    await desk.confirmation_waiting(Deadline(chats.config.default, "u", "chat-1", "adk-9", "c9", "pay", 5030.0))
+    assert await state.get_approval("adk-9") is None  # no chat here waits on it: nothing listed
+    assert await desk.deadline_passed(Deadline(chats.config.default, "u", "chat-2", "adk-2", "c2", "pay", 5030.0)) is None
+    assert [d.approval_id for d in chats.expired] == ["adk-2"]

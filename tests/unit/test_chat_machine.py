@@ -16,9 +16,10 @@ from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome, Verdict
 from gateway.core.chat_events import (
-    Aborted, Answered, AnswersGoing, AnswersSent, Attached, AudioHeard, BrowserAsked, BrowserToolApproved, CallCancelled,
-    ChatEvent, ConfirmationsSeen, DeadlineReached, GateOpened, NativeAnswered, Resumed, RunClosed, RunDropped,
-    RunFailed, RunStarts, RunWanted, Settled, SocketClosed, StateRestored, ToolAsked, UpstreamRead,
+    Answered, AnswersGoing, AnswersSent, Attached, AudioHeard, BrowserAsked, BrowserToolApproved, CallCancelled,
+    ChatEvent, ConfirmationsSeen, DeadlineReached, EndAsked, GateOpened, NativeAnswered, Resumed, RunCancelled,
+    RunClosed, RunDropped, RunFailed, RunStarts, RunWanted, Settled, SocketClosed, StateRestored, ToolAsked,
+    UpstreamRead,
 )
 from gateway.core.ledger import NativeConfirmation
 from gateway.core.ledger_snapshot import MalformedLedger
@@ -100,7 +101,8 @@ def test_one_run_at_a_time_a_new_run_waits_for_the_old_ones_end() -> None:
     with pytest.raises(MachineError, match="running does not take RunStarts"):
         machine.handle(RunStarts("m2", 1.0))
     assert machine.turn is turn and machine.running
-    machine.handle(Aborted(1.0))
+    machine.handle(EndAsked(1, "abort"))
+    machine.handle(RunCancelled(1.0))
     machine.handle(RunClosed(1.0))
     machine.handle(RunStarts("m2", 2.0))
     assert machine.turn is not turn
@@ -440,13 +442,15 @@ def test_what_a_run_made_to_end_says_later_is_dropped() -> None:
     machine = ChatMachine(decider=DECIDER)
     machine.handle(_start())
     assert machine.run == 1 and machine.under_way(1)
-    machine.handle(Aborted(1.0, run=1))
+    machine.handle(EndAsked(1, "abort"))
+    machine.handle(RunCancelled(1.0, run=1))
     machine.handle(RunClosed(1.0, run=1))  # a stuck task, ended by the shell for the machine
     assert not machine.under_way(1)
     machine.handle(RunStarts("m2", 2.0))
     turn = machine.turn
     text = {"author": "a", "content": {"role": "model", "parts": [{"text": "late"}]}}
-    for late in (UpstreamRead([text], 3.0, 1), RunFailed("x", 3.0, run=1), Aborted(3.0, 1), RunClosed(3.0, 1)):
+    late_ones = (UpstreamRead([text], 3.0, 1), RunFailed("x", 3.0, run=1), EndAsked(1, "cancel", "x"), RunCancelled(3.0, 1), RunClosed(3.0, 1))
+    for late in late_ones:
         assert machine.handle(late) == []
     assert machine.turn is turn and machine.under_way(2)
     assert "text-delta" in _chunk_types(machine.handle(UpstreamRead([text], 3.0, 2)))

@@ -39,7 +39,7 @@ async def _asks_then_waits(call_id: str, hold: asyncio.Event) -> AsyncIterator[l
 
 def _start(actor: Chat, batches: AsyncIterator[Any]) -> asyncio.Task[None]:
     start = RunStarts("m1", time.monotonic(), policy=lambda name: PAY if name == "pay" else ToolPolicy())
-    return actor.start(Run("m1"), start, batches, WaitSignal(), lambda: "The gateway is shutting down.")
+    return actor.start(Run("m1"), start, batches, WaitSignal())
 
 
 async def test_a_gated_call_times_out_on_the_chats_own_timer() -> None:
@@ -110,7 +110,7 @@ async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
 
     _start(actor, stuck())
     await asyncio.sleep(0.01)
-    await actor.stop(0.05, abort=False, reason="The gateway is shutting down.")
+    await actor.stop(0.05, how="cancel", reason="The gateway is shutting down.")
     run = actor.run
     assert run is not None and run.current.closed and not actor.machine.running
     frames = b"".join(run.current.frames)
@@ -146,7 +146,7 @@ async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_
     metrics.know_agents(parse_config("agents: {agent: {upstream: {app_name: a}}}\nmetrics: {models: [demo-scripted]}\n", env={}))
     actor = _chat(RunHooks(metrics, clock, lambda call: None))
     start = RunStarts("m1", clock(), policy=lambda name: ToolPolicy())
-    actor.start(Run("m1"), start, _recorded("weather_tokyo", clock), WaitSignal(), lambda: "")
+    actor.start(Run("m1"), start, _recorded("weather_tokyo", clock), WaitSignal())
     assert await actor.ended(2)
     sample = metrics.registry.get_sample_value
 
@@ -165,7 +165,7 @@ async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
     clock = _Clock()
     metrics = GatewayMetrics()
     actor = _chat(RunHooks(metrics, clock, lambda call: None))
-    actor.start(Run("m1"), RunStarts("m1", clock()), _recorded("hello_there", clock), WaitSignal(), lambda: "")
+    actor.start(Run("m1"), RunStarts("m1", clock()), _recorded("hello_there", clock), WaitSignal())
     assert await actor.ended(2)
     assert metrics.registry.get_sample_value(
         "adk_gateway_tokens_total", {"agent": "agent", "model": "other", "kind": "input"}
@@ -185,7 +185,7 @@ async def test_words_after_a_persons_decision_are_not_a_time_to_first_token() ->
         yield [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": "Paid."}]}}]
 
     start = RunStarts("m1", clock(), policy=lambda name: PAY if name == "pay" else ToolPolicy())
-    actor.start(Run("m1"), start, batches(), WaitSignal(), lambda: "")
+    actor.start(Run("m1"), start, batches(), WaitSignal())
     await asyncio.sleep(0.01)
     call = actor.machine.ledger.add(GatedCall.open(
         user_id="u", chat_id="c", session_id="c", tool_call_id="c1", tool="pay", args={}, policy=PAY, now=clock(),
@@ -236,3 +236,34 @@ def test_every_chat_decides_the_plugins_asks_in_the_approvals_room() -> None:
     # room's (approvals/decision.py), not the fail-closed default a machine built alone has.
     assert Chat("u", "c", "c", 0.0).machine.decider is DECIDER
     assert Chat("u", "d", "d", 0.0).machine is not Chat("u", "d", "d", 0.0).machine
+
+
+async def _ended_by(end: str) -> bytes:
+    """A run writing, then ended by `end` through the chat: the frames its response got."""
+    actor, _ = _actor()
+
+    async def writes() -> AsyncIterator[list[dict[str, Any]]]:
+        yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "Working "}]}}]
+        await asyncio.sleep(10)
+
+    task = _start(actor, writes())
+    await asyncio.sleep(0.01)
+    if end == "abort":
+        assert actor.abort()
+    elif end == "close_soon":
+        assert actor.close_soon("The agent support was removed from the gateway; this response was ended.")
+    else:  # a shutdown's word to a run already aborted: the abort stands
+        assert actor.abort() and actor.end_asked("cancel", "The gateway is shutting down.")
+    await asyncio.gather(task, return_exceptions=True)
+    run = actor.run
+    assert run is not None and run.current.closed and not actor.machine.running
+    assert not actor.abort() and not actor.close_soon("again")  # nothing under way to end any more
+    return b"".join(run.current.frames)
+
+
+async def test_a_cancelled_task_ends_as_the_chat_told_its_machine() -> None:
+    for end in ("abort", "abort then shutdown"):
+        frames = await _ended_by(end)
+        assert frames.endswith(b'{"type":"finish-step"}{"type":"abort"}') and b'"type":"error"' not in frames, end
+    frames = await _ended_by("close_soon")
+    assert b'"type":"error","errorText":"The agent support was removed' in frames and b'"type":"abort"' not in frames

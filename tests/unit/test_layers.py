@@ -14,8 +14,8 @@ not in reviews:
   through its own port (`approvals/store.py`); the chat, the cluster, access and the edge may
   import it, upstream, ops and config may not; of the edge, only the modules that build and hold
   the object graph and the approvals API do; the chat's machine takes the room's decision through
-  its own port (`core/gate_decider.py`), and the cluster's desk applies a decision through the
-  room's port to the chat (`approvals/ports.py`);
+  its own port (`core/gate_decider.py`), and the cluster's desk reaches the chats only through the
+  room's port to them (`approvals/ports.py` `ApprovalChats`): it imports nothing of gateway/chat/;
 - no two modules import each other at load time (a cycle), lazily or not;
 - the edge reaches the chat layer only through the cluster router: of gateway/chat/ it imports only
   the value types a transport follows (`chat/attachment.py`, `chat/response.py`), and the modules
@@ -52,8 +52,9 @@ ROOM_PORTS = {
     "core.chat_machine": ("core.gate_decider", "approvals."),
     # The room implements the machine's port.
     "approvals.decision": ("core.gate_decider", "chat."),
-    # The desk applies a counted decision through the room's port to the chat, not the chat's gates.
-    "cluster.approval_desk": ("approvals.ports", "chat.gates"),
+    # The desk reaches this replica's chats through the room's port to them (it applies a counted
+    # decision, and reads what a listing needs), never through the chat layer itself.
+    "cluster.approval_desk": ("approvals.ports", "chat."),
 }
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)
