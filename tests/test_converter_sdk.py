@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.converter import Converter
 from tests.jsdriver import check_streams
-from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
+from tests.support.recordings import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
 
 pytestmark = pytest.mark.js
 

@@ -27,7 +27,7 @@ from gateway.chat.registry import Registry
 from tests.unit.test_chat_gates import ScriptedAdk, text_events
 from tests.unit.test_chat_service import NEW_MESSAGE, body, text_of
 from tests.unit.test_chat_gates import USER
-from tests.unit.fixtures import GONE
+from tests.support.service import GONE
 
 AGENT = "demo_agent"
 CONFIG = """

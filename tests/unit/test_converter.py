@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.approvals import REFUSAL_KEY
 from gateway.core.converter import Converter, map_finish_reason
-from tests.unit.fixtures import (
+from tests.support.recordings import (
     continuing,
     LIVE_FOLDERS,
     SSE_FOLDERS,

@@ -15,7 +15,7 @@ from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.agents import Agents
 from gateway.upstream.client import UpstreamError
-from tests.unit.fixtures import check_stream_rules, types
+from tests.support.recordings import check_stream_rules, types
 from tests.unit.test_chat_gates import read as read_chunks
 
 AGENT = "demo_agent"

@@ -38,7 +38,7 @@ from gateway.core.turn import (
     TurnError,
     TurnState,
 )
-from tests.unit.fixtures import check_stream_rules, events, types
+from tests.support.recordings import check_stream_rules, events, types
 
 MESSAGE_ID = "m1"
 START = {"type": "start", "messageId": MESSAGE_ID}

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.config.schema import UpstreamConfig
 from gateway.upstream.client import AdkClient, UpstreamError
-from tests.unit.fixtures import ROOT, SSE_FOLDERS, _load, events, fixture_names
+from tests.support.recordings import ROOT, SSE_FOLDERS, events, fixture_names, lines
 
 MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}
 # What ADK 1.22.1 writes for a run that fails with a multi-line message: its run_sse handler
@@ -78,7 +78,7 @@ async def run(client: AdkClient) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(("folder", "name"), [(f, n) for f in SSE_FOLDERS for n in fixture_names(f)])
 async def test_every_recorded_run_reads_back_as_recorded(upstream: Any, folder: str, name: str) -> None:
     routes, client = upstream
-    payload = b"".join(b"data: " + line.encode() + b"\n\n" for line in _load(name, folder))
+    payload = b"".join(b"data: " + line.encode() + b"\n\n" for line in lines(name, folder))
     if folder == "adk-1.22.1" and name == "pay_hanako_extra_key":
         payload = UNESCAPED_ERROR_BODY  # the body as sent, not just its first data line
     routes[("POST", "/run_sse")] = sse_body(payload)
@@ -152,7 +152,7 @@ async def test_ensure_session_on_the_recorded_answers(upstream: Any, folder: str
 
 
 def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
-    from tests.unit.fixtures import LIVE_FOLDERS
+    from tests.support.recordings import LIVE_FOLDERS
 
     on_disk = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name.startswith("adk")}
     assert on_disk == {*SSE_FOLDERS, *LIVE_FOLDERS}
