@@ -26,11 +26,12 @@ from gateway.chat.service import ChatService
 from gateway.cli import _with_overrides, describe_agents
 from gateway.config.schema import ConfigError, GatewayConfig, parse_config
 from gateway.edge.internal import create_internal_app, merged_policy
-from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import ChatNotFound, Registry
+from gateway.chat.registry import ChatNotFound
 from gateway.edge.reload import plan_reload, reload_config
 from gateway.edge.state import GATEWAY
-from tests.unit.test_chat_gates import USER, ScriptedAdk, call_event, read, text_events
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import USER, call_event, read, text_events
+from tests.support.service import chat_service
 
 TWO_AGENTS = """\
 internal:
@@ -169,8 +170,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     config = two_agents(TWO_AGENTS.replace("mode: live", "mode: sse"))
     adks = {"pay_app": ScriptedAdk(), "support_app": ScriptedAdk()}
-    agents = Agents(config, client=lambda agent: adks[agent.upstream.app_name])  # type: ignore[arg-type, return-value]
-    service = ChatService(agents=agents, registry=Registry(), metrics=GatewayMetrics(), config=config)
+    service = chat_service(config, clients=lambda agent: adks[agent.upstream.app_name])
     yield Env(service, adks)
     await service.close()
 

@@ -3,7 +3,7 @@ cluster/remote_gate.py with approval_desk.py): a call past it is refused to the 
 per-chat cap's are (the model reads why, the tool does not run), counted by agent, and never listed;
 the count is the shared store's, so a second replica on the same store agrees.
 
-The chats run on tests/unit/test_chat_gates.py's scripted ADK; the store is a MemoryHub.
+The chats run on the scripted ADK (tests/support/adk.py); the store is a MemoryHub.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.chat.registry import Registry
 from gateway.chat.service import ChatService
 from gateway.cluster.approval_desk import ApprovalDesk
 from gateway.cluster.liveness import Liveness
@@ -25,9 +24,9 @@ from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.approvals import REFUSAL_KEY
 from gateway.ops.metrics import GatewayMetrics
-from gateway.upstream.agents import Agents
 from tests.unit.test_agents import body
-from tests.unit.test_chat_gates import ScriptedAdk
+from tests.support.adk import ScriptedAdk
+from tests.support.service import chat_service
 
 CONFIG = """
 internal:
@@ -63,10 +62,7 @@ async def env() -> AsyncIterator[Env]:
     adk = ScriptedAdk()
     metrics = GatewayMetrics()
     metrics.know_agents(config)
-    chats = ChatService(
-        agents=Agents(config, client=lambda agent: adk),  # type: ignore[arg-type, return-value]
-        registry=Registry(), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, adk=adk, metrics=metrics)
     hub = MemoryHub()
     tasks = Tasks()
     gates = []

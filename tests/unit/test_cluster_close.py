@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
-from gateway.chat.service import ChatService
 from gateway.cluster import redis as redis_module
 from gateway.ops import stopping as stopping_module
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -30,7 +28,8 @@ from gateway.cluster.router import Cluster
 from gateway.cluster.shared import SharedState
 from gateway.config.schema import parse_config
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Chat, Registry
+from gateway.chat.registry import Chat
+from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
 
 HEARTBEAT = 0.1
@@ -82,10 +81,7 @@ class StuckMarks(MemoryState):
 def cluster_on(state: SharedState, config_text: str = "") -> Cluster:
     config = parse_config(config_text, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
-        config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     return Cluster(state, chats, metrics)
 
 

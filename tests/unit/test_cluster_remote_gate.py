@@ -16,8 +16,6 @@ import orjson
 import pytest
 
 from gateway.core.approvals import REFUSAL_KEY, RUN, Verdict
-from gateway.upstream.agents import Agents
-from gateway.chat.service import ChatService
 from gateway.cluster.forwarding import Asker
 from gateway.cluster.liveness import Liveness, OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -30,7 +28,7 @@ from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
+from tests.support.service import chat_service
 
 CONFIG = """
 internal:
@@ -77,10 +75,7 @@ async def _no_ask(owner: str, work: Work) -> Answer:
 async def replicas() -> AsyncIterator[Replicas]:
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
-        config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     hub = MemoryHub()
     owner, here = MemoryState("a", hub), MemoryState("b", hub)
     tasks = Tasks()

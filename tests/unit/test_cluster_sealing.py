@@ -19,10 +19,8 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.upstream.agents import Agents
 from gateway.core.approvals import REFUSAL_KEY, RUN
 from gateway.access.auth import Identity
-from gateway.chat.service import ChatService
 from gateway.cluster import redis_inbox as inbox_module
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.messages import Decided, Refused, Released, Reply, from_json
@@ -36,6 +34,7 @@ from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.access.tickets import Tickets
+from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
 
@@ -386,7 +385,7 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     a, b, inbox, forger = cluster
     config = parse_config(GATED, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(agents=Agents(config), registry=Registry(10), metrics=metrics, config=config)
+    chats = chat_service(config, registry=Registry(10), metrics=metrics)
     tasks = Tasks()
     gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), _no_ask, forward_timeout=0.1)
     # What b's router does with a message that opened (gateway/cluster/router.py).
