@@ -122,7 +122,8 @@ async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pyte
 
     from gateway.edge.app import create_app
     from gateway.edge.state import GATEWAY
-    from tests.unit.test_transport_stop import USER, AppAdk, chat_body, says, sse_chunks
+    from tests.support.adk import ScriptedAdk
+    from tests.unit.test_transport_stop import USER, chat_body, sse_chunks
 
     class Watched(Tracing):
         def __getattribute__(self, name: str) -> Any:
@@ -135,14 +136,14 @@ async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pyte
     monkeypatch.setattr(Tracing, "off", staticmethod(lambda: watched))
     app = create_app(parse_config("auth:\n  mode: none\n", env={}))
     assert app[GATEWAY].tracing is watched
-    adk = AppAdk()
+    adk = ScriptedAdk()
     for agent in app[GATEWAY].agents:
         agent.client = adk  # type: ignore[assignment]
     touched: dict[int, Counter[str]] = {}
     async with TestClient(TestServer(app)) as client:
         for n in (10, 1000):
             watched._touched.clear()  # type: ignore[attr-defined]
-            says(adk, *["word "] * n)
+            adk.says(*["word "] * n)
             adk.ends()
             response = await client.post("/api/chat", json=chat_body(USER, chat_id=f"chat-{n}"))
             chunks = sse_chunks(await response.text())
