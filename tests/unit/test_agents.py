@@ -2,7 +2,7 @@
 which chat belongs to which agent, each agent's policy and upstream, the plugin naming its agent by
 ADK app name, who may use an agent, and what a reload may do to agents.
 
-ADK is scripted in process, one per agent (tests/unit/test_chat_gates.py's fake); nothing sleeps.
+ADK is scripted in process, one per agent (tests/support/adk.py); nothing sleeps.
 """
 
 from __future__ import annotations
