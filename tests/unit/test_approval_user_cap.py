@@ -18,15 +18,16 @@ from gateway.chat.service import ChatService
 from gateway.cluster.approval_desk import ApprovalDesk
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.memory import MemoryHub, MemoryState
-from gateway.cluster.messages import Answer, Gate, Work
+from gateway.cluster.messages import Gate
 from gateway.cluster.remote_gate import RemoteGate
 from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.approvals import REFUSAL_KEY
 from gateway.ops.metrics import GatewayMetrics
-from tests.unit.test_agents import body
 from tests.support.adk import ScriptedAdk
+from tests.support.cluster import never_asked
 from tests.support.service import chat_service
+from tests.unit.test_agents import body
 
 CONFIG = """
 internal:
@@ -52,10 +53,6 @@ class Env:
     adk: ScriptedAdk
 
 
-async def _no_ask(owner: str, work: Work) -> Answer:
-    raise AssertionError("not asked in this test")
-
-
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG, env={})
@@ -70,8 +67,8 @@ async def env() -> AsyncIterator[Env]:
         state = MemoryState(name, hub)
         await state.start(lambda message: None, lambda: [])
         gate = RemoteGate(
-            state, chats, metrics, tasks, Liveness(state, 0.01), _no_ask, forward_timeout=0.05,
-            desk=ApprovalDesk(state, chats, _no_ask),
+            state, chats, metrics, tasks, Liveness(state, 0.01), never_asked, forward_timeout=0.05,
+            desk=ApprovalDesk(state, chats, never_asked),
         )
         gates.append(gate)
     yield Env(chats, gates[0], gates[1], hub, metrics, adk)

@@ -28,6 +28,7 @@ from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
+from tests.support.cluster import never_asked
 from tests.support.service import chat_service
 
 CONFIG = """
@@ -67,10 +68,6 @@ class Replicas:
         return self.metrics.registry.get_sample_value("adk_gateway_owner_lost_total", {"what": "gated_call"}) or 0.0
 
 
-async def _no_ask(owner: str, work: Work) -> Answer:
-    raise AssertionError("not asked in this test")
-
-
 @pytest.fixture
 async def replicas() -> AsyncIterator[Replicas]:
     config = parse_config(CONFIG, env={})
@@ -85,7 +82,7 @@ async def replicas() -> AsyncIterator[Replicas]:
     def make_gates(ask: Ask) -> RemoteGate:
         return RemoteGate(here, chats, metrics, tasks, liveness, ask, forward_timeout=config.sessions.forward_timeout)
 
-    gates = make_gates(_no_ask)
+    gates = make_gates(never_asked)
     pair = Replicas(hub, owner, here, gates, asker, metrics, make_gates, [])
 
     def owner_inbox(raw: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.access.tickets import Tickets
+from tests.support.cluster import never_asked
 from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
 from tests.unit.test_cluster_close import RecordingLog
@@ -387,7 +388,7 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     metrics = GatewayMetrics()
     chats = chat_service(config, registry=Registry(10), metrics=metrics)
     tasks = Tasks()
-    gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), _no_ask, forward_timeout=0.1)
+    gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), never_asked, forward_timeout=0.1)
     # What b's router does with a message that opened (gateway/cluster/router.py).
     delivered = len(inbox)
 
@@ -415,8 +416,3 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     finally:
         router.cancel()
         await tasks.close(1.0)
-
-
-async def _no_ask(owner: str, work: Any) -> Any:
-    raise AssertionError("not asked in this test")
-
