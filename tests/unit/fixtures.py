@@ -14,6 +14,7 @@ from tests.support.recordings import (  # noqa: F401
     convert,
     events,
     fixture_names,
+    lines as _load,
     types,
 )
 from tests.support.service import GONE, held_engine  # noqa: F401

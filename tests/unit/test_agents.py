@@ -30,6 +30,7 @@ from gateway.chat.registry import ChatNotFound
 from gateway.edge.reload import plan_reload, reload_config
 from gateway.edge.state import GATEWAY
 from tests.support.adk import ScriptedAdk
+from tests.support.adk_server import adk_server
 from tests.support.chat import USER, call_event, read, text_events
 from tests.support.service import chat_service
 
@@ -469,23 +470,13 @@ async def test_the_agent_list_names_each_agents_browser_tools() -> None:
 
 
 async def test_the_probe_calls_an_agent_down_when_its_server_does_not_serve_its_app() -> None:
-    from gateway.upstream.client import AdkClient
-
     listing: list[Any] = ["other_app"]
 
     async def list_apps(request: web.Request) -> web.Response:
         return web.json_response(listing)
 
-    server_app = web.Application()
-    server_app.router.add_get("/list-apps", list_apps)
-    server = TestServer(server_app)
-    await server.start_server()
-    client = AdkClient(two_agents().agents["support"].upstream.model_copy(update={"url": str(server.make_url("/"))}))
-    await client.start()
-    try:
+    async with adk_server(two_agents().agents["support"].upstream) as (routes, client):
+        routes["GET", "/list-apps"] = list_apps
         assert await client.ping() is False
         listing.append("support_app")
         assert await client.ping() is True
-    finally:
-        await client.close()
-        await server.close()

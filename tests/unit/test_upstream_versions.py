@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from gateway.config.schema import UpstreamConfig
 from gateway.upstream.client import AdkClient, UpstreamError
+from tests.support.adk_server import Routes, adk_server, sse_body
 from tests.support.recordings import ROOT, SSE_FOLDERS, events, fixture_names, lines
 
 MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}
@@ -33,39 +32,9 @@ UNESCAPED_ERROR_BODY = (
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[tuple[dict[tuple[str, str], Any], AdkClient]]:
-    """A fake ADK API server answering from `routes`: (method, path) -> handler, or a list of
-    recorded (status, body) answers used up one per call."""
-    app = web.Application()
-    server = TestServer(app)
-    routes: dict[tuple[str, str], Any] = {}
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        answer = routes[(request.method, request.path)]
-        if callable(answer):
-            return await answer(request)
-        status, body = answer.pop(0) if isinstance(answer, list) else answer
-        return web.json_response(body, status=status)
-
-    app.router.add_route("*", "/{tail:.*}", handle)
-    await server.start_server()
-    client = AdkClient(UpstreamConfig(url=str(server.make_url("/")), app_name="demo_agent"))
-    await client.start()
-    yield routes, client
-    await client.close()
-    await server.close()
-
-
-def sse_body(payload: bytes) -> Any:
-    async def answer(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
-        await response.write(payload)
-        await response.write_eof()
-        return response
-
-    return answer
+async def upstream() -> AsyncIterator[tuple[Routes, AdkClient]]:
+    async with adk_server() as (routes, client):
+        yield routes, client
 
 
 async def run(client: AdkClient) -> list[dict[str, Any]]:
