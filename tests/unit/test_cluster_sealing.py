@@ -34,6 +34,7 @@ from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.access.tickets import Tickets
+from tests.support.shared_state import HEARTBEAT, redis_state
 from tests.support.cluster import never_asked
 from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
@@ -41,8 +42,6 @@ from tests.unit.test_cluster_close import RecordingLog
 
 SECRET = "s" * 32
 NEW_SECRET = "n" * 32
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
 BOUND = 5.0
 
 
@@ -138,7 +137,7 @@ async def cluster(server: RedisServer) -> AsyncIterator[tuple[RedisState, RedisS
     """Replicas a and b on one Redis and one secret; b's inbox is recorded."""
     prefix = "t" + secrets.token_hex(4)
     a, b = (
-        RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=Seal([SECRET]))
+        redis_state(server, name, prefix, seal=Seal([SECRET]))
         for name in ("a", "b")
     )
     inbox: list[dict[str, Any]] = []
