@@ -33,9 +33,10 @@ from gateway.approvals import audit_trail as audit_module
 from gateway.approvals.audit_trail import AuditTrail, InvalidAuditQuery
 from gateway.ops.logs import configure_logging, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
+from tests.support.waiting import until
 from tests.support.shared_state import HEARTBEAT, OWNER_TIMEOUT, redis_state
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 from tests.unit.test_logs import restore_logging  # noqa: F401 - a fixture
 
 CARD = "4111111111111111"
@@ -62,13 +63,6 @@ def counted(metrics: GatewayMetrics, result: str) -> float:
     value = metrics.registry.get_sample_value("adk_gateway_audit_records_total", {"result": result})
     assert value is not None, "exported at 0 from the start"
     return value
-
-
-async def until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def trail(store: Any, metrics: GatewayMetrics, config: AuditConfig | None = None, **bounds: Any) -> AuditTrail:

@@ -28,27 +28,13 @@ from gateway.cluster.shared import SharedState
 from gateway.config.schema import parse_config
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Chat
+from tests.support.logs import RecordingLog
 from tests.support.shared_state import redis_state
 from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
 
 # What close() may take at most in these tests: its own bounds are about a second per step.
 CLOSE_BOUND = 4.0
-
-
-class RecordingLog:
-    """Stands in for a module's structlog logger: what was logged, by event name."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def _record(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
-
-    debug = info = warning = error = exception = _record
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [fields for name, fields in self.events if name == event]
 
 
 class StuckMarks(MemoryState):

@@ -26,7 +26,7 @@ from gateway.config.schema import parse_config
 from gateway.edge.state import GATEWAY
 from tests.support.shared_state import HEARTBEAT, redis_state
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 
 
 

@@ -38,7 +38,7 @@ from tests.support.shared_state import HEARTBEAT, redis_state
 from tests.support.cluster import never_asked
 from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 
 SECRET = "s" * 32
 NEW_SECRET = "n" * 32

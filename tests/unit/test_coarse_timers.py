@@ -13,7 +13,8 @@ from gateway.edge.state import GATEWAY
 from gateway.ops.coarse_timers import CoarseTimers
 from gateway.upstream.idle_reader import IdleReader
 from tests.support.adk import ScriptedAdk
-from tests.unit.test_transport_stop import USER, adk, chat_body, client, until
+from tests.support.waiting import until
+from tests.unit.test_transport_stop import USER, adk, chat_body, client
 
 __all__ = ["adk", "client"]  # the fixtures, used by name
 

@@ -21,6 +21,7 @@ from gateway.edge.app import create_app
 from gateway.config.schema import parse_config
 from gateway.edge.state import GATEWAY
 from gateway.edge import ws as ws_transport
+from tests.support.waiting import until
 from tests.support.adk import ScriptedAdk
 from tests.support.chat import text_events
 
@@ -66,14 +67,6 @@ def sse_chunks(text: str) -> list[Any]:
 def runs(client: TestClient, outcome: str) -> float:
     registry = client.app[GATEWAY].metrics.registry  # type: ignore[index]
     return registry.get_sample_value("adk_gateway_runs_total", {"agent": "demo_agent", "outcome": outcome}) or 0.0
-
-
-async def until(condition: Any) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never held")
 
 
 # ---- SSE --------------------------------------------------------------------------------------
