@@ -4,6 +4,7 @@ Checked on the source, as test_layers.py checks the gateway's imports."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -36,11 +37,15 @@ ADK = re.compile(r"^\s*(async )?def (run_sse_batches|open_live)\(", re.M)
 
 
 def _sources() -> dict[str, str]:
-    return {
-        path.relative_to(TESTS).as_posix(): path.read_text(encoding="utf-8")
-        for path in TESTS.rglob("*.py")
-        if SUPPORT not in path.parents and "node_modules" not in path.parts and path.name != Path(__file__).name
-    }
+    sources = {}
+    # os.walk does not follow links: tests/js/node_modules is a link to the pinned clients.
+    for folder, dirs, files in os.walk(TESTS):
+        dirs[:] = [d for d in dirs if d not in ("node_modules", "__pycache__") and Path(folder, d) != SUPPORT]
+        for name in files:
+            path = Path(folder, name)
+            if name.endswith(".py") and path != Path(__file__):
+                sources[path.relative_to(TESTS).as_posix()] = path.read_text(encoding="utf-8")
+    return sources
 
 
 def _holding(pattern: re.Pattern[str]) -> set[str]:
