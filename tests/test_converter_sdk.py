@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.converter import Converter
 from tests.jsdriver import check_streams
-from tests.unit.fixtures import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
+from tests.support.recordings import LIVE_FOLDERS, SSE_FOLDERS, continuing, convert, fixture_names
 
 pytestmark = pytest.mark.js
 
@@ -40,7 +40,7 @@ def _answer(message: dict, decisions: list[bool]) -> tuple[dict, list[str], list
 @pytest.mark.parametrize("folder", SSE_FOLDERS)
 @pytest.mark.parametrize("version", [6, 7])
 def test_all_recorded_runs_pass_the_sdk(version: int, folder: str) -> None:
-    """On the recordings of every supported ADK (tests/unit/fixtures.py VERSIONS)."""
+    """On the recordings of every supported ADK (tests/support/recordings.py VERSIONS)."""
     first = [n for n in fixture_names(folder) if n not in CONTINUATIONS]
     converted = {n: convert(n, folder=folder) for n in first}
     results = dict(zip(first, check_streams([{"version": version, "chunks": converted[n]} for n in first])))

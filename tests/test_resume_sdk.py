@@ -25,8 +25,9 @@ from gateway.core.converter import Converter
 from gateway.core.chat_request import ApprovalAnswer, parse_chat_body
 from gateway.chat.chunk_log import Run
 from tests.jsdriver import JS_DIR
-from tests.unit.fixtures import continuing, convert
-from tests.unit.test_chat_gates import CALL, call_event, read, response_event, scripted_service, text_events
+from tests.support.recordings import continuing, convert
+from tests.support.chat import CALL, call_event, read, response_event, text_events
+from tests.unit.test_chat_gates import scripted_service
 from tests.unit.test_chat_service import AGENT, TOOL, USER, Env, answer_of, env, until  # noqa: F401
 
 pytestmark = pytest.mark.js

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
 from tests.otlp_receiver import Receiver, Span
-from tests.procs import PluginStack, plugin_stack, request
+from tests.procs import GatewayProcess, PluginStack, plugin_stack, request
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +32,36 @@ def receiver() -> Iterator[Receiver]:
         yield r
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
+@contextmanager
+def _traced_stack(tmp: Path, receiver: Receiver, upstream_mode: str = "sse") -> Iterator[PluginStack]:
+    """The plugin stack, the gateway and ADK (as service `adk-agent`) exporting to `receiver`."""
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
     with plugin_stack(
-        tmp_path_factory.mktemp("traced"), gateway_env=otel,
-        adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
+        tmp, upstream_mode=upstream_mode, gateway_env=otel, adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
     ) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[PluginStack]:
+    with _traced_stack(tmp_path_factory.mktemp("traced"), receiver) as s:
+        yield s
+
+
+def _approved_payment(gw: GatewayProcess, trace_id: str, parent: str) -> str:
+    """A payment the browser asks for in trace `trace_id` (its traceparent's parent span `parent`),
+    approved half a second later by a request that sends no traceparent; the chat's id."""
+    chat, first_message = new_chat(), user("pay 50 to Hanako")
+    first = request(
+        gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+    )
+    assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
+    time.sleep(0.5)  # the person takes their time
+    answer = assistant_from(first, [True])
+    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
+    assert "tool-output-available" in types(second)
+    return chat
 
 
 def _of(spans: list[Span], trace_id: str) -> list[Span]:
@@ -63,16 +87,7 @@ def _in_order(expected: list[tuple[str, str]], chain: list[tuple[str, str]]) -> 
 def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -> None:
     gw = stack.gateway
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    chat, first_message = new_chat(), user("pay 50 to Hanako")
-    first = request(
-        gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
-        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
-    )
-    assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
-    time.sleep(0.5)  # the person takes their time
-    answer = assistant_from(first, [True])
-    second = post(gw, chat, [first_message, answer], messageId=answer["id"])
-    assert "tool-output-available" in types(second)
+    chat = _approved_payment(gw, trace_id, parent)
 
     def complete(spans: list[Span]) -> bool:
         names = {(s.service, s.name) for s in _of(spans, trace_id)}
@@ -147,22 +162,9 @@ def test_an_approval_turn_is_one_trace(stack: PluginStack, receiver: Receiver) -
 def test_a_held_approval_waits_under_adk_s_tool_span(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
     """A live upstream's gated call waits in the plugin's held request, which carries ADK's tool span
     as its `traceparent`: the person's wait is that span's child, in the browser's trace."""
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
-    with plugin_stack(
-        tmp_path_factory.mktemp("traced-held"), upstream_mode="live", gateway_env=otel,
-        adk_env={**otel, "OTEL_SERVICE_NAME": "adk-agent"},
-    ) as held:
-        gw = held.gateway
+    with _traced_stack(tmp_path_factory.mktemp("traced-held"), receiver, upstream_mode="live") as held:
         trace_id = "5ce0e9a56015fec5aadfa328ae398115"
-        chat, first_message = new_chat(), user("pay 50 to Hanako")
-        first = request(
-            gw.base, "POST", "/api/chat", {"id": chat, "messages": [first_message], "trigger": "submit-message"},
-            headers={"traceparent": f"00-{trace_id}-ab42124a3c573678-01"},
-        )
-        assert types(first)[-1] == "finish" and "tool-approval-request" in types(first)
-        time.sleep(0.5)  # the person takes their time
-        answer = assistant_from(first, [True])
-        assert "tool-output-available" in types(post(gw, chat, [first_message, answer], messageId=answer["id"]))
+        _approved_payment(held.gateway, trace_id, "ab42124a3c573678")
 
         def complete(spans: list[Span]) -> bool:
             names = {(s.service, s.name) for s in _of(spans, trace_id)}

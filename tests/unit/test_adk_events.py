@@ -15,7 +15,7 @@ from gateway.core.adk_events import AdkEvent, decode_event
 from gateway.core.converter import Converter
 from gateway.core.protocol import encode_chunk
 
-from .fixtures import ROOT, SSE_FOLDERS, _load, fixture_names
+from tests.support.recordings import ROOT, SSE_FOLDERS, fixture_names, lines
 
 READ = frozenset(AdkEvent.__struct_fields__)
 
@@ -128,7 +128,7 @@ def _chunks(events: list[Any], version: int) -> list[bytes]:
 @pytest.mark.parametrize(("folder", "name"), [(f, n) for f in SSE_FOLDERS for n in fixture_names(f)])
 @pytest.mark.parametrize("version", [6, 7])
 def test_the_converter_writes_the_same_bytes_from_structs_as_from_dicts(folder: str, name: str, version: int) -> None:
-    raws = [line.encode() for line in _load(name, folder) if line.strip()]
+    raws = [line.encode() for line in lines(name, folder) if line.strip()]
     as_dicts = []
     for raw in raws:
         try:

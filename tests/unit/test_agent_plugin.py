@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp import web
 from google.adk.tools.function_tool import FunctionTool
 from google.genai import types
 
 from gateway.core import approvals
 from gateway.agent_plugin import REFUSAL_KEY, GatewayPlugin
+from tests.support.fake_gateway import FakeGateway, context
 
 
 def pay(amount: int) -> dict:
@@ -26,64 +25,11 @@ def weather(city: str) -> dict:
     return {"city": city}
 
 
-class FakeGateway:
-    def __init__(self) -> None:
-        self.verdict: Any = {"verdict": "run"}
-        self.status = 200
-        self.asked: list[dict] = []
-        # Each decision request's headers, as the gateway got them.
-        self.headers: list[dict[str, str]] = []
-        # "hang": hold the request open (a person who never answers); "drop": cut the connection.
-        self.behaviour = ""
-        # The secrets the internal listener accepts (two while a rotation overlaps).
-        self.secrets = {"s3cret"}
-        self.refused = 0
-        self.tools: dict[str, Any] = {
-            "pay": {"approval": True, "runs_in": "server", "gated": True, "non_blocking": True},
-        }
-
-    def authorized(self, request: web.Request) -> bool:
-        if request.headers.get("Authorization", "").removeprefix("Bearer ") in self.secrets:
-            return True
-        self.refused += 1
-        return False
-
-    def app(self) -> web.Application:
-        async def policy(request: web.Request) -> web.Response:
-            if not self.authorized(request):
-                return web.json_response({}, status=401)
-            return web.json_response({"tools": self.tools, "refresh": 30})
-
-        async def tool_calls(request: web.Request) -> web.Response:
-            if not self.authorized(request):
-                return web.json_response({}, status=401)
-            self.asked.append(await request.json())
-            self.headers.append(dict(request.headers))
-            if self.behaviour == "hang":
-                await asyncio.sleep(30)
-            if self.behaviour == "drop":
-                assert request.transport is not None
-                request.transport.close()
-                await asyncio.sleep(1)
-            return web.json_response(self.verdict, status=self.status)
-
-        app = web.Application()
-        app.add_routes([web.get("/internal/v1/policy", policy), web.post("/internal/v1/tool-calls", tool_calls)])
-        return app
-
-
 @pytest.fixture
 async def gateway(aiohttp_server: Any) -> AsyncIterator[tuple[FakeGateway, str]]:
     fake = FakeGateway()
     server = await aiohttp_server(fake.app())
     yield fake, str(server.make_url("")).rstrip("/")
-
-
-def context() -> Any:
-    return SimpleNamespace(
-        session=SimpleNamespace(app_name="app", id="chat-1"), user_id="u1", invocation_id="inv",
-        function_call_id="call-1", tool_confirmation=None,
-    )
 
 
 async def test_ungated_tools_run_without_asking(gateway: tuple[FakeGateway, str]) -> None:

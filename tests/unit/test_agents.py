@@ -2,7 +2,7 @@
 which chat belongs to which agent, each agent's policy and upstream, the plugin naming its agent by
 ADK app name, who may use an agent, and what a reload may do to agents.
 
-ADK is scripted in process, one per agent (tests/unit/test_chat_gates.py's fake); nothing sleeps.
+ADK is scripted in process, one per agent (tests/support/adk.py); nothing sleeps.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from gateway.chat.service import ChatService
 from gateway.cli import _with_overrides, describe_agents
 from gateway.config.schema import ConfigError, GatewayConfig, parse_config
 from gateway.edge.internal import create_internal_app, merged_policy
-from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import ChatNotFound, Registry
+from gateway.chat.registry import ChatNotFound
 from gateway.edge.reload import plan_reload, reload_config
 from gateway.edge.state import GATEWAY
-from tests.unit.test_chat_gates import USER, ScriptedAdk, call_event, read, text_events
+from tests.support.adk import ScriptedAdk
+from tests.support.adk_server import adk_server
+from tests.support.chat import USER, call_event, read, text_events
+from tests.support.service import chat_service
 
 TWO_AGENTS = """\
 internal:
@@ -169,8 +171,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     config = two_agents(TWO_AGENTS.replace("mode: live", "mode: sse"))
     adks = {"pay_app": ScriptedAdk(), "support_app": ScriptedAdk()}
-    agents = Agents(config, client=lambda agent: adks[agent.upstream.app_name])  # type: ignore[arg-type, return-value]
-    service = ChatService(agents=agents, registry=Registry(), metrics=GatewayMetrics(), config=config)
+    service = chat_service(config, clients=lambda agent: adks[agent.upstream.app_name])
     yield Env(service, adks)
     await service.close()
 
@@ -469,23 +470,13 @@ async def test_the_agent_list_names_each_agents_browser_tools() -> None:
 
 
 async def test_the_probe_calls_an_agent_down_when_its_server_does_not_serve_its_app() -> None:
-    from gateway.upstream.client import AdkClient
-
     listing: list[Any] = ["other_app"]
 
     async def list_apps(request: web.Request) -> web.Response:
         return web.json_response(listing)
 
-    server_app = web.Application()
-    server_app.router.add_get("/list-apps", list_apps)
-    server = TestServer(server_app)
-    await server.start_server()
-    client = AdkClient(two_agents().agents["support"].upstream.model_copy(update={"url": str(server.make_url("/"))}))
-    await client.start()
-    try:
+    async with adk_server(two_agents().agents["support"].upstream) as (routes, client):
+        routes["GET", "/list-apps"] = list_apps
         assert await client.ping() is False
         listing.append("support_app")
         assert await client.ping() is True
-    finally:
-        await client.close()
-        await server.close()

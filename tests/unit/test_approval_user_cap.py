@@ -3,7 +3,7 @@ cluster/remote_gate.py with approval_desk.py): a call past it is refused to the 
 per-chat cap's are (the model reads why, the tool does not run), counted by agent, and never listed;
 the count is the shared store's, so a second replica on the same store agrees.
 
-The chats run on tests/unit/test_chat_gates.py's scripted ADK; the store is a MemoryHub.
+The chats run on the scripted ADK (tests/support/adk.py); the store is a MemoryHub.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.chat.registry import Registry
 from gateway.chat.service import ChatService
 from gateway.cluster.approval_desk import ApprovalDesk
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.memory import MemoryHub, MemoryState
-from gateway.cluster.messages import Answer, Gate, Work
+from gateway.cluster.messages import Gate
 from gateway.cluster.remote_gate import RemoteGate
 from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.approvals import REFUSAL_KEY
 from gateway.ops.metrics import GatewayMetrics
-from gateway.upstream.agents import Agents
+from tests.support.adk import ScriptedAdk
+from tests.support.cluster import never_asked
+from tests.support.service import chat_service
 from tests.unit.test_agents import body
-from tests.unit.test_chat_gates import ScriptedAdk
 
 CONFIG = """
 internal:
@@ -53,20 +53,13 @@ class Env:
     adk: ScriptedAdk
 
 
-async def _no_ask(owner: str, work: Work) -> Answer:
-    raise AssertionError("not asked in this test")
-
-
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG, env={})
     adk = ScriptedAdk()
     metrics = GatewayMetrics()
     metrics.know_agents(config)
-    chats = ChatService(
-        agents=Agents(config, client=lambda agent: adk),  # type: ignore[arg-type, return-value]
-        registry=Registry(), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, adk=adk, metrics=metrics)
     hub = MemoryHub()
     tasks = Tasks()
     gates = []
@@ -74,8 +67,8 @@ async def env() -> AsyncIterator[Env]:
         state = MemoryState(name, hub)
         await state.start(lambda message: None, lambda: [])
         gate = RemoteGate(
-            state, chats, metrics, tasks, Liveness(state, 0.01), _no_ask, forward_timeout=0.05,
-            desk=ApprovalDesk(state, chats, _no_ask),
+            state, chats, metrics, tasks, Liveness(state, 0.01), never_asked, forward_timeout=0.05,
+            desk=ApprovalDesk(state, chats, never_asked),
         )
         gates.append(gate)
     yield Env(chats, gates[0], gates[1], hub, metrics, adk)

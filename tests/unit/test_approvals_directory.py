@@ -30,8 +30,8 @@ from gateway.cluster.redis import RedisState
 from gateway.approvals.votes import count_vote, needed
 from gateway.cluster.shared import SharedState, SharedStateDown
 from tests.procs import RedisServer
-from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.shared_state import pair, redis, redis_state  # noqa: F401 - fixtures
+from tests.support.logs import RecordingLog
 
 TTL = 60.0
 

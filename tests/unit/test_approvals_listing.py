@@ -22,7 +22,7 @@ from gateway.approvals.index import (
     ApprovalQuery, InvalidCursor, decode_cursor, encode_cursor, group_audience, position, requester_audience,
 )
 from gateway.cluster.shared import SharedState
-from tests.unit.shared_pair import pair, redis  # noqa: F401 - fixtures
+from tests.support.shared_state import pair, redis  # noqa: F401 - fixtures
 from tests.unit.test_approvals_directory import TTL, approval
 
 SUPERVISORS = group_audience("supervisors")

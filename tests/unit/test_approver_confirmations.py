@@ -16,51 +16,13 @@ from gateway.core.approver_confirmations import ApproverMark
 from gateway.core.ledger import Ledger, NativeConfirmation
 from gateway.core.turn import Turn
 from gateway.upstream.session_history import SessionConfirmations
-from tests.unit.test_chat_gates import CALL, USER, ScriptedAdk, call_event, request
+from tests.support.chat import CALL, USER, call_event, request
+from tests.support.service import shipped_service
 from tests.unit.test_turn import Shell
 
 SPEC = {"approvers": "supervisors", "self_approval": False, "quorum": 1, "rule": "large_refund"}
 PAYLOAD = {"adk_gateway": {"approvers": SPEC}}
 MARK = ApproverMark("supervisors", False, 1, "large_refund")
-
-
-class ConfirmingAdk(ScriptedAdk):
-    """The scripted ADK, with the session's confirmations read as AdkClient reads them, and the
-    messages each run was started with."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[dict[str, Any]] = []
-
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        from gateway.upstream.session_history import session_confirmations
-
-        return session_confirmations(await self.session(user_id, session_id))
-
-    async def run_sse_batches(self, **kwargs: Any) -> Any:  # type: ignore[override]
-        if kwargs.get("new_message"):
-            self.messages.append(kwargs["new_message"])
-        async for batch in super().run_sse_batches(**kwargs):
-            yield batch
-
-
-def shipped_service() -> tuple[ConfirmingAdk, Any]:
-    """A ChatService of config/gateway.yaml as shipped (confirm mode), on the scripted ADK."""
-    from pathlib import Path
-
-    from gateway.chat.registry import Registry
-    from gateway.chat.service import ChatService
-    from gateway.config.schema import load_config
-    from gateway.ops.metrics import GatewayMetrics
-    from gateway.upstream.agents import Agents
-
-    adk = ConfirmingAdk()
-    config = load_config(Path(__file__).parents[2] / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
-    service = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(),  # type: ignore[arg-type, return-value]
-        config=config, new_id=lambda: "msg-1",
-    )
-    return adk, service
 
 
 def _refund_asked(service: Any, adk: Any, *, approvers: bool) -> Any:

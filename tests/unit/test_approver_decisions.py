@@ -4,8 +4,9 @@ listing at once; a decision whose chat is busy stays the approval's and is appli
 frees, never replaced by `on_timeout`; and such confirmations count against the caps on waiting
 calls (per chat, per user) as held calls do.
 
-A real chat service on tests/unit/test_chat_gates.py's scripted ADK, a real cluster router on the
-memory backend (10 ms heartbeats), and the approval put in the directory as the chat's replica puts it.
+A real chat service on the scripted ADK (tests/support/adk.py) whose session holds a history, a real
+cluster router on the memory backend (10 ms heartbeats), and the approval put in the directory as the
+chat's replica puts it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 import pytest
 
 import gateway.cluster.approval_desk as approval_desk
-from gateway.chat.registry import Registry
 from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
@@ -28,10 +28,10 @@ from gateway.core.approvals import REFUSAL_KEY, Verdict
 from gateway.core.approver_confirmations import marked
 from gateway.core.deadlines import Deadline
 from gateway.ops.metrics import GatewayMetrics
-from gateway.upstream.agents import Agents
-from gateway.upstream.session_history import SessionConfirmations, session_confirmations
 from tests.unit.test_agents import body
-from tests.unit.test_chat_gates import ScriptedAdk, call_event
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import call_event
+from tests.support.service import chat_service
 
 CONFIG = """
 internal:
@@ -74,37 +74,9 @@ def asked(approval_id: str = APPROVAL, call: str = CALL, at: float | None = None
     ]
 
 
-class Adk(ScriptedAdk):
-    """The scripted ADK whose session holds `history` (read as AdkClient reads it), and the
-    messages each run was started with."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.history: list[dict[str, Any]] = []
-        self.messages: list[dict[str, Any]] = []
-
-    async def session(self, user_id: str, session_id: str) -> Any:
-        self.calls.append("session")
-        return {"events": list(self.history), "lastUpdateTime": 1.0}
-
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        return session_confirmations(await self.session(user_id, session_id))
-
-    async def run_sse_batches(self, **kwargs: Any) -> Any:  # type: ignore[override]
-        if kwargs.get("new_message"):
-            self.messages.append(kwargs["new_message"])
-        async for batch in super().run_sse_batches(**kwargs):
-            yield batch
-
-    def answers(self) -> list[dict[str, Any]]:
-        """What the gateway answered ADK's confirmations with, in order."""
-        return [p["functionResponse"]["response"] for m in self.messages for p in m.get("parts", ())
-                if "functionResponse" in p and p["functionResponse"]["name"] == "adk_request_confirmation"]
-
-
 @dataclass
 class Env:
-    adk: Adk
+    adk: ScriptedAdk
     chats: ChatService
     state: MemoryState
     cluster: Cluster
@@ -114,13 +86,10 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     config = parse_config(CONFIG, env={})
-    adk = Adk()
+    adk = ScriptedAdk(history=[])
     metrics = GatewayMetrics()
     metrics.know_agents(config)
-    chats = ChatService(
-        agents=Agents(config, client=lambda agent: adk),  # type: ignore[arg-type, return-value]
-        registry=Registry(), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, adk=adk, metrics=metrics)
     state = MemoryState("a", MemoryHub())
     cluster = Cluster(state, chats, metrics)
     await cluster.start()

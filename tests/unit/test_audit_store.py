@@ -20,7 +20,7 @@ import pytest
 from gateway.cluster.memory import MemoryHub
 from gateway.cluster.shared import AuditEntry, AuditQuery, SharedState
 from tests.procs import RedisServer
-from tests.unit.shared_pair import pair, redis, redis_state  # noqa: F401 - fixtures
+from tests.support.shared_state import pair, redis, redis_state  # noqa: F401 - fixtures
 
 KEEP = 1000
 MAX_AGE = 30 * 86400.0

@@ -23,7 +23,6 @@ import structlog
 
 from gateway.cluster.memory import MemoryState
 from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config.audit import AuditConfig
 from gateway.config.schema import LoggingConfig, parse_config
@@ -34,13 +33,12 @@ from gateway.approvals import audit_trail as audit_module
 from gateway.approvals.audit_trail import AuditTrail, InvalidAuditQuery
 from gateway.ops.logs import configure_logging, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
+from tests.support.waiting import until
+from tests.support.shared_state import HEARTBEAT, OWNER_TIMEOUT, redis_state
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 from tests.unit.test_logs import restore_logging  # noqa: F401 - a fixture
 
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-SEAL = Seal(["test-sessions-secret-0123456789"])
 CARD = "4111111111111111"
 DIGEST_KEY = args_digest_key("an-args-digest-key-0123")
 
@@ -65,13 +63,6 @@ def counted(metrics: GatewayMetrics, result: str) -> float:
     value = metrics.registry.get_sample_value("adk_gateway_audit_records_total", {"result": result})
     assert value is not None, "exported at 0 from the start"
     return value
-
-
-async def until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def trail(store: Any, metrics: GatewayMetrics, config: AuditConfig | None = None, **bounds: Any) -> AuditTrail:
@@ -192,10 +183,7 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def redis_store(server: RedisServer) -> AsyncIterator[RedisState]:
-    state = RedisState(
-        "a", server.url, prefix="audit" + secrets.token_hex(3), heartbeat_interval=HEARTBEAT,
-        owner_timeout=OWNER_TIMEOUT, seal=SEAL,
-    )
+    state = redis_state(server, "a", "audit" + secrets.token_hex(3))
     await state.start(lambda message: None, lambda: [])
     try:
         yield state

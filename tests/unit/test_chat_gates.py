@@ -4,20 +4,17 @@ browser receives when the plugin's wait ends without a verdict."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
 
-import orjson
 import pytest
 
 from gateway.core.approvals import REFUSAL_KEY, GatedCall, Outcome, Verdict
-from gateway.upstream.agents import Agents
-from gateway.chat.service import Attachment, ChatService
+from gateway.chat.service import ChatService
 from gateway.config.schema import parse_config
-from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
-from tests.unit.fixtures import check_stream_rules, held_engine, types
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import CALL, USER, answered, call_event, read, request, response_event, text_events
+from tests.support.recordings import check_stream_rules, types
+from tests.support.service import chat_service, held_engine, shipped_service
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
 AGENT = "demo_agent"
@@ -37,100 +34,15 @@ tools:
     runs_in: browser
     timeout: 5m
 """
-CALL = "call-1"
 GAVE_UP = "Nobody decided within ADK_GATEWAY_MAX_WAIT (2 s); the call was not run."
-
-
-# ADK's session once it sealed a run the gateway cut (ADK 2.11+: upstream/cut_runs.py).
-SEALED = {"events": [{"author": "a", "errorCode": "INVOCATION_ABORTED"}], "lastUpdateTime": 2.0}
-
-
-class ScriptedAdk:
-    """`/run_sse` as the test feeds it: each batch put in the queue is one upstream read; None ends
-    the run. `sessions`: what each read of the session answers, in turn (then SEALED); `calls`:
-    the runs and session reads, in order."""
-
-    def __init__(self) -> None:
-        self.reads: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
-        self.sessions: list[Any] = []
-        self.calls: list[str] = []
-
-    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
-    auto_creates_sessions = False
-
-    async def ensure_session(self, user_id: str, session_id: str) -> None:
-        return None
-
-    async def session(self, user_id: str, session_id: str) -> Any:
-        self.calls.append("session")
-        return self.sessions.pop(0) if self.sessions else SEALED
-
-    async def run_sse_batches(self, **_: Any) -> AsyncIterator[list[dict[str, Any]]]:
-        self.calls.append("run")
-        while (batch := await self.reads.get()) is not None:
-            yield batch
-
-
-def call_event(tool: str) -> dict[str, Any]:
-    args = {"amount": 50, "recipient": "Hanako", "currency": "USD"} if tool == "process_payment" else {}
-    return {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {"id": CALL, "name": tool, "args": args}}]}}
-
-
-def response_event(tool: str, response: dict[str, Any]) -> dict[str, Any]:
-    return {"author": "a", "content": {"role": "user", "parts": [{"functionResponse": {"id": CALL, "name": tool, "response": response}}]}}
-
-
-def text_events(*pieces: str) -> list[dict[str, Any]]:
-    partials = [{"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": p}]}} for p in pieces]
-    return [*partials, {"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}, "finishReason": "STOP"}]
-
-
-def request(*messages: dict[str, Any], message_id: str | None = None) -> Any:
-    body: dict[str, Any] = {"id": "chat-1", "messages": list(messages), "trigger": "submit-message"}
-    if message_id:
-        body["messageId"] = message_id
-    return parse_chat_body(body, version_header=None, default_version=6)
-
-
-USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}
-
-
-async def read(attachment: Attachment) -> list[dict[str, Any]]:
-    frames: list[bytes] = []
-
-    async def follow() -> None:
-        async for batch in attachment.response.follow():
-            frames.extend(batch)
-
-    await asyncio.wait_for(follow(), 5)
-    return [orjson.loads(f) for f in frames]
-
-
-def answered(first: list[dict[str, Any]], tool: str, approved: bool) -> dict[str, Any]:
-    """The assistant message a Chat sends back once the person clicked."""
-    request_chunk = next(c for c in first if c["type"] == "tool-approval-request")
-    return {
-        "id": first[0]["messageId"], "role": "assistant",
-        "parts": [
-            {"type": "step-start"},
-            {
-                "type": f"tool-{tool}", "toolCallId": CALL, "state": "approval-responded", "input": {},
-                "approval": {"id": request_chunk["approvalId"], "approved": approved},
-            },
-        ],
-    }
 
 
 def scripted_service() -> tuple[ScriptedAdk, ChatService, GatewayMetrics]:
     """A ChatService on the scripted ADK, with its metrics; every message id is msg-1."""
-    adk, metrics = ScriptedAdk(), GatewayMetrics()
+    adk = ScriptedAdk()
     # The held engine (the plugin's held request, `gw-` ids), live mode's, through the scripted /run_sse.
-    config = held_engine(parse_config(CONFIG, env={}))
-    service = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-        config=config, new_id=lambda: "msg-1",
-    )
-    return adk, service, metrics
+    service = chat_service(held_engine(parse_config(CONFIG, env={})), adk=adk, new_id="msg-1")
+    return adk, service, service.metrics
 
 
 def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> float:
@@ -305,21 +217,6 @@ async def test_an_output_given_while_the_run_writes_is_in_that_response_where_it
 
 
 # ---- the shipped config's rules on arguments they cannot read (config/rules.py: fail closed) -------
-
-
-def shipped_service() -> tuple[ScriptedAdk, ChatService]:
-    """A ChatService of config/gateway.yaml as shipped (confirm mode), on the scripted ADK."""
-    from pathlib import Path
-
-    from gateway.config.schema import load_config
-
-    adk = ScriptedAdk()
-    config = load_config(Path(__file__).parents[2] / "config" / "gateway.yaml", env={"ADK_GATEWAY_SECRET": "s"})
-    service = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(),  # type: ignore[arg-type, return-value]
-        config=config, new_id=lambda: "msg-1",
-    )
-    return adk, service
 
 
 async def test_a_payment_far_above_the_cap_written_as_a_string_is_refused_never_asked_of_the_payer() -> None:

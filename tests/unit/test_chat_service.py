@@ -1,4 +1,4 @@
-"""ChatService's riskiest paths, with ADK scripted in-process (tests/unit/test_chat_gates.py's fake):
+"""ChatService's riskiest paths, with ADK scripted in-process (tests/support/adk.py):
 whose approvals a request may answer, gated calls approved, denied, replayed, timed out, cancelled
 by a new message or an abort, a second request while one streams, and a reload's replay.
 
@@ -19,25 +19,17 @@ import pytest
 
 from gateway.core.approvals import REFUSAL_KEY, CallState, GatedCall, Outcome, Verdict
 from gateway.chat.record import Chat
-from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatBusy, ChatService, Forbidden, Gone
 from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import ChatNotFound, Registry
-from tests.unit.fixtures import GONE, check_stream_rules, held_engine, types
-from tests.unit.test_chat_gates import (
-    CALL,
-    SEALED,
-    USER,
-    ScriptedAdk,
-    answered,
-    call_event,
-    read,
-    response_event,
-    text_events,
-    wait_count,
-)
+from gateway.chat.registry import ChatNotFound
+from tests.support.recordings import check_stream_rules, types
+from tests.support.adk import SEALED, ScriptedAdk
+from tests.support.chat import CALL, USER, answered, call_event, read, response_event
+from tests.support.clock import Clock
+from tests.support.service import GONE, chat_service, held_engine
+from tests.unit.test_chat_gates import wait_count
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
 AGENT = "demo_agent"
@@ -55,16 +47,6 @@ WAIT = "adk_gateway_approval_wait_seconds"
 
 
 NEW_MESSAGE = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "never mind, what time is it?"}]}
-
-
-class Clock:
-    """The service's clock, moved by the test."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -90,12 +72,10 @@ class Env:
         return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
     def ends(self) -> None:
-        """ADK's run ends (its stream closes)."""
-        self.adk.reads.put_nowait(None)
+        self.adk.ends()
 
     def says(self, *pieces: str) -> None:
-        for event in text_events(*pieces):
-            self.adk.reads.put_nowait([event])
+        self.adk.says(*pieces)
 
     def plugin_answers(self, verdict: Verdict, result: dict[str, Any] | None = None) -> None:
         """What ADK streams once the plugin has its verdict: the tool's result, or the refusal."""
@@ -106,14 +86,10 @@ class Env:
 
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
-    adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
+    adk, clock = ScriptedAdk(), Clock()
     ids = iter(f"msg-{n}" for n in range(1, 100))
-    config = held_engine(parse_config(CONFIG, env={}))
-    service = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-        config=config, clock=clock, new_id=lambda: next(ids),
-    )
-    yield Env(adk, service, metrics, clock)
+    service = chat_service(held_engine(parse_config(CONFIG, env={})), adk=adk, clock=clock, new_id=lambda: next(ids))
+    yield Env(adk, service, service.metrics, clock)
     await service.close()
 
 
@@ -288,15 +264,12 @@ async def test_a_held_ask_about_a_call_adk_was_to_confirm_still_gates_it() -> No
     """Defense in depth: the internal listener refuses a held ask about an sse agent (a plugin older
     than 0.2 asks so; tests/unit/test_plugin_too_old.py), but one that reached the chat's gate all the
     same is shown as a `gw-` approval and decided as on the held engine: the call never runs unasked."""
-    adk, metrics, clock = ScriptedAdk(), GatewayMetrics(), Clock()
+    adk, clock = ScriptedAdk(), Clock()
     ids = iter(f"msg-{n}" for n in range(1, 100))
     config = parse_config(CONFIG, env={})
     assert config.agents[AGENT].confirms(TOOL)
-    service = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-        config=config, clock=clock, new_id=lambda: next(ids),
-    )
-    env = Env(adk, service, metrics, clock)
+    service = chat_service(config, adk=adk, clock=clock, new_id=lambda: next(ids))
+    env = Env(adk, service, service.metrics, clock)
     try:
         call, first = await gated_call(env)
         assert call.id.startswith("gw-")

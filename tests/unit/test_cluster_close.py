@@ -19,41 +19,22 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
-from gateway.chat.service import ChatService
 from gateway.cluster import redis as redis_module
 from gateway.ops import stopping as stopping_module
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.router import Cluster
 from gateway.cluster.shared import SharedState
 from gateway.config.schema import parse_config
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Chat, Registry
+from gateway.chat.registry import Chat
+from tests.support.logs import RecordingLog
+from tests.support.shared_state import redis_state
+from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
 
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-# The replicas' shared secret (sessions.secret).
-SEAL = Seal(["test-sessions-secret-0123456789"])
 # What close() may take at most in these tests: its own bounds are about a second per step.
 CLOSE_BOUND = 4.0
-
-
-class RecordingLog:
-    """Stands in for a module's structlog logger: what was logged, by event name."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def _record(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
-
-    debug = info = warning = error = exception = _record
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [fields for name, fields in self.events if name == event]
 
 
 class StuckMarks(MemoryState):
@@ -82,10 +63,7 @@ class StuckMarks(MemoryState):
 def cluster_on(state: SharedState, config_text: str = "") -> Cluster:
     config = parse_config(config_text, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
-        config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     return Cluster(state, chats, metrics)
 
 
@@ -187,10 +165,6 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         yield running
 
 
-def _redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
-
-
 async def _started(state: RedisState) -> RedisState:
     await state.start(lambda message: None, lambda: [])
     assert state.available
@@ -203,7 +177,7 @@ async def test_closing_while_a_run_mark_is_written_to_redis_never_hangs(server: 
     for steps in range(12):
         # A prefix per step: the chat is new to each replica, not one to take over from the last
         # (a take-over waits out a gap in the heartbeats, which a loaded machine can open).
-        state = _redis_state(server, f"a{steps}", "marks" + secrets.token_hex(3))
+        state = redis_state(server, f"a{steps}", "marks" + secrets.token_hex(3))
         cluster = cluster_on(state)
         await cluster.start()
         await state.claim("alice", "c1", agent="demo_agent", default_agent="demo_agent", ttl=60)
@@ -217,7 +191,7 @@ async def test_closing_while_a_run_mark_is_written_to_redis_never_hangs(server: 
 
 async def test_a_clean_close_deletes_the_heartbeat_at_once(server: RedisServer) -> None:
     prefix = "close" + secrets.token_hex(3)
-    a, b = await _started(_redis_state(server, "a", prefix)), await _started(_redis_state(server, "b", prefix))
+    a, b = await _started(redis_state(server, "a", prefix)), await _started(redis_state(server, "b", prefix))
     try:
         assert await b.alive("a")
         await _close_within(a.close, CLOSE_BOUND)
@@ -228,7 +202,7 @@ async def test_a_clean_close_deletes_the_heartbeat_at_once(server: RedisServer) 
 
 
 async def test_close_with_redis_stopped_returns_within_a_bound(server: RedisServer) -> None:
-    state = await _started(_redis_state(server, "a", "close" + secrets.token_hex(3)))
+    state = await _started(redis_state(server, "a", "close" + secrets.token_hex(3)))
     await asyncio.to_thread(server.stop)
     await _close_within(state.close, CLOSE_BOUND)
     assert all(task.done() for task in state._tasks)
@@ -239,7 +213,7 @@ async def test_close_with_redis_not_answering_returns_within_a_bound(
 ) -> None:
     log = RecordingLog()
     monkeypatch.setattr(redis_module, "log", log)
-    state = await _started(_redis_state(server, "a", "close" + secrets.token_hex(3)))
+    state = await _started(redis_state(server, "a", "close" + secrets.token_hex(3)))
     assert server.proc is not None
     # Paused, not stopped: connections are accepted, commands are never answered.
     os.kill(server.proc.pid, signal.SIGSTOP)

@@ -17,10 +17,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.upstream.agents import Agents
 from gateway.edge.app import create_app
 from gateway.core.approvals import RUN, GatedCall, Verdict
-from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.remote_gate import HandedOver
 from gateway.cluster.router import Cluster
@@ -28,9 +26,10 @@ from gateway.cluster.shared import SharedStateDown
 from gateway.config.schema import parse_config
 from gateway.edge.internal import create_internal_app
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
 from gateway.edge.state import GATEWAY
-from tests.unit.test_chat_gates import CALL, USER, ScriptedAdk, answered, call_event, request, response_event
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import CALL, USER, answered, call_event, request, response_event
+from tests.support.service import chat_service
 from tests.unit.test_cluster_stop import read_all
 
 AGENT = "demo_agent"
@@ -100,10 +99,7 @@ async def pair() -> AsyncIterator[Pair]:
     for name in ("a", "b"):
         config = parse_config(CONFIG, env={})
         metrics = GatewayMetrics()
-        chats = ChatService(
-            agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-            config=config, new_id=lambda: "msg-1",
-        )
+        chats = chat_service(config, adk=adk, metrics=metrics, new_id="msg-1")
         state = FlakyState(name, hub)
         cluster = Cluster(state, chats, metrics)
         await cluster.start()

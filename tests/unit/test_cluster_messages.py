@@ -21,7 +21,8 @@ from gateway.cluster.messages import (
     Resume, SocketClosed, Submit, Unfollow, Waiting, from_json, Expire,
 )
 from gateway.core.refusals import HttpError
-from tests.unit.test_cluster_close import RecordingLog, cluster_on
+from tests.support.logs import RecordingLog
+from tests.unit.test_cluster_close import cluster_on
 
 BODY = {"id": "c1", "trigger": "submit-message", "aiSdkVersion": 7, "messages": [{"id": "m1", "role": "user", "parts": []}]}
 REFUSED = Verdict.refuse("The call was denied.")

@@ -21,18 +21,13 @@ from aiohttp.test_utils import make_mocked_request
 from gateway.edge.app import create_app, readyz
 from gateway.cluster import redis_inbox as inbox_module
 from gateway.ops.backoff import Backoff
-from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
 from gateway.config.schema import parse_config
 from gateway.edge.state import GATEWAY
+from tests.support.shared_state import HEARTBEAT, redis_state
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
-# The replicas' shared secret (sessions.secret).
-SEAL = Seal(["test-sessions-secret-0123456789"])
 
 
 def test_backoff_doubles_up_to_its_cap_and_starts_over_after_a_success() -> None:
@@ -59,10 +54,6 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
-
-
 async def test_a_lost_inbox_is_logged_when_lost_and_when_back_and_retried_with_backoff(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -70,7 +61,7 @@ async def test_a_lost_inbox_is_logged_when_lost_and_when_back_and_retried_with_b
     monkeypatch.setattr(inbox_module, "log", log)
     prefix = "inbox" + secrets.token_hex(3)
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    a, b = _state(server, "a", prefix), _state(server, "b", prefix)
+    a, b = redis_state(server, "a", prefix), redis_state(server, "b", prefix)
     try:
         await a.start(inbox.put_nowait, lambda: [])
         await asyncio.to_thread(server.stop)

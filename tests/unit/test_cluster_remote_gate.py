@@ -16,8 +16,6 @@ import orjson
 import pytest
 
 from gateway.core.approvals import REFUSAL_KEY, RUN, Verdict
-from gateway.upstream.agents import Agents
-from gateway.chat.service import ChatService
 from gateway.cluster.forwarding import Asker
 from gateway.cluster.liveness import Liveness, OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -30,7 +28,8 @@ from gateway.cluster.tasks import Tasks
 from gateway.config.schema import parse_config
 from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
+from tests.support.cluster import never_asked
+from tests.support.service import chat_service
 
 CONFIG = """
 internal:
@@ -69,18 +68,11 @@ class Replicas:
         return self.metrics.registry.get_sample_value("adk_gateway_owner_lost_total", {"what": "gated_call"}) or 0.0
 
 
-async def _no_ask(owner: str, work: Work) -> Answer:
-    raise AssertionError("not asked in this test")
-
-
 @pytest.fixture
 async def replicas() -> AsyncIterator[Replicas]:
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics,
-        config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     hub = MemoryHub()
     owner, here = MemoryState("a", hub), MemoryState("b", hub)
     tasks = Tasks()
@@ -90,7 +82,7 @@ async def replicas() -> AsyncIterator[Replicas]:
     def make_gates(ask: Ask) -> RemoteGate:
         return RemoteGate(here, chats, metrics, tasks, liveness, ask, forward_timeout=config.sessions.forward_timeout)
 
-    gates = make_gates(_no_ask)
+    gates = make_gates(never_asked)
     pair = Replicas(hub, owner, here, gates, asker, metrics, make_gates, [])
 
     def owner_inbox(raw: dict[str, Any]) -> None:

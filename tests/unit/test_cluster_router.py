@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
 from gateway.chat.service import Attachment, ChatService
 from gateway.cluster.liveness import OwnerLost
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -29,7 +28,7 @@ from gateway.config.schema import parse_config
 from gateway.core.chat_request import ChatRequest, parse_chat_body
 from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
+from tests.support.service import chat_service
 
 CONFIG = """
 sessions:
@@ -57,9 +56,7 @@ class Pair:
 async def pair() -> AsyncIterator[Pair]:
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     hub = MemoryHub()
     owner, here = MemoryState("a", hub), MemoryState("b", hub)
     cluster = Cluster(here, chats, metrics)
@@ -183,9 +180,7 @@ async def draining() -> AsyncIterator[tuple[Cluster, MemoryHub, ChatService]]:
     """Replica "a" alone on the hub, the owner of the chats the test makes."""
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     hub = MemoryHub()
     cluster = Cluster(MemoryState("a", hub), chats, metrics)
     await cluster.start()
@@ -255,9 +250,7 @@ async def test_an_answer_that_reaches_its_owner_after_the_chat_was_taken_over_is
     (a payment made twice under a burst of 300 approvals)."""
     config = parse_config(CONFIG, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
-    )
+    chats = chat_service(config, metrics=metrics)
     submitted: list[ChatRequest] = []
 
     async def submit(agent: str, user_id: str, request: ChatRequest, claims: dict[str, Any] | None = None) -> Attachment:

@@ -19,10 +19,8 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.upstream.agents import Agents
 from gateway.core.approvals import REFUSAL_KEY, RUN
 from gateway.access.auth import Identity
-from gateway.chat.service import ChatService
 from gateway.cluster import redis_inbox as inbox_module
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.messages import Decided, Refused, Released, Reply, from_json
@@ -36,13 +34,14 @@ from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.registry import Registry
 from gateway.access.tickets import Tickets
+from tests.support.shared_state import HEARTBEAT, redis_state
+from tests.support.cluster import never_asked
+from tests.support.service import chat_service
 from tests.procs import RedisServer, redis_server
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.logs import RecordingLog
 
 SECRET = "s" * 32
 NEW_SECRET = "n" * 32
-HEARTBEAT = 0.1
-OWNER_TIMEOUT = 0.4
 BOUND = 5.0
 
 
@@ -138,7 +137,7 @@ async def cluster(server: RedisServer) -> AsyncIterator[tuple[RedisState, RedisS
     """Replicas a and b on one Redis and one secret; b's inbox is recorded."""
     prefix = "t" + secrets.token_hex(4)
     a, b = (
-        RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=Seal([SECRET]))
+        redis_state(server, name, prefix, seal=Seal([SECRET]))
         for name in ("a", "b")
     )
     inbox: list[dict[str, Any]] = []
@@ -386,9 +385,9 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     a, b, inbox, forger = cluster
     config = parse_config(GATED, env={})
     metrics = GatewayMetrics()
-    chats = ChatService(agents=Agents(config), registry=Registry(10), metrics=metrics, config=config)
+    chats = chat_service(config, registry=Registry(10), metrics=metrics)
     tasks = Tasks()
-    gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), _no_ask, forward_timeout=0.1)
+    gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), never_asked, forward_timeout=0.1)
     # What b's router does with a message that opened (gateway/cluster/router.py).
     delivered = len(inbox)
 
@@ -416,8 +415,3 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     finally:
         router.cancel()
         await tasks.close(1.0)
-
-
-async def _no_ask(owner: str, work: Any) -> Any:
-    raise AssertionError("not asked in this test")
-

@@ -21,7 +21,7 @@ from gateway.cluster.shared import LocalChat, RelayEntry, SharedState, SharedSta
 from gateway.chat.registry import ChatNotFound
 from tests.procs import RedisServer
 # The store settings every shared-store test uses, one redis-server per module, and a replica on it.
-from tests.unit.shared_pair import OWNER_TIMEOUT, redis, redis_state  # noqa: F401 - `redis` is a fixture
+from tests.support.shared_state import OWNER_TIMEOUT, redis, redis_state  # noqa: F401 - `redis` is a fixture
 
 
 class Replica:

@@ -16,18 +16,16 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.upstream.agents import Agents
-from gateway.chat.service import Attachment, ChatBusy, ChatService
+from gateway.chat.service import Attachment, ChatBusy
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
 from gateway.config.schema import parse_config
 from gateway.core.refusals import HttpError
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
-from tests.unit.test_chat_gates import ScriptedAdk, text_events
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import USER, text_events
 from tests.unit.test_chat_service import NEW_MESSAGE, body, text_of
-from tests.unit.test_chat_gates import USER
-from tests.unit.fixtures import GONE
+from tests.support.service import GONE, chat_service
 
 AGENT = "demo_agent"
 CONFIG = """
@@ -61,10 +59,7 @@ async def pair() -> AsyncIterator[Pair]:
     for name in ("a", "b"):
         config = parse_config(CONFIG, env={})
         metrics = GatewayMetrics()
-        chats = ChatService(
-            agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-            config=config,
-        )
+        chats = chat_service(config, adk=adk, metrics=metrics)
         cluster = Cluster(MemoryState(name, hub), chats, metrics)
         await cluster.start()
         clusters.append(cluster)

@@ -12,7 +12,9 @@ from aiohttp.test_utils import TestClient
 from gateway.edge.state import GATEWAY
 from gateway.ops.coarse_timers import CoarseTimers
 from gateway.upstream.idle_reader import IdleReader
-from tests.unit.test_transport_stop import USER, AppAdk, adk, chat_body, client, says, until
+from tests.support.adk import ScriptedAdk
+from tests.support.waiting import until
+from tests.unit.test_transport_stop import USER, adk, chat_body, client
 
 __all__ = ["adk", "client"]  # the fixtures, used by name
 
@@ -95,13 +97,13 @@ async def test_an_idle_reader_on_coarse_timers_times_out_once_silent_for_its_idl
     assert len(timers) == 0
 
 
-async def test_a_held_sse_stream_files_its_keepalive_on_the_gateway_timers(client: TestClient, adk: AppAdk) -> None:
+async def test_a_held_sse_stream_files_its_keepalive_on_the_gateway_timers(client: TestClient, adk: ScriptedAdk) -> None:
     # One loop timer each (~540 bytes on uvloop) on every held stream: docs/performance.md, idle.
     timers = client.app[GATEWAY].timers  # type: ignore[index]
     assert len(timers) == 0
     response = await client.post("/api/chat", json=chat_body(USER))
     assert response.status == 200
-    says(adk, "Once ")
+    adk.says("Once ")
     assert b"text-delta" in await response.content.readuntil(b"text-delta")
     await until(lambda: len(timers) == 1)  # the follower parked: its keep-alive is filed
     adk.ends()

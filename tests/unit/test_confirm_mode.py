@@ -15,7 +15,7 @@ from gateway.config.schema import ConfigError, GatewayConfig, parse_config
 from gateway.edge.internal import create_internal_app, merged_policy
 from gateway.core.ledger import Ledger, NativeConfirmation
 from gateway.core.turn import CloseResponse, NativeAsked, Turn, TurnState
-from tests.unit.fixtures import events
+from tests.support.recordings import events
 from tests.unit.test_turn import Shell
 
 CONFIRMING = """\

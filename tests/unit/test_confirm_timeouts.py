@@ -11,19 +11,16 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService
-from gateway.config.schema import parse_config
 from gateway.core.deadlines import BROWSER_TIMEOUT_ERROR, TIMEOUT_ERROR, Deadline
-from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
-from gateway.ops.metrics import GatewayMetrics
 from gateway.chat.ports import NO_RUN_WATCHER
-from gateway.chat.registry import Registry
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
-from gateway.upstream.client import AskedCall, SessionConfirmations
-from tests.unit.test_chat_gates import USER, read, request
-from tests.unit.test_native_replay import CONFIRM_ID, NativeAdk, approval_of
+from tests.support.adk import CONFIRM_ID, NativeAdk
+from tests.support.chat import USER, read, request
+from tests.support.clock import Clock
+from tests.support.service import chat_service
+from tests.unit.test_native_replay import approval_of
 
 AGENT = "demo_agent"
 ASKED_AT = 1_700_000_000.0  # ADK's event timestamp
@@ -41,41 +38,14 @@ tools:
 """
 
 
-class ConfirmingAdk(NativeAdk):
-    """The fake ADK of test_native_replay with what confirm mode reads: when it asked (its event's
-    timestamp), and the plugin's answer to a rejected call. `slow` holds each session read."""
+def confirming() -> NativeAdk:
+    """The fake ADK with what confirm mode reads: when it asked (its event's timestamp, in the
+    message the run that asked told ADK as state), and the plugin's answer to a rejected call."""
+    return NativeAdk(asked_at=ASKED_AT, rejects=True)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.slow = asyncio.Event()
-        self.slow.set()
-        # The message id the run that asked told ADK as state (as ADK keeps it in the session).
-        self.asked_in: str | None = None
 
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        await self.slow.wait()
-        held = await super().confirmations(user_id, session_id)
-        calls = {i: AskedCall("call-1", "process_payment", ASKED_AT, message_id=self.asked_in) for i in held.asked | held.answered}
-        return SessionConfirmations(held.asked, held.answered, calls)
-
-    async def run_sse_batches(self, *, new_message: dict[str, Any], **kw: Any) -> Any:
-        if self.asked_in is None and kw.get("state_delta"):
-            self.asked_in = kw["state_delta"].get(MESSAGE_ID_STATE_KEY)
-        responses = [p["functionResponse"]["response"] for p in new_message.get("parts", ()) if "functionResponse" in p]
-        if responses and not responses[0]["confirmed"]:
-            self.sent.append(new_message)
-            self.asked.clear()
-            self.answered_in_session.add(CONFIRM_ID)
-            error = (responses[0].get("payload") or {}).get("adk_gateway", {}).get("error", "This tool call is rejected.")
-            yield [
-                {"author": "a", "content": {"role": "user", "parts": [
-                    {"functionResponse": {"id": "call-1", "name": "process_payment", "response": {"error": error}}},
-                ]}},
-                {"author": "a", "content": {"role": "model", "parts": [{"text": "Not paid."}]}, "finishReason": "STOP"},
-            ]
-            return
-        async for batch in super().run_sse_batches(new_message=new_message, **kw):
-            yield batch
+def wall_clock() -> Clock:
+    return Clock(ASKED_AT + 0.5)
 
 
 class _Kept:
@@ -91,25 +61,13 @@ class _Kept:
         pass
 
 
-class Wall:
-    def __init__(self) -> None:
-        self.now = ASKED_AT + 0.5
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def service(
-    adk: ConfirmingAdk, wall: Wall, on_timeout: str = "deny", *, browser: bool = False,
+    adk: NativeAdk, wall: Clock, on_timeout: str = "deny", *, browser: bool = False,
 ) -> tuple[ChatService, list[Deadline]]:
     text = CONFIG.format(timeout=int(TIMEOUT), on_timeout=on_timeout)
     if browser:  # the same call, run by the browser once approved
         text = text.replace("{approval: true,", "{approval: true, runs_in: browser,")
-    config = parse_config(text, env={})
-    chats = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
-        wall=wall,
-    )
+    chats = chat_service(text, adk=adk, wall=wall)
     kept: list[Deadline] = []
     chats.attach(runs=NO_RUN_WATCHER, deadlines=_Kept(kept))
     return chats, kept
@@ -117,7 +75,7 @@ def service(
 
 @contextlib.asynccontextmanager
 async def two_replicas(
-    adk: ConfirmingAdk, wall: Wall, hub: MemoryHub, *, browser: bool = False,
+    adk: NativeAdk, wall: Clock, hub: MemoryHub, *, browser: bool = False,
 ) -> AsyncIterator[tuple[Cluster, Cluster]]:
     """Replicas A and B of one ADK, sharing `hub` (the memory backend), started and then stopped."""
     clusters = []
@@ -134,7 +92,7 @@ async def two_replicas(
             await cluster.close()
 
 
-def answers(adk: ConfirmingAdk) -> list[dict[str, Any]]:
+def answers(adk: NativeAdk) -> list[dict[str, Any]]:
     return [
         p["functionResponse"]["response"] for m in adk.sent for p in m.get("parts", ())
         if p.get("functionResponse", {}).get("id") == CONFIRM_ID
@@ -148,7 +106,7 @@ async def ask(chats: ChatService) -> list[dict[str, Any]]:
 
 
 async def test_a_passed_deadline_is_answered_once_and_the_late_answer_reads_it() -> None:
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, kept = service(adk, wall)
     first = await ask(chats)
     [deadline] = kept
@@ -172,7 +130,7 @@ async def test_a_passed_deadline_is_answered_once_and_the_late_answer_reads_it()
 
 
 async def test_on_timeout_error_sends_the_gateways_error_and_the_browser_sees_it() -> None:
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, kept = service(adk, wall, on_timeout="error")
     first = await ask(chats)
     wall.now += TIMEOUT
@@ -187,7 +145,7 @@ async def test_on_timeout_error_sends_the_gateways_error_and_the_browser_sees_it
 async def test_an_answer_after_the_deadline_nobody_answered_sends_the_timeout_instead() -> None:
     """The gateway was down at the deadline (a fresh service knows nothing of the chat): ADK's
     timestamp decides."""
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, _ = service(adk, wall)
     first = await ask(chats)
     fresh, _ = service(adk, wall)
@@ -204,7 +162,7 @@ async def test_an_answer_after_the_deadline_nobody_answered_sends_the_timeout_in
 
 @pytest.mark.parametrize("browser_first", [False, True])
 async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_timeout(browser_first: bool) -> None:
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, kept = service(adk, wall)
     first = await ask(chats)
     wall.now += TIMEOUT
@@ -232,7 +190,7 @@ async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_
 async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_live_owner() -> None:
     """B claimed a deadline of a chat A runs: A answers it (an `expire` notice), and the deadline
     stays in the store until A handled it, so a notice lost with A would be claimed again."""
-    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
     async with two_replicas(adk, wall, hub) as (a, b):
         first = await read(await a.submit(AGENT, "alice", request(USER)))
         await asyncio.sleep(0.01)  # the run ended: A keeps its deadline in the store
@@ -285,7 +243,7 @@ async def approve_in_browser(chats: ChatService, first: list[dict[str, Any]]) ->
 async def test_an_approved_browser_tool_gets_the_whole_timeout_for_the_browser_and_its_output_goes_once() -> None:
     """Approved at 0.9 of the timeout, the output at 1.5: hold mode starts a fresh deadline for the
     browser's wait, and so does confirm mode; the first deadline passing answers nothing."""
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, kept = service(adk, wall, browser=True)
     first = await ask(chats)
     [asked] = kept
@@ -318,7 +276,7 @@ async def test_an_approved_browser_tool_gets_the_whole_timeout_for_the_browser_a
 
 
 async def test_a_browser_that_never_answers_times_out_a_whole_timeout_after_the_approval() -> None:
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, kept = service(adk, wall, on_timeout="error", browser=True)
     first = await ask(chats)
     seen = wall.now
@@ -344,7 +302,7 @@ async def test_a_browser_that_never_answers_times_out_a_whole_timeout_after_the_
 async def test_an_output_after_the_browsers_own_deadline_sends_the_timeout_instead() -> None:
     """Nobody answered the deadline (the timer was late): the output, past approved_at + timeout,
     is replaced by the timeout's answer, as a late approval is."""
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     chats, _ = service(adk, wall, browser=True)
     first = await ask(chats)
     wall.now += 0.9 * TIMEOUT
@@ -358,7 +316,7 @@ async def test_an_output_after_the_browsers_own_deadline_sends_the_timeout_inste
 async def test_the_approving_replica_moves_the_stored_deadline_so_another_replica_claims_it_late() -> None:
     """The approval is known only where it was taken: that replica replaces the deadline in the
     shared store, so no replica's timer claims the first one."""
-    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
     async with two_replicas(adk, wall, hub, browser=True) as (a, b):
         first = await read(await a.submit(AGENT, "alice", request(USER)))
         await asyncio.sleep(0.01)
@@ -398,7 +356,7 @@ async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_rep
                 raise SharedStateDown("unreachable")
             await super().add_deadline(deadline)
 
-    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
     chats, _ = service(adk, wall, browser=True)
     state = Flaky("a", hub)
     cluster = Cluster(state, chats, chats.metrics)
@@ -435,7 +393,7 @@ async def test_another_replica_takes_the_browsers_output_after_the_first_deadlin
     from gateway.cluster.state_keeper import StateKeeper
     from gateway.cluster.tasks import Tasks
 
-    adk, wall, hub = ConfirmingAdk(), Wall(), MemoryHub()
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
     a, _ = service(adk, wall, browser=True)
     b, _ = service(adk, wall, browser=True)
     for chats, name in ((a, "a"), (b, "b")):
@@ -457,7 +415,7 @@ async def test_another_replica_takes_the_browsers_output_after_the_first_deadlin
 async def test_a_deadline_answered_where_the_chat_never_ran_continues_the_message_the_browser_holds() -> None:
     """B never ran the chat (its owner is gone): the timeout's run continues the message the gateway
     told ADK it was writing when ADK asked, not a new one a stock client would show twice."""
-    adk, wall = ConfirmingAdk(), Wall()
+    adk, wall = confirming(), wall_clock()
     a, kept = service(adk, wall)
     first = await ask(a)
     [deadline] = kept

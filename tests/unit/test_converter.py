@@ -1,7 +1,7 @@
 """The converter on event sequences recorded from the real ADK API server (tests/fixtures/adk).
 
 The tests marked `over_versions` run on the same scenarios recorded from every supported ADK
-(tests/unit/fixtures.py VERSIONS); docs/protocol.md lists what differs between them.
+(tests/support/recordings.py VERSIONS); docs/protocol.md lists what differs between them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.approvals import REFUSAL_KEY
 from gateway.core.converter import Converter, map_finish_reason
-from tests.unit.fixtures import (
+from tests.support.recordings import (
     continuing,
     LIVE_FOLDERS,
     SSE_FOLDERS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.upstream.cut_runs import BOUND, POLL, QUIET, SessionWrites, settle_cut
+from tests.support.clock import Clock
 
 USER = {"author": "user", "content": {"parts": [{"text": "hello"}]}}
 SEAL = {"author": "demo_agent", "errorCode": "INVOCATION_ABORTED", "errorMessage": "Invocation was aborted by client."}
@@ -21,21 +22,19 @@ class Adk:
     def __init__(self, *reads: Any) -> None:
         self.reads = list(reads)
         self.count = 0
-        self.now = 0.0
+        self.clock = Clock(0.0)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
 
     async def read(self) -> Any:
         self.count += 1
         return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
 
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
 
 async def settle(adk: Adk) -> bool:
-    return await settle_cut(adk.read, clock=adk.clock, sleep=adk.sleep)
+    return await settle_cut(adk.read, clock=adk.clock, sleep=adk.clock.sleep)
 
 
 async def test_a_seal_that_stays_the_last_write_ends_the_wait_at_the_next_poll() -> None:

@@ -29,6 +29,7 @@ from gateway.config.schema import parse_config
 from gateway.core.refusals import HttpError
 from gateway.access.jwks import Jwks, KeyCache
 from gateway.edge.state import GATEWAY
+from tests.support.clock import Clock
 
 AUDIENCE = "my-app"
 
@@ -133,14 +134,6 @@ def jwt_config(provider: Provider, extra: str = "", algorithms: str = "[RS256, E
         f"auth:\n  mode: jwt\n  jwt:\n    algorithms: {algorithms}\n    issuer: {provider.issuer}\n"
         f"    discovery: true\n    audience: {AUDIENCE}\n    jwks_min_refetch: 30s\n{extra}"
     )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -8,65 +8,14 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService, Gone
-from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
-from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
-from gateway.upstream.client import SessionConfirmations
-from tests.unit.test_chat_gates import USER, read, request
+from tests.support.adk import CONFIRM_ID, NativeAdk
+from tests.support.chat import USER, read, request
+from tests.support.service import chat_service
 
 # The default agent of a config with the single-agent keys (named after upstream.app_name).
 AGENT = "demo_agent"
-
-CONFIRM_ID = "adk-confirm-1"
-
-
-class NativeAdk:
-    """ADK with a native confirmation: a message asks (CONFIRM_ID first), an answer runs the tool;
-    its session holds what was asked and answered, and `restart()` loses it (in-memory sessions).
-    Records what it was sent."""
-
-    def __init__(self, answered_in_session: tuple[str, ...] = ()) -> None:
-        self.sent: list[dict[str, Any]] = []
-        self.asked: set[str] = set()
-        self.answered_in_session = set(answered_in_session)
-        self.session_reads = 0
-        self.asks = 0
-
-    def restart(self) -> None:
-        self.asked.clear()
-        self.answered_in_session.clear()
-
-    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
-    auto_creates_sessions = False
-
-    async def ensure_session(self, user_id: str, session_id: str) -> None:
-        return None
-
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        self.session_reads += 1
-        return SessionConfirmations(asked=frozenset(self.asked), answered=frozenset(self.answered_in_session))
-
-    async def run_sse_batches(self, *, new_message: dict[str, Any], **_: Any) -> Any:
-        self.sent.append(new_message)
-        answers = {p["functionResponse"]["id"] for p in new_message.get("parts", ()) if "functionResponse" in p}
-        if answers:
-            self.asked -= answers
-            self.answered_in_session |= answers
-            yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "Paid."}]}, "finishReason": "STOP"}]
-            return
-        confirm_id = CONFIRM_ID if not self.asks else f"{CONFIRM_ID}-{self.asks}"
-        self.asks += 1
-        self.asked.add(confirm_id)
-        yield [
-            {"author": "a", "content": {"role": "model", "parts": [{"functionCall": {
-                "id": confirm_id, "name": "adk_request_confirmation",
-                "args": {"originalFunctionCall": {"id": "call-1", "name": "process_payment", "args": {"amount": 50}},
-                         "toolConfirmation": {"hint": "ok?", "confirmed": False}},
-            }}]}, "longRunningToolIds": [confirm_id]},
-        ]
 
 
 def user(text: str, message_id: str = "u2") -> dict[str, Any]:
@@ -81,10 +30,7 @@ def confirmations(adk: NativeAdk) -> int:
 
 
 def service(adk: NativeAdk) -> ChatService:
-    config = parse_config("", env={})
-    return ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
-    )
+    return chat_service("", adk=adk)
 
 
 def approval_of(first: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,10 +193,7 @@ async def test_a_native_answer_in_live_mode_is_refused_without_asking_adk() -> N
     from gateway.core.chat_request import InvalidRequest
 
     adk = NativeAdk()
-    config = parse_config("upstream:\n  mode: live\n", env={})
-    chats = ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(), config=config,  # type: ignore[arg-type, return-value]
-    )
+    chats = chat_service("upstream:\n  mode: live\n", adk=adk)
     answer = {
         "id": "msg-1", "role": "assistant", "parts": [{"type": "step-start"}, {
             "type": "tool-process_payment", "toolCallId": "call-1", "state": "approval-responded",

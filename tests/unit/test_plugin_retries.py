@@ -9,14 +9,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 from google.adk.tools.function_tool import FunctionTool
 
 from adk_gateway_plugin.asking import Retries
 from gateway.agent_plugin import REFUSAL_KEY, GatewayPlugin
-from tests.unit.test_agent_plugin import context
-
-RUN = {"verdict": "run"}
+from tests.support.fake_gateway import RUN, FakeGateway, context
 
 
 def pay(amount: int) -> dict:
@@ -24,48 +21,12 @@ def pay(amount: int) -> dict:
     return {"paid": amount}
 
 
-class Replicas:
-    """The internal listener behind a balancer: each decision request meets the next fate in
-    `fates` ("handback", "drop", "refuse", "busy" or a verdict), the last one repeating."""
-
-    def __init__(self) -> None:
-        self.fates: list[Any] = [RUN]
-        self.asked: list[dict[str, Any]] = []
-        # The client port of each decision request: a new connection has a new one.
-        self.ports: list[int] = []
-
-    def app(self) -> web.Application:
-        async def policy(request: web.Request) -> web.Response:
-            return web.json_response({"tools": {"pay": {"approval": True, "gated": True}}, "refresh": 30})
-
-        async def tool_calls(request: web.Request) -> web.StreamResponse:
-            self.asked.append(await request.json())
-            peer = request.transport.get_extra_info("peername") if request.transport else None
-            self.ports.append(peer[1] if peer else 0)
-            fate = self.fates.pop(0) if len(self.fates) > 1 else self.fates[0]
-            if fate == "handback":
-                return web.json_response(
-                    {"error": {"code": "retry_elsewhere", "message": "shutting down"}}, status=503,
-                    headers={"Retry-After": "0"},
-                )
-            if fate == "busy":  # a balancer with no replica up
-                return web.Response(status=502, text="bad gateway")
-            if fate == "refuse":
-                return web.json_response({"error": {"code": "unauthorized", "message": "no"}}, status=401)
-            if fate == "drop":
-                assert request.transport is not None
-                request.transport.close()
-                await asyncio.sleep(1)
-            return web.json_response(fate)
-
-        app = web.Application()
-        app.add_routes([web.get("/internal/v1/policy", policy), web.post("/internal/v1/tool-calls", tool_calls)])
-        return app
-
-
 @pytest.fixture
-async def replicas(aiohttp_server: Any) -> AsyncIterator[tuple[Replicas, str]]:
-    fake = Replicas()
+async def replicas(aiohttp_server: Any) -> AsyncIterator[tuple[FakeGateway, str]]:
+    """The internal listener behind a balancer: each decision request meets the next of `fates`."""
+    fake = FakeGateway()
+    fake.fates = [RUN]
+    fake.tools = {"pay": {"approval": True, "gated": True}}
     server = await aiohttp_server(fake.app())
     yield fake, str(server.make_url("")).rstrip("/")
 
@@ -87,7 +48,7 @@ async def decide(plugin: GatewayPlugin) -> tuple[dict[str, Any] | None, float]:
     ["busy", "drop", "handback", RUN],
 ])
 async def test_a_request_no_replica_decided_is_asked_again_as_the_same_call_until_one_does(
-    replicas: tuple[Replicas, str], fates: list[Any],
+    replicas: tuple[FakeGateway, str], fates: list[Any],
 ) -> None:
     fake, url = replicas
     fake.fates = list(fates)
@@ -101,7 +62,7 @@ async def test_a_request_no_replica_decided_is_asked_again_as_the_same_call_unti
     assert len(set(fake.ports)) == len(fates)
 
 
-async def test_a_denial_after_a_handback_is_the_denial(replicas: tuple[Replicas, str]) -> None:
+async def test_a_denial_after_a_handback_is_the_denial(replicas: tuple[FakeGateway, str]) -> None:
     fake, url = replicas
     denied = {"verdict": "respond", "response": {"error": "The person denied it.", REFUSAL_KEY: "denied"}}
     fake.fates = ["handback", denied]
@@ -111,7 +72,7 @@ async def test_a_denial_after_a_handback_is_the_denial(replicas: tuple[Replicas,
 
 @pytest.mark.parametrize(("fate", "code"), [("handback", "gateway_refused"), ("drop", "gateway_unreachable")])
 async def test_retries_end_with_the_window_and_the_call_is_refused(
-    replicas: tuple[Replicas, str], fate: str, code: str
+    replicas: tuple[FakeGateway, str], fate: str, code: str
 ) -> None:
     fake, url = replicas
     fake.fates = [fate]
@@ -122,7 +83,7 @@ async def test_retries_end_with_the_window_and_the_call_is_refused(
     assert took < 1.0 + 2.0, took
 
 
-async def test_max_wait_bounds_the_retries(replicas: tuple[Replicas, str]) -> None:
+async def test_max_wait_bounds_the_retries(replicas: tuple[FakeGateway, str]) -> None:
     fake, url = replicas
     fake.fates = ["handback"]
     answer, took = await decide(GatewayPlugin(url=url, secret="s3cret", retry_for=60, max_wait=0.8))
@@ -131,7 +92,7 @@ async def test_max_wait_bounds_the_retries(replicas: tuple[Replicas, str]) -> No
 
 
 @pytest.mark.parametrize("fate", ["refuse", {"verdict": "maybe"}])
-async def test_an_answer_that_is_not_a_handback_is_not_asked_again(replicas: tuple[Replicas, str], fate: Any) -> None:
+async def test_an_answer_that_is_not_a_handback_is_not_asked_again(replicas: tuple[FakeGateway, str], fate: Any) -> None:
     fake, url = replicas
     fake.fates = [fate, RUN]
     answer, _ = await decide(GatewayPlugin(url=url, secret="s3cret", retry_for=10))
@@ -139,7 +100,7 @@ async def test_an_answer_that_is_not_a_handback_is_not_asked_again(replicas: tup
     assert len(fake.asked) == 1
 
 
-async def test_no_retries_with_a_zero_window(replicas: tuple[Replicas, str]) -> None:
+async def test_no_retries_with_a_zero_window(replicas: tuple[FakeGateway, str]) -> None:
     fake, url = replicas
     fake.fates = ["drop", RUN]
     answer, _ = await decide(GatewayPlugin(url=url, secret="s3cret", retry_for=0))
@@ -154,7 +115,7 @@ async def test_the_retry_window_comes_from_the_environment(monkeypatch: pytest.M
     assert GatewayPlugin(url="http://127.0.0.1:9", secret="s")._retry_for == 30  # noqa: SLF001
 
 
-async def test_a_cancelled_run_cancels_the_retries(replicas: tuple[Replicas, str]) -> None:
+async def test_a_cancelled_run_cancels_the_retries(replicas: tuple[FakeGateway, str]) -> None:
     """ADK cancels the tool call when its run ends (the gateway's /run_sse connection went away):
     the plugin stops asking, and lets the cancellation through."""
     fake, url = replicas

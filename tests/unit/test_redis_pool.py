@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -32,7 +31,7 @@ from gateway.cluster.shared import SharedStateBusy, SharedStateDown
 from gateway.config.schema import parse_config
 from gateway.ops.redis_pool_metrics import RedisPoolMetrics
 from tests.procs import RedisServer, redis_server
-from tests.unit.shared_pair import HEARTBEAT, OWNER_TIMEOUT, SEAL
+from tests.support.shared_state import OWNER_TIMEOUT, redis_state
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +40,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         yield running
 
 
-def _state(server: RedisServer, name: str, prefix: str, **pool: object) -> RedisState:
-    return RedisState(
-        name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL, **pool,  # type: ignore[arg-type]
-    )
-
-
 @pytest.fixture
 async def started(server: RedisServer) -> AsyncIterator[tuple[RedisState, RedisPoolMetrics]]:
     metrics = RedisPoolMetrics(CollectorRegistry())
-    state = _state(server, "a", "pool" + secrets.token_hex(3), max_connections=8, pool_watch=metrics)
+    state = redis_state(server, "a", "pool" + secrets.token_hex(3), max_connections=8, pool_watch=metrics)
     await state.start(lambda message: None, lambda: [])
     try:
         yield state, metrics
@@ -122,7 +115,7 @@ def test_the_configured_pool_size_has_a_default_and_a_floor() -> None:
 async def test_more_concurrent_blocking_reads_than_the_default_pool_all_complete(server: RedisServer) -> None:
     """150 relay reads at once, each holding its connection while Redis blocks it: more than
     redis-py's default pool of 100, which failed the rest with MaxConnectionsError (Redis down)."""
-    state = _state(server, "a", "burst" + secrets.token_hex(3))
+    state = redis_state(server, "a", "burst" + secrets.token_hex(3))
     await state.start(lambda message: None, lambda: [])
     try:
         reads = await asyncio.gather(*(state.relay_read(f"k{i}", "", timeout=0.3) for i in range(150)))
@@ -159,7 +152,7 @@ async def test_a_pool_exhausted_past_the_wait_is_an_overload_not_redis_down(
         assert _count(metrics, "adk_gateway_redis_pool_wait_timeouts_total") == 1
         # Redis is fine: the backend stays available, and the heartbeat (on its own connections)
         # keeps this replica alive for the others through more than an owner_timeout.
-        other = _state(server, "b", state._prefix)  # type: ignore[attr-defined]
+        other = redis_state(server, "b", state._prefix)  # type: ignore[attr-defined]
         await other.start(lambda message: None, lambda: [])
         try:
             await asyncio.sleep(2 * OWNER_TIMEOUT)

@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 
 from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
-from gateway.upstream.agents import Agents
 from gateway.chat.service import ChatService, Gone
-from gateway.config.schema import parse_config
-from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import ChatNotFound, Registry
+from gateway.chat.registry import ChatNotFound
 from gateway.upstream.client import SessionConfirmations, UpstreamError, _confirmation_ids
-from tests.unit.test_chat_gates import read, request
+from tests.support.chat import read, request
+from tests.support.clock import Clock
+from tests.support.service import chat_service
 
 AGENT = "demo_agent"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
@@ -88,20 +87,8 @@ class SessionAdk:
         raise AssertionError("no confirmation")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def service(adk: SessionAdk, clock: Clock | None = None, yaml: str = "") -> ChatService:
-    config = parse_config(yaml, env={})
-    return ChatService(
-        agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=GatewayMetrics(),  # type: ignore[arg-type, return-value]
-        config=config, clock=clock or Clock(),
-    )
+    return chat_service(yaml, adk=adk, clock=clock or Clock())
 
 
 def recorded(label: str, scenario: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.chat.chunk_log import Feed, FollowerLagged, Reader, Response, Run
-from tests.unit.fixtures import GONE
+from tests.support.service import GONE
 
 
 async def collect(response: Feed, start: int = 0) -> list[bytes]:

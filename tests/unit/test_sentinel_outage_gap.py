@@ -19,13 +19,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.cluster.redis import RedisState
-from gateway.cluster.sealing import Seal
 from gateway.cluster.shared import SharedStateDown
+from tests.support.shared_state import HEARTBEAT, redis_state
 from tests.procs import RedisServer, redis_server
 
-HEARTBEAT = 0.1
 OWNER_TIMEOUT = 0.6
-SEAL = Seal(["test-sessions-secret-0123456789"])
 DEMO = {"agent": "demo", "default_agent": "demo"}
 
 
@@ -39,7 +37,7 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 async def pair(server: RedisServer) -> AsyncIterator[tuple[RedisState, RedisState, aioredis.Redis, str]]:
     prefix = f"gap{secrets.token_hex(3)}"
     states = [
-        RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
+        redis_state(server, name, prefix, owner_timeout=OWNER_TIMEOUT)
         for name in ("a", "b")
     ]
     for state in states:

@@ -13,10 +13,10 @@ from gateway.chat.service import Attachment, ChatService
 from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
-from gateway.upstream.agents import Agents
 from gateway.upstream.client import UpstreamError
-from tests.unit.fixtures import check_stream_rules, types
-from tests.unit.test_chat_gates import read as read_chunks
+from tests.support.recordings import check_stream_rules, types
+from tests.support.chat import read as read_chunks
+from tests.support.service import chat_service
 
 AGENT = "demo_agent"
 
@@ -55,13 +55,8 @@ def config(auto: bool | None, mode: str = "sse") -> str:
 
 
 def service_on(adk: SessionsAdk, auto: bool | None) -> tuple[ChatService, GatewayMetrics]:
-    metrics = GatewayMetrics()
-    parsed = parse_config(config(auto), env={})
-    service = ChatService(
-        agents=Agents(parsed, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-        config=parsed,
-    )
-    return service, metrics
+    service = chat_service(config(auto), adk=adk)
+    return service, service.metrics
 
 
 def request(chat_id: str, text: str = "hello there") -> Any:
@@ -161,13 +156,8 @@ async def test_without_the_setting_an_unreachable_upstream_is_the_requests_502()
 
 async def test_a_live_session_is_created_first_whatever_the_setting() -> None:
     adk = SessionsAdk(auto=True, server_creates=True)
-    metrics = GatewayMetrics()
-    parsed = parse_config(config(True, mode="live"), env={})
     registry = Registry()
-    service = ChatService(
-        agents=Agents(parsed, client=lambda _: adk), registry=registry, metrics=metrics,  # type: ignore[arg-type, return-value]
-        config=parsed,
-    )
+    service = chat_service(config(True, mode="live"), adk=adk, registry=registry)
     chat = registry.get(AGENT, "u", "chat-1", now=0.0)
     await service.runs.before_turn(chat)
     assert adk.calls == ["create"] and chat.session_ready

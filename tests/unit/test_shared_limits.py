@@ -19,8 +19,8 @@ from gateway.edge import limiter as limiter_module
 from gateway.edge.limiter import Limiter
 from gateway.ops.metrics import GatewayMetrics
 from tests.procs import RedisServer, redis_server
-from tests.unit.shared_pair import HEARTBEAT, OWNER_TIMEOUT, pair, redis, redis_state  # noqa: F401  (fixtures)
-from tests.unit.test_cluster_close import RecordingLog
+from tests.support.shared_state import HEARTBEAT, OWNER_TIMEOUT, pair, redis, redis_state  # noqa: F401  (fixtures)
+from tests.support.logs import RecordingLog
 
 
 @dataclass(frozen=True)

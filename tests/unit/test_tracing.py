@@ -21,6 +21,7 @@ from gateway.ops.logs import user_id_as_logged, user_id_digest
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import Tracing, TracingUnavailable
 from gateway.upstream.client import AdkClient
+from tests.support.adk_server import adk_server
 
 
 def traced() -> tuple[Tracing, InMemorySpanExporter]:
@@ -122,7 +123,8 @@ async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pyte
 
     from gateway.edge.app import create_app
     from gateway.edge.state import GATEWAY
-    from tests.unit.test_transport_stop import USER, AppAdk, chat_body, says, sse_chunks
+    from tests.support.adk import ScriptedAdk
+    from tests.unit.test_transport_stop import USER, chat_body, sse_chunks
 
     class Watched(Tracing):
         def __getattribute__(self, name: str) -> Any:
@@ -135,14 +137,14 @@ async def test_off_the_per_event_path_never_touches_the_tracer(monkeypatch: pyte
     monkeypatch.setattr(Tracing, "off", staticmethod(lambda: watched))
     app = create_app(parse_config("auth:\n  mode: none\n", env={}))
     assert app[GATEWAY].tracing is watched
-    adk = AppAdk()
+    adk = ScriptedAdk()
     for agent in app[GATEWAY].agents:
         agent.client = adk  # type: ignore[assignment]
     touched: dict[int, Counter[str]] = {}
     async with TestClient(TestServer(app)) as client:
         for n in (10, 1000):
             watched._touched.clear()  # type: ignore[attr-defined]
-            says(adk, *["word "] * n)
+            adk.says(*["word "] * n)
             adk.ends()
             response = await client.post("/api/chat", json=chat_body(USER, chat_id=f"chat-{n}"))
             chunks = sse_chunks(await response.text())
@@ -233,18 +235,12 @@ async def test_every_upstream_call_carries_its_span_s_traceparent() -> None:
         await response.write(b'data: {"id": "e1", "author": "agent"}\n\n')
         return response
 
-    app = web.Application()
-    app.router.add_post("/apps/demo/users/{user}/sessions", sessions)
-    app.router.add_post("/run_sse", run_sse)
     tracing, exporter = traced()
-    async with TestServer(app) as server:
-        client = AdkClient(UpstreamConfig(url=str(server.make_url("")), app_name="demo"), tracing)
-        await client.start()
-        try:
-            await client.ensure_session("u1", "s1")
-            events = [e async for batch in client.run_sse_batches(user_id="u1", session_id="s1", new_message={}) for e in batch]
-        finally:
-            await client.close()
+    async with adk_server(app_name="demo", tracing=tracing) as (routes, client):
+        routes["POST", "/apps/demo/users/u1/sessions"] = sessions
+        routes["POST", "/run_sse"] = run_sse
+        await client.ensure_session("u1", "s1")
+        events = [e async for batch in client.run_sse_batches(user_id="u1", session_id="s1", new_message={}) for e in batch]
     assert [e.as_dict() for e in events] == [{"author": "agent"}]  # the fields the gateway reads (core/adk_events.py)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {"POST /apps/{app_name}/users/{user_id}/sessions", "POST /run_sse"}
@@ -443,17 +439,11 @@ async def session_spans(tracing: Tracing, exporter: InMemorySpanExporter, user: 
     async def sessions(request: web.Request) -> web.Response:
         return web.json_response({}, status=409 if request.method == "POST" else 200)
 
-    app = web.Application()
-    app.router.add_post("/apps/demo/users/{user}/sessions", sessions)
-    app.router.add_get("/apps/demo/users/{user}/sessions/{session}", sessions)
-    async with TestServer(app) as server:
-        client = AdkClient(UpstreamConfig(url=str(server.make_url("")), app_name="demo"), tracing)
-        await client.start()
-        try:
-            await client.ensure_session(user, "s1")
-            assert await client.session(user, "s1") == {}
-        finally:
-            await client.close()
+    async with adk_server(app_name="demo", tracing=tracing) as (routes, client):
+        routes["POST", f"/apps/demo/users/{user}/sessions"] = sessions
+        routes["GET", f"/apps/demo/users/{user}/sessions/s1"] = sessions
+        await client.ensure_session(user, "s1")
+        assert await client.session(user, "s1") == {}
     return {s.name: s for s in exporter.get_finished_spans()}
 
 

@@ -21,7 +21,9 @@ from gateway.edge.app import create_app
 from gateway.config.schema import parse_config
 from gateway.edge.state import GATEWAY
 from gateway.edge import ws as ws_transport
-from tests.unit.test_chat_gates import ScriptedAdk, text_events
+from tests.support.waiting import until
+from tests.support.adk import ScriptedAdk
+from tests.support.chat import text_events
 
 CONFIG = """
 auth:
@@ -31,30 +33,13 @@ USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "tell me 
 NEXT = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "shorter, please"}]}
 
 
-class AppAdk(ScriptedAdk):
-    """The scripted ADK as the app's agent client (the health probe sees it up)."""
-
-    def open(self) -> None:
-        pass
-
-    async def ping(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-    def ends(self) -> None:
-        """ADK's run ends (its stream closes)."""
-        self.reads.put_nowait(None)
+@pytest.fixture
+async def adk() -> ScriptedAdk:
+    return ScriptedAdk()
 
 
 @pytest.fixture
-async def adk() -> AppAdk:
-    return AppAdk()
-
-
-@pytest.fixture
-async def client(adk: AppAdk) -> AsyncIterator[TestClient]:
+async def client(adk: ScriptedAdk) -> AsyncIterator[TestClient]:
     app = create_app(parse_config(CONFIG, env={}))
     for agent in app[GATEWAY].agents:
         agent.client = adk  # type: ignore[assignment]
@@ -79,37 +64,24 @@ def sse_chunks(text: str) -> list[Any]:
     return out
 
 
-def says(adk: AppAdk, *pieces: str) -> None:
-    for event in text_events(*pieces):
-        adk.reads.put_nowait([event])
-
-
 def runs(client: TestClient, outcome: str) -> float:
     registry = client.app[GATEWAY].metrics.registry  # type: ignore[index]
     return registry.get_sample_value("adk_gateway_runs_total", {"agent": "demo_agent", "outcome": outcome}) or 0.0
 
 
-async def until(condition: Any) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never held")
-
-
 # ---- SSE --------------------------------------------------------------------------------------
 
 
-async def test_a_message_right_after_a_stopped_sse_response_is_taken_and_streams_whole(client: TestClient, adk: AppAdk) -> None:
+async def test_a_message_right_after_a_stopped_sse_response_is_taken_and_streams_whole(client: TestClient, adk: ScriptedAdk) -> None:
     first = await client.post("/api/chat", json=chat_body(USER))
     assert first.status == 200
-    says(adk, "Once ", "upon ")
+    adk.says("Once ", "upon ")
     assert b"text-delta" in await first.content.readuntil(b"text-delta")
     first.close()  # stop(): the browser aborts the fetch, its connection goes
 
     second = await client.post("/api/chat", json=chat_body(USER, NEXT))
     assert second.status == 200, await second.text()
-    says(adk, "Short.")
+    adk.says("Short.")
     adk.ends()
     chunks = sse_chunks(await second.text())
     assert chunks[-1] == "[DONE]" and chunks[-2]["type"] == "finish" and chunks[-2]["finishReason"] == "stop"
@@ -117,9 +89,9 @@ async def test_a_message_right_after_a_stopped_sse_response_is_taken_and_streams
     assert runs(client, "cancelled") == 1 and runs(client, "completed") == 1
 
 
-async def test_a_message_while_another_request_reads_the_sse_response_is_busy(client: TestClient, adk: AppAdk) -> None:
+async def test_a_message_while_another_request_reads_the_sse_response_is_busy(client: TestClient, adk: ScriptedAdk) -> None:
     first = await client.post("/api/chat", json=chat_body(USER))
-    says(adk, "Once ", "upon ")
+    adk.says("Once ", "upon ")
     await first.content.readuntil(b"text-delta")
     other_tab = await client.get("/api/chat/chat-1/stream")
     assert other_tab.status == 200
@@ -145,14 +117,14 @@ def send_frame(request_id: str, *messages: dict[str, Any]) -> str:
 
 
 async def test_an_aborted_ws_request_gets_no_frame_after_the_abort_and_the_next_send_streams(
-    client: TestClient, adk: AppAdk, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, adk: ScriptedAdk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_abort = ws_transport._HANDLERS["abort"]
 
     async def abort_as_adk_reads(conn: Any, request_id: str, frame: dict[str, Any]) -> None:
         # ADK's next read lands in the same loop turn as the abort frame: the run's task is due to
         # step before the request's task learns it was cancelled.
-        says(adk, "and ", "then")
+        adk.says("and ", "then")
         await real_abort(conn, request_id, frame)
 
     monkeypatch.setitem(ws_transport._HANDLERS, "abort", abort_as_adk_reads)
@@ -170,7 +142,7 @@ async def test_an_aborted_ws_request_gets_no_frame_after_the_abort_and_the_next_
             adk.reads.get_nowait()
 
         await ws.send_str(send_frame("r2", USER, NEXT))
-        says(adk, "Short.")
+        adk.says("Short.")
         adk.ends()
         after: list[dict[str, Any]] = []
         while True:

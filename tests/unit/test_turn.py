@@ -4,7 +4,7 @@ Every test drives a `Turn` by hand, as the chat's machine does for its chat (gat
 hands back. `Shell` below does with the outputs what `Chat.handle` (chat/carry_out.py) does with them, minus the
 I/O: chunks go into the current response, `OpenResponse` starts the next one, `CloseResponse`
 ends it; everything else is recorded. Each response it assembles is checked against the AI SDK's
-ordering rules (tests/unit/fixtures.py `check_stream_rules`).
+ordering rules (tests/support/recordings.py `check_stream_rules`).
 
 The gated-call tests here replace the converter-level ones that predate the turn: the same
 behaviour, asserted on the turn's outputs.
@@ -38,7 +38,7 @@ from gateway.core.turn import (
     TurnError,
     TurnState,
 )
-from tests.unit.fixtures import check_stream_rules, events, types
+from tests.support.recordings import check_stream_rules, events, types
 
 MESSAGE_ID = "m1"
 START = {"type": "start", "messageId": MESSAGE_ID}

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from gateway.config.schema import UpstreamConfig
 from gateway.upstream.client import AdkClient, UpstreamError
-from tests.unit.fixtures import ROOT, SSE_FOLDERS, _load, events, fixture_names
+from tests.support.adk_server import Routes, adk_server, sse_body
+from tests.support.recordings import ROOT, SSE_FOLDERS, events, fixture_names, lines
 
 MESSAGE = {"role": "user", "parts": [{"text": "hi"}]}
 # What ADK 1.22.1 writes for a run that fails with a multi-line message: its run_sse handler
@@ -33,39 +32,9 @@ UNESCAPED_ERROR_BODY = (
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[tuple[dict[tuple[str, str], Any], AdkClient]]:
-    """A fake ADK API server answering from `routes`: (method, path) -> handler, or a list of
-    recorded (status, body) answers used up one per call."""
-    app = web.Application()
-    server = TestServer(app)
-    routes: dict[tuple[str, str], Any] = {}
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        answer = routes[(request.method, request.path)]
-        if callable(answer):
-            return await answer(request)
-        status, body = answer.pop(0) if isinstance(answer, list) else answer
-        return web.json_response(body, status=status)
-
-    app.router.add_route("*", "/{tail:.*}", handle)
-    await server.start_server()
-    client = AdkClient(UpstreamConfig(url=str(server.make_url("/")), app_name="demo_agent"))
-    await client.start()
-    yield routes, client
-    await client.close()
-    await server.close()
-
-
-def sse_body(payload: bytes) -> Any:
-    async def answer(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
-        await response.write(payload)
-        await response.write_eof()
-        return response
-
-    return answer
+async def upstream() -> AsyncIterator[tuple[Routes, AdkClient]]:
+    async with adk_server() as (routes, client):
+        yield routes, client
 
 
 async def run(client: AdkClient) -> list[dict[str, Any]]:
@@ -78,7 +47,7 @@ async def run(client: AdkClient) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(("folder", "name"), [(f, n) for f in SSE_FOLDERS for n in fixture_names(f)])
 async def test_every_recorded_run_reads_back_as_recorded(upstream: Any, folder: str, name: str) -> None:
     routes, client = upstream
-    payload = b"".join(b"data: " + line.encode() + b"\n\n" for line in _load(name, folder))
+    payload = b"".join(b"data: " + line.encode() + b"\n\n" for line in lines(name, folder))
     if folder == "adk-1.22.1" and name == "pay_hanako_extra_key":
         payload = UNESCAPED_ERROR_BODY  # the body as sent, not just its first data line
     routes[("POST", "/run_sse")] = sse_body(payload)
@@ -152,7 +121,7 @@ async def test_ensure_session_on_the_recorded_answers(upstream: Any, folder: str
 
 
 def test_every_recorded_version_is_tested_on_the_same_scenarios() -> None:
-    from tests.unit.fixtures import LIVE_FOLDERS
+    from tests.support.recordings import LIVE_FOLDERS
 
     on_disk = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name.startswith("adk")}
     assert on_disk == {*SSE_FOLDERS, *LIVE_FOLDERS}

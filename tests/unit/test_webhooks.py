@@ -30,6 +30,7 @@ from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
 from gateway.ops.metrics import WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS, GatewayMetrics
 from gateway.approvals.webhooks import Webhooks, _retry_after, notice_body, sign
+from tests.support.waiting import until
 
 SECRET = "a-webhook-secret-of-some-length"
 ARGS = {"amount": 750, "payee": "Hanako", "iban": "DE-secret-iban-0001"}
@@ -200,13 +201,6 @@ def webhooks(config: NotificationsConfig | Callable[[], NotificationsConfig]) ->
     sender = Webhooks(read, metrics)
     sender.start()
     return sender, metrics
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_failing_receiver_gets_the_notice_once_it_recovers_with_one_id_and_valid_signatures(receiver: Receiver) -> None:

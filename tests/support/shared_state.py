@@ -1,10 +1,12 @@
-"""Two replicas' views of one shared store, memory or a real redis-server: the fixtures the tests of
-each shared store (the audit trail's, the approvals directory's) run on both backends alike."""
+"""The cluster's shared store in tests: a replica's view of a real redis-server with the tests' short
+heartbeats and sealing secret (`redis_state`), and two replicas' views of one store, memory or Redis
+(the `pair` fixture), on which the tests of each shared store run on both backends alike."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,8 +27,14 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         yield server
 
 
-def redis_state(server: RedisServer, name: str, prefix: str) -> RedisState:
-    return RedisState(name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=OWNER_TIMEOUT, seal=SEAL)
+def redis_state(
+    server: RedisServer, name: str, prefix: str, *, owner_timeout: float = OWNER_TIMEOUT, seal: Seal = SEAL, **pool: Any,
+) -> RedisState:
+    """Replica `name`'s view of `server`, its keys under `prefix` (`pool`: the connection pool's settings)."""
+    return RedisState(
+        name, server.url, prefix=prefix, heartbeat_interval=HEARTBEAT, owner_timeout=owner_timeout, seal=seal, **pool,
+    )
+
 
 
 @pytest.fixture(params=["memory", "redis"])
