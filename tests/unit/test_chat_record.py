@@ -64,10 +64,10 @@ def _queued() -> tuple[Chat, dict[str, Deadline], _Clock, list[GatedCall]]:
     def kept(deadline: Deadline) -> None:
         queue[deadline.key] = deadline
 
-    hooks = RunHooks(
-        GatewayMetrics(), clock, released.append, kept=kept, settled=lambda key: queue.pop(key, None) and None,
-        wall=lambda: clock.now + EPOCH,
-    )
+    def settled(key: str) -> None:
+        queue.pop(key, None)
+
+    hooks = RunHooks(GatewayMetrics(), clock, released.append, kept=kept, settled=settled, wall=lambda: clock.now + EPOCH)
     return _chat(hooks), queue, clock, released
 
 
