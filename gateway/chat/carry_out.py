@@ -8,6 +8,7 @@ the plugin's waiting request; metrics and log lines are recorded. Nothing is dec
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -23,6 +24,7 @@ from ..ops.tracing import Tracing
 from ..approvals.reports import Notices
 
 if TYPE_CHECKING:
+    from ..core.deadlines import Deadline
     from .chunk_log import Run
 
 __all__ = ["Carried", "RunHooks", "carry_out"]
@@ -61,6 +63,12 @@ class RunHooks:
     notices: Notices | None = None
     # A span per turn (ops/tracing.py); the shared no-op unless traces are on.
     tracing: Tracing = Tracing.off()
+    # The deadline queue (chat/ports.py, through the chat service): a chat's held calls' deadline
+    # kept (added or moved), and dropped by its key once nothing waits. Nowhere for a chat alone.
+    kept: Callable[[Deadline], None] = lambda deadline: None
+    settled: Callable[[str], None] = lambda key: None
+    # The queue's clock (wall, shared between hosts), which `clock` (the machine's) is turned into.
+    wall: Callable[[], float] = time.time
 
 
 def carry_out(chat: Carried, hooks: RunHooks, outputs: list[Output]) -> None:

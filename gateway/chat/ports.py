@@ -8,7 +8,8 @@ layer's default when nothing is attached (a chat service built alone, in a test)
 replica with nothing to tell.
 
 - `RunWatcher`: told when a chat's run starts and ends (the cluster's run marks in the shared directory).
-- `DeadlineQueue`: confirm mode's deadlines, kept by the replicas together (cluster/deadline_timer.py).
+- `DeadlineQueue`: the one deadline queue (ADK confirmations' and chats' held calls'), kept by the
+  replicas together (cluster/deadline_timer.py).
 - `StateStore`: a chat's state kept outside this process (cluster/state_keeper.py, Redis only).
 - `ChatMaker`: makes each new chat, with what its runs share (the chat service, for its registry).
 """
@@ -35,11 +36,11 @@ class RunWatcher(Protocol):
 
 class DeadlineQueue(Protocol):
     def add(self, deadline: Deadline) -> None:
-        """Keep a new confirmation deadline (or one moved later)."""
+        """Keep a new deadline (or one moved: the latest of a key wins)."""
         ...
 
     def drop(self, key: str) -> None:
-        """The confirmation of `key` was answered before its deadline."""
+        """The call of `key` was answered before its deadline (or nothing of the chat waits any more)."""
         ...
 
 

@@ -11,7 +11,15 @@ Everything that changes the chat's approvals or runs reaches its machine through
 applies one typed event and carries out the outputs at once (chat/carry_out.py), with no await in
 between: on the one event loop the chat is its machine's only caller, one event at a time. Then
 the upstream stream's idle timer is told whether the run waits for a person (a wait is not
-idleness), and one timer is kept for the machine's next deadline.
+idleness), and the machine's next deadline is kept in the cluster's deadline queue, the one every
+call that waits for a person has its deadline in (core/deadlines.py, a `held` one per chat).
+
+The chat learns what to keep there from the machine's `next_deadline()` after each `handle`: when
+it differs from the one kept, the new one replaces it (a call decided, a browser tool's second
+wait) or, once nothing waits, it is dropped. Compared after every event, it cannot be missed by an
+output nobody thought of; the machine stays as it was, its clock (the chat service's, monotonic)
+turned into the queue's wall clock here. When the deadline passes, the cluster has it answered
+where the chat runs (`deadlines_due`): the machine is fed `DeadlineReached` and decides what times out.
 
 A run's upstream stream is read by a task (`start`); the run outlives the browser request that
 started it. Which run counts is the machine's to say: the task's events name its run's number, and
@@ -23,7 +31,6 @@ the task, and that the task was cancelled (`RunCancelled`); it keeps no flag of 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +46,7 @@ from ..core.chat_events import (
 )
 from ..core.chat_machine import ChatMachine
 from ..core.chat_outputs import Admission
+from ..core.deadlines import HELD, Deadline, held_key
 from ..core.ledger import Ledger
 from ..core.protocol import ClientVersion
 from ..core.rebuild import Rebuilt, WaitingMessage, replay
@@ -92,7 +100,7 @@ class Chat:
     task_run: int = field(default=0, init=False, repr=False)
     # Tells the upstream stream's idle timer when the run waits for a person.
     upstream_wait: WaitSignal = field(default_factory=WaitSignal, init=False, repr=False)
-    timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
+    # The machine's next deadline as kept in the deadline queue (the machine's clock), or None.
     due: float | None = field(default=None, init=False, repr=False)
     # When the current run started, until its first words are written (time to first token).
     first_token_from: float | None = field(default=None, init=False, repr=False)
@@ -120,7 +128,7 @@ class Chat:
             if waiting:
                 # Words after a person's decision measure the person, not the model: not observed.
                 self.first_token_from = None
-            self._arm(hooks)
+            self._keep_deadline(hooks)
         return outputs
 
     def wanted(self, *, read: bool = False, free: bool = False, claim: bool = True) -> Admission:
@@ -252,33 +260,45 @@ class Chat:
         done, _ = await asyncio.wait((task,), timeout=timeout)
         return bool(done)
 
-    # ---- the deadline timer ----------------------------------------------------------------
+    # ---- the deadline in the queue -----------------------------------------------------------
 
-    def _arm(self, hooks: RunHooks) -> None:
-        """One timer, for the machine's next deadline (none while nothing waits for a person)."""
+    def _keep_deadline(self, hooks: RunHooks) -> None:
+        """The machine's next deadline, kept in the deadline queue: added, moved, or dropped once
+        nothing waits (the module docstring says why a diff after each event)."""
         due = self.machine.next_deadline()
         if due == self.due:
             return
-        self.disarm()
-        if due is None:
-            return
         self.due = due
-        delay = max(0.0, due - hooks.clock())
-        # In a context of its own: whatever request last armed the timer is not the timeout's.
-        self.timer = asyncio.get_running_loop().call_later(delay, self.deadline_passed, context=contextvars.Context())
+        if due is None:
+            hooks.settled(held_key(self.chat_id))
+            return
+        deadline = self.queued_deadline()
+        if deadline is not None:
+            hooks.kept(deadline)
 
-    def disarm(self) -> None:
-        """Stop the deadline timer (the chat is forgotten)."""
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer, self.due = None, None
+    def queued_deadline(self) -> Deadline | None:
+        """The deadline the queue keeps for this chat's held calls (wall clock), None if none waits."""
+        hooks, due = self.hooks, self.due
+        waiting = self.ledger.unreleased()
+        if hooks is None or due is None or not waiting:
+            return None
+        first = min(waiting, key=lambda call: call.deadline)
+        wall = hooks.wall() + (due - hooks.clock())
+        return Deadline(self.agent, self.user_id, self.chat_id, first.id, first.tool_call_id, first.tool, wall, kind=HELD)
 
-    def deadline_passed(self) -> int:
-        """The timer fired (or a test with its own clock says so): apply the deadlines due now;
-        how many calls timed out."""
-        self.timer, self.due = None, None
-        outputs = self.handle(DeadlineReached(self._hooks().clock()))
+    def drop_deadline(self) -> None:
+        """Take the chat's deadline out of the queue (the chat is forgotten)."""
+        if self.due is not None and self.hooks is not None:
+            self.hooks.settled(held_key(self.chat_id))
+        self.due = None
+
+    def deadlines_due(self, now: float) -> Deadline | None:
+        """The queue's deadline of this chat passed (the cluster says so where the chat runs, or a
+        test with its own clock): the machine applies the deadlines due at `now`. Returns the
+        deadline the queue keeps now (the next call's, or this one if the machine's clock had not
+        reached it yet), None once nothing waits."""
+        outputs = self.handle(DeadlineReached(now))
         expired = sum(1 for o in outputs if isinstance(o, CallChanged) and o.call.outcome is Outcome.TIMEOUT)
         if expired:
             log.info("gates_timed_out", count=expired)
-        return expired
+        return self.queued_deadline()

@@ -113,7 +113,7 @@ class Registry:
         or being started); returns them."""
         gone = [chat for chat in self._chats.values() if chat.last_active < idle_before and chat.machine.settled]
         for chat in gone:
-            chat.disarm()
+            chat.drop_deadline()
             del self._chats[(chat.user_id, chat.chat_id)]
             self._owners.pop(chat.chat_id, None)
             left = self._per_user.get(chat.user_id, 1) - 1

@@ -99,11 +99,10 @@ class ChatService:
         self.gates = Gates(registry, agents, metrics, lambda: self.config, clock, self.notices)
         # The upstream's clients ask this service whether a chat's run still uses one (upstream/agents.py).
         agents.attach(self)
-        self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices, tracing)
+        self._hooks = RunHooks(metrics, clock, self.gates.release, self.notices, tracing, self._kept, self._settled, wall)
         registry.attach(self)
-        # The cluster's ports (chat/ports.py, `attach`): told when a chat's run starts (its message
-        # id) and ends ("") for the shared chat directory; confirm mode's deadlines, told of each
-        # new one and of each confirmation answered before its deadline (by its key).
+        # The cluster's ports (chat/ports.py, `attach`): each run's start (message id) and end ("") for the
+        # chat directory; the deadline queue, told of each deadline kept and each answered (by its key).
         self._watcher: RunWatcher = NO_RUN_WATCHER
         self._deadlines: DeadlineQueue = NO_DEADLINES
         self.timeouts = ConfirmTimeouts(agents, wall)
@@ -365,6 +364,12 @@ class ChatService:
     async def expire_confirmation(self, deadline: Deadline) -> float | None:
         """chat/gateway_answers.py."""
         return await self._answers.expire(deadline)
+
+    def held_deadline_passed(self, deadline: Deadline) -> Deadline | None:
+        """A chat's held calls' deadline passed: chat/record.py `deadlines_due`. ChatNotFound: none waits here."""
+        if (chat := self._registry.find(deadline.agent, deadline.user, deadline.chat)) is None or chat.due is None:
+            raise ChatNotFound(deadline.chat)
+        return chat.deadlines_due(self._clock())
 
     def decide_for_approvers(
         self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,

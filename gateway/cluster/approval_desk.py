@@ -133,6 +133,8 @@ class ApprovalDesk:
         """A run here left an ADK confirmation its approvers answer (its deadline just kept): listed
         for the API under ADK's own id, which every replica reads again from ADK's session. Listed
         again (a replica that took the chat over sees it anew), its votes stay (put keeps them)."""
+        if deadline.held:
+            return  # a chat's held calls: listed as each opens (`opened`)
         found = self._chats.native_waiting(deadline.agent, deadline.user, deadline.chat, deadline.approval_id)
         if found is None:
             return

@@ -1,4 +1,5 @@
-"""Confirmation deadlines (confirm mode) kept in the shared store, and answered when they pass.
+"""The one deadline queue, kept in the shared store: each replica's timer, and each passed deadline
+claimed and answered (ADK confirmations' and chats' held calls': core/deadlines.py).
 
 Each replica arms one timer for the earliest deadline in the store, not a polling loop. It knows
 at once of the deadlines it adds itself; of those other replicas add (Redis), it learns by reading
@@ -7,9 +8,10 @@ leaves its chats' deadlines to the others, and a chat cannot move to another rep
 owner is `sessions.owner_timeout` silent anyway (the poll's period).
 
 When the timer fires, the replica claims what passed and has each answered where its chat runs
-(`answer`, the cluster router's): here, also for a chat it takes over from a dead owner, or on the
-live owner, told by an `Expire` notice. A claim is a lease (shared.py's DEADLINE_LEASE): the
-deadline stays in the store, due again when the lease ends, and nobody else claims it before.
+(`answer`: deadline_answers.py): here, also for a chat it takes over from a dead owner (a
+confirmation's), or on the live owner, told by an `Expire` notice. A claim is a lease (shared.py's
+DEADLINE_LEASE): the deadline stays in the store, due again when the lease ends, and nobody else
+claims it before.
 The claimer settles it when done: drops it once answered or moot; what cannot be answered yet (the
 chat busy, ADK unreachable) it keeps due when to try again; one handed to another replica, due
 `recheck` later, and that replica drops it once it handled it, so a notice lost with its replica is
@@ -17,12 +19,17 @@ claimed again, by then from a dead owner. A replica that dies (or hangs) holding
 nothing: the deadline is claimed again when the lease ends, by whichever replica's timer fires
 first. A claimer whose lease ended before it settled changes nothing (the store refuses it): what
 it learnt is older than what the next claimer, or the chat's side, did since.
+
+A deadline the store cannot take (down) is lost for a confirmation (the late-answer rule still
+holds: ADK's session says when it was asked); a chat's held calls' deadline, which only this
+replica knows, is tried again every `_STORE_RETRY` until kept, moved or dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 
@@ -62,6 +69,8 @@ class DeadlineTimer:
         self._armed_for: float | None = None
         # Told of each deadline added here once it is kept (the approvals API lists approvers' ones).
         self._kept = kept
+        # Held calls' deadlines added here and not kept in the store yet, by key: the latest only.
+        self._held: dict[str, Deadline] = {}
 
     def start(self) -> None:
         self._tasks.spawn(self._watch())
@@ -72,20 +81,34 @@ class DeadlineTimer:
             self._handle = None
 
     def add(self, deadline: Deadline) -> None:
-        """Keep a new deadline (a run here left a confirmation pending)."""
+        """Keep a new deadline (a run here left a confirmation pending, a chat's held calls'
+        next deadline moved), or one moved."""
+        if deadline.held:
+            self._held[deadline.key] = deadline
         self._tasks.spawn(self._keep(deadline))
 
     def drop(self, key: str) -> None:
-        """Forget a deadline: its confirmation was answered, or handled here for another replica."""
+        """Forget a deadline: its call was answered, or handled here for another replica."""
+        self._held.pop(key, None)
         self._tasks.spawn(self._drop(key))
 
     async def _keep(self, deadline: Deadline) -> None:
-        try:
-            await self._state.add_deadline(deadline)
-        except SharedStateDown:
-            # Lost: the rule that a late answer gets the timeout still holds (docs/approvals.md).
-            log.warning("deadline_not_kept", approval_id=deadline.approval_id, reason="the shared store is unreachable")
-            return
+        while True:
+            try:
+                await self._state.add_deadline(deadline)
+                break
+            except SharedStateDown:
+                log.warning("deadline_not_kept", approval_id=deadline.approval_id, reason="the shared store is unreachable")
+                if not deadline.held or self._tasks.closed:
+                    # Lost: the rule that a late answer gets the timeout still holds (docs/approvals.md).
+                    return
+            # A held call's deadline only this replica knows: kept once the store is back, unless
+            # it moved or was dropped meanwhile (the later one is kept instead, or nothing).
+            await asyncio.sleep(_STORE_RETRY)
+            if self._held.get(deadline.key) is not deadline:
+                return
+        if self._held.get(deadline.key) is deadline:
+            del self._held[deadline.key]
         self._arm(deadline.due)
         if self._kept is not None:
             await self._kept(deadline)
@@ -101,7 +124,10 @@ class DeadlineTimer:
         if self._handle is not None:
             self._handle.cancel()
         self._armed_for = due
-        self._handle = asyncio.get_running_loop().call_later(max(0.0, due - self._wall()), self._fire)
+        # In a context of its own: whatever request last armed the timer is not the timeout's.
+        self._handle = asyncio.get_running_loop().call_later(
+            max(0.0, due - self._wall()), self._fire, context=contextvars.Context(),
+        )
 
     def _fire(self) -> None:
         self._handle = self._armed_for = None

@@ -6,7 +6,7 @@ ever forwarded. Tests put several replicas on one hub to run the same contract a
 backend (tests/unit/test_cluster_state.py) and to drive the router without a network.
 Chat records expire `ttl` after their last claim, as in Redis; call records after theirs; chat
 states `ttl` after they were last stored.
-Confirmation deadlines live as long as the process, and so does the audit trail's store: a bounded
+The deadline queue lives as long as the process, and so does the audit trail's store: a bounded
 deque of records (the newest `audit.keep`, none older than `audit.max_age`) and the set of their
 approval ids, numbered and placed as the Redis backend places them.
 Per-user limits (token buckets and stream slots) are kept here as Redis keeps them, for the tests'
@@ -91,8 +91,8 @@ class MemoryHub:
     tickets: dict[str, dict[str, str]] = field(default_factory=dict)
     states: dict[str, _ChatState] = field(default_factory=dict)
     states_purge_at: int = 64
-    # Confirmation deadlines: kept by the process, so lost with it (the late-answer rule covers
-    # a restart: docs/approvals.md).
+    # The deadline queue: kept by the process, so lost with it (the late-answer rule covers a
+    # restart: docs/approvals.md; held calls die with the process anyway).
     deadlines: DeadlineQueue = field(default_factory=DeadlineQueue)
     next_sweep: float = 0.0
     # The audit trail: its records oldest first, their approval ids, and the wall clock the

@@ -1,7 +1,8 @@
-"""Confirmation deadlines in Redis (`sessions.backend: redis`): the set every replica watches.
+"""The one deadline queue in Redis (`sessions.backend: redis`): the set every replica watches.
 
 Three keys under `sessions.key_prefix` (docs/scaling.md has the table):
-- `{p}:deadlines`: a sorted set, member the deadline's key (chat id/approval id), score its due
+- `{p}:deadlines`: a sorted set, member the deadline's key (chat id/approval id for an ADK
+  confirmation's, chat id/held for a chat's held calls': deadlines.py `Deadline.key`), score its due
   time (seconds since the epoch), or, while a replica holds a claim on it, when the claim's
   lease ends;
 - `{p}:deadline`: a hash, field the same key, value the deadline (deadlines.py) as JSON, sealed
@@ -10,7 +11,7 @@ Three keys under `sessions.key_prefix` (docs/scaling.md has the table):
   (its lease's end, as the claimer wrote it), while one does.
 
 A deadline is kept until it is dropped (answered) or its claim settles it: at most the tool's
-`timeout` after its confirmation was asked, plus a lease per replica that died holding it, unless
+`timeout` after its call was asked, plus a lease per replica that died holding it, unless
 nobody can claim it (every replica down), when the first replica back claims it. Claiming runs as
 one Lua script that leases what it returns (pushes its due time to the lease's end and writes the
 claim's token), so of replicas racing for the same due deadline exactly one gets it, and nobody

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
-from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -44,13 +42,11 @@ from ..core.refusals import HttpError
 from ..core.chat_request import ChatRequest
 from ..ops.metrics import GatewayMetrics
 from ..core.protocol import ClientVersion
-from ..core.deadlines import Deadline, MalformedDeadline
-from ..chat.registry import ChatNotFound
-from .deadline_timer import DeadlineTimer
+from .deadline_answers import DeadlineAnswers
 from .forwarding import Asker, ForwardedRequests
 from .liveness import Liveness, OwnerLost
 from .messages import (
-    Abort, Answer, Audio, Expire, Forwarded, Gate, MalformedMessage, Relayed, Released, Reply, Resume, SocketClosed, Submit,
+    Abort, Answer, Audio, Forwarded, Gate, MalformedMessage, Relayed, Released, Reply, Resume, SocketClosed, Submit,
     from_json,
 )
 from .relay import Relays
@@ -98,18 +94,17 @@ class Cluster:
             state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
             desk=self.approvals,
         )
-        self._forwarded = ForwardedRequests(state, chats, metrics, self.relays, self._gates, expire=self._expire_forwarded)
+        # The deadline queue's timer, and where each passed deadline is answered (deadline_answers.py;
+        # an approvers' confirmation is listed as its deadline is kept).
+        self._deadlines = DeadlineAnswers(state, chats, self.approvals, self._tasks, self._claim, recheck=settings.owner_timeout)
+        self._forwarded = ForwardedRequests(
+            state, chats, metrics, self.relays, self._gates, expire=self._deadlines.expire_forwarded,
+        )
         # Run marks waiting to be written to the directory: only the latest per chat matters.
         self._marks: dict[tuple[str, str], str] = {}
         self._marks_due = asyncio.Event()
-        # Confirm mode's deadlines (deadline_timer.py; an approvers' confirmation is listed as its deadline is kept).
-        self._recheck = settings.owner_timeout
-        self._deadlines = DeadlineTimer(
-            state, self._tasks, self._answer_deadline, poll=settings.owner_timeout, wall=lambda: self.chats.timeouts.wall(),
-            kept=self.approvals.confirmation_waiting,
-        )
         # The chat service's ports (chat/ports.py): this router keeps the run marks, the timer the deadlines.
-        chats.attach(runs=self, deadlines=self._deadlines)
+        chats.attach(runs=self, deadlines=self._deadlines.timer)
         if state.outlives_process:
             StateKeeper(state, chats, self._tasks, timeout=settings.forward_timeout)
 
@@ -162,14 +157,14 @@ class Cluster:
     async def start(self) -> None:
         await self.state.start(self._deliver, self._local_chats)
         self._tasks.spawn(self._write_marks())
-        self._deadlines.start()
+        self._deadlines.timer.start()
 
     async def close(self) -> None:
         """Stop this replica's tasks, then leave the shared state; bounded, whatever the tasks do."""
         # The mark writer wakes after the tasks are marked closed (close() does that before its
         # first await), and sees it.
         self._marks_due.set()
-        self._deadlines.close()
+        self._deadlines.timer.close()
         await self._tasks.close(_STOP_GRACE)
         await self.state.close()
 
@@ -293,48 +288,6 @@ class Cluster:
                 return await self._gates.ask_owner(owner, request)
         return await self._gates.here(request)
 
-    # ---- confirmation deadlines -------------------------------------------------------------
-
-    async def _answer_deadline(self, deadline: Deadline) -> float | None:
-        """A passed deadline this replica claimed: answered where its chat runs (here, also when
-        the owner is dead and the chat moves here), or handed to its live owner. Returns when to
-        look again, or None: answered, or moot (deadline_timer.py settles the claim with it)."""
-        retry = self.chats.timeouts.wall() + 1.0
-        try:
-            claim = await self._claim(deadline.agent, deadline.user, deadline.chat, create=False)
-        except SharedStateDown:
-            return retry
-        except ChatNotFound:
-            return None
-        if claim.local:
-            return await self.approvals.deadline_passed(deadline)
-        try:
-            await self.state.send(
-                claim.owner, Forwarded(self.replica_id, secrets.token_hex(8), Expire(deadline.user, deadline.to_json())).to_json()
-            )
-        except SharedStateDown:
-            return retry
-        # Still in the store, leased to this replica, while the notice goes; then due `recheck`
-        # later: if the owner dies with the notice, it is claimed again, from a dead owner by
-        # then. The owner drops it (or moves it) once it handled it, which ends this claim: this
-        # replica's later "again" changes nothing then.
-        return self.chats.timeouts.wall() + self._recheck
-
-    def _expire_forwarded(self, raw: str) -> None:
-        try:
-            deadline = Deadline.from_json(raw)
-        except MalformedDeadline:
-            log.warning("deadline_malformed")
-            return
-        self._tasks.spawn(self._expire_here(deadline))
-
-    async def _expire_here(self, deadline: Deadline) -> None:
-        again = await self.approvals.deadline_passed(deadline)
-        if again is None:
-            self._deadlines.drop(deadline.key)
-        else:
-            self._deadlines.add(replace(deadline, due=again))
-
     # ---- the inbox -------------------------------------------------------------------------
 
     def _deliver(self, raw: dict[str, Any]) -> None:
@@ -391,9 +344,13 @@ class Cluster:
 
     def _local_chats(self) -> list[LocalChat]:
         """The chats to write back after the store lost its data; their kept states are written
-        again too (in the background), so a takeover after that loss still starts from them."""
+        again too (in the background), so a takeover after that loss still starts from them, and
+        their held calls' deadlines, which only this replica can put back."""
         out = []
         for chat in self.chats.local_chats():
             self.chats.states.changed(chat)
+            held = chat.queued_deadline()
+            if held is not None:
+                self._deadlines.timer.add(held)
             out.append(LocalChat(chat.user_id, chat.chat_id, chat.agent, chat.message_under_way()))
         return out

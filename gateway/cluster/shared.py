@@ -16,8 +16,9 @@ drives do that):
   for the call's deadline;
 - WebSocket tickets: short-lived, single-use credentials for a socket's handshake (access/tickets.py),
   so a ticket issued by one replica opens a socket on any;
-- confirmation deadlines (confirm mode, core/deadlines.py): ordered by due time, each claimed by exactly
-  one replica at a time once it passed, for a lease (deadline_timer.py answers it on the chat's owner);
+- the one deadline queue (core/deadlines.py: ADK confirmations' and chats' held calls'): ordered by
+  due time, each claimed by exactly one replica at a time once it passed, for a lease
+  (deadline_timer.py; deadline_answers.py answers it on the chat's owner);
 - chat states: each chat's approvals as its machine last saved them (core/chat_machine.py), so that
   the replica that takes a chat over, or a restarted one, starts from them; kept under the chat's
   user, and read back under that user only;
@@ -198,7 +199,7 @@ class SharedState(ApprovalStore, abc.ABC):
     async def get_call(self, call_id: str) -> dict[str, str] | None:
         """A gated call's record, or None."""
 
-    # ---- confirmation deadlines -------------------------------------------------------------
+    # ---- the deadline queue ------------------------------------------------------------------
 
     @abc.abstractmethod
     async def add_deadline(self, deadline: Deadline) -> None:
@@ -207,7 +208,7 @@ class SharedState(ApprovalStore, abc.ABC):
 
     @abc.abstractmethod
     async def drop_deadline(self, key: str) -> None:
-        """Forget a deadline (its confirmation was answered), claimed or not."""
+        """Forget a deadline (its call was answered), claimed or not."""
 
     @abc.abstractmethod
     async def claim_deadlines(self, now: float, *, limit: int = 100, lease: float = DEADLINE_LEASE) -> list[Deadline]:

@@ -18,8 +18,8 @@ chat's audio and closed socket call for are the machine's answers.
 
 `TRANSITIONS` says which events each phase takes; any other is a `MachineError` (a bug in the
 caller), raised before anything changes. Within a run the turn's own table (turn.TRANSITIONS)
-decides. `next_deadline` is when the machine next wants a `DeadlineReached`: the shell keeps one
-timer for it, not a sweep.
+decides. `next_deadline` is when the machine next wants a `DeadlineReached`: the shell keeps it in
+the one deadline queue (core/deadlines.py, a held one), not a sweep.
 """
 
 from __future__ import annotations

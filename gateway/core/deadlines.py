@@ -1,19 +1,28 @@
-"""Deadlines of ADK confirmations (`upstream.approvals: confirm`): when one passes, what answers it.
+"""Deadlines of calls that wait for a person, in one queue: when one passes, what answers it.
 
-In confirm mode a gated call waits in ADK's session, not in any process, so its `timeout` cannot
-be a timer in the replica that showed it: it is a deadline anyone can work out again. It runs
-from when the confirmation was asked, which is the later of two times (both wall clock, seconds
-since the epoch): the `timestamp` of ADK's event that carries the `adk_request_confirmation` call
-(in ADK's session, so known after any restart) and the gateway's first sight of it, when known
-(the person is never given less than the timeout from when the gateway could first show it).
-A browser tool's call waits twice, as on the blocking path: for the person's approval, then for
-the browser to run it; once approved, its deadline runs from the approval (`approved_at`, kept in
-the stored deadline by the replica that took it), so the browser's wait gets the whole timeout.
+Two kinds wait, one per upstream mode, and both keep their deadline here (`Deadline.kind`):
 
-When it passes, the gateway answers ADK itself with the policy's `on_timeout`: `deny` is ADK's
-rejection (confirmed false, no payload: the browser sees tool-output-denied), `error` a rejection
-carrying the gateway's error (the plugin answers it as the call's result: tool-output-error).
-docs/approvals.md ("Timeouts in confirm mode") describes the payload.
+- a confirmation (`/run_sse`): the call waits in ADK's session, not in any process, so its
+  `timeout` cannot be a timer in the replica that showed it: it is a deadline anyone can work out
+  again. It runs from when the confirmation was asked, which is the later of two times (both wall
+  clock, seconds since the epoch): the `timestamp` of ADK's event that carries the
+  `adk_request_confirmation` call (in ADK's session, so known after any restart) and the gateway's
+  first sight of it, when known (the person is never given less than the timeout from when the
+  gateway could first show it). A browser tool's call waits twice, as on the held engine: for the
+  person's approval, then for the browser to run it; once approved, its deadline runs from the
+  approval (`approved_at`, kept in the stored deadline by the replica that took it), so the
+  browser's wait gets the whole timeout. When it passes, the gateway answers ADK itself with the
+  policy's `on_timeout`: `deny` is ADK's rejection (confirmed false, no payload: the browser sees
+  tool-output-denied), `error` a rejection carrying the gateway's error (the plugin answers it as
+  the call's result: tool-output-error). docs/approvals.md ("Timeouts") describes the payload.
+- a held call (`/run_live`: the plugin's request held open): one deadline per chat, the chat's
+  machine's next one (core/chat_machine.py `next_deadline`), kept by the chat (chat/record.py)
+  and moved or dropped as that moves. When it passes, the chat's machine is told where the chat
+  runs (`DeadlineReached`) and decides which calls time out. Its replica is the only one that can
+  answer it (the held request is a connection of that process), so once that replica died the
+  deadline is moot: whoever claims it drops it.
+
+A stored deadline without a kind (written before held calls had theirs here) is a confirmation.
 
 `DeadlineQueue` orders pending deadlines by due time for the one timer that waits for the next,
 and leases the passed ones to whoever claims them (the same contract as the shared store's:
@@ -30,14 +39,19 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
 __all__ = [
-    "BROWSER_TIMEOUT_ERROR", "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline", "asked_at", "deadline_key",
-    "due_at", "passed", "timeout_payload",
+    "BROWSER_TIMEOUT_ERROR", "CONFIRMATION", "HELD", "TIMEOUT_ERROR", "Deadline", "DeadlineQueue", "MalformedDeadline",
+    "asked_at", "deadline_key", "due_at", "held_key", "passed", "timeout_payload",
 ]
 
 # The same words as a timeout on the blocking path (approvals.py), so both modes read alike.
 TIMEOUT_ERROR: Final = "Timed out waiting for approval; the call was not run."
 # The second wait of an approved browser tool's call, worded as the blocking path words it.
 BROWSER_TIMEOUT_ERROR: Final = "Timed out waiting for the browser; the call was not run."
+
+# The two kinds of deadline (`Deadline.kind`): an ADK confirmation's, and a chat's held calls'.
+CONFIRMATION: Final = "confirmation"
+HELD: Final = "held"
+Kind = Literal["confirmation", "held"]
 
 
 class MalformedDeadline(ValueError):
@@ -66,6 +80,12 @@ def deadline_key(chat_id: str, approval_id: str) -> str:
     return f"{chat_id}/{approval_id}"
 
 
+def held_key(chat_id: str) -> str:
+    """The key of a chat's held calls' deadline: one per chat (its machine's next deadline). No
+    ADK approval id is `held` (ADK's are `adk-<uuid>`), so it never meets a confirmation's key."""
+    return f"{chat_id}/{HELD}"
+
+
 def passed(due: float | None, now: float) -> bool:
     return due is not None and now >= due
 
@@ -81,10 +101,11 @@ def timeout_payload(on_timeout: Literal["deny", "error"], *, approved: bool = Fa
 
 @dataclass(frozen=True, slots=True)
 class Deadline:
-    """One confirmation's deadline, with what a replica needs to answer it: the chat (agent, user,
-    chat id) and the confirmation (ADK's approval id, the original call and its tool), and, for a
-    browser tool's call a person approved, when (wall clock): only the replica that took the
-    approval knows it otherwise.
+    """One deadline, with what a replica needs to answer it: the chat (agent, user, chat id) and the
+    call (a confirmation's ADK approval id, the original call and its tool; for a held deadline,
+    the chat's earliest waiting call's, which names it in logs), and, for a browser tool's call a
+    person approved, when (wall clock): only the replica that took the approval knows it otherwise.
+    `kind` says which of the two it is (module docstring).
 
     `leased_until` is set on a deadline a replica claimed: when its claim ends (wall clock), which
     is also the claim's token (only the claim that set it settles the deadline). It is not part of
@@ -98,15 +119,22 @@ class Deadline:
     tool: str
     due: float
     approved_at: float | None = None
+    kind: Kind = CONFIRMATION
     leased_until: float | None = field(default=None, compare=False)
 
     @property
+    def held(self) -> bool:
+        return self.kind == HELD
+
+    @property
     def key(self) -> str:
-        return deadline_key(self.chat, self.approval_id)
+        return held_key(self.chat) if self.held else deadline_key(self.chat, self.approval_id)
 
     def to_json(self) -> str:
         data = asdict(self)
         del data["leased_until"]
+        if not self.held:
+            del data["kind"]  # a confirmation's stays as it was stored before kinds existed
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -122,7 +150,10 @@ class Deadline:
             approved = data.get("approved_at")
             if approved is not None and (isinstance(approved, bool) or not isinstance(approved, (int, float))):
                 raise MalformedDeadline("a deadline's approval time must be a number")
-            return cls(**fields, due=float(due), approved_at=None if approved is None else float(approved))
+            kind = data.get("kind", CONFIRMATION)
+            if kind not in (CONFIRMATION, HELD):
+                raise MalformedDeadline("a deadline's kind is a confirmation or held")
+            return cls(**fields, due=float(due), approved_at=None if approved is None else float(approved), kind=kind)
         except (ValueError, TypeError, KeyError) as exc:
             raise MalformedDeadline(type(exc).__name__) from None
 

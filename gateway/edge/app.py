@@ -2,8 +2,8 @@
 
 `create_app(config)` builds everything and hangs it off the Application (see edge/state.py). The
 `cleanup_ctx` starts the agents' upstream clients and health probes and the background duty (the idle
-chat sweeper) and stops them in reverse order. A gated call's deadline is its chat's timer
-(chat/record.py), not a sweep.
+chat sweeper) and stops them in reverse order. A gated call's deadline is in the one deadline
+queue (cluster/deadline_timer.py), not a sweep.
 """
 
 from __future__ import annotations

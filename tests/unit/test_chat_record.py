@@ -1,7 +1,8 @@
-"""The chat (chat/record.py): the machine's one caller, its run's task and its deadline timer.
+"""The chat (chat/record.py): the machine's one caller, its run's task and its deadline in the queue.
 
-Real event loop, real clock: a deadline is met by the chat's own timer (no sweep runs here), and a
-run's end is the machine's to say even when its task never got to run.
+Real event loop: a run's end is the machine's to say even when its task never got to run. The
+chat keeps its machine's next deadline in the deadline queue (here a dict standing for it, as
+the chat's port sees it), and the cluster says when it passed (`deadlines_due`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 from gateway.approvals.decision import DECIDER
 from gateway.config.schema import ToolPolicy
-from gateway.core.approvals import GatedCall, Outcome
-from gateway.core.chat_events import GateOpened, RunStarts
+from gateway.core.approvals import CallState, GatedCall, Outcome
+from gateway.core.chat_events import ApproversDecided, CallCancelled, GateOpened, RunStarts
+from gateway.core.deadlines import Deadline
 from gateway.chat.record import Chat, RunHooks
 from gateway.chat.chunk_log import Run
 from gateway.ops.metrics import GatewayMetrics
@@ -42,24 +44,94 @@ def _start(actor: Chat, batches: AsyncIterator[Any]) -> asyncio.Task[None]:
     return actor.start(Run("m1"), start, batches, WaitSignal())
 
 
-async def test_a_gated_call_times_out_on_the_chats_own_timer() -> None:
-    actor, released = _actor()
+# The queue's wall clock, this far ahead of the machine's (the chat service's monotonic clock).
+EPOCH = 1_700_000_000.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _queued() -> tuple[Chat, dict[str, Deadline], _Clock, list[GatedCall]]:
+    """A chat whose deadline queue is a dict, on a clock the test moves."""
+    queue: dict[str, Deadline] = {}
+    clock, released = _Clock(), []
+
+    def kept(deadline: Deadline) -> None:
+        queue[deadline.key] = deadline
+
+    def settled(key: str) -> None:
+        queue.pop(key, None)
+
+    hooks = RunHooks(GatewayMetrics(), clock, released.append, kept=kept, settled=settled, wall=lambda: clock.now + EPOCH)
+    return _chat(hooks), queue, clock, released
+
+
+def _opened(actor: Chat, call_id: str, policy: ToolPolicy, now: float) -> GatedCall:
+    call = actor.machine.ledger.add(GatedCall.open(
+        user_id="u", chat_id="c", session_id="c", tool_call_id=call_id, tool="pay", args={}, policy=policy, now=now,
+    ))
+    actor.handle(GateOpened(call, now))
+    return call
+
+
+async def test_a_gated_call_times_out_when_the_queue_says_its_deadline_passed() -> None:
+    actor, queue, clock, released = _queued()
     hold = asyncio.Event()
     _start(actor, _asks_then_waits("c1", hold))
     await asyncio.sleep(0.01)
-    call = actor.machine.ledger.add(GatedCall.open(
-        user_id="u", chat_id="c", session_id="c", tool_call_id="c1", tool="pay", args={}, policy=PAY, now=time.monotonic(),
-    ))
-    actor.handle(GateOpened(call, time.monotonic()))
+    call = _opened(actor, "c1", ToolPolicy(approval=True, timeout=30), clock.now)
     assert actor.machine.waiting_for_person and actor.upstream_wait.waiting
-    for _ in range(100):
-        if call.released:
-            break
-        await asyncio.sleep(0.01)
+    [kept] = queue.values()
+    assert kept.held and kept.key == "c/held" and kept.due == EPOCH + 130.0
+    assert (kept.agent, kept.user, kept.chat, kept.approval_id, kept.tool_call_id) == ("agent", "u", "c", call.id, "c1")
+
+    # Claimed a moment early (the two clocks are read apart): nothing times out, it stays queued.
+    clock.now += 29.9
+    again = actor.deadlines_due(clock.now)
+    assert not call.released and again is not None and again.due == EPOCH + 130.0 and queue == {"c/held": kept}
+    clock.now += 0.1
+    assert actor.deadlines_due(clock.now) is None
     assert call.outcome is Outcome.TIMEOUT and released == [call]
+    assert queue == {}  # nothing waits: nothing left in the queue
     assert not actor.upstream_wait.waiting  # the wait is over: silence upstream is idleness again
     hold.set()
     assert await actor.ended(2) and not actor.machine.running
+
+
+async def test_the_queued_deadline_follows_the_machines_next_one_and_leaves_with_the_last_call() -> None:
+    actor, queue, clock, _ = _queued()
+    _start(actor, _asks_then_waits("c1", asyncio.Event()))
+    await asyncio.sleep(0.01)
+    browser = ToolPolicy(approval=True, runs_in="browser", timeout=30)
+    first = _opened(actor, "c1", browser, clock.now)
+    clock.now += 10
+    second = _opened(actor, "c2", ToolPolicy(approval=True, timeout=30), clock.now)
+    assert [(d.approval_id, d.due) for d in queue.values()] == [(first.id, EPOCH + 130.0)]  # the earliest only
+
+    # Approved, the browser tool's call waits again, for the browser, with the whole timeout: the
+    # deadline moves to the other call's, now the earliest.
+    clock.now += 5
+    actor.handle(ApproversDecided(first, True, None, clock.now))
+    assert first.state is CallState.AWAITING_OUTPUT and first.deadline == clock.now + 30
+    assert [(d.approval_id, d.due) for d in queue.values()] == [(second.id, EPOCH + 140.0)]
+
+    actor.handle(CallCancelled(second, "its plugin request went away", clock.now))
+    assert [(d.approval_id, d.due) for d in queue.values()] == [(first.id, EPOCH + 145.0)]
+    actor.handle(CallCancelled(first, "its plugin request went away", clock.now))
+    assert queue == {} and actor.machine.next_deadline() is None
+
+
+async def test_a_forgotten_chat_takes_its_deadline_out_of_the_queue() -> None:
+    actor, queue, clock, _ = _queued()
+    _opened(actor, "c1", ToolPolicy(approval=True, timeout=30), clock.now)  # no run: the call waits alone
+    assert list(queue) == ["c/held"]
+    actor.drop_deadline()
+    assert queue == {}
 
 
 async def test_a_run_cancelled_before_its_first_step_still_ends_for_the_machine() -> None:
@@ -119,14 +191,6 @@ async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
 
 
 # ---- tokens and time to first token ---------------------------------------------------------------
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _recorded(name: str, clock: _Clock) -> AsyncIterator[list[dict[str, Any]]]:

@@ -265,6 +265,24 @@ async def test_a_passed_deadline_is_claimed_by_exactly_one_replica(pair: tuple[R
     assert await a.state.next_deadline() is None and await a.state.claim_deadlines(1e12) == []
 
 
+async def test_a_chats_held_deadline_is_kept_claimed_and_settled_beside_the_confirmations(pair: tuple[Replica, Replica]) -> None:
+    """One queue: a chat's held calls' deadline (one per chat, whichever call is earliest) is kept,
+    moved and claimed as a confirmation's is, and comes back as the kind it was stored as."""
+    a, b = pair
+    held = Deadline("demo_agent", "u1", "chat-x", "gw-1", "call-1", "process_payment", 120.0, kind="held")
+    await a.state.add_deadline(_deadline("x", 100.0))
+    await a.state.add_deadline(held)
+    await b.state.add_deadline(Deadline("demo_agent", "u1", "chat-x", "gw-2", "call-2", "process_payment", 110.0, kind="held"))
+    claims = await asyncio.gather(a.state.claim_deadlines(150.0, lease=30.0), b.state.claim_deadlines(150.0, lease=30.0))
+    claimed = sorted((d for claim in claims for d in claim), key=lambda d: d.due)
+    assert [(d.kind, d.approval_id, d.key) for d in claimed] == [
+        ("confirmation", "adk-x", "chat-x/adk-x"), ("held", "gw-2", "chat-x/held"),
+    ]
+    for one in claimed:
+        assert await a.state.settle_deadline(one, None)
+    assert await b.state.next_deadline() is None
+
+
 async def test_a_claimed_deadline_nobody_settles_comes_back_after_the_lease_only(pair: tuple[Replica, Replica]) -> None:
     """The replica that claimed it died before answering (or hangs): another claims it again once
     the lease ended, not before; the first one's claim is then spent."""

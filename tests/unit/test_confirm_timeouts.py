@@ -198,7 +198,7 @@ async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_liv
         assert deadline is not None
         wall.now = deadline.due
         [claimed] = await b.state.claim_deadlines(wall.now)
-        assert await b._answer_deadline(claimed) == pytest.approx(wall.now + b._recheck)  # handed to A
+        assert await b._deadlines.answer(claimed) == pytest.approx(wall.now + b._deadlines._recheck)  # handed to A
         assert hub.deadlines.get(deadline.key) is not None  # in the store (leased to B) until A handled it
         async with asyncio.timeout(5):
             while hub.deadlines.get(deadline.key) is not None or not answers(adk):
@@ -208,7 +208,7 @@ async def test_a_deadline_claimed_by_another_replica_is_answered_once_on_the_liv
             "adk_gateway_approval_timeouts_total", {"agent": AGENT, "tool": "process_payment"},
         ) == 1
         # Claimed again anyway (a notice that looked lost): ADK's session says it was answered.
-        assert await b._answer_deadline(deadline) == pytest.approx(wall.now + b._recheck)
+        assert await b._deadlines.answer(deadline) == pytest.approx(wall.now + b._deadlines._recheck)
         await asyncio.sleep(0.05)
         assert answers(adk) == [{"confirmed": False}]
         answer = approval_of(first)
@@ -333,7 +333,7 @@ async def test_the_approving_replica_moves_the_stored_deadline_so_another_replic
         wall.now = asked.due
         assert await b.state.claim_deadlines(wall.now) == []  # nothing due at the first deadline
         # One claimed before the move still answers nothing on the owner, and comes back at the new time.
-        assert await b._answer_deadline(asked) == pytest.approx(wall.now + b._recheck)  # handed to the owner
+        assert await b._deadlines.answer(asked) == pytest.approx(wall.now + b._deadlines._recheck)  # handed to the owner
         async with asyncio.timeout(5):
             while (kept := hub.deadlines.get(key)) is None or kept.due != pytest.approx(moved.due):
                 await asyncio.sleep(0.01)
@@ -377,7 +377,7 @@ async def test_an_approval_whose_deadline_cannot_be_moved_still_holds_on_the_rep
         state.down = False
         wall.now = asked.due
         [claimed] = await state.claim_deadlines(wall.now)
-        await cluster._deadlines._settle(claimed)
+        await cluster._deadlines.timer._settle(claimed)
         kept = hub.deadlines.get(key)
         assert kept is not None and kept.due == pytest.approx(approved + TIMEOUT)
         assert answers(adk) == []

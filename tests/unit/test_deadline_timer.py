@@ -4,6 +4,9 @@ next deadline, each passed deadline answered once, what cannot be answered yet p
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+
+import pytest
 
 from gateway.cluster.deadline_timer import DeadlineTimer
 from gateway.cluster.memory import MemoryHub, MemoryState
@@ -184,3 +187,45 @@ async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_d
     for timer, tasks in ((a, tasks_a), (b, tasks_b)):
         timer.close()
         await tasks.close(1.0)
+
+
+async def test_a_held_deadline_the_store_could_not_take_is_kept_once_it_is_back_unless_it_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat's held calls' deadline is known to its replica alone: an outage as it is added does
+    not lose it (a confirmation's is re-derived from ADK's session, and is not retried), and a
+    retry never brings back one the chat moved or dropped meanwhile."""
+    from gateway.cluster import deadline_timer
+    from gateway.cluster.shared import SharedStateDown
+
+    monkeypatch.setattr(deadline_timer, "_STORE_RETRY", 0.01)
+
+    class Flaky(MemoryState):
+        down = True
+
+        async def add_deadline(self, deadline: Deadline) -> None:
+            if self.down:
+                raise SharedStateDown("unreachable")
+            await super().add_deadline(deadline)
+
+    hub, clock, tasks = MemoryHub(), Clock(), Tasks()
+    state = Flaky("a", hub)
+    timer = DeadlineTimer(state, tasks, lambda d: asyncio.sleep(0, None), poll=None, wall=clock)
+    held = replace(deadline("x", clock.now + 60), kind="held")
+    timer.add(deadline("y", clock.now + 60))  # a confirmation's: lost
+    timer.add(held)
+    await asyncio.sleep(0.03)
+    state.down = False
+    await asyncio.sleep(0.05)
+    assert [hub.deadlines.get(k) for k in ("chat-x/held", "chat-y/adk-y")] == [held, None]
+
+    state.down = True
+    moved = replace(held, due=clock.now + 90)
+    timer.add(moved)
+    timer.drop(held.key)  # nothing waits any more: the retry stops
+    await asyncio.sleep(0.03)
+    state.down = False
+    await asyncio.sleep(0.05)
+    assert hub.deadlines.get(held.key) is None
+    timer.close()
+    await tasks.close(1.0)

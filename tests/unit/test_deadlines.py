@@ -1,4 +1,5 @@
-"""The deadline rule of ADK confirmations (gateway/deadlines.py): sans-IO, so milliseconds."""
+"""The one deadline queue's deadlines (gateway/core/deadlines.py): the rule of ADK confirmations, a
+chat's held calls' kind, and the queue. Sans-IO, so milliseconds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 
 from gateway.core.deadlines import (
     BROWSER_TIMEOUT_ERROR,
+    HELD,
     TIMEOUT_ERROR,
     Deadline,
     DeadlineQueue,
@@ -96,11 +98,43 @@ def test_a_deadline_keeps_its_approval_time_through_json(d: Deadline) -> None:
     assert Deadline.from_json(d.to_json()) == d
 
 
+@given(st.builds(Deadline, st.text(min_size=1), st.text(min_size=1), st.text(min_size=1), st.text(min_size=1),
+                 st.text(min_size=1), st.text(min_size=1), times, st.none(), st.sampled_from(["confirmation", "held"])))
+def test_a_deadline_keeps_its_kind_through_json(d: Deadline) -> None:
+    assert Deadline.from_json(d.to_json()) == d
+
+
+def test_a_stored_deadline_without_a_kind_opens_as_a_confirmation() -> None:
+    """Written before held calls had their deadline in the queue (a replica of the release before,
+    during a rolling upgrade): exactly what was stored then still opens, as a confirmation."""
+    stored = (
+        b'{"agent":"pay","user":"u1","chat":"chat-a","approval_id":"adk-a","tool_call_id":"call-a",'
+        b'"tool":"process_payment","due":10.0,"approved_at":null}'
+    )
+    opened = Deadline.from_json(stored)
+    assert opened == deadline() and opened.kind == "confirmation" and not opened.held
+    assert opened.key == "chat-a/adk-a"
+    assert deadline().to_json().encode() == stored  # and a confirmation is stored as it was
+
+
+def test_a_chats_held_calls_have_one_deadline_keyed_by_the_chat() -> None:
+    held = Deadline("pay", "u1", "chat-a", "gw-1", "call-a", "process_payment", 10.0, kind=HELD)
+    later = Deadline("pay", "u1", "chat-a", "gw-2", "call-b", "process_payment", 20.0, kind=HELD)
+    assert held.held and held.key == later.key == "chat-a/held" != deadline().key
+    assert '"kind":"held"' in held.to_json()
+    queue = DeadlineQueue()
+    queue.add(held)
+    queue.add(later)  # the chat's next deadline moved: it replaces the one before
+    assert len(queue) == 1 and queue.next_due() == 20.0
+
+
 @pytest.mark.parametrize("raw", [b"", b"[]", b"{}", b'{"agent":"a"}', b"not json",
                                  deadline().to_json().replace('"pay"', '""').encode(),
                                  deadline().to_json().replace("10.0", '"10"').encode(),
                                  deadline().to_json().replace("10.0", "true").encode(),
-                                 deadline().to_json().replace('"approved_at":null', '"approved_at":"5"').encode()])
+                                 deadline().to_json().replace('"approved_at":null', '"approved_at":"5"').encode(),
+                                 deadline().to_json().replace("}", ',"kind":"sometimes"}').encode(),
+                                 deadline().to_json().replace("}", ',"kind":null}').encode()])
 def test_a_malformed_deadline_is_refused_whole(raw: bytes) -> None:
     with pytest.raises(MalformedDeadline):
         Deadline.from_json(raw)

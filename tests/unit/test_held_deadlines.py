@@ -1,0 +1,169 @@
+"""A chat's held calls in the one deadline queue (cluster/deadline_answers.py), on the memory backend.
+
+A call the plugin's request waits on, held open (live mode), has its deadline in the same shared
+queue as ADK's confirmations: kept while it waits, gone once it is decided, answered where its
+chat runs (here, or on its live owner by an `Expire` notice), and dropped when that owner died,
+whose held request died with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.chat.record import Chat
+from gateway.chat.registry import Registry
+from gateway.chat.service import ChatService
+from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.router import Cluster
+from gateway.config.schema import ToolPolicy, parse_config
+from gateway.core.approvals import GatedCall, Outcome
+from gateway.core.chat_events import CallCancelled, GateOpened
+from gateway.core.deadlines import Deadline
+from gateway.upstream.agents import Agents
+from gateway.ops.metrics import GatewayMetrics
+
+CONFIG = """
+sessions:
+  heartbeat_interval: 10ms
+  forward_timeout: 2s
+"""
+BOUND = 2.0
+
+
+class Clock:
+    """The chat service's clock (the machine's), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Replica:
+    cluster: Cluster
+    chats: ChatService
+
+
+async def replica(name: str, hub: MemoryHub, clock: Callable[[], float] | None = None) -> Replica:
+    config = parse_config(CONFIG, env={})
+    metrics = GatewayMetrics()
+    chats = ChatService(
+        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
+        **({"clock": clock} if clock is not None else {}),
+    )
+    cluster = Cluster(MemoryState(name, hub), chats, metrics)
+    await cluster.start()
+    return Replica(cluster, chats)
+
+
+@pytest.fixture
+async def hub() -> AsyncIterator[tuple[MemoryHub, list[Replica]]]:
+    shared, started = MemoryHub(), []
+    try:
+        yield shared, started
+    finally:
+        for one in started:
+            await one.cluster.close()
+
+
+async def _chat_waiting(one: Replica, chat_id: str, timeout: float, now: float) -> tuple[Chat, GatedCall]:
+    """A chat run on `one` whose call waits, held, for a person (no run: the call waits alone)."""
+    agent = one.chats.config.default
+    claim = await one.cluster.state.claim("alice", chat_id, agent=agent, default_agent=agent, ttl=60)
+    assert claim.local
+    chat = one.chats._registry.get(agent, "alice", chat_id, now=now)
+    call = chat.machine.ledger.add(GatedCall.open(
+        user_id="alice", chat_id=chat_id, session_id=chat_id, tool_call_id="call-1", tool="process_payment", args={},
+        policy=ToolPolicy(approval=True, timeout=timeout), now=now,
+    ))
+    chat.handle(GateOpened(call, now))
+    return chat, call
+
+
+async def until(done: Callable[[], bool]) -> None:
+    async with asyncio.timeout(BOUND):
+        while not done():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_held_calls_deadline_is_in_the_shared_queue_and_times_the_call_out_where_it_runs(hub: tuple) -> None:
+    shared, started = hub
+    a = await replica("a", shared)
+    started.append(a)
+    chat, call = await _chat_waiting(a, "c1", 0.05, a.chats._clock())
+    await until(lambda: len(shared.deadlines) == 1)
+    kept = shared.deadlines.get("c1/held")
+    assert kept is not None and kept.held and kept.approval_id == call.id and kept.tool_call_id == "call-1"
+
+    await until(lambda: call.released)
+    assert call.outcome is Outcome.TIMEOUT
+    await until(lambda: len(shared.deadlines) == 0)  # answered: nothing left in the queue
+    assert chat.due is None
+
+
+async def test_a_held_call_decided_before_its_deadline_leaves_the_queue(hub: tuple) -> None:
+    shared, started = hub
+    a = await replica("a", shared)
+    started.append(a)
+    now = a.chats._clock()
+    chat, call = await _chat_waiting(a, "c1", 30, now)
+    await until(lambda: len(shared.deadlines) == 1)
+    chat.handle(CallCancelled(call, "its plugin request went away", now))
+    await until(lambda: len(shared.deadlines) == 0)
+    assert call.outcome is Outcome.CANCELLED
+
+
+async def test_a_held_deadline_another_replica_claims_is_answered_on_the_live_owner(hub: tuple) -> None:
+    shared, started = hub
+    clock = Clock()
+    a, b = await replica("a", shared, clock), await replica("b", shared)
+    started += [a, b]
+    chat, call = await _chat_waiting(a, "c1", 30, clock.now)
+    await until(lambda: len(shared.deadlines) == 1)
+    deadline = shared.deadlines.get("c1/held")
+    assert deadline is not None
+
+    clock.now += 30  # passed, on the owner's clock
+    again = await b.cluster._deadlines.answer(deadline)
+    assert again is not None  # handed to the owner, and looked at again later if it died with the notice
+    await until(lambda: call.released)
+    assert call.outcome is Outcome.TIMEOUT
+    await until(lambda: len(shared.deadlines) == 0)  # the owner dropped it: the claim is over
+
+
+async def test_a_held_deadline_whose_owner_died_is_dropped_and_its_chat_stays_where_it_was(hub: tuple) -> None:
+    shared, started = hub
+    clock = Clock()
+    a, b = await replica("a", shared, clock), await replica("b", shared)
+    started += [a, b]
+    chat, call = await _chat_waiting(a, "c1", 30, clock.now)
+    await until(lambda: len(shared.deadlines) == 1)
+    deadline = shared.deadlines.get("c1/held")
+    assert isinstance(deadline, Deadline)
+    shared.inboxes.pop("a")  # kill -9: no heartbeat from now on, and its held request is gone with it
+
+    assert await b.cluster._deadlines.answer(deadline) is None  # moot: the claim drops it
+    assert shared.chats["c1"].owner == "a"  # not taken over for a deadline nobody can answer
+    assert not call.released  # (a's process is gone in truth: nothing of it is told)
+
+
+async def test_a_store_that_lost_its_data_gets_the_held_deadlines_back_from_their_chats(hub: tuple) -> None:
+    """Redis restarted empty: the replica writes its chats back (`reassert`), and with them the held
+    calls' deadlines, which no other replica knows of."""
+    shared, started = hub
+    a = await replica("a", shared)
+    started.append(a)
+    _, call = await _chat_waiting(a, "c1", 30, a.chats._clock())
+    await until(lambda: len(shared.deadlines) == 1)
+    shared.deadlines = type(shared.deadlines)()  # the store's data is gone
+
+    assert [c.chat for c in a.cluster._local_chats()] == ["c1"]
+    await until(lambda: len(shared.deadlines) == 1)
+    kept = shared.deadlines.get("c1/held")
+    assert kept is not None and kept.approval_id == call.id
