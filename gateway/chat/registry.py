@@ -15,6 +15,7 @@ runs which chat) is gateway/cluster's.
 
 from __future__ import annotations
 
+from ..approvals.ports import WaitingConfirmation
 from ..core.refusals import Refusal
 from .ports import ChatMaker, attached
 from .record import Chat
@@ -96,6 +97,21 @@ class Registry:
         if chat is not None and chat.agent != agent:
             raise ChatNotFound(chat_id)
         return chat
+
+    def waiting_for_approvers(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
+        """The confirmation for approvers a chat here waits for (the approvals desk's view), if any."""
+        try:
+            chat = self.find(agent, user_id, chat_id)
+        except ChatNotFound:
+            return None
+        if chat is None:
+            return None
+        found = chat.ledger.native(approval_id) or next(
+            (c for c in chat.ledger.asked_for_approvers() or [] if c.approval_id == approval_id), None
+        )
+        if found is None or not found.for_approvers:
+            return None
+        return WaitingConfirmation(chat.agent, chat.user_id, chat.chat_id, chat.session_id, found)
 
     def find_session(self, user_id: str, session_id: str) -> Chat | None:
         """The chat behind an ADK session (the plugin's view: no ownership question)."""

@@ -351,15 +351,7 @@ class ChatService:
         return self.gates.agent_of(user_id, session_id)
 
     def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
-        try:
-            chat = self._registry.find(agent, user_id, chat_id)
-        except ChatNotFound:
-            return None
-        asked = chat.ledger.asked_for_approvers() or [] if chat is not None else []
-        found = chat.ledger.native(approval_id) or next((c for c in asked if c.approval_id == approval_id), None) if chat else None
-        if chat is None or found is None or not found.for_approvers:
-            return None
-        return WaitingConfirmation(chat.agent, chat.user_id, chat.chat_id, chat.session_id, found)
+        return self._registry.waiting_for_approvers(agent, user_id, chat_id, approval_id)
 
     async def expire_confirmation(self, deadline: Deadline) -> float | None:
         """chat/gateway_answers.py."""
