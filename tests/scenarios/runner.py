@@ -121,6 +121,17 @@ class Scenario:
             attachment.response.close()  # what a transport does when it stops reading
         return [orjson.loads(frame) for frame in frames[:stop_after]]
 
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The sum of the samples of `name` whose labels include `labels`, as tests.procs.metric_value
+        reads /metrics (a series split by a label not named, the agent, adds up)."""
+        want = labels or {}
+        return sum(
+            sample.value
+            for family in self.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items())
+        )
+
     async def close(self) -> None:
         await self.service.close()
 
