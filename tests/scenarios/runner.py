@@ -73,6 +73,7 @@ class Scenario:
         self.adk = ReplayAdk(recordings or Recordings())
         self.metrics = GatewayMetrics()
         parsed = parse_config(config, env={})
+        self.metrics.know_agents(parsed)  # as the app does at start (edge/app.py)
         self.service = ChatService(
             agents=Agents(parsed, client=lambda _: self.adk), registry=Registry(), metrics=self.metrics,  # type: ignore[arg-type, return-value]
             config=parsed,

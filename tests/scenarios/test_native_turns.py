@@ -142,3 +142,41 @@ async def test_crashing_run_gives_one_error_chunk(sc: Scenario) -> None:
     reply = await sc.post(new_chat(), [user("crash")])
     assert types(reply) == ["start", "error", "finish"]
     assert "Traceback" not in reply.body.decode()
+
+
+def tokens(sc: Scenario, kind: str, model: str = "demo-scripted") -> float:
+    return sc.metric("adk_gateway_tokens_total", {"model": model, "kind": kind})
+
+
+async def test_tokens_and_time_to_first_token_are_counted_per_turn(scenarios: Callable[..., Scenario], recordings: Recordings) -> None:
+    # The scripted model reports 16 input tokens per LLM call and names itself "demo-scripted".
+    sc = scenarios(recordings, "metrics:\n  models: [demo-scripted]\n")
+    first_tokens = "adk_gateway_first_token_seconds_count"
+    assert tokens(sc, "input") == 0 and sc.metric(first_tokens) == 0
+    chat = new_chat()
+    sc.play("hello_there")
+    first = await sc.post(chat, [user("hello there")])
+    metadata = first.chunks[-1]["messageMetadata"]
+    assert metadata["model"] == "demo-scripted"
+    assert tokens(sc, "input") == 16 == metadata["usage"]["inputTokens"]
+    assert tokens(sc, "output") == metadata["usage"]["outputTokens"] > 0
+    assert tokens(sc, "total") == metadata["usage"]["totalTokens"]
+    assert sc.metric(first_tokens) == 1
+    # Two LLM calls (the tool call, then the text): each counted once.
+    sc.play("weather_tokyo")
+    second = await sc.post(new_chat(), [user("weather in Tokyo")])
+    assert tokens(sc, "input") == 16 + 32 == 16 + second.chunks[-1]["messageMetadata"]["usage"]["inputTokens"]
+    assert sc.metric(first_tokens) == 2
+    # Typing instead of answering: the payment's call (1), the model's answer to the rejection,
+    # which ADK runs out of the browser's sight (1), and the new message's (1).
+    pay = user("pay 50 to Hanako")
+    sc.play("typed_setup")
+    first = await sc.post(chat, [pay])
+    assert tokens(sc, "input") == 48 + 16
+    assert sc.metric(first_tokens) == 2  # no words: not timed
+    sc.play("typed_reject")
+    sc.play("typed_hello_again")
+    await sc.post(chat, [pay, assistant_from(first), user("hello again")])
+    assert tokens(sc, "input") == 64 + 32
+    assert sc.metric(first_tokens) == 3
+    assert tokens(sc, "input", "other") == 0
