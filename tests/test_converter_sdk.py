@@ -28,6 +28,7 @@ CONTINUATIONS = {
     "typed_reject": ("typed_setup", [False]),
     # Empty from 2.13 on; ADK 1.x runs the confirmed tool again for an answer it already had.
     "typed_late_approve": ("typed_setup", [True]),
+    "confirm_pay_deny": ("confirm_pay", [False]),
 }
 
 
