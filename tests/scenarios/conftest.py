@@ -20,12 +20,12 @@ def sdk() -> Iterator[SdkCheck]:
 
 @pytest.fixture
 async def scenarios(sdk: SdkCheck, request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Scenario]]:
-    """`scenarios(recordings=Recordings(folder), config=yaml)`: a gateway in front of replayed ADK
+    """`scenarios(recordings=Recordings(folder), config=yaml, env=...)`: a gateway in front of replayed ADK
     (tests/scenarios/runner.py); each is closed when the test ends."""
     made: list[Scenario] = []
 
-    def make(recordings: Recordings | None = None, config: str = "") -> Scenario:
-        scenario = Scenario(sdk, request.node.nodeid, recordings, config)
+    def make(recordings: Recordings | None = None, config: str = "", env: dict[str, str] | None = None) -> Scenario:
+        scenario = Scenario(sdk, request.node.nodeid, recordings, config, env)
         made.append(scenario)
         return scenario
 

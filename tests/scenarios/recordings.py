@@ -61,6 +61,11 @@ class Recordings:
         """The `/run_sse` body the recorder started `run` with (ADK answered it with the recording)."""
         return dict(_requests(self.folder)[run]["body"])
 
+    def plugin_asks(self, run: str) -> list[dict[str, Any]]:
+        """What the gateway's plugin in ADK asked the gateway during `run` (`body`, as posted to the
+        internal listener) and the `verdict` it was answered, in order (none outside the demo's topology)."""
+        return list(_requests(self.folder)[run].get("pluginAsks", ()))
+
 
 @cache
 def _payloads(folder: str, run: str) -> list[bytes]:
