@@ -80,6 +80,7 @@ class ReplayAdk(ScriptedAdk):
             if not ends:
                 await asyncio.Event().wait()  # still streaming, until the gateway cuts the run
             ended = True
+            self.mismatches += [f"the recorded ask about {a['body']['function_call_id']} was never made" for a in asks]
         finally:
             if not ended and self.recordings.adk_version >= SEALS_CUT_RUNS:
                 history.append({"author": "demo_agent", "errorCode": "INVOCATION_ABORTED"})
