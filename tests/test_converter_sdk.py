@@ -8,6 +8,8 @@ with the approval answered, as a Chat would hold it.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from gateway.core.converter import Converter
@@ -23,6 +25,10 @@ CONTINUATIONS = {
     "pay_two_approve_one_deny_other": ("pay_two", [True, False]),
     "pay_hanako_pending_late_approve": ("pay_hanako_pending_setup", [True]),
     "pay_hanako_extra_key_then_approve": ("pay_hanako_extra_key_setup", [True]),
+    "typed_reject": ("typed_setup", [False]),
+    # Empty from 2.13 on; ADK 1.x runs the confirmed tool again for an answer it already had.
+    "typed_late_approve": ("typed_setup", [True]),
+    "confirm_pay_deny": ("confirm_pay", [False]),
 }
 
 
@@ -52,7 +58,10 @@ def test_all_recorded_runs_pass_the_sdk(version: int, folder: str) -> None:
 
     cases, names = [], []
     for name, (setup, decisions) in CONTINUATIONS.items():
-        message, known, denied = _answer(results[setup]["message"], decisions)
+        if name not in fixture_names(folder):
+            continue  # ADK answered it with nothing (a recording that is empty)
+        # A copy: two continuations may answer the same first response (typed_reject, typed_late_approve).
+        message, known, denied = _answer(copy.deepcopy(results[setup]["message"]), decisions)
         converter = continuing(message["id"], version=version, known=known, denied=denied)
         cases.append({"version": version, "chunks": convert(name, converter, folder), "message": message})
         names.append(name)

@@ -1,4 +1,8 @@
-"""The gateway over HTTP in front of the real ADK API server running the demo agent."""
+"""The gateway over HTTP in front of the real ADK API server running the demo agent.
+
+What the gateway makes of ADK's turns (a server tool, native confirmations, ADK's errors, the
+tokens counted) is played from recordings in tests/scenarios/test_native_turns.py; here, what needs
+the process: the HTTP edge, the real server's sessions, logs and metrics as served."""
 
 from __future__ import annotations
 
@@ -27,92 +31,6 @@ def test_plain_text(gateway: GatewayProcess) -> None:
     text = "".join(c["delta"] for c in reply.chunks if c["type"] == "text-delta")
     assert '"hello there"' in text
     assert types(reply).count("text-delta") >= 3
-
-
-def test_server_tool(gateway: GatewayProcess) -> None:
-    reply = post(gateway, new_chat(), [user("weather in Tokyo")])
-    chunks = reply.chunks
-    call = next(c for c in chunks if c["type"] == "tool-input-available")
-    assert call["toolName"] == "get_weather" and call["input"] == {"city": "Tokyo"}
-    output = next(c for c in chunks if c["type"] == "tool-output-available")
-    assert output["toolCallId"] == call["toolCallId"]
-    assert "Tokyo" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
-    assert chunks[-1]["finishReason"] == "stop"
-
-
-@pytest.mark.parametrize("approved", [True, False])
-def test_native_approval_round_trip(gateway: GatewayProcess, approved: bool) -> None:
-    chat, first_message = new_chat(), user("pay 50 to Hanako")
-    outcome = "approved" if approved else "denied"
-    before = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": outcome})
-    first = post(gateway, chat, [first_message])
-    assert types(first) == [
-        "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
-    ]
-    assert first.chunks[-1]["finishReason"] == "tool-calls"
-    assert "requires confirmation" not in first.body.decode()
-
-    answer = assistant_from(first, [approved])
-    second = post(gateway, chat, [first_message, answer], messageId=answer["id"])
-    chunks = second.chunks
-    assert chunks[0] == {"type": "start", "messageId": answer["id"]}
-    call_id = answer["parts"][1]["toolCallId"]
-    if approved:
-        assert chunks[1]["type"] == "tool-output-available" and chunks[1]["toolCallId"] == call_id
-        assert chunks[1]["output"]["success"] is True
-        assert "Hanako" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
-    else:
-        assert chunks[1] == {"type": "tool-output-denied", "toolCallId": call_id}
-        assert "not made" in "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
-    assert chunks[-1]["finishReason"] == "stop"
-    after = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": outcome})
-    assert after == before + 1
-
-
-def test_two_approvals_in_one_turn(gateway: GatewayProcess) -> None:
-    chat, first_message = new_chat(), user("pay 10 to Alice and 20 to Bob")
-    first = post(gateway, chat, [first_message])
-    assert types(first).count("tool-approval-request") == 2
-    answer = assistant_from(first, [True, False])
-    second = post(gateway, chat, [first_message, answer], messageId=answer["id"])
-    outputs = [(c["type"], c["toolCallId"]) for c in second.chunks if c["type"].startswith("tool-output")]
-    calls = [p["toolCallId"] for p in answer["parts"][1:]]
-    assert outputs == [("tool-output-available", calls[0]), ("tool-output-denied", calls[1])]
-    text = "".join(c["delta"] for c in second.chunks if c["type"] == "text-delta")
-    assert "Alice" in text and "Bob" in text
-
-
-def test_typing_instead_of_answering_rejects_the_pending_call(gateway: GatewayProcess) -> None:
-    chat, first_message = new_chat(), user("pay 50 to Hanako")
-    before = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "cancelled"})
-    first = post(gateway, chat, [first_message])
-    pending = assistant_from(first)
-    second = post(gateway, chat, [first_message, pending, user("hello again")])
-    assert second.status == 200
-    assert second.chunks[0]["messageId"] != pending["id"]
-    assert '"hello again"' in "".join(c["delta"] for c in second.chunks if c["type"] == "text-delta")
-    after = metric_value(gateway.base, "adk_gateway_approval_wait_seconds_count", {"tool": "process_payment", "outcome": "cancelled"})
-    assert after == before + 1
-    # The rejected call is settled in ADK: answering it now changes nothing (the payment never runs).
-    late = post(gateway, chat, [first_message, assistant_from(first, [True])], messageId=pending["id"])
-    assert "tool-output-available" not in types(late)
-
-
-def test_adk_error_event_then_the_chat_still_works(gateway: GatewayProcess) -> None:
-    chat = new_chat()
-    reply = post(gateway, chat, [user("trigger error")])
-    assert reply.status == 200
-    assert types(reply) == ["start", "error", "finish"]
-    assert reply.chunks[1]["errorText"].startswith("DEMO_ERROR")
-    assert reply.chunks[-1]["finishReason"] == "error"
-    again = post(gateway, chat, [user("trigger error"), user("hello there")])
-    assert again.chunks[-1]["finishReason"] == "stop"
-
-
-def test_crashing_run_gives_one_error_chunk(gateway: GatewayProcess) -> None:
-    reply = post(gateway, new_chat(), [user("crash")])
-    assert types(reply) == ["start", "error", "finish"]
-    assert "Traceback" not in reply.body.decode()
 
 
 @pytest.mark.parametrize(
@@ -248,35 +166,3 @@ def test_upstream_down(tmp: Path) -> None:
         ready = request(gw.base, "GET", "/readyz")
         assert ready.status == 503 and ready.json()["status"] == "upstream_unreachable"
         assert metric_value(gw.base, "adk_gateway_upstream_errors_total", {"kind": "connect"}) >= 1
-
-
-def _tokens(base: str, kind: str, model: str = "demo-scripted") -> float:
-    return metric_value(base, "adk_gateway_tokens_total", {"model": model, "kind": kind})
-
-
-def test_tokens_and_time_to_first_token_are_counted_per_turn(adk_base: str, tmp_path: Path) -> None:
-    # The scripted model reports 16 input tokens per LLM call and names itself "demo-scripted".
-    with gateway_process(tmp_path, adk_base, "metrics:\n  models: [demo-scripted]\n") as gw:
-        assert _tokens(gw.base, "input") == 0 and metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 0
-        chat = new_chat()
-        first = post(gw, chat, [user("hello there")])
-        metadata = first.chunks[-1]["messageMetadata"]
-        assert metadata["model"] == "demo-scripted"
-        assert _tokens(gw.base, "input") == 16 == metadata["usage"]["inputTokens"]
-        assert _tokens(gw.base, "output") == metadata["usage"]["outputTokens"] > 0
-        assert _tokens(gw.base, "total") == metadata["usage"]["totalTokens"]
-        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 1
-        # Two LLM calls (the tool call, then the text): each counted once.
-        second = post(gw, new_chat(), [user("weather in Tokyo")])
-        assert _tokens(gw.base, "input") == 16 + 32 == 16 + second.chunks[-1]["messageMetadata"]["usage"]["inputTokens"]
-        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 2
-        # Typing instead of answering: the payment's call (1), the model's answer to the rejection,
-        # which ADK runs out of the browser's sight (1), and the new message's (1).
-        pay = user("pay 50 to Hanako")
-        first = post(gw, chat, [pay])
-        assert _tokens(gw.base, "input") == 48 + 16
-        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 2  # no words: not timed
-        post(gw, chat, [pay, assistant_from(first), user("hello again")])
-        assert _tokens(gw.base, "input") == 64 + 32
-        assert metric_value(gw.base, "adk_gateway_first_token_seconds_count") == 3
-        assert _tokens(gw.base, "input", "other") == 0

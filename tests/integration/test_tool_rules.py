@@ -1,6 +1,8 @@
-"""Rules on a call's arguments, end to end: stock ai 6 and ai 7 Chats, the gateway, and the stock ADK
-API server with the plugin (the demo's topology), in confirm mode over SSE (the plugin asks the
-gateway's rules before ADK's confirmation) and, in tests/integration/test_live_mode.py, over live."""
+"""Rules on a call's arguments, end to end: a stock ai 7 Chat, the gateway, and the stock ADK API server
+with the plugin (the demo's topology), in confirm mode over SSE (the plugin asks the gateway's rules
+before ADK's confirmation) and, in tests/integration/test_live_mode.py, over live. What the rules
+decide and what the browser and the audit trail see of it is played from recordings in
+tests/scenarios/test_tool_rules.py; here, the signed webhook to a receiver over HTTP."""
 
 from __future__ import annotations
 
@@ -16,60 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo_rows import RULE_SCENARIOS, check_rule_rows
 from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import run_chats
-from tests.procs import PluginStack, metric_value, plugin_stack
+from tests.procs import plugin_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.js]
-
-
-@pytest.mark.parametrize("version", [6, 7])
-def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(stack: PluginStack, version: int) -> None:
-    base = stack.gateway.base
-    labels = {"agent": "demo_agent", "source": "rule"}
-    approved = metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "approved"})
-    denied = metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "denied"})
-    names = list(RULE_SCENARIOS)
-    # ai 7's framing (its approval response chunk) needs the version said (docs/protocol.md 1.3).
-    headers = {"x-ai-sdk-version": str(version)}
-    results = dict(zip(names, run_chats(
-        [{"version": version, "api": f"{base}/api/chat", "headers": headers, "steps": RULE_SCENARIOS[n]} for n in names],
-        timeout=40,
-    )))
-    check_rule_rows(results, version)
-    assert metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "approved"}) == approved + 1
-    assert metric_value(base, "adk_gateway_approval_decisions_total", {**labels, "outcome": "denied"}) == denied + 1
-    # Nobody was asked: no approval waited, none is pending.
-    assert metric_value(base, "adk_gateway_approvals_pending", {"agent": "demo_agent"}) == 0
-    # The audit trail has both, with the rule that decided and the policy it belongs to.
-    audits = {
-        line["rule"]: line for line in stack.gateway.log_lines()
-        if line.get("event") == "approval_audit" and line.get("source") == "rule" and line.get("chat_id") in chats(results)
-    }
-    assert audits.keys() == {"small", "too_large"}
-    assert audits["small"]["outcome"] == "approved" and audits["too_large"]["outcome"] == "denied"
-    assert audits["too_large"]["reason"] == "Payments of 10,000 or more are refused."
-    assert audits["small"]["args_digest"].startswith("hmac-sha256:") and "args" not in audits["small"]
-    assert audits["small"]["agent"] == "demo_agent" and audits["small"]["app_name"] == "demo_agent"
-    assert audits["small"]["policy_version"]
-
-
-def chats(results: dict[str, dict]) -> set[str]:
-    return {result["chatId"] for result in results.values()}
-
-
-def test_a_person_s_answer_is_audited_with_its_source(stack: PluginStack) -> None:
-    [result] = run_chats([{
-        "version": 7, "api": f"{stack.gateway.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
-        "steps": [{"send": "pay 50 to Hanako", "approvals": "deny"}],
-    }], timeout=40)
-    [audit] = [
-        line for line in stack.gateway.log_lines()
-        if line.get("event") == "approval_audit" and line.get("chat_id") == result["chatId"]
-    ]
-    assert (audit["source"], audit["outcome"], audit["rule"], audit["tool"]) == ("person", "denied", None, "process_payment")
-    assert audit["waited"] >= 0
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):

@@ -1,0 +1,40 @@
+"""A scenario per test, and one AI SDK check per module of every response its scenarios read."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+
+from tests.scenarios.recordings import Recordings
+from tests.scenarios.runner import Scenario, SdkCheck
+
+
+@pytest.fixture(scope="module")
+def sdk() -> Iterator[SdkCheck]:
+    """Gathers the module's responses; at its end, one batched Node call checks them all."""
+    check = SdkCheck()
+    yield check
+    check.verify()
+
+
+@pytest.fixture
+async def scenarios(sdk: SdkCheck, request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Scenario]]:
+    """`scenarios(recordings=Recordings(folder), config=yaml, env=...)`: a gateway in front of replayed ADK
+    (tests/scenarios/runner.py); each is closed when the test ends."""
+    made: list[Scenario] = []
+
+    def make(recordings: Recordings | None = None, config: str = "", env: dict[str, str] | None = None) -> Scenario:
+        scenario = Scenario(sdk, request.node.nodeid, recordings, config, env)
+        made.append(scenario)
+        return scenario
+
+    yield make
+    for scenario in made:
+        await scenario.close()
+
+
+@pytest.fixture
+async def scenario(scenarios: Callable[..., Scenario]) -> Scenario:
+    """A gateway with no tool policy (ADK's own confirmations only) in front of the newest ADK's recordings."""
+    return scenarios()
