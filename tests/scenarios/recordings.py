@@ -1,7 +1,7 @@
 """The recorded ADK runs that scenarios replay, one fixture set per google-adk release, and which
 releases the project supports.
 
-A fixture set is a folder of tests/fixtures named `adk*` (tests/unit/fixtures.py VERSIONS names them):
+A fixture set is a folder of tests/fixtures named `adk*` (tests/support/recordings.py VERSIONS names them):
 `<run>.jsonl` (every `data:` payload ADK's `/run_sse` answered, byte for byte), `requests.json` (the
 exact `/run_sse` body each run was started with), and `adk_version.json`, the release that answered,
 written by the recorder (tests/fixtures/adk/record.py, tests/fixtures/adk_live/record.py).

@@ -1,6 +1,6 @@
 """ADK's `/run_sse` replayed from recordings, in process: the upstream a scenario's ChatService talks to.
 
-`ReplayAdk` is the scripted ADK of tests/unit fed from a fixture set instead of by hand: each run
+`ReplayAdk` is the scripted ADK of tests/support fed from a fixture set instead of by hand: each run
 the gateway starts streams the next recording played (one upstream read per recorded event), so a
 recording queued while an earlier run still streams is the next run's, never the earlier one's.
 It keeps ADK's side of what happened:
@@ -28,7 +28,7 @@ import orjson
 from gateway.upstream.client import SessionConfirmations, _parsed
 from gateway.upstream.session_history import session_confirmations
 from tests.scenarios.recordings import Recordings
-from tests.unit.test_chat_gates import ScriptedAdk
+from tests.support.adk import ScriptedAdk
 
 # ADK writes the abort seal of a cut run from this release on (its changelog: a client disconnect
 # cancels the run).

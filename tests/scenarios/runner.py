@@ -22,15 +22,13 @@ import orjson
 
 from gateway.approvals.audit_trail import AuditTrail
 from gateway.chat.attachment import Attachment
-from gateway.chat.registry import Registry
-from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryState
 from gateway.config.schema import parse_config
 from gateway.core.approvals import Verdict
 from gateway.core.chat_request import parse_chat_body
 from gateway.core.refusals import Refusal
 from gateway.ops.metrics import GatewayMetrics
-from gateway.upstream.agents import Agents
+from tests.support.service import chat_service
 from tests.jsdriver import check_streams
 from tests.procs import Reply
 from tests.scenarios.recordings import Recordings
@@ -95,10 +93,7 @@ class Scenario:
         self.metrics = GatewayMetrics()
         parsed = parse_config(config, env=env or {})
         self.metrics.know_agents(parsed)  # as the app does at start (edge/app.py)
-        self.service = ChatService(
-            agents=Agents(parsed, client=lambda _: self.adk), registry=Registry(), metrics=self.metrics,  # type: ignore[arg-type, return-value]
-            config=parsed,
-        )
+        self.service = chat_service(parsed, adk=self.adk, metrics=self.metrics)
         # As the app wires it (edge/app.py): every approval decided becomes an audit record, logged
         # at once (its store's appends are not started: nothing here reads them back).
         self.audit = AuditTrail(MemoryState("scenario"), self.metrics, lambda: parsed.audit, logging=parsed.logging)

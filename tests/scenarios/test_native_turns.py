@@ -15,7 +15,7 @@ import pytest
 from tests.chatflow import assistant_from, new_chat, types, user
 from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario
-from tests.unit.fixtures import SSE_FOLDERS
+from tests.support.recordings import SSE_FOLDERS
 
 pytestmark = pytest.mark.js
 

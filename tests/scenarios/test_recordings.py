@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.scenarios.recordings import ROOT, VERSION_FILE, recording_folders, supported_adk_versions, version_of
-from tests.unit.fixtures import VERSIONS
+from tests.support.recordings import VERSIONS
 
 
 @pytest.mark.parametrize("folder", recording_folders())
@@ -21,7 +21,7 @@ def test_a_recording_comes_from_a_supported_adk_release(folder: str) -> None:
 
 
 def test_each_supported_release_has_its_recordings_and_each_folder_is_the_release_it_says() -> None:
-    # tests/unit/fixtures.py names each set's release by folder; the file must agree with it.
+    # tests/support/recordings.py names each set's release by folder; the file must agree with it.
     recorded = {}
     for release, folders in VERSIONS.items():
         for folder in folders:

@@ -19,7 +19,7 @@ from gateway.demo.script import echo_text
 from tests.chatflow import new_chat, types, user
 from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario
-from tests.unit.fixtures import SSE_FOLDERS
+from tests.support.recordings import SSE_FOLDERS
 
 pytestmark = pytest.mark.js
 

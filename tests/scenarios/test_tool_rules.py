@@ -19,7 +19,7 @@ import structlog
 from tests.chatflow import assistant_from, new_chat, user
 from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario
-from tests.unit.fixtures import SSE_FOLDERS
+from tests.support.recordings import SSE_FOLDERS
 
 pytestmark = pytest.mark.js
 
