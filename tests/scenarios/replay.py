@@ -63,6 +63,7 @@ class ReplayAdk(ScriptedAdk):
     async def run_sse_batches(self, **request: Any) -> AsyncIterator[list[Any]]:  # type: ignore[override]
         sent = {key: value for key, value in request.items() if key in ("new_message", "state_delta")}
         self.sent.append(sent)
+        self.messages.append(request["new_message"])  # the scripted ADK's record, as its own runs keep it
         history = self._history.setdefault(request["session_id"], [])
         history.append({"author": "user", "content": request["new_message"]})
         self.calls.append("run")
@@ -84,10 +85,6 @@ class ReplayAdk(ScriptedAdk):
         finally:
             if not ended and self.recordings.adk_version >= SEALS_CUT_RUNS:
                 history.append({"author": "demo_agent", "errorCode": "INVOCATION_ABORTED"})
-
-    def messages(self) -> list[dict[str, Any]]:
-        """The messages the gateway started runs with, in order."""
-        return [sent["new_message"] for sent in self.sent]
 
     def _ask(self, asks: list[dict[str, Any]], calls: set[str], request: dict[str, Any]) -> None:
         for ask in [a for a in asks if a["body"]["function_call_id"] in calls]:

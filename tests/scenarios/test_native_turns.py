@@ -79,7 +79,7 @@ async def test_native_approval_round_trip(sc: Scenario, recordings: Recordings, 
     after = sc.metric(WAITS, {"tool": "process_payment", "outcome": outcome})
     assert after == before + 1
     # The answer reached ADK once, as the recorder's did: ADK ran (or refused) the payment once.
-    assert sc.adk.messages() == [recordings.request(setup)["newMessage"], recordings.request(answered)["newMessage"]]
+    assert sc.adk.messages == [recordings.request(setup)["newMessage"], recordings.request(answered)["newMessage"]]
 
 
 async def test_two_approvals_in_one_turn(sc: Scenario, recordings: Recordings) -> None:
@@ -96,7 +96,7 @@ async def test_two_approvals_in_one_turn(sc: Scenario, recordings: Recordings) -
     text = said(second.chunks)
     assert "Alice" in text and "Bob" in text
     # Both answers in one message, in the calls' order, as ADK took them.
-    assert sc.adk.messages()[1] == recordings.request("pay_two_approve_one_deny_other")["newMessage"]
+    assert sc.adk.messages[1] == recordings.request("pay_two_approve_one_deny_other")["newMessage"]
 
 
 async def test_typing_instead_of_answering_rejects_the_pending_call(sc: Scenario, recordings: Recordings) -> None:
@@ -114,14 +114,14 @@ async def test_typing_instead_of_answering_rejects_the_pending_call(sc: Scenario
     after = sc.metric(WAITS, {"tool": "process_payment", "outcome": "cancelled"})
     assert after == before + 1
     # ADK got the rejection of the pending call, then the new message, each as the recorder sent it.
-    assert sc.adk.messages()[1:] == [
+    assert sc.adk.messages[1:] == [
         recordings.request("typed_reject")["newMessage"], recordings.request("typed_hello_again")["newMessage"],
     ]
     # The rejected call is settled in ADK: answering it now changes nothing (the payment never runs).
     sc.play("typed_late_approve")
     late = await sc.post(chat, [first_message, assistant_from(first, [True])], messageId=pending["id"])
     assert "tool-output-available" not in types(late)
-    assert len(sc.adk.messages()) == 3, "the late approval reached ADK"
+    assert len(sc.adk.messages) == 3, "the late approval reached ADK"
 
 
 async def test_adk_error_event_then_the_chat_still_works(sc: Scenario) -> None:

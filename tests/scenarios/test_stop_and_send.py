@@ -59,4 +59,4 @@ async def test_stop_then_a_new_message_streams_whole(scenarios: Callable[..., Sc
     # Its own assistant message: the Chat shows user, assistant, user, assistant.
     assert second.chunks[0]["messageId"] != first.chunks[0]["messageId"]
     # The new message reached ADK as the recorder sent it, after the stopped run.
-    assert sc.adk.messages() == [recordings.request("long_echo")["newMessage"], recordings.request("hello_again")["newMessage"]]
+    assert sc.adk.messages == [recordings.request("long_echo")["newMessage"], recordings.request("hello_again")["newMessage"]]

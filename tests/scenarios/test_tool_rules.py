@@ -120,4 +120,4 @@ async def test_a_person_s_answer_is_audited_with_its_source(sc: Scenario, record
     assert (audit["source"], audit["outcome"], audit["rule"], audit["tool"]) == ("person", "denied", None, "process_payment")
     assert audit["waited"] >= 0
     # The person's denial reached ADK as its confirmation's answer, as the recorder's did.
-    assert sc.adk.messages()[1] == recordings.request("confirm_pay_deny")["newMessage"]
+    assert sc.adk.messages[1] == recordings.request("confirm_pay_deny")["newMessage"]
