@@ -15,16 +15,15 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.chat.record import Chat
-from gateway.chat.registry import Registry
 from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
-from gateway.config.schema import ToolPolicy, parse_config
+from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.core.chat_events import CallCancelled, GateOpened
 from gateway.core.deadlines import Deadline
-from gateway.upstream.agents import Agents
-from gateway.ops.metrics import GatewayMetrics
+from tests.support.clock import Clock
+from tests.support.service import chat_service
 
 CONFIG = """
 sessions:
@@ -34,16 +33,6 @@ sessions:
 BOUND = 2.0
 
 
-class Clock:
-    """The chat service's clock (the machine's), moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Replica:
     cluster: Cluster
@@ -51,13 +40,8 @@ class Replica:
 
 
 async def replica(name: str, hub: MemoryHub, clock: Callable[[], float] | None = None) -> Replica:
-    config = parse_config(CONFIG, env={})
-    metrics = GatewayMetrics()
-    chats = ChatService(
-        agents=Agents(config), registry=Registry(config.limits.max_chats_per_user), metrics=metrics, config=config,
-        **({"clock": clock} if clock is not None else {}),
-    )
-    cluster = Cluster(MemoryState(name, hub), chats, metrics)
+    chats = chat_service(CONFIG, clock=clock)
+    cluster = Cluster(MemoryState(name, hub), chats, chats.metrics)
     await cluster.start()
     return Replica(cluster, chats)
 

@@ -25,6 +25,8 @@ OWN_CLOCK = {
 # Fakes of ADK's sessions store that answer from a recorded session or refuse unknown sessions:
 # behaviours the scripted ADK does not have.
 OWN_ADK = {
+    # The scenarios' replayed ADK: the scripted ADK (tests.support.adk) fed from a recording.
+    "scenarios/replay.py",
     "unit/test_live.py",
     "unit/test_resume_rebuild.py",
     "unit/test_session_create.py",
