@@ -81,7 +81,7 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
             return _refused_ask("too_many_pending", first, _OVER_CAP_FOR_APPROVERS)
     if first.action != "wait":
         return first
-    if not chat.running:
+    if not chat.run_under_way:
         return _refused_ask("no_browser", first)
     if call.released:
         # A rule decided it: nobody waits, so no cap applies; the browser sees the decision.

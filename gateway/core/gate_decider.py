@@ -25,7 +25,7 @@ class ChatView:
     calls wait already (held here; and ADK's confirmations its approvers answer), and the call
     recorded for this tool call, if the plugin asked before."""
 
-    running: bool
+    run_under_way: bool
     waiting: int
     asked_before: GatedCall | None = None
     approvers_waiting: int = 0

@@ -209,8 +209,8 @@ def test_the_machine_takes_the_decision_from_its_decider_and_records_only_what_w
     assert machine.handle(_tool_asked("c2")) == [refused]
     assert machine.handle(_tool_asked("c1")) == [GateDecided("wait", call=call, again=True)]
     assert told.seen == [
-        ("c1", ChatView(running=True, waiting=0)), ("c2", ChatView(running=True, waiting=1)),
-        ("c1", ChatView(running=True, waiting=1, asked_before=call)),
+        ("c1", ChatView(run_under_way=True, waiting=0)), ("c2", ChatView(run_under_way=True, waiting=1)),
+        ("c1", ChatView(run_under_way=True, waiting=1, asked_before=call)),
     ]
     assert machine.ledger.call("c1") is call and machine.ledger.call("c2") is None
 

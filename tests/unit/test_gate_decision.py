@@ -27,7 +27,7 @@ WIRE = ToolPolicy.model_validate({"approval": True, "approvers": "leads", "quoru
 BROWSER = ToolPolicy(runs_in="browser")
 PLAIN = ToolPolicy()
 
-RUNNING = ChatView(running=True, waiting=0)
+RUNNING = ChatView(run_under_way=True, waiting=0)
 # Who answers a large refund, as the plugin marks ADK's confirmation with it.
 SUPERVISORS = {"adk_gateway": {"approvers": {
     "approvers": "supervisors", "self_approval": False, "quorum": 1, "rule": "large_refund",
@@ -122,7 +122,7 @@ def test_rules_that_cannot_be_evaluated_come_back_as_data_whatever_the_outcome()
     assert (denied.ruled, denied.by_rule) == ("deny", "too_large")
     assert decide_ask(ask(PAY, 50), RUNNING).rule_failed == ()
     # Refused later (no run to show it), the failures still come back.
-    assert decide_ask(ask(PAY, "lots"), ChatView(running=False, waiting=0)).rule_failed == denied.rule_failed
+    assert decide_ask(ask(PAY, "lots"), ChatView(run_under_way=False, waiting=0)).rule_failed == denied.rule_failed
 
 
 def test_without_a_chat_here_a_gated_call_is_refused_and_an_ungated_one_runs() -> None:
@@ -132,7 +132,7 @@ def test_without_a_chat_here_a_gated_call_is_refused_and_an_ungated_one_runs() -
 
 
 def test_without_a_run_to_show_it_only_what_nobody_here_shows_is_answered() -> None:
-    idle = ChatView(running=False, waiting=0)
+    idle = ChatView(run_under_way=False, waiting=0)
     # ADK's confirmation is shown by the run that asks it: answered as on a running chat.
     assert decide_ask(ask(PAY, 50, **V03), idle).verdict == CONFIRM
     for asked in (ask(PAY, 2, **V03), ask(PAY, 50), ask(REFUND, 250, mode="live")):
@@ -141,7 +141,7 @@ def test_without_a_run_to_show_it_only_what_nobody_here_shows_is_answered() -> N
 
 
 def test_over_the_cap_a_call_that_would_wait_is_refused_and_one_a_rule_decided_is_not() -> None:
-    full = ChatView(running=True, waiting=2)
+    full = ChatView(run_under_way=True, waiting=2)
     over = decide_ask(ask(PAY, 50, max_pending=2), full)
     assert over.action == "refuse" and over.verdict is not None and over.verdict.reason == "too_many_pending"
     assert over.verdict.response is not None and over.verdict.response[REFUSAL_KEY] == "too_many_pending"
@@ -153,7 +153,7 @@ def test_over_the_cap_a_call_that_would_wait_is_refused_and_one_a_rule_decided_i
     refused = decide_ask(ask(REFUND, 250, max_pending=2, **V03), full)
     assert refused.action == "refuse" and refused.verdict is not None and refused.verdict.reason == "too_many_pending"
     assert "waiting for approvers" in str(refused.verdict.response)
-    some = ChatView(running=True, waiting=0, approvers_waiting=1)
+    some = ChatView(run_under_way=True, waiting=0, approvers_waiting=1)
     assert decide_ask(ask(REFUND, 250, max_pending=2, **V03), some).action == "confirm"
     assert decide_ask(ask(REFUND, 250, max_pending=1, **V03), some).action == "refuse"
 
@@ -162,7 +162,7 @@ def test_an_ask_about_a_call_asked_before_is_that_call_whatever_it_is_now() -> N
     first = decide_ask(ask(PAY, 50), RUNNING).call
     assert first is not None and first.state is CallState.AWAITING_APPROVAL
     assert first.decide(False, 2.0) and first.outcome is Outcome.DENIED
-    again = decide_ask(ask(PAY, 2), ChatView(running=True, waiting=0, asked_before=first))
+    again = decide_ask(ask(PAY, 2), ChatView(run_under_way=True, waiting=0, asked_before=first))
     assert again.action == "wait" and again.again and again.call is first and again.rule_failed == ()
 
 
