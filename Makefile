@@ -38,19 +38,23 @@ run-adk: $(STAMP) $(DEMO_BUNDLE)
 
 # Every test on the newest google-adk (the project venv's). The older supported releases are
 # `make compat`'s (ADK_VERSIONS empty here), which keeps this suite within CI's time budget.
+# In parallel: TEST_WORKERS pytest-xdist workers (more than the cores: the suite mostly waits on
+# the processes it starts), the tests that share a process grouped on one worker (tests/conftest.py,
+# pyproject's addopts). Serial: `make test TEST_WORKERS=0`, or PYTEST_ARGS="-n 0" (docs/testing.md).
+TEST_WORKERS ?= 4
 test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
-	ADK_VERSIONS= $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
+	ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # `make test`'s selection under coverage.py, for line and branch coverage of gateway/ and the ADK
 # plugin (docs/testing.md, which records the baseline). The gateways and ADK API servers the tests
 # start are measured too ([tool.coverage.run] in pyproject.toml: patch = subprocess, sigterm). Prints
 # coverage.py's per-file report, then a per-package table and the totals (.ci/coverage_summary.py);
-# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. About 45
-# minutes on 2 cores.
+# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. In parallel
+# as `make test` (the xdist workers are measured as the other children are, one data file each).
 .PHONY: coverage
 coverage: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 	rm -f .coverage .coverage.*
-	ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" $(PYTEST_ARGS); status=$$?; \
+	ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
 		$(PY) -m coverage combine -q && $(PY) -m coverage report && $(PY) .ci/coverage_summary.py; \
 		exit $$status
 

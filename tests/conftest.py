@@ -3,6 +3,8 @@
 - `gateway`: ADK's native confirmation flow (process_payment declares `require_confirmation`),
   gateway without a tool policy.
 - `stack`: the demo's topology: the gateway's tool policy enforced by its plugin in the ADK server.
+
+And the hooks that spread the suite over pytest-xdist workers (tests/parallel.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
 from tests.procs import GatewayProcess, PluginStack, adk_server, gateway_process, plugin_stack
 
 

@@ -6,9 +6,12 @@ Node-based AI SDK clients can talk to them while pytest blocks on the client.
 
 from __future__ import annotations
 
+import functools
 import http.client
+import itertools
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -27,10 +30,54 @@ from gateway.demo import AGENTS_DIR, api_server_command
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Under pytest-xdist (`make test`) every worker takes the ports of the processes it starts from a block
+# of its own, below Linux's ephemeral range (32768-60999), where neither another worker nor a
+# connection's local port can take a port between its choice and its process's bind: the kernel's
+# port 0 guarantees no such thing to several processes at once. Workers past PORT_BLOCKS share a
+# block again (each port is still checked free).
+FIRST_PORT = 12000
+PORT_BLOCK = 2000
+PORT_BLOCKS = 10
+
+
 def free_port() -> int:
+    """A loopback port free now, for a process to bind next: from this xdist worker's block
+    (worker_ports), or the kernel's choice in a run without workers."""
+    ports = worker_ports(os.environ.get("PYTEST_XDIST_WORKER", ""))
+    if ports is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+    for _ in range(PORT_BLOCK):
+        port = next(ports)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port in {os.environ.get('PYTEST_XDIST_WORKER')}'s block")
+
+
+@functools.cache
+def worker_ports(worker: str) -> Iterator[int] | None:
+    """The ports of xdist worker `worker` ("gw3"), handed out in turn round its block: a port comes
+    back only after the whole block, long after the process it went to has bound it or is gone.
+    None outside xdist. The turn starts at a random place so that two runs on one machine at once
+    (two checkouts) do not step through the same ports together. One per process: the process is
+    the block's only user."""
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    first = FIRST_PORT + PORT_BLOCK * (int(worker[2:]) % PORT_BLOCKS)
+    start = random.randrange(PORT_BLOCK)
+    return (first + (start + turn) % PORT_BLOCK for turn in itertools.count())
+
+
+def _bindable(port: int) -> bool:
+    # No SO_REUSEADDR: a port with a connection still in TIME_WAIT counts as taken, which is
+    # stricter than the servers' own bind.
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def wait_http(url: str, *, timeout: float, proc: subprocess.Popen[Any] | None = None, log: Path | None = None) -> None:

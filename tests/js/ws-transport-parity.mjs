@@ -7,6 +7,16 @@ import { loadWebSocketTransport } from './lib/ws.mjs';
 
 const tick = (ms = 0) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// The socket `index` once the transport has sent its first frame on it, which happens a timer after
+// the fake socket opens: a fixed tick raced that timer on a loaded machine (parallel test workers).
+async function sentOn(sockets, index) {
+  for (let waited = 0; waited < 5000; waited += 1) {
+    if (sockets[index]?.sent.length) return sockets[index];
+    await tick(1);
+  }
+  throw new Error(`socket ${index} sent nothing within 5000 ticks`);
+}
+
 function fakeWebSocket({ refuse = false } = {}) {
   const sockets = [];
   class FakeSocket {
@@ -164,8 +174,7 @@ const SCENARIOS = {
     const reads = { a: await drain(a), b: await drain(b) };
     await tick(5);
     const next = send(transport); // a new socket
-    await tick(5);
-    const second = sockets[1];
+    const second = await sentOn(sockets, 1);
     second.frame({ type: 'end', requestId: second.sent[0].requestId });
     return { ...reads, next: await drain(await next), sockets: sockSummary(sockets) };
   },
@@ -219,8 +228,7 @@ const SCENARIOS = {
     const transport = new T({ url: 'ws://example.test/ws', webSocket: FakeSocket, body: { b: 1 } });
     const out = {};
     const none = transport.reconnectToStream({ chatId: 'c1', headers: { h: 'v' } });
-    await tick(5);
-    const [s] = sockets;
+    const s = await sentOn(sockets, 0);
     const { requestId, ...frame } = s.sent[0];
     out.frame = frame;
     s.frame({ type: 'no-active', requestId });
@@ -305,7 +313,7 @@ const SCENARIOS = {
     transport.close();
     const read = await drain(stream);
     const next = send(transport);
-    await tick(5);
+    await sentOn(sockets, 1);
     sockets[1].frame({ type: 'end', requestId: sockets[1].sent[0].requestId });
     return { read, next: await drain(await next), sockets: sockSummary(sockets) };
   },

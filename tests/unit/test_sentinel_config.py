@@ -8,7 +8,6 @@ tests/ops/test_sentinel_failover.py.
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from gateway.cluster.redis_client import RedisTarget, connect
 from gateway.config.schema import ConfigError, parse_config
 from gateway.edge.app import shared_state
 from gateway.edge.reload import plan_reload
-from tests.procs import redis_server
+from tests.procs import free_port, redis_server
 
 SECRET = "  secret: test-sessions-secret-0123456789\n"
 SENTINELS = "  redis_sentinels: ['10.0.0.1:26379', 'sentinel-b:26379', '[fd00::3]:26380']\n"
@@ -104,9 +103,7 @@ def test_the_client_asks_the_sentinels_with_the_urls_credentials_and_the_same_ti
 
 async def _wait_replica(port: int) -> None:
     """Make the redis-server on `port` a replica (of a port nobody listens on): it answers writes READONLY."""
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        dead = unused.getsockname()[1]
+    dead = free_port()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"REPLICAOF 127.0.0.1 {dead}\r\n".encode())
     assert (await reader.readline()).startswith(b"+OK")
