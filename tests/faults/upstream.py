@@ -24,7 +24,7 @@ by the test and each entry is used once:
 Run behaviours (``name[:arg]``):
 
 =========================  ===================================================================
-``normal``                 the 9 events of tests/fixtures/adk/hello_there.jsonl, then the stream ends
+``normal``                 the events of tests/fixtures/adk/hello_there.jsonl, then the stream ends
 ``refuse``                 closes the connection at once, before any byte of a response
 ``slow_headers:S``         waits S seconds (default 2) before answering at all, then ``normal``
 ``slow_first_event:S``     sends the 200 headers at once, waits S seconds (default 2), then ``normal``
