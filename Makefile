@@ -46,13 +46,13 @@ run-adk: $(STAMP) $(DEMO_BUNDLE)
 # "retry", not what a row asserts). With PYTEST_ARGS, one run of that selection, in parallel.
 TEST_WORKERS ?= 4
 test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
-ifeq ($(strip $(PYTEST_ARGS)),)
-	ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --ignore=tests/ops; a=$$?; \
+	if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+		ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
+	else \
+		ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) --ignore=tests/ops; a=$$?; \
 		ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n 0 tests/ops; b=$$?; \
-		test $$a -eq 0 && test $$b -eq 0
-else
-	ADK_VERSIONS= $(PY) -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-endif
+		test $$a -eq 0 && test $$b -eq 0; \
+	fi
 
 # `make test`'s selection under coverage.py, for line and branch coverage of gateway/ and the ADK
 # plugin (docs/testing.md, which records the baseline). The gateways and ADK API servers the tests
