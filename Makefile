@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed-stamp
 JS_STAMP := tests/js/node_modules/.installed-stamp
 DEMO_BUNDLE := gateway/static/demo/app.js
 PYTEST_ARGS ?=
+# Some machines set PYTHONDONTWRITEBYTECODE=1 for every process: then each gateway and ADK server a
+# test starts compiles the gateway's modules again, and pytest rewrites every test module's asserts
+# again in each xdist worker and in the serial ops run. Bytecode in __pycache__ (git-ignored) is the
+# default Python behaviour; the targets here get it back.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run run-live test venv js check-config clean chromium redis-server promtool nginx
 
