@@ -91,7 +91,7 @@ class Cluster:
         # The approvals API's directory and decisions (approval_desk.py); the gate lists its calls.
         self.approvals = ApprovalDesk(state, chats, self._asker.ask)
         self._gates = RemoteGate(
-            state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
+            state, chats.gates, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
             desk=self.approvals,
         )
         # The deadline queue's timer, and where each passed deadline is answered (deadline_answers.py;
