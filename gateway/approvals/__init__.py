@@ -26,7 +26,7 @@ docs/architecture.md, "The layers' rules"):
   `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
 - `ports.py`: the room's ports to the chat, called by the cluster (sans-IO): `GatedCalls`, the
   plugin's ask reaching a chat (implemented by the chat's gates), and `ApprovalDecisions`,
-  approvers' counted decision applied where the call's chat runs (implemented by the chat service).
+  approvers' counted decision applied where the call's chat runs (implemented by the chat's desk view).
 
 Its neighbours, each in the layer of its other concern: the machine's side of the decision, its
 port (`core/gate_decider.py`), one call's states (`core/approvals.py` `GatedCall`) and who answers

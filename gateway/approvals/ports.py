@@ -19,13 +19,13 @@ is applied by the chat, in one of the two ways a call waits (docs/approvals.md):
 
 Each says `decided`, `already` (decided before: a deadline, the end of the run, another vote),
 `gone` (no such call here), or, for a confirmation, `busy` (the chat is streaming: try again).
-`ApprovalDecisions` names them once; the chat service (chat/service.py) implements it and the
+`ApprovalDecisions` names them once; the chat's desk view (chat/desk_view.py) implements it and the
 cluster calls it, so the desk depends on this port, not on the chat layer's classes.
 
 `ApprovalChats` is the rest of what the cluster's approval desk reads of this replica's chats to
 list an approval and to answer a deadline (whose agent a session is, the gateway's clock, the
 configuration, an ADK confirmation a chat here waits for its approvers on, as plain
-`WaitingConfirmation` values): the chat service implements it too, and the desk is built with it
+`WaitingConfirmation` values): the desk view implements it too, and the desk is built with it
 and imports nothing of gateway/chat/. Plain types only (sans-IO).
 """
 

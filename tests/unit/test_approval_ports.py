@@ -1,7 +1,7 @@
 """The approvals room's ports toward the chat side, and what implements each (no type checker runs
 here, so the signatures are held against each other): the machine's `GateDecider`
 (core/gate_decider.py), implemented by the room's decision (approvals/decision.py), and the room's
-`ApprovalDecisions` (approvals/ports.py), implemented by the chat service and called by the desk,
+`ApprovalDecisions` (approvals/ports.py), implemented by the chat's desk view (chat/desk_view.py) and called by the desk,
 and `ApprovalChats`, the whole of what the desk reads of this replica's chats, through which alone
 it reaches them; and `GatedCalls`, implemented by the chat's gates, through which alone the remote
 gate reaches the chats with the plugin's ask (tests/unit/test_layers.py holds both to importing
@@ -18,7 +18,7 @@ from gateway.approvals.decision import DECIDER
 from gateway.approvals.decision import refuse_ask
 from gateway.approvals.ports import ApprovalChats, ApprovalDecisions, GatedCalls, WaitingConfirmation
 from gateway.chat.gates import Gates
-from gateway.chat.service import ChatService
+from gateway.chat.desk_view import DeskView
 from gateway.cluster.approval_desk import CONFIRM_ENGINE, ApprovalDesk
 from gateway.cluster.liveness import Liveness
 from gateway.cluster.memory import MemoryState
@@ -39,7 +39,7 @@ def _signature(method: object) -> list[tuple[str, object, object]]:
 
 
 @pytest.mark.parametrize(("port", "implementation"), [
-    (GateDecider, type(DECIDER)), (ApprovalDecisions, ChatService), (ApprovalChats, ChatService), (GatedCalls, Gates),
+    (GateDecider, type(DECIDER)), (ApprovalDecisions, DeskView), (ApprovalChats, DeskView), (GatedCalls, Gates),
 ])
 def test_each_port_is_implemented_with_its_own_signatures(port: type, implementation: type) -> None:
     methods = [name for name, _ in inspect.getmembers(port, inspect.isfunction) if not name.startswith("_")]

@@ -93,7 +93,7 @@ async def env() -> AsyncIterator[Env]:
         await state.start(lambda message: None, lambda: [])
         gate = RemoteGate(
             state, chats.gates, metrics, tasks, Liveness(state, 0.01), never_asked, forward_timeout=0.05,
-            desk=ApprovalDesk(state, chats, never_asked),
+            desk=ApprovalDesk(state, chats.desk_view, never_asked),
         )
         gates.append(gate)
     yield Env(chats, gates[0], gates[1], hub, metrics, adk, states)
