@@ -24,8 +24,9 @@ docs/architecture.md, "The layers' rules"):
 - `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
   pending approvals, the audit trail), declared here and inherited by cluster/shared.py
   `SharedState`; `StoreDown`, what a store that cannot answer raises (503).
-- `ports.py`: `ApprovalDecisions`, the room's port to the chat: approvers' counted decision applied
-  where the call's chat runs, implemented by the chat service, called by the cluster (sans-IO).
+- `ports.py`: the room's ports to the chat, called by the cluster (sans-IO): `GatedCalls`, the
+  plugin's ask reaching a chat (implemented by the chat's gates), and `ApprovalDecisions`,
+  approvers' counted decision applied where the call's chat runs (implemented by the chat's desk view).
 
 Its neighbours, each in the layer of its other concern: the machine's side of the decision, its
 port (`core/gate_decider.py`), one call's states (`core/approvals.py` `GatedCall`) and who answers

@@ -17,7 +17,12 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
    or ADK, and confirmed unmarked, the chatting user would answer for the approvers. On `/run_live`
    (ADK has no confirmation there) the call waits here, held (`wait`), with its approvers set;
 6. recording it needs a run of the chat to show it (else `no_browser`) and, unless a rule already
-   released it, room under the chat's cap of waiting calls (else `too_many_pending`).
+   released it, room under the chat's cap of waiting calls (else `too_many_pending`);
+7. an ask the approvals API would list (ADK's confirmation marked for approvers; a call held here
+   for a person's approval) needs room under its user's cap of listed approvals, every chat,
+   agent and replica together (else `too_many_pending_user`). The shell reads that count from the
+   shared store before it asks (`ToolAsked.user_waiting`), only when `may_be_listed` says the ask
+   could be listed; a count it could not read (None) refuses nothing.
 
 Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
 log. The chat's machine (core/chat_machine.py) takes this decision through its port,
@@ -30,15 +35,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final
 
+from ..config.agent import ToolPolicy
 from ..config.rules import decide
-from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, GatedCall, Verdict
+from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
 from ..core.approver_confirmations import ApproverMark, mark, marked
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decider import ChatView, GateDecider
 
-__all__ = ["DECIDER", "REFUSALS", "ChatView", "decide_ask", "refuse_ask"]
+__all__ = ["DECIDER", "OVER_USER_CAP", "REFUSALS", "ChatView", "decide_ask", "may_be_listed", "refuse_ask"]
 
+# Why a call past its user's cap of listed approvals is refused (the store's own guard cancels a
+# held call with it too: cluster/remote_gate.py).
+OVER_USER_CAP = (
+    "too many of this user's tool calls are already waiting for approvers "
+    "(limits.max_pending_approvals_per_user); the call was not run"
+)
 # What an ask refused at once tells the model, by its reason.
 REFUSALS = {
     "no_browser": "No browser is attached to this session, so nobody can answer; the call was not run.",
@@ -46,6 +58,7 @@ REFUSALS = {
     "plugin_too_old": (
         "This call waits for approvers, which needs adk-gateway-plugin 0.3 or newer on the agent; it was not run."
     ),
+    "too_many_pending_user": f"The call was cancelled: {OVER_USER_CAP}",
 }
 
 
@@ -79,6 +92,7 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
         # with what is held here.
         if chat.waiting + chat.approvers_waiting >= ask.max_pending:
             return _refused_ask("too_many_pending", first, _OVER_CAP_FOR_APPROVERS)
+        return _under_user_cap(ask, first)
     if first.action != "wait":
         return first
     if not chat.run_under_way:
@@ -89,7 +103,34 @@ def decide_ask(ask: ToolAsked, chat: ChatView | None) -> GateDecided:
         return replace(first, action="rule", verdict=replace(call.verdict, reason="rule"))
     if chat.waiting >= ask.max_pending:
         return _refused_ask("too_many_pending", first)
+    if call.state is CallState.AWAITING_APPROVAL:
+        # Listed for the approvals API as it opens (a browser tool's wait for its output is not).
+        return _under_user_cap(ask, first)
     return first
+
+
+def _under_user_cap(ask: ToolAsked, listed: GateDecided) -> GateDecided:
+    """`listed`, an ask the approvals API would list, unless its user has their cap listed already.
+
+    The count is the store's as the shell read it before asking: a parallel ask may have been
+    listed since, so the store's capped put stays the guard of a held call (a confirmation is
+    listed once ADK's run asked it, when it can no longer be refused: this is its only check)."""
+    if ask.user_waiting is not None and ask.user_waiting >= ask.max_pending_user:
+        return _refused_ask("too_many_pending_user", listed)
+    return listed
+
+
+def may_be_listed(policy: ToolPolicy, *, mode: str, confirm: bool) -> bool:
+    """Whether an ask about a call of a tool with `policy` could be listed for the approvals API,
+    so that its user's count of listed approvals matters to `decide_ask` (the shell reads it from
+    the store only then): held here (live mode, or a plugin that holds) when a person may have to
+    approve it; on `/run_sse` in confirm mode only when its policy names approvers (the chatting
+    user's confirmations are not listed)."""
+    if not (policy.approval or policy.rules):
+        return False
+    if mode == "live" or not confirm:
+        return True
+    return bool(policy.groups())
 
 
 _OVER_CAP_FOR_APPROVERS = (

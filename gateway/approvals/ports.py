@@ -1,4 +1,11 @@
-"""The approvals room's port to the chat: how a decision the approvals API counted reaches its call.
+"""The approvals room's ports to the chat: how the plugin's ask reaches a chat, and how a decision
+the approvals API counted reaches its call.
+
+`GatedCalls` is what the cluster's remote gate (cluster/remote_gate.py) does with this replica's
+chats when the plugin asks about a call: find the call it asked about before, have the chat's
+machine decide a new ask (given its user's count of listed approvals, read from the store first
+when `may_be_listed` says it matters), show it, wait for its verdict, cancel it. The chat's gates
+(chat/gates.py `Gates`) implement it; the remote gate imports nothing of gateway/chat/.
 
 Approvers decide through the approvals API on any replica; their decision is counted in the store
 (`votes.py`) and, once the quorum is reached, carried to the replica that runs the call's chat
@@ -12,13 +19,13 @@ is applied by the chat, in one of the two ways a call waits (docs/approvals.md):
 
 Each says `decided`, `already` (decided before: a deadline, the end of the run, another vote),
 `gone` (no such call here), or, for a confirmation, `busy` (the chat is streaming: try again).
-`ApprovalDecisions` names them once; the chat service (chat/service.py) implements it and the
+`ApprovalDecisions` names them once; the chat's desk view (chat/desk_view.py) implements it and the
 cluster calls it, so the desk depends on this port, not on the chat layer's classes.
 
 `ApprovalChats` is the rest of what the cluster's approval desk reads of this replica's chats to
 list an approval and to answer a deadline (whose agent a session is, the gateway's clock, the
 configuration, an ADK confirmation a chat here waits for its approvers on, as plain
-`WaitingConfirmation` values): the chat service implements it too, and the desk is built with it
+`WaitingConfirmation` values): the desk view implements it too, and the desk is built with it
 and imports nothing of gateway/chat/. Plain types only (sans-IO).
 """
 
@@ -27,11 +34,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from typing import Any
+
 from ..config.schema import GatewayConfig
+from ..core.approvals import GatedCall, Verdict
 from ..core.deadlines import Deadline
 from ..core.native_confirmation import NativeConfirmation
 
-__all__ = ["ApprovalChats", "ApprovalDecisions", "WaitingConfirmation"]
+__all__ = ["ApprovalChats", "ApprovalDecisions", "GatedCalls", "WaitingConfirmation"]
+
+
+class GatedCalls(Protocol):
+    """This replica's chats as the plugin's asks reach them (cluster/remote_gate.py)."""
+
+    def find(self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str) -> GatedCall | None:
+        """The call the plugin already asked about for this tool call, if a chat here holds it."""
+        ...
+
+    def open(
+        self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
+        announce: bool = True, confirm: bool = False, approvers: bool = False, user_waiting: int | None = None,
+    ) -> GatedCall | Verdict:
+        """A new ask, decided by its chat's machine: a call that waits, or the verdict at once.
+        `user_waiting`: its user's count of listed approvals (None: not read, or unknown)."""
+        ...
+
+    def may_be_listed(self, app_name: str, tool: str, *, confirm: bool) -> bool:
+        """Whether an ask about `tool` could be listed for the approvals API (its user's count matters)."""
+        ...
+
+    def announce(self, call: GatedCall) -> None:
+        """Show a call just opened (and recorded) to the browser."""
+        ...
+
+    async def wait(self, call: GatedCall) -> Verdict:
+        """The call's verdict, once its chat's machine released it."""
+        ...
+
+    def cancel(self, call: GatedCall, why: str) -> None:
+        """Release the call refused: nobody will answer it (`why` is what the model reads)."""
+        ...
+
+    def agent_of(self, user_id: str, session_id: str) -> str:
+        """The agent whose chat holds the session ("" if no chat here does)."""
+        ...
+
+    def timeout(self, app_name: str, tool: str) -> float:
+        """How long a call of `tool` of ADK app `app_name` may wait (its policy's timeout)."""
+        ...
+
+    def now(self) -> float:
+        """The gateway's monotonic clock, which a gated call's times are on."""
+        ...
 
 
 class ApprovalDecisions(Protocol):

@@ -18,11 +18,12 @@ from typing import Any
 
 import structlog
 
+from ..config.agent import ToolPolicy
 from ..upstream.agents import Agents
 from ..core.approvals import CallState, GatedCall, Verdict
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
 from ..core.chat_outputs import GateDecided
-from ..approvals.decision import decide_ask, refuse_ask
+from ..approvals.decision import decide_ask, may_be_listed, refuse_ask
 from ..approvals.reports import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
@@ -55,6 +56,17 @@ class Gates:
         chat = self._registry.find_session(user_id, session_id)
         return chat.agent if chat is not None else ""
 
+    def timeout(self, app_name: str, tool: str) -> float:
+        """How long a call of `tool` of ADK app `app_name` may wait (its policy's timeout)."""
+        agent = self._agents.for_app(app_name)
+        return (agent.tool_policy(tool) if agent is not None else ToolPolicy()).timeout
+
+    def may_be_listed(self, app_name: str, tool: str, *, confirm: bool) -> bool:
+        """Whether the plugin's ask could be listed for the approvals API (approvals/decision.py
+        `may_be_listed`): only then does the caller read its user's count for `open`."""
+        agent = self._agents.for_app(app_name)
+        return agent is not None and may_be_listed(agent.tool_policy(tool), mode=agent.config.upstream.mode, confirm=confirm)
+
     def runs_here(self, user_id: str, session_id: str) -> bool:
         """Whether this process is running the chat behind an ADK session right now."""
         chat = self._registry.find_session(user_id, session_id)
@@ -62,14 +74,15 @@ class Gates:
 
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
-        announce: bool = True, confirm: bool = False, approvers: bool = False,
+        announce: bool = True, confirm: bool = False, approvers: bool = False, user_waiting: int | None = None,
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
         The chat's machine has the approvals room decide (approvals/decision.py: the tool's rules,
         who answers, the upstream mode); this carries it out. `confirm`: the plugin asks ADK's confirmation in
-        confirm mode; `approvers`: it marks that confirmation with who answers (plugin 0.3). With
-        `announce` false the browser is not told yet: the caller records the call somewhere
+        confirm mode; `approvers`: it marks that confirmation with who answers (plugin 0.3);
+        `user_waiting`: how many approvals the user has listed (the store's count; None: not read).
+        With `announce` false the browser is not told yet: the caller records the call somewhere
         first, then calls `announce`.
         """
         agent = self._agents.for_app(app_name)
@@ -82,17 +95,22 @@ class Gates:
             user_id=user_id, chat_id=chat.chat_id if chat is not None else "", session_id=session_id, now=self._clock(),
             claims=chat.claims if chat is not None else {}, confirm=confirm, approvers=approvers,
             mode=agent.config.upstream.mode, max_pending=self._config().max_pending_approvals_per_chat(agent.name),
+            user_waiting=user_waiting, max_pending_user=self._config().max_pending_approvals_per_user(agent.name),
         )
         # No chat here, no machine to ask: the decision alone (run, or refused: nobody could answer).
         [decided, *_] = chat.handle(ask) if chat is not None else [decide_ask(ask, None)]
         assert isinstance(decided, GateDecided)
-        return self._carry_out(decided, agent.name, chat, announce)
+        return self._carry_out(decided, ask, chat, announce)
 
-    def _carry_out(self, decided: GateDecided, agent: str, chat: Chat | None, announce: bool) -> GatedCall | Verdict:
-        """What the machine decided, done: logged, and a call that waits now indexed, counted,
-        notified and (with `announce`) shown."""
+    def _carry_out(self, decided: GateDecided, ask: ToolAsked, chat: Chat | None, announce: bool) -> GatedCall | Verdict:
+        """What the machine decided, done: logged (a refusal past the user's cap counted too), and a
+        call that waits now indexed, counted, notified and (with `announce`) shown."""
         for rule, error in decided.rule_failed:
             log.warning("rule_failed", rule=rule, error=error, decided=decided.ruled, by=decided.by_rule)
+        agent = ask.agent
+        if decided.verdict is not None and decided.verdict.reason == "too_many_pending_user":
+            self._metrics.approvals_over_user_cap.labels(agent).inc()
+            log.warning("approval_over_user_cap", tool_call_id=ask.tool_call_id, tool=ask.tool)
         call = decided.call
         if decided.action == "rule":
             assert call is not None and decided.verdict is not None

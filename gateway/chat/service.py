@@ -15,7 +15,9 @@ Transports and the internal listener reach this service through the cluster rout
 
 The service holds its parts, each given what it needs: the native confirmations' bookkeeping
 (chat/confirmations.py), the answers to gated calls (chat/gated_answers.py), resumes
-(chat/resume.py) and the run tasks, with every way a run ends early (chat/run_tasks.py).
+(chat/resume.py) and the run tasks, with every way a run ends early (chat/run_tasks.py); and the
+chats' two faces to the cluster's approvals: the plugin's gated calls (chat/gates.py, the remote
+gate's port) and the approval desk's view (chat/desk_view.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from ..core.approvals import GatedCall
 from ..core.browser_confirmations import BrowserCalls, plan_browser
 from ..core.chat_request import ApprovalAnswer, ChatRequest, InvalidRequest, ToolOutput, TurnPlan, plan_turn
 from ..core.deadlines import Deadline
-from ..approvals.ports import WaitingConfirmation
 from ..core.limits import Limited
 from ..core.protocol import ClientVersion
 from ..core.chat_events import AnswersGoing, AnswersSent, BrowserAsked, RunDropped, RunStarts
@@ -51,6 +52,7 @@ from .chunk_log import Run
 from .confirm_timeouts import ConfirmTimeouts
 from ..approvals.reports import Notices
 from .confirmations import NativeConfirmations
+from .desk_view import DeskView
 from .gated_answers import continue_gated_run
 from .gates import Gates
 from .gateway_answers import GatewayAnswers
@@ -77,7 +79,8 @@ def new_message_id() -> str:
 
 class ChatService:
     """Admits browser requests to a chat's runs; the chat layer's face to the transports and the
-    cluster (to its approval desk, through approvals/ports.py `ApprovalChats`)."""
+    cluster (to its approval desk through `desk_view`, chat/desk_view.py; to its remote gate
+    through `gates`, chat/gates.py)."""
 
     def __init__(
         self, *, agents: Agents, registry: Registry, metrics: GatewayMetrics, config: GatewayConfig,
@@ -129,6 +132,9 @@ class ChatService:
         self._answers = GatewayAnswers(agents=agents, registry=registry, chat=self._chat, adopt=self.states.adopt,
                                        runs=self.runs, timeouts=self.timeouts, start_run=self._start_run, waits=self._waits,
                                        rebuild=self._resumes.resume_waiting)
+        # These chats as the cluster's approval desk sees them (approvals/ports.py `ApprovalChats`).
+        self.desk_view = DeskView(config=lambda: self.config, clock=clock, registry=registry, gates=self.gates,
+                                  answers=self._answers)
 
     def attach(self, *, runs: RunWatcher, deadlines: DeadlineQueue) -> None:
         """The cluster's side of this replica's chats (chat/ports.py); once, by the cluster router."""
@@ -342,46 +348,13 @@ class ChatService:
     def local_chats(self) -> list[Chat]:
         return self._registry.chats()
 
-    # ---- the approval desk's view of these chats (approvals/ports.py `ApprovalChats`) -----------
-
-    def now(self) -> float:
-        return self._clock()
-
-    def agent_of(self, user_id: str, session_id: str) -> str:
-        return self.gates.agent_of(user_id, session_id)
-
-    def native_waiting(self, agent: str, user_id: str, chat_id: str, approval_id: str) -> WaitingConfirmation | None:
-        return self._registry.waiting_for_approvers(agent, user_id, chat_id, approval_id)
-
-    async def expire_confirmation(self, deadline: Deadline) -> float | None:
-        """chat/gateway_answers.py."""
-        return await self._answers.expire(deadline)
+    # ---- the deadline queue's side of these chats ------------------------------------------------
 
     def held_deadline_passed(self, deadline: Deadline) -> Deadline | None:
         """A chat's held calls' deadline passed: chat/record.py `deadlines_due`. ChatNotFound: none waits here."""
         if (chat := self._registry.find(deadline.agent, deadline.user, deadline.chat)) is None or chat.due is None:
             raise ChatNotFound(deadline.chat)
         return chat.deadlines_due(self._clock())
-
-    def decide_for_approvers(
-        self, *, user_id: str, session_id: str, approval_id: str, approved: bool, reason: str | None,
-        deciders: list[dict[str, str]],
-    ) -> str:
-        """Approvers decided a call held here (approvals/ports.py `ApprovalDecisions`): chat/gates.py."""
-        return self.gates.decide_for_approvers(
-            user_id=user_id, session_id=session_id, approval_id=approval_id, approved=approved, reason=reason,
-            deciders=deciders,
-        )
-
-    async def answer_for_approvers(
-        self, agent: str, user_id: str, chat_id: str, approval_id: str, *, approved: bool, reason: str | None,
-        deciders: list[dict[str, str]],
-    ) -> str:
-        """Approvers decided an ADK confirmation marked theirs (approvals/ports.py `ApprovalDecisions`):
-        chat/gateway_answers.py."""
-        return await self._answers.for_approvers(
-            agent, user_id, chat_id, approval_id, approved=approved, reason=reason, deciders=deciders,
-        )
 
     async def forget_idle(self, idle_before: float) -> list[Chat]:
         """Drop chats idle since `idle_before`; their unanswered approvals count as cancelled."""

@@ -7,9 +7,10 @@ directory (`opened`), so that any replica can list it and read it, and drops it 
 replicas never both decide, and one approver never counts twice); once the quorum is reached, the
 owner applies it (`Decide`), as the chatting person's answer would be applied, and the plugin's
 request waiting for the verdict gets it. The desk reaches this replica's chats only through the
-approvals room's port to them (approvals/ports.py `ApprovalChats`, which the chat service
-implements and the router hands in): a decision is applied through it (`ApprovalDecisions`),
-whichever way the call waits, and what a listing needs of a chat is read through it as plain values.
+approvals room's port to them (approvals/ports.py `ApprovalChats`, which the chat's desk view,
+chat/desk_view.py, implements and the router hands in): a decision is applied through it
+(`ApprovalDecisions`), whichever way the call waits, and what a listing needs of a chat is read
+through it as plain values.
 
 On `/run_sse` a call its approvers decide waits as an ADK confirmation instead (chat/approver_waits.py):
 it is listed under ADK's id when its deadline is kept (`confirmation_waiting`), with no owner, since

@@ -203,12 +203,12 @@ class ForwardedRequests:
 
     async def _decide(self, work: Decide, asked: Forwarded) -> Answer:
         if "chat" in work.deciders:  # an ADK confirmation (approval_desk.py): answered to ADK here
-            result = await self._chats.answer_for_approvers(
+            result = await self._chats.desk_view.answer_for_approvers(
                 str(work.deciders.get("agent", "")), work.user, str(work.deciders["chat"]), work.approval,
                 approved=work.approved, reason=work.reason or None, deciders=list(work.deciders.get("deciders", [])),
             )
             return Decided(RUN if work.approved else Verdict.refuse("decided by approvers"), result)
-        result = self._chats.decide_for_approvers(
+        result = self._chats.desk_view.decide_for_approvers(
             user_id=work.user, session_id=work.session, approval_id=work.approval, approved=work.approved,
             reason=work.reason or None, deciders=list(work.deciders.get("deciders", [])),
         )

@@ -15,6 +15,12 @@ from the start of its drain it answers each of them, and every new one, `HandedO
 `retry_elsewhere`), and the plugin asks again through the balancer. The owner takes a repeated
 ask for a call it already holds as the same call (`here`): it re-attaches to the call's verdict,
 never opens, records or shows it twice, and answers a call already released with its verdict.
+
+The owner reaches its chats through the approvals room's port `approvals/ports.py` `GatedCalls`
+(the chat's gates implement it). Before a new ask is decided it reads the user's count of approvals
+listed for the approvals API from the store, when the ask could be listed: the chat's machine
+refuses it past the user's cap (approvals/decision.py), and the store's capped put of a held call
+stays the guard against asks that passed together.
 """
 
 from __future__ import annotations
@@ -26,10 +32,9 @@ from collections.abc import Awaitable, Callable
 import orjson
 import structlog
 
-from ..config.agent import ToolPolicy
+from ..approvals.decision import OVER_USER_CAP
+from ..approvals.ports import GatedCalls
 from ..core.approvals import CallState, GatedCall, Verdict
-from ..core.approver_confirmations import marked
-from ..chat.service import ChatService
 from ..core.refusals import HttpError, Refusal
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import cancel_and_wait
@@ -56,11 +61,6 @@ _VERDICT_RECORD_TTL = 120
 # How long a handed-over ask waits for the cancelled forward to end (it ends at once unless a
 # cancellation is lost inside a Redis call): the plugin is answered either way.
 _HANDOVER_GRACE = 1.0
-# What the model reads of a call refused for its user's cap on listed approvals.
-_OVER_USER_CAP = (
-    "too many of this user's tool calls are already waiting for approvers "
-    "(limits.max_pending_approvals_per_user); the call was not run"
-)
 
 
 class HandedOver(Refusal):
@@ -81,11 +81,12 @@ class RemoteGate:
     """Both ends of a forwarded gated call: the replica holding the plugin's request, and the owner."""
 
     def __init__(
-        self, state: SharedState, chats: ChatService, metrics: GatewayMetrics, tasks: Tasks, liveness: Liveness,
+        self, state: SharedState, calls: GatedCalls, metrics: GatewayMetrics, tasks: Tasks, liveness: Liveness,
         ask: Ask, *, forward_timeout: float, desk: ApprovalDesk | None = None,
     ) -> None:
         self._state = state
-        self._chats = chats
+        # This replica's chats, as the plugin's asks reach them (the chat's gates).
+        self._calls = calls
         self.metrics = metrics
         self._tasks = tasks
         self._liveness = liveness
@@ -160,7 +161,7 @@ class RemoteGate:
         a second one), and refusing at once would lose an approval a person may still give.
         """
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._deadline(gate.app, gate.tool) + 2 * self._forward_timeout
+        give_up = loop.time() + self._calls.timeout(gate.app, gate.tool) + 2 * self._forward_timeout
         while True:
             try:
                 return await self._ask(owner, gate)
@@ -170,18 +171,13 @@ class RemoteGate:
                 log.info("gate_forward_retry", owner=owner, tool_call_id=gate.tool_call_id, reason="shared store unreachable")
                 await asyncio.sleep(self._liveness.interval)
 
-    def _deadline(self, app: str, tool: str) -> float:
-        """How long the owner may hold a call of `tool` of ADK app `app` (its policy's timeout)."""
-        agent = self._chats.agents.for_app(app)
-        return (agent.tool_policy(tool) if agent is not None else ToolPolicy()).timeout
-
     async def await_verdict(self, call_id: str, owner: str, app: str, tool: str) -> tuple[Verdict, str]:
         """The verdict of the call `call_id`, which waits for a person on `owner`: from the owner's
         message or, should that be lost, from the call's record; refused if the owner dies first."""
         future = self._verdicts.setdefault(call_id, asyncio.get_running_loop().create_future())
         # The owner releases the call by its deadline; past that (and a margin), the verdict was
         # lost with Redis's data: refuse rather than hold the agent forever.
-        timeout = self._deadline(app, tool) + 2 * self._forward_timeout
+        timeout = self._calls.timeout(app, tool) + 2 * self._forward_timeout
         try:
             decided = await self._liveness.wait(
                 future, owner, timeout=timeout, check=lambda: self._recorded(call_id), through_outages=True
@@ -226,23 +222,22 @@ class RemoteGate:
         A call already open here (the plugin asks again) is re-attached to: its verdict once
         released, at once if it was; it is not recorded, shown or counted again.
         """
-        gates = self._chats.gates
-        call = gates.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
+        calls = self._calls
+        # Read before the call is looked up, so that nothing awaits between the look-up and the open.
+        user_waiting = await self._user_waiting(gate)
+        call = calls.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
         reattached = call is not None
         listed = False  # in the approvals API's directory: dropped once released
-        over_cap = False  # refused for its user's cap on listed approvals
+        over_cap = False  # refused by the store for its user's cap on listed approvals
         if call is not None:
             log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
         else:
-            opened = gates.open(
+            opened = calls.open(
                 app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
                 tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
-                approvers=gate.approvers,
+                approvers=gate.approvers, user_waiting=user_waiting,
             )
             if isinstance(opened, Verdict):
-                if await self._over_user_cap(gate, opened):
-                    refused = Verdict.refuse(f"The call was cancelled: {_OVER_USER_CAP}", "too_many_pending_user")
-                    return refused, "too_many_pending_user"
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened
             await self._record_open(call)
@@ -253,8 +248,8 @@ class RemoteGate:
             await on_waiting(call)
         if not reattached:
             # Shown by the ask that opened it, once recorded: a repeated ask shows nothing.
-            gates.announce(call)
-        verdict = await gates.wait(call)
+            calls.announce(call)
+        verdict = await calls.wait(call)
         if listed:
             # Only what was listed: a browser tool's wait for its output costs no store round trip.
             assert self.desk is not None
@@ -267,43 +262,42 @@ class RemoteGate:
             return verdict, "too_many_pending_user"
         return verdict, "run" if verdict.run else "respond"
 
-    async def _over_user_cap(self, gate: Gate, verdict: Verdict) -> bool:
-        """An ADK confirmation for approvers, asked by a user who has their cap of approvals listed
-        already: refused as a held call past it is (it would be listed once ADK's run asked it,
-        when it can no longer be refused). The store unreachable refuses nothing, as for a held call."""
-        if self.desk is None or not (verdict.confirm and marked(verdict.payload)):
-            return False
-        agent = self._chats.gates.agent_of(gate.user, gate.session)
+    async def _user_waiting(self, gate: Gate) -> int | None:
+        """How many approvals the asking user has listed, for the chat's machine to hold the ask to
+        their cap; None when no listing is kept here, the ask could not be listed (no store round
+        trip), or the store cannot say: then nothing is refused for it."""
+        if self.desk is None or not self._calls.may_be_listed(gate.app, gate.tool, confirm=gate.confirm):
+            return None
         try:
-            over = await self._state.pending_approvals(gate.user) >= self._chats.config.max_pending_approvals_per_user(agent)
+            return await self._state.pending_approvals(gate.user)
         except SharedStateDown:
-            return False
-        if over:
-            self.metrics.approvals_over_user_cap.labels(agent).inc()
-            log.warning("approval_over_user_cap", tool_call_id=gate.tool_call_id, tool=gate.tool)
-        return over
+            return None
 
     async def _list(self, call: GatedCall) -> bool:
         """List the call for the approvals API; past its user's cap, refuse it (released as
-        cancelled: the model reads why, the browser sees it refused) and say so: False."""
+        cancelled: the model reads why, the browser sees it refused) and say so: False.
+
+        The machine already held the ask to the cap by the count read before it (`_user_waiting`),
+        but a parallel ask of the same user may have been listed since: the store's atomic capped
+        put is what no two asks pass together."""
         assert self.desk is not None
         if await self.desk.opened(call):
             return True
-        agent = self._chats.gates.agent_of(call.user_id, call.session_id)
+        agent = self._calls.agent_of(call.user_id, call.session_id)
         self.metrics.approvals_over_user_cap.labels(agent).inc()
         log.warning("approval_over_user_cap", approval_id=call.id, tool=call.tool)
-        self._chats.gates.cancel(call, _OVER_USER_CAP)
+        self._calls.cancel(call, OVER_USER_CAP)
         return False
 
     async def _record_open(self, call: GatedCall) -> None:
         """Record a call just opened, before the browser can see it, so any replica can tell what became of it."""
-        ttl = max(call.deadline - self._chats.gates.now(), 0) + 60
+        ttl = max(call.deadline - self._calls.now(), 0) + 60
         try:
             await self._state.put_call(call.id, {
                 "user": call.user_id, "chat": call.chat_id, "owner": self._state.replica_id, "tool": call.tool,
             }, ttl=ttl)
         except SharedStateDown:
-            self._chats.gates.cancel(call, "the gateway's shared session store is unreachable")
+            self._calls.cancel(call, "the gateway's shared session store is unreachable")
 
     async def serve(self, gate: Gate, asked: Forwarded) -> Answer | None:
         """A Gate forwarded here: the verdict if immediate; else Waiting now, and Released later."""

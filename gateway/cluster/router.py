@@ -89,9 +89,9 @@ class Cluster:
         # The responses this replica relays, and those it follows from others (relay.py).
         self.relays = Relays(state, self._tasks, liveness, metrics)
         # The approvals API's directory and decisions (approval_desk.py); the gate lists its calls.
-        self.approvals = ApprovalDesk(state, chats, self._asker.ask)
+        self.approvals = ApprovalDesk(state, chats.desk_view, self._asker.ask)
         self._gates = RemoteGate(
-            state, chats, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
+            state, chats.gates, metrics, self._tasks, liveness, self._asker.ask, forward_timeout=settings.forward_timeout,
             desk=self.approvals,
         )
         # The deadline queue's timer, and where each passed deadline is answered (deadline_answers.py;

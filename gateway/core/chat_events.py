@@ -185,7 +185,9 @@ class ToolAsked:
     request (the rules read them); `confirm`: the plugin asks ADK's confirmation unless the gateway
     decides (confirm mode); `approvers`: it can mark that confirmation with who answers (plugin
     0.3); `mode`: the agent's upstream (`live` has no confirmation); `max_pending`: the chat's cap
-    of waiting calls; `approval_id`: the id a new call takes (None: a fresh unguessable one).
+    of waiting calls; `user_waiting`: how many approvals the user has listed for the approvals API
+    (the shared store's count, read before the ask; None: not read, or unknown), `max_pending_user`
+    their cap; `approval_id`: the id a new call takes (None: a fresh unguessable one).
     A recorded call is shown to the browser by `GateOpened`, once the cluster recorded it too; one
     a rule decided (released) is recorded and shown at once.
     """
@@ -205,6 +207,8 @@ class ToolAsked:
     mode: Literal["sse", "live"] = "sse"
     max_pending: int = 16
     approval_id: str | None = None
+    user_waiting: int | None = None
+    max_pending_user: int = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
 """The approvals room's ports toward the chat side, and what implements each (no type checker runs
 here, so the signatures are held against each other): the machine's `GateDecider`
 (core/gate_decider.py), implemented by the room's decision (approvals/decision.py), and the room's
-`ApprovalDecisions` (approvals/ports.py), implemented by the chat service and called by the desk,
+`ApprovalDecisions` (approvals/ports.py), implemented by the chat's desk view (chat/desk_view.py) and called by the desk,
 and `ApprovalChats`, the whole of what the desk reads of this replica's chats, through which alone
-it reaches them (tests/unit/test_layers.py holds it to importing nothing of gateway/chat/)."""
+it reaches them; and `GatedCalls`, implemented by the chat's gates, through which alone the remote
+gate reaches the chats with the plugin's ask (tests/unit/test_layers.py holds both to importing
+nothing of gateway/chat/)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,23 @@ from typing import Any
 import pytest
 
 from gateway.approvals.decision import DECIDER
-from gateway.approvals.ports import ApprovalChats, ApprovalDecisions, WaitingConfirmation
-from gateway.chat.service import ChatService
+from gateway.approvals.decision import refuse_ask
+from gateway.approvals.ports import ApprovalChats, ApprovalDecisions, GatedCalls, WaitingConfirmation
+from gateway.chat.gates import Gates
+from gateway.chat.desk_view import DeskView
 from gateway.cluster.approval_desk import CONFIRM_ENGINE, ApprovalDesk
+from gateway.cluster.liveness import Liveness
 from gateway.cluster.memory import MemoryState
-from gateway.cluster.messages import Answer, Work
+from gateway.cluster.messages import Answer, Gate, Work
+from gateway.cluster.remote_gate import RemoteGate
+from gateway.cluster.tasks import Tasks
 from gateway.config.schema import GatewayConfig, ToolPolicy, parse_config
-from gateway.core.approvals import GatedCall
+from gateway.core.approvals import GatedCall, Verdict
 from gateway.core.approver_confirmations import ApproverMark
 from gateway.core.deadlines import Deadline
 from gateway.core.gate_decider import GateDecider
 from gateway.core.native_confirmation import NativeConfirmation
+from gateway.ops.metrics import GatewayMetrics
 
 
 def _signature(method: object) -> list[tuple[str, object, object]]:
@@ -31,7 +39,7 @@ def _signature(method: object) -> list[tuple[str, object, object]]:
 
 
 @pytest.mark.parametrize(("port", "implementation"), [
-    (GateDecider, type(DECIDER)), (ApprovalDecisions, ChatService), (ApprovalChats, ChatService),
+    (GateDecider, type(DECIDER)), (ApprovalDecisions, DeskView), (ApprovalChats, DeskView), (GatedCalls, Gates),
 ])
 def test_each_port_is_implemented_with_its_own_signatures(port: type, implementation: type) -> None:
     methods = [name for name, _ in inspect.getmembers(port, inspect.isfunction) if not name.startswith("_")]
@@ -119,3 +127,45 @@ async def test_the_desk_lists_what_waits_reading_the_chats_only_through_the_port
     assert await state.get_approval("adk-9") is None  # no chat here waits on it: nothing listed
     assert await desk.deadline_passed(Deadline(chats.config.default, "u", "chat-2", "adk-2", "c2", "pay", 5030.0)) is None
     assert [d.approval_id for d in chats.expired] == ["adk-2"]
+
+
+class _Calls:
+    """This replica's chats as the remote gate sees them (`GatedCalls`), with nothing of the chat
+    layer: every new ask is refused at once, and what it was opened with is kept."""
+
+    def __init__(self, listed: bool) -> None:
+        self.listed = listed
+        self.opened: list[dict[str, Any]] = []
+
+    def find(self, **_: Any) -> GatedCall | None:
+        return None
+
+    def open(self, **ask: Any) -> GatedCall | Verdict:
+        self.opened.append(ask)
+        return refuse_ask("no_browser", "nobody here")
+
+    def may_be_listed(self, app_name: str, tool: str, *, confirm: bool) -> bool:
+        return self.listed
+
+    def timeout(self, app_name: str, tool: str) -> float:
+        return 30.0
+
+
+@pytest.mark.parametrize("listed", [True, False])
+async def test_the_remote_gate_hands_the_users_count_to_the_chats_through_the_port(listed: bool) -> None:
+    """The user's count of listed approvals is read from the store before the ask is decided, and
+    only for an ask that may be listed; the chat's machine decides with it (approvals/decision.py)."""
+    state = MemoryState("a")
+    for n in (1, 2):
+        await state.put_approval({"id": f"gw-{n}", "agent": "a", "tool": "pay", "requester": "u", "created": 1.0}, ttl=60)
+    calls = _Calls(listed)
+    gate = RemoteGate(
+        state, calls, GatewayMetrics(), Tasks(), Liveness(state, 0.01), _no_ask, forward_timeout=0.05,  # type: ignore[arg-type]
+        desk=ApprovalDesk(state, _Chats(), _no_ask),
+    )
+    ask = Gate(app="pay_app", user="u", session="s1", tool_call_id="c1", tool="pay", args={}, confirm=True, approvers=True)
+    verdict, result = await gate.here(ask)
+    assert result == "no_browser" and not verdict.run
+    [opened] = calls.opened
+    assert opened["user_waiting"] == (2 if listed else None)
+    assert (opened["confirm"], opened["approvers"], opened["tool_call_id"]) == (True, True, "c1")

@@ -140,7 +140,7 @@ async def test_the_requester_cannot_answer_an_adk_confirmation_for_approvers_eve
 async def test_the_gateway_answers_adks_confirmation_once_the_approvers_decided() -> None:
     adk, service = shipped_service()
     adk.sessions = [{"events": _confirmation(PAYLOAD)}]
-    result = await service.answer_for_approvers(
+    result = await service.desk_view.answer_for_approvers(
         "support_agent", "customer", "chat-1", "adk-9", approved=True, reason=None,
         deciders=[{"user": "sup", "auth": "approver_key"}],
     )
@@ -154,7 +154,7 @@ async def test_the_gateway_answers_adks_confirmation_once_the_approvers_decided(
     await asyncio.sleep(0.01)
     # Decided once: a second decision (another replica's, a replay) sends ADK nothing.
     adk.sessions = [{"events": [*_confirmation(PAYLOAD), {"author": "u", "content": {"role": "user", "parts": [part]}}]}]
-    again = await service.answer_for_approvers(
+    again = await service.desk_view.answer_for_approvers(
         "support_agent", "customer", "chat-1", "adk-9", approved=True, reason=None, deciders=[],
     )
     assert again == "already" and adk.calls.count("run") == 1
@@ -163,7 +163,7 @@ async def test_the_gateway_answers_adks_confirmation_once_the_approvers_decided(
 async def test_a_denial_by_the_approvers_is_adks_rejection_with_their_reason_for_the_model() -> None:
     adk, service = shipped_service()
     adk.sessions = [{"events": _confirmation(PAYLOAD)}]
-    result = await service.answer_for_approvers(
+    result = await service.desk_view.answer_for_approvers(
         "support_agent", "customer", "chat-1", "adk-9", approved=False, reason="not this one", deciders=[],
     )
     assert result == "decided"
@@ -206,7 +206,7 @@ async def test_the_requesters_response_stays_open_and_streams_the_approvers_outc
     kinds = [c["type"] for c in seen]
     assert "data-approval" in kinds and "finish" not in kinds and "tool-approval-request" not in kinds
     assert not follower.done(), "the requester's response waits for the approvers, open"
-    result = await service.answer_for_approvers(
+    result = await service.desk_view.answer_for_approvers(
         "support_agent", "customer", "chat-1", "adk-9", approved=approved, reason=None if approved else "no",
         deciders=[{"user": "sup", "auth": "approver_key"}],
     )
@@ -227,6 +227,6 @@ async def test_the_requesters_response_stays_open_and_streams_the_approvers_outc
     assert any(c["type"] == outcome and c["toolCallId"] == "c-1" for c in seen), seen
     # Once: the approvers' second word (another replica's replay) finds nothing waiting.
     adk.sessions = [{"events": [*_confirmation(PAYLOAD), {"author": "u", "content": sent}]}]
-    again = await service.answer_for_approvers("support_agent", "customer", "chat-1", "adk-9", approved=True,
+    again = await service.desk_view.answer_for_approvers("support_agent", "customer", "chat-1", "adk-9", approved=True,
                                                reason=None, deciders=[])
     assert again == "already" and len(adk.messages) == 2

@@ -195,7 +195,7 @@ async def test_confirmations_for_approvers_count_against_the_chats_cap(env: Env)
     attachment = await env.cluster.submit(default, USER, body(CHAT))
     env.adk.reads.put_nowait([*asked("adk-1", "c-1"), *asked("adk-2", "c-2")])
     env.adk.reads.put_nowait(None)  # the run ends with two confirmations for the approvers
-    await until(lambda: _true(env.chats.native_waiting(default, USER, CHAT, "adk-2")), "both wait")
+    await until(lambda: _true(env.chats.desk_view.native_waiting(default, USER, CHAT, "adk-2")), "both wait")
     attachment.response.close()
     # The requester chats on (ADK's session keeps both), and the next run's call would be a third.
     again = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and pay 9 more"}]}

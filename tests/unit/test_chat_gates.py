@@ -256,3 +256,27 @@ async def test_a_refund_the_rule_cannot_read_waits_for_a_supervisor_never_the_re
         }
     # Nothing waits here for it: the requester has nothing to answer.
     assert service.gates.find(app_name="support_agent", user_id="customer", session_id="chat-1", tool_call_id=CALL) is None
+
+
+async def test_an_ask_past_its_users_cap_is_refused_by_the_machine_and_counted_by_the_gates() -> None:
+    """The user's count of listed approvals is an input of the decision (the cluster reads it from
+    the store before asking); the gates carry the refusal out: counted by agent, nothing recorded."""
+    adk, service, metrics = scripted_service()
+    await service.submit(AGENT, "u", request(USER))
+    adk.reads.put_nowait([call_event("process_payment")])
+    await asyncio.sleep(0.01)
+    cap = service.config.max_pending_approvals_per_user(AGENT)
+    ask = {"app_name": AGENT, "user_id": "u", "session_id": "chat-1", "tool": "process_payment", "args": {}}
+    refused = service.gates.open(tool_call_id=CALL, user_waiting=cap, **ask)  # type: ignore[arg-type]
+    assert isinstance(refused, Verdict) and not refused.run and refused.reason == "too_many_pending_user"
+    assert refused.response is not None and "max_pending_approvals_per_user" in refused.response["error"]
+    assert metrics.registry.get_sample_value("adk_gateway_approvals_over_user_cap_total", {"agent": AGENT}) == 1
+    chat = service._registry.find(AGENT, "u", "chat-1")  # noqa: SLF001 - its ledger: nothing recorded
+    assert chat is not None and chat.ledger.call(CALL) is None
+    # One below the cap, or a count nobody could read: the call waits, and nothing more is counted.
+    for waiting, call_id in ((cap - 1, "c-2"), (None, "c-3")):
+        call = service.gates.open(tool_call_id=call_id, user_waiting=waiting, **ask)  # type: ignore[arg-type]
+        assert isinstance(call, GatedCall) and not call.released
+    assert metrics.registry.get_sample_value("adk_gateway_approvals_over_user_cap_total", {"agent": AGENT}) == 1
+    adk.reads.put_nowait(None)
+    await service.close()

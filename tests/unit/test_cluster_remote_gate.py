@@ -80,7 +80,7 @@ async def replicas() -> AsyncIterator[Replicas]:
     asker = Asker(here, liveness, forward_timeout=config.sessions.forward_timeout)
 
     def make_gates(ask: Ask) -> RemoteGate:
-        return RemoteGate(here, chats, metrics, tasks, liveness, ask, forward_timeout=config.sessions.forward_timeout)
+        return RemoteGate(here, chats.gates, metrics, tasks, liveness, ask, forward_timeout=config.sessions.forward_timeout)
 
     gates = make_gates(never_asked)
     pair = Replicas(hub, owner, here, gates, asker, metrics, make_gates, [])

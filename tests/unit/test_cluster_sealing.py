@@ -387,7 +387,7 @@ async def test_a_forged_released_never_releases_a_gated_call(cluster: Any) -> No
     metrics = GatewayMetrics()
     chats = chat_service(config, registry=Registry(10), metrics=metrics)
     tasks = Tasks()
-    gates = RemoteGate(b, chats, metrics, tasks, Liveness(b, HEARTBEAT), never_asked, forward_timeout=0.1)
+    gates = RemoteGate(b, chats.gates, metrics, tasks, Liveness(b, HEARTBEAT), never_asked, forward_timeout=0.1)
     # What b's router does with a message that opened (gateway/cluster/router.py).
     delivered = len(inbox)
 

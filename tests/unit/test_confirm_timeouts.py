@@ -112,13 +112,13 @@ async def test_a_passed_deadline_is_answered_once_and_the_late_answer_reads_it()
     [deadline] = kept
     # Runs from the gateway's first sight (later than ADK's timestamp here).
     assert deadline.approval_id == CONFIRM_ID and deadline.due == pytest.approx(wall.now + TIMEOUT)
-    assert await chats.expire_confirmation(deadline) == pytest.approx(wall.now + TIMEOUT)  # not yet
+    assert await chats.desk_view.expire_confirmation(deadline) == pytest.approx(wall.now + TIMEOUT)  # not yet
     assert answers(adk) == []
     wall.now += TIMEOUT
-    assert await chats.expire_confirmation(deadline) is None
+    assert await chats.desk_view.expire_confirmation(deadline) is None
     await asyncio.sleep(0.05)
     assert answers(adk) == [{"confirmed": False}]
-    assert await chats.expire_confirmation(deadline) is None  # claimed twice: answered once
+    assert await chats.desk_view.expire_confirmation(deadline) is None  # claimed twice: answered once
     answer = approval_of(first)
     late = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
     assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
@@ -134,7 +134,7 @@ async def test_on_timeout_error_sends_the_gateways_error_and_the_browser_sees_it
     chats, kept = service(adk, wall, on_timeout="error")
     first = await ask(chats)
     wall.now += TIMEOUT
-    assert await chats.expire_confirmation(kept[0]) is None
+    assert await chats.desk_view.expire_confirmation(kept[0]) is None
     answer = approval_of(first)
     late = await read(await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
     assert answers(adk) == [{"confirmed": False, "payload": {"adk_gateway": {"error": TIMEOUT_ERROR}}}]
@@ -171,7 +171,7 @@ async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_
     if browser_first:
         answering = asyncio.create_task(chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
         await asyncio.sleep(0)
-    expiring = asyncio.create_task(chats.expire_confirmation(kept[0]))
+    expiring = asyncio.create_task(chats.desk_view.expire_confirmation(kept[0]))
     if not browser_first:
         await asyncio.sleep(0)
         answering = asyncio.create_task(chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
@@ -182,7 +182,7 @@ async def test_a_late_answer_racing_the_deadline_makes_one_answer_and_reads_the_
     assert answers(adk) == [{"confirmed": False}]
     assert {"type": "tool-output-denied", "toolCallId": "call-1"} in late
     if again is not None:  # the browser's request sent the timeout first: the deadline finds it answered
-        assert await chats.expire_confirmation(kept[0]) is None
+        assert await chats.desk_view.expire_confirmation(kept[0]) is None
     assert answers(adk) == [{"confirmed": False}]
     await chats.close()
 
@@ -257,16 +257,16 @@ async def test_an_approved_browser_tool_gets_the_whole_timeout_for_the_browser_a
     approved = wall.now
     wall.now = seen + TIMEOUT
     # The first deadline, claimed before its replacement reached the store: not yet.
-    assert await chats.expire_confirmation(asked) == pytest.approx(approved + TIMEOUT)
+    assert await chats.desk_view.expire_confirmation(asked) == pytest.approx(approved + TIMEOUT)
     wall.now = seen + 1.5 * TIMEOUT
-    assert await chats.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
+    assert await chats.desk_view.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
     assert answers(adk) == []
     done = await send_output(chats, first)
     assert any(c.get("delta") == "Paid." for c in done)  # ADK ran on with the tool's result
     assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
     # The deadline passing afterwards finds it answered: no timeout goes out.
     wall.now = approved + TIMEOUT
-    assert await chats.expire_confirmation(moved) is None
+    assert await chats.desk_view.expire_confirmation(moved) is None
     await asyncio.sleep(0.05)
     assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
     assert chats.metrics.registry.get_sample_value(
@@ -285,10 +285,10 @@ async def test_a_browser_that_never_answers_times_out_a_whole_timeout_after_the_
     approved, moved = wall.now, kept[-1]
     for at in (seen + TIMEOUT, approved + TIMEOUT - 0.01):
         wall.now = at
-        assert await chats.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
+        assert await chats.desk_view.expire_confirmation(moved) == pytest.approx(approved + TIMEOUT)
         assert answers(adk) == []
     wall.now = approved + TIMEOUT
-    assert await chats.expire_confirmation(moved) is None
+    assert await chats.desk_view.expire_confirmation(moved) is None
     await asyncio.sleep(0.05)
     # Worded as hold mode words the browser's wait timing out.
     assert answers(adk) == [{"confirmed": False, "payload": {"adk_gateway": {"error": BROWSER_TIMEOUT_ERROR}}}]
@@ -422,7 +422,7 @@ async def test_a_deadline_answered_where_the_chat_never_ran_continues_the_messag
     await a.close()
     b, _ = service(adk, wall)
     wall.now = deadline.due
-    assert await b.expire_confirmation(deadline) is None
+    assert await b.desk_view.expire_confirmation(deadline) is None
     chat = b._registry.find(AGENT, "alice", "chat-1")  # noqa: SLF001 - the run the timeout started
     assert chat is not None and chat.run is not None
     assert chat.run.message_id == first[0]["messageId"]

@@ -3,6 +3,7 @@ the tool's rules, what the plugin can do, the upstream mode and what the chat ho
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, Outcome
 from gateway.core.chat_events import ToolAsked
-from gateway.approvals.decision import ChatView, decide_ask
+from gateway.approvals.decision import REFUSALS, ChatView, decide_ask, may_be_listed
 
 # A rule approves small payments, another denies huge ones; the rest the chatting user answers.
 PAY = ToolPolicy.model_validate({"approval": True, "rules": [
@@ -40,10 +41,13 @@ TOO_OLD = "This call waits for approvers, which needs adk-gateway-plugin 0.3 or 
 V03, V02, HOLDS = {"confirm": True, "approvers": True}, {"confirm": True}, {}
 
 
-def ask(policy: ToolPolicy, amount: Any = 50, *, mode: str = "sse", max_pending: int = 16, **plugin: bool) -> ToolAsked:
+def ask(
+    policy: ToolPolicy, amount: Any = 50, *, mode: str = "sse", max_pending: int = 16, user_waiting: int | None = None,
+    **plugin: bool,
+) -> ToolAsked:
     return ToolAsked(
         "t1", "tool", {"amount": amount}, policy, "agent", "requester", "c", "c", 1.0,
-        mode=mode, max_pending=max_pending, **plugin,  # type: ignore[arg-type]
+        mode=mode, max_pending=max_pending, user_waiting=user_waiting, max_pending_user=2, **plugin,  # type: ignore[arg-type]
     )
 
 
@@ -170,3 +174,70 @@ def test_a_call_takes_the_approval_id_it_is_given() -> None:
     asked = ToolAsked("t1", "tool", {"amount": 50}, PAY, "agent", "u", "c", "c", 1.0, approval_id="gw-fixed")
     call = decide_ask(asked, RUNNING).call
     assert call is not None and call.id == "gw-fixed" and (call.created, call.deadline) == (1.0, 1.0 + PAY.timeout)
+
+
+# Asks the approvals API would list (each user's cap counts them), and what each comes to below the cap.
+LISTED = [
+    ("approvers on sse: ADK's confirmation, marked", ask(REFUND, 250, **V03), "confirm"),
+    ("approvers on live: held here", ask(REFUND, 250, mode="live"), "wait"),
+    ("held for the chatting user (live)", ask(PAY, 50, mode="live"), "wait"),
+    ("held for the chatting user (a plugin that holds)", ask(PAY, 50), "wait"),
+]
+
+
+@pytest.mark.parametrize(("why", "asked", "action"), LISTED, ids=[c[0] for c in LISTED])
+def test_past_its_users_cap_an_ask_that_would_be_listed_is_refused(why: str, asked: ToolAsked, action: str) -> None:
+    """Was the shell's to decide after the machine (cluster/remote_gate.py `_over_user_cap`): the
+    machine said `confirm`, and the shell then refused it."""
+    refused = decide_ask(replace(asked, user_waiting=2), RUNNING)
+    assert refused.action == "refuse" and refused.call is None, why
+    assert refused.verdict is not None and not refused.verdict.run and not refused.verdict.confirm
+    assert refused.verdict.reason == "too_many_pending_user"
+    assert refused.verdict.response == {"error": REFUSALS["too_many_pending_user"], REFUSAL_KEY: "too_many_pending_user"}
+    assert refused.verdict.response["error"] == (
+        "The call was cancelled: too many of this user's tool calls are already waiting for approvers "
+        "(limits.max_pending_approvals_per_user); the call was not run"
+    )
+    # Below the cap, or a count the shell could not read (the store down): what it comes to anyway.
+    assert decide_ask(replace(asked, user_waiting=1), RUNNING).action == action, why
+    assert decide_ask(replace(asked, user_waiting=None), RUNNING).action == action, why
+    # The chat's own cap is checked first: its refusal says which cap.
+    full = ChatView(run_under_way=True, waiting=16)
+    assert decide_ask(replace(asked, user_waiting=2), full).verdict.reason == "too_many_pending"  # type: ignore[union-attr]
+
+
+def test_past_its_users_cap_what_would_not_be_listed_is_not_refused() -> None:
+    over = 5  # the cap is 2
+    # ADK's confirmation the chatting user answers (not listed); a rule's decision (nobody waits).
+    assert decide_ask(ask(PAY, 50, user_waiting=over, **V03), RUNNING).action == "confirm"
+    assert decide_ask(ask(PAY, 2, user_waiting=over, **V03), RUNNING).action == "rule"
+    assert decide_ask(ask(PAY, 2, user_waiting=over, mode="live"), RUNNING).action == "rule"
+    # A browser tool held for its output (nobody approves it: not listed).
+    held = decide_ask(ask(BROWSER, 50, user_waiting=over, mode="live"), RUNNING)
+    assert held.action == "wait" and held.call is not None and held.call.state is CallState.AWAITING_OUTPUT
+    # The plugin asking again about a call already listed: the same call, not a new listing.
+    first = decide_ask(ask(REFUND, 250, mode="live"), RUNNING).call
+    again = decide_ask(ask(REFUND, 250, user_waiting=over, mode="live"), ChatView(True, 0, asked_before=first))
+    assert again.action == "wait" and again.again and again.call is first
+
+
+@pytest.mark.parametrize(("policy", "mode", "confirm", "expected"), [
+    (PLAIN, "sse", False, False),
+    (BROWSER, "live", False, False),  # a browser tool nobody approves waits for its output, unlisted
+    (PAY, "sse", True, False),  # the chatting user's ADK confirmations are not listed
+    (PAY, "sse", False, True),  # a plugin that holds: held for a person, listed
+    (PAY, "live", False, True),
+    (REFUND, "sse", True, True),  # a rule names approvers
+    (WIRE, "sse", True, True),  # the tool itself names them
+])
+def test_the_users_count_matters_only_to_an_ask_that_may_be_listed(
+    policy: ToolPolicy, mode: str, confirm: bool, expected: bool,
+) -> None:
+    """The shell reads the user's count from the store only when this says it matters."""
+    assert may_be_listed(policy, mode=mode, confirm=confirm) is expected
+    # Consistent with the decision: an ask it says cannot be listed is never refused for the count.
+    plugin = V03 if confirm else HOLDS
+    for amount in (2, 50, 250):
+        refused = decide_ask(ask(policy, amount, mode=mode, user_waiting=9, **plugin), RUNNING)
+        if not expected:
+            assert not (refused.verdict is not None and refused.verdict.reason == "too_many_pending_user")

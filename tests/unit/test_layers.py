@@ -14,8 +14,9 @@ not in reviews:
   through its own port (`approvals/store.py`); the chat, the cluster, access and the edge may
   import it, upstream, ops and config may not; of the edge, only the modules that build and hold
   the object graph and the approvals API do; the chat's machine takes the room's decision through
-  its own port (`core/gate_decider.py`), and the cluster's desk reaches the chats only through the
-  room's port to them (`approvals/ports.py` `ApprovalChats`): it imports nothing of gateway/chat/;
+  its own port (`core/gate_decider.py`), and the cluster's desk and remote gate reach the chats only
+  through the room's ports to them (`approvals/ports.py` `ApprovalChats`, `GatedCalls`): they import
+  nothing of gateway/chat/;
 - no two modules import each other at load time (a cycle), lazily or not;
 - the edge reaches the chat layer only through the cluster router: of gateway/chat/ it imports only
   the value types a transport follows (`chat/attachment.py`, `chat/response.py`), and the modules
@@ -55,6 +56,8 @@ ROOM_PORTS = {
     # The desk reaches this replica's chats through the room's port to them (it applies a counted
     # decision, and reads what a listing needs), never through the chat layer itself.
     "cluster.approval_desk": ("approvals.ports", "chat."),
+    # The remote gate reaches them through the room's port for the plugin's asks (`GatedCalls`).
+    "cluster.remote_gate": ("approvals.ports", "chat."),
 }
 # I/O, clocks and the process's logging: the shells' business. (`time` is a clock: the core is
 # given `now` by its caller.)

@@ -103,8 +103,12 @@ def test_the_watchdog_ends_a_process_whose_stop_hangs() -> None:
 
 def _cluster(hub: MemoryHub) -> Cluster:
     config = GatewayConfig.model_validate({"sessions": {"heartbeat_interval": "50ms", "owner_timeout": "100ms"}})
-    # A stand-in chat service: the cluster attaches its ports (chat/ports.py) and asks for nothing else here.
-    chats: Any = SimpleNamespace(config=config, states=SimpleNamespace(), tracing=Tracing.off(), attach=lambda **ports: None)
+    # A stand-in chat service: the cluster attaches its ports (chat/ports.py), takes its faces to the
+    # remote gate and the approval desk, and asks for nothing else here.
+    chats: Any = SimpleNamespace(
+        config=config, states=SimpleNamespace(), tracing=Tracing.off(), attach=lambda **ports: None,
+        gates=SimpleNamespace(), desk_view=SimpleNamespace(),
+    )
     return Cluster(MemoryState("b", hub), chats, GatewayMetrics())
 
 
