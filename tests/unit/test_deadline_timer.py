@@ -12,14 +12,11 @@ from gateway.cluster.deadline_timer import DeadlineTimer
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.tasks import Tasks
 from gateway.core.deadlines import Deadline
+from tests.support.clock import Clock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+# A wall clock (the deadline queue's time): epoch seconds.
+EPOCH = 1_700_000_000.0
 
 
 def deadline(name: str, due: float) -> Deadline:
@@ -32,7 +29,7 @@ async def settle() -> None:
 
 
 async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() -> None:
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     answered: list[tuple[str, str]] = []
 
     def replica(name: str) -> tuple[DeadlineTimer, Tasks]:
@@ -64,7 +61,7 @@ async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() ->
 
 
 async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() -> None:
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     tries: list[float] = []
 
     async def answer(d: Deadline) -> float | None:
@@ -86,7 +83,7 @@ async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() ->
 
 async def test_a_deadline_moved_later_fires_at_its_new_time_only() -> None:
     """An approval of a browser tool (confirm mode) replaces a deadline the timer is armed for."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     answered: list[Deadline] = []
 
     async def answer(d: Deadline) -> float | None:
@@ -114,7 +111,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     """Replica a claims a passed deadline and dies before answering it (its answer never returns,
     then its tasks are gone, as with kill -9): it is not lost with a; b answers it once a's lease
     ended, and not before."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     stuck: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
     claimed_by_a: list[Deadline] = []
     answered_by_b: list[Deadline] = []
@@ -156,7 +153,7 @@ async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_d
     """a's answer takes longer than its lease: b claims and answers the deadline meanwhile (ADK's
     session and the chat make the second answer a no-op: here, b finds nothing to do). a's late
     "try again" is not kept: the deadline stays gone."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     slow: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
     answered: list[str] = []
 
@@ -208,7 +205,7 @@ async def test_a_held_deadline_the_store_could_not_take_is_kept_once_it_is_back_
                 raise SharedStateDown("unreachable")
             await super().add_deadline(deadline)
 
-    hub, clock, tasks = MemoryHub(), Clock(), Tasks()
+    hub, clock, tasks = MemoryHub(), Clock(EPOCH), Tasks()
     state = Flaky("a", hub)
     timer = DeadlineTimer(state, tasks, lambda d: asyncio.sleep(0, None), poll=None, wall=clock)
     held = replace(deadline("x", clock.now + 60), kind="held")

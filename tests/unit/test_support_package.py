@@ -12,24 +12,11 @@ TESTS = Path(__file__).resolve().parents[1]
 SUPPORT = TESTS / "support"
 
 # Files that still build their own, each with why; the list may only shrink (checked below).
-OWN_SERVICE = {
-    # The live-mode service on its own fake `/run_live` connection (LiveAdk); it moves to
-    # chat_service with the live fake.
-    "unit/test_live.py",
-}
-OWN_CLOCK = {
-    # Clocks beside the modules under change in the same session; they move to tests.support.clock.
-    "unit/test_chat_record.py",
-    "unit/test_deadline_timer.py",
-}
-# Fakes of ADK's sessions store that answer from a recorded session or refuse unknown sessions:
-# behaviours the scripted ADK does not have.
+OWN_SERVICE: set[str] = set()
+OWN_CLOCK: set[str] = set()
 OWN_ADK = {
     # The scenarios' replayed ADK: the scripted ADK (tests.support.adk) fed from a recording.
     "scenarios/replay.py",
-    "unit/test_live.py",
-    "unit/test_resume_rebuild.py",
-    "unit/test_session_create.py",
 }
 
 SERVICE = re.compile(r"\bChatService\(")
