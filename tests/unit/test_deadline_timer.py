@@ -13,6 +13,7 @@ from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.tasks import Tasks
 from gateway.core.deadlines import Deadline
 from tests.support.clock import Clock
+from tests.support.waiting import until
 
 
 # A wall clock (the deadline queue's time): epoch seconds.
@@ -49,7 +50,7 @@ async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() ->
     await asyncio.sleep(0.02)
     assert answered == []
     clock.now += 0.05
-    await asyncio.sleep(0.1)
+    await until(lambda: len(answered) == 2)
     assert sorted(approval for _, approval in answered) == ["adk-x", "adk-y"]
     a.drop(deadline("z", 0).key)
     clock.now += 60
@@ -72,10 +73,10 @@ async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() ->
     timer = DeadlineTimer(MemoryState("a", hub), tasks, answer, poll=None, wall=clock)
     timer.start()
     timer.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: len(tries) == 1 and len(hub.deadlines) == 1)
     assert len(tries) == 1 and len(hub.deadlines) == 1
     clock.now += 0.05
-    await asyncio.sleep(0.1)
+    await until(lambda: len(tries) == 2 and not hub.deadlines)
     assert len(tries) == 2 and len(hub.deadlines) == 0
     timer.close()
     await tasks.close(1.0)
@@ -128,7 +129,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     a = DeadlineTimer(MemoryState("a", hub), tasks_a, answer_a, poll=None, wall=clock, lease=0.2)
     a.start()
     a.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: bool(claimed_by_a))
     assert [d.approval_id for d in claimed_by_a] == ["adk-x"]
     a.close()
     await tasks_a.close(0.1)
@@ -139,7 +140,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     await asyncio.sleep(0.05)
     assert answered_by_b == []  # a's lease still holds
     clock.now = claimed_at + 0.2
-    await asyncio.sleep(0.25)  # b's timer waits on the loop's clock
+    await until(lambda: bool(answered_by_b) and not hub.deadlines)  # b's timer waits on the loop's clock
     assert [d.approval_id for d in answered_by_b] == ["adk-x"]
     assert len(hub.deadlines) == 0  # answered: dropped, not claimed again
     clock.now += 1.0
@@ -170,10 +171,10 @@ async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_d
     b = DeadlineTimer(MemoryState("b", hub), tasks_b, answer_b, poll=0.01, wall=clock, lease=0.2)
     a.start()
     a.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: answered == ["a"])
     b.start()
     clock.now += 0.2
-    await asyncio.sleep(0.05)
+    await until(lambda: len(answered) == 2 and not hub.deadlines)
     assert answered == ["a", "b"] and len(hub.deadlines) == 0
     slow.set_result(clock.now + 0.05)  # a, late: "the chat was busy, try again"
     await asyncio.sleep(0.05)
