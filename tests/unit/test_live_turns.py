@@ -122,15 +122,13 @@ def test_a_turn_ends_at_turn_complete() -> None:
 
 
 def test_turn_complete_right_after_tool_results_does_not_end_the_turn() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     verdicts = [turns.event(e) for e in (CALL, RESULT, DONE, model("answer"), DONE)]
     assert verdicts == [V.DELIVER, V.DELIVER, V.DELIVER, V.DELIVER, V.TURN_ENDED]
 
 
 def test_a_new_turn_does_not_inherit_the_tool_results_of_the_last() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.event(RESULT)
     turns.left(True)
     assert turns.event(DONE) is V.DROP_CUT  # the cut turn still waits for its answer
@@ -165,8 +163,7 @@ def test_events_with_no_turn_in_progress_are_dropped_and_counted() -> None:
 
 
 def test_a_cut_turn_is_dropped_up_to_its_end_and_refuses_the_next_turn_until_then() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.event(model("Hel"))
     assert turns.left(True) is V.CUT and turns.cut and not turns.in_turn
     assert turns.begin() is V.UNSETTLED and turns.state is S.CUT
@@ -177,8 +174,7 @@ def test_a_cut_turn_is_dropped_up_to_its_end_and_refuses_the_next_turn_until_the
 
 
 def test_a_cut_turn_waiting_on_tool_results_ends_at_the_turn_complete_after_the_answer() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.event(CALL)
     turns.event(RESULT)
     turns.left(True)
@@ -186,15 +182,13 @@ def test_a_cut_turn_waiting_on_tool_results_ends_at_the_turn_complete_after_the_
 
 
 def test_a_turn_whose_request_never_went_out_leaves_nothing_cut() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     assert turns.left(False) is V.NOTHING and turns.state is S.IDLE
     assert turns.begin() is V.START
 
 
 def test_the_socket_closing_mid_turn_fails_the_turn_after_what_came_before() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     assert turns.closed() is V.CLOSE_TURN and turns.in_turn
     assert turns.begin() is V.BUSY  # its reader is still there
     assert turns.event(model("a")) is V.DELIVER  # taken before the close
@@ -203,24 +197,21 @@ def test_the_socket_closing_mid_turn_fails_the_turn_after_what_came_before() -> 
 
 
 def test_a_turn_end_that_came_before_the_close_still_ends_the_turn() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.closed()
     assert turns.event(DONE) is V.TURN_ENDED and turns.state is S.CLOSED
     assert turns.left(True) is V.NOTHING
 
 
 def test_the_socket_closing_mid_cut_ends_the_cut() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.left(True)
     assert turns.closed() is V.CUT_ENDED and turns.state is S.CLOSED
     assert turns.begin() is V.CLOSED and turns.dropped == 0
 
 
 def test_a_refused_input_changes_nothing() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.event(DONE)
     with pytest.raises(LiveTurnError, match="ended"):
         turns.event(model("after the end"))
