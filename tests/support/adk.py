@@ -249,6 +249,16 @@ class SessionStoreAdk:
         raise AssertionError("no confirmation")
 
 
+# What ADK sends on `/run_live`: the model's words, a tool's call and its result, a turn's end.
+def live_text(text: str) -> dict[str, Any]:
+    return {"content": {"role": "model", "parts": [{"text": text}]}}
+
+
+LIVE_CALL = {"content": {"role": "model", "parts": [{"functionCall": {"id": "c", "name": "t"}}]}}
+LIVE_RESULT = {"content": {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "t", "response": {}}}]}}
+TURN_COMPLETE = {"turnComplete": True}
+
+
 class LiveConnection:
     """One `/run_live` socket to ADK: the events the test puts in `inbox` (None closes it), the
     requests the gateway sent (`sent`)."""

@@ -17,20 +17,13 @@ from gateway.chat.service import Attachment, ChatService
 from gateway.upstream.live import LiveLink
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.client import UpstreamError
-from tests.support.adk import LiveAdk, LiveConnection
+from tests.support.adk import LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, LiveAdk, LiveConnection, live_text
 from tests.support.service import chat_service
+from tests.support.chat import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
+from tests.support.waiting import until
 from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events, types
-from tests.unit.test_chat_gates import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
-from tests.unit.test_chat_service import until
 
 
-def model(text: str) -> dict[str, Any]:
-    return {"content": {"role": "model", "parts": [{"text": text}]}}
-
-
-CALL = {"content": {"role": "model", "parts": [{"functionCall": {"id": "c", "name": "t"}}]}}
-RESULT = {"content": {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "t", "response": {}}}]}}
-DONE = {"turnComplete": True}
 
 
 async def play(link: LiveLink, conn: LiveConnection, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -42,8 +35,8 @@ async def play(link: LiveLink, conn: LiveConnection, events: list[dict[str, Any]
 async def test_a_turn_ends_at_turn_complete_and_sends_its_request_first() -> None:
     conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
-    got = await play(link, conn, [model("a"), DONE, model("next turn")])
-    assert got == [model("a"), DONE]
+    got = await play(link, conn, [live_text("a"), TURN_COMPLETE, live_text("next turn")])
+    assert got == [live_text("a"), TURN_COMPLETE]
     assert conn.sent == [{"content": {"role": "user", "parts": [{"text": "hi"}]}}]
     await link.close()
 
@@ -51,8 +44,8 @@ async def test_a_turn_ends_at_turn_complete_and_sends_its_request_first() -> Non
 async def test_turn_complete_right_after_tool_results_does_not_end_the_turn() -> None:
     conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
-    got = await play(link, conn, [CALL, RESULT, DONE, model("answer"), DONE])
-    assert got == [CALL, RESULT, DONE, model("answer"), DONE]
+    got = await play(link, conn, [LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text("answer"), TURN_COMPLETE])
+    assert got == [LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text("answer"), TURN_COMPLETE]
     await link.close()
 
 
@@ -60,7 +53,7 @@ async def test_events_between_turns_are_dropped_and_counted() -> None:
     conn = LiveConnection()
     closed: list[bool] = []
     link = LiveLink(conn, on_closed=lambda: closed.append(True))  # type: ignore[arg-type]
-    conn.inbox.put_nowait(model("unprompted"))
+    conn.inbox.put_nowait(live_text("unprompted"))
     await asyncio.sleep(0.01)
     assert link.dropped == 1
     await link.close()
@@ -71,16 +64,16 @@ async def test_socket_closing_mid_turn_is_an_upstream_error() -> None:
     conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     with pytest.raises(UpstreamError):
-        await play(link, conn, [model("a"), None])  # type: ignore[list-item]
+        await play(link, conn, [live_text("a"), None])  # type: ignore[list-item]
     with pytest.raises(UpstreamError):
         await play(link, conn, [])
 
 
 async def cut_after_first_event(link: LiveLink, conn: LiveConnection) -> None:
     """A turn whose reader leaves after its first event (the browser stopped it)."""
-    conn.inbox.put_nowait(model("Hel"))
+    conn.inbox.put_nowait(live_text("Hel"))
     turn = link.turn_batches({"content": {"role": "user", "parts": [{"text": "hi"}]}})
-    assert list(await anext(turn)) == [model("Hel")]
+    assert list(await anext(turn)) == [live_text("Hel")]
     await turn.aclose()
 
 
@@ -91,10 +84,10 @@ async def test_a_turn_left_before_its_end_is_dropped_up_to_it_and_the_next_waits
     assert not link.in_turn and not await link.settle(0.01)
     with pytest.raises(UpstreamError, match="settle first"):
         await play(link, conn, [])
-    for event in (model("lo"), DONE):
+    for event in (live_text("lo"), TURN_COMPLETE):
         conn.inbox.put_nowait(event)
     assert await link.settle(1) and link.dropped == 2
-    assert await play(link, conn, [model("Bye"), DONE]) == [model("Bye"), DONE]
+    assert await play(link, conn, [live_text("Bye"), TURN_COMPLETE]) == [live_text("Bye"), TURN_COMPLETE]
     await link.close()
 
 
@@ -224,7 +217,7 @@ def says(conn: LiveConnection, *pieces: str) -> None:
     for piece in pieces:
         conn.inbox.put_nowait(partial(piece))
     conn.inbox.put_nowait({"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}})
-    conn.inbox.put_nowait(DONE)
+    conn.inbox.put_nowait(TURN_COMPLETE)
 
 
 async def settled() -> None:
