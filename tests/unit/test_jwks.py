@@ -234,12 +234,8 @@ async def test_ec_and_ed25519_keys_as_the_provider_signs(provider: Provider, gat
 
 async def test_a_discovery_document_of_another_issuer_yields_no_keys(provider: Provider) -> None:
     provider.discovery_issuer = "https://evil.example"
-    config = parse_config(jwt_config(provider), env={})
-    assert config.auth.jwt is not None
-    jwks = Jwks(config.auth.jwt)
-    jwks.open()
+    jwks = await discovered(provider)
     try:
-        await jwks.fetch()
         assert jwks.cache.status == "unavailable" and "not" in (jwks.cache.last_error or "")
     finally:
         await jwks.close()
@@ -454,12 +450,8 @@ async def test_a_huge_keys_document_is_refused_without_being_read_whole(provider
 
 async def test_a_huge_discovery_document_is_refused(provider: Provider) -> None:
     provider.discovery_padding = 64 * 1024 * 1024
-    config = parse_config(jwt_config(provider), env={})
-    assert config.auth.jwt is not None
-    jwks = Jwks(config.auth.jwt)
-    jwks.open()
+    jwks = await discovered(provider)
     try:
-        await jwks.fetch()
         assert jwks.cache.status == "unavailable" and "larger than" in (jwks.cache.last_error or "")
         assert provider.jwks_fetches == 0
     finally:
