@@ -59,16 +59,24 @@ test: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 		test $$a -eq 0 && test $$b -eq 0; \
 	fi
 
-# `make test`'s selection under coverage.py, for line and branch coverage of gateway/ and the ADK
-# plugin (docs/testing.md, which records the baseline). The gateways and ADK API servers the tests
-# start are measured too ([tool.coverage.run] in pyproject.toml: patch = subprocess, sigterm). Prints
-# coverage.py's per-file report, then a per-package table and the totals (.ci/coverage_summary.py);
-# `coverage html` afterwards shows the lines. Fails when a test fails, after reporting. In parallel
-# as `make test` (the xdist workers are measured as the other children are, one data file each).
+# `make test`'s runs under coverage.py, for line and branch coverage of gateway/ and the ADK plugin
+# (docs/testing.md, which records the baseline): the same two runs (in parallel without tests/ops,
+# then tests/ops alone and serially), or PYTEST_ARGS's one, each `coverage run`, then one report of
+# them all. The gateways and ADK API servers the tests start are measured too, and so are the xdist
+# workers ([tool.coverage.run] in pyproject.toml: patch = subprocess, sigterm): every process writes
+# its own data file (parallel = true), `coverage combine` merges them. Prints coverage.py's per-file
+# report, then a per-package table and the totals (.ci/coverage_summary.py); `coverage html`
+# afterwards shows the lines. Fails when a test fails, after reporting.
 .PHONY: coverage
 coverage: $(STAMP) $(JS_STAMP) $(DEMO_BUNDLE) chromium redis-server promtool nginx
 	rm -f .coverage .coverage.*
-	ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+		ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
+	else \
+		ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" -n $(TEST_WORKERS) --ignore=tests/ops; a=$$?; \
+		ADK_VERSIONS= $(PY) -m coverage run -m pytest -m "not chaos" -n 0 tests/ops; b=$$?; \
+		test $$a -eq 0 && test $$b -eq 0; \
+	fi; status=$$?; \
 		$(PY) -m coverage combine -q && $(PY) -m coverage report && $(PY) .ci/coverage_summary.py; \
 		exit $$status
 

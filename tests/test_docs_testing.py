@@ -21,18 +21,25 @@ def recipe(target: str) -> str:
     return match.group(1)
 
 
-def pytest_selection(line: str) -> str:
-    """What follows `-m pytest` up to the end of that command."""
-    match = re.search(r"-m pytest (.*?)(?:;|$)", line, re.M)
-    assert match, line
-    return match.group(1).strip()
+def pytest_selections(text: str) -> list[str]:
+    """What follows each `-m pytest` up to the end of that command, in order."""
+    found = [m.strip() for m in re.findall(r"-m pytest (.*?)(?:;|$)", text, re.M)]
+    assert found, text
+    return found
 
 
-def test_make_coverage_runs_the_selection_of_make_test() -> None:
-    coverage = recipe("coverage")
-    assert "coverage run -m pytest" in coverage and "coverage combine" in coverage
-    assert "ADK_VERSIONS= " in coverage
-    assert pytest_selection(coverage) == pytest_selection(recipe("test"))
+def test_make_coverage_runs_the_selections_of_make_test() -> None:
+    coverage, test = recipe("coverage"), recipe("test")
+    # Each of make test's runs (PYTEST_ARGS's, or the parallel one then tests/ops alone), under coverage.
+    assert pytest_selections(coverage) == pytest_selections(test)
+    assert coverage.count("coverage run -m pytest") == test.count("-m pytest") == 3
+    assert "coverage combine" in coverage.split("fi;", 1)[1], "one report of every run, after the last"
+    assert coverage.count("ADK_VERSIONS= ") == test.count("ADK_VERSIONS= ")
+
+
+def test_the_selections_are_read_from_each_run() -> None:
+    two_runs = "\t\tX= p -m pytest -n 4 --ignore=tests/ops; a=$$?; \\\n\t\tX= p -m pytest -n 0 tests/ops; b=$$?; \\\n"
+    assert pytest_selections(two_runs) == ["-n 4 --ignore=tests/ops", "-n 0 tests/ops"]
 
 
 def test_the_coverage_config_measures_both_packages_their_branches_and_the_child_processes() -> None:

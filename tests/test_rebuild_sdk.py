@@ -13,7 +13,8 @@ import pytest
 from gateway.chat.service import ChatService
 from tests.jsdriver import check_streams
 from tests.unit.test_rebuild import _answered_then_asked, sessions
-from tests.unit.test_resume_rebuild import AGENT, SessionAdk, service
+from tests.support.adk import SessionStoreAdk
+from tests.unit.test_resume_rebuild import AGENT, service
 
 pytestmark = pytest.mark.js
 
@@ -37,10 +38,10 @@ async def test_the_rebuilt_message_is_what_the_sdk_assembles_for_a_live_page(ver
     cases = []
     for label in ("newest", "1.22.1"):
         for scenario in ("confirm_pay", "confirm_two", "native_pay"):
-            chunks = await _replayed(service(SessionAdk(sessions(label)[scenario])))
+            chunks = await _replayed(service(SessionStoreAdk(sessions(label)[scenario])))
             cases.append({"version": version, "chunks": chunks})
         yaml = f"chat:\n  default_protocol: {version}\n"
-        chunks = await _replayed(service(SessionAdk(_answered_then_asked(label, approved=True)), yaml=yaml))
+        chunks = await _replayed(service(SessionStoreAdk(_answered_then_asked(label, approved=True)), yaml=yaml))
         cases.append({"version": version, "chunks": chunks})
     results = check_streams(cases)
     for case, result in zip(cases, results):

@@ -27,7 +27,7 @@ from gateway.chat.chunk_log import Run
 from tests.jsdriver import JS_DIR
 from tests.support.recordings import continuing, convert
 from tests.support.chat import CALL, call_event, read, response_event, text_events
-from tests.unit.test_chat_gates import scripted_service
+from tests.unit.test_chat_gates import BGM_OUTPUT, scripted_service
 from tests.unit.test_chat_service import AGENT, TOOL, USER, Env, answer_of, env, until  # noqa: F401
 
 pytestmark = pytest.mark.js
@@ -133,13 +133,7 @@ async def browser_tool_streams(version: int) -> tuple[list[dict[str, Any]], list
         call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
         assert isinstance(call, GatedCall)
         first = await read(attachment)
-        output = {
-            "id": "msg-1", "role": "assistant", "parts": [
-                {"type": "step-start"},
-                {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
-            ],
-        }
-        attachment = await service.submit(AGENT, "u", request(USER, output, version=version, message_id="msg-1"))
+        attachment = await service.submit(AGENT, "u", request(USER, BGM_OUTPUT, version=version, message_id="msg-1"))
         assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
         resumed = service.resume(AGENT, "u", "chat-1")
         assert resumed is not None

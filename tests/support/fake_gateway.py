@@ -1,10 +1,12 @@
 """The gateway's internal listener as the ADK plugin sees it (`/internal/v1/policy` and
-`/internal/v1/tool-calls`), faked for the plugin's own tests, and the tool context ADK gives the
-plugin. The real pairing runs in tests/integration."""
+`/internal/v1/tool-calls`), faked for the plugin's own tests and for the recorders' real ADK servers
+(tests/support/recorder.py), and the tool context ADK gives the plugin. The real pairing runs in
+tests/integration."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +22,9 @@ class FakeGateway:
     fate ("handback" by a draining replica, "drop", "refuse", "busy", or a verdict), the last one
     repeating. Only the secrets in `secrets` are let in (two while a rotation overlaps); `refused`
     counts the others. Records each decision request (`asked`), its headers and its client port
-    (a new connection has a new one)."""
+    (a new connection has a new one). `decide`, when set, answers each decision request instead:
+    its body in, the verdict out, when it chooses to answer (a recorder's scripted person).
+    The policy is `tools` for every app, or `tools_of(app_name)`; `apps` records each fetch's app."""
 
     def __init__(self) -> None:
         self.verdict: Any = RUN
@@ -35,6 +39,10 @@ class FakeGateway:
         self.tools: dict[str, Any] = {
             "pay": {"approval": True, "runs_in": "server", "gated": True, "non_blocking": True},
         }
+        self.tools_of: Callable[[str | None], dict[str, Any]] | None = None
+        self.apps: list[str | None] = []
+        self.refresh = 30
+        self.decide: Callable[[dict[str, Any]], Awaitable[Any]] | None = None
 
     def authorized(self, request: web.Request) -> bool:
         if request.headers.get("Authorization", "").removeprefix("Bearer ") in self.secrets:
@@ -46,7 +54,10 @@ class FakeGateway:
         async def policy(request: web.Request) -> web.Response:
             if not self.authorized(request):
                 return web.json_response({}, status=401)
-            return web.json_response({"tools": self.tools, "refresh": 30})
+            app = request.query.get("app_name")
+            self.apps.append(app)
+            tools = self.tools if self.tools_of is None else self.tools_of(app)
+            return web.json_response({"tools": tools, "refresh": self.refresh})
 
         async def tool_calls(request: web.Request) -> web.StreamResponse:
             if not self.authorized(request):
@@ -55,6 +66,8 @@ class FakeGateway:
             self.headers.append(dict(request.headers))
             peer = request.transport.get_extra_info("peername") if request.transport else None
             self.ports.append(peer[1] if peer else 0)
+            if self.decide is not None:
+                return web.json_response(await self.decide(self.asked[-1]))
             if self.fates:
                 return await _meet(self.fates.pop(0) if len(self.fates) > 1 else self.fates[0], request)
             if self.behaviour == "hang":

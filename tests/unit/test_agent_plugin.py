@@ -32,17 +32,23 @@ async def gateway(aiohttp_server: Any) -> AsyncIterator[tuple[FakeGateway, str]]
     yield fake, str(server.make_url("")).rstrip("/")
 
 
-async def test_ungated_tools_run_without_asking(gateway: tuple[FakeGateway, str]) -> None:
+@pytest.fixture
+async def plugged(gateway: tuple[FakeGateway, str]) -> AsyncIterator[tuple[FakeGateway, GatewayPlugin]]:
+    """The fake gateway, and a plugin with its secret pointed at it (closed after the test)."""
     fake, url = gateway
     plugin = GatewayPlugin(url=url, secret="s3cret")
-    assert await plugin.before_tool_callback(tool=FunctionTool(weather), tool_args={"city": "x"}, tool_context=context()) is None
-    assert fake.asked == []
+    yield fake, plugin
     await plugin.close()
 
 
-async def test_run_verdict_confirms_the_call(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
-    plugin = GatewayPlugin(url=url, secret="s3cret")
+async def test_ungated_tools_run_without_asking(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
+    assert await plugin.before_tool_callback(tool=FunctionTool(weather), tool_args={"city": "x"}, tool_context=context()) is None
+    assert fake.asked == []
+
+
+async def test_run_verdict_confirms_the_call(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     ctx = context()
     assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx) is None
     assert ctx.tool_confirmation.confirmed is True
@@ -50,7 +56,6 @@ async def test_run_verdict_confirms_the_call(gateway: tuple[FakeGateway, str]) -
         "app_name": "app", "user_id": "u1", "session_id": "chat-1", "invocation_id": "inv",
         "function_call_id": "call-1", "tool": "pay", "args": {"amount": 5},
     }]
-    await plugin.close()
 
 
 @pytest.mark.parametrize(
@@ -75,12 +80,11 @@ async def test_everything_but_run_keeps_the_tool_from_running(
     await plugin.close()
 
 
-async def test_the_decision_request_carries_the_tool_span_as_traceparent(gateway: tuple[FakeGateway, str]) -> None:
+async def test_the_decision_request_carries_the_tool_span_as_traceparent(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-    fake, url = gateway
-    plugin = GatewayPlugin(url=url, secret="s3cret")
+    fake, plugin = plugged
     # ADK's execute_tool span, current while the plugin's callback runs (only the API is needed).
     tool_span = SpanContext(
         0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=False,
@@ -92,16 +96,13 @@ async def test_the_decision_request_carries_the_tool_span_as_traceparent(gateway
     assert sent["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert sent["tracestate"] == "vendor=x"
     assert sent["Authorization"] == "Bearer s3cret"
-    await plugin.close()
 
 
-async def test_without_a_span_the_decision_request_carries_no_trace_context(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
-    plugin = GatewayPlugin(url=url, secret="s3cret")
+async def test_without_a_span_the_decision_request_carries_no_trace_context(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=context()) is None
     [sent] = fake.headers
     assert "traceparent" not in sent and "tracestate" not in sent
-    await plugin.close()
 
 
 async def test_an_environment_without_opentelemetry_sends_no_trace_context(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,19 +217,17 @@ async def test_the_backstop_is_per_plugin_and_skips_agents_without_tool_callback
 
 @pytest.mark.parametrize("verdict", [{"verdict": "run"}, {"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}])
 async def test_a_call_seen_by_the_plugin_hook_is_not_asked_again_by_the_backstop(
-    gateway: tuple[FakeGateway, str], verdict: dict
+    plugged: tuple[FakeGateway, GatewayPlugin], verdict: dict
 ) -> None:
     # ADK 1.22's SSE path and every 2.x path: the plugin hook, then (when it returned None) the
     # agent's callbacks, the backstop first among them.
-    fake, url = gateway
+    fake, plugin = plugged
     fake.verdict = verdict
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = context()
     first = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx)
     assert await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=ctx) is None
     assert len(fake.asked) == 1
     assert first == verdict.get("response")
-    await plugin.close()
 
 
 @pytest.mark.parametrize(("verdict", "expected"), [
@@ -236,12 +235,11 @@ async def test_a_call_seen_by_the_plugin_hook_is_not_asked_again_by_the_backstop
     ({"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}, {"error": "no", REFUSAL_KEY: "denied"}),
 ])
 async def test_the_backstop_gates_a_call_the_plugin_hook_never_saw(
-    gateway: tuple[FakeGateway, str], verdict: dict, expected: Any
+    plugged: tuple[FakeGateway, GatewayPlugin], verdict: dict, expected: Any
 ) -> None:
     # ADK 1.22's live path: only the agent's callbacks run, with `args=` rather than `tool_args=`.
-    fake, url = gateway
+    fake, plugin = plugged
     fake.verdict = verdict
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = context()
     assert await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=ctx) == expected
     assert [a["args"] for a in fake.asked] == [{"amount": 5}]
@@ -250,14 +248,12 @@ async def test_the_backstop_gates_a_call_the_plugin_hook_never_saw(
     # Ungated tools pass without asking, through the backstop too.
     assert await plugin._backstop(tool=FunctionTool(weather), args={"city": "x"}, tool_context=context()) is None
     assert len(fake.asked) == 1
-    await plugin.close()
 
 
-async def test_only_the_backstop_defers_to_the_mark(gateway: tuple[FakeGateway, str]) -> None:
+async def test_only_the_backstop_defers_to_the_mark(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
     # The plugin hook asks whenever ADK calls it, as it always did (a re-run of a tool on the same
     # context must not slip through on the mark); the backstop asks only about unmarked calls.
-    fake, url = gateway
-    plugin = GatewayPlugin(url=url, secret="s3cret")
+    fake, plugin = plugged
     ctx = context()
     for _ in range(2):
         await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx)
@@ -266,7 +262,6 @@ async def test_only_the_backstop_defers_to_the_mark(gateway: tuple[FakeGateway, 
     for _ in range(2):
         await plugin._backstop(tool=FunctionTool(pay), args={"amount": 5}, tool_context=unmarked)
     assert len(fake.asked) == 4
-    await plugin.close()
 
 
 class ToolWithoutBehavior(FunctionTool):
@@ -433,12 +428,11 @@ async def test_confirm_without_a_hint_uses_adks_own(gateway: tuple[FakeGateway, 
     await plugin.close()
 
 
-async def test_the_rerun_after_an_approval_runs_the_tool_and_after_a_rejection_does_not(gateway: tuple[FakeGateway, str]) -> None:
+async def test_the_rerun_after_an_approval_runs_the_tool_and_after_a_rejection_does_not(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
     from google.adk.tools.tool_confirmation import ToolConfirmation
 
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     approved = sse_context(answer=ToolConfirmation(confirmed=True))
     assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=approved) is None
     rejected = sse_context(answer=ToolConfirmation(confirmed=False))
@@ -446,7 +440,6 @@ async def test_the_rerun_after_an_approval_runs_the_tool_and_after_a_rejection_d
     assert response == {"error": "This tool call is rejected."}  # ADK's own rejection
     assert approved.request_confirmation.requested == rejected.request_confirmation.requested == []
     assert fake.asked == []
-    await plugin.close()
 
 
 async def test_a_timeout_answered_with_the_gateways_error_refuses_the_call_with_it(gateway: tuple[FakeGateway, str]) -> None:
@@ -471,43 +464,36 @@ async def test_a_timeout_answered_with_the_gateways_error_refuses_the_call_with_
     await plugin.close()
 
 
-async def test_a_live_run_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
+async def test_a_live_run_keeps_the_blocking_path(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
     # ADK's live flow has no confirmation: asked there, nobody would ever answer.
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(live=True)
     assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={"amount": 5}, tool_context=ctx) is None
     assert [a["tool"] for a in fake.asked] == ["pay"] and ctx.request_confirmation.requested == []
-    await plugin.close()
 
 
-async def test_a_context_that_does_not_say_whether_it_is_live_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
+async def test_a_context_that_does_not_say_whether_it_is_live_keeps_the_blocking_path(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context()
     del ctx._invocation_context
     fake.verdict = {"verdict": "respond", "response": {"error": "no", REFUSAL_KEY: "denied"}}
     response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
     assert response[REFUSAL_KEY] == "denied" and len(fake.asked) == 1 and ctx.request_confirmation.requested == []
-    await plugin.close()
 
 
-async def test_an_adk_that_cannot_ask_for_a_confirmation_refuses_the_call(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
+async def test_an_adk_that_cannot_ask_for_a_confirmation_refuses_the_call(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=sse_context(can_confirm=False))
     assert response[REFUSAL_KEY] == "confirm_unsupported" and "not run" in response["error"]
     assert fake.asked == []
-    await plugin.close()
 
 
-async def test_a_confirmation_request_that_raises_refuses_the_call(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
+async def test_a_confirmation_request_that_raises_refuses_the_call(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context()
 
     def broken(**_: Any) -> None:
@@ -516,7 +502,6 @@ async def test_a_confirmation_request_that_raises_refuses_the_call(gateway: tupl
     ctx.request_confirmation = broken
     response = await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx)
     assert response[REFUSAL_KEY] == "plugin_failed" and "not run" in response["error"]
-    await plugin.close()
 
 
 async def test_confirm_without_a_policy_refuses_even_an_approved_rerun() -> None:
@@ -560,17 +545,15 @@ def answered(confirmed: bool, payload: Any = None) -> Any:
 
 @pytest.mark.parametrize("approval", [False, True])
 async def test_a_browser_tool_asks_adk_with_the_browser_mark_and_holds_nothing(
-    gateway: tuple[FakeGateway, str], approval: bool,
+    plugged: tuple[FakeGateway, GatewayPlugin], approval: bool,
 ) -> None:
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"where": {**BROWSER_CONFIRM, "approval": approval, "hint": "Shares where you are."}}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context()
     response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
     assert response == {"error": "This tool call requires confirmation, please approve or reject."}
     assert ctx.request_confirmation.requested == [{"hint": "Shares where you are.", "payload": {"adk_gateway": {"runs_in": "browser"}}}]
     assert fake.asked == []
-    await plugin.close()
 
 
 @pytest.mark.parametrize(("output", "result"), [
@@ -580,49 +563,41 @@ async def test_a_browser_tool_asks_adk_with_the_browser_mark_and_holds_nothing(
     (None, {"result": None}),
 ])
 async def test_the_rerun_returns_the_browsers_output_without_running_the_tool(
-    gateway: tuple[FakeGateway, str], output: Any, result: Any,
+    plugged: tuple[FakeGateway, GatewayPlugin], output: Any, result: Any,
 ) -> None:
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"where": BROWSER_CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(answer=answered(True, {"adk_gateway": {"output": output}}))
     assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == result
     assert ctx.request_confirmation.requested == [] and fake.asked == []
-    await plugin.close()
 
 
 @pytest.mark.parametrize("confirmed", [True, False])
-async def test_the_browsers_error_is_the_calls_result(gateway: tuple[FakeGateway, str], confirmed: bool) -> None:
-    fake, url = gateway
+async def test_the_browsers_error_is_the_calls_result(plugged: tuple[FakeGateway, GatewayPlugin], confirmed: bool) -> None:
+    fake, plugin = plugged
     fake.tools = {"where": BROWSER_CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(answer=answered(confirmed, {"adk_gateway": {"error": "Permission denied"}}))
     assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"error": "Permission denied"}
-    await plugin.close()
 
 
 @pytest.mark.parametrize("payload", [None, {}, {"adk_gateway": {}}, {"adk_gateway": "x"}, {"output": 1}])
 async def test_a_browser_tool_confirmed_without_the_gateways_output_is_refused_not_run(
-    gateway: tuple[FakeGateway, str], payload: Any,
+    plugged: tuple[FakeGateway, GatewayPlugin], payload: Any,
 ) -> None:
     # Its server function is a stand-in for the browser: a bare approval must not run it.
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"where": BROWSER_CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(answer=answered(True, payload))
     response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
     assert response[REFUSAL_KEY] == "no_output" and "not run" in response["error"]
-    await plugin.close()
 
 
-async def test_a_rejected_browser_tool_gets_adks_rejection(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
+async def test_a_rejected_browser_tool_gets_adks_rejection(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     fake.tools = {"where": {**BROWSER_CONFIRM, "approval": True}}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(answer=answered(False))
     response = await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx)
     assert response == {"error": "This tool call is rejected."}
-    await plugin.close()
 
 
 async def test_a_browser_tool_marked_only_confirm_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
@@ -638,25 +613,21 @@ async def test_a_browser_tool_marked_only_confirm_keeps_the_blocking_path(gatewa
     await plugin.close()
 
 
-async def test_a_browser_tool_on_a_live_run_keeps_the_blocking_path(gateway: tuple[FakeGateway, str]) -> None:
-    fake, url = gateway
+async def test_a_browser_tool_on_a_live_run_keeps_the_blocking_path(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
+    fake, plugin = plugged
     fake.tools = {"where": BROWSER_CONFIRM}
     fake.verdict = {"verdict": "respond", "response": {"latitude": 1}}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(live=True)
     assert await plugin.before_tool_callback(tool=FunctionTool(where), tool_args={}, tool_context=ctx) == {"latitude": 1}
     assert [a["tool"] for a in fake.asked] == ["where"] and ctx.request_confirmation.requested == []
-    await plugin.close()
 
 
-async def test_a_server_tool_takes_the_gateways_output_or_error_payload_too(gateway: tuple[FakeGateway, str]) -> None:
+async def test_a_server_tool_takes_the_gateways_output_or_error_payload_too(plugged: tuple[FakeGateway, GatewayPlugin]) -> None:
     # The one protocol for every gated tool (a deadline's `on_timeout: error` answers this way).
-    fake, url = gateway
+    fake, plugin = plugged
     fake.tools = {"pay": CONFIRM}
-    plugin = GatewayPlugin(url=url, secret="s3cret")
     ctx = sse_context(answer=answered(False, {"adk_gateway": {"error": "Timed out"}}))
     assert await plugin.before_tool_callback(tool=FunctionTool(pay), tool_args={}, tool_context=ctx) == {"error": "Timed out"}
-    await plugin.close()
 
 
 def test_confirm_mode_builds_no_experimental_warning_on_adk_1x() -> None:

@@ -32,6 +32,7 @@ from gateway.edge.state import GATEWAY
 from tests.support.adk import ScriptedAdk
 from tests.support.adk_server import adk_server
 from tests.support.chat import USER, call_event, read, text_events
+from tests.support.fake_gateway import FakeGateway
 from tests.support.service import chat_service
 
 TWO_AGENTS = """\
@@ -363,24 +364,16 @@ async def test_a_removed_agents_running_response_ends_and_its_routes_are_gone(tm
 async def test_the_plugin_asks_each_app_for_its_own_policy() -> None:
     from adk_gateway_plugin import GatewayPlugin
 
-    asked: list[str | None] = []
-
-    async def policy(request: web.Request) -> web.Response:
-        app = request.query.get("app_name")
-        asked.append(app)
-        tools = {"process_payment": {"gated": True}} if app == "pay_app" else {}
-        return web.json_response({"tools": tools, "refresh": 30})
-
-    server_app = web.Application()
-    server_app.router.add_get("/internal/v1/policy", policy)
-    server = TestServer(server_app)
+    fake = FakeGateway()
+    fake.tools_of = lambda app: {"process_payment": {"gated": True}} if app == "pay_app" else {}
+    server = TestServer(fake.app())
     await server.start_server()
-    plugin = GatewayPlugin(url=str(server.make_url("")), secret="s")
+    plugin = GatewayPlugin(url=str(server.make_url("")), secret="s3cret")
     try:
         assert (await plugin._tool_policy("process_payment", "pay_app"))["gated"]  # noqa: SLF001
         assert await plugin._tool_policy("process_payment", "support_app") == {}  # noqa: SLF001
         assert await plugin._tool_policy("process_payment", "pay_app") is not None  # noqa: SLF001 - cached
-        assert asked == ["pay_app", "support_app"]
+        assert fake.apps == ["pay_app", "support_app"]
     finally:
         await plugin.close()
         await server.close()

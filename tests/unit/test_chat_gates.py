@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gateway.core.approvals import REFUSAL_KEY, GatedCall, Outcome, Verdict
-from gateway.chat.service import ChatService
+from gateway.chat.service import Attachment, ChatService
 from gateway.config.schema import parse_config
 from gateway.ops.metrics import GatewayMetrics
 from tests.support.adk import ScriptedAdk
@@ -45,6 +45,25 @@ def scripted_service() -> tuple[ScriptedAdk, ChatService, GatewayMetrics]:
     return adk, service, service.metrics
 
 
+async def asked(adk: ScriptedAdk, service: ChatService, tool: str) -> tuple[Attachment, GatedCall]:
+    """chat-1's first message, whose run calls `tool`, and the plugin's ask of it, held open."""
+    attachment = await service.submit(AGENT, "u", request(USER))
+    adk.reads.put_nowait([call_event(tool)])
+    await asyncio.sleep(0.01)
+    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
+    assert isinstance(call, GatedCall)
+    return attachment, call
+
+
+# The assistant message with change_bgm's output, as the browser sends it once it ran the tool.
+BGM_OUTPUT = {
+    "id": "msg-1", "role": "assistant", "parts": [
+        {"type": "step-start"},
+        {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
+    ],
+}
+
+
 def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> float:
     return metrics.registry.get_sample_value(f"{name}_count", {"agent": AGENT, "tool": tool, "outcome": outcome}) or 0.0
 
@@ -52,11 +71,8 @@ def wait_count(metrics: GatewayMetrics, name: str, tool: str, outcome: str) -> f
 @pytest.mark.parametrize("tool", ["process_payment", "get_location"])
 async def test_plugin_giving_up_is_abandoned_and_the_late_answer_gets_the_error_and_the_whole_text(tool: str) -> None:
     adk, service, metrics = scripted_service()
-    attachment = await service.submit(AGENT, "u", request(USER))
-    adk.reads.put_nowait([call_event(tool)])
-    await asyncio.sleep(0.01)
-    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool=tool, args={})
-    assert isinstance(call, GatedCall) and not call.released
+    attachment, call = await asked(adk, service, tool)
+    assert not call.released
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"]
 
@@ -118,11 +134,7 @@ async def test_a_plugin_refusal_without_asking_counts_no_bypass_but_a_real_resul
 
 async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_its_request_reads_what_happened() -> None:
     adk, service, metrics = scripted_service()
-    attachment = await service.submit(AGENT, "u", request(USER))
-    adk.reads.put_nowait([call_event("change_bgm")])
-    await asyncio.sleep(0.01)
-    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
-    assert isinstance(call, GatedCall)
+    attachment, call = await asked(adk, service, "change_bgm")
     first = await read(attachment)
     assert types(first)[-3:] == ["tool-input-available", "finish-step", "finish"]
 
@@ -133,13 +145,7 @@ async def test_a_browser_tools_output_after_the_plugin_gave_up_is_dropped_and_it
     assert chat is not None and await chat.ended(5) and not chat.machine.running
 
     # The browser ran the tool meanwhile (onToolCall) and posts its output: too late for ADK.
-    output = {
-        "id": "msg-1", "role": "assistant", "parts": [
-            {"type": "step-start"},
-            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
-        ],
-    }
-    late = await read(await service.submit(AGENT, "u", request(USER, output, message_id="msg-1")))
+    late = await read(await service.submit(AGENT, "u", request(USER, BGM_OUTPUT, message_id="msg-1")))
     assert types(late) == ["start", "tool-output-error", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
     assert late[-1]["finishReason"] == "stop"
     assert call.outcome is Outcome.ABANDONED
@@ -152,19 +158,9 @@ async def test_a_resume_after_a_browser_tools_output_replays_the_output_the_brow
     continuation does not repeat it); the AI SDK rebuilds a resumed message from the stream alone, so
     the replay carries it between the two responses."""
     adk, service, _metrics = scripted_service()
-    attachment = await service.submit(AGENT, "u", request(USER))
-    adk.reads.put_nowait([call_event("change_bgm")])
-    await asyncio.sleep(0.01)
-    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
-    assert isinstance(call, GatedCall)
+    attachment, call = await asked(adk, service, "change_bgm")
     first = await read(attachment)
-    output = {
-        "id": "msg-1", "role": "assistant", "parts": [
-            {"type": "step-start"},
-            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
-        ],
-    }
-    continuation = await service.submit(AGENT, "u", request(USER, output, message_id="msg-1"))
+    continuation = await service.submit(AGENT, "u", request(USER, BGM_OUTPUT, message_id="msg-1"))
     assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
     resumed = service.resume(AGENT, "u", "chat-1")
     assert resumed is not None
@@ -182,11 +178,7 @@ async def test_an_output_given_while_the_run_writes_is_in_that_response_where_it
     """What the run writes while the browser works (another tool's words) is held in a response of its
     own; the output arrives in the middle of it, and a replay shows it there."""
     adk, service, _metrics = scripted_service()
-    attachment = await service.submit(AGENT, "u", request(USER))
-    adk.reads.put_nowait([call_event("change_bgm")])
-    await asyncio.sleep(0.01)
-    call = service.gates.open(app_name=AGENT, user_id="u", session_id="chat-1", tool_call_id=CALL, tool="change_bgm", args={})
-    assert isinstance(call, GatedCall)
+    attachment, call = await asked(adk, service, "change_bgm")
     first = await read(attachment)
     for event in text_events("Meanwhile, ", "hello."):
         adk.reads.put_nowait([event])
@@ -196,13 +188,7 @@ async def test_an_output_given_while_the_run_writes_is_in_that_response_where_it
         if b"hello." in b"".join(chat.run.current.frames):
             break
         await asyncio.sleep(0)
-    output = {
-        "id": "msg-1", "role": "assistant", "parts": [
-            {"type": "step-start"},
-            {"type": "tool-change_bgm", "toolCallId": CALL, "state": "output-available", "input": {}, "output": {"ok": True}},
-        ],
-    }
-    continuation = await service.submit(AGENT, "u", request(USER, output, message_id="msg-1"))
+    continuation = await service.submit(AGENT, "u", request(USER, BGM_OUTPUT, message_id="msg-1"))
     assert await asyncio.wait_for(service.gates.wait(call), 1) is not None
     adk.reads.put_nowait([response_event("change_bgm", {"ok": True})])
     adk.reads.put_nowait(None)

@@ -21,6 +21,7 @@ from gateway.chat.record import Chat, RunHooks
 from gateway.chat.chunk_log import Run
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.idle_reader import WaitSignal
+from tests.support.clock import Clock
 
 PAY = ToolPolicy(approval=True, timeout=0.05)
 
@@ -48,18 +49,10 @@ def _start(actor: Chat, batches: AsyncIterator[Any]) -> asyncio.Task[None]:
 EPOCH = 1_700_000_000.0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _queued() -> tuple[Chat, dict[str, Deadline], _Clock, list[GatedCall]]:
+def _queued() -> tuple[Chat, dict[str, Deadline], Clock, list[GatedCall]]:
     """A chat whose deadline queue is a dict, on a clock the test moves."""
     queue: dict[str, Deadline] = {}
-    clock, released = _Clock(), []
+    clock, released = Clock(100.0), []
 
     def kept(deadline: Deadline) -> None:
         queue[deadline.key] = deadline
@@ -193,7 +186,7 @@ async def test_a_shutdown_ends_a_stuck_run_with_its_reason() -> None:
 # ---- tokens and time to first token ---------------------------------------------------------------
 
 
-async def _recorded(name: str, clock: _Clock) -> AsyncIterator[list[dict[str, Any]]]:
+async def _recorded(name: str, clock: Clock) -> AsyncIterator[list[dict[str, Any]]]:
     # Real ADK events, one read each; every read takes the model half a second.
     from tests.unit.fixtures import events
 
@@ -205,7 +198,7 @@ async def _recorded(name: str, clock: _Clock) -> AsyncIterator[list[dict[str, An
 async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_once() -> None:
     from gateway.config.schema import parse_config
 
-    clock = _Clock()
+    clock = Clock(100.0)
     metrics = GatewayMetrics()
     metrics.know_agents(parse_config("agents: {agent: {upstream: {app_name: a}}}\nmetrics: {models: [demo-scripted]}\n", env={}))
     actor = _chat(RunHooks(metrics, clock, lambda call: None))
@@ -226,7 +219,7 @@ async def test_each_llm_calls_tokens_are_counted_once_and_the_first_words_timed_
 
 
 async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
-    clock = _Clock()
+    clock = Clock(100.0)
     metrics = GatewayMetrics()
     actor = _chat(RunHooks(metrics, clock, lambda call: None))
     actor.start(Run("m1"), RunStarts("m1", clock()), _recorded("hello_there", clock), WaitSignal())
@@ -237,7 +230,7 @@ async def test_a_model_the_config_does_not_list_counts_as_other() -> None:
 
 
 async def test_words_after_a_persons_decision_are_not_a_time_to_first_token() -> None:
-    clock = _Clock()
+    clock = Clock(100.0)
     metrics = GatewayMetrics()
     actor = _chat(RunHooks(metrics, clock, lambda call: None))
     hold = asyncio.Event()

@@ -77,6 +77,19 @@ class Env:
     def says(self, *pieces: str) -> None:
         self.adk.says(*pieces)
 
+    async def approve(self, call: GatedCall, first: list[dict[str, Any]]) -> Attachment:
+        """The person's Approve of `call`, asked in chat-1's msg-1 (`first`): the plugin's wait ends in `run`."""
+        attachment = await self.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
+        assert await asyncio.wait_for(self.service.gates.wait(call), 1) == Verdict(run=True)
+        return attachment
+
+    def paid(self, call: GatedCall) -> None:
+        """ADK runs the payment the plugin let through, says "Paid." and ends the run."""
+        assert call.verdict is not None
+        self.plugin_answers(call.verdict, {"success": True})
+        self.says("Paid.")
+        self.ends()
+
     def plugin_answers(self, verdict: Verdict, result: dict[str, Any] | None = None) -> None:
         """What ADK streams once the plugin has its verdict: the tool's result, or the refusal."""
         response = result if verdict.run else verdict.response
@@ -164,11 +177,8 @@ async def test_an_approval_of_another_chat_of_the_same_user_is_forbidden_and_sta
     assert call.state is CallState.AWAITING_APPROVAL and call.verdict is None
 
     # Its own chat still answers it.
-    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
-    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
-    env.says("Paid.")
-    env.ends()
+    attachment = await env.approve(call, first)
+    env.paid(call)
     chunks = await read(attachment)
     assert {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}} in chunks
     check_stream_rules(chunks, known=[CALL])
@@ -323,9 +333,7 @@ async def test_an_answer_replayed_while_its_response_streams_reads_the_same_resp
     three = await env.service.submit(AGENT, "u", body(USER, answer_of(first, False), message_id="msg-1"))
     assert call.outcome is Outcome.APPROVED and call.verdict == Verdict(run=True)
 
-    env.plugin_answers(call.verdict, {"success": True})
-    env.says("Paid.")
-    env.ends()
+    env.paid(call)
     chunks = await read(one)
     assert await read(two) == chunks and await read(three) == chunks
     assert chunks.count({"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}}) == 1
@@ -339,9 +347,7 @@ async def test_an_answer_replayed_while_its_response_streams_reads_the_same_resp
 async def test_an_answer_replayed_after_the_run_ended_and_was_read_is_gone_and_changes_nothing(env: Env) -> None:
     call, first = await gated_call(env)
     attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
-    env.says("Paid.")
-    env.ends()
+    env.paid(call)
     await read(attachment)
     await env.run_ended()
 
@@ -358,9 +364,7 @@ async def test_an_answer_replayed_after_the_run_ended_unread_reads_the_kept_resp
     call, first = await gated_call(env)
     # The answering request drops before it reads anything (a closed tab); the run goes on.
     await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
-    env.says("Paid.")
-    env.ends()
+    env.paid(call)
     await env.run_ended()
 
     replay = await read(await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1")))
@@ -680,8 +684,7 @@ async def test_a_resume_during_the_continuation_after_an_approval_replays_the_wh
     handed the continuation alone; the AI SDK starts a resumed message from nothing, so its first
     chunk, the output of the call made in the first response, failed ("No tool invocation found")."""
     call, first = await gated_call(env)
-    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
+    attachment = await env.approve(call, first)
     env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
     env.says("Paid ")
     await until(lambda: "Paid " in str(env.chat().run.current.frames))  # type: ignore[union-attr]
@@ -714,11 +717,8 @@ async def test_what_the_run_says_while_the_person_decides_is_held_whole_for_a_re
     assert held[-1] == {"type": "finish", "finishReason": "tool-calls"}  # still waits: the AI SDK can answer
     check_stream_rules(held, known=[CALL])
 
-    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
-    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
-    env.says("Paid.")
-    env.ends()
+    attachment = await env.approve(call, first)
+    env.paid(call)
     chunks = await read(attachment)
     assert {"type": "tool-output-available", "toolCallId": CALL, "output": {"success": True}} in chunks
     assert text_of(chunks) == "Paid." and chunks[-1]["finishReason"] == "stop"
@@ -729,11 +729,8 @@ async def test_without_a_reload_the_answer_reads_what_the_run_said_meanwhile_and
     call, first = await gated_call(env)
     env.says("While you decide, ", "I checked ", "your balance.")
     await until(lambda: "your balance." in str(env.chat().run.current.frames))  # type: ignore[union-attr]
-    attachment = await env.service.submit(AGENT, "u", body(USER, answer_of(first, True), message_id="msg-1"))
-    assert await asyncio.wait_for(env.service.gates.wait(call), 1) == Verdict(run=True)
-    env.plugin_answers(call.verdict, {"success": True})  # type: ignore[arg-type]
-    env.says("Paid.")
-    env.ends()
+    attachment = await env.approve(call, first)
+    env.paid(call)
     chunks = await read(attachment)
     assert text_of(chunks) == "While you decide, I checked your balance.Paid."
     assert chunks[-1]["finishReason"] == "stop"

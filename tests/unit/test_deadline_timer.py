@@ -12,14 +12,12 @@ from gateway.cluster.deadline_timer import DeadlineTimer
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.tasks import Tasks
 from gateway.core.deadlines import Deadline
+from tests.support.clock import Clock
+from tests.support.waiting import until
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+# A wall clock (the deadline queue's time): epoch seconds.
+EPOCH = 1_700_000_000.0
 
 
 def deadline(name: str, due: float) -> Deadline:
@@ -32,7 +30,7 @@ async def settle() -> None:
 
 
 async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() -> None:
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     answered: list[tuple[str, str]] = []
 
     def replica(name: str) -> tuple[DeadlineTimer, Tasks]:
@@ -52,7 +50,7 @@ async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() ->
     await asyncio.sleep(0.02)
     assert answered == []
     clock.now += 0.05
-    await asyncio.sleep(0.1)
+    await until(lambda: len(answered) == 2)
     assert sorted(approval for _, approval in answered) == ["adk-x", "adk-y"]
     a.drop(deadline("z", 0).key)
     clock.now += 60
@@ -64,7 +62,7 @@ async def test_each_passed_deadline_is_answered_once_by_one_of_the_replicas() ->
 
 
 async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() -> None:
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     tries: list[float] = []
 
     async def answer(d: Deadline) -> float | None:
@@ -75,10 +73,10 @@ async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() ->
     timer = DeadlineTimer(MemoryState("a", hub), tasks, answer, poll=None, wall=clock)
     timer.start()
     timer.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: len(tries) == 1 and len(hub.deadlines) == 1)
     assert len(tries) == 1 and len(hub.deadlines) == 1
     clock.now += 0.05
-    await asyncio.sleep(0.1)
+    await until(lambda: len(tries) == 2 and not hub.deadlines)
     assert len(tries) == 2 and len(hub.deadlines) == 0
     timer.close()
     await tasks.close(1.0)
@@ -86,7 +84,7 @@ async def test_a_deadline_that_cannot_be_answered_yet_comes_back_when_asked() ->
 
 async def test_a_deadline_moved_later_fires_at_its_new_time_only() -> None:
     """An approval of a browser tool (confirm mode) replaces a deadline the timer is armed for."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     answered: list[Deadline] = []
 
     async def answer(d: Deadline) -> float | None:
@@ -114,7 +112,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     """Replica a claims a passed deadline and dies before answering it (its answer never returns,
     then its tasks are gone, as with kill -9): it is not lost with a; b answers it once a's lease
     ended, and not before."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     stuck: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
     claimed_by_a: list[Deadline] = []
     answered_by_b: list[Deadline] = []
@@ -131,7 +129,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     a = DeadlineTimer(MemoryState("a", hub), tasks_a, answer_a, poll=None, wall=clock, lease=0.2)
     a.start()
     a.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: bool(claimed_by_a))
     assert [d.approval_id for d in claimed_by_a] == ["adk-x"]
     a.close()
     await tasks_a.close(0.1)
@@ -142,7 +140,7 @@ async def test_a_deadline_whose_claimer_died_is_answered_by_another_replica_afte
     await asyncio.sleep(0.05)
     assert answered_by_b == []  # a's lease still holds
     clock.now = claimed_at + 0.2
-    await asyncio.sleep(0.25)  # b's timer waits on the loop's clock
+    await until(lambda: bool(answered_by_b) and not hub.deadlines)  # b's timer waits on the loop's clock
     assert [d.approval_id for d in answered_by_b] == ["adk-x"]
     assert len(hub.deadlines) == 0  # answered: dropped, not claimed again
     clock.now += 1.0
@@ -156,7 +154,7 @@ async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_d
     """a's answer takes longer than its lease: b claims and answers the deadline meanwhile (ADK's
     session and the chat make the second answer a no-op: here, b finds nothing to do). a's late
     "try again" is not kept: the deadline stays gone."""
-    hub, clock = MemoryHub(), Clock()
+    hub, clock = MemoryHub(), Clock(EPOCH)
     slow: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
     answered: list[str] = []
 
@@ -173,10 +171,10 @@ async def test_a_claimer_that_answers_after_its_lease_ended_does_not_bring_the_d
     b = DeadlineTimer(MemoryState("b", hub), tasks_b, answer_b, poll=0.01, wall=clock, lease=0.2)
     a.start()
     a.add(deadline("x", clock.now))
-    await asyncio.sleep(0.02)
+    await until(lambda: answered == ["a"])
     b.start()
     clock.now += 0.2
-    await asyncio.sleep(0.05)
+    await until(lambda: len(answered) == 2 and not hub.deadlines)
     assert answered == ["a", "b"] and len(hub.deadlines) == 0
     slow.set_result(clock.now + 0.05)  # a, late: "the chat was busy, try again"
     await asyncio.sleep(0.05)
@@ -208,7 +206,7 @@ async def test_a_held_deadline_the_store_could_not_take_is_kept_once_it_is_back_
                 raise SharedStateDown("unreachable")
             await super().add_deadline(deadline)
 
-    hub, clock, tasks = MemoryHub(), Clock(), Tasks()
+    hub, clock, tasks = MemoryHub(), Clock(EPOCH), Tasks()
     state = Flaky("a", hub)
     timer = DeadlineTimer(state, tasks, lambda d: asyncio.sleep(0, None), poll=None, wall=clock)
     held = replace(deadline("x", clock.now + 60), kind="held")

@@ -11,78 +11,49 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.agents import Agents
 from gateway.core.approvals import GatedCall, Outcome, Verdict
 from gateway.chat.record import Chat
 from gateway.chat.service import Attachment, ChatService
-from gateway.config.schema import parse_config
 from gateway.upstream.live import LiveLink
 from gateway.ops.metrics import GatewayMetrics
-from gateway.chat.registry import Registry
 from gateway.upstream.client import UpstreamError
+from tests.support.adk import LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, LiveAdk, LiveConnection, live_text
+from tests.support.service import chat_service
+from tests.support.chat import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
+from tests.support.waiting import until
 from tests.unit.fixtures import LIVE_FOLDERS, ROOT, events, types
-from tests.unit.test_chat_gates import CALL as CALL_ID, USER, answered, call_event, read, request as body, response_event
-from tests.unit.test_chat_service import until
 
 
-class FakeConnection:
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self.sent: list[dict[str, Any]] = []
-        self.close_reason = "closed"
-
-    async def send(self, request: dict[str, Any]) -> None:
-        self.sent.append(request)
-
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        while (event := await self.inbox.get()) is not None:
-            yield event
-
-    async def messages(self) -> AsyncIterator[str]:
-        async for event in self.events():
-            yield json.dumps(event)
-
-    async def close(self) -> None:
-        self.inbox.put_nowait(None)
 
 
-def model(text: str) -> dict[str, Any]:
-    return {"content": {"role": "model", "parts": [{"text": text}]}}
-
-
-CALL = {"content": {"role": "model", "parts": [{"functionCall": {"id": "c", "name": "t"}}]}}
-RESULT = {"content": {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "t", "response": {}}}]}}
-DONE = {"turnComplete": True}
-
-
-async def play(link: LiveLink, conn: FakeConnection, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def play(link: LiveLink, conn: LiveConnection, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for event in events:
         conn.inbox.put_nowait(event)
     return [e async for e in link.turn({"content": {"role": "user", "parts": [{"text": "hi"}]}})]
 
 
 async def test_a_turn_ends_at_turn_complete_and_sends_its_request_first() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
-    got = await play(link, conn, [model("a"), DONE, model("next turn")])
-    assert got == [model("a"), DONE]
+    got = await play(link, conn, [live_text("a"), TURN_COMPLETE, live_text("next turn")])
+    assert got == [live_text("a"), TURN_COMPLETE]
     assert conn.sent == [{"content": {"role": "user", "parts": [{"text": "hi"}]}}]
     await link.close()
 
 
 async def test_turn_complete_right_after_tool_results_does_not_end_the_turn() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
-    got = await play(link, conn, [CALL, RESULT, DONE, model("answer"), DONE])
-    assert got == [CALL, RESULT, DONE, model("answer"), DONE]
+    got = await play(link, conn, [LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text("answer"), TURN_COMPLETE])
+    assert got == [LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text("answer"), TURN_COMPLETE]
     await link.close()
 
 
 async def test_events_between_turns_are_dropped_and_counted() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     closed: list[bool] = []
     link = LiveLink(conn, on_closed=lambda: closed.append(True))  # type: ignore[arg-type]
-    conn.inbox.put_nowait(model("unprompted"))
+    conn.inbox.put_nowait(live_text("unprompted"))
     await asyncio.sleep(0.01)
     assert link.dropped == 1
     await link.close()
@@ -90,38 +61,38 @@ async def test_events_between_turns_are_dropped_and_counted() -> None:
 
 
 async def test_socket_closing_mid_turn_is_an_upstream_error() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     with pytest.raises(UpstreamError):
-        await play(link, conn, [model("a"), None])  # type: ignore[list-item]
+        await play(link, conn, [live_text("a"), None])  # type: ignore[list-item]
     with pytest.raises(UpstreamError):
         await play(link, conn, [])
 
 
-async def cut_after_first_event(link: LiveLink, conn: FakeConnection) -> None:
+async def cut_after_first_event(link: LiveLink, conn: LiveConnection) -> None:
     """A turn whose reader leaves after its first event (the browser stopped it)."""
-    conn.inbox.put_nowait(model("Hel"))
+    conn.inbox.put_nowait(live_text("Hel"))
     turn = link.turn_batches({"content": {"role": "user", "parts": [{"text": "hi"}]}})
-    assert list(await anext(turn)) == [model("Hel")]
+    assert list(await anext(turn)) == [live_text("Hel")]
     await turn.aclose()
 
 
 async def test_a_turn_left_before_its_end_is_dropped_up_to_it_and_the_next_waits_for_it() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     await cut_after_first_event(link, conn)
     assert not link.in_turn and not await link.settle(0.01)
     with pytest.raises(UpstreamError, match="settle first"):
         await play(link, conn, [])
-    for event in (model("lo"), DONE):
+    for event in (live_text("lo"), TURN_COMPLETE):
         conn.inbox.put_nowait(event)
     assert await link.settle(1) and link.dropped == 2
-    assert await play(link, conn, [model("Bye"), DONE]) == [model("Bye"), DONE]
+    assert await play(link, conn, [live_text("Bye"), TURN_COMPLETE]) == [live_text("Bye"), TURN_COMPLETE]
     await link.close()
 
 
 async def test_the_socket_closing_mid_cut_ends_the_cut_and_refuses_the_next_turn() -> None:
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     await cut_after_first_event(link, conn)
     await conn.close()
@@ -147,7 +118,7 @@ def _one_turn_recordings() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("folder", "name"), _one_turn_recordings())
 async def test_a_recorded_turn_is_exactly_what_adk_sent_for_it(folder: str, name: str) -> None:
     recorded = events(name, folder)
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     got = await play(link, conn, recorded)
     # The turn ends at the recording's last turnComplete, not at one that follows tool results.
@@ -159,7 +130,7 @@ async def test_a_recorded_turn_is_exactly_what_adk_sent_for_it(folder: str, name
 async def test_two_recorded_turns_split_at_their_turn_complete(folder: str) -> None:
     recorded = events("two_turns", folder)
     first_end = next(i for i, e in enumerate(recorded) if e.get("turnComplete")) + 1
-    conn = FakeConnection()
+    conn = LiveConnection()
     link = LiveLink(conn)  # type: ignore[arg-type]
     assert await play(link, conn, recorded[:first_end]) == recorded[:first_end]
     assert await play(link, conn, recorded[first_end:]) == recorded[first_end:]
@@ -185,23 +156,6 @@ TOOL = "process_payment"
 NEW = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and again"}]}
 
 
-class LiveAdk:
-    """ADK with `/run_live`: every session the gateway opens is a FakeConnection the test feeds."""
-
-    def __init__(self) -> None:
-        self.opened: list[FakeConnection] = []
-
-    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
-    auto_creates_sessions = False
-
-    async def ensure_session(self, user_id: str, session_id: str) -> None:
-        return None
-
-    async def open_live(self, **_: Any) -> FakeConnection:
-        self.opened.append(FakeConnection())
-        return self.opened[-1]
-
-
 @dataclass
 class LiveEnv:
     adk: LiveAdk
@@ -209,7 +163,7 @@ class LiveEnv:
     metrics: GatewayMetrics
 
     @property
-    def conn(self) -> FakeConnection:
+    def conn(self) -> LiveConnection:
         return self.adk.opened[-1]
 
     def chat(self) -> Chat:
@@ -236,11 +190,7 @@ class LiveEnv:
 def live_env(on_disconnect: str) -> AsyncIterator[LiveEnv]:
     async def make() -> AsyncIterator[LiveEnv]:
         adk, metrics = LiveAdk(), GatewayMetrics()
-        config = parse_config(LIVE_CONFIG.format(on_disconnect=on_disconnect), env={})
-        service = ChatService(
-            agents=Agents(config, client=lambda _: adk), registry=Registry(), metrics=metrics,  # type: ignore[arg-type, return-value]
-            config=config,
-        )
+        service = chat_service(LIVE_CONFIG.format(on_disconnect=on_disconnect), adk=adk, metrics=metrics)
         yield LiveEnv(adk, service, metrics)
         await service.close()
 
@@ -263,11 +213,11 @@ def partial(text: str) -> dict[str, Any]:
     return {"author": "a", "partial": True, "content": {"role": "model", "parts": [{"text": text}]}}
 
 
-def says(conn: FakeConnection, *pieces: str) -> None:
+def says(conn: LiveConnection, *pieces: str) -> None:
     for piece in pieces:
         conn.inbox.put_nowait(partial(piece))
     conn.inbox.put_nowait({"author": "a", "content": {"role": "model", "parts": [{"text": "".join(pieces)}]}})
-    conn.inbox.put_nowait(DONE)
+    conn.inbox.put_nowait(TURN_COMPLETE)
 
 
 async def settled() -> None:

@@ -12,17 +12,11 @@ import pytest
 from gateway.core.live_turns import (
     TRANSITIONS, LiveInput, LiveState, LiveTurnError, LiveTurns, Step, Verdict, after_tools,
 )
+from tests.support.adk import LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text
 
 S, I, V = LiveState, LiveInput, Verdict
 
 
-def model(text: str) -> dict[str, Any]:
-    return {"content": {"role": "model", "parts": [{"text": text}]}}
-
-
-CALL = {"content": {"role": "model", "parts": [{"functionCall": {"id": "c", "name": "t"}}]}}
-RESULT = {"content": {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "t", "response": {}}}]}}
-DONE = {"turnComplete": True}
 
 # The whole table, written out again: a change to live_turns.TRANSITIONS must be made here too.
 # None: refused (LiveTurnError, nothing changed).
@@ -69,7 +63,7 @@ EXPECTED: dict[tuple[LiveState, LiveInput], Step | None] = {
 PATHS: dict[LiveState, Callable[[LiveTurns], object]] = {
     S.IDLE: lambda t: None,
     S.IN_TURN: lambda t: t.begin(),
-    S.ENDED: lambda t: (t.begin(), t.event(DONE)),
+    S.ENDED: lambda t: (t.begin(), t.event(TURN_COMPLETE)),
     S.CUT: lambda t: (t.begin(), t.left(True)),
     S.CLOSING: lambda t: (t.begin(), t.closed()),
     S.CLOSED: lambda t: t.closed(),
@@ -77,8 +71,8 @@ PATHS: dict[LiveState, Callable[[LiveTurns], object]] = {
 
 INPUTS: dict[LiveInput, Callable[[LiveTurns], Verdict]] = {
     I.BEGIN: lambda t: t.begin(),
-    I.EVENT: lambda t: t.event(model("hi")),
-    I.END: lambda t: t.event(DONE),
+    I.EVENT: lambda t: t.event(live_text("hi")),
+    I.END: lambda t: t.event(TURN_COMPLETE),
     I.LEFT: lambda t: t.left(True),
     I.WITHDRAWN: lambda t: t.left(False),
     I.CLOSE: lambda t: t.closed(),
@@ -117,40 +111,38 @@ def test_every_state_and_input_is_taken_or_refused_as_the_table_says(state: Live
 def test_a_turn_ends_at_turn_complete() -> None:
     turns = LiveTurns()
     assert turns.begin() is V.START
-    assert [turns.event(e) for e in (model("a"), DONE)] == [V.DELIVER, V.TURN_ENDED]
+    assert [turns.event(e) for e in (live_text("a"), TURN_COMPLETE)] == [V.DELIVER, V.TURN_ENDED]
     assert turns.left(True) is V.NOTHING and turns.state is S.IDLE and turns.dropped == 0
 
 
 def test_turn_complete_right_after_tool_results_does_not_end_the_turn() -> None:
-    turns = LiveTurns()
-    turns.begin()
-    verdicts = [turns.event(e) for e in (CALL, RESULT, DONE, model("answer"), DONE)]
+    turns = in_state(S.IN_TURN)
+    verdicts = [turns.event(e) for e in (LIVE_CALL, LIVE_RESULT, TURN_COMPLETE, live_text("answer"), TURN_COMPLETE)]
     assert verdicts == [V.DELIVER, V.DELIVER, V.DELIVER, V.DELIVER, V.TURN_ENDED]
 
 
 def test_a_new_turn_does_not_inherit_the_tool_results_of_the_last() -> None:
-    turns = LiveTurns()
-    turns.begin()
-    turns.event(RESULT)
+    turns = in_state(S.IN_TURN)
+    turns.event(LIVE_RESULT)
     turns.left(True)
-    assert turns.event(DONE) is V.DROP_CUT  # the cut turn still waits for its answer
-    assert turns.event(model("answer")) is V.DROP_CUT
-    assert turns.event(DONE) is V.CUT_ENDED
-    turns.event(RESULT)  # nobody's, between turns
+    assert turns.event(TURN_COMPLETE) is V.DROP_CUT  # the cut turn still waits for its answer
+    assert turns.event(live_text("answer")) is V.DROP_CUT
+    assert turns.event(TURN_COMPLETE) is V.CUT_ENDED
+    turns.event(LIVE_RESULT)  # nobody's, between turns
     assert turns.begin() is V.START
-    assert turns.event(DONE) is V.TURN_ENDED  # answered again at the new turn's start
+    assert turns.event(TURN_COMPLETE) is V.TURN_ENDED  # answered again at the new turn's start
 
 
 @pytest.mark.parametrize(
     ("event", "answered", "after"),
     [
-        (RESULT, True, False),
-        (CALL, False, True),
-        (model("x"), False, True),
+        (LIVE_RESULT, True, False),
+        (LIVE_CALL, False, True),
+        (live_text("x"), False, True),
         ({"content": {"role": "user", "parts": [{"text": "x"}]}}, False, False),  # a transcript is not the model
         ({"content": {"role": "model", "parts": []}}, False, False),  # nothing said
         ({"content": "not an object"}, True, True),
-        (DONE, False, False),
+        (TURN_COMPLETE, False, False),
         ({"content": {"role": "model", "parts": [{"text": "x"}, {"functionResponse": {}}]}}, True, False),
     ],
 )
@@ -160,68 +152,61 @@ def test_after_tools(event: dict[str, Any], answered: bool, after: bool) -> None
 
 def test_events_with_no_turn_in_progress_are_dropped_and_counted() -> None:
     turns = LiveTurns()
-    assert turns.event(model("unprompted")) is V.DROP and turns.event(DONE) is V.DROP
+    assert turns.event(live_text("unprompted")) is V.DROP and turns.event(TURN_COMPLETE) is V.DROP
     assert turns.dropped == 2 and turns.state is S.IDLE
 
 
 def test_a_cut_turn_is_dropped_up_to_its_end_and_refuses_the_next_turn_until_then() -> None:
-    turns = LiveTurns()
-    turns.begin()
-    turns.event(model("Hel"))
+    turns = in_state(S.IN_TURN)
+    turns.event(live_text("Hel"))
     assert turns.left(True) is V.CUT and turns.cut and not turns.in_turn
     assert turns.begin() is V.UNSETTLED and turns.state is S.CUT
-    assert [turns.event(e) for e in (model("lo"), DONE)] == [V.DROP_CUT, V.CUT_ENDED]
+    assert [turns.event(e) for e in (live_text("lo"), TURN_COMPLETE)] == [V.DROP_CUT, V.CUT_ENDED]
     assert turns.dropped == 2 and not turns.cut
-    assert turns.event(model("later")) is V.DROP  # after the cut's end: nobody's
+    assert turns.event(live_text("later")) is V.DROP  # after the cut's end: nobody's
     assert turns.begin() is V.START
 
 
 def test_a_cut_turn_waiting_on_tool_results_ends_at_the_turn_complete_after_the_answer() -> None:
-    turns = LiveTurns()
-    turns.begin()
-    turns.event(CALL)
-    turns.event(RESULT)
+    turns = in_state(S.IN_TURN)
+    turns.event(LIVE_CALL)
+    turns.event(LIVE_RESULT)
     turns.left(True)
-    assert [turns.event(e) for e in (DONE, model("Paid."), DONE)] == [V.DROP_CUT, V.DROP_CUT, V.CUT_ENDED]
+    assert [turns.event(e) for e in (TURN_COMPLETE, live_text("Paid."), TURN_COMPLETE)] == [V.DROP_CUT, V.DROP_CUT, V.CUT_ENDED]
 
 
 def test_a_turn_whose_request_never_went_out_leaves_nothing_cut() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     assert turns.left(False) is V.NOTHING and turns.state is S.IDLE
     assert turns.begin() is V.START
 
 
 def test_the_socket_closing_mid_turn_fails_the_turn_after_what_came_before() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     assert turns.closed() is V.CLOSE_TURN and turns.in_turn
     assert turns.begin() is V.BUSY  # its reader is still there
-    assert turns.event(model("a")) is V.DELIVER  # taken before the close
+    assert turns.event(live_text("a")) is V.DELIVER  # taken before the close
     assert turns.left(True) is V.NOTHING and turns.state is S.CLOSED  # not cut: nothing more comes
     assert turns.begin() is V.CLOSED
 
 
 def test_a_turn_end_that_came_before_the_close_still_ends_the_turn() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.closed()
-    assert turns.event(DONE) is V.TURN_ENDED and turns.state is S.CLOSED
+    assert turns.event(TURN_COMPLETE) is V.TURN_ENDED and turns.state is S.CLOSED
     assert turns.left(True) is V.NOTHING
 
 
 def test_the_socket_closing_mid_cut_ends_the_cut() -> None:
-    turns = LiveTurns()
-    turns.begin()
+    turns = in_state(S.IN_TURN)
     turns.left(True)
     assert turns.closed() is V.CUT_ENDED and turns.state is S.CLOSED
     assert turns.begin() is V.CLOSED and turns.dropped == 0
 
 
 def test_a_refused_input_changes_nothing() -> None:
-    turns = LiveTurns()
-    turns.begin()
-    turns.event(DONE)
+    turns = in_state(S.IN_TURN)
+    turns.event(TURN_COMPLETE)
     with pytest.raises(LiveTurnError, match="ended"):
-        turns.event(model("after the end"))
+        turns.event(live_text("after the end"))
     assert turns.state is S.ENDED and turns.in_turn and turns.dropped == 0

@@ -6,7 +6,6 @@ once, a replay of that Approve is refused. Sessions recorded from the stock ADK 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from gateway.core.rebuild import MESSAGE_ID_STATE_KEY
 from gateway.chat.service import ChatService, Gone
 from gateway.chat.registry import ChatNotFound
-from gateway.upstream.client import SessionConfirmations, UpstreamError, _confirmation_ids
+from tests.support.adk import SessionStoreAdk
 from tests.support.chat import read, request
 from tests.support.clock import Clock
 from tests.support.service import chat_service
@@ -26,68 +25,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "waiting_sessions"
 USER = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "pay 50 to Hanako"}]}
 
 
-class SessionAdk:
-    """ADK as its session holds a chat: `session` answers the recorded JSON (for `owner` only, as
-    ADK scopes sessions by user); an answer appends to it and runs the payment (counted)."""
-
-    def __init__(self, recorded: dict[str, Any] | None, owner: str = "alice") -> None:
-        self.recorded = copy.deepcopy(recorded)
-        self.owner = owner
-        self.asked_for: list[tuple[str, str]] = []
-        self.paid = 0
-        self.sent: list[dict[str, Any]] = []
-        self.deltas: list[Any] = []
-        self.down = False
-
-    async def session(self, user_id: str, session_id: str) -> Any:
-        self.asked_for.append((user_id, session_id))
-        if self.down:
-            raise UpstreamError("connect", "the agent service is unreachable")
-        return self.recorded if user_id == self.owner else None
-
-    async def confirmations(self, user_id: str, session_id: str) -> SessionConfirmations:
-        session = await self.session(user_id, session_id)
-        return SessionConfirmations(
-            asked=frozenset(_confirmation_ids(session, "functionCall", "function_call")),
-            answered=frozenset(_confirmation_ids(session, "functionResponse", "function_response")),
-        )
-
-    # AdkClient's: sessions are created before runs (upstream.auto_create_session off).
-    auto_creates_sessions = False
-
-    async def ensure_session(self, user_id: str, session_id: str) -> None:
-        return None
-
-    async def run_sse_batches(self, *, new_message: dict[str, Any], state_delta: Any = None, **_: Any) -> Any:
-        self.sent.append(new_message)
-        self.deltas.append(state_delta)
-        assert self.recorded is not None
-        # As ADK keeps the run's state delta: on the event of its new message.
-        self.recorded["events"].append({"author": "user", "content": new_message, "actions": {"stateDelta": state_delta or {}}})
-        [part] = new_message["parts"]
-        call = self.tool_call_id()
-        if part["functionResponse"]["response"]["confirmed"]:
-            self.paid += 1
-            result = {"success": True}
-        else:
-            result = {"error": "This tool call is rejected."}
-        yield [
-            {"author": "demo_agent", "content": {"role": "user", "parts": [
-                {"functionResponse": {"id": call, "name": "process_payment", "response": result}}]}},
-            {"author": "demo_agent", "content": {"role": "model", "parts": [{"text": "Done."}]}, "finishReason": "STOP"},
-        ]
-
-    def tool_call_id(self) -> str:
-        assert self.recorded is not None
-        for event in self.recorded["events"]:
-            for part in event["content"]["parts"]:
-                call = part.get("functionCall")
-                if call and call["name"] == "adk_request_confirmation":
-                    return call["args"]["originalFunctionCall"]["id"]
-        raise AssertionError("no confirmation")
-
-
-def service(adk: SessionAdk, clock: Clock | None = None, yaml: str = "") -> ChatService:
+def service(adk: SessionStoreAdk, clock: Clock | None = None, yaml: str = "") -> ChatService:
     return chat_service(yaml, adk=adk, clock=clock or Clock())
 
 
@@ -114,7 +52,7 @@ def pending_gauge(chats: ChatService) -> float:
 @pytest.mark.parametrize("label", ["newest", "1.22.1"])
 @pytest.mark.parametrize("scenario", ["confirm_pay", "native_pay"])
 async def test_a_fresh_gateway_resumes_into_the_waiting_approval_and_the_approve_runs_once(label: str, scenario: str) -> None:
-    adk = SessionAdk(recorded(label, scenario))
+    adk = SessionStoreAdk(recorded(label, scenario))
     chats = service(adk)
     assert chats.resume(AGENT, "alice", "chat-1") is None  # nothing of it here
 
@@ -157,7 +95,7 @@ async def test_a_page_that_kept_the_message_resumes_and_answers_into_that_same_m
     Approve continues it, and its run tells ADK the same id (a later rebuild finds it again)."""
     session = recorded("newest", "confirm_pay")
     session["events"][0]["actions"]["stateDelta"] = {MESSAGE_ID_STATE_KEY: "msg-live"}
-    adk = SessionAdk(session)
+    adk = SessionStoreAdk(session)
     chats = service(adk)
     chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
     assert chunks[0] == {"type": "start", "messageId": "msg-live"}
@@ -169,7 +107,7 @@ async def test_a_page_that_kept_the_message_resumes_and_answers_into_that_same_m
 
 
 async def test_a_deny_after_the_rebuild_runs_nothing() -> None:
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     chats = service(adk)
     resumed = await chats.resume_waiting(AGENT, "alice", "chat-1")
     assert resumed is not None
@@ -183,7 +121,7 @@ async def test_a_deny_after_the_rebuild_runs_nothing() -> None:
 
 async def test_a_session_left_with_the_user_message_of_a_page_that_kept_it_is_answered_too() -> None:
     # A page that kept its messages sends the user message along with the answer.
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     chats = service(adk)
     chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
     answer = approved(chunks)
@@ -194,7 +132,7 @@ async def test_a_session_left_with_the_user_message_of_a_page_that_kept_it_is_an
 
 @pytest.mark.parametrize("scenario", ["confirm_paid", "hello", "confirm_two_one_answered", None])
 async def test_nothing_pending_is_still_nothing_to_resume(scenario: str | None) -> None:
-    adk = SessionAdk(None if scenario is None else recorded("newest", scenario))
+    adk = SessionStoreAdk(None if scenario is None else recorded("newest", scenario))
     chats = service(adk)
     assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
     # And the chat is not taken for it: no run, nothing counted.
@@ -202,7 +140,7 @@ async def test_nothing_pending_is_still_nothing_to_resume(scenario: str | None) 
 
 
 async def test_another_user_finds_nothing_of_it() -> None:
-    adk = SessionAdk(recorded("newest", "confirm_pay"), owner="alice")
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"), owner="alice")
     chats = service(adk)
     assert await chats.resume_waiting(AGENT, "mallory", "chat-1") is None
     assert adk.asked_for == [("mallory", "chat-1")]  # ADK scopes sessions by user
@@ -214,7 +152,7 @@ async def test_another_user_finds_nothing_of_it() -> None:
 
 
 async def test_an_unreachable_agent_service_leaves_nothing_to_resume() -> None:
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     adk.down = True
     chats = service(adk)
     assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
@@ -224,7 +162,7 @@ async def test_an_unreachable_agent_service_leaves_nothing_to_resume() -> None:
 async def test_past_the_replay_retention_a_known_waiting_chat_is_rebuilt_again() -> None:
     """A gateway that did not restart: the message asked, was read, and a minute later the page
     reloads; the run's replay is past `chat.run_retention`, ADK's session still waits."""
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     clock = Clock()
     chats = service(adk, clock)
     first = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
@@ -237,7 +175,7 @@ async def test_past_the_replay_retention_a_known_waiting_chat_is_rebuilt_again()
 
 
 async def test_a_resume_while_a_run_goes_on_follows_it_without_asking_adk() -> None:
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     chats = service(adk)
     chunks = await read(await chats.resume_waiting(AGENT, "alice", "chat-1"))  # type: ignore[arg-type]
     asked = len(adk.asked_for)
@@ -249,7 +187,7 @@ async def test_a_resume_while_a_run_goes_on_follows_it_without_asking_adk() -> N
 
 
 async def test_live_agents_have_no_confirmations_to_rebuild() -> None:
-    adk = SessionAdk(recorded("newest", "confirm_pay"))
+    adk = SessionStoreAdk(recorded("newest", "confirm_pay"))
     chats = service(adk, yaml="upstream:\n  url: http://127.0.0.1:1\n  mode: live\n")
     assert await chats.resume_waiting(AGENT, "alice", "chat-1") is None
     assert adk.asked_for == []
@@ -259,7 +197,7 @@ async def test_live_agents_have_no_confirmations_to_rebuild() -> None:
 async def test_the_answers_between_two_runs_are_replayed_for_the_client_s_version(version: int) -> None:
     from tests.unit.test_rebuild import _answered_then_asked
 
-    chats = service(SessionAdk(_answered_then_asked("newest", approved=True)))
+    chats = service(SessionStoreAdk(_answered_then_asked("newest", approved=True)))
     resumed = await chats.resume_waiting(AGENT, "alice", "chat-1", version)  # type: ignore[arg-type]
     assert resumed is not None
     said = [c for c in await read(resumed) if c["type"] == "tool-approval-response"]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from gateway.config.schema import parse_config
 from gateway.core.chat_request import parse_chat_body
 from gateway.ops.metrics import GatewayMetrics
 from gateway.upstream.client import UpstreamError
+from tests.support.adk import SessionStoreAdk
 from tests.support.recordings import check_stream_rules, types
 from tests.support.chat import read as read_chunks
 from tests.support.service import chat_service
@@ -21,40 +21,12 @@ from tests.support.service import chat_service
 AGENT = "demo_agent"
 
 
-class SessionsAdk:
-    """ADK's sessions as `AdkClient` sees them: a run on a session the server does not hold is a
-    404 (`session_missing`) unless the server creates it with the run (`server_creates`)."""
-
-    def __init__(self, *, auto: bool, server_creates: bool) -> None:
-        self.auto_creates_sessions = auto  # AdkClient's, from upstream.auto_create_session
-        self.server_creates = server_creates
-        self.sessions: set[tuple[str, str]] = set()
-        self.calls: list[str] = []
-        self.down = False
-
-    async def ensure_session(self, user_id: str, session_id: str) -> None:
-        self.calls.append("create")
-        if self.down:
-            raise UpstreamError("connect", "the agent service is unreachable")
-        self.sessions.add((user_id, session_id))
-
-    async def run_sse_batches(self, *, user_id: str, session_id: str, **_: Any) -> AsyncIterator[list[dict[str, Any]]]:
-        self.calls.append("run")
-        if self.down:
-            raise UpstreamError("connect", "the agent service is unreachable")
-        if (user_id, session_id) not in self.sessions:
-            if not self.server_creates:
-                raise UpstreamError("session_missing", "the agent service does not know this session", 404)
-            self.sessions.add((user_id, session_id))
-        yield [{"author": "a", "content": {"role": "model", "parts": [{"text": "hello"}]}, "finishReason": "STOP"}]
-
-
 def config(auto: bool | None, mode: str = "sse") -> str:
     setting = "" if auto is None else f"\n  auto_create_session: {'true' if auto else 'false'}"
     return f"internal:\n  secret: s3cret\nupstream:\n  mode: {mode}{setting}\n"
 
 
-def service_on(adk: SessionsAdk, auto: bool | None) -> tuple[ChatService, GatewayMetrics]:
+def service_on(adk: SessionStoreAdk, auto: bool | None) -> tuple[ChatService, GatewayMetrics]:
     service = chat_service(config(auto), adk=adk)
     return service, service.metrics
 
@@ -85,7 +57,7 @@ def test_the_setting_defaults_to_creating_first() -> None:
 
 
 async def test_without_the_setting_a_new_chat_creates_its_session_before_the_run() -> None:
-    adk = SessionsAdk(auto=False, server_creates=True)
+    adk = SessionStoreAdk(auto=False, server_creates=True)
     service, _ = service_on(adk, False)
     assert "text-delta" in types(await turn(service, "chat-1"))
     await turn(service, "chat-1")
@@ -93,7 +65,7 @@ async def test_without_the_setting_a_new_chat_creates_its_session_before_the_run
 
 
 async def test_a_server_that_creates_sessions_gets_the_run_alone() -> None:
-    adk = SessionsAdk(auto=True, server_creates=True)
+    adk = SessionStoreAdk(auto=True, server_creates=True)
     service, metrics = service_on(adk, True)
     assert "text-delta" in types(await turn(service, "chat-1"))
     await turn(service, "chat-2")
@@ -104,7 +76,7 @@ async def test_a_server_that_creates_sessions_gets_the_run_alone() -> None:
 
 
 async def test_a_server_that_does_not_create_them_costs_one_404_once_then_sessions_are_created_first() -> None:
-    adk = SessionsAdk(auto=True, server_creates=False)
+    adk = SessionStoreAdk(auto=True, server_creates=False)
     service, metrics = service_on(adk, True)
     assert "text-delta" in types(await turn(service, "chat-1"))
     assert adk.calls == ["run", "create", "run"]
@@ -117,7 +89,7 @@ async def test_a_server_that_does_not_create_them_costs_one_404_once_then_sessio
 
 async def test_a_restart_that_lost_the_session_still_recovers() -> None:
     # A server without the flag that lost its sessions: the chat's session is created again.
-    adk = SessionsAdk(auto=True, server_creates=True)
+    adk = SessionStoreAdk(auto=True, server_creates=True)
     service, metrics = service_on(adk, True)
     await turn(service, "chat-1")
     adk.sessions.clear()
@@ -130,7 +102,7 @@ async def test_a_restart_that_lost_the_session_still_recovers() -> None:
 
 
 async def test_with_the_setting_an_unreachable_upstream_is_the_runs_error_chunk_and_the_chat_recovers() -> None:
-    adk = SessionsAdk(auto=True, server_creates=True)
+    adk = SessionStoreAdk(auto=True, server_creates=True)
     service, _ = service_on(adk, True)
     adk.down = True
     chunks = await turn(service, "chat-1")
@@ -140,7 +112,7 @@ async def test_with_the_setting_an_unreachable_upstream_is_the_runs_error_chunk_
 
 
 async def test_without_the_setting_an_unreachable_upstream_is_the_requests_502() -> None:
-    adk = SessionsAdk(auto=False, server_creates=True)
+    adk = SessionStoreAdk(auto=False, server_creates=True)
     service, _ = service_on(adk, False)
     adk.down = True
     with pytest.raises(UpstreamError) as refused:
@@ -155,7 +127,7 @@ async def test_without_the_setting_an_unreachable_upstream_is_the_requests_502()
 
 
 async def test_a_live_session_is_created_first_whatever_the_setting() -> None:
-    adk = SessionsAdk(auto=True, server_creates=True)
+    adk = SessionStoreAdk(auto=True, server_creates=True)
     registry = Registry()
     service = chat_service(config(True, mode="live"), adk=adk, registry=registry)
     chat = registry.get(AGENT, "u", "chat-1", now=0.0)
