@@ -1,8 +1,8 @@
 """Shared fixtures: real ADK API servers (demo agent, scripted model) and gateways, one of each per session.
 
 - `gateway`: ADK's native confirmation flow (process_payment declares `require_confirmation`),
-  gateway without a tool policy.
-- `stack`: the demo's topology: the gateway's tool policy enforced by its plugin in the ADK server.
+  gateway without a tool policy. (The demo's topology, the plugin in ADK's process, is started where
+  it is used: tests/integration/conftest.py shares its ADK servers.)
 
 And the hooks that spread the suite over pytest-xdist workers (tests/parallel.py).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.parallel import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
-from tests.procs import GatewayProcess, PluginStack, adk_server, gateway_process, plugin_stack
+from tests.procs import GatewayProcess, adk_server, gateway_process
 
 
 @pytest.fixture(scope="session")
@@ -30,12 +30,6 @@ def adk_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def gateway(adk_base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     with gateway_process(tmp_path_factory.mktemp("gw"), adk_base) as gw:
         yield gw
-
-
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginStack]:
-    with plugin_stack(tmp_path_factory.mktemp("stack")) as s:
-        yield s
 
 
 @pytest.fixture

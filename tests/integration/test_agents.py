@@ -2,8 +2,9 @@
 config/gateway.yaml (demo_agent, the default, and support_agent, both apps of the one stock ADK API
 server the demo starts, each gated by its own policy through the one plugin and internal listener).
 
-Stock ai 6 and ai 7 Chats run every demo row on `/agents/demo_agent/...` and on the old `/api/chat`
-routes, and the support agent's rows on its own routes, over SSE and WebSocket; a chat id or an
+Stock ai 6 and ai 7 Chats run the demo rows that show which agent answered on `/agents/demo_agent/...`
+and on the old `/api/chat` routes, and the support agent's rows on its own routes, over SSE and
+WebSocket (every demo row with each client and transport: tests/integration/test_confirm_mode.py); a chat id or an
 answer used on another agent's routes is refused; the metrics count each agent's approvals apart.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.demo_rows import SCENARIOS, check_rows, said, tool_states
+from tests.demo_rows import SCENARIOS, said, tool_states
 from tests.jsdriver import assert_clean, run_chats
 from tests.procs import PLUGIN, GatewayProcess, adk_server, free_port, gateway_process, make_run, metric_value, request
 
@@ -61,17 +62,33 @@ def _runs(base: str, path: str, rows: dict[str, list[dict]], version: int, trans
     return results
 
 
-@pytest.mark.parametrize("transport", ["sse", "ws"])
-@pytest.mark.parametrize("version", [6, 7])
+# Every demo row with each client and transport runs once, on confirm mode's stack
+# (tests/integration/test_confirm_mode.py); here, what the routes add: the support agent's rows on
+# its own routes, and on the demo agent's own routes and the old ones (its default's) the rows that
+# show which agent answered (its text, its gated payment), each client on one transport of each
+# route (ai 6's WebSocket transport is the gateway's module, ai 7's the SDK's).
+ROUTE_ROWS = {name: SCENARIOS[name] for name in ("hello", "approve")}
+CLIENTS = [(6, "sse"), (7, "ws"), (7, "sse"), (6, "ws")]
+
+
+def check_route_rows(results: dict[str, dict]) -> None:
+    """tests/demo_rows.py check_rows, for ROUTE_ROWS."""
+    for name, result in results.items():
+        assert_clean(result)
+        assert result["status"] == "ready", name
+    assert '"hello there"' in said(results["hello"])
+    assert tool_states(results["approve"]) == ["output-available"] and "Hanako" in said(results["approve"])
+
+
+@pytest.mark.parametrize(("version", "transport"), CLIENTS[:2])
 def test_both_agents_pass_their_rows_on_their_own_routes(demo: GatewayProcess, version: int, transport: str) -> None:
-    check_rows(_runs(demo.base, "/agents/demo_agent/api/chat", SCENARIOS, version, transport))
+    check_route_rows(_runs(demo.base, "/agents/demo_agent/api/chat", ROUTE_ROWS, version, transport))
     check_support_rows(_runs(demo.base, "/agents/support_agent/api/chat", SUPPORT_ROWS, version, transport))
 
 
-@pytest.mark.parametrize("version", [6, 7])
-def test_the_old_routes_are_the_default_agents(demo: GatewayProcess, version: int) -> None:
-    check_rows(_runs(demo.base, "/api/chat", SCENARIOS, version, "sse"))
-    check_rows(_runs(demo.base, "/api/chat", SCENARIOS, version, "ws"))
+@pytest.mark.parametrize(("version", "transport"), CLIENTS)
+def test_the_old_routes_are_the_default_agents(demo: GatewayProcess, version: int, transport: str) -> None:
+    check_route_rows(_runs(demo.base, "/api/chat", ROUTE_ROWS, version, transport))
 
 
 def _message(chat_id: str, text: str) -> dict:

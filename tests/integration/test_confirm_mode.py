@@ -260,6 +260,7 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
             assert ids and all(i.startswith("adk-") for i in ids), (tool, sorted(ids))
         assert held_plugin_requests(gw) == 0
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
+        assert metric_value(gw.base, "adk_gateway_ws_frames_total", {"direction": "in", "type": "send"}) >= len(names)
 
 
 # ---- browser tools in confirm mode -----------------------------------------------------------------

@@ -63,18 +63,6 @@ def test_every_demo_row_over_websocket_with_a_live_agent(live_stack: PluginStack
     assert metric_value(live_stack.gateway.base, "adk_gateway_plugin_requests_total", {"result": "run"}) >= 2
 
 
-@pytest.mark.js
-def test_sse_transport_with_a_live_agent(live_stack: PluginStack) -> None:
-    api = f"{live_stack.gateway.base}/api/chat"
-    runs = [
-        {"version": 6, "api": api, "steps": [{"send": "pay 50 to Hanako", "approvals": "approve"}]},
-        {"version": 7, "api": api, "steps": [{"send": "hello there"}, {"send": "weather in Tokyo"}]},
-    ]
-    for result in run_chats(runs, timeout=40):
-        assert_clean(result)
-        assert result["status"] == "ready"
-
-
 def test_interrupted_turn_ends_with_the_right_reason(live_stack: PluginStack) -> None:
     gw = live_stack.gateway
     v6 = post(gw, new_chat(), [user("interrupt me")])

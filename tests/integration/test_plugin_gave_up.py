@@ -5,7 +5,7 @@ replica holding the request dies, a proxy cuts it. The plugin then answers ADK i
 does not run) and the model goes on. The person's later answer must read what happened: the
 plugin's error for that call, the model's whole text, a finish that matches. The plugin waits so
 only on a live upstream (the held path); on `/run_sse` it asks ADK's confirmation and waits for
-nobody, so its longest wait ends no call. Also: a plugin that cannot reach the gateway at all
+nobody, so its longest wait ends no call (played from recordings: tests/scenarios/test_confirm_mode.py). Also: a plugin that cannot reach the gateway at all
 refuses every call, which is no policy bypass.
 """
 
@@ -118,29 +118,6 @@ def test_approve_after_the_plugin_gave_up_gets_its_error_the_whole_text_and_a_ma
     assert any(
         line.get("event") == "gated_call_abandoned" and line.get("reason") == "max_wait" for line in gw.log_lines()
     )
-
-
-def test_on_run_sse_the_plugins_longest_wait_ends_no_call(tmp_path: Path) -> None:
-    """The call waits as ADK's confirmation, the plugin's request answered at once: an Approve long
-    after the plugin's ADK_GATEWAY_MAX_WAIT runs the payment, and nothing was abandoned."""
-    with demo_stack(tmp_path, tools=TOOLS, adk_env={"ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)}) as confirming:
-        gw = confirming.gateway
-        chat, first_message = new_chat(), user("pay 50 to Hanako")
-        first = post(gw, chat, [first_message])
-        assert types(first)[-3:] == ["tool-approval-request", "finish-step", "finish"], types(first)
-        assert first.chunks[-3]["approvalId"].startswith("adk-")
-        time.sleep(MAX_WAIT + 1)  # past the longest the plugin would hold a request
-        answer = assistant_from(first, [True])
-        late = post(gw, chat, [first_message, answer], messageId=answer["id"])
-        assert late.status == 200, late.body[:300]
-        assert late.chunks[0] == {"type": "start", "messageId": answer["id"]}
-        assert late.chunks[1]["type"] == "tool-output-available" and late.chunks[1]["output"]["success"] is True, late.chunks[:3]
-        assert late.chunks[-1]["finishReason"] == "stop"
-        parts = [p for p in sdk_check(first, late.chunks)["parts"] if p.get("toolCallId") == first.chunks[-3]["toolCallId"]]
-        assert [p["state"] for p in parts] == ["output-available"], parts
-        assert wait_count(confirming, "process_payment", "abandoned") == 0
-        assert wait_count(confirming, "process_payment", "approved") == 1
-        assert not [line for line in gw.log_lines() if line.get("event") == "gated_call_abandoned"]
 
 
 def test_a_plugin_that_cannot_reach_the_gateway_refuses_and_that_is_no_bypass(tmp_path: Path) -> None:

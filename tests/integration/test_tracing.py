@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.chatflow import assistant_from, new_chat, post, types, user
+from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.otlp_receiver import Receiver, Span
 from tests.procs import GatewayProcess, PluginStack, plugin_stack, request
 
@@ -282,9 +283,13 @@ def test_a_turn_forwarded_to_its_owner_is_one_trace_across_replicas(replicas_tra
     ]
 
 
-def test_a_live_turn_traces_the_socket_s_connect_under_it(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> None:
+def test_a_live_turn_traces_the_socket_s_connect_under_it(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver, shared_agents: SharedAgents,
+) -> None:
+    # The gateway's spans alone: ADK need not export, so the package's shared plugin agent serves.
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100", **_KEEP_ALL}
-    with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel) as stack:
+    agent = plugin_agent(shared_agents)
+    with plugin_stack(tmp_path_factory.mktemp("traced-live"), upstream_mode="live", gateway_env=otel, agent=agent) as stack:
         chat = new_chat()
         reply = post(stack.gateway, chat, [user("hello there")])
         assert reply.status == 200 and types(reply)[-1] == "finish"

@@ -1,5 +1,7 @@
 """Stock AI SDK Chats over the WebSocket transport: ai 7's WebSocketChatTransport and, for ai 6,
-the module the gateway ships (gateway/static/ws-transport.js), against the real ADK server."""
+the module the gateway ships (gateway/static/ws-transport.js), against the real ADK server: resumes
+after a dropped socket, and the module served. Every demo row over WebSocket runs with each client in
+tests/integration/test_confirm_mode.py (and on a live agent, test_live_mode.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +10,11 @@ import re
 
 import pytest
 
-from tests.demo_rows import SCENARIOS, check_rows, said, tool_states
+from tests.demo_rows import said, tool_states
 from tests.jsdriver import assert_clean, run_chats
-from tests.procs import PluginStack, metric_value, request
+from tests.procs import GatewayProcess, PluginStack, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.js]
-
-@pytest.mark.parametrize("version", [6, 7])
-def test_every_demo_row_over_websocket(stack: PluginStack, version: int) -> None:
-    ws_url = stack.gateway.base.replace("http", "ws") + "/api/chat/ws"
-    names = list(SCENARIOS)
-    runs = [{"version": version, "api": ws_url, "transport": "ws", "steps": SCENARIOS[n]} for n in names]
-    check_rows(dict(zip(names, run_chats(runs, timeout=40))))
-    assert metric_value(stack.gateway.base, "adk_gateway_ws_frames_total", {"direction": "in", "type": "send"}) >= len(names)
-
 
 @pytest.mark.parametrize("version", [6, 7])
 def test_resume_after_a_dropped_socket_and_abort(lifecycle_stack: PluginStack, version: int) -> None:
@@ -72,8 +65,8 @@ def test_a_socket_dropped_in_the_reply_after_an_approval_resumes_into_the_whole_
     assert _shape(resumed, version) == _shape(unbroken, version)
 
 
-def test_ai6_transport_module_is_served(stack: PluginStack) -> None:
-    reply = request(stack.gateway.base, "GET", "/static/ws-transport.js")
+def test_ai6_transport_module_is_served(gateway: GatewayProcess) -> None:
+    reply = request(gateway.base, "GET", "/static/ws-transport.js")
     assert reply.status == 200
     assert reply.headers["content-type"].startswith(("text/javascript", "application/javascript"))
     assert b"export class WebSocketChatTransport" in reply.body

@@ -8,6 +8,8 @@ import pytest
 
 from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario, SdkCheck
+from tests.support.clock import Clock
+from tests.support.recordings import SSE_FOLDERS
 
 
 @pytest.fixture(scope="module")
@@ -20,18 +22,33 @@ def sdk() -> Iterator[SdkCheck]:
 
 @pytest.fixture
 async def scenarios(sdk: SdkCheck, request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Scenario]]:
-    """`scenarios(recordings=Recordings(folder), config=yaml, env=...)`: a gateway in front of replayed ADK
+    """`scenarios(recordings=Recordings(folder), config=yaml, env=..., clock=Clock())`: a gateway in front of replayed ADK
     (tests/scenarios/runner.py); each is closed when the test ends."""
     made: list[Scenario] = []
 
-    def make(recordings: Recordings | None = None, config: str = "", env: dict[str, str] | None = None) -> Scenario:
-        scenario = Scenario(sdk, request.node.nodeid, recordings, config, env)
+    def make(
+        recordings: Recordings | None = None, config: str = "", env: dict[str, str] | None = None, clock: Clock | None = None,
+    ) -> Scenario:
+        scenario = Scenario(sdk, request.node.nodeid, recordings, config, env, clock)
         made.append(scenario)
         return scenario
 
     yield make
     for scenario in made:
         await scenario.close()
+
+
+@pytest.fixture(params=SSE_FOLDERS)
+def recordings(request: pytest.FixtureRequest) -> Recordings:
+    """Each supported ADK's `/run_sse` recordings in turn (a test asking for it runs once per set)."""
+    return Recordings(request.param)
+
+
+@pytest.fixture
+def sc(scenarios: Callable[..., Scenario], recordings: Recordings) -> Scenario:
+    """A gateway with no tool policy (ADK's own confirmations only) in front of each supported ADK's
+    recordings; a module with a policy overrides it."""
+    return scenarios(recordings)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from gateway.core.approvals import Verdict
 from gateway.core.chat_request import parse_chat_body
 from gateway.core.refusals import Refusal
 from gateway.ops.metrics import GatewayMetrics
+from tests.support.clock import Clock
 from tests.support.service import chat_service
 from tests.jsdriver import check_streams
 from tests.procs import Reply
@@ -86,14 +87,16 @@ class Scenario:
 
     def __init__(
         self, sdk: SdkCheck, label: str, recordings: Recordings | None = None, config: str = "",
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, clock: Clock | None = None,
     ) -> None:
         self.adk = ReplayAdk(recordings or Recordings())
+        # The gateway's monotonic time: a test's Clock, which stands still until moved (None: real time).
+        self.clock = clock
         self.adk.asker = self._plugin_asks
         self.metrics = GatewayMetrics()
         parsed = parse_config(config, env=env or {})
         self.metrics.know_agents(parsed)  # as the app does at start (edge/app.py)
-        self.service = chat_service(parsed, adk=self.adk, metrics=self.metrics)
+        self.service = chat_service(parsed, adk=self.adk, metrics=self.metrics, clock=self.clock)
         # As the app wires it (edge/app.py): every approval decided becomes an audit record, logged
         # at once (its store's appends are not started: nothing here reads them back).
         self.audit = AuditTrail(MemoryState("scenario"), self.metrics, lambda: parsed.audit, logging=parsed.logging)
@@ -118,12 +121,15 @@ class Scenario:
     async def post(
         self, chat_id: str, messages: list[dict[str, Any]], *, user: str = "u", version: int | None = None,
         stop_after: int | None = None, stop: Stop = "leave", then: Callable[[dict[str, Any]], None] | None = None,
-        **extra: Any,
+        play: str | tuple[str, ...] = (), **extra: Any,
     ) -> Reply:
-        """POST /api/chat. `version`: the `x-ai-sdk-version` the app declares (None: a stock app).
+        """POST /api/chat. `play`: the recordings ADK answers the runs this request starts with, in
+        order (`Scenario.play` each first). `version`: the `x-ai-sdk-version` the app declares (None: a stock app).
         `stop_after`: the browser stops after reading that many chunks, by leaving (SSE: the AI
         SDK's stop() aborts the fetch) or by an `abort` frame (WebSocket). `then(message)`: asserted on
         the assistant message the AI SDK assembles from the response, when the module ends (SdkCheck)."""
+        for run in (play,) if isinstance(play, str) else play:
+            self.play(run)
         body = {"id": chat_id, "messages": messages, "trigger": "submit-message", **extra}
         try:
             request = parse_chat_body(body, version_header=None if version is None else str(version), default_version=6)
@@ -168,6 +174,11 @@ class Scenario:
 
     async def close(self) -> None:
         await self.service.close()
+
+
+def said(chunks: list[dict[str, Any]]) -> str:
+    """The text a response streamed."""
+    return "".join(c.get("delta", "") for c in chunks if c["type"] == "text-delta")
 
 
 def sse_reply(chunks: list[dict[str, Any]], *, done: bool = True) -> Reply:

@@ -14,31 +14,15 @@ import pytest
 
 from tests.chatflow import assistant_from, new_chat, types, user
 from tests.scenarios.recordings import Recordings
-from tests.scenarios.runner import Scenario
-from tests.support.recordings import SSE_FOLDERS
+from tests.scenarios.runner import Scenario, said
 
 pytestmark = pytest.mark.js
 
 WAITS = "adk_gateway_approval_wait_seconds_count"
 
 
-@pytest.fixture(params=SSE_FOLDERS)
-def recordings(request: pytest.FixtureRequest) -> Recordings:
-    return Recordings(request.param)
-
-
-@pytest.fixture
-def sc(scenarios: Callable[..., Scenario], recordings: Recordings) -> Scenario:
-    return scenarios(recordings)
-
-
-def said(chunks: list[dict]) -> str:
-    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
-
-
 async def test_server_tool(sc: Scenario) -> None:
-    sc.play("weather_tokyo")
-    reply = await sc.post(new_chat(), [user("weather in Tokyo")])
+    reply = await sc.post(new_chat(), [user("weather in Tokyo")], play="weather_tokyo")
     chunks = reply.chunks
     call = next(c for c in chunks if c["type"] == "tool-input-available")
     assert call["toolName"] == "get_weather" and call["input"] == {"city": "Tokyo"}
@@ -54,8 +38,7 @@ async def test_native_approval_round_trip(sc: Scenario, recordings: Recordings, 
     chat, first_message = new_chat(), user("pay 50 to Hanako")
     outcome = "approved" if approved else "denied"
     before = sc.metric(WAITS, {"tool": "process_payment", "outcome": outcome})
-    sc.play(setup)
-    first = await sc.post(chat, [first_message])
+    first = await sc.post(chat, [first_message], play=setup)
     assert types(first) == [
         "start", "start-step", "tool-input-start", "tool-input-available", "tool-approval-request", "finish-step", "finish",
     ]
@@ -63,8 +46,7 @@ async def test_native_approval_round_trip(sc: Scenario, recordings: Recordings, 
     assert "requires confirmation" not in first.body.decode()
 
     answer = assistant_from(first, [approved])
-    sc.play(answered)
-    second = await sc.post(chat, [first_message, answer], messageId=answer["id"])
+    second = await sc.post(chat, [first_message, answer], messageId=answer["id"], play=answered)
     chunks = second.chunks
     assert chunks[0] == {"type": "start", "messageId": answer["id"]}
     call_id = answer["parts"][1]["toolCallId"]
@@ -84,12 +66,10 @@ async def test_native_approval_round_trip(sc: Scenario, recordings: Recordings, 
 
 async def test_two_approvals_in_one_turn(sc: Scenario, recordings: Recordings) -> None:
     chat, first_message = new_chat(), user("pay 10 to Alice and 20 to Bob")
-    sc.play("pay_two")
-    first = await sc.post(chat, [first_message])
+    first = await sc.post(chat, [first_message], play="pay_two")
     assert types(first).count("tool-approval-request") == 2
     answer = assistant_from(first, [True, False])
-    sc.play("pay_two_approve_one_deny_other")
-    second = await sc.post(chat, [first_message, answer], messageId=answer["id"])
+    second = await sc.post(chat, [first_message, answer], messageId=answer["id"], play="pay_two_approve_one_deny_other")
     outputs = [(c["type"], c["toolCallId"]) for c in second.chunks if c["type"].startswith("tool-output")]
     calls = [p["toolCallId"] for p in answer["parts"][1:]]
     assert outputs == [("tool-output-available", calls[0]), ("tool-output-denied", calls[1])]
@@ -102,12 +82,10 @@ async def test_two_approvals_in_one_turn(sc: Scenario, recordings: Recordings) -
 async def test_typing_instead_of_answering_rejects_the_pending_call(sc: Scenario, recordings: Recordings) -> None:
     chat, first_message = new_chat(), user("pay 50 to Hanako")
     before = sc.metric(WAITS, {"tool": "process_payment", "outcome": "cancelled"})
-    sc.play("typed_setup")
-    first = await sc.post(chat, [first_message])
+    first = await sc.post(chat, [first_message], play="typed_setup")
     pending = assistant_from(first)
-    sc.play("typed_reject")  # what ADK answers the rejection, out of the browser's sight
-    sc.play("typed_hello_again")
-    second = await sc.post(chat, [first_message, pending, user("hello again")])
+    # typed_reject: what ADK answers the rejection, out of the browser's sight
+    second = await sc.post(chat, [first_message, pending, user("hello again")], play=("typed_reject", "typed_hello_again"))
     assert second.status == 200
     assert second.chunks[0]["messageId"] != pending["id"]
     assert '"hello again"' in said(second.chunks)
@@ -118,28 +96,24 @@ async def test_typing_instead_of_answering_rejects_the_pending_call(sc: Scenario
         recordings.request("typed_reject")["newMessage"], recordings.request("typed_hello_again")["newMessage"],
     ]
     # The rejected call is settled in ADK: answering it now changes nothing (the payment never runs).
-    sc.play("typed_late_approve")
-    late = await sc.post(chat, [first_message, assistant_from(first, [True])], messageId=pending["id"])
+    late = await sc.post(chat, [first_message, assistant_from(first, [True])], messageId=pending["id"], play="typed_late_approve")
     assert "tool-output-available" not in types(late)
     assert len(sc.adk.messages) == 3, "the late approval reached ADK"
 
 
 async def test_adk_error_event_then_the_chat_still_works(sc: Scenario) -> None:
     chat = new_chat()
-    sc.play("trigger_error")
-    reply = await sc.post(chat, [user("trigger error")])
+    reply = await sc.post(chat, [user("trigger error")], play="trigger_error")
     assert reply.status == 200
     assert types(reply) == ["start", "error", "finish"]
     assert reply.chunks[1]["errorText"].startswith("DEMO_ERROR")
     assert reply.chunks[-1]["finishReason"] == "error"
-    sc.play("hello_there")
-    again = await sc.post(chat, [user("trigger error"), user("hello there")])
+    again = await sc.post(chat, [user("trigger error"), user("hello there")], play="hello_there")
     assert again.chunks[-1]["finishReason"] == "stop"
 
 
 async def test_crashing_run_gives_one_error_chunk(sc: Scenario) -> None:
-    sc.play("crash")
-    reply = await sc.post(new_chat(), [user("crash")])
+    reply = await sc.post(new_chat(), [user("crash")], play="crash")
     assert types(reply) == ["start", "error", "finish"]
     assert "Traceback" not in reply.body.decode()
 
@@ -154,8 +128,7 @@ async def test_tokens_and_time_to_first_token_are_counted_per_turn(scenarios: Ca
     first_tokens = "adk_gateway_first_token_seconds_count"
     assert tokens(sc, "input") == 0 and sc.metric(first_tokens) == 0
     chat = new_chat()
-    sc.play("hello_there")
-    first = await sc.post(chat, [user("hello there")])
+    first = await sc.post(chat, [user("hello there")], play="hello_there")
     metadata = first.chunks[-1]["messageMetadata"]
     assert metadata["model"] == "demo-scripted"
     assert tokens(sc, "input") == 16 == metadata["usage"]["inputTokens"]
@@ -163,20 +136,16 @@ async def test_tokens_and_time_to_first_token_are_counted_per_turn(scenarios: Ca
     assert tokens(sc, "total") == metadata["usage"]["totalTokens"]
     assert sc.metric(first_tokens) == 1
     # Two LLM calls (the tool call, then the text): each counted once.
-    sc.play("weather_tokyo")
-    second = await sc.post(new_chat(), [user("weather in Tokyo")])
+    second = await sc.post(new_chat(), [user("weather in Tokyo")], play="weather_tokyo")
     assert tokens(sc, "input") == 16 + 32 == 16 + second.chunks[-1]["messageMetadata"]["usage"]["inputTokens"]
     assert sc.metric(first_tokens) == 2
     # Typing instead of answering: the payment's call (1), the model's answer to the rejection,
     # which ADK runs out of the browser's sight (1), and the new message's (1).
     pay = user("pay 50 to Hanako")
-    sc.play("typed_setup")
-    first = await sc.post(chat, [pay])
+    first = await sc.post(chat, [pay], play="typed_setup")
     assert tokens(sc, "input") == 48 + 16
     assert sc.metric(first_tokens) == 2  # no words: not timed
-    sc.play("typed_reject")
-    sc.play("typed_hello_again")
-    await sc.post(chat, [pay, assistant_from(first), user("hello again")])
+    await sc.post(chat, [pay, assistant_from(first), user("hello again")], play=("typed_reject", "typed_hello_again"))
     assert tokens(sc, "input") == 64 + 32
     assert sc.metric(first_tokens) == 3
     assert tokens(sc, "input", "other") == 0

@@ -11,33 +11,23 @@ stay in tests/integration/test_stop_and_send.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from gateway.demo.script import echo_text
 from tests.chatflow import new_chat, types, user
 from tests.scenarios.recordings import Recordings
-from tests.scenarios.runner import Scenario
-from tests.support.recordings import SSE_FOLDERS
+from tests.scenarios.runner import Scenario, said
 
 pytestmark = pytest.mark.js
 
 LONG = "hello there, this is a much longer message to echo back slowly"
 
 
-def said(chunks: list[dict]) -> str:
-    return "".join(c.get("delta", "") for c in chunks if c["type"] == "text-delta")
-
-
 # The three browsers of the integration row: ai 6 and ai 7 over SSE (stop leaves), ai 7 over the
 # WebSocket (stop sends `abort`).
 @pytest.mark.parametrize("stop", ["leave", "abort"])
-@pytest.mark.parametrize("folder", SSE_FOLDERS)
-async def test_stop_then_a_new_message_streams_whole(scenarios: Callable[..., Scenario], folder: str, stop: str) -> None:
+async def test_stop_then_a_new_message_streams_whole(sc: Scenario, recordings: Recordings, stop: str) -> None:
     """The next reply is the new message's own, whole, and ends with `finish`."""
-    recordings = Recordings(folder)
-    sc = scenarios(recordings)
     chat, first_message = new_chat(), user(LONG)
     sc.play("long_echo", until=3)  # ADK is still streaming the reply when the browser stops
     first = await sc.post(chat, [first_message], stop_after=4, stop=stop)
@@ -45,8 +35,7 @@ async def test_stop_then_a_new_message_streams_whole(scenarios: Callable[..., Sc
     assistant = {"id": first.chunks[0]["messageId"], "role": "assistant", "parts": [{"type": "text", "text": said(first.chunks)}]}
 
     again = user("hello again")
-    sc.play("hello_again")
-    second = await sc.post(chat, [first_message, assistant, again])
+    second = await sc.post(chat, [first_message, assistant, again], play="hello_again")
     assert [first.status, second.status] == [200, 200], second.body
     last = said(second.chunks)
     assert "hello again" in last, last

@@ -19,17 +19,11 @@ import structlog
 from tests.chatflow import assistant_from, new_chat, user
 from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario
-from tests.support.recordings import SSE_FOLDERS
 
 pytestmark = pytest.mark.js
 
 SHIPPED = (Path(__file__).resolve().parents[2] / "config" / "gateway.yaml").read_text(encoding="utf-8")
 DECISIONS = "adk_gateway_approval_decisions_total"
-
-
-@pytest.fixture(params=SSE_FOLDERS)
-def recordings(request: pytest.FixtureRequest) -> Recordings:
-    return Recordings(request.param)
 
 
 @pytest.fixture
@@ -85,10 +79,8 @@ async def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(sc: Sc
     chats = {"small": new_chat(), "too_large": new_chat()}
     # ai 7's framing (its approval response chunk) needs the version said (docs/protocol.md 1.3).
     with structlog.testing.capture_logs() as logs:
-        sc.play("rule_small")
-        small = await sc.post(chats["small"], [user("pay 2 to Hanako")], version=version, then=small_ran(version))
-        sc.play("rule_too_large")
-        large = await sc.post(chats["too_large"], [user("pay 20000 to Hanako")], version=version, then=large_refused(version))
+        small = await sc.post(chats["small"], [user("pay 2 to Hanako")], version=version, then=small_ran(version), play="rule_small")
+        large = await sc.post(chats["too_large"], [user("pay 20000 to Hanako")], version=version, then=large_refused(version), play="rule_too_large")
     for reply in (small, large):
         assert reply.status == 200 and reply.chunks[-1]["type"] == "finish", reply.chunks
     assert sc.metric(DECISIONS, {**labels, "outcome": "approved"}) == approved + 1
@@ -111,11 +103,9 @@ async def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(sc: Sc
 async def test_a_person_s_answer_is_audited_with_its_source(sc: Scenario, recordings: Recordings) -> None:
     chat, first_message = new_chat(), user("pay 50 to Hanako")
     with structlog.testing.capture_logs() as logs:
-        sc.play("confirm_pay")
-        first = await sc.post(chat, [first_message], version=7)
+        first = await sc.post(chat, [first_message], version=7, play="confirm_pay")
         answer = assistant_from(first, [False])
-        sc.play("confirm_pay_deny")
-        await sc.post(chat, [first_message, answer], version=7, messageId=answer["id"])
+        await sc.post(chat, [first_message, answer], version=7, messageId=answer["id"], play="confirm_pay_deny")
     [audit] = [line for line in logs if line.get("event") == "approval_audit" and line.get("chat_id") == chat]
     assert (audit["source"], audit["outcome"], audit["rule"], audit["tool"]) == ("person", "denied", None, "process_payment")
     assert audit["waited"] >= 0
