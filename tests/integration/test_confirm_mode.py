@@ -229,11 +229,15 @@ def test_an_answer_after_the_gateway_was_killed_and_restarted_runs_the_payment_o
 
 
 @pytest.mark.js
-def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path | None], agent: Agent, tmp_path: Path) -> None:
+def test_every_demo_row_with_stock_clients_in_confirm_mode(
+    adk: tuple[str, Path | None], agent: Agent, shared_agents: SharedAgents, tmp_path: Path,
+) -> None:
     """The demo script with the stock ai 6 and ai 7 Chats over SSE and WebSocket: every gated call,
     the browser tools' too, goes through ADK's confirmation (no plugin request at all), each
-    approved payment runs exactly once, no denied or abandoned one ever."""
+    approved payment runs exactly once, no denied or abandoned one ever. On the newest ADK, the
+    browser tools' rows over SSE receive chunk for chunk what they receive on the held path."""
     ledger = agent.ledger
+    over_sse: dict[int, dict[str, dict]] = {}
     with confirm_stack(tmp_path, agent) as (_, gw, _extra):
         names = list(DEMO_ROWS)
         for version in (6, 7):
@@ -250,6 +254,8 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
                     check_rows(results)
                 except AssertionError as exc:
                     raise AssertionError(f"ADK {adk[0]}, ai {version} over {transport}: {exc}") from None
+                if transport == "sse":
+                    over_sse[version] = results
         paid = Counter(r["args"]["recipient"] for r in runs(ledger) if r["tool"] == "process_payment")
         # Per client and transport: "approve" pays Hanako once, "two" pays one of Alice and Bob;
         # "deny" and "moved_on" (a new message instead of an answer) never pay.
@@ -261,6 +267,9 @@ def test_every_demo_row_with_stock_clients_in_confirm_mode(adk: tuple[str, Path 
         assert held_plugin_requests(gw) == 0
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total") == 0
         assert metric_value(gw.base, "adk_gateway_ws_frames_total", {"direction": "in", "type": "send"}) >= len(names)
+    # The chunks are the gateway's: one ADK shows them (the rows above run on each).
+    if adk[0] == "newest":
+        check_as_on_the_held_path(shared_agents, tmp_path, over_sse)
 
 
 # ---- browser tools in confirm mode -----------------------------------------------------------------
@@ -480,27 +489,16 @@ def wire(result: dict) -> list[list[dict]]:
     return list(responses.values())
 
 
-@pytest.mark.js
-def test_stock_chats_see_browser_tools_chunk_for_chunk_as_on_the_held_path(
-    adk: tuple[str, Path | None], agent: Agent, shared_agents: SharedAgents, tmp_path: Path,
-) -> None:
+def check_as_on_the_held_path(shared_agents: SharedAgents, tmp_path: Path, over_sse: dict[int, dict[str, dict]]) -> None:
     """ai 6 and ai 7 over SSE, every chunk parsed by the SDK: the browser tools' rows in confirm
-    mode receive, request by request, what the same rows receive on the held path, a live
-    upstream's (only ids and the model's words differ)."""
-    if adk[0] != "newest":
-        pytest.skip("the chunks are the gateway's: one ADK shows them (the rows run on each ADK above)")
+    mode (`over_sse`, per version) received, request by request, what the same rows receive on the
+    held path, a live upstream's (only ids and the model's words differ)."""
     batch = [(version, name) for version in (6, 7) for name in BROWSER_ROWS]
-
-    def rows(base: str) -> list[dict]:
-        return run_chats([{"version": v, "api": f"{base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
-
     (tmp_path / "hold").mkdir()
     with plugin_stack(tmp_path / "hold", upstream_mode="live", agent=plugin_agent(shared_agents)) as hold:
-        held = rows(hold.gateway.base)
+        held = run_chats([{"version": v, "api": f"{hold.gateway.base}/api/chat", "steps": DEMO_ROWS[n]} for v, n in batch], timeout=60)
         assert metric_value(hold.gateway.base, "adk_gateway_plugin_requests_total") > 0
-    with confirm_stack(tmp_path, agent) as (_, gw, _extra):
-        confirmed = rows(gw.base)
-        assert held_plugin_requests(gw) == 0
+    confirmed = [over_sse[version][name] for version, name in batch]
     for (version, name), before, after in zip(batch, held, confirmed):
         assert_clean(before)
         assert_clean(after)
