@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,9 @@ from tests.scenarios.recordings import Recordings
 from tests.scenarios.runner import Scenario, SdkCheck
 from tests.support.clock import Clock
 from tests.support.recordings import SSE_FOLDERS
+
+# config/gateway.yaml as shipped: the demo's topology, whose policy answered the plugin's recorded asks.
+SHIPPED = (Path(__file__).resolve().parents[2] / "config" / "gateway.yaml").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,13 @@ def sc(scenarios: Callable[..., Scenario], recordings: Recordings) -> Scenario:
     """A gateway with no tool policy (ADK's own confirmations only) in front of each supported ADK's
     recordings; a module with a policy overrides it."""
     return scenarios(recordings)
+
+
+@pytest.fixture
+def shipped(scenarios: Callable[..., Scenario], recordings: Recordings) -> Scenario:
+    """A gateway with config/gateway.yaml's policy (confirm mode, its rules) in front of each supported
+    ADK's recordings, its time a Clock the test moves (`shipped.clock`)."""
+    return scenarios(recordings, SHIPPED, {"ADK_GATEWAY_SECRET": "s3cret"}, Clock())
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ tests/integration/test_tool_rules.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,13 +21,7 @@ from tests.scenarios.runner import Scenario
 
 pytestmark = pytest.mark.js
 
-SHIPPED = (Path(__file__).resolve().parents[2] / "config" / "gateway.yaml").read_text(encoding="utf-8")
 DECISIONS = "adk_gateway_approval_decisions_total"
-
-
-@pytest.fixture
-def sc(scenarios: Callable[..., Scenario], recordings: Recordings) -> Scenario:
-    return scenarios(recordings, SHIPPED, {"ADK_GATEWAY_SECRET": "s3cret"})
 
 
 def tools(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,21 +65,21 @@ def large_refused(version: int) -> Callable[[dict[str, Any]], None]:
 
 
 @pytest.mark.parametrize("version", [6, 7])
-async def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(sc: Scenario, version: int) -> None:
+async def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(shipped: Scenario, version: int) -> None:
     labels = {"agent": "demo_agent", "source": "rule"}
-    approved = sc.metric(DECISIONS, {**labels, "outcome": "approved"})
-    denied = sc.metric(DECISIONS, {**labels, "outcome": "denied"})
+    approved = shipped.metric(DECISIONS, {**labels, "outcome": "approved"})
+    denied = shipped.metric(DECISIONS, {**labels, "outcome": "denied"})
     chats = {"small": new_chat(), "too_large": new_chat()}
     # ai 7's framing (its approval response chunk) needs the version said (docs/protocol.md 1.3).
     with structlog.testing.capture_logs() as logs:
-        small = await sc.post(chats["small"], [user("pay 2 to Hanako")], version=version, then=small_ran(version), play="rule_small")
-        large = await sc.post(chats["too_large"], [user("pay 20000 to Hanako")], version=version, then=large_refused(version), play="rule_too_large")
+        small = await shipped.post(chats["small"], [user("pay 2 to Hanako")], version=version, then=small_ran(version), play="rule_small")
+        large = await shipped.post(chats["too_large"], [user("pay 20000 to Hanako")], version=version, then=large_refused(version), play="rule_too_large")
     for reply in (small, large):
         assert reply.status == 200 and reply.chunks[-1]["type"] == "finish", reply.chunks
-    assert sc.metric(DECISIONS, {**labels, "outcome": "approved"}) == approved + 1
-    assert sc.metric(DECISIONS, {**labels, "outcome": "denied"}) == denied + 1
+    assert shipped.metric(DECISIONS, {**labels, "outcome": "approved"}) == approved + 1
+    assert shipped.metric(DECISIONS, {**labels, "outcome": "denied"}) == denied + 1
     # Nobody was asked: no approval waited, none is pending.
-    assert sc.metric("adk_gateway_approvals_pending", {"agent": "demo_agent"}) == 0
+    assert shipped.metric("adk_gateway_approvals_pending", {"agent": "demo_agent"}) == 0
     # The audit trail has both, with the rule that decided and the policy it belongs to.
     audits = {
         line["rule"]: line for line in logs
@@ -100,14 +93,14 @@ async def test_a_rule_approves_or_refuses_a_payment_without_asking_anyone(sc: Sc
     assert audits["small"]["policy_version"]
 
 
-async def test_a_person_s_answer_is_audited_with_its_source(sc: Scenario, recordings: Recordings) -> None:
+async def test_a_person_s_answer_is_audited_with_its_source(shipped: Scenario, recordings: Recordings) -> None:
     chat, first_message = new_chat(), user("pay 50 to Hanako")
     with structlog.testing.capture_logs() as logs:
-        first = await sc.post(chat, [first_message], version=7, play="confirm_pay")
+        first = await shipped.post(chat, [first_message], version=7, play="confirm_pay")
         answer = assistant_from(first, [False])
-        await sc.post(chat, [first_message, answer], version=7, messageId=answer["id"], play="confirm_pay_deny")
+        await shipped.post(chat, [first_message, answer], version=7, messageId=answer["id"], play="confirm_pay_deny")
     [audit] = [line for line in logs if line.get("event") == "approval_audit" and line.get("chat_id") == chat]
     assert (audit["source"], audit["outcome"], audit["rule"], audit["tool"]) == ("person", "denied", None, "process_payment")
     assert audit["waited"] >= 0
     # The person's denial reached ADK as its confirmation's answer, as the recorder's did.
-    assert sc.adk.messages[1] == recordings.request("confirm_pay_deny")["newMessage"]
+    assert shipped.adk.messages[1] == recordings.request("confirm_pay_deny")["newMessage"]
