@@ -5,12 +5,14 @@ replica holding the request dies, a proxy cuts it. The plugin then answers ADK i
 does not run) and the model goes on. The person's later answer must read what happened: the
 plugin's error for that call, the model's whole text, a finish that matches. The plugin waits so
 only on a live upstream (the held path); on `/run_sse` it asks ADK's confirmation and waits for
-nobody, so its longest wait ends no call (played from recordings: tests/scenarios/test_confirm_mode.py). Also: a plugin that cannot reach the gateway at all
-refuses every call, which is no policy bypass.
+nobody, so its longest wait ends no call (played from recordings: tests/scenarios/test_confirm_mode.py).
+Also: a plugin that cannot reach the gateway at all refuses every call, as the browser reads it
+through the gateway and as ADK itself answers it, which is no policy bypass.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,3 +133,28 @@ def test_a_plugin_that_cannot_reach_the_gateway_refuses_and_that_is_no_bypass(tm
         assert reply.chunks[-1]["finishReason"] == "stop"
         assert metric_value(gw.base, "adk_gateway_policy_bypassed_total", {"tool": "process_payment"}) == 0
         assert not [line for line in gw.log_lines() if line.get("event") == "policy_bypassed"]
+        check_fails_closed_in_adk(stack.adk)
+
+
+def check_fails_closed_in_adk(adk: str) -> None:
+    """ADK itself, asked directly (no gateway in front): the plugin that cannot reach the gateway
+    answers the call with its error, and the model says the payment was not made. (Was
+    tests/integration/test_gateway_approvals.py::test_plugin_fails_closed_when_the_gateway_is_down,
+    which started an ADK server of its own for it.)"""
+    session = "s-" + new_chat()
+    created = request(adk, "POST", "/apps/demo_agent/users/u1/sessions", {"sessionId": session})
+    assert created.status == 200
+    run = request(adk, "POST", "/run_sse", {
+        "appName": "demo_agent", "userId": "u1", "sessionId": session, "streaming": True,
+        "newMessage": {"role": "user", "parts": [{"text": "pay 50 to Hanako"}]},
+    })
+    assert run.status == 200
+    events = [json.loads(p) for p in run.payloads]
+    responses = [
+        part["functionResponse"] for e in events for part in (e.get("content") or {}).get("parts", [])
+        if "functionResponse" in part
+    ]
+    assert responses and "unavailable" in responses[0]["response"]["error"]
+    assert "not made" in "".join(
+        part.get("text", "") for e in events if not e.get("partial") for part in (e.get("content") or {}).get("parts", [])
+    )
