@@ -83,6 +83,9 @@ _LIMIT_TIMEOUT = _CONNECT_TIMEOUT
 # (deleting the heartbeat) and closing the connections each get a second: a Redis that does not
 # answer must not hold up the process's exit (socket_timeout alone would allow 5 s per try).
 _STOP_GRACE = 1.0
+# How long `start` waits for the inbox's subscription when Redis answered the first beat: the
+# replica serves once `start` returns, and a message sent to it before it listens is lost.
+_SUBSCRIBE_WAIT = 2.0
 _GOODBYE_TIMEOUT = 1.0
 # How long `{p}:beats` outlives the last beat: a cluster stopped longer than this starts with no
 # gap to wait out (its replicas are new, and the old ones' chats are theirs to take).
@@ -170,6 +173,11 @@ class RedisState(SharedState):
             asyncio.create_task(self._heartbeats(), name="redis-heartbeat"),
             asyncio.create_task(self._inbox_link.listen(inbox, self._interval), name="redis-inbox"),
         ]
+        if self.available:
+            # Bounded: a Redis that fails now is the loops' to retry, and /readyz says why.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_SUBSCRIBE_WAIT):
+                    await self._inbox_link.listening.wait()
 
     async def close(self) -> None:
         """Stop the loops, delete the heartbeat (the other replicas may take this one's chats at

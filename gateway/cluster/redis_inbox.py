@@ -66,6 +66,8 @@ class RedisInbox:
         self._beat_now = beat_now
         self._beat_ok = beat_ok
         self._received = _Received(_INBOX_WINDOW)
+        # Set while this replica's channel is subscribed: a message published before is lost.
+        self.listening = asyncio.Event()
 
     def _channel(self, replica_id: str) -> str:
         return f"{self._prefix}:inbox:{replica_id}"
@@ -86,6 +88,7 @@ class RedisInbox:
             pubsub = self._control.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
+                self.listening.set()
                 failed = backoff.succeeded()
                 if failed:
                     log.info("inbox_reconnected", failed_attempts=failed)
@@ -94,6 +97,7 @@ class RedisInbox:
                     if message is not None and message.get("type") == "message":
                         self._receive(channel, message["data"], deliver)
             except (RedisError, OSError) as exc:
+                self.listening.clear()
                 if not backoff.failing:
                     log.info("inbox_reconnecting", reason=type(exc).__name__)
                 delay = backoff.failed()

@@ -187,6 +187,24 @@ async def test_messages_reach_the_named_replica_only(pair: tuple[Replica, Replic
     assert a.inbox.empty() and b.inbox.empty()
 
 
+async def test_a_message_sent_the_moment_a_replica_started_reaches_it(redis: RedisServer) -> None:
+    """A started replica serves and says it is ready: a message sent to it at once (a forwarded
+    answer, a verdict) must not be published to an inbox nobody listens on yet. It was: the
+    subscription came a moment after `start` returned, and the answer was lost to the asker's 5 s
+    timeout (the ops suite's Redis-restart row, its replicas started together, saw the 503)."""
+    prefix = "t" + secrets.token_hex(4)
+    b = Replica(redis_state(redis, "b", prefix))
+    await b.start()
+    a = Replica(redis_state(redis, "a", prefix))
+    try:
+        await a.start()
+        await b.state.send("a", {"op": "ping"})
+        assert await asyncio.wait_for(a.inbox.get(), 5) == {"op": "ping"}
+    finally:
+        for replica in (a, b):
+            await replica.state.close()
+
+
 async def test_a_relay_delivers_every_entry_in_order_then_its_end(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     key = secrets.token_hex(6)
