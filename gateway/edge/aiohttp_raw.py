@@ -222,6 +222,9 @@ class HeadGuard:
     timers: CoarseTimers | None = None
 
 
+# How long a connection answered 408 stays open, swallowing what the client still sends, before
+# it is closed (bounded: a client that never stops is closed all the same).
+_LINGER = 2.0
 _HEAD_TIMEOUT_BODY = json.dumps({"error": {
     "code": "header_timeout", "message": "the request line and headers did not arrive in time",
 }}).encode()
@@ -242,7 +245,7 @@ class GuardedRequestHandler(RequestHandler):
     and WebSockets are not timed here: the head is parsed by then.
     """
 
-    __slots__ = ("_guard", "_head_timer", "_head_from", "_head_bytes")
+    __slots__ = ("_guard", "_head_timer", "_head_from", "_head_bytes", "_lingering")
 
     def __init__(self, manager: web.Server, *, guard: HeadGuard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -250,6 +253,7 @@ class GuardedRequestHandler(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_from = 0  # requests parsed when the clock started
         self._head_bytes = False
+        self._lingering = False  # answered 408: what still arrives is swallowed until the close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -262,6 +266,8 @@ class GuardedRequestHandler(RequestHandler):
             self._keepalive_handle = timers.call_at(self._next_keepalive_close_time, self._process_keepalive)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         # Waiting for the next request (aiohttp's start() parked on its waiter): these bytes open a head.
         waiting = self._waiter is not None and not self._waiter.done()
         parsed = self._request_count
@@ -312,9 +318,16 @@ class GuardedRequestHandler(RequestHandler):
         if transport is None or self._force_close or self._close or self._request_count != self._head_from:
             return
         self._guard.on_timeout()
-        if self._head_bytes:
-            transport.write(_HEAD_TIMEOUT_ANSWER)
-        self.force_close()  # closes the transport once what was written is flushed
+        if not self._head_bytes or not transport.can_write_eof():
+            self.force_close()  # closes the transport once what was written is flushed
+            return
+        transport.write(_HEAD_TIMEOUT_ANSWER)
+        # A lingering close (RFC 9112, 9.6): closed while the client still sends its head, the
+        # kernel answers its next bytes with a reset, and a reset discards the 408 the client has
+        # not read yet. So: the answer and a half-close, what still arrives swallowed, then the close.
+        transport.write_eof()
+        self._lingering = True
+        self._loop.call_later(_LINGER, self.force_close)
 
 
 class _GuardedServer(web.Server):

@@ -87,6 +87,32 @@ async def test_both_listeners_cut_heads_that_do_not_arrive_in_time_and_count_the
         )
 
 
+async def test_a_head_cut_for_time_reaches_a_client_still_sending_and_slow_to_read() -> None:
+    """The 408 must reach a client that is still sending its head when it is cut and reads late
+    (a loaded machine, a busy client). Closed at once, the gateway's kernel answered the client's
+    next line with a reset, and the reset threw away the 408 the client had not read yet (the
+    trickle row above failed so, now and then, under load)."""
+    async with serving() as (_, (public, _internal)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", public)
+        writer.transport.pause_reading()  # the client reads late: the 408 waits in its kernel
+
+        async def lines() -> None:
+            writer.write(b"GET /healthz HTTP/1.1\r\n")
+            for i in range(60):
+                await asyncio.sleep(0.02)
+                writer.write(b"X-Slow-%d: 1\r\n" % i)
+
+        sending = asyncio.create_task(lines())
+        try:
+            await asyncio.sleep(1.0)  # past the 500 ms bound, the client still writing
+            writer.transport.resume_reading()
+            answer = await asyncio.wait_for(reader.read(), 3)
+        finally:
+            sending.cancel()
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
 async def get(port: int, path: str, headers: str = "") -> tuple[int, bytes]:
     answer = await exchange(port, f"GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n{headers}\r\n".encode(), 3)
     head, _, body = answer.partition(b"\r\n\r\n")
