@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.ops.checks import Ledger, Stream, assert_one_terminal
-from tests.ops.stack import Balancer
+from tests.ops.balancer import Balancer
 
 
 def ledger_with(tmp_path: Path, *entries: tuple[str, str, int]) -> Ledger:
@@ -113,5 +113,21 @@ def test_the_balancer_takes_turns_prefers_and_skips_a_dead_backend() -> None:
             b.shutdown()
             b.server_close()
             assert {through(balancer) for _ in range(3)} == {b"a"}
+        finally:
+            balancer.stop()
+
+
+def test_the_balancer_routes_to_new_backends_and_to_none() -> None:
+    with named_server(b"a") as a, named_server(b"c") as c:
+        balancer = Balancer({})
+        balancer.start()
+        try:
+            assert through(balancer) == b""  # no backend: closed at once
+            balancer.route({"a": a.server_address[1]})
+            assert through(balancer) == b"a"
+            balancer.route({"a": a.server_address[1], "c": c.server_address[1]}, prefer="c")
+            assert {through(balancer) for _ in range(3)} == {b"c"} and balancer.connections == {"c": 3}
+            with pytest.raises(ValueError):
+                balancer.route({"a": a.server_address[1]}, prefer="c")
         finally:
             balancer.stop()
