@@ -1,5 +1,5 @@
-"""The fault suite's own instruments must be able to fail: the ledger's and the terminal
-sequence's checks on made-up evidence, and the balancer on plain sockets (no gateway, no ADK)."""
+"""The fault suite's own instruments must be able to fail: the ledger's, the terminal sequence's
+and the AI SDK's checks on made-up evidence, and the balancer on plain sockets (no gateway, no ADK)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.ops.checks import Ledger, Stream, assert_one_terminal
+from tests.jsdriver import StreamChecker, check_streams
+from tests.ops.checks import Ledger, Stream, assert_one_terminal, assert_sdk_clean
 from tests.ops.balancer import Balancer
 
 
@@ -74,6 +75,27 @@ def test_one_terminal_sequence_and_nothing_after_it() -> None:
             pytest.fail(f"accepted {what}")
     with pytest.raises(AssertionError):
         assert_one_terminal(sse(START, FINISH), error=True)
+
+
+def test_the_sdk_check_on_one_node_process_says_what_a_node_per_check_says() -> None:
+    text = [START, {"type": "start-step"}, {"type": "text-start", "id": "t"},
+            {"type": "text-delta", "id": "t", "delta": "hi"}, {"type": "text-end", "id": "t"}, {"type": "finish-step"}, FINISH]
+    bad = [*text[:-1], {"type": "tool-output-available"}, FINISH]
+    cases = [{"version": 6, "chunks": text}, {"version": 7, "chunks": bad}]
+    expected = check_streams(cases)
+    assert not expected[0]["schemaErrors"] and expected[1]["schemaErrors"], expected
+    checker = StreamChecker()
+    try:
+        assert checker.check(cases) == expected
+        assert checker._proc is not None
+        checker._proc.kill()  # a checker that died starts again
+        checker._proc.wait()
+        assert checker.check(cases) == expected
+    finally:
+        checker.close()
+    assert_sdk_clean(text)
+    with pytest.raises(AssertionError):
+        assert_sdk_clean(bad)
 
 
 @contextmanager
