@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 HEARTBEAT = "200ms"
+KEY_PREFIX = "gw-test"
 OWNER_TIMEOUT = "800ms"
 
 T = TypeVar("T")
@@ -258,7 +259,7 @@ def replicas(
             return (
                 tools.format(payment_timeout=payment_timeout, on_timeout="deny")
                 + f"internal:\n  port: {ports[name]}\n  secret: {on.secret}\n  policy_refresh: 1s\n"
-                + f"sessions:\n  backend: redis\n{on.reach}  key_prefix: gw-test\n"
+                + f"sessions:\n  backend: redis\n{on.reach}  key_prefix: {KEY_PREFIX}\n"
                 + f"  secret: {sessions_secret}\n"
                 + f"  heartbeat_interval: {heartbeat}\n  owner_timeout: {owner_timeout}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
@@ -285,6 +286,11 @@ def replicas(
             stack.callback(on.balancer.route, {})
         for gw in (a, b):
             wait_ready(gw)
+        # Steady before a row's fault: readiness does not wait for the inboxes' subscriptions, and
+        # with the replicas started together and the ADK server already up a row can reach its
+        # fault within a moment of the start.
+        wait_until(lambda: len(resp_command(on.redis.port, "PUBSUB", "CHANNELS", f"{KEY_PREFIX}:inbox:*")) == 2,
+                   "both replicas' inboxes to subscribe", 10)
         headers, user = {}, "anonymous"
         if api_keys:
             user, key = next(iter(api_keys.items()))
