@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -160,6 +161,57 @@ def check_streams(cases: list[dict]) -> list[dict]:
     if proc.returncode != 0:
         raise AssertionError(f"stream checker crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
     return json.loads(proc.stdout)
+
+
+class StreamChecker:
+    """`check_streams` on one Node process (check-stream.mjs --lines), started at the first check:
+    a suite that checks many responses pays Node's and the SDKs' start once. A checker that died
+    is started again at the next check; `close` ends it."""
+
+    def __init__(self, timeout: float = 120) -> None:
+        self.timeout = timeout
+        self._proc: subprocess.Popen[str] | None = None
+
+    def check(self, cases: list[dict]) -> list[dict]:
+        """What check_streams(cases) returns."""
+        proc = self._running()
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(cases) + "\n")
+        proc.stdin.flush()
+        # Bounded: a checker that hangs is killed, which ends the read.
+        timer = threading.Timer(self.timeout, proc.kill)
+        timer.start()
+        try:
+            line = proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if not line:
+            self.close()
+            raise AssertionError(f"stream checker ended (exit {proc.returncode}) without an answer")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _running(self) -> subprocess.Popen[str]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        node = shutil.which("node")
+        if node is None:
+            raise AssertionError("node is not on PATH; the stream checker needs Node 20+")
+        self._proc = subprocess.Popen(
+            [node, str(JS_DIR / "check-stream.mjs"), "--lines"], cwd=JS_DIR, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+        )
+        return self._proc
 
 
 def check_ws_transport_parity() -> dict:

@@ -9,12 +9,14 @@ end for every browser.
   mid-stream) under a total deadline, and keeps every byte for the checks.
 - `assert_one_terminal` and `assert_sdk_clean`: a response ends with exactly one terminal sequence
   (`finish`, or one `error` then `finish`; nothing after it, one `[DONE]`), and every chunk passes
-  the AI SDK's own schema and message assembly (tests/jsdriver.check_streams, ai 6 and 7).
+  the AI SDK's own schema and message assembly (tests/jsdriver.check_streams, ai 6 and 7), on one
+  Node process for the whole run (`sdk_checker`).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import http.client
 import json
 import secrets
@@ -26,7 +28,7 @@ from typing import Any
 
 from tests.chatflow import assistant_message
 from tests.faults.client import check_stream
-from tests.jsdriver import check_streams
+from tests.jsdriver import StreamChecker
 from tests.procs import Reply
 
 __all__ = [
@@ -229,6 +231,14 @@ def assert_one_terminal(stream: Stream, *, error: bool | None = None) -> list[di
     return chunks
 
 
+@functools.cache
+def sdk_checker() -> StreamChecker:
+    """The run's stream checker (one per process, as procs.worker_ports): a row checks several
+    responses, each of which would otherwise start Node and load both SDKs again (~0.5 s). It ends
+    with the run (its stdin closes)."""
+    return StreamChecker()
+
+
 def assert_sdk_clean(*responses: list[dict[str, Any]], approved: bool = True) -> None:
     """The responses of one chat, in order, through ai 6's and ai 7's own parsers: no schema error,
     no stream error but the one an `error` chunk reports, each continuing the message the one
@@ -245,7 +255,7 @@ def assert_sdk_clean(*responses: list[dict[str, Any]], approved: bool = True) ->
         # An `error` chunk is how the gateway tells the browser a response failed: the SDK
         # reports exactly that text, and nothing else.
         said = next((c["errorText"] for c in chunks if c["type"] == "error"), None)
-        for version, result in zip(messages, check_streams(cases)):
+        for version, result in zip(messages, sdk_checker().check(cases)):
             assert not result["schemaErrors"] and result["streamError"] == said, (version, result)
             message = messages[version] = result["message"]
             for part in message["parts"]:

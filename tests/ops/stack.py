@@ -11,38 +11,42 @@ Every process can be made to fail on its own: `GatewayProcess.proc` (kill -9, SI
 `RedisServer.stop()/start()` (back empty), `AdkServer.kill()/start()` (same port; sessions lost,
 unless `adk_sessions` gave ADK a SQLite file), `Replicas.start_again(name)` (a replica that was killed
 or stopped, on its own ports and config).
+
+What does not depend on the replicas' config (Redis, the ADK server, the ledger, the plugin's
+balancer) is an `Upstream`, which many tests' pairs of replicas can run on in turn
+(`replicas(on=...)`, tests/ops/conftest.py): the ADK server's start is most of a stack's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import os
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.ops.balancer import Balancer
 from tests.ops.checks import Ledger
-from gateway.demo import MEMORY, sqlite_uri
+from gateway.demo import MEMORY, adk_venv, sqlite_uri
 from tests.procs import (
     DEMO_TOOLS, PLUGIN, ROOT, AdkServer, GatewayProcess, RedisServer, free_port, gateway_process, redis_server,
-    request,
+    request, resp_command,
 )
 
 __all__ = [
-    "HEARTBEAT", "OWNER_TIMEOUT", "Balancer", "Replicas", "adk_events", "payment_responses", "redis_calls", "replicas",
-    "wait_ready", "wait_until",
+    "HEARTBEAT", "OWNER_TIMEOUT", "Balancer", "Replicas", "Upstream", "adk_events", "ops_adk", "payment_responses",
+    "redis_calls", "replicas", "upstream", "wait_ready", "wait_until",
 ]
 
 HEARTBEAT = "200ms"
+KEY_PREFIX = "gw-test"
 OWNER_TIMEOUT = "800ms"
 
 T = TypeVar("T")
@@ -66,99 +70,96 @@ def wait_ready(gw: GatewayProcess, timeout: float = 15) -> None:
         time.sleep(0.05)
 
 
-# ---- a round-robin TCP balancer ----------------------------------------------------------------
-
-
-class Balancer:
-    """A TCP balancer on a loopback port, in a thread of the test process.
-
-    Each new connection goes to the next backend in turn; one that refuses the connection is
-    skipped (a health check in miniature), so a killed replica stops getting the plugin's requests
-    as soon as its port closes. `prefer` names a backend that gets every new connection while it
-    accepts them: the scenarios that depend on which replica holds the plugin's request choose it.
-    A connection ends as a whole when either side ends it (HTTP peers do not half-close), so the
-    replica sees the plugin give up, and the plugin sees the replica die.
-    """
-
-    def __init__(self, backends: dict[str, int], *, prefer: str | None = None) -> None:
-        if prefer is not None and prefer not in backends:
-            raise ValueError(f"prefer={prefer!r} is not one of {sorted(backends)}")
-        self.backends = dict(backends)
-        self.prefer = prefer
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.connections: collections.Counter[str] = collections.Counter()
-        self._turn = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="balancer", daemon=True)
-        self._server: asyncio.AbstractServer | None = None
-        self._open: set[asyncio.StreamWriter] = set()
-
-    def start(self) -> None:
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", self.port), self._loop
-        )
-        self._server = future.result(timeout=10)
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            for writer in list(self._open):
-                writer.close()
-
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-
-    def _order(self) -> list[str]:
-        names = list(self.backends)
-        start = self._turn % len(names)
-        self._turn += 1
-        order = names[start:] + names[:start]
-        if self.prefer is not None:
-            order.remove(self.prefer)
-            order.insert(0, self.prefer)
-        return order
-
-    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        self._open.add(client_writer)
-        try:
-            for name in self._order():
-                try:
-                    backend_reader, backend_writer = await asyncio.wait_for(
-                        asyncio.open_connection("127.0.0.1", self.backends[name]), 2
-                    )
-                except (OSError, asyncio.TimeoutError):
-                    continue
-                self.connections[name] += 1
-                break
-            else:
-                return  # no backend up: the client sees its connection closed, as behind a real balancer
-            self._open.add(backend_writer)
-            pipes = [
-                asyncio.create_task(_pipe(client_reader, backend_writer)),
-                asyncio.create_task(_pipe(backend_reader, client_writer)),
-            ]
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-            for pipe in pipes:
-                pipe.cancel()
-            backend_writer.close()
-            self._open.discard(backend_writer)
-        finally:
-            client_writer.close()
-            self._open.discard(client_writer)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def ops_adk() -> Path | None:
+    """OPS_ADK_VERSION's `adk` command (its venv built once by gateway.demo.adk_venv); this venv's without it."""
+    version = os.environ.get("OPS_ADK_VERSION")
+    if not version:
+        return None
     try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
+        return adk_venv.ensure(version) / "bin" / "adk"
+    except adk_venv.VenvError as exc:
+        raise RuntimeError(f"OPS_ADK_VERSION={version}: {exc}") from exc
+
+
+# ---- what the replicas of many tests share ------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    """Redis, the ADK server with the plugin and its ledger, and how the plugin reaches the replicas:
+    what `replicas(on=...)` starts a pair of replicas on, one pair after another.
+
+    Starting the ADK server is most of a stack's start, so the rows that may share one do
+    (tests/ops/conftest.py); each row still gets its own replicas, and `reset` (at the next pair's
+    start) takes away what a row left: Redis's keys and command counts, the ledger's lines, a
+    killed ADK server or a stopped Redis. The ADK server keeps the sessions of the chats before,
+    which no later row names (chat ids are random)."""
+
+    redis: RedisServer
+    agent: AdkServer
+    ledger: Ledger
+    secret: str
+    # The `sessions` lines that reach Redis.
+    reach: str
+    # The plugin's balancer over each pair's internal listeners in turn (None: the plugin goes
+    # straight to `ports[plugin_via]`, the internal ports every pair binds).
+    balancer: Balancer | None
+    ports: dict[str, int]
+    # The ADK server's start, running while the first pair's replicas start.
+    starting: Future[None]
+    pairs: int = 0
+    busy: bool = False
+
+    def reset(self) -> None:
+        """What the last pair left gone (called with no replica running)."""
+        if self.agent.proc is None or self.agent.proc.poll() is not None:
+            self.agent.start()
+        if self.redis.proc is None or self.redis.proc.poll() is not None:
+            self.redis.start()
+        else:
+            assert resp_command(self.redis.port, "FLUSHALL") == "OK"
+            assert resp_command(self.redis.port, "CONFIG", "RESETSTAT") == "OK"
+        self.ledger.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def upstream(
+    tmp: Path, *, plugin_via: str = "balancer", adk_env: dict[str, str] | None = None, adk_sessions: Path | None = None,
+    adk: Path | None = None, store: tuple[RedisServer, str] | None = None,
+) -> Iterator[Upstream]:
+    """An `Upstream`: its ADK server starting (`replicas` waits for it), Redis up. The options are
+    `replicas`'s of the same names."""
+    secret = "test-secret-" + os.urandom(6).hex()
+    ledger = Ledger(tmp / "ledger.jsonl")
+    ports = {"a": free_port(), "b": free_port()}
+    with ExitStack() as stack:
+        balancer = None
+        if plugin_via == "balancer":
+            balancer = Balancer({})
+            balancer.start()
+            stack.callback(balancer.stop)
+            plugin_url = balancer.url
+        elif plugin_via in ports:
+            plugin_url = f"http://127.0.0.1:{ports[plugin_via]}"
+        else:
+            raise ValueError(f"plugin_via={plugin_via!r}: 'a', 'b' or 'balancer'")
+        if store is None:
+            redis = stack.enter_context(redis_server(tmp))
+            reach = f"  redis_url: {redis.url}\n"
+        else:
+            redis, reach = store
+        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), adk=adk, sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
+            "ADK_GATEWAY_URL": plugin_url, "ADK_GATEWAY_SECRET": secret, "DEMO_TOOL_LEDGER": str(ledger.path),
+            # This checkout's plugin first, whatever copy the venv holds.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")])),
+            **(adk_env or {}),
+        })
+        # The start done (or failed) before the stop: a start still running when the stack unwinds
+        # would leave its server behind.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="adk-start")
+        stack.callback(agent.stop)
+        stack.callback(pool.shutdown)
+        yield Upstream(redis, agent, ledger, secret, reach, balancer, ports, pool.submit(agent.start))
 
 
 # ---- the two-replica stack ---------------------------------------------------------------------
@@ -201,58 +202,53 @@ class Replicas:
 
 @contextmanager
 def replicas(
-    tmp: Path, *, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s", plugin_via: str = "b",
-    prefer: str | None = None, api_keys: dict[str, str] | None = None, payment_timeout: str = "5m",
-    upstream_mode: str = "sse", approvals: str | None = None, adk_sessions: Path | None = None, idle_chat_ttl: str = "1h",
-    adk: Path | None = None, tools: str = DEMO_TOOLS, extra: str = "", code: dict[str, Path] | None = None,
-    replica_env: dict[str, dict[str, str]] | None = None, store: tuple[RedisServer, str] | None = None,
-    heartbeat: str = HEARTBEAT, owner_timeout: str = OWNER_TIMEOUT,
+    tmp: Path, *, on: Upstream | None = None, adk_env: dict[str, str] | None = None, drain_timeout: str = "20s",
+    plugin_via: str | None = None, prefer: str | None = None, api_keys: dict[str, str] | None = None,
+    payment_timeout: str = "5m", upstream_mode: str = "sse", approvals: str | None = None,
+    adk_sessions: Path | None = None, idle_chat_ttl: str = "1h", adk: Path | None = None, tools: str = DEMO_TOOLS,
+    extra: str = "", code: dict[str, Path] | None = None, replica_env: dict[str, dict[str, str]] | None = None,
+    store: tuple[RedisServer, str] | None = None, heartbeat: str = HEARTBEAT, owner_timeout: str = OWNER_TIMEOUT,
 ) -> Iterator[Replicas]:
     """Redis, the ADK server with the plugin and the ledger, replicas A and B, all ready.
 
-    `plugin_via`: "a" or "b" (that replica's internal listener) or "balancer" (a `Balancer` over
-    both, sending every new connection to `prefer` while it is up). `api_keys` (id -> key) turns
-    auth on; browsers then use the first key. `approvals`: the agent's `upstream.approvals`; None
-    leaves it unset (confirm on sse, hold on live: the held path's scenarios set `upstream_mode="live"`). `adk_sessions`: a SQLite file for ADK's sessions (what `make run` gives it), so
-    that an ADK restart keeps them; in memory without it. `idle_chat_ttl`: the replicas'
-    `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here and in Redis). `adk`: another
-    venv's `adk` command (an older google-adk, gateway.demo.adk_venv); this venv's without it.
-    `tools`, `extra`: the tool policy (procs.DEMO_TOOLS by default), and more sections of YAML.
-    `code`: the source tree a replica runs ("a" or "b" -> a directory holding another release's
-    `gateway` package: a rolling upgrade); this checkout without it. `replica_env`: more
-    environment for one replica.
+    `on`: an `Upstream` to start the replicas on (reset first when a pair ran on it before); a new
+    one of `plugin_via`, `adk_env`, `adk_sessions`, `adk` and `store` without it (which `on` makes
+    the caller's choice: giving them too is an error).
+    `plugin_via`: "a" or "b" (that replica's internal listener; "b" by default) or "balancer" (a
+    `Balancer` over both, sending every new connection to `prefer` while it is up). `api_keys`
+    (id -> key) turns auth on; browsers then use the first key. `approvals`: the agent's
+    `upstream.approvals`; None leaves it unset (confirm on sse, hold on live: the held path's
+    scenarios set `upstream_mode="live"`). `adk_sessions`: a SQLite file for ADK's sessions (what
+    `make run` gives it), so that an ADK restart keeps them; in memory without it.
+    `idle_chat_ttl`: the replicas' `chat.idle_chat_ttl` (how long a chat nobody uses is kept, here
+    and in Redis). `adk`: another venv's `adk` command (an older google-adk,
+    gateway.demo.adk_venv); this venv's without it. `tools`, `extra`: the tool policy
+    (procs.DEMO_TOOLS by default), and more sections of YAML. `code`: the source tree a replica
+    runs ("a" or "b" -> a directory holding another release's `gateway` package: a rolling
+    upgrade); this checkout without it. `replica_env`: more environment for one replica.
     `store`: a Redis the caller runs (its primary) and the `sessions` keys that reach it (the
     Sentinel test's); the stack's own redis-server and `redis_url` without it. `heartbeat`,
     `owner_timeout`: the replicas' (short by default, so that a death is seen at once).
     """
-    secret = "test-secret-" + os.urandom(6).hex()
     # The secret both replicas seal what they exchange through Redis with (sessions.secret).
     sessions_secret = "sessions-" + os.urandom(16).hex()
-    ports = {"a": free_port(), "b": free_port()}
-    internal = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    ledger = Ledger(tmp / "ledger.jsonl")
     with ExitStack() as stack:
-        balancer = None
-        if plugin_via == "balancer":
-            balancer = Balancer(ports, prefer=prefer)
-            balancer.start()
-            stack.callback(balancer.stop)
-            plugin_url = balancer.url
-        else:
-            plugin_url = internal[plugin_via]
-        if store is None:
-            redis = stack.enter_context(redis_server(tmp))
-            reach = f"  redis_url: {redis.url}\n"
-        else:
-            redis, reach = store
-        agent = AdkServer(tmp, extra_plugins=(PLUGIN,), adk=adk, sessions=MEMORY if adk_sessions is None else sqlite_uri(adk_sessions), env={
-            "ADK_GATEWAY_URL": plugin_url, "ADK_GATEWAY_SECRET": secret, "DEMO_TOOL_LEDGER": str(ledger.path),
-            # This checkout's plugin first, whatever copy the venv holds.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")])),
-            **(adk_env or {}),
-        })
-        stack.callback(agent.stop)
-        agent.start()
+        if on is None:
+            on = stack.enter_context(upstream(
+                tmp, plugin_via=plugin_via or "b", adk_env=adk_env, adk_sessions=adk_sessions, adk=adk, store=store,
+            ))
+        elif plugin_via not in (None, "balancer" if on.balancer else None) or (adk_env, adk_sessions, adk, store) != (None,) * 4:
+            raise ValueError("plugin_via, adk_env, adk_sessions, adk and store are the Upstream's own (`on`)")
+        if prefer is not None and on.balancer is None:
+            raise ValueError("prefer is the balancer's (plugin_via='balancer')")
+        if on.busy:
+            raise RuntimeError("another pair of replicas runs on this Upstream")
+        if on.pairs:
+            on.reset()
+        on.pairs += 1
+        on.busy = True
+        stack.callback(setattr, on, "busy", False)
+        ports = on.ports if on.balancer is None else {"a": free_port(), "b": free_port()}
         auth = ""
         if api_keys:
             auth = "auth:\n  mode: api_key\n  api_keys:\n" + "".join(
@@ -262,8 +258,8 @@ def replicas(
         def config(name: str) -> str:
             return (
                 tools.format(payment_timeout=payment_timeout, on_timeout="deny")
-                + f"internal:\n  port: {ports[name]}\n  secret: {secret}\n  policy_refresh: 1s\n"
-                + f"sessions:\n  backend: redis\n{reach}  key_prefix: gw-test\n"
+                + f"internal:\n  port: {ports[name]}\n  secret: {on.secret}\n  policy_refresh: 1s\n"
+                + f"sessions:\n  backend: redis\n{on.reach}  key_prefix: {KEY_PREFIX}\n"
                 + f"  secret: {sessions_secret}\n"
                 + f"  heartbeat_interval: {heartbeat}\n  owner_timeout: {owner_timeout}\n  forward_timeout: 5s\n"
                 # Keep-alives rarer than the test client's 30 s read timeout: a stalled stream
@@ -275,21 +271,42 @@ def replicas(
         def start(name: str, port: int | None = None) -> GatewayProcess:
             tree = (code or {}).get(name, ROOT)
             return stack.enter_context(gateway_process(
-                tmp, agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
+                tmp, on.agent.base, config(name), drain_timeout=drain_timeout, upstream_mode=upstream_mode,
                 approvals=approvals, port=port, code=tree,
                 # Another tree's package first, whatever PYTHONPATH the tests run with.
                 env={**({"PYTHONPATH": str(tree)} if tree != ROOT else {}), **(replica_env or {}).get(name, {})},
             ))
 
-        a, b = start("a"), start("b")
+        # Both at once, while the ADK server starts (a replica is up before its agent is).
+        a, b = _together([lambda: start("a"), lambda: start("b")])
+        on.starting.result()
+        if on.balancer is not None:
+            on.balancer.route(ports, prefer=prefer)
+            # First out: the plugin's requests reach no replica of this pair once it stops.
+            stack.callback(on.balancer.route, {})
         for gw in (a, b):
             wait_ready(gw)
+        # Steady before a row's fault: readiness does not wait for the inboxes' subscriptions, and
+        # with the replicas started together and the ADK server already up a row can reach its
+        # fault within a moment of the start.
+        wait_until(lambda: len(resp_command(on.redis.port, "PUBSUB", "CHANNELS", f"{KEY_PREFIX}:inbox:*")) == 2,
+                   "both replicas' inboxes to subscribe", 10)
         headers, user = {}, "anonymous"
         if api_keys:
             user, key = next(iter(api_keys.items()))
             headers = {"Authorization": f"Bearer {key}"}
         again = {"a": lambda: start("a", a.port), "b": lambda: start("b", b.port)}
-        yield Replicas(a, b, redis, agent.base, agent, ledger, secret, internal, balancer, headers, user, again)
+        internal = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        yield Replicas(a, b, on.redis, on.agent.base, on.agent, on.ledger, on.secret, internal, on.balancer, headers, user, again)
+
+
+def _together(starts: list[Callable[[], GatewayProcess]]) -> list[GatewayProcess]:
+    """Each start run at once, in a thread (a start mostly waits for a process to import and
+    listen). Each pushes its replica's stop onto the stack's ExitStack: a deque append, safe
+    across threads, so a start that fails leaves the others to the stack."""
+    with ThreadPoolExecutor(len(starts), thread_name_prefix="replica-start") as pool:
+        started = [pool.submit(start) for start in starts]
+    return [future.result() for future in started]
 
 
 # ---- what Redis served ----

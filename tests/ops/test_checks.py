@@ -1,5 +1,5 @@
-"""The fault suite's own instruments must be able to fail: the ledger's and the terminal
-sequence's checks on made-up evidence, and the balancer on plain sockets (no gateway, no ADK)."""
+"""The fault suite's own instruments must be able to fail: the ledger's, the terminal sequence's
+and the AI SDK's checks on made-up evidence, and the balancer on plain sockets (no gateway, no ADK)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.ops.checks import Ledger, Stream, assert_one_terminal
-from tests.ops.stack import Balancer
+from tests.jsdriver import StreamChecker, check_streams
+from tests.ops.checks import Ledger, Stream, assert_one_terminal, assert_sdk_clean
+from tests.ops.balancer import Balancer
 
 
 def ledger_with(tmp_path: Path, *entries: tuple[str, str, int]) -> Ledger:
@@ -76,6 +77,27 @@ def test_one_terminal_sequence_and_nothing_after_it() -> None:
         assert_one_terminal(sse(START, FINISH), error=True)
 
 
+def test_the_sdk_check_on_one_node_process_says_what_a_node_per_check_says() -> None:
+    text = [START, {"type": "start-step"}, {"type": "text-start", "id": "t"},
+            {"type": "text-delta", "id": "t", "delta": "hi"}, {"type": "text-end", "id": "t"}, {"type": "finish-step"}, FINISH]
+    bad = [*text[:-1], {"type": "tool-output-available"}, FINISH]
+    cases = [{"version": 6, "chunks": text}, {"version": 7, "chunks": bad}]
+    expected = check_streams(cases)
+    assert not expected[0]["schemaErrors"] and expected[1]["schemaErrors"], expected
+    checker = StreamChecker()
+    try:
+        assert checker.check(cases) == expected
+        assert checker._proc is not None
+        checker._proc.kill()  # a checker that died starts again
+        checker._proc.wait()
+        assert checker.check(cases) == expected
+    finally:
+        checker.close()
+    assert_sdk_clean(text)
+    with pytest.raises(AssertionError):
+        assert_sdk_clean(bad)
+
+
 @contextmanager
 def named_server(name: bytes) -> Iterator[socketserver.TCPServer]:
     class Hello(socketserver.BaseRequestHandler):
@@ -113,5 +135,21 @@ def test_the_balancer_takes_turns_prefers_and_skips_a_dead_backend() -> None:
             b.shutdown()
             b.server_close()
             assert {through(balancer) for _ in range(3)} == {b"a"}
+        finally:
+            balancer.stop()
+
+
+def test_the_balancer_routes_to_new_backends_and_to_none() -> None:
+    with named_server(b"a") as a, named_server(b"c") as c:
+        balancer = Balancer({})
+        balancer.start()
+        try:
+            assert through(balancer) == b""  # no backend: closed at once
+            balancer.route({"a": a.server_address[1]})
+            assert through(balancer) == b"a"
+            balancer.route({"a": a.server_address[1], "c": c.server_address[1]}, prefer="c")
+            assert {through(balancer) for _ in range(3)} == {b"c"} and balancer.connections == {"c": 3}
+            with pytest.raises(ValueError):
+                balancer.route({"a": a.server_address[1]}, prefer="c")
         finally:
             balancer.stop()

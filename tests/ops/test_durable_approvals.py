@@ -5,7 +5,9 @@ stock ADK API server with the plugin behind a round-robin balancer, the agent wi
 `upstream.approvals: confirm` (the plugin asks ADK's own tool confirmation, so a pending approval
 is a record in ADK's session, docs/approvals.md "Confirm mode"), and ADK on a SQLite session file
 (what `make run` gives it). Browsers reach the replicas directly or through a second balancer, as a
-page behind a load balancer does.
+page behind a load balancer does. Each row starts its own replicas; the ADK server, Redis and the
+plugin's balancer are the suite's `on_sqlite` (tests/ops/conftest.py), shared with
+test_durable_approver_calls.py, but for row 3's, whose responses must last.
 
 Each test is one row, with approvals pending on both replicas (chats owned by each): the fault,
 then every person answers. Each row asserts with the ledger of real executions:
@@ -27,7 +29,6 @@ refusal of replays is what keeps the ledger at one).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -39,10 +40,9 @@ from typing import Any
 
 import pytest
 
-from gateway.demo import adk_venv
 from tests.jsdriver import run_chat
 from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
-from tests.ops.stack import Balancer, Replicas, payment_responses, replicas, wait_until
+from tests.ops.stack import Balancer, Replicas, Upstream, ops_adk, payment_responses, replicas, upstream, wait_until
 from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -77,26 +77,11 @@ class Rig:
         return self.front.url
 
 
-def _adk() -> Path | None:
-    """OPS_ADK_VERSION's `adk` command (its venv built once by gateway.demo.adk_venv); this venv's without it."""
-    version = os.environ.get("OPS_ADK_VERSION")
-    if not version:
-        return None
-    try:
-        return adk_venv.ensure(version) / "bin" / "adk"
-    except adk_venv.VenvError as exc:
-        pytest.fail(str(exc))
-
-
 @contextmanager
-def confirm_stack(
-    tmp: Path, *, prefer: str | None = None, idle_chat_ttl: str = "1h", adk_env: dict[str, str] | None = None,
-) -> Iterator[Rig]:
-    """Replicas in confirm mode, ADK on SQLite, the plugin and the browsers each behind a balancer."""
-    with replicas(
-        tmp, plugin_via="balancer", approvals="confirm", adk_sessions=tmp / "sessions.db", idle_chat_ttl=idle_chat_ttl,
-        adk_env=adk_env, adk=_adk(),
-    ) as r:
+def confirm_stack(tmp: Path, on: Upstream, *, prefer: str | None = None, idle_chat_ttl: str = "1h") -> Iterator[Rig]:
+    """Replicas in confirm mode on `on` (ADK on SQLite: the suite's `on_sqlite`, or a row's own),
+    the plugin and the browsers each behind a balancer."""
+    with replicas(tmp, on=on, approvals="confirm", idle_chat_ttl=idle_chat_ttl) as r:
         front = Balancer({"a": r.a.port, "b": r.b.port}, prefer=prefer)
         front.start()
         try:
@@ -208,10 +193,10 @@ def restart_adk(r: Replicas) -> None:
 # ---- the rows --------------------------------------------------------------------------------
 
 
-def test_kill_9_of_one_replica_loses_no_approval(tmp_path: Path) -> None:
+def test_kill_9_of_one_replica_loses_no_approval(tmp_path: Path, on_sqlite: Upstream) -> None:
     """Row 1: A is killed with approvals pending on A and on B. Every one is answered at once,
     A's through B and B's through the browsers' balancer: each approved call runs exactly once."""
-    with confirm_stack(tmp_path) as rig:
+    with confirm_stack(tmp_path, on_sqlite) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         started = time.monotonic()
@@ -223,9 +208,9 @@ def test_kill_9_of_one_replica_loses_no_approval(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
-def test_kill_9_of_every_replica_then_start_them_loses_no_approval(tmp_path: Path) -> None:
+def test_kill_9_of_every_replica_then_start_them_loses_no_approval(tmp_path: Path, on_sqlite: Upstream) -> None:
     """Row 2: both replicas killed, then started again (empty memories): every approval answered."""
-    with confirm_stack(tmp_path) as rig:
+    with confirm_stack(tmp_path, on_sqlite) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         kill(r.a)
@@ -240,8 +225,11 @@ def test_kill_9_of_every_replica_then_start_them_loses_no_approval(tmp_path: Pat
 def test_rolling_restart_loses_no_approval(tmp_path: Path) -> None:
     """Row 3: SIGTERM to A while it streams a long response, and A's approvals are answered
     through B during A's drain; A back; then the same for B, whose approvals are answered after
-    it is back: every approval answered, the other replica's included."""
-    with confirm_stack(tmp_path, adk_env={"DEMO_CHUNK_DELAY": "0.1"}) as rig:
+    it is back: every approval answered, the other replica's included. Its own ADK server, whose
+    responses last (a chunk every 0.1 s)."""
+    with upstream(
+        tmp_path, adk_sessions=tmp_path / "sessions.db", adk=ops_adk(), adk_env={"DEMO_CHUNK_DELAY": "0.1"},
+    ) as slow, confirm_stack(tmp_path, slow) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         for name, during, after in (("a", "b", None), ("b", None, "front")):
@@ -264,9 +252,9 @@ def test_rolling_restart_loses_no_approval(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
-def test_adk_restart_on_sqlite_loses_no_approval(tmp_path: Path) -> None:
+def test_adk_restart_on_sqlite_loses_no_approval(tmp_path: Path, on_sqlite: Upstream) -> None:
     """Row 4: the ADK server killed (-9) and started again on the same SQLite file."""
-    with confirm_stack(tmp_path) as rig:
+    with confirm_stack(tmp_path, on_sqlite) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         restart_adk(r)
@@ -291,12 +279,12 @@ def race(rig: Rig, p: Pending) -> tuple[Stream, Stream]:
     return results["a"], results["b"]
 
 
-def test_everything_at_once_then_racing_answers(tmp_path: Path) -> None:
+def test_everything_at_once_then_racing_answers(tmp_path: Path, on_sqlite: Upstream) -> None:
     """Row 5: A killed (-9), ADK killed (-9), B stopped (SIGTERM, default drain), all started
     again, then each answer sent racing on both replicas: exactly one of each pair continues the
     message, the other is refused (409 or 410) or reads that same continuation; nothing runs
     twice, nothing is lost."""
-    with confirm_stack(tmp_path) as rig:
+    with confirm_stack(tmp_path, on_sqlite) as rig:
         r = rig.r
         pendings = pending_on_both(r)
         everything_at_once(r)
@@ -322,11 +310,11 @@ def test_everything_at_once_then_racing_answers(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
-def test_an_approval_answered_after_a_long_wait_runs_once(tmp_path: Path) -> None:
+def test_an_approval_answered_after_a_long_wait_runs_once(tmp_path: Path, on_sqlite: Upstream) -> None:
     """Row 6, two hours scaled down: the chats' idle timer (`chat.idle_chat_ttl`, 2 s here) passes
     many times over, in the replicas' memories and in Redis, and both replicas restart, before
     the person answers: each approval still runs once (or never, denied)."""
-    with confirm_stack(tmp_path, idle_chat_ttl="2s") as rig:
+    with confirm_stack(tmp_path, on_sqlite, idle_chat_ttl="2s") as rig:
         r = rig.r
         pendings = pending_on_both(r)
         # Forgotten everywhere: the idle sweeper dropped the chats, Redis expired their records.
@@ -358,13 +346,15 @@ def everything_at_once(r: Replicas) -> None:
     pytest.param(7, "owner_killed", "ws", marks=pytest.mark.chaos),
     pytest.param(7, "everything_at_once", "sse", marks=pytest.mark.chaos),
 ])
-def test_a_stock_chat_answers_after_the_fault(tmp_path: Path, version: int, fault: str, transport: str) -> None:
+def test_a_stock_chat_answers_after_the_fault(
+    tmp_path: Path, on_sqlite: Upstream, version: int, fault: str, transport: str,
+) -> None:
     """Item 5: the page's Chat (ai 6, ai 7), behind the browsers' balancer, shows the approval its
     replica (A) asked for; then the fault (`owner_killed`: row 1, A killed; `everything_at_once`:
     row 5's); the person clicks Approve: the answer reaches ADK, the continuation streams through
     the SDK's own parser, the payment runs once."""
     hold = tmp_path / "answer"
-    with confirm_stack(tmp_path, prefer="a") as rig:
+    with confirm_stack(tmp_path, on_sqlite, prefer="a") as rig:
         r = rig.r
         others = [ask(r, "b", 30, approved=True)]
         result: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 The rig of test_durable_approvals.py (replicas A and B on a real redis-server, the stock ADK API
 server with the plugin behind a balancer, ADK on a SQLite session file, a ledger of real
-executions), with a rule that hands payments above 1,000 to the supervisors, two of whom must approve
+executions; all but the replicas the suite's `on_sqlite`), with a rule that hands payments above 1,000 to the supervisors, two of whom must approve
 (`quorum: 2`, four-eyes). Each row: four such approvals pending (chats on A and on B; each requester
 left its page), the first supervisor's vote cast on each, then the fault. Afterwards each approval is
 still listed by `GET /api/approvals` with the same id and that vote; the second supervisor's answer,
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.ops.checks import new_chat, user
-from tests.ops.stack import Replicas, replicas
+from tests.ops.stack import Replicas, Upstream, replicas
 from tests.ops.test_durable_approvals import kill, restart_adk, rolling_restart
 from tests.procs import DEMO_TOOLS, request
 
@@ -122,11 +122,8 @@ FAULTS: dict[str, Callable[[Replicas], None]] = {
 
 @pytest.mark.chaos  # about 30 s a row: `make chaos`
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_approvals_waiting_for_supervisors_survive(tmp_path: Path, fault: str) -> None:
-    with replicas(
-        tmp_path, plugin_via="balancer", approvals="confirm", adk_sessions=tmp_path / "sessions.db", tools=_tools(),
-        extra=APPROVERS,
-    ) as r:
+def test_approvals_waiting_for_supervisors_survive(tmp_path: Path, on_sqlite: Upstream, fault: str) -> None:
+    with replicas(tmp_path, on=on_sqlite, approvals="confirm", tools=_tools(), extra=APPROVERS) as r:
         chats = [_ask_and_leave(r, name, 2000 + i) for i, name in enumerate(("a", "b", "a", "b"))]
         before = _listed(r.a.base, len(chats))
         assert set(before) == set(chats), before

@@ -11,7 +11,9 @@ it breaks:
 - the metric (or log event) an operator would see move.
 
 Scenarios that leave the stack whole share one (`shared`, with API keys on); those that kill or
-stop a replica or Redis get their own. Each stack starts in ~2 s.
+stop a replica or Redis get their own replicas, on an ADK server (and Redis) they share with the
+other rows of its configuration (stack.Upstream: `balanced`, tests/ops/conftest.py, and `slow`
+here): a pair of replicas starts in ~2 s, a whole stack in ~5 s.
 
 The rows whose subject is a call held open while it waits (an owner killed or Redis restarted with
 the plugin's request held, the plugin giving up) run on a live upstream, whose path that is; the
@@ -35,7 +37,7 @@ import pytest
 from tests.ops.checks import (
     Browser, Stream, answer, said, assert_one_terminal, assert_sdk_clean, new_chat, text_of, types_of, user,
 )
-from tests.ops.stack import Replicas, payment_responses, redis_calls, replicas, wait_ready, wait_until
+from tests.ops.stack import Replicas, Upstream, payment_responses, redis_calls, replicas, upstream, wait_ready, wait_until
 from tests.procs import GatewayProcess, metric_value, request
 
 pytestmark = pytest.mark.integration
@@ -48,13 +50,25 @@ MAX_WAIT = 4  # the plugin's ADK_GATEWAY_MAX_WAIT in the row where it gives up, 
 LONG_TEXT = "please repeat after me " + " ".join(f"word{i}" for i in range(36))
 KEYS = {"ops": "key-ops"}
 RESET = "The agent service failed: the agent service closed the connection mid-stream"
+# The demo's delay between chunks on `slow`: LONG_TEXT streams for ~3 s, longer than the short
+# drain (1 s), shorter than the long one (20 s).
+CHUNK_DELAY = "0.2"
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    with replicas(
-        tmp_path_factory.mktemp("ops-shared"), plugin_via="balancer", api_keys=KEYS, adk_env={"DEMO_CHUNK_DELAY": "0.2"},
-    ) as r:
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    """The ADK server that streams a chunk every CHUNK_DELAY, the plugin behind the balancer, giving
+    up on a call held MAX_WAIT (only the held path holds one: the other rows here run on /run_sse,
+    whose pending approval is ADK's confirmation)."""
+    with upstream(
+        tmp_path_factory.mktemp("ops-slow"), adk_env={"DEMO_CHUNK_DELAY": CHUNK_DELAY, "ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
+    ) as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, slow: Upstream) -> Iterator[Replicas]:
+    with replicas(tmp_path_factory.mktemp("ops-shared"), on=slow, api_keys=KEYS) as r:
         yield r
         r.ledger.assert_no_double_execution()
 
@@ -120,10 +134,10 @@ def log_events(gw: GatewayProcess, event: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("plugin_at", ["other", "owner"])
-def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> None:
+def test_owner_killed_with_approvals_pending(tmp_path: Path, balanced: Upstream, plugin_at: str) -> None:
     """A (the owner) is killed while two payments wait for a person, each call held in its live
     session. `plugin_at`: the balancer put the plugin's requests on B (forwarded to A) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
+    with replicas(tmp_path, on=balanced, prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
         browser = Browser(r.headers)
         lost = {what: metric(r.b, "owner_lost_total", what=what) for what in ("approval", "gated_call", "run")}
         chat1, msg1, first1 = start_payment(r, r.a, "pay 50 to Hanako")
@@ -188,10 +202,10 @@ def test_owner_killed_with_approvals_pending(tmp_path: Path, plugin_at: str) -> 
 
 
 @pytest.mark.parametrize("plugin_at", ["other", "owner"])
-def test_redis_restart_mid_approval(tmp_path: Path, plugin_at: str) -> None:
+def test_redis_restart_mid_approval(tmp_path: Path, balanced: Upstream, plugin_at: str) -> None:
     """Redis stops while a payment waits, and comes back empty. `plugin_at`: the plugin's request
     on B (forwarded to A, the path that depends on Redis most) or on A itself."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
+    with replicas(tmp_path, on=balanced, prefer="b" if plugin_at == "other" else "a", upstream_mode=HELD) as r:
         browser = Browser(r.headers)
         chat, message, first = start_payment(r, r.a)
         if plugin_at == "other":
@@ -246,14 +260,12 @@ def test_redis_restart_mid_approval(tmp_path: Path, plugin_at: str) -> None:
 
 
 @pytest.mark.parametrize("drain", ["long", "short"])
-def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, drain: str) -> None:
+def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, slow: Upstream, drain: str) -> None:
     """A is sent SIGTERM while it streams to a browser of its own and to one reading through B, and
     while a payment waits for a person (ADK's confirmation: its run has ended). `long`: the drain
-    (20 s) outlasts the streams (~2 s); `short`: the drain (1 s) cuts them (~3.5 s)."""
-    drain_timeout, delay = ("20s", "0.15") if drain == "long" else ("1s", "0.25")
-    with replicas(
-        tmp_path, plugin_via="balancer", adk_env={"DEMO_CHUNK_DELAY": delay}, drain_timeout=drain_timeout,
-    ) as r:
+    (20 s) outlasts the streams (~2.8 s); `short`: the drain (1 s) cuts them."""
+    drain_timeout = "20s" if drain == "long" else "1s"
+    with replicas(tmp_path, on=slow, drain_timeout=drain_timeout) as r:
         browser = Browser(r.headers)
         relayed_chat, relayed_history = owned_by(r, r.a)
         pending, pending_msg, pending_first = start_payment(r, r.a)
@@ -316,12 +328,9 @@ def test_sigterm_with_local_and_relayed_streams(tmp_path: Path, drain: str) -> N
 
 
 @pytest.fixture
-def held(tmp_path: Path) -> Iterator[Replicas]:
+def held(tmp_path: Path, slow: Upstream) -> Iterator[Replicas]:
     """A live upstream's replicas, whose plugin waits (and gives up) on its held requests."""
-    with replicas(
-        tmp_path, plugin_via="balancer", api_keys=KEYS, upstream_mode=HELD,
-        adk_env={"DEMO_CHUNK_DELAY": "0.2", "ADK_GATEWAY_MAX_WAIT": str(MAX_WAIT)},
-    ) as r:
+    with replicas(tmp_path, on=slow, api_keys=KEYS, upstream_mode=HELD) as r:
         yield r
         r.ledger.assert_no_double_execution()
 

@@ -7,6 +7,8 @@ round-robin balancer (stack.Balancer, preferring A), and the agent's ledger of r
 owns the chats; the plugin's requests go through A, which forwards them to B and holds them. Then
 A stops (SIGTERM with the default drain, or kill -9): the plugin asks again, reaches B, and B takes
 each ask as the call it already shows. The person's Approve, on B, runs each payment exactly once.
+Each test has its own replicas; the ADK server, Redis and the balancer are the suite's `balanced`
+(tests/ops/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.ops.checks import Browser, Stream, answer, assert_one_terminal, assert_sdk_clean, new_chat, types_of, user
-from tests.ops.stack import Replicas, payment_responses, replicas, wait_until
+from tests.ops.stack import Replicas, Upstream, payment_responses, replicas, wait_until
 from tests.procs import GatewayProcess, metric_value
 
 pytestmark = pytest.mark.integration
@@ -74,9 +76,11 @@ def approved_once_each(r: Replicas, pending: list[tuple[str, dict[str, Any], Chu
     r.ledger.assert_no_double_execution()
 
 
-def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
+def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(
+    tmp_path: Path, balanced: Upstream,
+) -> None:
     """The gateway's runs are ADK live sessions, which have no confirmations: the blocking path is theirs."""
-    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode="live") as r:
+    with replicas(tmp_path, on=balanced, prefer="a", upstream_mode="live") as r:
         pending = held_by_a(r)
         r.a.proc.send_signal(signal.SIGTERM)
         assert r.a.proc.wait(timeout=30) == 0
@@ -93,8 +97,10 @@ def test_sigterm_of_the_replica_holding_the_plugins_requests_keeps_the_other_rep
         assert metric(r.b, "approvals_pending", agent="demo_agent") == 0
 
 
-def test_kill_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(tmp_path: Path) -> None:
-    with replicas(tmp_path, plugin_via="balancer", prefer="a", upstream_mode="live") as r:
+def test_kill_of_the_replica_holding_the_plugins_requests_keeps_the_other_replicas_approvals(
+    tmp_path: Path, balanced: Upstream,
+) -> None:
+    with replicas(tmp_path, on=balanced, prefer="a", upstream_mode="live") as r:
         pending = held_by_a(r)
         r.a.proc.kill()
         r.a.proc.wait()

@@ -28,7 +28,7 @@ import pytest
 
 from tests.chatflow import assistant_message
 from tests.ops.checks import new_chat, user
-from tests.ops.stack import Replicas, payment_responses, replicas
+from tests.ops.stack import Replicas, Upstream, payment_responses, replicas
 from tests.procs import metric_value
 
 pytestmark = pytest.mark.integration
@@ -41,11 +41,11 @@ _JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+def stack(tmp_path_factory: pytest.TempPathFactory, balanced: Upstream) -> Iterator[Replicas]:
     # The default heartbeat and owner timeout (1 s, 3 s), not the suite's short ones: a replica
     # whose event loop is behind 300 requests may miss a beat for longer than 800 ms, and be
     # taken for dead (what a death looks like is the other rows' business).
-    with replicas(tmp_path_factory.mktemp("ops-load"), plugin_via="balancer", heartbeat="1s", owner_timeout="3s") as r:
+    with replicas(tmp_path_factory.mktemp("ops-load"), on=balanced, heartbeat="1s", owner_timeout="3s") as r:
         yield r
         r.ledger.assert_no_double_execution()
 
