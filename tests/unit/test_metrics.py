@@ -160,29 +160,32 @@ class Source:
     modules: dict[str, ast.Module]
     parents: dict[ast.AST, ast.AST] = field(default_factory=dict)
     module_of: dict[ast.AST, ast.Module] = field(default_factory=dict)
+    # Every node, walked once: the scan asks for calls hundreds of times (a walk each took ~25 s).
+    walked: list[tuple[str, ast.AST]] = field(default_factory=list)
+    calls: dict[str, list[tuple[str, ast.Call]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for module in self.modules.values():
+        for path, module in self.modules.items():
             for node in ast.walk(module):
+                self.walked.append((path, node))
                 self.module_of[node] = module
                 for child in ast.iter_child_nodes(node):
                     self.parents[child] = node
+                if isinstance(node, ast.Call):
+                    func = node.func
+                    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                    if name is not None:
+                        self.calls.setdefault(name, []).append((path, node))
 
     @classmethod
     def read(cls, folder: Path) -> Source:
         return cls({str(p.relative_to(folder)): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.rglob("*.py"))})
 
     def nodes(self, kind: type[ast.AST] | tuple[type[ast.AST], ...]) -> Iterator[tuple[str, ast.AST]]:
-        for path, module in self.modules.items():
-            for node in ast.walk(module):
-                if isinstance(node, kind):
-                    yield path, node
+        return ((path, node) for path, node in self.walked if isinstance(node, kind))
 
     def calls_to(self, name: str) -> Iterator[tuple[str, ast.Call]]:
-        for path, call in self.nodes(ast.Call):
-            func = call.func  # type: ignore[attr-defined]
-            if (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute) and func.attr == name):
-                yield path, call  # type: ignore[misc]
+        return iter(self.calls.get(name, ()))
 
     def function_of(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         while node in self.parents:
