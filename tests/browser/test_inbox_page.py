@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from playwright.sync_api import expect
 
-from tests.browser.inboxpage import InboxPage
+from tests.browser.inboxpage import TIMEOUT_MS, InboxPage
 from tests.procs import ROOT
 
 pytestmark = [pytest.mark.browser]
@@ -143,7 +143,8 @@ def served(app: web.Application) -> Iterator[str]:
     """`app` on a free loopback port, in a thread of its own (Playwright's sync API holds this
     thread's event loop); yields its base URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
+    # A list the stand-in slows down (FakeApprovalsApi.slow) need not finish at teardown: cut it short.
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
     ready = threading.Event()
 
     def run() -> None:
@@ -302,7 +303,10 @@ def test_a_refused_decision_shows_the_gateways_message(
         # A refusal of this approver: the call still waits for someone who may decide it.
         inbox.sees("gw-1", "issue_refund")
         inbox.expect("Approve enabled again", lambda: expect(inbox.item("gw-1").get_by_role("button", name="Approve")).to_be_enabled())
-        inbox.page.wait_for_timeout(2500)  # a refresh later, the message is still there
+        # A refresh later (the page's counter of lists fetched moved on), the message is still there.
+        done = inbox.page.evaluate("Number(document.body.dataset.refreshes)")
+        inbox.expect("a refresh", lambda: inbox.page.wait_for_function(
+            f"Number(document.body.dataset.refreshes) > {done}", timeout=TIMEOUT_MS))
         inbox.error(message)
     else:
         inbox.gone("gw-1")

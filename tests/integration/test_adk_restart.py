@@ -178,9 +178,11 @@ def drive_across_a_restart(stack: Stack, hold: Path, version: int, steps: list[d
     return result
 
 
-@pytest.mark.parametrize("version", [6, 7])
-def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(shared_agents: SharedAgents, tmp_path: Path, version: int) -> None:
-    """The page's Approve, clicked after the restart, runs the payment once and streams the rest."""
+def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(shared_agents: SharedAgents, tmp_path: Path) -> None:
+    """The page's Approve, clicked after the restart, runs the payment once and streams the rest.
+    On ai 6 only: what is proved is ADK's session outliving its process, the same for either
+    client (ai 7 approves after a restart in the lost-approval row below)."""
+    version = 6
     with native_stack(tmp_path, native_agent(shared_agents, None, "sqlite")) as stack:
         result = drive_across_a_restart(
             stack, tmp_path / f"answer-{version}", version, [{"send": "pay 50 to Hanako", "approvals": "approve"}],
@@ -194,7 +196,8 @@ def test_a_stock_chat_approves_across_an_adk_restart_on_sqlite(shared_agents: Sh
 def test_a_stock_chat_reads_the_lost_approval_and_goes_on(shared_agents: SharedAgents, tmp_path: Path, version: int) -> None:
     """The stock AI SDK Chat, as a page: the Approve after the restart fails with an error a person
     can read (the 410's JSON body, which the stock transport makes the error's message); the person
-    sends the message again, approves, and the payment runs once."""
+    sends the message again, approves, and the payment runs once. On both clients: each builds the
+    error from the response its own way (ai 7 as an APICallError)."""
     with native_stack(tmp_path, native_agent(shared_agents, None, "memory")) as stack:
         result = drive_across_a_restart(stack, tmp_path / f"answer-{version}", version, [
             {"send": "pay 50 to Hanako", "approvals": "approve"},

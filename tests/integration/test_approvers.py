@@ -18,7 +18,7 @@ import pytest
 from tests.chatflow import new_chat, user
 from tests.integration.conftest import SharedAgents, plugin_agent
 from tests.jsdriver import assert_clean, run_chats
-from tests.ops.stack import replicas
+from tests.ops.stack import Replicas, replicas
 from tests.procs import DEMO_TOOLS, GatewayProcess, PluginStack, metric_value, plugin_stack, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.js]
@@ -137,73 +137,81 @@ def test_who_may_use_the_api(four_eyes: PluginStack) -> None:
     assert decided.status == 200 and all(r["source"] for r in decided.json()["approvals"])
 
 
+@pytest.fixture(scope="module")
+def four_eyes_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """Two replicas on Redis with the four-eyes rule, shared by the module's two replica rows (the
+    one that kills A runs last; the other starts A again if it finds it dead)."""
+    with replicas(tmp_path_factory.mktemp("four-eyes-replicas"), tools=_four_eyes_tools(), extra=APPROVERS) as pair:
+        yield pair
+
+
 def test_on_two_replicas_the_approval_is_listed_and_decided_on_the_one_that_does_not_run_the_chat(
-    tmp_path_factory: pytest.TempPathFactory,
+    four_eyes_pair: Replicas,
 ) -> None:
     """The chat runs on A; the plugin asks through B (forwarded to A); the supervisor lists and
     approves through B (the directory in Redis, the decision carried to A); A streams the outcome."""
-    with replicas(tmp_path_factory.mktemp("four-eyes-replicas"), tools=_four_eyes_tools(), extra=APPROVERS) as pair:
-        run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
-               "steps": [{"send": "pay 2000 to Hanako"}]}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            chat = pool.submit(run_chats, [run], timeout=60)
-            pending = _pending(pair.b)
-            assert _api(pair.a, "GET", f"/api/approvals/{pending['id']}").json()["id"] == pending["id"]
-            decided = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
-            assert decided.status == 200 and decided.json()["outcome"] == "approved", decided.body
-            [result] = chat.result()
-        assert_clean(result)
-        [paid] = [p for m in result["messages"] for p in m["parts"] if p["type"] == "tool-process_payment"]
-        assert paid["state"] == "output-available" and paid["output"]["success"] is True
-        assert len(pair.ledger.of(result["chatId"])) == 1  # the agent's own count of real executions
-        assert _api(pair.a, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
-        # A rule decides on the chat's replica too, the plugin's ask forwarded from B.
-        [small] = run_chats([{**run, "steps": [{"send": "pay 2 to Hanako"}]}], timeout=40)
-        assert_clean(small)
-        # The audit trail through either replica (the store in Redis): both decisions, by their source.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            trail = _api(pair.b, "GET", "/api/approvals?state=decided&limit=100").json()["approvals"]
-            if {r["source"] for r in trail} >= {"approver", "rule"}:
-                break
-            time.sleep(0.1)
-        sources = {r["chat_id"]: (r["source"], r["outcome"]) for r in trail}
-        assert sources[result["chatId"]] == ("approver", "approved") and sources[small["chatId"]] == ("rule", "approved")
-        # B carried the decision to A (the owner), which applied it.
-        assert metric_value(pair.b.base, "adk_gateway_forwarded_total", {"direction": "out"}) >= 1
-        assert any(line.get("event") == "approval_vote" for line in pair.b.log_lines())
+    pair = four_eyes_pair
+    if pair.a.proc.poll() is not None:  # the row that kills A ran first (a selection's order)
+        pair.start_again("a")
+    run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
+           "steps": [{"send": "pay 2000 to Hanako"}]}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        chat = pool.submit(run_chats, [run], timeout=60)
+        pending = _pending(pair.b)
+        assert _api(pair.a, "GET", f"/api/approvals/{pending['id']}").json()["id"] == pending["id"]
+        decided = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
+        assert decided.status == 200 and decided.json()["outcome"] == "approved", decided.body
+        [result] = chat.result()
+    assert_clean(result)
+    [paid] = [p for m in result["messages"] for p in m["parts"] if p["type"] == "tool-process_payment"]
+    assert paid["state"] == "output-available" and paid["output"]["success"] is True
+    assert len(pair.ledger.of(result["chatId"])) == 1  # the agent's own count of real executions
+    assert _api(pair.a, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
+    # A rule decides on the chat's replica too, the plugin's ask forwarded from B.
+    [small] = run_chats([{**run, "steps": [{"send": "pay 2 to Hanako"}]}], timeout=40)
+    assert_clean(small)
+    # The audit trail through either replica (the store in Redis): both decisions, by their source.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        trail = _api(pair.b, "GET", "/api/approvals?state=decided&limit=100").json()["approvals"]
+        if {r["source"] for r in trail} >= {"approver", "rule"}:
+            break
+        time.sleep(0.1)
+    sources = {r["chat_id"]: (r["source"], r["outcome"]) for r in trail}
+    assert sources[result["chatId"]] == ("approver", "approved") and sources[small["chatId"]] == ("rule", "approved")
+    # B carried the decision to A (the owner), which applied it.
+    assert metric_value(pair.b.base, "adk_gateway_forwarded_total", {"direction": "out"}) >= 1
+    assert any(line.get("event") == "approval_vote" for line in pair.b.log_lines())
 
 
-def test_an_approval_whose_replica_died_is_decided_through_the_other_and_runs_once(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+def test_an_approval_whose_replica_died_is_decided_through_the_other_and_runs_once(four_eyes_pair: Replicas) -> None:
     """The approval waits as ADK's confirmation, in ADK's session: the replica that ran the chat
     killed, the supervisor's approval through the other one runs the payment, once, and the
     requester's resume there reads the outcome (docs/approvals.md, "What survives what")."""
-    with replicas(tmp_path_factory.mktemp("four-eyes-killed"), tools=_four_eyes_tools(), extra=APPROVERS) as pair:
-        run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
-               "steps": [{"send": "pay 2000 to Hanako"}]}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            chat = pool.submit(run_chats, [run], timeout=60)
-            pending = _pending(pair.b)
-            pair.a.proc.kill()
-            pair.a.proc.wait()
-            [result] = chat.result()
-        assert _api(pair.b, "GET", f"/api/approvals/{pending['id']}").json()["id"] == pending["id"]
-        assert pair.ledger.of(result["chatId"]) == []  # nothing ran while it waited
-        decided = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
-        assert decided.status == 200 and decided.json()["outcome"] == "approved", decided.body
-        deadline = time.monotonic() + 20
-        while not pair.ledger.of(result["chatId"]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(pair.ledger.of(result["chatId"])) == 1
-        assert _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
-        assert _api(pair.b, "GET", "/api/approvals?state=pending").json()["approvals"] == []
-        resumed = request(pair.b.base, "GET", f"/api/chat/{result['chatId']}/stream", headers={"x-ai-sdk-version": "7"})
-        kinds = [json.loads(line[6:])["type"] for line in resumed.body.decode().splitlines() if line.startswith("data: {")]
-        assert "tool-output-available" in kinds, (resumed.status, kinds)
-        time.sleep(1.0)  # no second run of the payment follows
-        assert len(pair.ledger.of(result["chatId"])) == 1
+    pair = four_eyes_pair
+    run = {"version": 7, "api": f"{pair.a.base}/api/chat", "headers": {"x-ai-sdk-version": "7"},
+           "steps": [{"send": "pay 2000 to Hanako"}]}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        chat = pool.submit(run_chats, [run], timeout=60)
+        pending = _pending(pair.b)
+        pair.a.proc.kill()
+        pair.a.proc.wait()
+        [result] = chat.result()
+    assert _api(pair.b, "GET", f"/api/approvals/{pending['id']}").json()["id"] == pending["id"]
+    assert pair.ledger.of(result["chatId"]) == []  # nothing ran while it waited
+    decided = _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True})
+    assert decided.status == 200 and decided.json()["outcome"] == "approved", decided.body
+    deadline = time.monotonic() + 20
+    while not pair.ledger.of(result["chatId"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pair.ledger.of(result["chatId"])) == 1
+    assert _api(pair.b, "POST", f"/api/approvals/{pending['id']}", {"approved": True}).status in (404, 409)
+    assert _api(pair.b, "GET", "/api/approvals?state=pending").json()["approvals"] == []
+    resumed = request(pair.b.base, "GET", f"/api/chat/{result['chatId']}/stream", headers={"x-ai-sdk-version": "7"})
+    kinds = [json.loads(line[6:])["type"] for line in resumed.body.decode().splitlines() if line.startswith("data: {")]
+    assert "tool-output-available" in kinds, (resumed.status, kinds)
+    time.sleep(1.0)  # no second run of the payment follows
+    assert len(pair.ledger.of(result["chatId"])) == 1
 
 
 def test_a_requester_who_left_while_the_supervisors_decided_reads_the_outcome_on_resume(four_eyes: PluginStack) -> None:

@@ -29,7 +29,9 @@ from tests.integration.test_confirm_mode import _plugin_env, adk, agent, confirm
 from tests.integration.test_plugin_gave_up import sdk_check
 from tests.jsdriver import check_streams
 from tests.ops.stack import adk_events, replicas
-from tests.procs import AdkServer, Agent, GatewayProcess, Ledger, Reply, gateway_process, metric_value, request
+from tests.procs import (
+    AdkServer, Agent, GatewayProcess, Ledger, Reply, gateway_process, metric_value, request, resp_command,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -119,8 +121,7 @@ def test_a_timeout_is_answered_to_adk_once_and_the_late_approve_reads_it(
         resumed = request(gw.base, "GET", f"/api/chat/{chat}/stream")
         assert resumed.status == 200 and outcome in resumed.chunks, resumed.body[-2000:]
         assert resumed.chunks[-1]["type"] == "finish" and "tool-output-available" not in types(resumed)
-        for version in (6, 7):
-            [rebuilt] = check_streams([{"version": version, "chunks": resumed.chunks}])
+        for rebuilt in check_streams([{"version": version, "chunks": resumed.chunks} for version in (6, 7)]):
             assert rebuilt["schemaErrors"] == [] and rebuilt["streamError"] is None, rebuilt
             assert [p["state"] for p in rebuilt["message"]["parts"] if p.get("toolCallId") == call_id] == [state]
         # The Approve now (after the reload read the outcome, or a replay of it): nothing pending any more.
@@ -141,10 +142,12 @@ def test_an_approve_after_a_restart_past_the_deadline_gets_the_timeout(
     ledger = agent.ledger
     with stack(tmp_path, agent, "deny") as (server, gw, extra):
         chat, first_message, first, approval_id, call_id = ask_to_pay(gw)
+        due = time.monotonic() + TIMEOUT + 0.5  # the deadline has passed by then
         gw.proc.kill()  # kill -9 before the deadline: the memory backend's deadlines die with it
         gw.proc.wait()
-        time.sleep(TIMEOUT + 0.5)
         with gateway_process(tmp_path, server.base, extra, approvals="confirm", port=gw.port) as again:
+            # The new gateway knows nothing of the call; its start-up counts towards the wait.
+            time.sleep(max(0.0, due - time.monotonic()))
             assert confirmation_answers(server.base, chat, approval_id) == []  # nobody answered the timeout
             reply = assistant_from(first, [True])
             late = post(again, chat, [first_message, reply], messageId=reply["id"])
@@ -164,8 +167,8 @@ def test_with_two_replicas_the_survivor_answers_a_dead_owners_deadline_once(tmp_
     with replicas(tmp_path, payment_timeout="3s", approvals="confirm", adk_env=_plugin_env()) as pair:
         chats = [ask_to_pay(pair.a) for _ in range(2)]
         # The owner writes a deadline to Redis once the run that asked ended, just after the
-        # response did: give the last one that moment (lost, the late-answer rule would cover it).
-        time.sleep(0.5)
+        # response did: wait for both in the queue (lost, the late-answer rule would cover it).
+        until("both deadlines in Redis", lambda: resp_command(pair.redis.port, "ZCARD", "gw-test:deadlines") == 2)
         pair.a.proc.kill()  # the owner dies before the deadlines: its timer with it
         pair.a.proc.wait()
         for chat, _message, _first, approval_id, _call in chats:

@@ -60,15 +60,18 @@ def until_abandoned(stack: PluginStack, tool: str, before: float) -> None:
 def sdk_check(first: Reply, later: list[dict[str, Any]]) -> dict[str, Any]:
     """Both responses through ai 6's and ai 7's own parser, the second onto the message the first built
     with the approval answered, as the browser's Chat holds it."""
-    for version in (6, 7):
-        [opened] = check_streams([{"version": version, "chunks": first.chunks}])
+    # Both versions in one Node call per response: each call is a Node start.
+    messages = []
+    for opened in check_streams([{"version": version, "chunks": first.chunks} for version in (6, 7)]):
         assert opened["schemaErrors"] == [] and opened["streamError"] is None, opened
         message = opened["message"]
         for part in message["parts"]:
             if part.get("state") == "approval-requested":
                 part["state"] = "approval-responded"
                 part["approval"]["approved"] = True
-        [continued] = check_streams([{"version": version, "chunks": later, "message": message}])
+        messages.append(message)
+    cases = [{"version": version, "chunks": later, "message": m} for version, m in zip((6, 7), messages)]
+    for continued in check_streams(cases):
         assert continued["schemaErrors"] == [] and continued["streamError"] is None, continued
     return continued["message"]
 
