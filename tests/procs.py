@@ -42,12 +42,11 @@ PORT_BLOCKS = 10
 
 def free_port() -> int:
     """A loopback port free now, for a process to bind next: from this xdist worker's block
-    (worker_ports), or the kernel's choice in a run without workers."""
-    ports = worker_ports(os.environ.get("PYTEST_XDIST_WORKER", ""))
-    if ports is None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
+    (worker_ports); a run without workers (`make test`'s serial tests/ops, a single file) takes gw0's,
+    as one worker would: the kernel's choice lies in the ephemeral range, where an outgoing
+    connection could take it in the seconds before a replica started with it binds it."""
+    ports = worker_ports(os.environ.get("PYTEST_XDIST_WORKER", "")) or worker_ports("gw0")
+    assert ports is not None
     for _ in range(PORT_BLOCK):
         port = next(ports)
         if _bindable(port):
