@@ -35,6 +35,11 @@ _INBOX_POLL = 1.0
 # milliseconds: an older message is a replay, and the ones inside the window are told apart by
 # their seals, remembered that long.
 _INBOX_WINDOW = 30.0
+# A message Redis delivered to no subscriber is published again this often, for this long: after a
+# Redis restart a replica is available again a moment before its inbox has subscribed again (it
+# does so as soon as a heartbeat gets through). A replica that is gone costs its sender this bound.
+_UNHEARD_EVERY = 0.05
+_UNHEARD_FOR = 1.0
 
 
 class RedisInbox:
@@ -76,7 +81,12 @@ class RedisInbox:
         channel = self._channel(replica_id)
         # Stamped inside the seal, so a message published again later is told from the original.
         payload = b"%d\n%s" % (self._redis_ms() or 0, orjson.dumps(message))
-        await self._redis.publish(channel, self._seal.seal(payload, channel))
+        sealed = self._seal.seal(payload, channel)
+        # Nobody heard it, so publishing it again delivers it once; the stamp stays the first one.
+        for _ in range(int(_UNHEARD_FOR / _UNHEARD_EVERY)):
+            if await self._redis.publish(channel, sealed):
+                return
+            await asyncio.sleep(_UNHEARD_EVERY)
 
     async def listen(self, deliver: Inbox, interval: float) -> None:
         """Deliver this replica's messages until the owner closes, through any outage."""

@@ -205,6 +205,26 @@ async def test_a_message_sent_the_moment_a_replica_started_reaches_it(redis: Red
             await replica.state.close()
 
 
+async def test_a_message_sent_while_its_replica_subscribes_again_reaches_it(redis: RedisServer) -> None:
+    """After Redis comes back, a replica's heartbeat can make it available a moment before its
+    inbox has subscribed again: a message published then reached nobody and was lost to the
+    asker's 5 s timeout (a 503 `replica_unavailable` right after a Redis restart). Published to no
+    subscriber, it is published again for a bounded moment."""
+    prefix = "t" + secrets.token_hex(4)
+    b = Replica(redis_state(redis, "b", prefix))
+    await b.start()
+    a = Replica(redis_state(redis, "a", prefix))
+    try:
+        sending = asyncio.create_task(b.state.send("a", {"op": "ping"}))
+        await asyncio.sleep(0.3)  # a subscribes only now
+        await a.start()
+        await asyncio.wait_for(sending, 5)
+        assert await asyncio.wait_for(a.inbox.get(), 5) == {"op": "ping"}
+    finally:
+        for replica in (a, b):
+            await replica.state.close()
+
+
 async def test_a_relay_delivers_every_entry_in_order_then_its_end(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     key = secrets.token_hex(6)
