@@ -145,22 +145,34 @@ def assert_clean(result: dict) -> None:
             assert done == 1, f"response {index} ({req['method']} {req['url']}) had {done} [DONE] markers"
 
 
+def _check_with(script: str, cases: list[dict]) -> list[dict]:
+    """One Node run of a checker in tests/js that reads a JSON list of cases and prints one result each."""
+    node = shutil.which("node")
+    if node is None:
+        raise AssertionError("node is not on PATH; the stream checker needs Node 20+")
+    proc = subprocess.run(
+        [node, str(JS_DIR / script)], cwd=JS_DIR, input=json.dumps(cases),
+        capture_output=True, text=True, timeout=120,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{script} crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
 def check_streams(cases: list[dict]) -> list[dict]:
     """Run chunk sequences through the SDK's own schema and message assembler (tests/js/check-stream.mjs).
 
     Each case is `{"version": 6|7, "chunks": [...], "message"?: <assistant UIMessage to continue>}`;
     each result is `{"schemaErrors": [...], "streamError": str | None, "message": <final UIMessage>}`.
     """
-    node = shutil.which("node")
-    if node is None:
-        raise AssertionError("node is not on PATH; the stream checker needs Node 20+")
-    proc = subprocess.run(
-        [node, str(JS_DIR / "check-stream.mjs")], cwd=JS_DIR, input=json.dumps(cases),
-        capture_output=True, text=True, timeout=120,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"stream checker crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
-    return json.loads(proc.stdout)
+    return _check_with("check-stream.mjs", cases)
+
+
+def check_agui_streams(streams: list[list[dict]]) -> list[dict]:
+    """Run AG-UI event streams through `@ag-ui/core`'s schemas and `@ag-ui/client`'s pipeline
+    (tests/js/check-agui.mjs). Each result is `{"schemaErrors": [...], "verifyError": str | None,
+    "runError": str | None, "runErrorEvent": <RUN_ERROR's message> | None, "messages": [...]}`."""
+    return _check_with("check-agui.mjs", [{"events": events} for events in streams])
 
 
 class StreamChecker:

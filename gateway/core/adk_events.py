@@ -21,6 +21,9 @@ such an int as the float orjson made of it, and the browser's bytes are the same
 
 A dict (a live event, or what orjson read) becomes the same struct with `as_event`, so the
 converter has one path.
+
+It also owns the sentences ADK's error fields become, the same for every browser protocol
+(core/converter.py, core/agui_events.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-__all__ = ["REFUSED", "AdkEvent", "UNSET", "as_event", "decode_event", "decode_struct"]
+__all__ = ["REFUSED", "AdkEvent", "UNSET", "as_event", "decode_event", "decode_struct", "error_code_text", "run_failed_text"]
 
 UNSET: Final = msgspec.UNSET
 
@@ -89,3 +92,13 @@ def decode_event(raw: bytes) -> Any:
 def as_event(event: dict[str, Any]) -> AdkEvent:
     """A dict's event (a live one, or what orjson read) as the struct: its values, not copies."""
     return msgspec.convert(event, AdkEvent)
+
+
+def run_failed_text(error: Any) -> str:
+    """What a person is told of a run `/run_sse` reports as failed (`{"error": ...}`)."""
+    return str(error or "the agent run failed")
+
+
+def error_code_text(code: Any, message: Any) -> str:
+    """What a person is told of an event carrying ADK's `errorCode` and/or `errorMessage`."""
+    return f"{code}: {message}" if code and message else str(message or code)

@@ -21,7 +21,7 @@ from typing import Any, Final
 import orjson
 
 from ..config.agent import ToolPolicy
-from .adk_events import UNSET, AdkEvent, as_event
+from .adk_events import UNSET, AdkEvent, as_event, error_code_text, run_failed_text
 from .approvals import CallState, GatedCall, refusal_code
 from .approver_confirmations import native_approver_part, read_mark
 from .ledger import Ledger, NativeConfirmation
@@ -133,7 +133,7 @@ class Converter(MessageWriter):
         unset = UNSET
         if event.error is not unset and event.content is unset and event.author is unset:
             # /run_sse reports a failed run as {"error": ..., "error_details": ...}.
-            return self.error(str(event.error or "the agent run failed"))
+            return self.error(run_failed_text(event.error))
 
         out: list[Chunk] = []
         partial = event.partial
@@ -176,8 +176,7 @@ class Converter(MessageWriter):
         error_code = event.get("errorCode")
         error_message = event.get("errorMessage")
         if error_code or error_message:
-            text = f"{error_code}: {error_message}" if error_code and error_message else str(error_message or error_code)
-            out.extend(self.error(text))
+            out.extend(self.error(error_code_text(error_code, error_message)))
 
     def _final_parts(self, out: list[Chunk], parts: list[dict[str, Any]]) -> None:
         streamed, self._streamed_partials = self._streamed_partials, False
