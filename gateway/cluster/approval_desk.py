@@ -168,10 +168,17 @@ class ApprovalDesk:
                     user, chat, agent=agent, default_agent=self._chats.config.default,
                     ttl=self._chats.config.chat.idle_chat_ttl,
                 )
-            except (SharedStateDown, Refusal):
+            except SharedStateDown:
+                # Not gone (a Refusal too, so caught first): the store is out of reach, or settling
+                # after every replica was down (no chat is taken over for `owner_timeout`). Tried
+                # again as a busy chat is.
+                claim = None
+            except Refusal:
                 # The store's refusal is chat/registry.py's ChatNotFound: another user's or agent's chat id.
                 return "gone"
-            if claim.local:
+            if claim is None:
+                result = "busy"
+            elif claim.local:
                 result = await self._chats.answer_for_approvers(
                     agent, user, chat, str(record["id"]), approved=approved, reason=reason, deciders=deciders,
                 )

@@ -23,6 +23,7 @@ import gateway.cluster.approval_desk as approval_desk
 from gateway.chat.service import ChatService
 from gateway.cluster.memory import MemoryHub, MemoryState
 from gateway.cluster.router import Cluster
+from gateway.cluster.shared import SharedStateDown
 from gateway.config.schema import parse_config
 from gateway.core.approvals import REFUSAL_KEY, Verdict
 from gateway.core.approver_confirmations import marked
@@ -164,6 +165,35 @@ async def test_a_decision_whose_chat_is_busy_is_kept_and_applied_when_the_chat_f
     await until(lambda: _true(env.adk.answers()), "the decision reached ADK")
     await until(lambda: _none(env.state.get_approval(APPROVAL)), "the approval left the directory")
     # The approvers' approval, not the deadline's `on_timeout` (a rejection); once.
+    assert env.adk.answers() == [{"confirmed": True}]
+
+
+async def test_a_decision_made_while_the_store_settles_is_applied_not_gone(
+    env: Env, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Failed in `make chaos` (both replicas killed, the approval's second vote cast just after they
+    were back): the chat's claim answered "settling, retry" (503: for `owner_timeout` after every
+    replica was down no chat is taken over), and the desk took that for a chat that is gone: the
+    approver read 410 `approval_gone` for an approval the store had just decided."""
+    monkeypatch.setattr(approval_desk, "_BUSY_WAIT", 0.01)
+    now = time.time()
+    env.adk.history = asked(at=now - 1)
+    record = await listed(env, due=now + 30)
+    claim = env.state.claim
+    settling = [SharedStateDown("the replicas are restoring the shared session store; retry in a moment")] * 2
+
+    async def claim_after_settling(*args: Any, **kwargs: Any) -> Any:
+        if settling:
+            raise settling.pop()
+        return await claim(*args, **kwargs)
+
+    monkeypatch.setattr(env.state, "claim", claim_after_settling)
+    tally = await env.state.vote_approval(APPROVAL, "approver_key:supervisor", True, 1)
+    assert tally.state == "decided_approved"
+    env.adk.reads.put_nowait(None)  # the decision's run
+    result = await env.cluster.approvals.decide(record, True, None, [{"user": "supervisor", "auth": "approver_key"}])
+    assert result == "decided" and settling == []
+    await until(lambda: _true(env.adk.answers()), "the decision reached ADK")
     assert env.adk.answers() == [{"confirmed": True}]
 
 
