@@ -52,18 +52,23 @@ async def exchange(port: int, data: bytes, within: float) -> bytes:
         writer.close()
 
 
-async def trickle(port: int, within: float) -> bytes:
-    """A request head sent one header line every 0.2 s, never finished; what came back."""
+async def trickle(port: int, within: float, *, every: float = 0.2, read_late: float = 0.0) -> bytes:
+    """A request head sent one header line `every` seconds, never finished; what came back.
+    `read_late`: the client reads nothing for that long (what came waits in its kernel)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
     async def lines() -> None:
         writer.write(b"GET /healthz HTTP/1.1\r\n")
         for i in range(100):
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(every)
             writer.write(b"X-Slow-%d: 1\r\n" % i)
 
     sending = asyncio.create_task(lines())
     try:
+        if read_late:
+            writer.transport.pause_reading()
+            await asyncio.sleep(read_late)
+            writer.transport.resume_reading()
         return await asyncio.wait_for(reader.read(), within)
     finally:
         sending.cancel()
@@ -93,23 +98,8 @@ async def test_a_head_cut_for_time_reaches_a_client_still_sending_and_slow_to_re
     next line with a reset, and the reset threw away the 408 the client had not read yet (the
     trickle row above failed so, now and then, under load)."""
     async with serving() as (_, (public, _internal)):
-        reader, writer = await asyncio.open_connection("127.0.0.1", public)
-        writer.transport.pause_reading()  # the client reads late: the 408 waits in its kernel
-
-        async def lines() -> None:
-            writer.write(b"GET /healthz HTTP/1.1\r\n")
-            for i in range(60):
-                await asyncio.sleep(0.02)
-                writer.write(b"X-Slow-%d: 1\r\n" % i)
-
-        sending = asyncio.create_task(lines())
-        try:
-            await asyncio.sleep(1.0)  # past the 500 ms bound, the client still writing
-            writer.transport.resume_reading()
-            answer = await asyncio.wait_for(reader.read(), 3)
-        finally:
-            sending.cancel()
-            writer.close()
+        # Past the 500 ms bound by a second, the client still writing a line every 20 ms.
+        answer = await trickle(public, 3, every=0.02, read_late=1.0)
         assert answer.startswith(b"HTTP/1.1 408 "), answer
 
 
