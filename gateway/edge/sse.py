@@ -40,6 +40,7 @@ __all__ = ["routes"]
 log = structlog.get_logger("adk_gateway.edge.sse")
 
 _TRANSPORT: Final = "sse"
+_PROTOCOL: Final = "ai_sdk"
 _KEEPALIVE: Final = b": keep-alive\n\n"
 
 
@@ -165,7 +166,7 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
         feed.close()
         raise
     gauge.inc()
-    completed = False
+    completed, outcome = False, "disconnected"
     idle = gateway.config.chat.keepalive_interval
     browser.write = chunk_writer(response) if isinstance(feed, Reader) else None
     try:
@@ -177,17 +178,18 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
             await response.write(sse_frames(batch) if batch else _KEEPALIVE)
         # With the body's end: one send instead of two, per response (and so per turn).
         await response.write_eof(DONE_FRAME)
-        completed = True
+        completed, outcome = True, "completed"
     except FollowerLagged as exc:
         log.warning("follower_lagged", reason=str(exc))
         error = {"type": "error", "errorText": "This response fell too far behind and cannot continue; reload the chat."}
         await response.write_eof(sse_frame(encode_chunk(error)) + DONE_FRAME)
-        completed = True
+        completed, outcome = True, "failed"
     except ConnectionError:
         log.info("client_disconnected")
     except Exception:
         # Headers are gone already: no JSON 500 can follow. End the stream as the AI SDK expects.
         log.exception("stream_failed")
+        outcome = "failed"
         error = {"type": "error", "errorText": "The gateway failed while streaming this response."}
         try:
             await response.write_eof(sse_frame(encode_chunk(error)) + DONE_FRAME)
@@ -195,6 +197,7 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
             pass
     finally:
         gauge.dec()
+        gateway.metrics.browser_runs.labels(caller.agent, _PROTOCOL, outcome).inc()
         try:
             if not completed and gateway.config.chat.on_disconnect == "cancel":
                 await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)

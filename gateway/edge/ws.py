@@ -44,6 +44,7 @@ __all__ = ["routes"]
 log = structlog.get_logger("adk_gateway.edge.ws")
 
 _TRANSPORT: Final = "ws"
+_PROTOCOL: Final = "ai_sdk"
 _MAX_REQUEST_ID = 128
 
 
@@ -238,6 +239,7 @@ class Connection:
         feed = attachment.response
         self.watch(request_id, feed)
         batches = feed.follow_direct(write_now, first_sequence) if isinstance(feed, Reader) else feed.follow(first_sequence)
+        outcome = "disconnected"
         try:
             async for batch in batches:
                 frames = payloads(batch)
@@ -247,12 +249,15 @@ class Connection:
                         await self.ws.send_frame(payload, WSMsgType.TEXT)
                 chunk_frames.inc(len(batch))
             await self.send({"type": "end", "requestId": request_id})
+            outcome = "completed"
         except FollowerLagged as exc:
             log.warning("follower_lagged", reason=str(exc))
+            outcome = "failed"
             await self.error(request_id, "This response fell too far behind and cannot continue; reload the chat.")
         finally:
             feed.close()
             gauge.dec()
+            self.gateway.metrics.browser_runs.labels(self.agent, _PROTOCOL, outcome).inc()
 
 
 async def chat_socket(request: web.Request) -> web.WebSocketResponse:

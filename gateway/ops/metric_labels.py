@@ -32,7 +32,9 @@ def _each(*values: str) -> tuple[tuple[str, ...], ...]:
 # Metrics in AGENT_LABELLED carry the agent first; their values here are those after it, and
 # `know_agents` creates them for each agent of the config.
 KNOWN_LABEL_VALUES: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType({
-    "active_streams": _each("sse", "ws"),
+    "active_streams": _each("sse", "ws", "ag-ui"),
+    "browser_runs": tuple(("ai_sdk", o) for o in ("completed", "disconnected", "failed"))
+    + tuple(("ag_ui", o) for o in ("success", "interrupt", "error", "cancelled", "refused", "disconnected")),
     "upstream_errors": _each("connect", "timeout", "reset", "http", "protocol", "session_missing", "run_error"),
     "runs": _each("completed", "waiting", "error", "cancelled"),
     "plugin_requests": _each(
@@ -75,7 +77,7 @@ STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 # adk_gateway_tokens_total has the agent first too, but is plain counts behind a collector
 # (GatewayMetrics.count_tokens), with no `.labels()` to check.
 AGENT_LABELLED: frozenset[str] = frozenset({
-    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "approvals_pending", "approvals_over_user_cap", "approval_wait",
+    "upstream_up", "upstream_errors", "upstream_first_event", "runs", "browser_runs", "approvals_pending", "approvals_over_user_cap", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
     "approval_decisions", "approval_decision_wait", "first_token",
 })

@@ -139,6 +139,10 @@ class GatewayMetrics(WithExemplars):
             "adk_gateway_upstream_up", "1 when the last health probe of the agent's upstream succeeded, by agent.",
             ["agent"], registry=r,
         )
+        self.browser_runs = Counter(
+            "adk_gateway_browser_runs_total",
+            "Browser responses ended, by agent, protocol (ai_sdk, ag_ui) and outcome (docs/metrics.md).", ["agent", "protocol", "outcome"], registry=r,
+        )
         self.runs = Counter(
             "adk_gateway_runs_total", "Upstream runs finished, by agent and outcome (completed, waiting, error, cancelled).",
             ["agent", "outcome"], registry=r,

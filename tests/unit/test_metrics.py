@@ -330,6 +330,22 @@ def _run_outcomes(source: Source, resolver: Resolver) -> set[str]:
     return _constants(resolver, exprs)
 
 
+def _browser_run_outcomes(source: Source, protocols: set[str]) -> set[str]:
+    """How a browser's response ended: the strings the AI SDK transports (edge/sse.py, edge/ws.py)
+    assign to `outcome`; for AG-UI's (edge/agui.py), those and the ones its stream sets as its own
+    (core/agui_stream.py `AguiStream.outcome`)."""
+    paths = {"edge/agui.py", "core/agui_stream.py"} if "ag_ui" in protocols else {"edge/sse.py", "edge/ws.py"}
+    values: set[str] = set()
+    for path, node in source.nodes(ast.Assign):
+        if path not in paths:
+            continue
+        for target in node.targets:  # type: ignore[attr-defined]
+            names = target.elts if isinstance(target, ast.Tuple) else [target]
+            if any(isinstance(t, (ast.Name, ast.Attribute)) and getattr(t, "id", getattr(t, "attr", "")) == "outcome" for t in names):
+                values |= {n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str)}  # type: ignore[attr-defined]
+    return values
+
+
 def _ws_frame_types(source: Source, resolver: Resolver, direction: str) -> set[str]:
     if direction == "in":  # the frame types the socket has a handler for; the rest count as invalid
         handlers = [v for _, n in source.nodes(ast.Assign) for t in n.targets  # type: ignore[attr-defined]
@@ -353,6 +369,7 @@ DYNAMIC_SOURCES: dict[tuple[str, int], DynamicSource] = {
         r, [k.value for _, c in s.calls_to("Verdict") for k in c.keywords if k.arg == "reason"] + _returned_labels(s)
     ),
     ("runs", 0): lambda s, r, _: _run_outcomes(s, r),
+    ("browser_runs", 1): lambda s, r, other: _browser_run_outcomes(s, other[0]),
     ("ws_frames", 1): lambda s, r, other: set().union(*(_ws_frame_types(s, r, d) for d in other[0] - {DYNAMIC})),
 }
 # Label positions whose values are open by design: tool names (exported from the policy by
