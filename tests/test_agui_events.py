@@ -1,6 +1,7 @@
-"""Every AG-UI stream `AguiRun` makes from recorded ADK runs passes AG-UI's own checks (issue #40).
+"""Every AG-UI stream the gateway makes from recorded ADK runs passes AG-UI's own checks (issue #40).
 
-Each event is validated with `@ag-ui/core`'s `EventSchema`; each stream goes through
+A recording goes the way a run of the AG-UI route goes: ADK's events through the chat's converter
+(ai 7's chunks, core/converter.py), the chunks through `AguiStream` (core/agui_stream.py). Each event is validated with `@ag-ui/core`'s `EventSchema`; each stream goes through
 `@ag-ui/client`'s `verifyEvents` (which refuses events out of order) and through the whole client
 pipeline of an agent's `runAgent`, which assembles the messages. All of it in ONE Node call
 (tests/js/check-agui.mjs). The same recordings through the AI SDK converter give the same words
@@ -13,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway.core.agui_events import CONFIRMATION_UNSUPPORTED, AguiRun
+from gateway.core.agui_stream import AguiStream
+from gateway.core.converter import Converter
 from tests.jsdriver import check_agui_streams
-from tests.support.recordings import LIVE_FOLDERS, SSE_FOLDERS, convert, events, fixture_names, lines
+from tests.support.recordings import LIVE_FOLDERS, SSE_FOLDERS, convert, fixture_names, lines
 
 pytestmark = pytest.mark.js
 
@@ -31,11 +33,11 @@ BAD_SCHEMA = [
 
 
 def _agui(name: str, folder: str) -> list[dict[str, Any]]:
-    run = AguiRun("t1", "r1")
-    out = run.start()
-    for event in events(name, folder):
-        out += run.feed(event)
-    return out + run.finish()
+    stream = AguiStream("t1", "r1")
+    out = stream.start()
+    for chunk in convert(name, Converter("m1", version=7), folder):
+        out += stream.feed(chunk)
+    return out + stream.end()
 
 
 def _asks_confirmation(name: str, folder: str) -> bool:
@@ -67,12 +69,13 @@ def test_every_recorded_run_passes_ag_ui() -> None:
         assert [e["type"] for e in stream].count(last["type"]) == 1, where
         if folder in LIVE_FOLDERS:
             continue  # transcriptions and audio are not mapped yet (docs/ag-ui.md, "Not yet")
-        chunks = convert(name, folder=folder)
+        chunks = convert(name, Converter("m1", version=7), folder)
         sdk_errors = [c["errorText"] for c in chunks if c["type"] == "error"]
         if _asks_confirmation(name, folder) and not sdk_errors:
-            assert last == {"type": "RUN_ERROR", "message": CONFIRMATION_UNSUPPORTED, "code": "approval_unsupported"} | (
-                {"usage": last["usage"]} if "usage" in last else {}
-            ), where
+            # ADK asks a person: the run ends with the interrupt the next input's resume answers.
+            assert last["type"] == "RUN_FINISHED" and last["outcome"]["type"] == "interrupt", where
+            asked = [c for c in chunks if c["type"] == "tool-approval-request"]
+            assert [i["toolCallId"] for i in last["outcome"]["interrupts"]] == [c["toolCallId"] for c in asked], where
         elif sdk_errors:
             # The same sentence the AI SDK routes show for the same failure.
             assert last["type"] == "RUN_ERROR" and last["message"] == sdk_errors[0], where

@@ -23,7 +23,7 @@ A dict (a live event, or what orjson read) becomes the same struct with `as_even
 converter has one path.
 
 It also owns the sentences ADK's error fields become, the same for every browser protocol
-(core/converter.py, core/agui_events.py).
+(core/converter.py makes them the AI SDK's `error` chunks, which the AG-UI route says as RUN_ERROR).
 """
 
 from __future__ import annotations
