@@ -145,6 +145,64 @@ def assert_clean(result: dict) -> None:
             assert done == 1, f"response {index} ({req['method']} {req['url']}) had {done} [DONE] markers"
 
 
+AGUI_DRIVER = JS_DIR / "agui-driver.mjs"
+
+
+def run_agui(runs: list[dict], *, timeout: float = 30, concurrency: int = 4) -> list[dict]:
+    """Drive @ag-ui/client's HttpAgent through each run, concurrently in one Node process
+    (tests/js/agui-driver.mjs), at most `concurrency` at once (the gateway caps one user's open
+    streams), and return one report per run, in order. `timeout` bounds each run.
+
+    A run is {"url": base, "agent"?: "/ag-ui" | "/agents/<name>/ag-ui", "headers"?, "threadId"?,
+    "messages"?: [the thread to start with], "tools"?: [{"name", "description", "parameters"}], "steps":
+    [...]}; a step {"send"?: text, "approvals"?: "approve" | "deny" | [...], "toolOutputs"?: {tool_name:
+    output}, "cancelInterrupts"?: True, "resume"?: [entries], "resendResume"?: True} (the driver's
+    header says what each does). A report holds the run's events off the wire (`events`, and
+    per run `runs`), `schemaErrors` (@ag-ui/core's EventSchema), `pipelineErrors` (what the client's
+    own pipeline threw), `runErrors` ({message, code} of each RUN_ERROR), `outcomes` (per run: the
+    outcome, its interrupts and pendingToolCallIds), the agent's final `messages`, `activities`,
+    `handed` (the browser tool calls the driver answered), `httpStatuses` and `timedOut`; and
+    `warnings`: what the client logged (console.warn) in the whole batch.
+    """
+    requests = [{"agent": "/ag-ui", "timeoutMs": int(timeout * 1000), **run} for run in runs]
+    node = shutil.which("node")
+    if node is None:
+        raise AssertionError("node is not on PATH; the AG-UI driver needs Node 20+")
+    # The driver bounds each run itself; a batch takes at most as many rounds of runs as fit.
+    limit = timeout * -(-len(requests) // max(1, concurrency)) + 15
+    try:
+        proc = subprocess.run(
+            [node, str(AGUI_DRIVER)], cwd=JS_DIR, input=json.dumps({"runs": requests, "concurrency": concurrency}),
+            capture_output=True, text=True, timeout=limit,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"AG-UI driver hung past {limit}s; stderr:\n{exc.stderr}") from exc
+    if proc.returncode != 0:
+        raise AssertionError(f"AG-UI driver crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
+    try:
+        output = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"AG-UI driver printed no JSON; stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}") from exc
+    for report in output["reports"]:
+        report["warnings"] = output["warnings"]
+    return output["reports"]
+
+
+def assert_agui_clean(result: dict) -> None:
+    """Assert an AG-UI run is what an app on @ag-ui/client accepts without a hitch: every event valid,
+    the client's pipeline never threw, no run failed or timed out, each response an event stream,
+    and the client stripped or dropped nothing it was sent."""
+    assert not result["timedOut"], f"the AG-UI run timed out; outcomes: {result['outcomes']}"
+    assert not result["schemaErrors"], f"schema errors: {json.dumps(result['schemaErrors'])[:2000]}"
+    assert not result["pipelineErrors"], f"the client's pipeline threw: {result['pipelineErrors']}"
+    assert not result["runErrors"], f"RUN_ERROR: {result['runErrors']}"
+    assert all(status == 200 for status in result["httpStatuses"]), result["httpStatuses"]
+    assert not result["warnings"], f"the client warned: {result['warnings']}"
+    for run in result["runs"]:
+        types = [e["type"] for e in run["events"]]
+        assert types[:1] == ["RUN_STARTED"] and types[-1:] == ["RUN_FINISHED"], types
+
+
 def _check_with(script: str, cases: list[dict]) -> list[dict]:
     """One Node run of a checker in tests/js that reads a JSON list of cases and prints one result each."""
     node = shutil.which("node")
