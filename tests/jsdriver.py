@@ -297,3 +297,4 @@ def check_ws_transport_parity() -> dict:
     if proc.returncode != 0:
         raise AssertionError(f"parity check crashed (exit {proc.returncode}); stderr:\n{proc.stderr}")
     return json.loads(proc.stdout)
+

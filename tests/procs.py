@@ -16,12 +16,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -453,6 +455,28 @@ def request(
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A scripted stub's request handler that logs nothing."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serve_http(handler: Callable[..., BaseHTTPRequestHandler], host_name: str = "127.0.0.1") -> Iterator[str]:
+    """`handler` served on a free loopback port, a thread per request (a stub, the test's own files):
+    its base URL, spelled with `host_name`, until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host_name}:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def metric_value(base: str, name: str, labels: dict[str, str] | None = None) -> float:

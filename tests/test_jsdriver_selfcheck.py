@@ -7,14 +7,13 @@ driver (or an SDK upgrade), not at the gateway.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from tests.jsdriver import assert_clean, run_chat, run_chats
+from tests.procs import QuietHandler, serve_http
 
 pytestmark = pytest.mark.js
 
@@ -66,7 +65,7 @@ def continuation(variant: str, tool_part: dict) -> list[dict]:
     ]
 
 
-class StubHandler(BaseHTTPRequestHandler):
+class StubHandler(QuietHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         variant = parse_qs(urlparse(self.path).query).get("variant", [""])[0]
@@ -86,19 +85,11 @@ class StubHandler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
 def stub() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/api/chat"
-    server.shutdown()
-    server.server_close()
+    with serve_http(StubHandler) as base:
+        yield f"{base}/api/chat"
 
 
 # Loading the SDK dominates a run, so every scenario runs at once in a single node process.

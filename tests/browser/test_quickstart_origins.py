@@ -15,7 +15,6 @@ import functools
 import http.server
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.demopage import DemoPage
-from tests.procs import ROOT, GatewayProcess, make_run
+from tests.procs import ROOT, GatewayProcess, make_run, serve_http
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -52,14 +51,8 @@ def app_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env={**os.environ, "NODE_PATH": str(SDKS)}, check=True, timeout=60,
     )
     (out / "index.html").write_text((PAGE_SOURCES / "index.html").read_text())
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://localhost:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(functools.partial(_Quiet, directory=str(out)), host_name="localhost") as origin:
+        yield origin
 
 
 @pytest.fixture(scope="module")

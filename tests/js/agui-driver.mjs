@@ -26,6 +26,7 @@
 import { HttpAgent } from '@ag-ui/client';
 import { EventSchema } from '@ag-ui/core/schemas';
 import { randomUUID } from 'node:crypto';
+import { decisions, readStdin } from './lib/steps.mjs';
 
 const MAX_ROUNDS = 8;
 const DENY_REASON = 'Denied by the test driver.';
@@ -33,19 +34,6 @@ const DENY_REASON = 'Denied by the test driver.';
 // The client reports what its stages strip or drop through console.warn; a report keeps them.
 const warnings = [];
 console.warn = (...args) => warnings.push(args.map(String).join(' '));
-
-async function readStdin() {
-  let text = '';
-  for await (const piece of process.stdin) text += piece;
-  return JSON.parse(text);
-}
-
-function decisions(approvals) {
-  if (approvals == null) return () => undefined;
-  if (typeof approvals === 'string') return () => approvals;
-  const queue = [...approvals];
-  return () => queue.shift();
-}
 
 // The SSE data payloads of a byte stream, parsed; unparseable ones are reported as such.
 async function readSse(stream, onEvent) {

@@ -19,19 +19,7 @@
 import { createChat, createTeeFetch, describeChatError, loadSdk, pendingApprovals, waitForIdle } from './lib/chat.mjs';
 import { baseWebSocket, createWsRecorder, loadFrameValidator, loadWebSocketTransport } from './lib/ws.mjs';
 import { existsSync, writeFileSync } from 'node:fs';
-
-async function readStdin() {
-  let text = '';
-  for await (const piece of process.stdin) text += piece;
-  return JSON.parse(text);
-}
-
-function decisions(approvals) {
-  if (approvals == null) return () => undefined;
-  if (typeof approvals === 'string') return () => approvals;
-  const queue = [...approvals];
-  return () => queue.shift();
-}
+import { decisions, readStdin } from './lib/steps.mjs';
 
 async function holdUntil(path, deadline) {
   writeFileSync(path + '.ready', '');
