@@ -65,7 +65,9 @@ ROWS: dict[str, dict[str, Any]] = {
     "too_large": {"steps": [{"send": "pay 20000 to Hanako"}]},
     "error": {"steps": [{"send": "trigger error"}]},
     # Above 100, support_agent's refunds wait for the supervisors (four-eyes): the test decides it.
-    "refund": {"agent": "/agents/support_agent/ag-ui", "steps": [{"send": "refund 250 on order 1234"}]},
+    # Then the thread goes on, the activity in the client's messages.
+    "refund": {"agent": "/agents/support_agent/ag-ui",
+               "steps": [{"send": "refund 250 on order 1234"}, {"send": "where is order 1234"}]},
 }
 
 
@@ -182,6 +184,10 @@ def test_every_demo_row_through_the_stock_http_agent(demo: Demo) -> None:
     check_error_row(rows["error"])
     check_refund_row(demo, rows["refund"], decided)
 
+    # Nothing failed inside the gateway on the way (the agent's own failure is the error row's answer, not a crash).
+    crashes = [line for line in demo.gateway.log_lines() if line.get("level") in ("error", "critical")]
+    assert not crashes, crashes[:3]
+
     # Every run counted under its outcome, the protocol ag_ui.
     expected = {outcome: sum(outcomes(r).count(outcome) for r in reports) for outcome in before}
     for outcome, count in expected.items():
@@ -284,16 +290,18 @@ def check_refund_row(demo: Demo, result: dict, decided: list[dict]) -> None:
     """No interrupt (the customer cannot answer it): an activity while the run stays open, then the refund."""
     assert [d["status"] for d in decided] == [200] and decided[0]["state"] == "decided", decided
     assert decided[0]["chat_id"] == result["threadId"]
-    assert outcomes(result) == ["success"]
+    assert outcomes(result) == ["success", "success"]
     states = [a["content"]["state"] for a in result["activities"]]
     assert states == ["waiting", "decided"], result["activities"]
     waiting = result["activities"][0]
     assert waiting["activityType"] == "adk_gateway.approval"
     assert waiting["content"]["rule"] == "large_refund" and waiting["content"]["approvers"] == "supervisors"
     assert waiting["content"]["approvalId"] == decided[0]["id"]
-    [(tool, refund)] = results(result)
+    [(tool, refund), (looked_up, order)] = results(result)
     assert tool == "issue_refund" and refund["success"] is True and refund["amount"] == 250, refund
+    assert looked_up == "lookup_order" and order["order_id"] == "1234", order
     assert "Refunded 250 USD on order 1234" in said(result)
+    assert "activity" in [m["role"] for m in result["messages"]]
     assert [run["tool"] for run in demo.executions(result)] == ["issue_refund"]
 
 
