@@ -23,7 +23,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .agui_stream import split_interrupt_id
-from .chat_request import CHAT_ID_PATTERN, ChatRequest, InvalidRequest, parse_chat_body
+from .chat_request import CHAT_ID_PATTERN, ChatRequest, InvalidRequest, parse_chat_body, plan_turn
 
 __all__ = ["AguiInput", "parse_run_input"]
 
@@ -60,6 +60,13 @@ class AguiInput:
     request: ChatRequest
     # The frontend tools the client declared (the policy's browser tools are the only ones it may).
     tools: tuple[str, ...]
+
+    @property
+    def denied_before(self) -> list[str]:
+        """The calls whose interrupts this input denied while sending a new message: the run that
+        follows is about the new message, so nothing in it ends those calls for the client."""
+        plan = plan_turn(self.request)
+        return [a.tool_call_id for a in plan.answers if not a.approved] if plan.new_message is not None else []
 
 
 def parse_run_input(raw: bytes) -> AguiInput:

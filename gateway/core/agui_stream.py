@@ -143,6 +143,14 @@ class AguiStream:
         out.append(self._finished(ending))
         return out
 
+    def denied_before(self, tool_call_ids: list[str]) -> list[AguiEvent]:
+        """Results for calls the input denied as it moved on (a cancelled interrupt beside a new
+        message): ADK is told so, and no later chunk shows it, so the client's call gets its end here."""
+        out: list[AguiEvent] = []
+        for call_id in tool_call_ids:
+            out += self.feed({"type": "tool-output-denied", "toolCallId": call_id})
+        return out
+
     def cancelled(self) -> list[AguiEvent]:
         if self.phase is not Phase.RUNNING:
             return []
@@ -200,7 +208,7 @@ class AguiStream:
         kind = "text" if chunk["type"] == "text-delta" else "reasoning"
         delta = chunk.get("delta")
         if not isinstance(delta, str) or not delta:
-            return  # AG-UI refuses an empty delta
+            return  # nothing said (@ag-ui/core accepts it; a client gains nothing from it)
         if self._open is None or self._open[0] != kind or self._open_chunk_id != chunk.get("id"):
             # Something else spoke in between (AG-UI allows one open message): a new one goes on.
             self._open_message(out, kind, str(chunk.get("id", "")))

@@ -90,7 +90,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             return await _refused(request, stream, answer.message, answer.code)
         finally:
             forget_body(request)
-        return await _stream(request, attachment, caller, run.thread_id, stream)
+        return await _stream(request, attachment, caller, run.thread_id, stream, run.denied_before)
     finally:
         slot.release()
 
@@ -123,7 +123,9 @@ async def _refused(request: web.Request, stream: AguiStream, message: str, code:
     return response
 
 
-async def _stream(request: web.Request, attachment: Attachment, caller: Caller, chat_id: str, stream: AguiStream) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, attachment: Attachment, caller: Caller, chat_id: str, stream: AguiStream, denied: list[str],
+) -> web.StreamResponse:
     feed: Feed = attachment.response
     # A chat whose response nobody reads takes the person's next run (chat/service.py).
     feed.watch(_Browser(request))
@@ -137,7 +139,7 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
     gauge.inc()
     completed = False
     try:
-        await response.write(_frames(stream.start()))
+        await response.write(_frames(stream.start() + stream.denied_before(denied)))
         async for batch in feed.follow(idle=gateway.config.chat.keepalive_interval, timers=gateway.timers):
             if not batch:
                 await response.write(_KEEPALIVE)

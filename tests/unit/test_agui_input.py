@@ -43,6 +43,9 @@ def test_a_cancelled_interrupt_with_a_new_message_is_a_denial_before_it() -> Non
     plan = plan_turn(parse_run_input(_input(USER, CALL, {"id": "u2", "role": "user", "content": "hello"}, resume=resume)).request)
     [answer] = plan.answers
     assert answer.approved is False and plan.new_message == {"role": "user", "parts": [{"text": "hello"}]}
+    run = parse_run_input(_input(USER, CALL, {"id": "u2", "role": "user", "content": "hello"}, resume=resume))
+    assert run.denied_before == ["c1"], "the next run ends the call the person moved on from"
+    assert parse_run_input(_input(USER, CALL, resume=resume)).denied_before == [], "the continuation shows its own end"
 
 
 def test_tool_messages_are_the_browsers_outputs_of_one_assistant_turn() -> None:

@@ -205,3 +205,10 @@ def test_usage_is_summed_per_model_with_reasoning_inside_the_output() -> None:
 def test_only_an_interrupt_id_this_gateway_made_splits(value: str) -> None:
     assert split_interrupt_id(value) is None
     assert split_interrupt_id(interrupt_id("gw-1", "adk-2")) == ("gw-1", "adk-2")
+
+
+def test_a_call_denied_by_moving_on_gets_its_end_at_the_next_runs_start() -> None:
+    stream = AguiStream("t1", "r2")
+    out = stream.start() + stream.denied_before(["c1"])
+    assert _types(out) == ["RUN_STARTED", "TOOL_CALL_RESULT"]
+    assert out[1]["toolCallId"] == "c1" and out[1]["content"] == '{"denied":true}'
