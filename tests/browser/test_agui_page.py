@@ -197,3 +197,29 @@ def test_a_refusal_shows_in_the_banner_and_a_new_message_goes_on(agui: AguiPage)
     agui.idle()
     assert agui.runs[-1]["resume"][0]["status"] == "cancelled"
     agui.clean_console()
+
+
+def test_a_rule_decides_a_small_payment_without_an_interrupt(agui: AguiPage) -> None:
+    agui.open()
+    agui.example("pay 3 to Bob")
+    card = agui.tool("process_payment")
+    agui.state(card, "done", "done")
+    agui.sees("A rule of the gateway approved a call automatically.")  # the run's CUSTOM adk_gateway.approval
+    agui.sees("Done: sent 3 USD to Bob")
+    agui.idle()
+    assert len(agui.runs) == 1 and card.get_by_role("button").count() == 0
+    agui.clean_console()
+
+
+def test_a_failed_run_shows_in_the_banner(agui: AguiPage) -> None:
+    agui.open()
+    agui.type("trigger error")
+    banner = agui.page.get_by_role("alert")
+    agui.banner("DEMO_ERROR")
+    agui.banner("(agent_error)")  # RUN_ERROR's code
+    banner.get_by_role("button", name="Dismiss").click()
+    agui.expect("the banner to go", lambda: expect(banner).to_be_hidden())
+    agui.example("hello there")
+    agui.sees('You said: "hello there"')
+    agui.idle()
+    agui.clean_console()

@@ -130,7 +130,7 @@ function decisionNote({ decision, state }) {
   if (!decision) return null;
   if (decision.cancelled) return note('You sent a new message before answering, so the gateway cancelled this call.');
   if (!decision.approved) return note('You denied this call: the tool did not run.');
-  return note(state === 'answered' ? 'You approved this call; it runs once every call above has an answer.' : 'You approved this call.');
+  return note(state === 'answered' ? 'You approved this call; the answer is sent once every waiting call has one.' : 'You approved this call.');
 }
 
 function renderPart(part, actions) {
