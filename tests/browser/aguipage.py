@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from playwright.sync_api import BrowserContext, expect
+from playwright.sync_api import BrowserContext, Locator, expect
 
 from tests.browser.demopage import TIMEOUT_MS, DemoPage
 from tests.procs import GatewayProcess
@@ -29,6 +29,14 @@ class AguiPage(DemoPage):
         """Loads /agui (AG-UI has one transport here: SSE)."""
         self.page.goto(f"{self.gateway.base}/agui")
         self.expect("the AG-UI page to load", lambda: expect(self.page.locator("body[data-status=ready]")).to_be_attached())
+
+    def asks(self, example: str, tool: str, state: str = "waiting-approval", badge: str = "waiting for approval") -> Locator:
+        """Clicks an example and waits for its tool's card to reach `state` (by default, an
+        interrupt waiting for the person's answer); returns the card."""
+        self.example(example)
+        card = self.tool(tool)
+        self.state(card, state, badge)
+        return card
 
     def thread_id(self) -> str:
         return str(self.page.evaluate("demo.thread.id"))

@@ -44,9 +44,7 @@ def test_the_ai_sdk_page_links_here_and_a_plain_reply_streams(agui: AguiPage) ->
 
 def test_approve_a_payment(agui: AguiPage) -> None:
     agui.open()
-    agui.example("pay 50 to Hanako")
-    card = agui.tool("process_payment")
-    agui.state(card, "waiting-approval", "waiting for approval")
+    card = agui.asks("pay 50 to Hanako", "process_payment")
     agui.sees('"recipient": "Hanako"', card)
     agui.sees("Money leaves the account when you approve.", card)  # the policy's hint, the interrupt's message
     agui.idle()
@@ -69,9 +67,7 @@ def test_approve_a_payment(agui: AguiPage) -> None:
 
 def test_deny_a_payment(agui: AguiPage) -> None:
     agui.open()
-    agui.example("pay 50 to Hanako")
-    card = agui.tool("process_payment")
-    agui.state(card, "waiting-approval", "waiting for approval")
+    card = agui.asks("pay 50 to Hanako", "process_payment")
     card.get_by_role("button", name="Deny", exact=True).click()
     agui.state(card, "denied", "denied")
     agui.sees("You denied this call: the tool did not run.", card)
@@ -110,9 +106,7 @@ def test_where_am_i_asks_the_browser_after_approval(agui: AguiPage) -> None:
     agui.context.grant_permissions(["geolocation"], origin=agui.gateway.base)
     agui.context.set_geolocation(TOKYO)
     agui.open()
-    agui.example("where am I")
-    card = agui.tool("get_location")
-    agui.state(card, "waiting-approval", "waiting for approval")
+    card = agui.asks("where am I", "get_location")
     agui.sees("runs in your browser", card)
     card.get_by_role("button", name="Approve", exact=True).click()
     agui.state(card, "done", "done")
@@ -129,9 +123,7 @@ def test_where_am_i_asks_the_browser_after_approval(agui: AguiPage) -> None:
 
 def test_play_track_2_runs_in_the_browser(agui: AguiPage) -> None:
     agui.open()
-    agui.example("play track 2")
-    card = agui.tool("change_bgm")
-    agui.state(card, "done", "done")
+    card = agui.asks("play track 2", "change_bgm", "done", "done")
     agui.sees('"track": 2', card)
     agui.sees("Now playing track 2.")
     agui.expect("the now-playing note", lambda: expect(agui.page.locator("#now-playing")).to_have_text("♪ Track 2"))
@@ -153,9 +145,7 @@ def _decide(gateway: GatewayProcess, chat_id: str, approved: bool) -> None:
 def test_the_supervisors_decide_a_large_refund_while_the_run_waits(agui: AguiPage) -> None:
     agui.open()
     agui.choose_agent("support_agent")
-    agui.example("refund 250 on order 1234")
-    card = agui.tool("issue_refund")
-    agui.state(card, "waiting-approvers", "waiting for the approvers")
+    card = agui.asks("refund 250 on order 1234", "issue_refund", "waiting-approvers", "waiting for the approvers")
     agui.sees("Waiting for the supervisors (rule large_refund)", card)
     assert card.get_by_role("button").count() == 0, "the customer must not be offered the approval"
     agui.expect("the run to stay open", lambda: expect(agui.page.locator("body")).to_have_attribute("data-status", "running"))
@@ -180,9 +170,7 @@ def test_a_refusal_shows_in_the_banner_and_a_new_message_goes_on(agui: AguiPage)
         route.continue_(post_data=json.dumps(body))
 
     agui.open()
-    agui.example("pay 50 to Hanako")
-    card = agui.tool("process_payment")
-    agui.state(card, "waiting-approval", "waiting for approval")
+    card = agui.asks("pay 50 to Hanako", "process_payment")
     agui.page.route("**/ag-ui", tamper)
     card.get_by_role("button", name="Approve", exact=True).click()
     agui.banner("this approval is no longer pending")
@@ -201,9 +189,7 @@ def test_a_refusal_shows_in_the_banner_and_a_new_message_goes_on(agui: AguiPage)
 
 def test_a_rule_decides_a_small_payment_without_an_interrupt(agui: AguiPage) -> None:
     agui.open()
-    agui.example("pay 3 to Bob")
-    card = agui.tool("process_payment")
-    agui.state(card, "done", "done")
+    card = agui.asks("pay 3 to Bob", "process_payment", "done", "done")
     agui.sees("A rule of the gateway approved a call automatically.")  # the run's CUSTOM adk_gateway.approval
     agui.sees("Done: sent 3 USD to Bob")
     agui.idle()
