@@ -209,3 +209,32 @@ def test_a_failed_run_shows_in_the_banner(agui: AguiPage) -> None:
     agui.sees('You said: "hello there"')
     agui.idle()
     agui.clean_console()
+
+
+def test_a_server_call_left_without_a_result_is_not_answered_by_the_page(agui: AguiPage) -> None:
+    """A run that ends `success` without `pendingToolCallIds` makes the client count every call it
+    saw no result for as pending. The page runs only the agent's browser tools: a server call (here
+    issue_refund, in a run the test answers itself) gets no tool message from it, and no new run."""
+    def finished_early(route: Route) -> None:
+        run = json.loads(route.request.post_data or "{}")
+        ids = {"threadId": run["threadId"], "runId": run["runId"]}
+        call = {"toolCallId": "call-1"}
+        events = [
+            {"type": "RUN_STARTED", **ids},
+            {"type": "TOOL_CALL_START", **call, "toolCallName": "issue_refund"},
+            {"type": "TOOL_CALL_ARGS", **call, "delta": '{"order_id": "1234", "amount": 250}'},
+            {"type": "TOOL_CALL_END", **call},
+            {"type": "RUN_FINISHED", **ids, "outcome": {"type": "success"}},
+        ]
+        body = "".join(f"data: {json.dumps(event)}\n\n" for event in events)
+        route.fulfill(status=200, headers={"content-type": "text/event-stream"}, body=body)
+
+    agui.page.route("**/ag-ui", finished_early)
+    agui.open()
+    agui.choose_agent("support_agent")
+    card = agui.asks("refund 250 on order 1234", "issue_refund", "open", "no result")
+    agui.idle()
+    agui.page.wait_for_timeout(500)  # a second run would be on its way by now
+    assert len(agui.runs) == 1, agui.runs
+    agui.lacks("no browser tool named", card)
+    agui.clean_console()

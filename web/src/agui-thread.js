@@ -6,7 +6,7 @@
 // tools (outcome `success` with `pendingToolCallIds`, answered by tool messages on the next run).
 import { HttpAgent, randomUUID } from '@ag-ui/client';
 import { aguiRoute } from './agents.js';
-import { runBrowserTool } from './browser-tools.js';
+import { runBrowserTool, runsInBrowser } from './browser-tools.js';
 
 export const APPROVAL_ACTIVITY = 'adk_gateway.approval';
 
@@ -105,7 +105,7 @@ export class AguiThread {
     try {
       await this.http.runAgent({ ...params, tools: declaredTools(this.agent) }, {
         onRunFinishedEvent: (event) => {
-          if (event.outcome === 'success') pending = event.pendingToolCallIds;
+          if (event.outcome === 'success') pending = this.#browserCalls(event.pendingToolCallIds, event.messages);
         },
         onRunErrorEvent: ({ event }) => {
           this.error = { message: event.message, code: event.code };
@@ -147,6 +147,15 @@ export class AguiThread {
       content: { state: 'automatic', ...event.value },
     };
     return { messages: [...messages, note] };
+  }
+
+  // The calls among `ids` that are the page's to run. Without the run's own list the client counts
+  // every call it started and saw no result for; one the server runs (a refund its approvers have
+  // not decided when the run ended) is left alone, as the AI SDK page leaves it: an answer from the
+  // page would be taken as that call's output.
+  #browserCalls(ids, messages) {
+    const calls = messages.flatMap((message) => message.toolCalls ?? []);
+    return ids.filter((id) => runsInBrowser(this.agent, calls.find((call) => call.id === id)?.function.name));
   }
 
   async #runBrowserTools(ids) {
