@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Route, expect
@@ -39,6 +40,27 @@ def test_the_ai_sdk_page_links_here_and_a_plain_reply_streams(agui: AguiPage) ->
     assert run["threadId"] == agui.thread_id() and run["messages"][-1]["content"] == "hello there"
     # The page declares the agent's browser tools and no others (the gateway refuses any others).
     assert sorted(tool["name"] for tool in run["tools"]) == ["change_bgm", "get_location"]
+    agui.clean_console()
+
+
+def test_switching_agent_starts_a_new_thread_on_its_route(agui: AguiPage) -> None:
+    agui.open()
+    page, first = agui.page, agui.thread_id()
+    agui.example("hello there")
+    agui.sees('You said: "hello there"')
+    agui.idle()
+    agui.choose_agent("support_agent")
+    agui.expect("a new, empty thread", lambda: expect(page.locator("#message-list")).to_be_empty())
+    agui.expect("support_agent's route shown", lambda: expect(page.locator("#endpoint")).to_contain_text("/agents/support_agent/ag-ui"))
+    agui.expect("support_agent's examples", lambda: expect(page.locator(".examples .example:visible")).to_have_text(
+        ["refund 20 on order 1234", "refund 250 on order 1234", "hello there"]))
+    assert agui.thread_id() != first
+    agui.example("hello there")
+    agui.sees('You said: "hello there"')
+    agui.idle()
+    assert [urlsplit(url).path for url in agui.chat_posts] == ["/agents/demo_agent/ag-ui", "/agents/support_agent/ag-ui"]
+    assert agui.runs[1]["threadId"] == agui.thread_id() and len(agui.runs[1]["messages"]) == 1
+    assert agui.runs[1]["tools"] == []  # support_agent hands no tool to the browser
     agui.clean_console()
 
 
