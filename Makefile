@@ -133,8 +133,9 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# The demo page served at / (web/, see docs/demo.md): the AI SDK bundled by esbuild into
-# gateway/static/demo/ (git-ignored), rebuilt when its sources or pinned packages change.
+# The demo pages (web/, see docs/demo.md): the AI SDK page at /, the AG-UI page at /agui (@ag-ui/client)
+# and the approvals inbox, bundled by esbuild into gateway/static/demo/ (git-ignored) in one build,
+# rebuilt when any of their sources (web/src/*) or pinned packages change; app.js stands for the lot.
 $(DEMO_BUNDLE): $(wildcard web/src/*) web/build.mjs web/package.json web/package-lock.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error && node build.mjs
 	touch $@

@@ -146,6 +146,11 @@ async def demo_page(request: web.Request) -> web.StreamResponse:
     return _demo_file("index.html")
 
 
+async def agui_page(request: web.Request) -> web.StreamResponse:
+    """The demo chat over AG-UI (POST /agents/{name}/ag-ui), beside the AI SDK one at `/`."""
+    return _demo_file("agui.html")
+
+
 async def inbox_page(request: web.Request) -> web.StreamResponse:
     """The demo's approvals inbox: a page only; what it lists and decides goes through /api/approvals."""
     return _demo_file("inbox.html")
@@ -340,7 +345,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:
-        app.add_routes([web.get("/", demo_page), web.get("/inbox", inbox_page)])
+        app.add_routes([web.get("/", demo_page), web.get("/agui", agui_page), web.get("/inbox", inbox_page)])
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     # An app on an allowed origin may read the list cross-origin, with its credential in a header.
     app.add_routes([web.get("/api/agents", list_agents), web.options("/api/agents", preflight)])

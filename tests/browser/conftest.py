@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's `chromium`, driven by Playwright for Python) against the demo page.
+"""Headless Chromium (Debian's `chromium`, driven by Playwright for Python) against the demo pages.
 
 One real stack for the whole suite, started as `make run` starts it (`adk-gateway demo` with the
 reference config/gateway.yaml: the stock ADK API server with the gateway plugin serving demo_agent and
@@ -10,6 +10,7 @@ Chromium by path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,11 +21,13 @@ from typing import Any
 import pytest
 from playwright.sync_api import sync_playwright  # the `test` extra: pip install -e '.[test]'
 
+from tests.browser.aguipage import AguiPage
 from tests.browser.demopage import DemoPage
 from tests.procs import ROOT, GatewayProcess, make_run
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 BUNDLE = ROOT / "gateway" / "static" / "demo" / "app.js"
+AGUI_BUNDLE = BUNDLE.with_name("agui.js")  # built with app.js; a bundle from before the AG-UI page lacks it
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -71,16 +74,33 @@ def artifact(request: pytest.FixtureRequest) -> Path:
     return ARTIFACTS / (re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name).strip("_") + ".png")
 
 
-@pytest.fixture
-def demo(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[DemoPage]:
-    """A fresh browser context (so a fresh chat); its screenshot is saved whether the test passed or not."""
+@contextlib.contextmanager
+def _fresh_page(browser: Any, driver: type[DemoPage], gateway: GatewayProcess, artifact: Path) -> Iterator[Any]:
+    """A page driver in a fresh browser context (so a fresh chat); its screenshot is saved whether
+    the test passed or not."""
     context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
     try:
-        page = DemoPage(context, demo_gateway, artifact)
+        page = driver(context, gateway, artifact)
         yield page
         page.screenshot()
     finally:
         context.close()
+
+
+@pytest.fixture
+def demo(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[DemoPage]:
+    """The AI SDK demo page's driver (`/`)."""
+    with _fresh_page(browser, DemoPage, demo_gateway, artifact) as page:
+        yield page
+
+
+@pytest.fixture
+def agui(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[AguiPage]:
+    """The AG-UI demo page's driver (`/agui`)."""
+    if not AGUI_BUNDLE.is_file():
+        raise AssertionError(f"{AGUI_BUNDLE.relative_to(ROOT)} is not built: run `cd web && npm ci && node build.mjs`")
+    with _fresh_page(browser, AguiPage, demo_gateway, artifact) as page:
+        yield page
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,5 +1,5 @@
-"""The demo's pages on the gateway: the chat at `/` and the approvals inbox at `/inbox`, both behind
-`demo.page`, both a JSON 404 when the bundle is not built."""
+"""The demo's pages on the gateway: the AI SDK chat at `/`, the AG-UI chat at `/agui` and the
+approvals inbox at `/inbox`, all behind `demo.page`, all a JSON 404 when the bundle is not built."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.config.schema import parse_config
 from gateway.edge import app as edge_app
 
+PAGES = ["/", "/agui", "/inbox"]
 BASE = "upstream: {url: 'http://127.0.0.1:9', health_interval: 1h}\n"
 
 
@@ -30,24 +31,25 @@ def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     demo = tmp_path / "demo"
     demo.mkdir()
     (demo / "index.html").write_text("<title>chat</title>")
+    (demo / "agui.html").write_text("<title>agui</title>")
     (demo / "inbox.html").write_text("<title>inbox</title>")
     monkeypatch.setattr(edge_app, "STATIC_DIR", tmp_path)
     return demo
 
 
-@pytest.mark.parametrize(("path", "title"), [("/", "chat"), ("/inbox", "inbox")])
-async def test_both_pages_are_served_when_the_demo_is_on(built: Path, path: str, title: str) -> None:
+@pytest.mark.parametrize(("path", "title"), [("/", "chat"), ("/agui", "agui"), ("/inbox", "inbox")])
+async def test_every_page_is_served_when_the_demo_is_on(built: Path, path: str, title: str) -> None:
     status, kind, body = await get(BASE + "demo: {page: true}\n", path)
     assert (status, kind) == (200, "text/html") and f"<title>{title}</title>" in body
 
 
-@pytest.mark.parametrize("path", ["/", "/inbox"])
-async def test_neither_page_exists_when_the_demo_is_off(built: Path, path: str) -> None:
+@pytest.mark.parametrize("path", PAGES)
+async def test_no_page_exists_when_the_demo_is_off(built: Path, path: str) -> None:
     status, kind, _ = await get(BASE, path)
     assert (status, kind) == (404, "application/json")
 
 
-@pytest.mark.parametrize("path", ["/", "/inbox"])
+@pytest.mark.parametrize("path", PAGES)
 async def test_an_unbuilt_page_is_a_json_404_that_says_how_to_build_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
@@ -67,8 +69,8 @@ async def headers_of(path: str) -> dict[str, str]:
         await client.close()
 
 
-@pytest.mark.parametrize("path", ["/", "/inbox"])
-async def test_both_pages_refuse_framing_sniffing_and_any_script_but_their_own(built: Path, path: str) -> None:
+@pytest.mark.parametrize("path", PAGES)
+async def test_every_page_refuses_framing_sniffing_and_any_script_but_their_own(built: Path, path: str) -> None:
     """The inbox shows and decides approvals with an approver's key: a page that framed it could
     trick a click (clickjacking), and a script injected into it would act with the key."""
     headers = await headers_of(path)
@@ -81,7 +83,7 @@ async def test_both_pages_refuse_framing_sniffing_and_any_script_but_their_own(b
     assert headers["X-Content-Type-Options"] == "nosniff"
 
 
-@pytest.mark.parametrize("page", ["index.html", "inbox.html"])
+@pytest.mark.parametrize("page", ["index.html", "agui.html", "inbox.html"])
 def test_the_pages_need_nothing_inline_that_the_policy_refuses(page: str) -> None:
     """What the policy allows is the page's own files: no inline script, style or handler in the
     source the build copies (web/src), so the pages work under it (tests/browser run them)."""

@@ -2,26 +2,14 @@
 // rendering (render.js) to the page's controls.
 import { generateId, getToolName, isToolUIPart } from 'ai';
 import { runBrowserTool, runsInBrowser } from './browser-tools.js';
-import { TRANSPORTS, createChat, loadAgents } from './chat.js';
+import { initialAgent, loadAgents, setParam } from './agents.js';
+import { TRANSPORTS, createChat } from './chat.js';
+import { chatControls, drawOnFrames, nowPlayingNote, showControls } from './chat-page.js';
 import { createMessageList } from './render.js';
 
-const $ = (id) => document.getElementById(id);
-const ui = {
-  list: $('message-list'),
-  empty: $('empty'),
-  form: $('composer'),
-  input: $('input'),
-  send: $('send'),
-  stop: $('stop'),
-  status: $('status'),
-  banner: $('error-banner'),
-  bannerText: $('error-text'),
-  endpoint: $('endpoint'),
-  agent: $('agent'),
-  nowPlaying: $('now-playing'),
-  toggle: [...document.querySelectorAll('[data-transport]')],
-  examples: [...document.querySelectorAll('.example')],
-};
+const ui = { ...chatControls(), toggle: [...document.querySelectorAll('[data-transport]')] };
+const showNowPlaying = nowPlayingNote(ui.nowPlaying);
+const scheduleRender = drawOnFrames(render);
 
 // ?transport=ws opens the page on the WebSocket transport; the toggle switches at any time.
 const params = new URLSearchParams(location.search);
@@ -29,7 +17,7 @@ let transport = params.get('transport') === 'ws' ? 'ws' : 'sse';
 // ?agent=<name> opens the page on that agent, if the gateway lets this caller use it; otherwise
 // on the gateway's default agent. The selector switches at any time, to a fresh chat.
 const agents = await loadAgents();
-let agent = agents.find((a) => a.name === params.get('agent')) ?? agents.find((a) => a.default) ?? agents[0];
+let agent = initialAgent(agents, params);
 ui.agent.replaceChildren(...agents.map((a) => new Option(a.name, a.name)));
 let chat = newChat(generateId(), []);
 
@@ -93,26 +81,11 @@ function switchAgent(name) {
   scheduleRender();
 }
 
-function setParam(key, value) {
-  const url = new URL(location.href);
-  url.searchParams.set(key, value);
-  history.replaceState(null, '', url);
-}
-
 const actions = {
   approve: (part, approved) => void chat.addToolApprovalResponse({ id: part.approval.id, approved }),
   runsInBrowser: (toolName) => runsInBrowser(agent, toolName),
 };
 const renderMessages = createMessageList(ui.list, actions);
-
-let nowPlayingTimer;
-function showNowPlaying(title, description) {
-  ui.nowPlaying.textContent = `♪ ${title}`;
-  ui.nowPlaying.title = description;
-  ui.nowPlaying.hidden = false;
-  clearTimeout(nowPlayingTimer);
-  nowPlayingTimer = setTimeout(() => (ui.nowPlaying.hidden = true), 4000);
-}
 
 // What the chat is waiting for, in words.
 function statusText() {
@@ -128,37 +101,21 @@ function statusText() {
   return '';
 }
 
-let frame = 0;
-function scheduleRender() {
-  frame ||= requestAnimationFrame(render);
-}
-
 function render() {
-  frame = 0;
-  const atBottom = innerHeight + scrollY >= document.body.scrollHeight - 40;
   renderMessages(chat.messages);
   ui.empty.hidden = chat.messages.length > 0;
   ui.status.textContent = statusText();
-  ui.send.disabled = busy();
   ui.stop.hidden = !busy();
   ui.banner.hidden = !chat.error;
   ui.bannerText.textContent = chat.error?.message ?? '';
   ui.endpoint.textContent = TRANSPORTS[transport].label(agent);
-  ui.agent.value = agent.name;
-  ui.agent.disabled = busy();
-  for (const button of ui.examples) {
-    // Examples marked with data-agent are that agent's; unmarked ones suit any agent.
-    button.hidden = Boolean(button.dataset.agent) && button.dataset.agent !== agent.name;
-    button.disabled = busy();
-  }
+  showControls(ui, { agentName: agent.name, busy: busy() });
   for (const button of ui.toggle) {
     button.setAttribute('aria-checked', String(button.dataset.transport === transport));
     button.disabled = busy();
   }
   document.body.dataset.status = chat.status; // for tests and styling
   document.body.dataset.transport = transport;
-  document.body.dataset.agent = agent.name;
-  if (atBottom) scrollTo(0, document.body.scrollHeight);
 }
 
 ui.form.addEventListener('submit', (event) => {
@@ -166,8 +123,8 @@ ui.form.addEventListener('submit', (event) => {
   send(ui.input.value);
 });
 ui.stop.addEventListener('click', () => void chat.stop());
-$('error-dismiss').addEventListener('click', () => chat.clearError());
-$('new-chat').addEventListener('click', () => {
+ui.errorDismiss.addEventListener('click', () => chat.clearError());
+ui.newChat.addEventListener('click', () => {
   const old = chat;
   chat = newChat(generateId(), []);
   void old.dispose();
@@ -178,4 +135,4 @@ for (const button of ui.toggle) button.addEventListener('click', () => switchTra
 ui.agent.addEventListener('change', () => switchAgent(ui.agent.value));
 
 window.demo = { get chat() { return chat; } }; // for the console: demo.chat.messages
-render();
+scheduleRender();

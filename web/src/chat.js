@@ -50,25 +50,6 @@ export class Chat extends AbstractChat {
   }
 }
 
-// The agent a gateway without GET /api/agents serves: one, on the original routes.
-export const FALLBACK_AGENT = { name: 'demo_agent', default: true, api: '/api/chat', ws: '/api/chat/ws' };
-
-// The agents this page may talk to, from GET /api/agents: `{default, agents: [{name, api, ws, browser_tools}]}`,
-// only those the caller may use. Any failure (an older gateway answers 404) means the one
-// default agent on the original routes.
-export async function loadAgents() {
-  try {
-    const response = await fetch('/api/agents', { headers: { accept: 'application/json' }, signal: AbortSignal.timeout(5000) });
-    if (!response.ok) throw new Error(`GET /api/agents: ${response.status}`);
-    const { agents } = await response.json();
-    const usable = (agents ?? []).filter((agent) => agent?.name && agent.api && agent.ws);
-    if (usable.length) return usable;
-  } catch (error) {
-    console.info('Using the default agent only:', error.message);
-  }
-  return [FALLBACK_AGENT];
-}
-
 const withQuery = (url, key, value) => `${url}${url.includes('?') ? '&' : '?'}${key}=${value}`;
 
 // The gateway assumes an ai 6 client unless told otherwise; this page runs ai 7, so it says so.

@@ -1,6 +1,7 @@
 // Plain DOM rendering of the chat's messages. A message element is rebuilt only when the SDK
 // replaced that message (the state class stores a new object per change), so a long chat stays cheap.
 import { getToolName, isToolUIPart } from 'ai';
+import { approverNoteText } from './approvers.js';
 import { el, json } from './dom.js';
 
 const FINAL_STATES = new Set(['output-available', 'output-error', 'output-denied']);
@@ -87,14 +88,7 @@ function decidedElsewhere(part) {
 
 // A call its approvers decide: whom it waits for, then who decided (`data-approval`, ai 6 and ai 7).
 function renderApprovalWait({ data }) {
-  const rule = data.rule ? ` (rule ${data.rule})` : '';
-  const text =
-    data.state === 'waiting'
-      ? `Waiting for the ${data.approvers}${rule}: they decide in the approvals inbox.`
-      : data.state === 'decided'
-        ? `${data.approved ? 'Approved' : 'Denied'} by ${(data.by ?? []).join(', ') || 'the approvers'}${data.reason ? `: ${data.reason}` : ''}.`
-        : `No decision from the ${data.approvers}: ${data.state}.`;
-  return el('p', { class: 'tool-note', 'data-approval-state': data.state }, text);
+  return el('p', { class: 'tool-note', 'data-approval-state': data.state }, approverNoteText(data));
 }
 
 function renderPart(part, actions, superseded) {
