@@ -1014,7 +1014,9 @@ def _gateway_paths(tmp_path: Path) -> tuple[list[str], list[str]]:
     _env(objects, GATEWAY, "METRICS_LISTENER", "public")
     config = gateway_config(objects, tmp_path)
     routes = [_concrete(r.canonical) for r in create_app(config).router.resources()]
-    browser = [r for r in routes if r.startswith(("/api/", "/agents/"))]
+    # The browser's routes: both protocols' (AG-UI's default agent at /ag-ui) and the approvals API.
+    browser = [r for r in routes if r.startswith(("/api/", "/agents/")) or r == "/ag-ui"]
+    assert "/ag-ui" in browser
     return browser, [config.metrics.path, "/internal/v1/reload", "/internal/v1/tool-calls"]
 
 

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .agui_stream import split_interrupt_id
+from .agui_interrupts import split_interrupt_id
 from .chat_request import CHAT_ID_PATTERN, ChatRequest, InvalidRequest, parse_chat_body, plan_turn
 
 __all__ = ["AguiInput", "parse_run_input"]

@@ -24,48 +24,19 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
-__all__ = [
-    "APPROVAL_ACTIVITY",
-    "AguiEvent",
-    "AguiStream",
-    "Phase",
-    "RESPONSE_SCHEMA",
-    "interrupt_id",
-    "split_interrupt_id",
-]
+from .agui_interrupts import interrupt
+
+__all__ = ["APPROVAL_ACTIVITY", "AguiEvent", "AguiStream", "Phase"]
 
 AguiEvent = dict[str, Any]
 
 PROTOCOL_VERSION: Final = "1.0"
 # The activity a call its approvers decide shows as, and the custom event of a rule's decision.
 APPROVAL_ACTIVITY: Final = "adk_gateway.approval"
-# What a resume's payload answers to an approval interrupt.
-RESPONSE_SCHEMA: Final = {
-    "type": "object",
-    "properties": {"approved": {"type": "boolean"}, "reason": {"type": "string"}},
-    "required": ["approved"],
-    "additionalProperties": False,
-}
-# An interrupt's id names the approval and the call: a resume carries only the id, and the chat's
-# answer (chat_request's approval-responded part) needs both. Neither id ever holds this character.
-_ID_SEPARATOR: Final = ":"
-
-
-def interrupt_id(approval_id: str, tool_call_id: str) -> str:
-    return f"{approval_id}{_ID_SEPARATOR}{tool_call_id}"
-
-
-def split_interrupt_id(value: str) -> tuple[str, str] | None:
-    """(approval id, tool call id) of an interrupt id this gateway made, or None."""
-    approval_id, sep, tool_call_id = value.partition(_ID_SEPARATOR)
-    return (approval_id, tool_call_id) if sep and approval_id and tool_call_id else None
-
-
 class Phase(enum.Enum):
     """Where the run is: only RUNNING takes chunks; either end takes nothing more."""
 
@@ -109,6 +80,8 @@ class AguiStream:
         self._calls: dict[str, _Call] = {}
         # Approvals the chatting user answers, still open: approval id -> interrupt.
         self._asked: dict[str, AguiEvent] = {}
+        # Approvals decided without them (a rule, approvers): approval id -> the call and the rule.
+        self._decided: dict[str, dict[str, str]] = {}
         # Browser tools handed over (their input is available) and not answered in this run.
         self._handed: dict[str, None] = {}
         self._usage: dict[str, dict[str, int]] = {}  # model -> AG-UI TokenUsage counts
@@ -324,22 +297,17 @@ class AguiStream:
         descriptor = chunk.get("approvalDescriptor")
         descriptor = descriptor if isinstance(descriptor, dict) else {}
         if chunk.get("isAutomatic") or descriptor.get("approvers"):
-            return  # decided without the chatting user: its response says how (below)
+            # Decided without the chatting user: its response says how (below), naming call and rule.
+            rule = descriptor.get("rule")
+            self._decided[approval_id] = {"toolCallId": call_id, **({"rule": rule} if isinstance(rule, str) else {})}
+            return
         out += self._close()
         self._end_call(out, call_id)
         tool = self._calls[call_id].name if call_id in self._calls else ""
-        hint = descriptor.get("hint")
-        interrupt: AguiEvent = {
-            "id": interrupt_id(approval_id, call_id), "reason": "tool_approval", "toolCallId": call_id,
-            "message": hint if isinstance(hint, str) and hint else f"Approve the call to {tool or 'this tool'}?",
-            "responseSchema": RESPONSE_SCHEMA,
-            "metadata": {"approvalId": approval_id, **({"tool": tool} if tool else {})},
-        }
         timeout = self._timeout_of(tool) if tool else None
-        if timeout is not None:
-            expires = datetime.fromtimestamp(self._now + timeout, UTC)
-            interrupt["expiresAt"] = expires.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        self._asked[approval_id] = interrupt
+        self._asked[approval_id] = interrupt(
+            approval_id, call_id, tool, descriptor.get("hint"), None if timeout is None else self._now + timeout,
+        )
         # Not handed to the browser before the person approves (the AI SDK route withholds it too).
         self._handed.pop(call_id, None)
 
@@ -347,7 +315,8 @@ class AguiStream:
         approval_id = str(chunk.get("approvalId", ""))
         if self._asked.pop(approval_id, None) is not None:
             return  # the person's own answer, echoed back
-        value: dict[str, Any] = {"approvalId": approval_id, "approved": bool(chunk.get("approved"))}
+        value: dict[str, Any] = {"approvalId": approval_id, **self._decided.pop(approval_id, {}),
+                                 "approved": bool(chunk.get("approved"))}
         if isinstance(chunk.get("reason"), str):
             value["reason"] = chunk["reason"]
         out += self._close()

@@ -200,7 +200,8 @@ async def list_agents(request: web.Request) -> web.Response:
     config = gateway.config
     agents = [
         {"name": name, "default": name == config.default, "mode": agent.upstream.mode,
-         "api": f"/agents/{name}/api/chat", "ws": f"/agents/{name}/api/chat/ws", "browser_tools": agent.browser_tools}
+         "api": f"/agents/{name}/api/chat", "ws": f"/agents/{name}/api/chat/ws", "ag_ui": f"/agents/{name}/ag-ui",
+         "browser_tools": agent.browser_tools}
         for name, agent in config.agents.items() if gateway.auth.may_use(identity, agent.access)
     ]
     return web.json_response({"default": config.default, "agents": agents})

@@ -271,10 +271,13 @@ def check_rule_rows(demo: Demo, rows: dict[str, dict]) -> None:
         assert outcomes(result) == ["success"], outcomes(result)
     [ran] = events(small, "CUSTOM")
     assert ran["name"] == "adk_gateway.approval" and ran["value"]["approved"] is True, ran
+    [paid] = [m for m in small["messages"] if m["role"] == "tool"]
+    assert ran["value"]["rule"] == "small" and ran["value"]["toolCallId"] == paid["toolCallId"], ran
     assert results(small)[0][1]["success"] is True and "Hanako" in said(small)
     assert [run["args"]["amount"] for run in demo.executions(small)] == [2]
     [refused] = events(large, "CUSTOM")
-    assert refused["value"] == {"approvalId": refused["value"]["approvalId"], "approved": False,
+    assert refused["value"] == {"approvalId": refused["value"]["approvalId"], "approved": False, "rule": "too_large",
+                                "toolCallId": refused["value"]["toolCallId"],
                                 "reason": "Payments of 10,000 or more are refused."}, refused
     assert results(large) == [("process_payment", {"denied": True})]
     assert demo.executions(large) == [], "a payment the rule refused ran"

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.agui_stream import APPROVAL_ACTIVITY, RESPONSE_SCHEMA, AguiStream, Phase, interrupt_id, split_interrupt_id
+from gateway.core.agui_interrupts import RESPONSE_SCHEMA, interrupt_id, split_interrupt_id
+from gateway.core.agui_stream import APPROVAL_ACTIVITY, AguiStream, Phase
 
 NOW = 1_800_000_000.0
 
@@ -155,7 +156,8 @@ def test_a_rules_automatic_decision_is_a_custom_event_not_an_interrupt() -> None
               {"type": "tool-output-available", "toolCallId": "c1", "output": {"success": True}}]
     _, out = _run(*chunks)
     [custom] = [e for e in out if e["type"] == "CUSTOM"]
-    assert custom == {"type": "CUSTOM", "name": APPROVAL_ACTIVITY, "value": {"approvalId": "gw-1", "approved": True}}
+    assert custom == {"type": "CUSTOM", "name": APPROVAL_ACTIVITY,
+                      "value": {"approvalId": "gw-1", "toolCallId": "c1", "rule": "small", "approved": True}}
     assert out[-1]["outcome"] == {"type": "success"}
 
 
