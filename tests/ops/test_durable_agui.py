@@ -36,13 +36,15 @@ import pytest
 
 from tests.jsdriver import check_agui_streams
 from tests.ops.checks import Browser, Stream, new_chat
-from tests.ops.stack import Replicas, Upstream, payment_responses, replicas, wait_until
-from tests.ops.test_durable_approvals import Rig, confirm_stack, kill, restart_adk, rolling_restart
+from tests.ops.stack import Replicas, Upstream, adk_events, payment_responses, replicas, wait_until
+from tests.ops.test_durable_approvals import Rig, confirm_stack, everything_at_once, kill, restart_adk, rolling_restart
 from tests.ops.test_durable_approver_calls import APPROVERS, approvers_api, listed, tools_with_supervisors
 
 pytestmark = [pytest.mark.integration, pytest.mark.js, pytest.mark.timeout(240)]
 
 Events = list[dict[str, Any]]
+LOCATION_TOOL = {"name": "get_location", "description": "Where the person is.", "parameters": {"type": "object", "properties": {}}}
+HERE = {"latitude": 35.68, "longitude": 139.76}
 
 
 def thread_after(messages: list[dict[str, Any]], events: Events) -> list[dict[str, Any]]:
@@ -63,6 +65,8 @@ def thread_after(messages: list[dict[str, Any]], events: Events) -> list[dict[st
         elif kind == "TEXT_MESSAGE_CONTENT":
             by_id[event["messageId"]]["content"] += event["delta"]
         elif kind == "TOOL_CALL_START":
+            if any(c["id"] == event["toolCallId"] for m in out for c in m.get("toolCalls", [])):
+                continue  # a call of an earlier run, announced again when it is handed over
             parent = by_id.get(event.get("parentMessageId") or "")
             if parent is None or parent["role"] != "assistant":
                 parent = {"id": event.get("parentMessageId") or event["toolCallId"], "role": "assistant"}
@@ -105,8 +109,12 @@ class Client:
     url: str
     thread: str = field(default_factory=new_chat)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    runs: list[Events] = field(default_factory=list)
+    # Each run: the thread the client held before it, and its events.
+    runs: list[tuple[list[dict[str, Any]], Events]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)
+    # The frontend tools the page declares (HttpAgent's `tools`).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    _before: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def open(self, *, text: str | None = None, resume: list[dict[str, Any]] | None = None, total: float = 30) -> Stream:
         """POST the next run (the thread so far, plus `text` as the user's message), not yet read."""
@@ -115,10 +123,11 @@ class Client:
         body: dict[str, Any] = {
             "threadId": self.thread, "runId": "run-" + secrets.token_hex(4),
             "messages": [m for m in self.messages if m["role"] != "activity"],
-            "tools": [], "context": [], "state": {}, "forwardedProps": {},
+            "tools": self.tools, "context": [], "state": {}, "forwardedProps": {},
         }
         if resume is not None:
             body["resume"] = resume
+        self._before = json.loads(json.dumps(self.messages))
         stream = Browser(total=total).open(self.url, "POST", "/ag-ui", body, headers={"Accept": "text/event-stream"})
         assert stream.status == 200 and stream.headers["content-type"] == "text/event-stream", (stream.status, stream.body)
         return stream
@@ -126,7 +135,7 @@ class Client:
     def done(self, stream: Stream) -> Events:
         """Read the run to its end; the thread and the pending interrupts as the client keeps them."""
         events = stream.rest().chunks
-        self.runs.append(events)
+        self.runs.append((self._before, events))
         self.messages = thread_after(self.messages, events)
         end = events[-1]
         self.pending = end["outcome"].get("interrupts", []) if end["type"] == "RUN_FINISHED" else []
@@ -140,17 +149,14 @@ class Client:
         return [{"interruptId": i["id"], "status": "resolved", "payload": {"approved": approved}} for i in self.pending]
 
 
-def assert_ag_ui_clean(*clients: Client) -> None:
+def assert_ag_ui_clean(client: Client) -> None:
     """Each run's events pass `@ag-ui/core`'s schemas and `@ag-ui/client`'s pipeline (one Node
-    call), and the client's own assembly of each thread's first run is what was posted back."""
-    runs = [(client, i, events) for client in clients for i, events in enumerate(client.runs)]
-    results = check_agui_streams([events for _, _, events in runs])
-    for (client, i, events), result in zip(runs, results):
+    call), and after each run the client holds the thread this one posted next (`thread_after`)."""
+    results = check_agui_streams([events for _, events in client.runs], [before for before, _ in client.runs])
+    for i, ((before, events), result) in enumerate(zip(client.runs, results)):
         where = (client.thread, i, [e["type"] for e in events])
         assert result["schemaErrors"] == [] and result["verifyError"] is None and result["runError"] is None, (where, result)
-        if i == 0:
-            posted = [m for m in thread_after([], events) if m["role"] != "user"]
-            assert result["messages"] == posted, (where, result["messages"], posted)
+        assert result["messages"] == thread_after(before, events), (where, result["messages"])
 
 
 def ask_payment(rig: Rig, amount: int) -> tuple[Client, str]:
@@ -178,7 +184,7 @@ def assert_paid_once(r: Replicas, client: Client, times: int) -> None:
 
 def assert_replay_refused(client: Client, resume: list[dict[str, Any]]) -> None:
     """The same resume again (a retry, a second tab): RUN_STARTED then RUN_ERROR approval_gone."""
-    events = client.open(resume=resume).rest().chunks
+    events = client.run(resume=resume)
     assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_ERROR"], events
     assert events[-1]["code"] == "approval_gone", events
 
@@ -194,6 +200,7 @@ FAULTS: dict[str, Callable[[Rig, str], None]] = {
     "kill_9": _owner_killed,
     "rolling_restart": lambda rig, _owner: rolling_restart(rig.r),
     "adk_restart": lambda rig, _owner: restart_adk(rig.r),
+    "everything_at_once": lambda rig, _owner: everything_at_once(rig.r),
 }
 
 
@@ -202,6 +209,7 @@ FAULTS: dict[str, Callable[[Rig, str], None]] = {
     ("kill_9", False),
     pytest.param("rolling_restart", True, marks=pytest.mark.chaos),
     pytest.param("adk_restart", True, marks=pytest.mark.chaos),
+    pytest.param("everything_at_once", True, marks=pytest.mark.chaos),
 ])
 def test_an_interrupt_survives_the_fault(tmp_path: Path, on_sqlite: Upstream, fault: str, approved: bool) -> None:
     with confirm_stack(tmp_path, on_sqlite) as rig:
@@ -225,6 +233,40 @@ def test_an_interrupt_survives_the_fault(tmp_path: Path, on_sqlite: Upstream, fa
         assert_paid_once(r, client, 1 if approved else 0)
         assert_replay_refused(client, resume)
         assert_paid_once(r, client, 1 if approved else 0)
+        assert_ag_ui_clean(client)
+
+
+# ---- a browser tool across two deaths -----------------------------------------------------------
+
+
+def test_a_browser_tool_is_asked_handed_over_and_answered_on_three_processes(tmp_path: Path, on_sqlite: Upstream) -> None:
+    """get_location: approved (an interrupt) after the replica that asked was killed, handed to the
+    browser by the survivor (pendingToolCallIds), which is killed in turn before the browser's
+    output arrives, through the balancer, at the first replica started again: the run ends with
+    the model's words on the browser's output, which ADK recorded once."""
+    with confirm_stack(tmp_path, on_sqlite) as rig:
+        r = rig.r
+        client = Client(rig.front_url, tools=[LOCATION_TOOL])
+        before = dict(rig.front.connections)
+        outcome = finished(client.run(text="where am I"))
+        asked = next(name for name in ("a", "b") if rig.front.connections[name] > before.get(name, 0))
+        assert outcome["type"] == "interrupt" and outcome["interrupts"][0]["metadata"]["tool"] == "get_location", outcome
+        call_id = outcome["interrupts"][0]["toolCallId"]
+        kill(r.replica(asked))
+        outcome = finished(client.run(resume=client.answer(True)))
+        assert outcome == {"type": "success", "pendingToolCallIds": [call_id]}, outcome
+        r.start_again(asked)
+        kill(r.replica("ab".replace(asked, "")))
+        client.messages.append({"id": "t-" + secrets.token_hex(4), "role": "tool", "toolCallId": call_id,
+                                "content": json.dumps(HERE)})
+        events = client.run()
+        assert finished(events) == {"type": "success"}, events
+        assert "You are at latitude 35.68, longitude 139.76." in [m.get("content") for m in client.messages], client.messages
+        # ADK's own record of the call: the plugin's placeholder while it waited, then the output, once.
+        recorded = [p["functionResponse"]["response"] for e in adk_events(r.adk, client.thread, r.user)
+                    for p in (e.get("content") or {}).get("parts") or []
+                    if p.get("functionResponse", {}).get("name") == "get_location"]
+        assert [response for response in recorded if "error" not in response] == [HERE], recorded
         assert_ag_ui_clean(client)
 
 
