@@ -290,9 +290,11 @@ def test_a_browser_tool_is_asked_handed_over_and_answered_on_three_processes(tmp
 # ---- an approvers' call across replicas --------------------------------------------------------
 
 
-def test_an_approvers_call_continues_the_open_run_across_replicas(tmp_path: Path, on_sqlite: Upstream) -> None:
+@pytest.mark.parametrize("fault", ["none", *(pytest.param(f, marks=pytest.mark.chaos) for f in ("adk_restart", "b_killed"))])
+def test_an_approvers_call_continues_the_open_run_across_replicas(tmp_path: Path, on_sqlite: Upstream, fault: str) -> None:
     """A payment the supervisors decide (quorum 2): the run on A shows the waiting activity and stays
-    open; both vote on B; A's open run streams the continuation and ends success; paid once."""
+    open (through an ADK restart on SQLite, `adk_restart`, or B killed -9 and started again,
+    `b_killed`); both vote on B; A's open run streams the continuation and ends success; paid once."""
     with replicas(tmp_path, on=on_sqlite, approvals="confirm", tools=tools_with_supervisors(), extra=APPROVERS) as r:
         client = Client(r.a.base)
         stream = client.open(text="pay 2500 to Hanako", total=60)
@@ -300,6 +302,11 @@ def test_an_approvers_call_continues_the_open_run_across_replicas(tmp_path: Path
         assert waiting["activityType"] == "adk_gateway.approval" and waiting["content"]["state"] == "waiting", waiting
         approval = wait_until(lambda: listed(r.b.base, 1).get(client.thread), "the approval listed on B")
         assert not stream.ended and r.ledger.of(client.thread) == []
+        if fault == "adk_restart":
+            restart_adk(r)
+        elif fault == "b_killed":
+            kill(r.b)
+            r.start_again("b")
         for who in ("sup1", "sup2"):
             vote = approvers_api(r.b.base, "POST", f"/api/approvals/{approval['id']}", who, {"approved": True})
             assert vote.status == 200, vote.body
