@@ -1,6 +1,6 @@
 """Issue 40's fault rows: an AG-UI interrupt outlives the replica that asked it, a rolling restart, an
 ADK restart and all of them at once; a browser tool outlives two replicas; an approvers' call waits
-across replicas. On the rig of test_durable_approvals.py.
+across replicas and outlives them. On the rig of test_durable_approvals.py.
 
 Replicas A and B on a real redis-server, the stock ADK API server with the plugin behind a balancer,
 ADK on a SQLite session file (the suite's `on_sqlite`), the agent in confirm mode, and the browsers'
@@ -20,8 +20,10 @@ the thread this one posted next.
   on the other, which hands it to the browser (pendingToolCallIds) and is killed in turn; the
   browser's tool message reaches the first one started again, and ADK has the output once.
 - An approvers' call (a payment above 1,000, the supervisors', quorum 2): the run shows the
-  activity and stays open; both supervisors decide through `/api/approvals` on the other
-  replica; the open run receives the continuation and ends success; the payment ran once.
+  activity and stays open (through an ADK restart, or the other replica's death); both
+  supervisors decide through `/api/approvals` on the other replica; the open run receives the
+  continuation and ends success; the payment ran once. If instead the replica holding the run
+  dies, the decision still runs the payment once and the thread goes on.
 """
 
 from __future__ import annotations
@@ -319,6 +321,33 @@ def test_an_approvers_call_continues_the_open_run_across_replicas(tmp_path: Path
         assert decided["content"]["state"] == "decided", decided
         result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
         assert json.loads(result["content"])["success"] is True, result
+        assert_paid_once(r, client, 1)
+        assert_ag_ui_clean(client)
+        r.ledger.assert_no_double_execution()
+
+
+@pytest.mark.chaos
+def test_an_approvers_call_outlives_the_replica_holding_its_open_run(tmp_path: Path, on_sqlite: Upstream) -> None:
+    """A is killed (-9) while its AG-UI run waits for the supervisors: the client's connection drops
+    (AG-UI has no reconnect, docs/ag-ui.md). Their votes on B still decide the call, which runs once;
+    the thread goes on with the person's next message, on B, and nothing runs again."""
+    with replicas(tmp_path, on=on_sqlite, approvals="confirm", tools=tools_with_supervisors(), extra=APPROVERS) as r:
+        client = Client(r.a.base)
+        stream = client.open(text="pay 2500 to Hanako", total=60)
+        stream.until(lambda e: e["type"] == "ACTIVITY_SNAPSHOT")
+        approval = wait_until(lambda: listed(r.b.base, 1).get(client.thread), "the approval listed on B")
+        kill(r.a)
+        dropped = stream.rest().chunks
+        assert not {"RUN_FINISHED", "RUN_ERROR"} & {e["type"] for e in dropped}, dropped
+        client.messages = thread_after(client.messages, dropped)
+        for who in ("sup1", "sup2"):
+            vote = approvers_api(r.b.base, "POST", f"/api/approvals/{approval['id']}", who, {"approved": True})
+            assert vote.status == 200, vote.body
+        assert vote.json()["outcome"] == "approved", vote.body
+        wait_until(lambda: r.ledger.of(client.thread), "the payment, run by B", 20)
+        client.url = r.b.base
+        events = client.run(text="what is the weather in Tokyo")
+        assert finished(events) == {"type": "success"} and "in Tokyo" in json.dumps(events), events
         assert_paid_once(r, client, 1)
         assert_ag_ui_clean(client)
         r.ledger.assert_no_double_execution()
