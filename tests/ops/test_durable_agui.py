@@ -17,7 +17,7 @@ the thread this one posted next.
   first is gone): the run ends success with the payment's result; ADK's tool ledger shows the
   payment ran exactly once (none when denied); the same resume again is refused (approval_gone).
 - A browser tool (get_location, approved first): asked on one replica, which is killed; approved
-  on the other, which hands it to the browser (pendingToolCallIds) and is killed in turn; the
+  on the other, which hands it to the browser (pendingToolCallIds) and is killed at once; the
   browser's tool message reaches the first one started again, and ADK has the output once.
 - An approvers' call (a payment above 1,000, the supervisors', quorum 2): the run shows the
   activity and stays open (through an ADK restart, or the other replica's death); both
@@ -197,12 +197,12 @@ def assert_replay_refused(client: Client, resume: list[dict[str, Any]]) -> None:
 # ---- an interrupt across the fault -------------------------------------------------------------
 
 
-def resumed(client: Client, resume: list[dict[str, Any]]) -> Events:
-    """The resume's run, sent again as a person would while it is refused "retry in a moment": for
+def sent(client: Client, **run: Any) -> Events:
+    """The run, sent again as a person would while it is refused "retry in a moment": for
     `owner_timeout` after every replica was down, a chat whose owner has no heartbeat is not taken
     over (docs/scaling.md, "settling"; test_durable_approvals.race)."""
     for _ in range(20):
-        events = client.run(resume=resume)
+        events = client.run(**run)
         if events[-1].get("code") != "sessions_unavailable":
             return events
         time.sleep(0.25)
@@ -237,7 +237,7 @@ def test_an_interrupt_survives_the_fault(tmp_path: Path, on_sqlite: Upstream, fa
         FAULTS[fault](rig, owner)
         resume, call_id = client.answer(approved), client.pending[0]["toolCallId"]
         before = dict(rig.front.connections)
-        events = resumed(client, resume)
+        events = sent(client, resume=resume)
         if fault == "kill_9":  # the balancer's health check in miniature sent it to the survivor
             assert rig.front.connections - collections.Counter(before) == {"ab".replace(owner, ""): 1}
         outcome = finished(events)
@@ -260,9 +260,10 @@ def test_an_interrupt_survives_the_fault(tmp_path: Path, on_sqlite: Upstream, fa
 
 def test_a_browser_tool_is_asked_handed_over_and_answered_on_three_processes(tmp_path: Path, on_sqlite: Upstream) -> None:
     """get_location: approved (an interrupt) after the replica that asked was killed, handed to the
-    browser by the survivor (pendingToolCallIds), which is killed in turn before the browser's
-    output arrives, through the balancer, at the first replica started again: the run ends with
-    the model's words on the browser's output, which ADK recorded once."""
+    browser by the survivor (pendingToolCallIds), which is killed in turn as soon as it answered;
+    the browser's output reaches, through the balancer, the first replica started again (sent
+    again while the replicas settle), which knows the approval only from the chat's kept state:
+    the run ends with the model's words on the browser's output, which ADK recorded once."""
     with confirm_stack(tmp_path, on_sqlite) as rig:
         r = rig.r
         client = Client(rig.front_url, tools=[LOCATION_TOOL])
@@ -274,11 +275,11 @@ def test_a_browser_tool_is_asked_handed_over_and_answered_on_three_processes(tmp
         kill(r.replica(asked))
         outcome = finished(client.run(resume=client.answer(True)))
         assert outcome == {"type": "success", "pendingToolCallIds": [call_id]}, outcome
-        r.start_again(asked)
         kill(r.replica("ab".replace(asked, "")))
+        r.start_again(asked)
         client.messages.append({"id": "t-" + secrets.token_hex(4), "role": "tool", "toolCallId": call_id,
                                 "content": json.dumps(HERE)})
-        events = client.run()
+        events = sent(client)
         assert finished(events) == {"type": "success"}, events
         assert "You are at latitude 35.68, longitude 139.76." in [m.get("content") for m in client.messages], client.messages
         # ADK's own record of the call: the plugin's placeholder while it waited, then the output, once.

@@ -455,3 +455,25 @@ async def test_a_browser_tools_approval_read_from_adks_session_is_kept_for_an_ou
     assert any(c.get("delta") == "Paid." for c in done)
     assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
     await b.close()
+
+
+async def test_a_browser_tools_hand_over_ends_only_once_the_approval_is_kept() -> None:
+    """The hand-over's response ends after the chat's state holding the approval is written: the
+    replica may die the moment the browser reads that end (an AG-UI client's tool message carries
+    no approval, so the kept state is then its only record)."""
+    from gateway.cluster.state_keeper import StateKeeper
+    from gateway.cluster.tasks import Tasks
+
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
+    chats, _ = service(adk, wall, browser=True)
+    StateKeeper(MemoryState("a", hub), chats, Tasks(), timeout=1.0)
+    first = await ask(chats)
+    answer = approval_of(first)
+    handed = await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"]))
+    kept = await MemoryState("b", hub).get_chat_state("alice", "chat-1")  # nothing awaited in between
+    assert kept is not None, "the hand-over returned before its state was kept"
+    [confirmation] = kept["ledger"]["confirmations"]
+    assert confirmation["approval_id"] == CONFIRM_ID and confirmation["approved_at"] is not None, confirmation
+    assert {"type": "tool-input-available", "toolCallId": "call-1"}.items() <= next(
+        c for c in await read(handed) if c["type"] == "tool-input-available").items()
+    await chats.close()
