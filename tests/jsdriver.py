@@ -226,11 +226,17 @@ def check_streams(cases: list[dict]) -> list[dict]:
     return _check_with("check-stream.mjs", cases)
 
 
-def check_agui_streams(streams: list[list[dict]]) -> list[dict]:
+def check_agui_streams(streams: list[list[dict]], threads: list[list[dict]] | None = None) -> list[dict]:
     """Run AG-UI event streams through `@ag-ui/core`'s schemas and `@ag-ui/client`'s pipeline
     (tests/js/check-agui.mjs). Each result is `{"schemaErrors": [...], "verifyError": str | None,
-    "runError": str | None, "runErrorEvent": <RUN_ERROR's message> | None, "messages": [...]}`."""
-    return _check_with("check-agui.mjs", [{"events": events} for events in streams])
+    "runError": str | None, "runErrorEvent": <RUN_ERROR's message> | None, "messages": [...]}`:
+    the messages the client holds after the run, from `threads[i]` (what it held before; none
+    without `threads`)."""
+    if threads is not None and len(threads) != len(streams):
+        raise ValueError("one thread per stream")
+    return _check_with("check-agui.mjs", [
+        {"events": events, "messages": threads[i] if threads is not None else []} for i, events in enumerate(streams)
+    ])
 
 
 class StreamChecker:

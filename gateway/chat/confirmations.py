@@ -229,9 +229,11 @@ class NativeConfirmations:
         run.end_response(now)
         chat.run = run
         for call in calls:
-            for approved in chat.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall())):
+            for approved in chat.handle(BrowserToolApproved(call.approval_id, now, self._timeouts.wall(), call)):
                 assert isinstance(approved, BrowserApproved)
                 pending = approved.confirmation
+                if approved.learnt:  # waiting here now, as a restored one is; counted down just below
+                    self._metrics.approvals_pending.labels(chat.agent).inc()
                 self.observe_native(chat, pending, "approved", now)
                 log.info("approval_answered", approval_id=call.approval_id, tool=call.tool, outcome="approved")
                 deadline = self._timeouts.approved(chat, pending)

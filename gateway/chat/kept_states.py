@@ -5,7 +5,8 @@ The chat's machine writes its state as plain JSON (`ChatMachine.snapshot`: its l
 `sessions.backend: redis` the cluster keeps it in the shared store (cluster/shared.py
 `put_chat_state`) for the chat's idle TTL. (The memory backend's replicas are this process, gone
 with it: nothing is kept there, and `adopt` reads nothing.) It is saved when a run ends and
-when a browser tool's approval is handed to the browser (the one change no run carries to ADK). The
+when a browser tool's approval is handed to the browser (the one change no run carries to ADK;
+that response ends only once the state is written, or at the store's bound: `keep`). The
 replica that next acts on the chat's approvals (its owner died, drained, or restarted) starts from
 it, so what became of them (answered, timed out, approved and waiting for the browser's output)
 outlives the process that saw it.
@@ -57,6 +58,11 @@ class KeptStates:
 
     def changed(self, chat: Chat) -> None:
         self._store.save(chat)
+
+    async def keep(self, chat: Chat) -> None:
+        """`changed`, waited for (bounded): for a change that a response must not report before it
+        is kept, because nothing else records it."""
+        await self._store.keep(chat)
 
     async def adopt(self, chat: Chat, *, needed: bool = True) -> None:
         """Before this replica first acts on `chat`'s approvals: start from its kept state, if

@@ -49,6 +49,11 @@ class StateStore(Protocol):
         """Keep the chat's state (its machine's snapshot), in the background."""
         ...
 
+    async def keep(self, chat: Chat) -> None:
+        """`save`, waited for: returns once a write of the state as it is now has ended, or at the
+        store's bound (a store down or slow leaves it as kept as `save` would)."""
+        ...
+
     async def load(self, chat: Chat) -> dict[str, Any] | None:
         """The chat's state as last kept, or None (never kept, expired, unreadable, store down)."""
         ...
@@ -73,6 +78,9 @@ class _Nothing:
         pass
 
     def save(self, chat: Chat) -> None:
+        pass
+
+    async def keep(self, chat: Chat) -> None:
         pass
 
     async def load(self, chat: Chat) -> dict[str, Any] | None:

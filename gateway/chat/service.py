@@ -224,7 +224,9 @@ class ChatService:
             )
             if split.handover:
                 handed = self._native.hand_over(chat, plan, native, split.handover, request.version)
-                self.states.changed(chat)
+                # The approval is recorded nowhere else (ADK hears of it with the output, and an
+                # AG-UI tool message does not repeat it): kept before the browser reads the end.
+                await self.states.keep(chat)
                 return handed
             native = split.forward
         sent = {a.tool_call_id for a in native}

@@ -42,6 +42,8 @@ class StateKeeper:
         chats.states.attach(self)
         # Chats with a write under way, and whether another was asked for meanwhile.
         self._writing: dict[tuple[str, str], bool] = {}
+        # Who waits (`keep`) for a chat's writes under way to end.
+        self._waiting: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
 
     def save(self, chat: Chat) -> None:
         key = (chat.user_id, chat.chat_id)
@@ -50,6 +52,18 @@ class StateKeeper:
             return
         self._writing[key] = False
         self._tasks.spawn(self._write(chat, key))
+
+    async def keep(self, chat: Chat) -> None:
+        # The write `save` starts, or the one more it asks of the write under way, takes its
+        # snapshot after this call: when the chat's writing ends, the state as it is now is kept.
+        key = (chat.user_id, chat.chat_id)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, []).append(done)
+        self.save(chat)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), self._timeout)
+        except TimeoutError:
+            log.warning("chat_state_not_kept_in_time", chat_id=chat.chat_id)
 
     async def _write(self, chat: Chat, key: tuple[str, str]) -> None:
         try:
@@ -60,6 +74,9 @@ class StateKeeper:
                 again = self._writing[key]
         finally:
             del self._writing[key]
+            for done in self._waiting.pop(key, []):
+                if not done.done():
+                    done.set_result(None)
 
     async def _put(self, chat: Chat) -> None:
         # A store that is down (or restoring after it lost its data) is tried again a few times:

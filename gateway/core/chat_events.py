@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from ..config.agent import ToolPolicy
 from .approvals import GatedCall
+from .native_confirmation import NativeConfirmation
 from .protocol import ClientVersion
 
 __all__ = [
@@ -224,11 +225,13 @@ class NativeAnswered:
 @dataclass(frozen=True, slots=True)
 class BrowserToolApproved:
     """The person approved a browser tool's ADK confirmation: the browser runs it now, and its
-    output will answer the confirmation. `wall`: the wall clock, for its shared deadline."""
+    output will answer the confirmation. `wall`: the wall clock, for its shared deadline.
+    `known`: the confirmation as ADK's session shows it, for a ledger that does not hold it."""
 
     approval_id: str
     now: float
     wall: float
+    known: NativeConfirmation | None = None
 
 
 @dataclass(frozen=True, slots=True)

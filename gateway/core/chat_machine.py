@@ -271,11 +271,9 @@ class ChatMachine:
         return [NativeSettled(event.approval_id, ledger.answer_native(event.approval_id, event.tool_call_id))]
 
     def _browser_approved(self, event: BrowserToolApproved) -> list[Output]:
-        confirmation = self.ledger.approve_in_browser(event.approval_id, event.now)
-        if confirmation is None:
-            return []
-        confirmation.approved_wall = event.wall
-        return [BrowserApproved(confirmation)]
+        learnt = event.known is not None and not self.ledger.native_pending(event.approval_id)
+        confirmation = self.ledger.approve_in_browser(event.approval_id, event.now, event.known, wall=event.wall)
+        return [] if confirmation is None else [BrowserApproved(confirmation, learnt)]
 
     def _seen(self, event: ConfirmationsSeen) -> list[Output]:
         out: list[Output] = []

@@ -140,9 +140,12 @@ class NativeSettled:
 
 @dataclass(frozen=True, slots=True)
 class BrowserApproved:
-    """A browser tool's confirmation was approved, the first time: its output is awaited now."""
+    """A browser tool's confirmation was approved, the first time: its output is awaited now.
+    `learnt`: the ledger did not hold it before (only ADK's session did), so no replica counts it
+    as waiting yet."""
 
     confirmation: NativeConfirmation
+    learnt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -283,13 +283,24 @@ class Ledger:
         """The approval id of the answered native confirmation of a tool call, if remembered."""
         return next((a for a, call in self._answered.items() if call == tool_call_id), None)
 
-    def approve_in_browser(self, approval_id: str, now: float) -> NativeConfirmation | None:
-        """The person approved a pending browser tool's confirmation; its output is awaited now.
-        Returns it the first time only (a replayed approval changes nothing)."""
+    def approve_in_browser(
+        self, approval_id: str, now: float, known: NativeConfirmation | None = None, *, wall: float | None = None,
+    ) -> NativeConfirmation | None:
+        """The person approved a pending browser tool's confirmation, at `now` (and `wall` on the
+        wall clock); its output is awaited now. Returns it the first time only (a replayed approval
+        changes nothing). `known`: the confirmation as ADK's session shows it, taken in when this
+        ledger lacks it and never answered it (the replica that asked died before the chat's state
+        was kept): from here this ledger is the only record of the approval, which ADK hears of
+        only with the output, and an output that does not repeat it (AG-UI's tool message) is
+        matched by it."""
         pending = self._native.get(approval_id)
+        if pending is None and known is not None and known.in_browser and approval_id not in self._answered:
+            pending = self._native[approval_id] = known
         if pending is None or not pending.in_browser or pending.approved_at is not None:
             return None
         pending.approved_at = now
+        if wall is not None:
+            pending.approved_wall = wall
         return pending
 
     def time_out_native(self, approval_id: str) -> NativeConfirmation | None:

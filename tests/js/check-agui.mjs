@@ -1,16 +1,17 @@
 // Checks AG-UI 1.0 event streams with the protocol's own packages (tests/test_agui_events.py).
-// stdin: [{events: [...]}], stdout: [{schemaErrors, verifyError, runError, messages}]:
+// stdin: [{events: [...], messages?: [...]}], stdout: [{schemaErrors, verifyError, runError, messages}]:
 // - schemaErrors: each event that @ag-ui/core's EventSchema refuses, with zod's issues;
 // - verifyError: what @ag-ui/client's verifyEvents (the check that refuses events out of order) threw;
 // - runError, messages: the whole client pipeline (an AbstractAgent's runAgent: enforce, chunk
-//   transform, verify, apply) over the same events, and the messages it assembled.
+//   transform, verify, apply) over the same events, and the messages it assembled, starting from
+//   `messages` (the thread the client held before the run; none by default).
 import { AbstractAgent, verifyEvents } from '@ag-ui/client';
 import { EventSchema } from '@ag-ui/core/schemas';
 import { from, lastValueFrom, toArray } from 'rxjs';
 
 class Replay extends AbstractAgent {
-  constructor(events) {
-    super({ threadId: events[0]?.threadId ?? 't1' });
+  constructor(events, messages) {
+    super({ threadId: events[0]?.threadId ?? 't1', initialMessages: messages });
     this.events = events;
   }
 
@@ -19,7 +20,7 @@ class Replay extends AbstractAgent {
   }
 }
 
-async function check({ events }) {
+async function check({ events, messages = [] }) {
   const schemaErrors = [];
   for (const [index, event] of events.entries()) {
     const result = EventSchema.safeParse(event);
@@ -32,7 +33,7 @@ async function check({ events }) {
     verifyError = String(error?.message ?? error);
   }
   let runError = null;
-  const agent = new Replay(events);
+  const agent = new Replay(events, messages);
   let failed = null;
   try {
     await agent.runAgent({ runId: events[0]?.runId }, { onRunErrorEvent: ({ event }) => { failed = event.message; } });

@@ -47,13 +47,13 @@ LARGE = """      - name: large
 """
 
 
-def _tools() -> str:
+def tools_with_supervisors() -> str:
     denied = "        reason: Payments of 10,000 or more are refused.\n"
     assert denied in DEMO_TOOLS
     return DEMO_TOOLS.replace(denied, denied + LARGE, 1)
 
 
-def _api(base: str, method: str, path: str, who: str, body: dict[str, Any] | None = None) -> Any:
+def approvers_api(base: str, method: str, path: str, who: str, body: dict[str, Any] | None = None) -> Any:
     return request(base, method, path, body, headers={"Authorization": f"Bearer {KEYS[who]}"})
 
 
@@ -76,11 +76,11 @@ def _ask_and_leave(r: Replicas, name: str, amount: int) -> str:
     return chat
 
 
-def _listed(base: str, count: int, timeout: float = 30) -> dict[str, dict[str, Any]]:
+def listed(base: str, count: int, timeout: float = 30) -> dict[str, dict[str, Any]]:
     """The pending approvals by chat, once `count` are listed (the replicas list them as ADK asks)."""
     deadline = time.monotonic() + timeout
     while True:
-        reply = _api(base, "GET", "/api/approvals?state=pending&limit=100", "sup1")
+        reply = approvers_api(base, "GET", "/api/approvals?state=pending&limit=100", "sup1")
         assert reply.status == 200, reply.body
         found = {a["chat_id"]: a for a in reply.json()["approvals"]}
         if len(found) >= count or time.monotonic() > deadline:
@@ -123,24 +123,24 @@ FAULTS: dict[str, Callable[[Replicas], None]] = {
 @pytest.mark.chaos  # about 30 s a row: `make chaos`
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_approvals_waiting_for_supervisors_survive(tmp_path: Path, on_sqlite: Upstream, fault: str) -> None:
-    with replicas(tmp_path, on=on_sqlite, approvals="confirm", tools=_tools(), extra=APPROVERS) as r:
+    with replicas(tmp_path, on=on_sqlite, approvals="confirm", tools=tools_with_supervisors(), extra=APPROVERS) as r:
         chats = [_ask_and_leave(r, name, 2000 + i) for i, name in enumerate(("a", "b", "a", "b"))]
-        before = _listed(r.a.base, len(chats))
+        before = listed(r.a.base, len(chats))
         assert set(before) == set(chats), before
         for chat in chats:  # the first supervisor approves each: counted, not decided (quorum 2)
-            first = _api(r.b.base, "POST", f"/api/approvals/{before[chat]['id']}", "sup1", {"approved": True})
+            first = approvers_api(r.b.base, "POST", f"/api/approvals/{before[chat]['id']}", "sup1", {"approved": True})
             assert first.status == 200 and first.json()["state"] == "pending", first.body
         assert r.ledger.lines() == []
 
         FAULTS[fault](r)
 
-        after = _listed(r.b.base, len(chats))
+        after = listed(r.b.base, len(chats))
         assert {c: a["id"] for c, a in after.items()} == {c: a["id"] for c, a in before.items()}, "same ids"
         assert all(len(a["votes"]) == 1 for a in after.values()), "the first vote survived"
         for i, chat in enumerate(chats):
             approved = i != 3
             via = r.replica("ab"[i % 2]).base
-            second = _api(via, "POST", f"/api/approvals/{after[chat]['id']}", "sup2", {"approved": approved})
+            second = approvers_api(via, "POST", f"/api/approvals/{after[chat]['id']}", "sup2", {"approved": approved})
             assert second.status == 200 and second.json()["outcome"] == ("approved" if approved else "denied"), second.body
         for i, chat in enumerate(chats):
             kinds = _resumed(r.replica("ba"[i % 2]).base, chat)
@@ -150,4 +150,4 @@ def test_approvals_waiting_for_supervisors_survive(tmp_path: Path, on_sqlite: Up
         for i, chat in enumerate(chats):
             assert len(r.ledger.of(chat)) == (1 if i != 3 else 0), chat
         r.ledger.assert_no_double_execution()
-        assert _api(r.a.base, "GET", "/api/approvals?state=pending", "sup1").json()["approvals"] == []
+        assert approvers_api(r.a.base, "GET", "/api/approvals?state=pending", "sup1").json()["approvals"] == []

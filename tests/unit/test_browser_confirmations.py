@@ -145,6 +145,22 @@ def test_the_ledger_finds_a_browser_confirmation_by_call_approves_it_once_and_re
     assert ledger.answered_of_call("c9") == "adk-9" and ledger.native_answered("adk-9")
 
 
+def test_an_approval_of_a_confirmation_only_adks_session_holds_is_taken_into_the_ledger_once() -> None:
+    """The replica that asked died before the chat's state was kept: the approval is this ledger's
+    to remember (ADK hears of it with the output), so the output finds it by its call."""
+    ledger = Ledger()
+    known = NativeConfirmation("adk-1", "c1", "get_location", in_browser=True, approval=True, args={})
+    assert ledger.approve_in_browser("adk-1", 2.0, known) is known and known.approved_at == 2.0
+    assert ledger.native_of_call("c1") is known and known.awaits_output
+    assert ledger.approve_in_browser("adk-1", 3.0, known) is None and known.approved_at == 2.0
+    # Never one this ledger answered already, nor a server tool's.
+    ledger.answer_native("adk-2", "c2")
+    answered = NativeConfirmation("adk-2", "c2", "get_location", in_browser=True)
+    assert ledger.approve_in_browser("adk-2", 2.0, answered) is None and ledger.native_of_call("c2") is None
+    server = NativeConfirmation("adk-3", "c3", "process_payment")
+    assert ledger.approve_in_browser("adk-3", 2.0, server) is None and not ledger.native_pending("adk-3")
+
+
 def test_a_server_tools_confirmation_is_never_approved_in_the_browser() -> None:
     ledger = Ledger()
     ledger.ask(NativeConfirmation("adk-1", "c1", "process_payment"))

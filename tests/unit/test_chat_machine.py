@@ -272,6 +272,11 @@ def test_a_browser_tool_is_approved_once_with_both_clocks() -> None:
     assert machine.handle(BrowserToolApproved("b1", 5.0, 1000.0)) == [BrowserApproved(asked)]
     assert asked.approved_at == 5.0 and asked.approved_wall == 1000.0 and asked.awaits_output
     assert machine.handle(BrowserToolApproved("b1", 6.0, 1001.0)) == [] and asked.approved_wall == 1000.0
+    # One only ADK's session held (nothing of the chat was kept): learnt, and approved once.
+    known = NativeConfirmation("b2", "c2", "get_location", in_browser=True)
+    assert machine.handle(BrowserToolApproved("b2", 7.0, 1002.0, known)) == [BrowserApproved(known, learnt=True)]
+    assert machine.ledger.native("b2") is known and known.approved_wall == 1002.0
+    assert machine.handle(BrowserToolApproved("b2", 8.0, 1003.0, known)) == []
 
 
 # ---- the machine's state as plain JSON ----------------------------------------------------------

@@ -429,3 +429,51 @@ async def test_a_deadline_answered_where_the_chat_never_ran_continues_the_messag
     await asyncio.sleep(0.05)
     assert answers(adk) == [{"confirmed": False}]
     await b.close()
+
+
+async def test_a_browser_tools_approval_read_from_adks_session_is_kept_for_an_output_that_carries_none() -> None:
+    """A asked, and is gone with nothing kept (killed before its chat's state was written): B hands
+    the call to the browser on the person's approval, which only ADK's session confirms, and must
+    record that approval, deadline included: an AG-UI client's tool message carries the output
+    alone (no approval beside it, as an AI SDK part has), so B's ledger is the only witness."""
+    adk, wall = confirming(), wall_clock()
+    a, _ = service(adk, wall, browser=True)
+    b, kept = service(adk, wall, browser=True)
+    first = await ask(a)
+    await a.close()
+    answer = approval_of(first)
+    handed = await read(await b.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"])))
+    assert [c["toolCallId"] for c in handed if c["type"] == "tool-input-available"] == ["call-1"], handed
+    [deadline] = kept
+    assert deadline.approval_id == CONFIRM_ID and deadline.approved_at == pytest.approx(wall.now)
+    # Counted as waiting here once learnt, and counted down by the approval: not below zero.
+    pending = b.metrics.registry.get_sample_value("adk_gateway_approvals_pending", {"agent": AGENT})
+    assert pending == 0, pending
+    output = browser_output(first, {"paid": 50})
+    del output["parts"][1]["approval"]
+    done = await read(await b.submit(AGENT, "alice", request(USER, output, message_id=first[0]["messageId"])))
+    assert any(c.get("delta") == "Paid." for c in done)
+    assert answers(adk) == [{"confirmed": True, "payload": {"adk_gateway": {"output": {"paid": 50}}}}]
+    await b.close()
+
+
+async def test_a_browser_tools_hand_over_ends_only_once_the_approval_is_kept() -> None:
+    """The hand-over's response ends after the chat's state holding the approval is written: the
+    replica may die the moment the browser reads that end (an AG-UI client's tool message carries
+    no approval, so the kept state is then its only record)."""
+    from gateway.cluster.state_keeper import StateKeeper
+    from gateway.cluster.tasks import Tasks
+
+    adk, wall, hub = confirming(), wall_clock(), MemoryHub()
+    chats, _ = service(adk, wall, browser=True)
+    StateKeeper(MemoryState("a", hub), chats, Tasks(), timeout=1.0)
+    first = await ask(chats)
+    answer = approval_of(first)
+    handed = await chats.submit(AGENT, "alice", request(USER, answer, message_id=answer["id"]))
+    kept = await MemoryState("b", hub).get_chat_state("alice", "chat-1")  # nothing awaited in between
+    assert kept is not None, "the hand-over returned before its state was kept"
+    [confirmation] = kept["ledger"]["confirmations"]
+    assert confirmation["approval_id"] == CONFIRM_ID and confirmation["approved_at"] is not None, confirmation
+    assert {"type": "tool-input-available", "toolCallId": "call-1"}.items() <= next(
+        c for c in await read(handed) if c["type"] == "tool-input-available").items()
+    await chats.close()

@@ -46,6 +46,9 @@ class _Store:
     def save(self, chat: Chat) -> None:
         pass
 
+    async def keep(self, chat: Chat) -> None:
+        pass
+
 
 async def test_two_requests_of_a_new_chat_read_its_state_once_and_both_see_it() -> None:
     reads: list[str] = []
@@ -132,6 +135,29 @@ async def test_saves_asked_for_while_one_is_written_fold_into_one_write_of_the_n
     assert len(store.written) == 2  # the first, then one more with everything since
     assert store.written[0]["ledger"]["answered"] == [] and store.written[-1] == chat.machine.snapshot()
     assert await chats.states.store.load(chat) == chat.machine.snapshot()  # type: ignore[misc]
+    await tasks.close(1.0)
+
+
+async def test_keep_returns_once_the_state_as_it_is_now_is_written_and_at_the_bound_if_never() -> None:
+    store, chats, tasks = Recording(MemoryHub()), _Chats(), Tasks()
+    StateKeeper(store, chats, tasks, timeout=0.2)  # type: ignore[arg-type]
+    chat = _chat()
+    chats.states.changed(chat)
+    await asyncio.sleep(0)  # a write under way, of the state before the change below
+    chat.handle(NativeAnswered("a1"))
+    keeping = asyncio.create_task(chats.states.keep(chat))
+    await asyncio.sleep(0.05)
+    assert not keeping.done()
+    store.release.set()
+    await asyncio.wait_for(keeping, 1.0)
+    assert store.written[-1] == chat.machine.snapshot() and len(store.written) == 2
+    store.release.clear()  # a store that hangs: keep gives up at the bound, the write goes on
+    chat.handle(NativeAnswered("a2"))
+    started = time.monotonic()
+    await chats.states.keep(chat)
+    assert 0.15 < time.monotonic() - started < 1.0 and len(store.written) == 2
+    store.release.set()
+    await asyncio.sleep(0.05)
     await tasks.close(1.0)
 
 
