@@ -8,7 +8,9 @@ router, chat/service.py), so the handler only admits, parses, follows and transl
 
 What the engine refuses after the input was read (an interrupt that is not pending, another
 chat's, one its approvers decide, a chat busy with another response) is the run's `RUN_ERROR`
-with the refusal's code, as AG-UI has it; what cannot be read at all is a 400 with a JSON body.
+with the refusal's code, as AG-UI has it; what cannot be read at all is a 400 with a JSON body,
+and what is no fault of the run (limits, the shared store settling or out of reach) the chat
+routes' HTTP answer (429, 503 with Retry-After), for the client to try again.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ async def post_run(request: web.Request) -> web.StreamResponse:
                 raise
             if isinstance(exc, Limited):
                 count_refusal(request, exc.code)
+            if isinstance(exc, Limited) or answer.status >= 500:
+                # Not this run's fault (limits, a store settling or out of reach): the HTTP answer,
+                # with its Retry-After, as the chat routes give it, for the client to try again.
                 raise answer from None
             return await _refused(request, stream, answer.message, answer.code)
         finally:

@@ -107,6 +107,10 @@ def finished(events: Events) -> dict[str, Any]:
     return events[-1]["outcome"]
 
 
+class Settling(Exception):
+    """The gateway answered 503 (the shared store settling, or out of reach): retry in a moment."""
+
+
 @dataclass
 class Client:
     """One AG-UI thread, as an `HttpAgent` on a page behind the browsers' balancer runs it."""
@@ -134,6 +138,10 @@ class Client:
             body["resume"] = resume
         self._before = json.loads(json.dumps(self.messages))
         stream = Browser(total=total).open(self.url, "POST", "/ag-ui", body, headers={"Accept": "text/event-stream"})
+        if stream.status == 503 and text is not None:
+            self.messages.pop()  # not taken: a retry sends it again
+        if stream.status == 503:
+            raise Settling(stream.body)
         assert stream.status == 200 and stream.headers["content-type"] == "text/event-stream", (stream.status, stream.body)
         return stream
 
@@ -198,15 +206,15 @@ def assert_replay_refused(client: Client, resume: list[dict[str, Any]]) -> None:
 
 
 def sent(client: Client, **run: Any) -> Events:
-    """The run, sent again as a person would while it is refused "retry in a moment": for
+    """The run, sent again as a person would while it is refused 503 "retry in a moment": for
     `owner_timeout` after every replica was down, a chat whose owner has no heartbeat is not taken
     over (docs/scaling.md, "settling"; test_durable_approvals.race)."""
     for _ in range(20):
-        events = client.run(**run)
-        if events[-1].get("code") != "sessions_unavailable":
-            return events
-        time.sleep(0.25)
-    return events
+        try:
+            return client.run(**run)
+        except Settling:
+            time.sleep(0.25)
+    return client.run(**run)
 
 
 def _owner_killed(rig: Rig, owner: str) -> None:
