@@ -25,7 +25,8 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
    could be listed; a count it could not read (None) refuses nothing.
 
 Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
-log. The chat's machine (core/chat_machine.py) takes this decision through its port,
+log; so does what each shadow rule of the tool would have decided (`shadow`: config/shadow_rules.py),
+for the shell to log and count, and on the call, for its audit record. The chat's machine (core/chat_machine.py) takes this decision through its port,
 core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's machine is handed it
 (chat/record.py). The shell calls `decide_ask` alone only when no chat here has the session.
 """
@@ -33,10 +34,11 @@ core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's mac
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Literal
 
 from ..config.agent import ToolPolicy
 from ..config.rules import decide
+from ..config.shadow_rules import shadowed
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
 from ..core.approver_confirmations import ApproverMark, mark, marked
 from ..core.chat_events import ToolAsked
@@ -159,11 +161,19 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
     confirm = ask.confirm
     if not policy.rules and not policy.approval:
         return GateDecided("confirm", CONFIRM) if confirm else GateDecided("wait", call=call)
+    default: Literal["approve", "ask"] = "ask" if policy.approval else "approve"
     ruling = decide(
         policy.rules, args=call.args, tool=call.tool, agent=ask.agent, user=call.user_id, claims=ask.claims,
-        default="ask" if policy.approval else "approve", default_asks=policy.asks(None),
+        default=default, default_asks=policy.asks(None),
     )
-    waits = GateDecided("wait", call=call, rule_failed=ruling.errors, ruled=ruling.decide, by_rule=ruling.rule)
+    # Shadow rules are never enforced (`ruling` skipped them): what each would have decided rides
+    # with the decision, for the shell to log and count and for the call's audit record.
+    call.shadow = [finding.as_json() for finding in shadowed(
+        policy.rules, ruling, args=call.args, tool=call.tool, agent=ask.agent, user=call.user_id, claims=ask.claims,
+        default=default, default_asks=policy.asks(None),
+    )]
+    waits = GateDecided("wait", call=call, rule_failed=ruling.errors, ruled=ruling.decide, by_rule=ruling.rule,
+                        shadow=tuple(call.shadow))
     if ruling.decide != "ask":
         call.decide_by_rule(ruling.decide == "approve", ruling.rule, ruling.reason)
         return waits
