@@ -25,21 +25,16 @@ from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import GatewayMetrics
 from tests.unit.test_logs import restore_logging  # noqa: F401 - a fixture
 
+# One agent, `desk`, in the single-agent form; its refund rules follow.
 HEAD = """\
-internal:
-  secret: s3cret-internal
-approvers:
-  groups:
-    supervisors: {users: [carol]}
-    leads: {users: [dave]}
-agents:
-  desk:
-    upstream: {url: "http://adk:8000", app_name: desk}
-    tools:
-      lookup_order: {approval: %(lookup)s}
-      issue_refund:
-        approval: true
-        rules:
+internal: {secret: s3cret-internal}
+approvers: {groups: {supervisors: {users: [carol]}, leads: {users: [dave]}}}
+upstream: {url: "http://adk:8000", app_name: desk}
+tools:
+  lookup_order: {approval: %(lookup)s}
+  issue_refund:
+    approval: true
+    rules:
 """
 RULES = {
     "small": "{name: small, when: args.amount < %s, decide: approve}",
@@ -52,7 +47,7 @@ RULES = {
 def config(small: int = 5, group: str = "supervisors", huge: int = 10000, lookup: str = "true", vip: bool = False) -> str:
     rules = [RULES["vip"]] if vip else []
     rules += [RULES["small"] % small, RULES["huge"] % huge, RULES["large"] % group]
-    return HEAD % {"lookup": lookup} + "".join(f"          - {rule}\n" for rule in rules)
+    return HEAD % {"lookup": lookup} + "".join(f"      - {rule}\n" for rule in rules)
 
 
 def record(approval_id: str, amount: Any, source: str, outcome: str, **fields: Any) -> dict[str, Any]:
