@@ -40,7 +40,7 @@ from ..config.agent import ToolPolicy
 from ..config.rules import decide
 from ..config.shadow_rules import shadowed
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.approver_confirmations import ApproverMark, mark, marked
+from ..core.approver_confirmations import ApproverMark, mark, marked, with_shadow
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decider import ChatView, GateDecider
@@ -179,8 +179,12 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
         return waits
     call.rule = ruling.rule
     spec = ruling.asks
+    # A plugin that marks confirmations (0.3) asks ADK's with the verdict's payload: the shadow
+    # rules' findings go with it, kept in ADK's session for the confirmation's audit record.
+    shadow = waits.shadow if ask.approvers else ()
     if spec is None:
-        return replace(waits, action="confirm", verdict=CONFIRM, call=None) if confirm else waits
+        confirmed = replace(CONFIRM, payload=with_shadow(None, shadow))
+        return replace(waits, action="confirm", verdict=confirmed, call=None) if confirm else waits
     if ask.mode == "live":
         # ADK has no confirmation in live mode: the plugin's request holds the call, and the
         # chatting person's stream says whom it waits for.
@@ -191,4 +195,4 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
     # ADK's confirmation, in its session, marked with who answers: durable, and the chatting
     # person's answer to it is refused (chat/confirmations.py).
     who = ApproverMark(spec.group, spec.self_approval, spec.quorum, ruling.rule)
-    return replace(waits, action="confirm", verdict=replace(CONFIRM, payload=mark(who)), call=None)
+    return replace(waits, action="confirm", verdict=replace(CONFIRM, payload=with_shadow(mark(who), shadow)), call=None)

@@ -132,7 +132,7 @@ class Notices:
             args_digest=self._digest(confirmation.args or {}),
             approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
             asks=() if kind != "waiting" else (confirmation.mark.approvers if confirmation.mark else "the chatting user",),
-            asked=_asked(confirmation), **decided,
+            asked=_asked(confirmation), shadow=tuple(confirmation.shadow), **decided,
         )
 
     # ---- internals -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 from ..config.agent import ToolPolicy
-from .ledger_snapshot import MalformedLedger, flag, json_object, member, number, record, text
+from .ledger_snapshot import MalformedLedger, flag, json_object, json_objects, member, number, record, text
 
 __all__ = ["CONFIRM", "REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
 
@@ -309,7 +309,7 @@ class GatedCall:
             number(fields, "waiting_since", where), flag(fields, "approved", where),
             *(text(fields, key, where, optional=True) if key in fields else None for key in _DECISION_KEYS[:4]),
             flag(fields, "self_approval", where) if "self_approval" in fields else True,
-            _quorum(fields, where), _deciders(fields, where), _shadow(fields, where),
+            _quorum(fields, where), _deciders(fields, where), json_objects(fields, "shadow", where),
         )
 
     # ---- how the browser should see the outcome -----------------------------------------
@@ -336,13 +336,6 @@ def _deciders(fields: dict[str, Any], where: str) -> list[dict[str, str]]:
     ):
         raise MalformedLedger(f"{where}.deciders: expected a list of {{user, auth}}")
     return [dict(d) for d in value]
-
-
-def _shadow(fields: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    value = fields.get("shadow", [])
-    if not isinstance(value, list) or not all(isinstance(finding, dict) for finding in value):
-        raise MalformedLedger(f"{where}.shadow: expected a list of shadow rules' findings")
-    return copy.deepcopy(value)
 
 
 def _verdict(data: Any, where: str) -> Verdict:

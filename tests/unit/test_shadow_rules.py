@@ -19,7 +19,10 @@ from gateway.config.schema import ToolPolicy
 from gateway.config.shadow_rules import AGREEMENTS, compare, shadowed
 from gateway.chat import gates as gates_module
 from gateway.config.schema import parse_config
+from gateway.approvals.reports import Notices
 from gateway.core.approvals import GatedCall, Verdict
+from gateway.core.approver_confirmations import marked, read_mark, read_shadow
+from gateway.core.native_confirmation import NativeConfirmation
 from gateway.core.chat_events import ToolAsked
 from gateway.ops.metric_labels import SHADOW_AGREEMENTS
 from gateway.ops.metrics import GatewayMetrics
@@ -121,6 +124,44 @@ def test_the_decision_carries_the_findings_in_either_mode(mode: str, amount: Any
         assert decided.call.shadow == list(decided.shadow)
         again = GatedCall.from_json(decided.call.as_json())
         assert again.shadow == decided.call.shadow
+
+
+@pytest.mark.parametrize(("amount", "approvers", "kept"), [(20, True, True), (250, True, True), (20, False, False)])
+def test_adks_confirmation_keeps_the_findings_in_its_payload(amount: int, approvers: bool, kept: bool) -> None:
+    """On /run_sse the confirmation is recorded from ADK's session: the verdict's payload (which a
+    0.3 plugin asks ADK's confirmation with) carries the findings there, beside any mark of approvers."""
+    policy = ToolPolicy.model_validate({"approval": True, "rules": [
+        {"name": "try_leads", "when": "args.amount > 10", "decide": "ask", "approvers": "leads", "shadow": True},
+        *([{"name": "large", "when": "args.amount > 100", "decide": "ask", "approvers": "supervisors"}] if amount > 100 else []),
+    ]})
+    asked = ToolAsked("t1", "refund", {"amount": amount}, policy, "desk", "bob", "c", "c", 1.0, mode="sse",  # type: ignore[arg-type]
+                      max_pending=16, max_pending_user=16, confirm=True, approvers=approvers)
+    decided = decide_ask(asked, ChatView(run_under_way=True, waiting=0))
+    assert decided.action == "confirm" and decided.verdict is not None and decided.verdict.confirm
+    payload = decided.verdict.payload
+    assert read_shadow(payload) == (list(decided.shadow) if kept else [])
+    if kept:
+        assert read_shadow(payload)[0]["agreement"] == ("stricter" if amount < 100 else "different")
+    else:
+        assert payload is None  # a 0.2 plugin asks ADK's confirmation without the verdict's payload
+    # A mark of approvers reads as before; findings alone mark nobody (the chatting user answers).
+    assert (read_mark(payload) is not None) == (amount > 100) and marked(payload) == (amount > 100)
+    confirmation = NativeConfirmation("a1", "t1", "refund", args={"amount": amount}, mark=read_mark(payload),
+                                      shadow=read_shadow(payload))
+    again = NativeConfirmation.from_json(confirmation.as_json())
+    assert again.shadow == confirmation.shadow
+    older = {key: value for key, value in confirmation.as_json().items() if key != "shadow"}
+    assert NativeConfirmation.from_json(older).shadow == []
+
+
+def test_a_confirmations_notice_carries_its_findings() -> None:
+    notices: list[ApprovalNotice] = []
+    reports = Notices(GatewayMetrics(), lambda: parse_config("upstream: {url: 'http://adk'}", env={}))
+    reports.add_sink(notices.append)
+    finding = {"rule": "try_leads", "would_decide": {"decide": "ask", "rule": "try_leads"}, "agreement": "stricter"}
+    confirmation = NativeConfirmation("a1", "t1", "refund", args={"amount": 20}, shadow=[finding])
+    reports.native_decided("desk", "c", "bob", confirmation, "approved", 1.0)
+    assert [n.shadow for n in notices] == [(finding,)]
 
 
 def test_a_tool_with_only_shadow_rules_is_asked_about_and_runs_as_before() -> None:
