@@ -171,10 +171,13 @@ def _was(record: Mapping[str, Any]) -> RuleDecision | str:
             return RuleDecision("ask", rule)
         return "who was asked is not recorded (a record from before the `asked` field)"
     asked = record["asked"]
-    if not isinstance(asked, dict):
+    if asked is None:
         return RuleDecision("ask", rule)
-    spec = AskSpec(str(asked.get("approvers")), bool(asked.get("self_approval", True)), int(asked.get("quorum", 1)))
-    return RuleDecision("ask", rule, asks=spec)
+    group, self_approval, quorum = (asked.get(key) for key in ("approvers", "self_approval", "quorum")) if isinstance(
+        asked, dict) else (None, None, None)
+    if not isinstance(group, str) or not isinstance(self_approval, bool) or type(quorum) is not int:
+        return f"who was asked is unreadable ({str(asked)[:80]})"
+    return RuleDecision("ask", rule, asks=AskSpec(group, self_approval, quorum))
 
 
 def _unreadable(rules: list[ToolRule], call: Mapping[str, Any], missing: set[str]) -> str | None:

@@ -82,6 +82,8 @@ CASES = [
      config(vip=True), "unknown", None, False),
     ("who was asked is not recorded (an older record): unknown", record("a", 250, "approver", "approved", asked=...),
      config(), "unknown", None, False),
+    ("who was asked is unreadable: unknown", record("a", 250, "approver", "approved", asked={"approvers": 3}),
+     config(), "unknown", None, False),
     ("a timeout of an asked call: asked either way", record("a", 250, "timeout", "timeout", asked=SUPERVISORS),
      config(), "unchanged", None, False),
     ("a browser tool's output is no decision: skipped", record("a", 2, "person", "output"), config(), "skipped", None, False),
