@@ -5,6 +5,7 @@ real audit trail wrote (its JSON log lines and its store as the approvals API re
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,15 @@ async def test_bad_input_exits_2(recorded: tuple[Path, Path], tmp_path: Path, ca
     assert (status, out) == (2, []) and f"broken.log:{lines + 1}: not JSON" in err
     status, out, err = _ran(capsys, tmp_path, config(), tmp_path / "missing.log")
     assert (status, out) == (2, []) and "missing.log: cannot read" in err
+
+
+def test_without_a_trail_or_with_an_api_out_of_reach_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new = tmp_path / "new.yaml"
+    new.write_text(config())
+    assert main(["policy", "replay", "--config", str(new)]) == 2
+    assert "give the trail" in capsys.readouterr().err
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert main(["policy", "replay", "--config", str(new), "--api", f"http://127.0.0.1:{port}"]) == 2
+    assert "the approvals API cannot be reached" in capsys.readouterr().err
