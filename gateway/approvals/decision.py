@@ -26,7 +26,8 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
 
 Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
 log; so does what each shadow rule of the tool would have decided (`shadow`: config/shadow_rules.py),
-for the shell to log and count, and on the call, for its audit record. The chat's machine (core/chat_machine.py) takes this decision through its port,
+for the shell to log and count, and on the call (or in ADK's confirmation's payload), for its audit
+record. The chat's machine (core/chat_machine.py) takes this decision through its port,
 core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's machine is handed it
 (chat/record.py). The shell calls `decide_ask` alone only when no chat here has the session.
 """
