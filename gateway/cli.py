@@ -1,4 +1,4 @@
-"""The `adk-gateway` command: serve, demo, check-config.
+"""The `adk-gateway` command: serve, demo, check-config, policy replay (gateway/policy_cli.py).
 
 `demo` is the one-command path of the README: it starts the bundled demo agent in the stock ADK
 API server as a child process on a free loopback port, waits until it answers, then serves the
@@ -33,6 +33,7 @@ from .config.schema import ConfigError, GatewayConfig, load_config
 from .ops.logs import configure_logging
 from .edge import event_loop
 from .edge.server import serve
+from .policy_cli import add_policy_commands
 
 __all__ = ["main"]
 
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path", type=Path)
     check.set_defaults(func=_cmd_check)
+    add_policy_commands(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -25,7 +25,9 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
    could be listed; a count it could not read (None) refuses nothing.
 
 Rules whose conditions could not be evaluated come back as data (`rule_failed`), for the shell to
-log. The chat's machine (core/chat_machine.py) takes this decision through its port,
+log; so does what each shadow rule of the tool would have decided (`shadow`: config/shadow_rules.py),
+for the shell to log and count, and on the call (or in ADK's confirmation's payload), for its audit
+record. The chat's machine (core/chat_machine.py) takes this decision through its port,
 core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's machine is handed it
 (chat/record.py). The shell calls `decide_ask` alone only when no chat here has the session.
 """
@@ -33,12 +35,13 @@ core/gate_decider.py `GateDecider`, which `DECIDER` implements: every chat's mac
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Literal
 
 from ..config.agent import ToolPolicy
 from ..config.rules import decide
+from ..config.shadow_rules import shadowed
 from ..core.approvals import CONFIRM, REFUSAL_KEY, RUN, CallState, GatedCall, Verdict
-from ..core.approver_confirmations import ApproverMark, mark, marked
+from ..core.approver_confirmations import ApproverMark, mark, marked, with_shadow
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decider import ChatView, GateDecider
@@ -159,18 +162,30 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
     confirm = ask.confirm
     if not policy.rules and not policy.approval:
         return GateDecided("confirm", CONFIRM) if confirm else GateDecided("wait", call=call)
+    default: Literal["approve", "ask"] = "ask" if policy.approval else "approve"
     ruling = decide(
         policy.rules, args=call.args, tool=call.tool, agent=ask.agent, user=call.user_id, claims=ask.claims,
-        default="ask" if policy.approval else "approve", default_asks=policy.asks(None),
+        default=default, default_asks=policy.asks(None),
     )
-    waits = GateDecided("wait", call=call, rule_failed=ruling.errors, ruled=ruling.decide, by_rule=ruling.rule)
+    # Shadow rules are never enforced (`ruling` skipped them): what each would have decided rides
+    # with the decision, for the shell to log and count and for the call's audit record.
+    call.shadow = [finding.as_json() for finding in shadowed(
+        policy.rules, ruling, args=call.args, tool=call.tool, agent=ask.agent, user=call.user_id, claims=ask.claims,
+        default=default, default_asks=policy.asks(None),
+    )]
+    waits = GateDecided("wait", call=call, rule_failed=ruling.errors, ruled=ruling.decide, by_rule=ruling.rule,
+                        shadow=tuple(call.shadow))
     if ruling.decide != "ask":
         call.decide_by_rule(ruling.decide == "approve", ruling.rule, ruling.reason)
         return waits
     call.rule = ruling.rule
     spec = ruling.asks
+    # A plugin that marks confirmations (0.3) asks ADK's with the verdict's payload: the shadow
+    # rules' findings go with it, kept in ADK's session for the confirmation's audit record.
+    shadow = waits.shadow if ask.approvers else ()
     if spec is None:
-        return replace(waits, action="confirm", verdict=CONFIRM, call=None) if confirm else waits
+        confirmed = replace(CONFIRM, payload=with_shadow(None, shadow))
+        return replace(waits, action="confirm", verdict=confirmed, call=None) if confirm else waits
     if ask.mode == "live":
         # ADK has no confirmation in live mode: the plugin's request holds the call, and the
         # chatting person's stream says whom it waits for.
@@ -181,4 +196,4 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
     # ADK's confirmation, in its session, marked with who answers: durable, and the chatting
     # person's answer to it is refused (chat/confirmations.py).
     who = ApproverMark(spec.group, spec.self_approval, spec.quorum, ruling.rule)
-    return replace(waits, action="confirm", verdict=replace(CONFIRM, payload=mark(who)), call=None)
+    return replace(waits, action="confirm", verdict=replace(CONFIRM, payload=with_shadow(mark(who), shadow)), call=None)

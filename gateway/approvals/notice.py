@@ -94,12 +94,18 @@ class ApprovalNotice:
     asks: tuple[str, ...] = field(default=())
     # `args_digest` of the arguments under the configured key; None when no key is configured.
     args_digest: str | None = None
+    # Who was asked when a group of approvers was (`approvers`, `self_approval`, `quorum`); None: the
+    # chatting user, or nobody (a rule decided). What a replay of the trail compares (approvals/replay.py).
+    asked: dict[str, Any] | None = None
+    # What each shadow rule of the tool would have decided for this call (config/shadow_rules.py).
+    shadow: tuple[dict[str, Any], ...] = ()
 
     def as_json(self, *, with_args: bool = True) -> dict[str, Any]:
         """Plain JSON data; the arguments themselves only `with_args` (their digest always)."""
         data = asdict(self)
         data["approvers"] = [asdict(a) for a in self.approvers]
         data["asks"] = list(self.asks)
+        data["shadow"] = [dict(finding) for finding in self.shadow]
         if not with_args:
             del data["args"]
         return data

@@ -46,6 +46,13 @@ def _deciders(call: GatedCall, source: str | None) -> tuple[Approver, ...]:
     return (Approver(call.user_id, "chat"),) if source == "person" else ()
 
 
+def _asked(confirmation: NativeConfirmation) -> dict[str, Any] | None:
+    mark = confirmation.mark
+    if mark is None or not confirmation.approval:
+        return None
+    return {"approvers": mark.approvers, "self_approval": mark.self_approval, "quorum": mark.quorum}
+
+
 class Notices:
     def __init__(
         self, metrics: GatewayMetrics, config: Callable[[], GatewayConfig], wall: Callable[[], float] = time.time,
@@ -90,7 +97,10 @@ class Notices:
             call.args, self._wall(), rule=call.rule, reason=call.reason, policy_version=self._version(),
             args_digest=self._digest(call.args),
             approvers=_deciders(call, decided.get("source")),
-            asks=() if kind != "waiting" else (call.approvers or "the chatting user",), **decided,
+            asks=() if kind != "waiting" else (call.approvers or "the chatting user",), shadow=tuple(call.shadow),
+            asked=None if call.approvers is None else
+            {"approvers": call.approvers, "self_approval": call.self_approval, "quorum": call.quorum},
+            **decided,
         )
 
     # ---- ADK confirmations (confirm mode, native tools) -----------------------------------
@@ -122,7 +132,7 @@ class Notices:
             args_digest=self._digest(confirmation.args or {}),
             approvers=(Approver(user, "chat"),) if decided.get("source") == "person" else (),
             asks=() if kind != "waiting" else (confirmation.mark.approvers if confirmation.mark else "the chatting user",),
-            **decided,
+            asked=_asked(confirmation), shadow=tuple(confirmation.shadow), **decided,
         )
 
     # ---- internals -------------------------------------------------------------------------

@@ -108,6 +108,12 @@ class Gates:
         for rule, error in decided.rule_failed:
             log.warning("rule_failed", rule=rule, error=error, decided=decided.ruled, by=decided.by_rule)
         agent = ask.agent
+        for finding in decided.shadow:
+            # Never enforced: what the shadow rule would have decided, beside what was (config/shadow_rules.py).
+            log.info("policy_shadow", tool=ask.tool, tool_call_id=ask.tool_call_id, rule=finding["rule"],
+                     would_decide=finding["would_decide"], decided=decided.ruled, by=decided.by_rule,
+                     agreement=finding["agreement"])
+            self._metrics.policy_shadow.labels(agent, ask.tool, finding["rule"], finding["agreement"]).inc()
         if decided.verdict is not None and decided.verdict.reason == "too_many_pending_user":
             self._metrics.approvals_over_user_cap.labels(agent).inc()
             log.warning("approval_over_user_cap", tool_call_id=ask.tool_call_id, tool=ask.tool)

@@ -28,10 +28,16 @@ def tool_key(name: str) -> str:
 def tool_rules_loosened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
     findings = []
     for name in tool_names(was, now):
-        if what := _rules_loosened(was.tool_policy(name).rules, now.tool_policy(name).rules):
+        if what := _rules_loosened(_in_force(was.tool_policy(name).rules), _in_force(now.tool_policy(name).rules)):
             key = "tools.default.rules (every tool not listed)" if name == "default" else f"tools.{name}.rules"
             findings.append((key, f"loosen a tool's rules ({'; '.join(what)})"))
     return findings
+
+
+def _in_force(rules: list[ToolRule]) -> list[ToolRule]:
+    # A shadow rule decides nothing (config/shadow_rules.py): adding or dropping one changes no call;
+    # making it enforced is judged as adding it.
+    return [rule for rule in rules if not rule.shadow]
 
 
 def _rules_loosened(was: list[ToolRule], now: list[ToolRule]) -> list[str]:
@@ -116,8 +122,8 @@ def asks_widened(was: AgentConfig, now: AgentConfig) -> list[Finding]:
     findings = []
     for name in tool_names(was, now):
         before, after = was.tool_policy(name), now.tool_policy(name)
-        kept = {rule.name for rule in after.rules if rule.decide == "ask"}
-        for rule in [None, *(r.name for r in before.rules if r.decide == "ask" and r.name in kept)]:
+        kept = {rule.name for rule in _in_force(after.rules) if rule.decide == "ask"}
+        for rule in [None, *(r.name for r in _in_force(before.rules) if r.decide == "ask" and r.name in kept)]:
             if what := _ask_widened(before.asks(rule), after.asks(rule)):
                 key = f"tools.{name}" + (f".rules[{rule}]" if rule else "") + (" (every tool not listed)" if name == "default" else "")
                 findings.append((key, what))

@@ -40,7 +40,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .values import Section
 
-__all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "decide"]
+__all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "authority", "decide"]
 
 
 Outcome = Literal["approve", "deny", "ask"]
@@ -111,6 +111,9 @@ class ToolRule(Section):
     approvers: str | None = Field(None, pattern=GROUP_NAME_PATTERN)
     self_approval: bool = True
     quorum: int = Field(1, ge=1, le=MAX_QUORUM)
+    # Evaluated for every call but never enforced: calls are decided as if the rule were absent, and
+    # what it would have decided is logged, counted and audited (config/shadow_rules.py).
+    shadow: bool = False
     _program: _Program = PrivateAttr()
 
     @model_validator(mode="after")
@@ -205,10 +208,13 @@ _INT64 = range(-(2**63), 2**63)
 def decide(
     rules: Sequence[ToolRule], *, args: Mapping[str, Any], tool: str, agent: str, user: str,
     claims: Mapping[str, Any], default: Literal["approve", "ask"], default_asks: AskSpec | None = None,
+    trying: str | None = None,
 ) -> RuleDecision:
     """The decision of `rules` for one call, failing closed (the module's docstring says exactly
     how): `default` is the tool's `approval` (ask or approve), `default_asks` who answers what the
-    tool itself asks (its own approvers; None: the chatting user)."""
+    tool itself asks (its own approvers; None: the chatting user). Shadow rules are not in force and
+    are skipped, except the one named `trying`, walked as if it were (config/shadow_rules.py)."""
+    rules = [rule for rule in rules if not rule.shadow or rule.name == trying]
     try:
         data = {"args": _as_read(dict(args)), "tool": tool, "agent": agent, "user": user, "claims": _as_read(dict(claims))}
     except RecursionError:
@@ -236,7 +242,9 @@ def _applied(rule: ToolRule, *, unevaluated: bool) -> RuleDecision:
     return RuleDecision(rule.decide, rule.name, reason, rule.ask_spec)
 
 
-def _authority(decision: RuleDecision) -> int:
+def authority(decision: RuleDecision) -> int:
+    """How much `decision` withholds from the requester: approve 0, ask the chatting user 1, ask
+    approvers 2, deny 3."""
     if decision.decide == "ask":
         return _ASK_APPROVERS if decision.asks is not None else _ASK_USER
     return _DENY if decision.decide == "deny" else _APPROVE
@@ -245,8 +253,8 @@ def _authority(decision: RuleDecision) -> int:
 def _strongest(candidates: list[RuleDecision]) -> RuleDecision:
     """The first candidate of the greatest authority; approvers combine, never weaker than any one
     of them alone could be within the group chosen: four-eyes if any asks it, the largest quorum."""
-    top = max(_authority(candidate) for candidate in candidates)
-    tied = [candidate for candidate in candidates if _authority(candidate) == top]
+    top = max(authority(candidate) for candidate in candidates)
+    tied = [candidate for candidate in candidates if authority(candidate) == top]
     first = tied[0]
     if first.asks is None:
         return first

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 from ..config.agent import ToolPolicy
-from .ledger_snapshot import MalformedLedger, flag, json_object, member, number, record, text
+from .ledger_snapshot import MalformedLedger, flag, json_object, json_objects, member, number, record, text
 
 __all__ = ["CONFIRM", "REFUSAL_KEY", "CallState", "GatedCall", "Outcome", "Verdict", "new_approval_id", "refusal_code"]
 
@@ -118,7 +118,7 @@ _TEXTS = ("id", "user_id", "chat_id", "session_id", "tool_call_id", "tool")
 _TIMES = ("created", "deadline", "waiting_since")
 _CALL_KEYS = (*_TEXTS, "args", "policy", *_TIMES, "state", "outcome", "verdict", "approved")
 # Written since issue 26; a snapshot of an older replica has none of them (read as unset).
-_DECISION_KEYS = ("rule", "reason", "decided_by", "approvers", "self_approval", "quorum", "deciders")
+_DECISION_KEYS = ("rule", "reason", "decided_by", "approvers", "self_approval", "quorum", "deciders", "shadow")
 
 
 @dataclass(eq=False)
@@ -153,6 +153,8 @@ class GatedCall:
     quorum: int = 1
     # The people who decided it ({"user", "auth"} each), for the audit trail.
     deciders: list[dict[str, str]] = field(default_factory=list)
+    # What each shadow rule of the tool would have decided (config/shadow_rules.py), for the audit trail.
+    shadow: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def open(
@@ -283,7 +285,7 @@ class GatedCall:
             },
             "approved": self.approved, "rule": self.rule, "reason": self.reason, "decided_by": self.decided_by,
             "approvers": self.approvers, "self_approval": self.self_approval, "quorum": self.quorum,
-            "deciders": copy.deepcopy(self.deciders),
+            "deciders": copy.deepcopy(self.deciders), "shadow": copy.deepcopy(self.shadow),
         }
 
     @classmethod
@@ -307,7 +309,7 @@ class GatedCall:
             number(fields, "waiting_since", where), flag(fields, "approved", where),
             *(text(fields, key, where, optional=True) if key in fields else None for key in _DECISION_KEYS[:4]),
             flag(fields, "self_approval", where) if "self_approval" in fields else True,
-            _quorum(fields, where), _deciders(fields, where),
+            _quorum(fields, where), _deciders(fields, where), json_objects(fields, "shadow", where),
         )
 
     # ---- how the browser should see the outcome -----------------------------------------

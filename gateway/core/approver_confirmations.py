@@ -16,11 +16,16 @@ from typing import Any
 
 from .message_writer import Chunk
 
-__all__ = ["ApproverMark", "decided_chunks", "mark", "marked", "native_approver_part", "read_mark"]
+__all__ = [
+    "ApproverMark", "decided_chunks", "mark", "marked", "native_approver_part", "read_mark", "read_shadow", "with_shadow",
+]
 
 # The namespace of the gateway's keys in a confirmation's payload (core/browser_confirmations.py's).
 _NAMESPACE = "adk_gateway"
 _KEY = "approvers"
+# What the tool's shadow rules would have decided (config/shadow_rules.py), kept with the confirmation
+# so that its audit record says it, whichever replica records it.
+_SHADOW = "shadow"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,22 @@ def read_mark(payload: Any) -> ApproverMark | None:
         quorum if isinstance(quorum, int) and not isinstance(quorum, bool) and quorum >= 1 else 1,
         rule if isinstance(rule, str) else None,
     )
+
+
+def with_shadow(payload: dict[str, Any] | None, findings: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """`payload` (None: none) with the shadow rules' `findings` beside the gateway's other keys; as it was without any."""
+    if not findings:
+        return payload
+    ours = dict((payload or {}).get(_NAMESPACE) or {})
+    ours[_SHADOW] = [dict(finding) for finding in findings]
+    return {**(payload or {}), _NAMESPACE: ours}
+
+
+def read_shadow(payload: Any) -> list[dict[str, Any]]:
+    """The shadow rules' findings `with_shadow` put in a confirmation's payload (none: [])."""
+    ours = payload.get(_NAMESPACE) if isinstance(payload, dict) else None
+    found = ours.get(_SHADOW) if isinstance(ours, dict) else None
+    return [dict(finding) for finding in found if isinstance(finding, dict)] if isinstance(found, list) else []
 
 
 def marked(payload: Any) -> bool:

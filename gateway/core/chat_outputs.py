@@ -117,7 +117,8 @@ class GateDecided:
 
     `rule_failed`: each rule whose condition could not be evaluated, with why (the shell logs
     them), and `ruled`, `by_rule`: what the rules decided and by which rule (None: the tool's own
-    setting), when they ran.
+    setting), when they ran; `shadow`: what each shadow rule would have decided instead
+    (config/shadow_rules.py `ShadowFinding.as_json`), for the shell to log and count.
     """
 
     action: GateAction
@@ -127,6 +128,7 @@ class GateDecided:
     rule_failed: tuple[tuple[str, str], ...] = ()
     ruled: str | None = None
     by_rule: str | None = None
+    shadow: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

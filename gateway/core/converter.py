@@ -23,7 +23,7 @@ import orjson
 from ..config.agent import ToolPolicy
 from .adk_events import UNSET, AdkEvent, as_event, error_code_text, run_failed_text
 from .approvals import CallState, GatedCall, refusal_code
-from .approver_confirmations import native_approver_part, read_mark
+from .approver_confirmations import native_approver_part, read_mark, read_shadow
 from .ledger import Ledger, NativeConfirmation
 from .message_writer import Chunk, MessageWriter, map_finish_reason
 from .protocol import ClientVersion
@@ -249,8 +249,10 @@ class Converter(MessageWriter):
                 out.append(_approval_request(approval_id, tool_call_id, policy.hint))
             return
         confirmation = args.get("toolConfirmation") or {}
-        who = read_mark(confirmation.get("payload")) if isinstance(confirmation, dict) else None
-        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name, args=dict(call_args), mark=who))
+        payload = confirmation.get("payload") if isinstance(confirmation, dict) else None
+        who = read_mark(payload)
+        self.ledger.ask(NativeConfirmation(approval_id, tool_call_id, name, args=dict(call_args), mark=who,
+                                           shadow=read_shadow(payload)))
         if who is not None:
             # Its approvers answer, through the approvals API: the chat is told whom it waits for,
             # and given nothing to answer (ai 6 and ai 7 alike, as for a held call's).

@@ -18,8 +18,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = [
-    "MAX_DEPTH", "SNAPSHOT_VERSION", "MalformedLedger", "flag", "indices", "items", "json_object", "keyed", "member",
-    "names", "number", "record", "refer", "text",
+    "MAX_DEPTH", "SNAPSHOT_VERSION", "MalformedLedger", "flag", "indices", "items", "json_object", "json_objects", "keyed",
+    "member", "names", "number", "record", "refer", "text",
 ]
 
 SNAPSHOT_VERSION = 1
@@ -97,6 +97,14 @@ def json_object(fields: dict[str, Any], key: str, where: str, *, optional: bool 
     if not isinstance(value, dict):
         raise MalformedLedger(f"{where}.{key}: expected an object, got {_kind(value)}")
     return _plain(value, f"{where}.{key}", 1)
+
+
+def json_objects(fields: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    """A list of JSON objects of plain JSON values, copied; none when `key` is absent (a snapshot
+    written before it)."""
+    if key not in fields:
+        return []
+    return [json_object({"item": item}, "item", f"{where}.{key}[{i}]") for i, item in enumerate(items(fields, key, where))]
 
 
 def _plain(value: Any, where: str, depth: int) -> Any:

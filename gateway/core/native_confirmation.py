@@ -5,11 +5,11 @@ Plain JSON data and back (`as_json`, `from_json`; the format's checks: core/ledg
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .approver_confirmations import ApproverMark, read_mark
-from .ledger_snapshot import MalformedLedger, flag, json_object, number, record, text
+from .ledger_snapshot import MalformedLedger, flag, json_object, json_objects, number, record, text
 
 __all__ = ["NativeConfirmation"]
 
@@ -41,6 +41,9 @@ class NativeConfirmation:
     # Who answers it when not the chatting person: its approvers, as the gateway marked ADK's
     # confirmation (core/approver_confirmations.py); None: the chatting person.
     mark: ApproverMark | None = None
+    # What each shadow rule of the tool would have decided, as the gateway's verdict put it in the
+    # confirmation's payload (core/approver_confirmations.py `read_shadow`), for the audit trail.
+    shadow: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def for_approvers(self) -> bool:
@@ -55,6 +58,7 @@ class NativeConfirmation:
         """Every field as plain JSON data; `from_json` reads it back."""
         data = {key: copy.deepcopy(getattr(self, key)) for key in _NATIVE_KEYS if key != "mark"}
         data["mark"] = self.mark.as_json() if self.mark is not None else None
+        data["shadow"] = copy.deepcopy(self.shadow)
         return data
 
     @classmethod
@@ -62,7 +66,8 @@ class NativeConfirmation:
         """The confirmation `as_json` wrote; anything else raises MalformedLedger."""
         if isinstance(data, dict) and "mark" not in data:
             data = {**data, "mark": None}  # kept by a replica from before approvers' confirmations
-        fields = record(data, _NATIVE_KEYS, where)
+        given = data if isinstance(data, dict) else {}
+        fields = record(data, (*_NATIVE_KEYS, *(["shadow"] if "shadow" in given else [])), where)
         mark = fields["mark"]
         if mark is not None and (not isinstance(mark, dict) or read_mark({"adk_gateway": {"approvers": mark}}) is None):
             raise MalformedLedger(f"{where}.mark: expected who answers, got {mark!r:.40}")
@@ -74,6 +79,7 @@ class NativeConfirmation:
             seen_at=number(fields, "seen_at", where, optional=True),
             approved_wall=number(fields, "approved_wall", where, optional=True),
             mark=read_mark({"adk_gateway": {"approvers": mark}}) if mark is not None else None,
+            shadow=json_objects(fields, "shadow", where),
         )
 
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 __all__ = [
     "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "REDIS_POOL_WAIT_BUCKETS", "REQUEST_BUCKETS",
     "WEBHOOK_BUCKETS", "AGENT_LABELLED", "HTTP_METHODS", "STATUS_CLASSES", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
-    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS",
+    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "SHADOW_AGREEMENTS",
 ]
 
 
@@ -79,7 +79,7 @@ STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "browser_runs", "approvals_pending", "approvals_over_user_cap", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
-    "approval_decisions", "approval_decision_wait", "first_token",
+    "approval_decisions", "approval_decision_wait", "first_token", "policy_shadow",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.
@@ -87,6 +87,11 @@ TOOL_OUTCOMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "approval_wait": ("approved", "denied", "timeout", "cancelled", "abandoned"),
     "browser_tool_wait": ("output", "error", "timeout", "cancelled", "abandoned"),
 })
+
+# How what a shadow rule would decide compares with what was decided (config/shadow_rules.py
+# AGREEMENTS, which tests/unit/test_shadow_rules.py checks this against): adk_gateway_policy_shadow_total's
+# last label, exported by `know_tools` for each shadow rule of the policy (its tool and rule are open).
+SHADOW_AGREEMENTS: tuple[str, ...] = ("agree", "stricter", "looser", "different")
 
 
 # The webhooks' series (approvals/webhooks.py), exported at 0 for each configured webhook by `WebhookMetrics.know`

@@ -25,18 +25,16 @@ from .exemplars import NO_EXEMPLARS, Exemplars, WithExemplars
 from .counts_collector import TOKENS_HELP, CountsCollector
 from .metric_labels import (
     APPROVAL_BUCKETS, FIRST_EVENT_BUCKETS, FIRST_TOKEN_BUCKETS, GC_PAUSE_BUCKETS, REQUEST_BUCKETS,
-    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, STATUS_CLASSES, TOKEN_KINDS, TOOL_OUTCOMES,
-    WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS,
+    AGENT_LABELLED, HTTP_METHODS, KNOWN_LABEL_VALUES, OTHER_MODEL, SHADOW_AGREEMENTS, STATUS_CLASSES, TOKEN_KINDS,
+    TOOL_OUTCOMES, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS, WEBHOOK_RESULTS,
 )
 
 if TYPE_CHECKING:
     from ..config.agent import ToolPolicy
     from ..config.schema import GatewayConfig
 
-__all__ = [
-    "AGENT_LABELLED", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
-    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics",
-]
+__all__ = ["AGENT_LABELLED", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
+           "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "GatewayMetrics"]
 
 # (usage field, count key) for each token kind a usage of one shape counts.
 _TokenPlan = tuple[tuple[str, tuple[str, str, str]], ...]
@@ -99,9 +97,7 @@ class GatewayMetrics(WithExemplars):
         # the chunk's encoding), turned into a counter at scrape time.
         self.chunk_counts: collections.Counter[str] = collections.Counter()
         r.register(CountsCollector("adk_gateway_chunks", "UI message chunks emitted, by chunk type.", ["type"], self.chunk_counts))
-        self.ws_connections = Gauge(
-            "adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r
-        )
+        self.ws_connections = Gauge("adk_gateway_ws_connections", "Open browser WebSocket connections.", registry=r)
         self.ws_frames = Counter(
             "adk_gateway_ws_frames_total", "WebSocket frames, by direction (in, out) and frame type.",
             ["direction", "type"], registry=r,
@@ -147,9 +143,7 @@ class GatewayMetrics(WithExemplars):
             "adk_gateway_runs_total", "Upstream runs finished, by agent and outcome (completed, waiting, error, cancelled).",
             ["agent", "outcome"], registry=r,
         )
-        self.live_sessions = Gauge(
-            "adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r
-        )
+        self.live_sessions = Gauge("adk_gateway_live_sessions", "Open ADK live (run_live) sessions, by agent.", ["agent"], registry=r)
         # Tokens are counted on every LLM call's final event (on a tool-heavy stream, most events):
         # plain counts read at scrape time, as chunks are, not a Counter child's lock per kind
         # (~7% of the gateway's CPU on bench's tool-heavy stream, docs/performance.md).
@@ -214,6 +208,11 @@ class GatewayMetrics(WithExemplars):
             "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
             ["agent", "tool"], registry=r,
         )
+        self.policy_shadow = Counter(
+            "adk_gateway_policy_shadow_total", "Calls a shadow rule was evaluated for (never enforced), by agent, tool, rule "
+            "and how what it would decide compares with what was decided (agree, stricter, looser, different).",
+            ["agent", "tool", "rule", "agreement"], registry=r,
+        )
         self.audit_records = Counter(
             "adk_gateway_audit_records_total",
             "Audit records of decided approvals, by what became of them in the shared store: stored, duplicate "
@@ -224,10 +223,8 @@ class GatewayMetrics(WithExemplars):
 
     def _gateway_series(self, r: CollectorRegistry) -> None:
         """The gateway's own state: reloads, readiness, drain, identity keys, replicas."""
-        self.config_reloads = Counter(
-            "adk_gateway_config_reloads_total", "Configuration reloads, by result (success, failure).",
-            ["result"], registry=r,
-        )
+        self.config_reloads = Counter("adk_gateway_config_reloads_total", "Configuration reloads, by result (success, failure).",
+                                      ["result"], registry=r)
         self.config_last_reload = Gauge(
             "adk_gateway_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful configuration load.", registry=r,
@@ -379,6 +376,8 @@ class GatewayMetrics(WithExemplars):
             if policy.runs_in == "browser":
                 for outcome in TOOL_OUTCOMES["browser_tool_wait"]:
                     self.browser_tool_wait.labels(agent, name, outcome)
+            for rule, agreement in ((rule.name, a) for rule in policy.rules if rule.shadow for a in SHADOW_AGREEMENTS):
+                self.policy_shadow.labels(agent, name, rule, agreement)
 
     def watch_gc(self) -> None:
         """Time the collector's pauses into `adk_gateway_gc_pause_seconds` until `unwatch_gc`."""

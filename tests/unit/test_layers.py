@@ -44,6 +44,7 @@ CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "con
 # Protocol and its value types). Checked as the core is.
 APPROVALS_PURE = (
     "approvals.decision", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store", "approvals.votes",
+    "approvals.replay", "approvals.replay_records",
 )
 # The seams between the approvals room and the layers around it (docs/architecture.md, "Where an
 # approval is decided"): each module, the port it reaches the other side through, and the modules of

@@ -380,6 +380,9 @@ OPEN_POSITIONS = {
     # Who decided an approval and how (approvals/reports.py, from the call or the confirmation): the
     # pairs that can happen are exported at 0 (KNOWN_LABEL_VALUES); the notices' test checks them.
     ("approval_decisions", 0), ("approval_decisions", 1), ("approval_decision_wait", 0),
+    # A shadow rule's findings (chat/gates.py): the tool and rule from the policy, the agreement one of
+    # SHADOW_AGREEMENTS; know_tools exports each shadow rule's series (test_shadow_rules.py checks them).
+    ("policy_shadow", 0), ("policy_shadow", 1), ("policy_shadow", 2),
 }
 # Metrics born at first use (any status, any chunk type): not part of the contract.
 OPEN_METRICS = {"http_requests"}
