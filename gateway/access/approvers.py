@@ -29,13 +29,15 @@ from ..approvals.notice import Approver
 # The chat routes' claim matching and 401: an approver is matched and refused as a chat caller is.
 from .auth import Authenticator, Identity, claim_holds, unauthorized
 
-__all__ = ["APPROVER_KEY", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
+__all__ = ["APPROVER_KEY", "SLACK", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
 
-AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key"]
+# `slack`: a Slack user `notifications.slack.users` maps to an approver, pressing a button (edge/slack.py).
+AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key", "slack"]
 # Why `may_decide` refuses, as the approvals API's error code (403).
 DecideRefusal = Literal["not_an_approver", "self_approval"]
 
 APPROVER_KEY: AuthKind = "approver_key"
+SLACK: AuthKind = "slack"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -41,7 +40,8 @@ import aiohttp
 import orjson
 import structlog
 
-from ..ops.backoff import Backoff
+# Retry-After's reading is shared with the Slack channel (approvals/slack.py).
+from ..ops.backoff import Backoff, retry_after as _retry_after
 from ..config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from .notice import ApprovalNotice
 from ..ops.metrics import GatewayMetrics
@@ -287,15 +287,3 @@ class Webhooks:
             session, self._session = self._session, None
             await session.close()
 
-
-def _retry_after(value: str | None, now: float) -> float | None:
-    """Retry-After's seconds, from a number of seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        return max(parsedate_to_datetime(value).timestamp() - now, 0.0)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None

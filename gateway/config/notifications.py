@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from .slack import SlackConfig
 from .values import Duration, Section
 
 __all__ = ["MIN_WEBHOOK_SECRET", "NotificationsConfig", "WebhookConfig", "secret_bytes"]
@@ -104,6 +105,8 @@ class NotificationsConfig(Section):
     # The gateway's public base URL (`https://chat.example.com`), for the approval's link in the
     # body; empty: the link is the path alone (`/api/approvals/<id>`).
     public_url: str = ""
+    # The Slack channel approvers answer in (config/slack.py, approvals/slack.py); none by default.
+    slack: SlackConfig | None = None
 
     @field_validator("public_url")
     @classmethod

@@ -181,6 +181,8 @@ class GatewayConfig(Section):
             problems += self._access_problems(name, agent.access)
         problems += self.notifications.unknown_agents(self.agents)
         problems += self._approvers_problems()
+        if self.notifications.slack is not None:  # after the approvers are bound: its users are theirs
+            problems += self.notifications.slack.problems(self.approvers, self.agents)
         if problems:
             raise ValueError("; ".join(problems))
         return self

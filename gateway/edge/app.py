@@ -45,8 +45,9 @@ from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
 from ..approvals.webhooks import Webhooks
+from ..approvals.slack import SlackChannel
 from ..access.tickets import Tickets
-from . import agui, approvals_api, sse, ws
+from . import agui, approvals_api, slack, sse, ws
 from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
@@ -229,6 +230,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway.admission.start()
     gateway.audit.start()
     gateway.webhooks.start()
+    gateway.slack.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
         agents=[agent.name for agent in gateway.agents],
@@ -244,7 +246,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # After the chats (their last approvals are recorded), before the store is left.
     await gateway.audit.stop(_AUDIT_FLUSH)
     # After the chats: the notices of the approvals their close cancels are queued by then.
-    await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
+    # The Slack channel's calls in the same share, alongside (before the store is left: it keeps
+    # where the messages are).
+    await asyncio.gather(
+        within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks"),
+        within(gateway.slack.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="slack"),
+    )
     # Before the store is left: the last streams' shared slots are given back.
     await gateway.admission.close()
     await gateway.cluster.close()
@@ -316,6 +323,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        slack=SlackChannel(lambda: gateway.config, shared, metrics_),
         timers=timers,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
@@ -326,6 +334,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     # webhooks that want it.
     chats.notices.add_sink(gateway.audit.record)
     chats.notices.add_sink(gateway.webhooks.notify)
+    chats.notices.add_sink(gateway.slack.notify)
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(
@@ -337,6 +346,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.add_routes(ws.routes())
     app.add_routes(agui.routes())
     app.add_routes(approvals_api.routes())
+    app.add_routes(slack.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:

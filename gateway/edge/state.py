@@ -28,6 +28,7 @@ from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing
 from ..approvals.webhooks import Webhooks
+from ..approvals.slack import SlackChannel
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
 from .limiter import Limiter
@@ -55,6 +56,8 @@ class Gateway:
     audit: AuditTrail
     # Approval notices to the configured webhooks (approvals/webhooks.py): `webhooks.notify(notice)`.
     webhooks: Webhooks
+    # Approvals its approvers decide, posted to Slack with buttons (approvals/slack.py; edge/slack.py takes the presses).
+    slack: SlackChannel
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.

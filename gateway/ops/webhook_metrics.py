@@ -1,6 +1,8 @@
 """The approval webhooks' series (approvals/webhooks.py delivers; docs/metrics.md documents them):
 deliveries, attempts, how long a notice took to arrive, what waits. Part of the gateway's registry
-(metrics.py); each configured webhook's series are exported at 0 by `know`.
+(metrics.py); each configured webhook's series are exported at 0 by `know`. The Slack channel's
+Web API calls (approvals/slack.py) are counted here too, as the webhook `@slack` (no webhook name
+has an `@`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from .metric_labels import WEBHOOK_ATTEMPTS, WEBHOOK_BUCKETS, WEBHOOK_EVENTS, WE
 if TYPE_CHECKING:
     from ..config.notifications import NotificationsConfig
 
-__all__ = ["WebhookMetrics"]
+__all__ = ["SLACK_WEBHOOK", "WebhookMetrics"]
+
+# The `webhook` label of the Slack channel's calls.
+SLACK_WEBHOOK = "@slack"
 
 
 class WebhookMetrics:
@@ -45,14 +50,17 @@ class WebhookMetrics:
     def know(self, notifications: NotificationsConfig) -> None:
         """Export each configured webhook's series at 0 until counted. Idempotent: a reload calls it
         again for the webhooks it adds; series of webhooks it removes stay (at their last value)."""
-        for hook in notifications.webhooks:
+        names = [hook.name for hook in notifications.webhooks]
+        if notifications.slack is not None:
+            names.append(SLACK_WEBHOOK)
+        for name in names:
             for event in WEBHOOK_EVENTS:
                 for result in WEBHOOK_RESULTS:
-                    self.deliveries.labels(hook.name, event, result)
+                    self.deliveries.labels(name, event, result)
             for outcome in WEBHOOK_ATTEMPTS:
-                self.attempts.labels(hook.name, outcome)
-            self.delivery_seconds.labels(hook.name)
-            self.pending.labels(hook.name)
+                self.attempts.labels(name, outcome)
+            self.delivery_seconds.labels(name)
+            self.pending.labels(name)
 
     def delivery(self, webhook: str, event: str, result: str, seconds: float | None = None) -> None:
         """Count how one delivery ended (WEBHOOK_RESULTS), and how long a delivered one took."""
