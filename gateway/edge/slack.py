@@ -48,7 +48,8 @@ _NOT_AN_APPROVER = "You are not an approver here: your Slack account is not mapp
 _REFUSED = {
     "already_decided": "This approval was already decided (or expired): your answer changed nothing.",
     "approval_gone": "This approval was already decided (or expired): your answer changed nothing.",
-    "approval_not_found": "This approval is no longer pending, or not yours to decide.",
+    # The listing forgets an approval once it is answered: to an approver in its channel, that is "decided".
+    "approval_not_found": "This approval was already decided (or expired, or is not yours to decide): your answer changed nothing.",
     "already_voted": "You already answered this approval.",
     "self_approval": "You asked for this call yourself, and this approval needs someone else.",
     "not_an_approver": "You may not decide this approval.",
