@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 import structlog
 
 from ..config.schema import GatewayConfig
@@ -154,6 +155,10 @@ class SlackChannel:
         if record is None or not record.get("approvers"):
             log.info("slack_not_posted", approval_id=notice.approval_id, reason="not listed for approvers")
             return
+        if await self._kept(notice.approval_id) is not None:
+            # Told again (a replica took the chat over, or ADK's run asked again): posted already.
+            log.info("slack_not_posted", approval_id=notice.approval_id, reason="posted already")
+            return
         facts = Facts(str(record["approvers"]), int(record.get("quorum", 1)), float(record["deadline"]), record.get("hint"))
         body = waiting_message(notice, facts, requester=self._requester(config, notice), include_args=slack.include_args)
         answer = await self._call(config, slack, notice, "chat.postMessage", {"channel": slack.channel, **body})
@@ -169,12 +174,8 @@ class SlackChannel:
     async def _update(self, config: GatewayConfig, slack: SlackConfig, notice: ApprovalNotice, post: asyncio.Task[None] | None) -> None:
         if post is not None:
             await asyncio.wait({post})  # posted here: its `ts` is kept once it ends, whichever way
-        try:
-            kept = await self._store.get_call(message_key(notice.approval_id))
-        except StoreDown:
-            kept = None
-            log.warning("slack_not_updated", approval_id=notice.approval_id, reason="the shared store is unreachable")
-        if kept is None or "ts" not in kept:
+        kept = await self._kept(notice.approval_id)
+        if kept is None:
             return  # never posted (not the approvers', not listed, or the post failed)
         facts = Facts(kept["group"], int(kept["quorum"]), float(kept["deadline"]), kept.get("hint") or None)
         body = ended_message(
@@ -182,6 +183,15 @@ class SlackChannel:
             who=lambda approver: self._decider(config, slack, approver),
         )
         await self._call(config, slack, notice, "chat.update", {"channel": kept["channel"], "ts": kept["ts"], **body})
+
+    async def _kept(self, approval_id: str) -> dict[str, str] | None:
+        """Where the approval's message is, as kept in the shared store (None: not posted, or unreadable)."""
+        try:
+            kept = await self._store.get_call(message_key(approval_id))
+        except StoreDown:
+            log.warning("slack_message_unread", approval_id=approval_id, reason="the shared store is unreachable")
+            return None
+        return kept if kept is not None and "ts" in kept else None
 
     async def _listed(self, approval_id: str) -> dict[str, Any] | None:
         for pause in (*self._listing_waits, None):
@@ -244,10 +254,11 @@ class SlackChannel:
     async def _attempt(self, slack: SlackConfig, method: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None, float | None]:
         """(outcome, Slack's JSON answer, Retry-After seconds)."""
         assert self._session is not None  # calls start only once it is open
-        headers = {"Authorization": f"Bearer {slack.bot_token.get_secret_value()}"}
+        # Slack reads a JSON body with its charset said (else it answers with a `missing_charset` warning).
+        headers = {"Authorization": f"Bearer {slack.bot_token.get_secret_value()}", "Content-Type": "application/json; charset=utf-8"}
         try:
             async with self._session.post(
-                f"{slack.api_base.rstrip('/')}/{method}", json=body, headers=headers, allow_redirects=False,
+                f"{slack.api_base.rstrip('/')}/{method}", data=orjson.dumps(body), headers=headers, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=slack.timeout),
             ) as response:
                 status = response.status

@@ -398,6 +398,14 @@ async def test_what_the_chatting_user_answers_is_never_posted_nor_updated(env: E
     assert env.slack.calls == []
 
 
+async def test_an_approval_told_waiting_again_is_not_posted_twice(env: Env) -> None:
+    """A replica that takes the chat over (or ADK's run that asks again) reports it waiting anew."""
+    await waiting(env)
+    env.gateway.chats.notices.call_waiting(env.gateway.config.default, env.chat.call)
+    await asyncio.sleep(0.2)
+    assert len(env.slack.of("chat.postMessage")) == 1
+
+
 async def test_slack_throttling_is_retried_after_its_retry_after_and_counted(env: Env) -> None:
     env.slack.fail[:] = [429, 503]
     await waiting(env)
