@@ -32,7 +32,7 @@ from ..config.slack import SlackConfig
 from ..ops.backoff import Backoff, retry_after
 from ..ops.logs import user_id_as_logged
 from ..ops.metrics import GatewayMetrics
-from ..ops.stopping import cancel_and_wait
+from ..ops.stopping import drain, pause
 from ..ops.webhook_metrics import SLACK_WEBHOOK
 from .notice import ApprovalNotice, Approver
 from .slack_blocks import Facts, ended_message, waiting_message
@@ -123,9 +123,14 @@ class SlackChannel:
         if notice.kind == "waiting":
             task = self._spawn(self._post(config, slack, notice), notice)
             self._posting[notice.approval_id] = task
-            task.add_done_callback(lambda _t, key=notice.approval_id: self._posting.pop(key, None))
+            task.add_done_callback(lambda done, key=notice.approval_id: self._forget_post(key, done))
         else:
             self._spawn(self._update(config, slack, notice, self._posting.get(notice.approval_id)), notice)
+
+    def _forget_post(self, approval_id: str, done: asyncio.Task[None]) -> None:
+        # Only its own entry: a second `waiting` of the approval may have replaced it meanwhile.
+        if self._posting.get(approval_id) is done:
+            del self._posting[approval_id]
 
     def _spawn(self, work: Coroutine[Any, Any, None], notice: ApprovalNotice) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._guarded(work, notice), name=f"slack-{notice.kind}-{notice.approval_id}")
@@ -194,14 +199,14 @@ class SlackChannel:
         return kept if kept is not None and "ts" in kept else None
 
     async def _listed(self, approval_id: str) -> dict[str, Any] | None:
-        for pause in (*self._listing_waits, None):
+        for wait in (*self._listing_waits, None):
             try:
                 record = await self._store.get_approval(approval_id)
             except StoreDown:
                 record = None
-            if record is not None or pause is None:
+            if record is not None or wait is None:
                 return record
-            await self._pause(pause)
+            await pause(wait, self._stopping)
         return None
 
     @staticmethod
@@ -249,7 +254,7 @@ class SlackChannel:
             delay = delay / 2 + delay / 2 * self._jitter()
             if wait is not None:
                 delay = min(max(wait, delay), settings.backoff_max)
-            await self._pause(delay)
+            await pause(delay, self._stopping)
 
     async def _attempt(self, slack: SlackConfig, method: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None, float | None]:
         """(outcome, Slack's JSON answer, Retry-After seconds)."""
@@ -295,27 +300,15 @@ class SlackChannel:
         if status != 200:
             log.warning("slack_response_failed", status=status)
 
-    # ---- counting, pausing, stopping -------------------------------------------------------
+    # ---- counting, stopping -------------------------------------------------------------
 
     def _counted(self, kind: str, result: str, seconds: float | None = None) -> None:
         self._metrics.webhooks.delivery(SLACK_WEBHOOK, kind, result, seconds)
 
-    async def _pause(self, delay: float) -> None:
-        """Wait `delay`, or until a stop asks for the last attempt now."""
-        try:
-            await asyncio.wait_for(self._stopping.wait(), delay)
-        except TimeoutError:
-            pass
-
     async def stop(self, timeout: float) -> None:
         """Stop taking notices, give calls under way up to `timeout`, cancel the rest, close the client."""
         self._stopping.set()
-        flush = timeout * 0.8
-        tasks = set(self._tasks)
-        if tasks:
-            _, tasks = await asyncio.wait(tasks, timeout=flush)
-        if tasks:
-            await cancel_and_wait(tasks, timeout - flush, what="slack calls")
+        await drain(self._tasks, timeout, what="slack calls")
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()

@@ -31,7 +31,7 @@ from gateway.approvals.notice import ApprovalNotice, Approver
 from gateway.approvals.slack import SlackChannel, message_key
 from gateway.approvals.slack_blocks import ACTION_APPROVE, ACTION_DENY, Facts, ended_message, waiting_message
 from gateway.cluster.approval_desk import pending_record
-from gateway.cluster.memory import MemoryHub, MemoryState
+from gateway.cluster.shared import SharedState
 from gateway.config.schema import ConfigError, ToolPolicy, parse_config
 from gateway.core.approvals import GatedCall, Outcome
 from gateway.edge.app import create_app
@@ -39,6 +39,7 @@ from gateway.edge.slack import signature_valid
 from gateway.edge.state import GATEWAY, Gateway
 from gateway.ops.logs import secret_values
 from gateway.ops.metrics import GatewayMetrics
+from tests.support.shared_state import pair, redis  # noqa: F401 - fixtures
 from tests.support.waiting import until
 
 SIGNING = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -418,14 +419,16 @@ async def test_slack_throttling_is_retried_after_its_retry_after_and_counted(env
         "adk_gateway_webhook_deliveries_total", {"webhook": "@slack", "event": "expired", "result": "failed"}) == 0
 
 
-async def test_the_replica_that_reports_the_decision_updates_the_message_another_posted(slack: Slack) -> None:
-    """Where the message is lives in the shared store: replica b, which took the chat over, updates
-    what replica a posted (two views of one memory hub, as tests/unit/test_cluster_state.py pairs them)."""
+async def test_the_replica_that_reports_the_decision_updates_the_message_another_posted(
+    slack: Slack, pair: tuple[SharedState, SharedState],
+) -> None:
+    """Where the message is lives in the shared store (sealed in Redis): replica b, which took the chat
+    over, updates what replica a posted; on both backends (tests/support/shared_state.py)."""
     config = parse_config(CONFIG, source="gateway.yaml", env={**ENV, "SLACK_STANDIN": slack.base})
-    hub = MemoryHub()
-    a, b = MemoryState("a", hub), MemoryState("b", hub)
+    a, b = pair
     record = {"id": "gw-1", "state": "pending", "agent": config.default, "tool": "issue_refund", "requester": "alice",
-              "approvers": "supervisors", "quorum": 1, "deadline": time.time() + 300, "created": time.time(), "votes": []}
+              "approvers": "supervisors", "quorum": 1, "deadline": time.time() + 300, "created": time.time(), "votes": [],
+              "owner": "a"}
     await a.put_approval(record, ttl=600)
     metrics = GatewayMetrics()
     channels = [SlackChannel(lambda: config, state, metrics) for state in (a, b)]
@@ -434,7 +437,10 @@ async def test_the_replica_that_reports_the_decision_updates_the_message_another
     try:
         channels[0].notify(notice())
         await until(lambda: len(slack.of("chat.postMessage")) == 1, timeout=5)
-        await until(lambda: message_key("gw-1") in hub.calls, timeout=5)
+        for _ in range(500):
+            if await b.get_call(message_key("gw-1")) is not None:
+                break
+            await asyncio.sleep(0.01)
         channels[1].notify(notice("decided", source="approver", outcome="approved", approvers=(Approver("supervisor", "slack"),)))
         await until(lambda: len(slack.of("chat.update")) == 1, timeout=5)
         assert slack.of("chat.update")[0]["ts"] == "1800000000.000100"
