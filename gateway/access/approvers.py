@@ -31,7 +31,8 @@ from .auth import Authenticator, Identity, claim_holds, unauthorized
 
 __all__ = ["APPROVER_KEY", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
 
-AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key"]
+# `email`: a mailed decision link signed for that approver (edge/decision_page.py).
+AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key", "email"]
 # Why `may_decide` refuses, as the approvals API's error code (403).
 DecideRefusal = Literal["not_an_approver", "self_approval"]
 
@@ -88,6 +89,15 @@ class ApproverAuth:
         identity = await self._authenticator.identify(request)
         kind: AuthKind = "cookie" if identity.via_cookie else _KINDS[self._auth_mode]
         return ApproverIdentity(identity.user_id, identity.claims, identity.via_cookie, kind, self._chat)
+
+    def by_link(self, entry: str) -> ApproverIdentity | None:
+        """The approver a mailed link names (`entry`: a member as groups list them, or a principal
+        as `str(Principal)` writes it), authenticated by the link; None for an entry naming nobody."""
+        try:
+            principal = Principal.parse(entry) or next(iter(self._config.members([entry])))
+        except ValueError:
+            return None
+        return ApproverIdentity(principal.id, auth="email", source=principal.source)
 
     def _approver_key(self, credential: str) -> str | None:
         digest = hashlib.sha256(credential.encode()).hexdigest()

@@ -1,4 +1,5 @@
-"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires.
+"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires,
+and the approvers told by mail (`email`, config/email.py).
 
 Each webhook names where to POST (`url`), the secret its calls are signed with (Standard Webhooks,
 approvals/webhooks.py), which notices it wants (`events`) and of which approvals (`agents`, `tools`,
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from .email import EmailConfig
 from .values import Duration, Section
 
 __all__ = ["MIN_WEBHOOK_SECRET", "NotificationsConfig", "WebhookConfig", "secret_bytes"]
@@ -104,6 +106,8 @@ class NotificationsConfig(Section):
     # The gateway's public base URL (`https://chat.example.com`), for the approval's link in the
     # body; empty: the link is the path alone (`/api/approvals/<id>`).
     public_url: str = ""
+    # Approvers told by mail, with a one-time decision link (config/email.py); None: no mail.
+    email: EmailConfig | None = None
 
     @field_validator("public_url")
     @classmethod

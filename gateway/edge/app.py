@@ -45,8 +45,9 @@ from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
 from ..approvals.webhooks import Webhooks
+from ..approvals.email import EmailNotices
 from ..access.tickets import Tickets
-from . import agui, approvals_api, sse, ws
+from . import agui, approvals_api, decision_page, sse, ws
 from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
@@ -103,8 +104,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         exemplar = gateway.tracing.server_exemplar(span) if span is not None else None
         request.app[GATEWAY].metrics.count_request(route, request.method, str(status), duration, exemplar)
         gateway.tracing.end_server(span, status)
+        # A mailed decision link's path is a credential: its route is logged instead.
+        path = route if route == decision_page.ROUTE else request.path
         log.info(
-            "http_request", method=request.method, path=request.path, route=route, status=status,
+            "http_request", method=request.method, path=path, route=route, status=status,
             duration_ms=round(duration * 1000, 1),
         )
 
@@ -117,7 +120,7 @@ def _server_span(request: web.Request, gateway: Gateway) -> object:
     if request.path in _UNTRACED or request.path == gateway.config.metrics.path or route.endswith("/ws"):
         return None
     return gateway.tracing.server_span(
-        request.headers, request.method, route, request.path, agent=request.match_info.get("agent"),
+        request.headers, request.method, route, route if route == decision_page.ROUTE else request.path, agent=request.match_info.get("agent"),
     )
 
 
@@ -229,6 +232,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway.admission.start()
     gateway.audit.start()
     gateway.webhooks.start()
+    if gateway.email is not None:
+        gateway.email.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
         agents=[agent.name for agent in gateway.agents],
@@ -245,6 +250,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gateway.audit.stop(_AUDIT_FLUSH)
     # After the chats: the notices of the approvals their close cancels are queued by then.
     await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
+    if gateway.email is not None:
+        await within(gateway.email.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="approval mails")
     # Before the store is left: the last streams' shared slots are given back.
     await gateway.admission.close()
     await gateway.cluster.close()
@@ -312,10 +319,11 @@ def create_app(config: GatewayConfig) -> web.Application:
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     # The config through the gateway, so a reload's notifications apply to the notices after it.
     webhooks = Webhooks(lambda: gateway.config.notifications, metrics_)
+    email = EmailNotices(lambda: gateway.config.notifications, shared, shared, decision_page.link_deciders(lambda: gateway))
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
-        admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, email=email, jwks=jwks, tracing=tracing,
         timers=timers,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
@@ -326,6 +334,8 @@ def create_app(config: GatewayConfig) -> web.Application:
     # webhooks that want it.
     chats.notices.add_sink(gateway.audit.record)
     chats.notices.add_sink(gateway.webhooks.notify)
+    # Approvers mailed a one-time decision link (notifications.email, read at each notice).
+    chats.notices.add_sink(email.notify)
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(
@@ -337,6 +347,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.add_routes(ws.routes())
     app.add_routes(agui.routes())
     app.add_routes(approvals_api.routes())
+    app.add_routes(decision_page.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:

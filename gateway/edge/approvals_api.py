@@ -41,7 +41,7 @@ from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
-__all__ = ["routes"]
+__all__ = ["cast_vote", "may_vote", "read_pending", "routes", "spend_vote"]
 
 log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
@@ -195,21 +195,35 @@ async def get_approval(request: web.Request) -> web.Response:
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await _caller(request)
-    # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
-    # chatting user whose id happens to equal the key's.
-    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
-    try:
-        await gateway.admission.check_rate(bucket, gateway.clock())
-    except Limited as exc:
-        count_refusal(request, exc.code)
-        raise
+    await spend_vote(request, who)
     raw = await read_body(request)
     try:
         vote = _Vote.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from None
-    record = await _pending(gateway, request.match_info["id"], who)
+    status, decided = await cast_vote(gateway, who, request.match_info["id"], vote.approved, vote.reason)
+    return web.json_response(decided, status=status)
+
+
+async def spend_vote(request: web.Request, who: ApproverIdentity) -> None:
+    """Spend the voter's token of the chat routes' per-user rate, or raise 429."""
+    gateway = request.app[GATEWAY]
+    # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
+    # chatting user whose id happens to equal the key's.
+    bucket = str(who.principal) if who.source == APPROVER_KEY else who.user_id
+    try:
+        await gateway.admission.check_rate(bucket, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
+
+
+async def cast_vote(gateway: Gateway, who: ApproverIdentity, approval_id: str, approved: bool, reason: str | None) -> tuple[int, dict[str, Any]]:
+    """`who`'s vote on `approval_id`, counted in the store and, once it decides, applied where the
+    call's chat runs: (status, the approval as the API shows it), or HttpError. The one path every
+    channel votes through (this API, the mailed decision page): the first decision wins, a late one is 409."""
+    record = await _pending(gateway, approval_id, who)
     refused = _refusal(gateway, who, record)
     if refused is not None:
         text = "the person who asked may not approve this call" if refused == "self_approval" else "you may not decide this approval"
@@ -218,19 +232,19 @@ async def decide_approval(request: web.Request) -> web.Response:
     counts = partial(gateway.approver_auth().counts, spec=_spec(record), requester=record["requester"])
     quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
-        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
+        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), approved, quorum)
     except SharedStateDown as exc:
         raise _store_down(exc) from None
-    log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
+    log.info("approval_vote", approval_id=record["id"], approved=approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")
     if tally.state == "gone":
         raise HttpError(409, "already_decided", "this approval is no longer pending: decided, expired or cancelled")
     votes = (tally.approval or record).get("votes", [])
     if tally.state == "counted":
-        return web.json_response(_public(tally.approval or record))
-    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), vote.approved, counts)
-    result = await gateway.cluster.approvals.decide(record, vote.approved, vote.reason, deciders)
+        return 200, _public(tally.approval or record)
+    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), approved, counts)
+    result = await gateway.cluster.approvals.decide(record, approved, reason, deciders)
     if result == "already":
         raise HttpError(409, "already_decided", "this approval was decided before (its deadline passed, or the run ended)")
     if result == "gone":
@@ -242,10 +256,21 @@ async def decide_approval(request: web.Request) -> web.Response:
         # Counted, but neither applied nor kept for later (the store failed meanwhile): the
         # approval's verdict is in the store, which its deadline reads.
         raise HttpError(503, "chat_busy", "the decision is counted, but the chat stayed busy and the agent was not answered")
-    outcome = "approved" if vote.approved else "denied"
+    outcome = "approved" if approved else "denied"
     decided = _public(record, state="decided", outcome=outcome, source="approver", votes=votes, applied=result != "queued")
     # `queued`: the decision is the approval's; the chat runs something else, and gets it when it frees.
-    return web.json_response(decided, status=202 if result == "queued" else 200)
+    return (202 if result == "queued" else 200), decided
+
+
+def may_vote(gateway: Gateway, who: ApproverIdentity, record: dict[str, Any]) -> bool:
+    """Whether `who` may decide the approval `record` now (its group, four-eyes)."""
+    return _refusal(gateway, who, record) is None
+
+
+async def read_pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) -> dict[str, Any]:
+    """The approval as the API shows it to `who`, pending or decided and not yet answered; 404 for
+    one they may not see (or that is gone)."""
+    return _public(await _pending(gateway, approval_id, who))
 
 
 def _earlier_deciders(votes: list[dict[str, Any]], mine: str, approved: bool, counts: Callable[[str], bool]) -> list[dict[str, str]]:

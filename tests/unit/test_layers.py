@@ -75,8 +75,9 @@ MAY_NOT_IMPORT = {
     "approvals": ("edge", "chat", "cluster", "access", "upstream"),
 }
 # Which edge modules may import the approvals room: those that build and hold the object graph
-# (the audit trail, the webhooks) and the approvals API, its HTTP face.
-EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api")
+# (the audit trail, the webhooks, the mails), the approvals API, its HTTP face, and the page the
+# mailed decision links open (the links' tokens are the room's).
+EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api", "edge.decision_page")
 # What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
 # transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
 # everything else through cluster/router.py; app.py builds the chat service and its registry, and
