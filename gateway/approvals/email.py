@@ -37,6 +37,7 @@ import structlog
 from ..config.email import EmailConfig, SmtpConfig
 from ..config.notifications import NotificationsConfig
 from ..ops.backoff import Backoff
+from ..ops.webhook_metrics import WebhookMetrics
 from ..ops.stopping import cancel_and_wait
 from .email_links import LinkToken, link_key, nonce_key, sign_link
 from .notice import ApprovalNotice
@@ -88,9 +89,10 @@ class EmailNotices:
 
     def __init__(
         self, config: Callable[[], NotificationsConfig], directory: ApprovalReader, nonces: NonceStore,
-        deciders: Deciders, *, wall: Callable[[], float] = time.time,
+        deciders: Deciders, metrics: WebhookMetrics, *, wall: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._directory = directory
         self._nonces = nonces
         self._deciders = deciders
@@ -116,6 +118,7 @@ class EmailNotices:
                 "queue_full" if len(self._tasks) >= email.queue else None
             )
             if why is not None:
+                self._metrics.email("dropped")
                 log.warning("email_dropped", approval_id=notice.approval_id, reason=why)
                 return
             task = asyncio.get_running_loop().create_task(self._mail(notice.approval_id, config, email))
@@ -138,6 +141,7 @@ class EmailNotices:
                 seen.add(approver)
                 await self._one(record, approver, address, config, email)
         except asyncio.CancelledError:
+            self._metrics.email("dropped")
             log.warning("email_dropped", approval_id=approval_id, reason="stopped")
             raise
         except Exception as exc:  # a bug here costs this approval's mails alone, logged
@@ -173,15 +177,17 @@ class EmailNotices:
                     kept = True
                 async with self._slots:
                     await asyncio.to_thread(_send, mail.smtp, mail.message)
+                self._metrics.email("sent")
                 log.info("email_sent", approval_id=mail.approval_id, approver=approver, attempts=attempt)
                 return
-            except (OSError, smtplib.SMTPException) as exc:
-                failure = type(exc).__name__
-            except Exception as exc:  # the store is away (SharedStateDown): the nonce is kept first
+            # SMTP and network errors, and a store that could not keep the nonce (SharedStateDown):
+            # tried again; no link goes out before its nonce is kept.
+            except Exception as exc:  # noqa: BLE001
                 failure = type(exc).__name__
             if attempt >= config.max_attempts or self._stopping.is_set():
                 break
             await self._pause(backoff.failed())
+        self._metrics.email("failed")
         log.warning("email_failed", approval_id=mail.approval_id, approver=approver, attempts=attempt, error=failure)
 
     async def _pause(self, delay: float) -> None:

@@ -319,7 +319,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     # The config through the gateway, so a reload's notifications apply to the notices after it.
     webhooks = Webhooks(lambda: gateway.config.notifications, metrics_)
-    email = EmailNotices(lambda: gateway.config.notifications, shared, shared, decision_page.link_deciders(lambda: gateway))
+    email = EmailNotices(lambda: gateway.config.notifications, shared, shared, decision_page.link_deciders(lambda: gateway), metrics_.webhooks)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),

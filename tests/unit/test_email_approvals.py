@@ -85,17 +85,20 @@ class Inbox:
         return [m for rcpt, m in self.mails if address in rcpt]
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @contextmanager
 def smtp_server() -> Iterator[tuple[Inbox, int]]:
     """A real SMTP server on a free port of 127.0.0.1, and what it receives."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
     inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller = Controller(inbox, hostname="127.0.0.1", port=_free_port())
     controller.start()
     try:
-        yield inbox, port
+        yield inbox, controller.port
     finally:
         controller.stop()
 
@@ -191,6 +194,40 @@ async def test_a_waiting_approval_mails_each_approver_who_may_decide_it(client: 
     assert f'href="{BASE}{link_of(message)}"' in html
     # Each approver's link is their own.
     assert link_of(message) != link_of(inbox.to("lead@example.com")[0])
+    assert sent(client, "sent") == 2 and sent(client, "failed") == 0
+
+
+def sent(client: TestClient, result: str) -> float | None:
+    return client.app[GATEWAY].metrics.registry.get_sample_value(  # type: ignore[index, no-any-return]
+        "adk_gateway_approval_emails_total", {"result": result},
+    )
+
+
+async def test_an_smtp_server_that_is_down_costs_the_chat_nothing_and_is_tried_again(
+    smtp: tuple[Inbox, int],
+) -> None:
+    inbox, port = smtp
+    closed = _free_port()  # nobody listens there
+    app = create_app(parse_config(config(closed), source="gateway.yaml", env={}))
+    async with TestClient(TestServer(app)) as down:
+        for agent in app[GATEWAY].agents:
+            agent.probe.cancel()
+        started = time.monotonic()
+        await waiting(down)
+        assert time.monotonic() - started < 0.1  # the notice only queued the mails
+        for _ in range(100):
+            if sent(down, "failed") == 2:
+                break
+            await asyncio.sleep(0.05)
+        # notifications.max_attempts (3) sessions per approver, a backoff apart, then given up.
+        assert sent(down, "failed") == 2 and sent(down, "sent") == 0
+        assert inbox.mails == []
+        # A server that answers again takes the next approval's mails.
+        # (as a reload applies `notifications` to the notices after it)
+        app[GATEWAY].config = parse_config(config(port), source="gateway.yaml", env={})
+        await waiting(down, "gw-2")
+        await mails(inbox, 2)
+        assert sent(down, "sent") == 2
 
 
 async def test_opening_the_link_decides_nothing_and_posting_it_votes_once(
