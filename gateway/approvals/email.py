@@ -42,7 +42,7 @@ from ..ops.stopping import cancel_and_wait
 from .email_links import LinkToken, link_key, nonce_key, sign_link
 from .notice import ApprovalNotice
 
-__all__ = ["ApprovalReader", "Deciders", "EmailNotices", "NonceStore", "compose"]
+__all__ = ["ApprovalReader", "Deciders", "EmailNotices", "NonceStore", "compose", "summary"]
 
 log = structlog.get_logger("adk_gateway.approvals.email")
 
@@ -133,13 +133,22 @@ class EmailNotices:
             if record is None or record.get("state", "pending") != "pending":
                 log.info("email_not_sent", approval_id=approval_id, reason="not_pending")
                 return
-            seen: set[str] = set()
+            if record.get("approvers") is None:
+                # The chatting user's own (a held call in live mode is listed too): answered in the chat.
+                return
+            # One mail per person, however they are listed; each retried on its own, so an address
+            # that keeps failing does not hold up the others.
+            mails: dict[str, str] = {}
             for entry, address in email.recipients.items():
                 approver = self._deciders(entry, record)
-                if approver is None or approver in seen:
-                    continue
-                seen.add(approver)
-                await self._one(record, approver, address, config, email)
+                if approver is not None:
+                    mails.setdefault(approver, address)
+            ends = await asyncio.gather(
+                *(self._one(record, who, address, config, email) for who, address in mails.items()), return_exceptions=True,
+            )
+            for end in ends:
+                if isinstance(end, Exception):  # a bug (a message that cannot be composed): this mail alone
+                    log.error("email_error", approval_id=approval_id, error=repr(end))
         except asyncio.CancelledError:
             self._metrics.email("dropped")
             log.warning("email_dropped", approval_id=approval_id, reason="stopped")
@@ -173,7 +182,8 @@ class EmailNotices:
         for attempt in range(1, config.max_attempts + 1):
             try:
                 if not kept:
-                    await self._nonces.put_ticket(nonce_key(nonce), {"approval": record["id"], "approver": approver}, ttl=expires - now)
+                    left = max(expires - self._wall(), 1.0)
+                    await self._nonces.put_ticket(nonce_key(nonce), {"approval": record["id"], "approver": approver}, ttl=left)
                     kept = True
                 async with self._slots:
                     await asyncio.to_thread(_send, mail.smtp, mail.message)
@@ -226,9 +236,8 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def compose(record: dict[str, Any], email: EmailConfig, address: str, link: str, expires: float) -> EmailMessage:
-    """The message to one approver: what waits (tool, agent, rule, who asked, the deadline, the hint,
-    the arguments only with `include_args`) and the link, as text and as simple HTML."""
+def summary(record: dict[str, Any], *, with_args: bool) -> list[tuple[str, str]]:
+    """What an approver is shown of an approval (the mail, the decision page), as (name, value) rows."""
     rows = [
         ("Agent", record.get("agent", "")), ("Tool", record.get("tool", "")), ("Rule", record.get("rule") or "-"),
         ("Requested by", record.get("requester", "")),
@@ -237,8 +246,15 @@ def compose(record: dict[str, Any], email: EmailConfig, address: str, link: str,
     ]
     if record.get("hint"):
         rows.append(("Hint", record["hint"]))
-    if email.include_args:
+    if with_args:
         rows.append(("Arguments", orjson.dumps(record.get("args", {}), option=orjson.OPT_SORT_KEYS).decode()))
+    return [(name, str(value)) for name, value in rows]
+
+
+def compose(record: dict[str, Any], email: EmailConfig, address: str, link: str, expires: float) -> EmailMessage:
+    """The message to one approver: what waits (tool, agent, rule, who asked, the deadline, the hint,
+    the arguments only with `include_args`) and the link, as text and as simple HTML."""
+    rows = summary(record, with_args=email.include_args)
     message = EmailMessage()
     message["Subject"] = f"Approval needed: {record.get('tool', '')} ({record.get('agent', '')})"
     message["From"] = email.from_

@@ -24,12 +24,11 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import orjson
 import structlog
 from aiohttp import web
 
 from ..access.approvers import ApproverIdentity
-from ..approvals.email import Deciders
+from ..approvals.email import Deciders, summary
 from ..approvals.email_links import LinkRefused, LinkToken, link_key, nonce_key, verify_link
 from ..cluster.shared import SharedStateDown
 from ..core.refusals import HttpError
@@ -106,17 +105,9 @@ async def show(request: web.Request) -> web.Response:
 
 
 def _details(record: dict[str, Any]) -> str:
-    rows = [
-        ("Agent", record.get("agent")), ("Tool", record.get("tool")), ("Rule", record.get("rule") or "-"),
-        ("Requested by", record.get("requester")), ("Approvers", record.get("approvers")),
-        ("Hint", record.get("hint") or "-"), ("Arguments", _json(record.get("args", {}))),
-    ]
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    # The arguments too: whoever holds the link may decide the call, and the API shows them its arguments.
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary(record, with_args=True))
     return f"<table>{cells}</table>"
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _form(token: LinkToken) -> str:

@@ -132,15 +132,18 @@ def decided(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[tuple[s
     return calls
 
 
-async def waiting(client: TestClient, approval_id: str = "gw-1", requester: str = "bob") -> dict[str, Any]:
-    """An approval for the supervisors, listed and told as the chat's owner does."""
+async def waiting(
+    client: TestClient, approval_id: str = "gw-1", requester: str = "bob", approvers: str | None = "supervisors",
+) -> dict[str, Any]:
+    """An approval for the supervisors (or, `approvers=None`, the chatting user's own held call),
+    listed and told as the chat's owner does."""
     gateway = client.app[GATEWAY]  # type: ignore[index]
     now = time.time()
-    record = {**approval(approval_id, now), "requester": requester}
+    record = {**approval(approval_id, now), "requester": requester, "approvers": approvers}
     await gateway.cluster.state.put_approval(record, ttl=TTL)
     call = GatedCall(
         approval_id, requester, "chat-1", "s-1", record["tool_call_id"], "issue_refund", record["args"],
-        ToolPolicy(approval=True), now, now + 300, rule="large_refund", approvers="supervisors", self_approval=False,
+        ToolPolicy(approval=True), now, now + 300, rule="large_refund", approvers=approvers, self_approval=False,
     )
     gateway.chats.notices.call_waiting("support_agent", call)
     return record
@@ -197,6 +200,33 @@ async def test_a_waiting_approval_mails_each_approver_who_may_decide_it(client: 
     assert sent(client, "sent") == 2 and sent(client, "failed") == 0
 
 
+async def test_the_chatting_users_own_approval_mails_nobody(client: TestClient, smtp: tuple[Inbox, int]) -> None:
+    """Bob is mapped and may answer his own call, in his chat: no link for it."""
+    await waiting(client, "gw-own", approvers=None)
+    await waiting(client, "gw-2")
+    await mails(smtp[0], 2)
+    assert sorted(rcpt[0] for rcpt, _ in smtp[0].mails) == ["lead@example.com", "sup@example.com"]
+
+
+async def test_starttls_that_the_server_does_not_offer_sends_nothing_in_clear(smtp: tuple[Inbox, int]) -> None:
+    inbox, port = smtp
+    app = create_app(parse_config(config(port).replace("starttls: false", "starttls: true"), source="gateway.yaml", env={}))
+    async with TestClient(TestServer(app)) as plain:
+        for agent in app[GATEWAY].agents:
+            agent.probe.cancel()
+        await waiting(plain)
+        await given_up(plain, 2)
+        assert inbox.mails == []
+
+
+async def given_up(client: TestClient, count: int) -> None:
+    for _ in range(100):
+        if sent(client, "failed") == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{sent(client, 'failed')} mails given up, not {count}")
+
+
 def sent(client: TestClient, result: str) -> float | None:
     return client.app[GATEWAY].metrics.registry.get_sample_value(  # type: ignore[index, no-any-return]
         "adk_gateway_approval_emails_total", {"result": result},
@@ -215,12 +245,9 @@ async def test_an_smtp_server_that_is_down_costs_the_chat_nothing_and_is_tried_a
         started = time.monotonic()
         await waiting(down)
         assert time.monotonic() - started < 0.1  # the notice only queued the mails
-        for _ in range(100):
-            if sent(down, "failed") == 2:
-                break
-            await asyncio.sleep(0.05)
         # notifications.max_attempts (3) sessions per approver, a backoff apart, then given up.
-        assert sent(down, "failed") == 2 and sent(down, "sent") == 0
+        await given_up(down, 2)
+        assert sent(down, "sent") == 0
         assert inbox.mails == []
         # A server that answers again takes the next approval's mails.
         # (as a reload applies `notifications` to the notices after it)
