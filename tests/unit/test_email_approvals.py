@@ -15,6 +15,7 @@ import asyncio
 import email
 import email.policy
 import re
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +33,7 @@ from gateway.config.schema import parse_config
 from gateway.core.approvals import GatedCall
 from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
+from tests.procs import RedisServer, redis_server
 from tests.unit.test_approvals_directory import TTL, approval
 
 SIGNING_KEY = "k" * 40
@@ -338,3 +340,41 @@ def test_a_recipient_who_names_nobody_refuses_the_file(smtp: tuple[Inbox, int]) 
     injected = config(smtp[1]).replace("sup@example.com", '"sup@example.com\\nBcc: x@evil.example"')
     with pytest.raises(Exception, match="e-mail address"):
         parse_config(injected, source="gateway.yaml", env={})
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+async def test_on_two_replicas_a_link_mailed_by_one_votes_on_the_other_once(
+    smtp: tuple[Inbox, int], redis: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The approval, the votes and the link's nonce are in Redis (sealed, taken with GETDEL): the
+    replica that mailed the link need not be the one its form reaches, and a link votes once."""
+    inbox, port = smtp
+    shared = (
+        f"sessions:\n  backend: redis\n  redis_url: {redis.url}\n  key_prefix: mail{secrets.token_hex(3)}\n"
+        "  secret: test-sessions-secret-0123456789\n"
+    )
+    a_app, b_app = (create_app(parse_config(config(port) + shared, source="gateway.yaml", env={})) for _ in range(2))
+    async with TestClient(TestServer(a_app)) as a, TestClient(TestServer(b_app)) as b:
+        for app in (a_app, b_app):
+            for agent in app[GATEWAY].agents:
+                agent.probe.cancel()
+        calls: list[str] = []
+
+        async def decide(record: dict[str, Any], approved: bool, reason: str | None, deciders: list[dict[str, str]]) -> str:
+            calls.append(record["id"])
+            return "decided"
+
+        monkeypatch.setattr(b_app[GATEWAY].cluster.approvals, "decide", decide)
+        await waiting(a)
+        await mails(inbox, 2)
+        path = link_of(inbox.to("sup@example.com")[0])
+        nonce = await form_nonce(b, path)
+        answer = await b.post(path, data={"nonce": nonce, "decision": "approve"})
+        assert answer.status == 200 and calls == ["gw-1"]
+        again = await a.post(path, data={"nonce": nonce, "decision": "approve"})
+        assert again.status == 410 and "used already" in await again.text()
