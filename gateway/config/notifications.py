@@ -1,4 +1,6 @@
-"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires.
+"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires,
+and the approvers' own channels: a Slack channel with buttons (`slack`, config/slack.py) and mail
+with a one-time link (`email`, config/email.py).
 
 Each webhook names where to POST (`url`), the secret its calls are signed with (Standard Webhooks,
 approvals/webhooks.py), which notices it wants (`events`) and of which approvals (`agents`, `tools`,
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from .email import EmailConfig
 from .slack import SlackConfig
 from .values import Duration, Section
 
@@ -107,6 +110,8 @@ class NotificationsConfig(Section):
     public_url: str = ""
     # The Slack channel approvers answer in (config/slack.py, approvals/slack.py); none by default.
     slack: SlackConfig | None = None
+    # Approvers told by mail, with a one-time decision link (config/email.py); None: no mail.
+    email: EmailConfig | None = None
 
     @field_validator("public_url")
     @classmethod

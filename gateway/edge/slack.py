@@ -9,8 +9,8 @@ interaction's JSON; a `block_actions` press carries the approval id as the butto
 (approvals/slack_blocks.py) and the Slack user's id.
 
 The Slack user votes as the approver `notifications.slack.users` maps them to, through the approvals
-API's own vote (edge/approvals_api.py `vote`): its group, quorum, four-eyes and "first decision wins"
-hold as for any vote. A user not mapped decides nothing. Slack wants an answer within 3 s and a vote
+API's own vote (edge/approvals_api.py `cast_vote`, after its rate, `spend_vote`): its group, quorum,
+four-eyes and "first decision wins" hold as for any vote. A user not mapped decides nothing. Slack wants an answer within 3 s and a vote
 can wait for a busy chat, so the route answers 200 at once and the vote runs in the background; what
 came of it is told to the person privately through the press's `response_url` (approvals/slack.py
 `respond`). The message itself changes when the decision's notice arrives (approvals/slack.py).
@@ -34,7 +34,7 @@ from ..approvals.votes import approvals
 from ..core.limits import Limited
 from ..core.refusals import HttpError
 from .admit import count_refusal, read_body
-from .approvals_api import spend_vote_token, vote
+from .approvals_api import cast_vote, spend_vote
 from .state import GATEWAY, Gateway
 
 __all__ = ["routes", "signature_valid"]
@@ -114,7 +114,7 @@ async def interactions(request: web.Request) -> web.Response:
     who = ApproverIdentity(principal.id, auth=SLACK, source=principal.source)
     structlog.contextvars.bind_contextvars(user_id=who.user_id)
     try:
-        await spend_vote_token(request, who)
+        await spend_vote(request, who)
     except Limited:
         gateway.spawn(gateway.slack.respond(response_url, "Too many answers at once: press again in a moment."))
         return web.Response(status=200)
@@ -125,7 +125,7 @@ async def interactions(request: web.Request) -> web.Response:
 async def _vote(gateway: Gateway, who: ApproverIdentity, approval_id: str, approved: bool, response_url: str) -> None:
     """The press's vote, then the person's private answer (what the message does not show)."""
     try:
-        answer, _status = await vote(gateway, who, approval_id, approved, None)
+        _status, answer = await cast_vote(gateway, who, approval_id, approved, None)
     except HttpError as exc:
         text = _REFUSED.get(exc.code, f"Your answer could not be counted ({exc.code}): {exc.message}")
     except Exception as exc:  # a bug costs this press alone: logged, and the person told

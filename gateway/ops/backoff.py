@@ -2,7 +2,8 @@
 
 Used by the Redis backend's inbox loop (redis.py), which retries its subscription while Redis is
 down without hammering it, and starts over once an attempt succeeds; and by the approval webhooks
-and the Slack channel (approvals/webhooks.py, approvals/slack.py), with a receiver's `Retry-After`.
+and the Slack channel (approvals/webhooks.py, approvals/slack.py), with a receiver's `Retry-After`;
+and by the approval mails (approvals/email.py).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ async def within(work: Awaitable[Any], timeout: float, *, what: str) -> bool:
 
 async def pause(delay: float, stopping: asyncio.Event) -> None:
     """Wait `delay` seconds, or less once `stopping` is set: a retry between attempts (webhooks,
-    Slack) makes its last attempt as soon as a stop asks, not after its backoff."""
+    Slack, approval mails) makes its last attempt as soon as a stop asks, not after its backoff."""
     try:
         await asyncio.wait_for(stopping.wait(), delay)
     except TimeoutError:
