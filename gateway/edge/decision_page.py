@@ -31,7 +31,7 @@ from ..access.approvers import ApproverIdentity
 from ..approvals.email import Deciders, summary
 from ..approvals.email_links import LinkRefused, LinkToken, link_key, nonce_key, verify_link
 from ..cluster.shared import SharedStateDown
-from ..core.refusals import HttpError
+from ..core.refusals import HttpError, Refusal
 from .admit import read_body
 from .approvals_api import cast_vote, may_vote, read_pending, spend_vote
 from .state import GATEWAY, Gateway
@@ -162,10 +162,10 @@ async def _vote(request: web.Request, gateway: Gateway, token: LinkToken, who: A
     try:
         await spend_vote(request, who)
         kept = await gateway.cluster.state.take_ticket(nonce_key(token.nonce))
-    except HttpError as exc:
-        return _refused(exc)
     except SharedStateDown:
         return _message(503, "Try again", "The gateway could not take your answer now; nothing was decided. Try again shortly.")
+    except Refusal as exc:  # the rate's 429 (`Limited`, not an HttpError): a page, as every answer here
+        return _refused(exc.http())
     if kept is None:
         return _message(410, "Link used", "This link was used already (or it expired); nothing more was decided.")
     if kept.get("approval") != token.approval_id or kept.get("approver") != token.approver:
