@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
-from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .values import Duration, Section
+from .values import Duration, Section, agents_problem, http_base
 
 __all__ = ["MIN_SIGNING_KEY", "EmailConfig", "SmtpConfig"]
 
@@ -88,10 +87,7 @@ class EmailConfig(Section):
     @field_validator("link_base")
     @classmethod
     def _base_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError("link_base is http(s)://host[:port][/path], without query or fragment")
-        return url.rstrip("/")
+        return http_base(url, "link_base").rstrip("/")
 
     @field_validator("signing_key")
     @classmethod
@@ -113,6 +109,6 @@ class EmailConfig(Section):
                 names(entry)
             except ValueError as exc:
                 problems.append(f"notifications.email.recipients: {exc}")
-        if unknown := [a for a in self.agents if a not in agents]:
-            problems.append(f"notifications.email.agents: {', '.join(unknown)} not among the agents ({', '.join(agents)})")
+        if (agents_named := agents_problem("notifications.email.agents", self.agents, agents)) is not None:
+            problems.append(agents_named)
         return problems

@@ -21,7 +21,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .email import EmailConfig
 from .slack import SlackConfig
-from .values import Duration, Section
+from .values import Duration, Section, agents_problem, http_base
 
 __all__ = ["MIN_WEBHOOK_SECRET", "NotificationsConfig", "WebhookConfig", "secret_bytes"]
 
@@ -116,11 +116,7 @@ class NotificationsConfig(Section):
     @field_validator("public_url")
     @classmethod
     def _base_url(cls, url: str) -> str:
-        if url:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-                raise ValueError("public_url is http(s)://host[:port][/path], without query or fragment")
-        return url.rstrip("/")
+        return http_base(url, "public_url").rstrip("/") if url else url
 
     @model_validator(mode="after")
     def _names_unique(self) -> NotificationsConfig:
@@ -135,6 +131,6 @@ class NotificationsConfig(Section):
     def unknown_agents(self, agents: Collection[str]) -> list[str]:
         """One problem per webhook naming an agent the config does not have."""
         return [
-            f"notifications.webhooks[{i}].agents: {', '.join(unknown)} not among the agents ({', '.join(agents)})"
-            for i, hook in enumerate(self.webhooks) if (unknown := [a for a in hook.agents if a not in agents])
+            problem for i, hook in enumerate(self.webhooks)
+            if (problem := agents_problem(f"notifications.webhooks[{i}].agents", hook.agents, agents)) is not None
         ]

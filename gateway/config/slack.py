@@ -11,12 +11,11 @@ entry names someone is a rule across sections: `GatewayConfig` asks `problems`.
 from __future__ import annotations
 
 from collections.abc import Collection
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
 from .approvers import ApproversConfig, Principal, UserId
-from .values import Duration, Section
+from .values import Duration, Section, agents_problem, http_base
 
 __all__ = ["SLACK_API", "SlackConfig"]
 
@@ -25,13 +24,6 @@ SLACK_API = "https://slack.com/api"
 _SLACK_RESPONSES = "https://hooks.slack.com/"
 # Slack's signing secrets are 32 hex digits; anything much shorter is no proof.
 _MIN_SIGNING_SECRET = 16
-
-
-def _http_base(url: str, what: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ValueError(f"{what} is http(s)://host[:port][/path], without query or fragment")
-    return url
 
 
 class SlackConfig(Section):
@@ -59,7 +51,7 @@ class SlackConfig(Section):
     @field_validator("api_base", "response_url_prefix")
     @classmethod
     def _base(cls, url: str) -> str:
-        return _http_base(url, "api_base and response_url_prefix")
+        return http_base(url, "api_base and response_url_prefix")
 
     @field_validator("signing_secret")
     @classmethod
@@ -99,8 +91,8 @@ class SlackConfig(Section):
             f"notifications.slack.users.{slack_id}: {exc}"
             for slack_id, entry in self.users.items() if (exc := _member_problem(approvers, entry)) is not None
         ]
-        if unknown := [a for a in self.agents if a not in agents]:
-            problems.append(f"notifications.slack.agents: {', '.join(unknown)} not among the agents ({', '.join(agents)})")
+        if (agents_named := agents_problem("notifications.slack.agents", self.agents, agents)) is not None:
+            problems.append(agents_named)
         return problems
 
 
