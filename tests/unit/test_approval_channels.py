@@ -2,7 +2,8 @@
 approval record, and both vote through the approvals API's own vote (edge/approvals_api.py
 `cast_vote`, after its rate, `spend_vote`): votes from the API, a Slack press and a mailed link add up
 to one quorum, the first decision from any of them wins and a later one is told "already decided",
-and a person's rate is one bucket whichever channel they vote through.
+and a person's rate is one bucket whichever channel they vote through. A replica's stop gives the
+webhooks, Slack and mail one bound, alongside.
 
 The gateway is the real app with both sections set; Slack is test_slack.py's local stand-in and mail
 test_email_approvals.py's real SMTP server (aiosmtpd); the chat that holds the call is test_slack.py's
@@ -11,14 +12,18 @@ test_email_approvals.py's real SMTP server (aiosmtpd); the chat that holds the c
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.approvals.email_links import nonce_key
+from gateway.cluster.approval_desk import pending_record
 from gateway.config.schema import parse_config
 from gateway.core.approvals import GatedCall
 from gateway.edge.app import create_app
@@ -145,3 +150,49 @@ async def test_a_persons_rate_is_one_bucket_across_the_api_slack_and_mail(tight:
     await until(lambda: len(env.slack.responses) == 2, timeout=5)
     assert env.slack.responses[1]["text"].startswith("Too many answers")
     assert env.chat.decisions == []
+
+
+async def test_a_stop_gives_webhooks_slack_and_mail_their_one_bound_alongside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that never answers holds each of the three; the replica's stop still ends within
+    the bound they share (2 s, edge/app.py), not one bound after the other, and counts what it dropped."""
+    hung: list[str] = []
+
+    async def never(request: web.Request) -> web.Response:
+        hung.append(request.path)
+        await asyncio.sleep(60)
+        return web.Response()
+
+    standin = web.Application()
+    standin.add_routes([web.post("/{path:.*}", never)])
+    with socket.socket() as smtp:  # listens, never greets: a session waits for its timeout
+        smtp.bind(("127.0.0.1", 0))
+        smtp.listen(8)
+        async with TestServer(standin) as receiver:
+            base = str(receiver.make_url("")).rstrip("/")
+            hook = f"  webhooks:\n    - {{name: ops, url: '{base}/hook', secret: '{'w' * 24}'}}\n"
+            text = CONFIG.replace("  backoff: 10ms\n", hook + "  backoff: 10ms\n") + EMAIL.format(
+                port=smtp.getsockname()[1], base=BASE, key=SIGNING_KEY).replace("starttls: false", "starttls: false, timeout: 5s")
+            app = create_app(parse_config(text, source="gateway.yaml", env={**ENV, "SLACK_STANDIN": base}))
+            client = TestClient(TestServer(app))
+            await client.start_server()
+            gateway = app[GATEWAY]
+            for agent in gateway.agents:
+                agent.probe.cancel()
+            call = GatedCall.open(user_id="alice", chat_id="chat-1", session_id="chat-1", tool_call_id="t1",
+                                  tool="issue_refund", args=ARGS, policy=REFUND, now=time.monotonic())
+            call.rule, call.approvers, call.self_approval = "large_refund", "supervisors", False
+            await gateway.cluster.state.put_approval(pending_record(
+                call, agent=gateway.config.default, app_name="support_agent", owner=gateway.cluster.state.replica_id,
+                wall=time.time(), now=time.monotonic()), ttl=600)
+            gateway.chats.notices.call_waiting(gateway.config.default, call)
+            await until(lambda: sorted(hung) == ["/api/chat.postMessage", "/hook"], timeout=5)
+            await asyncio.sleep(0.3)  # the mail's session is connected by now, waiting for a greeting
+            assert gateway.email.pending == 1
+            started = time.monotonic()
+            await client.close()
+            assert time.monotonic() - started < 3.0  # one after the other, 3 x 1.6 s
+    metrics = gateway.metrics.registry
+    assert metrics.get_sample_value("adk_gateway_approval_emails_total", {"result": "dropped"}) == 1
+    for webhook in ("ops", "@slack"):
+        assert metrics.get_sample_value(
+            "adk_gateway_webhook_deliveries_total", {"webhook": webhook, "event": "waiting", "result": "dropped"}) == 1, webhook
