@@ -29,13 +29,17 @@ from ..approvals.notice import Approver
 # The chat routes' claim matching and 401: an approver is matched and refused as a chat caller is.
 from .auth import Authenticator, Identity, claim_holds, unauthorized
 
-__all__ = ["APPROVER_KEY", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
+__all__ = ["APPROVER_KEY", "EMAIL", "SLACK", "ApproverAuth", "ApproverIdentity", "DecideRefusal"]
 
-AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key"]
+# `slack`: a Slack user `notifications.slack.users` maps to an approver, pressing a button (edge/slack.py);
+# `email`: a mailed decision link signed for that approver (edge/decision_page.py).
+AuthKind = Literal["none", "api_key", "jwt", "cookie", "approver_key", "slack", "email"]
 # Why `may_decide` refuses, as the approvals API's error code (403).
 DecideRefusal = Literal["not_an_approver", "self_approval"]
 
 APPROVER_KEY: AuthKind = "approver_key"
+SLACK: AuthKind = "slack"
+EMAIL: AuthKind = "email"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,15 @@ class ApproverAuth:
         identity = await self._authenticator.identify(request)
         kind: AuthKind = "cookie" if identity.via_cookie else _KINDS[self._auth_mode]
         return ApproverIdentity(identity.user_id, identity.claims, identity.via_cookie, kind, self._chat)
+
+    def by_link(self, entry: str) -> ApproverIdentity | None:
+        """The approver a mailed link names (`entry`: a member as groups list them, or a principal
+        as `str(Principal)` writes it), authenticated by the link; None for an entry naming nobody."""
+        try:
+            principal = Principal.parse(entry) or next(iter(self._config.members([entry])))
+        except ValueError:
+            return None
+        return ApproverIdentity(principal.id, auth=EMAIL, source=principal.source)
 
     def _approver_key(self, credential: str) -> str | None:
         digest = hashlib.sha256(credential.encode()).hexdigest()

@@ -5,7 +5,8 @@ An approval is a tool call that waits for a person's decision: the chatting user
 the cluster and access, which use it, and above `core/`, `config/` and `ops/`, which it uses,
 behind three ports: the machine's own (core/gate_decider.py `GateDecider`: the core may not import
 the room), the store's (`store.py`) and the chat's (`ports.py`). The edge imports it where the
-object graph is built and held and in the approvals API (tests/unit/test_layers.py;
+object graph is built and held, in the approvals API and in its two other faces, the Slack presses
+and the mailed links' decision page (tests/unit/test_layers.py;
 docs/architecture.md, "The layers' rules"):
 
 - `decision.py`: where an approval is decided: `decide_ask` (the tool's rules, who answers, how by
@@ -21,6 +22,12 @@ docs/architecture.md, "The layers' rules"):
   count (sans-IO; the Redis backend runs the same rule as a Lua script).
 - `audit_trail.py`: `AuditTrail`, one record per decided approval, as a log line and in the store.
 - `webhooks.py`: `Webhooks`, approval notices delivered to the configured webhooks, signed and retried.
+- `slack.py`: `SlackChannel`, approvals its approvers decide posted to a Slack channel with Approve /
+  Deny buttons, and the message updated once decided or expired; `slack_blocks.py`, those messages
+  (Block Kit, sans-IO). The presses come back through edge/slack.py, as approvals API votes.
+- `email.py`: `EmailNotices`, approvers of a waiting approval mailed a one-time decision link
+  (`notifications.email`); `email_links.py`: those links, signed, expiring, bound to one approver.
+  Their votes come back through edge/decision_page.py, as approvals API votes.
 - `store.py`: `ApprovalStore`, the room's port to the store the replicas share (the directory of
   pending approvals, the audit trail), declared here and inherited by cluster/shared.py
   `SharedState`; `StoreDown`, what a store that cannot answer raises (503).

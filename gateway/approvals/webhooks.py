@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -41,11 +40,12 @@ import aiohttp
 import orjson
 import structlog
 
-from ..ops.backoff import Backoff
+# Retry-After's reading is shared with the Slack channel (approvals/slack.py).
+from ..ops.backoff import Backoff, retry_after as _retry_after
 from ..config.notifications import NotificationsConfig, WebhookConfig, secret_bytes
 from .notice import ApprovalNotice
 from ..ops.metrics import GatewayMetrics
-from ..ops.stopping import cancel_and_wait
+from ..ops.stopping import drain, pause
 
 __all__ = ["Webhooks", "notice_body", "sign"]
 
@@ -207,7 +207,7 @@ class Webhooks:
                 delay = delay / 2 + delay / 2 * self._jitter()
                 if retry_after is not None:
                     delay = min(max(retry_after, delay), delivery.backoff_max)
-                await self._pause(delay)
+                await pause(delay, self._stopping)
         except asyncio.CancelledError:
             self._dropped(delivery, "stopped", attempts=attempt)
             raise
@@ -217,13 +217,6 @@ class Webhooks:
         finally:
             lane.pending -= 1
             self._metrics.webhooks.queue(delivery.hook.name, lane.pending)
-
-    async def _pause(self, delay: float) -> None:
-        """Wait `delay` before the next attempt, or until a stop asks for the last attempt now."""
-        try:
-            await asyncio.wait_for(self._stopping.wait(), delay)
-        except TimeoutError:
-            pass
 
     async def _attempt(self, delivery: _Delivery) -> tuple[str, int | None, float | None]:
         """One POST: (outcome, status, Retry-After in seconds)."""
@@ -276,26 +269,8 @@ class Webhooks:
         """Stop taking notices, give pending deliveries up to `timeout` (those between attempts make
         their last one now), then cancel what is left (counted and logged as dropped) and close the client."""
         self._stopping.set()
-        tasks = {task for lane in self._lanes.values() for task in lane.tasks}
-        # Most of the bound for the calls to finish; the rest for cancelling those that did not.
-        flush = timeout * 0.8
-        if tasks:
-            _, tasks = await asyncio.wait(tasks, timeout=flush)
-        if tasks:
-            await cancel_and_wait(tasks, timeout - flush, what="webhook deliveries")
+        await drain({task for lane in self._lanes.values() for task in lane.tasks}, timeout, what="webhook deliveries")
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
 
-
-def _retry_after(value: str | None, now: float) -> float | None:
-    """Retry-After's seconds, from a number of seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        return max(parsedate_to_datetime(value).timestamp() - now, 0.0)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None

@@ -1,4 +1,6 @@
-"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires.
+"""The `notifications:` section: the webhooks told when an approval starts waiting, is decided or expires,
+and the approvers' own channels: a Slack channel with buttons (`slack`, config/slack.py) and mail
+with a one-time link (`email`, config/email.py).
 
 Each webhook names where to POST (`url`), the secret its calls are signed with (Standard Webhooks,
 approvals/webhooks.py), which notices it wants (`events`) and of which approvals (`agents`, `tools`,
@@ -17,7 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from .values import Duration, Section
+from .email import EmailConfig
+from .slack import SlackConfig
+from .values import Duration, Section, agents_problem, http_base
 
 __all__ = ["MIN_WEBHOOK_SECRET", "NotificationsConfig", "WebhookConfig", "secret_bytes"]
 
@@ -104,15 +108,15 @@ class NotificationsConfig(Section):
     # The gateway's public base URL (`https://chat.example.com`), for the approval's link in the
     # body; empty: the link is the path alone (`/api/approvals/<id>`).
     public_url: str = ""
+    # The Slack channel approvers answer in (config/slack.py, approvals/slack.py); none by default.
+    slack: SlackConfig | None = None
+    # Approvers told by mail, with a one-time decision link (config/email.py); None: no mail.
+    email: EmailConfig | None = None
 
     @field_validator("public_url")
     @classmethod
     def _base_url(cls, url: str) -> str:
-        if url:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-                raise ValueError("public_url is http(s)://host[:port][/path], without query or fragment")
-        return url.rstrip("/")
+        return http_base(url, "public_url").rstrip("/") if url else url
 
     @model_validator(mode="after")
     def _names_unique(self) -> NotificationsConfig:
@@ -127,6 +131,6 @@ class NotificationsConfig(Section):
     def unknown_agents(self, agents: Collection[str]) -> list[str]:
         """One problem per webhook naming an agent the config does not have."""
         return [
-            f"notifications.webhooks[{i}].agents: {', '.join(unknown)} not among the agents ({', '.join(agents)})"
-            for i, hook in enumerate(self.webhooks) if (unknown := [a for a in hook.agents if a not in agents])
+            problem for i, hook in enumerate(self.webhooks)
+            if (problem := agents_problem(f"notifications.webhooks[{i}].agents", hook.agents, agents)) is not None
         ]

@@ -1,15 +1,18 @@
-"""The values a configuration is written in: durations (`30s`, `5m`), sizes (`4MiB`), and `Section`,
-the strict base of every section (config/schema.py, config/agent.py).
+"""The values a configuration is written in: durations (`30s`, `5m`), sizes (`4MiB`), base URLs
+(`http_base`), and `Section`, the strict base of every section (config/schema.py, config/agent.py);
+`agents_problem`, the one wording of a filter naming an agent the file does not have.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-__all__ = ["ClaimValues", "Duration", "Section", "Size", "parse_duration", "parse_size"]
+__all__ = ["ClaimValues", "Duration", "Section", "Size", "agents_problem", "http_base", "parse_duration", "parse_size"]
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -46,6 +49,21 @@ def parse_size(value: Any) -> int:
     if not match:
         raise ValueError(f"invalid size {value!r}: use bytes or a unit such as 64KiB, 1MiB")
     return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+
+
+def http_base(url: str, what: str) -> str:
+    """`url` when it is `http(s)://host[:port][/path]` without query or fragment (a base the gateway
+    appends paths to: the public URL, the mailed links', Slack's), else ValueError naming `what`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"{what} is http(s)://host[:port][/path], without query or fragment")
+    return url
+
+
+def agents_problem(key: str, named: Collection[str], agents: Collection[str]) -> str | None:
+    """The problem of a filter at `key` naming agents not among `agents` (the file's), or None."""
+    unknown = [a for a in named if a not in agents]
+    return f"{key}: {', '.join(unknown)} not among the agents ({', '.join(agents)})" if unknown else None
 
 
 def _values_as_lists(value: Any) -> Any:

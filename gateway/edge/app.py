@@ -45,8 +45,10 @@ from ..chat.registry import Registry
 from .state import GATEWAY, Gateway
 from ..ops.stopping import within
 from ..approvals.webhooks import Webhooks
+from ..approvals.slack import SlackChannel
+from ..approvals.email import EmailNotices
 from ..access.tickets import Tickets
-from . import agui, approvals_api, sse, ws
+from . import agui, approvals_api, decision_page, slack, sse, ws
 from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
@@ -103,8 +105,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         exemplar = gateway.tracing.server_exemplar(span) if span is not None else None
         request.app[GATEWAY].metrics.count_request(route, request.method, str(status), duration, exemplar)
         gateway.tracing.end_server(span, status)
+        # A mailed decision link's path is a credential: its route is logged instead.
+        path = route if route == decision_page.ROUTE else request.path
         log.info(
-            "http_request", method=request.method, path=request.path, route=route, status=status,
+            "http_request", method=request.method, path=path, route=route, status=status,
             duration_ms=round(duration * 1000, 1),
         )
 
@@ -117,7 +121,7 @@ def _server_span(request: web.Request, gateway: Gateway) -> object:
     if request.path in _UNTRACED or request.path == gateway.config.metrics.path or route.endswith("/ws"):
         return None
     return gateway.tracing.server_span(
-        request.headers, request.method, route, request.path, agent=request.match_info.get("agent"),
+        request.headers, request.method, route, route if route == decision_page.ROUTE else request.path, agent=request.match_info.get("agent"),
     )
 
 
@@ -235,6 +239,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gateway.admission.start()
     gateway.audit.start()
     gateway.webhooks.start()
+    gateway.slack.start()
+    gateway.email.start()
     log.info(
         "replica_started", replica=gateway.cluster.replica_id, sessions_backend=gateway.config.sessions.backend,
         agents=[agent.name for agent in gateway.agents],
@@ -250,7 +256,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # After the chats (their last approvals are recorded), before the store is left.
     await gateway.audit.stop(_AUDIT_FLUSH)
     # After the chats: the notices of the approvals their close cancels are queued by then.
-    await within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks")
+    # The Slack channel's calls and the approval mails in the same share, alongside (before the
+    # store is left: the Slack channel keeps where its messages are, a mail's link its nonce).
+    await asyncio.gather(
+        within(gateway.webhooks.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="webhooks"),
+        within(gateway.slack.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="slack"),
+        within(gateway.email.stop(_WEBHOOKS_STOP), _WEBHOOKS_STOP + 1.0, what="approval mails"),
+    )
     # Before the store is left: the last streams' shared slots are given back.
     await gateway.admission.close()
     await gateway.cluster.close()
@@ -318,10 +330,12 @@ def create_app(config: GatewayConfig) -> web.Application:
     jwks = provider_keys(config.auth, metrics_.jwks_fetched)
     # The config through the gateway, so a reload's notifications apply to the notices after it.
     webhooks = Webhooks(lambda: gateway.config.notifications, metrics_)
+    email = EmailNotices(lambda: gateway.config.notifications, shared, shared, decision_page.link_deciders(lambda: gateway), metrics_.webhooks)
     gateway = Gateway(
         config=config, metrics=metrics_, registry=registry, auth=Authenticator(config.auth, jwks),
         agents=agents, chats=chats, cluster=Cluster(shared, chats, metrics_),
         admission=Limiter(Admission(config.limits), shared, metrics_, config.sessions), tickets=Tickets(shared), webhooks=webhooks, jwks=jwks, tracing=tracing,
+        slack=SlackChannel(lambda: gateway.config, shared, metrics_), email=email,
         timers=timers,
         # The config read through the gateway at each use, so a reload's `audit:` applies.
         audit=AuditTrail(
@@ -329,9 +343,9 @@ def create_app(config: GatewayConfig) -> web.Application:
         ),
     )
     # Every approval decided (whoever decided it) becomes an audit record; every notice goes to the
-    # webhooks that want it.
-    chats.notices.add_sink(gateway.audit.record)
-    chats.notices.add_sink(gateway.webhooks.notify)
+    # webhooks that want it, and to the approvers' channels (Slack, mail), which read their config at each.
+    for sink in (gateway.audit.record, gateway.webhooks.notify, gateway.slack.notify, gateway.email.notify):
+        chats.notices.add_sink(sink)
     metrics_.sessions_up.set_function(lambda: 1.0 if gateway.cluster.available else 0.0)
     metrics_.ready.set_function(lambda: 1.0 if readiness(gateway) == "ready" else 0.0)
     app = web.Application(
@@ -339,10 +353,8 @@ def create_app(config: GatewayConfig) -> web.Application:
     )
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(_lifecycle)
-    app.add_routes(sse.routes())
-    app.add_routes(ws.routes())
-    app.add_routes(agui.routes())
-    app.add_routes(approvals_api.routes())
+    for face in (sse, ws, agui, approvals_api, slack, decision_page):
+        app.add_routes(face.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:

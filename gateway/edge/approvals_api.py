@@ -14,6 +14,9 @@ pending approvals (cluster/shared.py). A second answer is 409, never a second ex
 counted atomically, and the chat's machine releases a call once. A query value that is not what it
 says is 400 naming it; a vote's body is read within `chat.body_timeout` (408), and spends the
 caller's token of the chat routes' per-user rate (429), as a chat request does.
+
+The vote (`cast_vote`) and its rate (`spend_vote`) are the one path of every channel: the Slack
+presses (edge/slack.py) and the mailed links' decision page (edge/decision_page.py) vote through them.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
-__all__ = ["routes"]
+__all__ = ["cast_vote", "may_vote", "read_pending", "routes", "spend_vote"]
 
 log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
@@ -195,21 +198,40 @@ async def get_approval(request: web.Request) -> web.Response:
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await _caller(request)
-    # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
-    # chatting user whose id happens to equal the key's.
-    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
+    await spend_vote(request, who)
+    raw = await read_body(request)
+    try:
+        ballot = _Vote.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from None
+    status, decided = await cast_vote(gateway, who, request.match_info["id"], ballot.approved, ballot.reason)
+    return web.json_response(decided, status=status)
+
+
+async def spend_vote(request: web.Request, who: ApproverIdentity) -> None:
+    """Spend the voter's token of the chat routes' per-user rate, or raise 429: the one rate of
+    votes, whichever channel brings them (this API, a Slack press, a mailed link)."""
+    gateway = request.app[GATEWAY]
+    # By where the voter's id comes from, not by the channel: a person has one bucket whichever way
+    # they vote. A chatting user's votes share their chat bucket; an approver key's holder has its
+    # own, never that of a chatting user whose id happens to equal the key's.
+    bucket = str(who.principal) if who.source == APPROVER_KEY else who.user_id
     try:
         await gateway.admission.check_rate(bucket, gateway.clock())
     except Limited as exc:
         count_refusal(request, exc.code)
         raise
-    raw = await read_body(request)
-    try:
-        vote = _Vote.model_validate_json(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise HttpError(400, "invalid_request", f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from None
-    record = await _pending(gateway, request.match_info["id"], who)
+
+
+async def cast_vote(gateway: Gateway, who: ApproverIdentity, approval_id: str, approved: bool, reason: str | None) -> tuple[int, dict[str, Any]]:
+    """`who`'s vote on the pending approval `approval_id`, counted in the store and, once it decides,
+    applied where the call's chat runs: (status, the approval as the API shows it); the status is
+    200, or 202 when the decision waits for its chat to free. The one path every channel votes
+    through (this API, a Slack press, a mailed link): the first decision wins. Every refusal is an
+    HttpError: 404 (not theirs to see), 403 (not an approver, four-eyes), 409 (voted already,
+    decided already: a late vote), 410 (gone), 503."""
+    record = await _pending(gateway, approval_id, who)
     refused = _refusal(gateway, who, record)
     if refused is not None:
         text = "the person who asked may not approve this call" if refused == "self_approval" else "you may not decide this approval"
@@ -218,19 +240,19 @@ async def decide_approval(request: web.Request) -> web.Response:
     counts = partial(gateway.approver_auth().counts, spec=_spec(record), requester=record["requester"])
     quorum = needed(record.get("votes", []), int(record["quorum"]), counts)
     try:
-        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
+        tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), approved, quorum)
     except SharedStateDown as exc:
         raise _store_down(exc) from None
-    log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
+    log.info("approval_vote", approval_id=record["id"], approved=approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")
     if tally.state == "gone":
         raise HttpError(409, "already_decided", "this approval is no longer pending: decided, expired or cancelled")
     votes = (tally.approval or record).get("votes", [])
     if tally.state == "counted":
-        return web.json_response(_public(tally.approval or record))
-    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), vote.approved, counts)
-    result = await gateway.cluster.approvals.decide(record, vote.approved, vote.reason, deciders)
+        return 200, _public(tally.approval or record)
+    deciders = [{"user": who.user_id, "auth": who.auth}] + _earlier_deciders(votes, str(who.principal), approved, counts)
+    result = await gateway.cluster.approvals.decide(record, approved, reason, deciders)
     if result == "already":
         raise HttpError(409, "already_decided", "this approval was decided before (its deadline passed, or the run ended)")
     if result == "gone":
@@ -242,10 +264,21 @@ async def decide_approval(request: web.Request) -> web.Response:
         # Counted, but neither applied nor kept for later (the store failed meanwhile): the
         # approval's verdict is in the store, which its deadline reads.
         raise HttpError(503, "chat_busy", "the decision is counted, but the chat stayed busy and the agent was not answered")
-    outcome = "approved" if vote.approved else "denied"
+    outcome = "approved" if approved else "denied"
     decided = _public(record, state="decided", outcome=outcome, source="approver", votes=votes, applied=result != "queued")
     # `queued`: the decision is the approval's; the chat runs something else, and gets it when it frees.
-    return web.json_response(decided, status=202 if result == "queued" else 200)
+    return (202 if result == "queued" else 200), decided
+
+
+def may_vote(gateway: Gateway, who: ApproverIdentity, record: dict[str, Any]) -> bool:
+    """Whether `who` may decide the approval `record` now (its group, four-eyes)."""
+    return _refusal(gateway, who, record) is None
+
+
+async def read_pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) -> dict[str, Any]:
+    """The approval as the API shows it to `who`, pending or decided and not yet answered; 404 for
+    one they may not see (or that is gone)."""
+    return _public(await _pending(gateway, approval_id, who))
 
 
 def _earlier_deciders(votes: list[dict[str, Any]], mine: str, approved: bool, counts: Callable[[str], bool]) -> list[dict[str, str]]:

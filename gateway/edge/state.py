@@ -28,6 +28,8 @@ from ..ops.coarse_timers import CoarseTimers
 from ..ops.metrics import GatewayMetrics
 from ..ops.tracing import Tracing
 from ..approvals.webhooks import Webhooks
+from ..approvals.slack import SlackChannel
+from ..approvals.email import EmailNotices
 from ..chat.registry import Registry
 from ..access.tickets import Tickets
 from .limiter import Limiter
@@ -55,6 +57,11 @@ class Gateway:
     audit: AuditTrail
     # Approval notices to the configured webhooks (approvals/webhooks.py): `webhooks.notify(notice)`.
     webhooks: Webhooks
+    # Approvals its approvers decide, posted to Slack with buttons (approvals/slack.py; edge/slack.py takes the presses).
+    slack: SlackChannel
+    # Approval mails to approvers with a one-time decision link (approvals/email.py; edge/decision_page.py
+    # takes the votes); read `notifications.email` at each notice, so a reload turns them on or off.
+    email: EmailNotices
     clock: Callable[[], float] = time.monotonic
     draining: bool = False
     # Open browser WebSockets, so a drain can close them with 1001.

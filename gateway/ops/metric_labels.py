@@ -15,7 +15,7 @@ from types import MappingProxyType
 __all__ = [
     "APPROVAL_BUCKETS", "FIRST_EVENT_BUCKETS", "FIRST_TOKEN_BUCKETS", "GC_PAUSE_BUCKETS", "REDIS_POOL_WAIT_BUCKETS", "REQUEST_BUCKETS",
     "WEBHOOK_BUCKETS", "AGENT_LABELLED", "HTTP_METHODS", "STATUS_CLASSES", "KNOWN_LABEL_VALUES", "OTHER_MODEL", "TOKEN_KINDS", "TOOL_OUTCOMES",
-    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "SHADOW_AGREEMENTS",
+    "WEBHOOK_ATTEMPTS", "WEBHOOK_EVENTS", "WEBHOOK_RESULTS", "SHADOW_AGREEMENTS", "EMAIL_RESULTS",
 ]
 
 
@@ -100,6 +100,8 @@ SHADOW_AGREEMENTS: tuple[str, ...] = ("agree", "stricter", "looser", "different"
 WEBHOOK_EVENTS: tuple[str, ...] = ("waiting", "decided", "expired")
 WEBHOOK_RESULTS: tuple[str, ...] = ("delivered", "failed", "dropped")
 WEBHOOK_ATTEMPTS: tuple[str, ...] = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
+# How an approval mail to one approver ended (approvals/email.py).
+EMAIL_RESULTS: tuple[str, ...] = ("sent", "failed", "dropped")
 
 
 # The token counter's `kind` label: the usageMetadata fields each kind counts, the first present

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["cancel_and_wait", "within"]
+__all__ = ["cancel_and_wait", "drain", "pause", "within"]
 
 log = structlog.get_logger("adk_gateway.ops.stopping")
 
@@ -50,3 +50,23 @@ async def within(work: Awaitable[Any], timeout: float, *, what: str) -> bool:
         log.error("stop_step_failed", what=what, error=repr(task.exception()))
         return False
     return True
+
+
+async def pause(delay: float, stopping: asyncio.Event) -> None:
+    """Wait `delay` seconds, or less once `stopping` is set: a retry between attempts (webhooks,
+    Slack, approval mails) makes its last attempt as soon as a stop asks, not after its backoff."""
+    try:
+        await asyncio.wait_for(stopping.wait(), delay)
+    except TimeoutError:
+        pass
+
+
+async def drain(tasks: Collection[asyncio.Task[Any]], timeout: float, *, what: str) -> None:
+    """Give `tasks` most of `timeout` to end on their own, then cancel those left within the rest."""
+    # Most of the bound for the work to finish; the rest for cancelling what did not.
+    flush = timeout * 0.8
+    pending = set(tasks)
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=flush)
+    if pending:
+        await cancel_and_wait(pending, timeout - flush, what=what)

@@ -1,6 +1,9 @@
 """The approval webhooks' series (approvals/webhooks.py delivers; docs/metrics.md documents them):
-deliveries, attempts, how long a notice took to arrive, what waits. Part of the gateway's registry
-(metrics.py); each configured webhook's series are exported at 0 by `know`.
+deliveries, attempts, how long a notice took to arrive, what waits; and the approval mails', by
+result (approvals/email.py). Part of the gateway's registry (metrics.py); each configured webhook's
+series, and the mails' once `notifications.email` is set, are exported at 0 by `know`. The Slack
+channel's Web API calls (approvals/slack.py) are counted as a webhook's, the webhook `@slack` (no
+webhook name has an `@`).
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .metric_labels import WEBHOOK_ATTEMPTS, WEBHOOK_BUCKETS, WEBHOOK_EVENTS, WEBHOOK_RESULTS
+from .metric_labels import EMAIL_RESULTS, WEBHOOK_ATTEMPTS, WEBHOOK_BUCKETS, WEBHOOK_EVENTS, WEBHOOK_RESULTS
 
 if TYPE_CHECKING:
     from ..config.notifications import NotificationsConfig
 
-__all__ = ["WebhookMetrics"]
+__all__ = ["SLACK_WEBHOOK", "WebhookMetrics"]
+
+# The `webhook` label of the Slack channel's calls.
+SLACK_WEBHOOK = "@slack"
 
 
 class WebhookMetrics:
@@ -42,17 +48,31 @@ class WebhookMetrics:
             ["webhook"], registry=r,
         )
 
+        self.emails = Counter(
+            "adk_gateway_approval_emails_total",
+            "Approval mails (notifications.email), by result: sent and failed (still failing after "
+            "notifications.max_attempts) count one per approver and approval; dropped one per approval whose "
+            "mails were not sent (the queue was full, or the gateway stopped first).",
+            ["result"], registry=r,
+        )
+
     def know(self, notifications: NotificationsConfig) -> None:
         """Export each configured webhook's series at 0 until counted. Idempotent: a reload calls it
         again for the webhooks it adds; series of webhooks it removes stay (at their last value)."""
-        for hook in notifications.webhooks:
+        names = [hook.name for hook in notifications.webhooks]
+        if notifications.slack is not None:
+            names.append(SLACK_WEBHOOK)
+        for name in names:
             for event in WEBHOOK_EVENTS:
                 for result in WEBHOOK_RESULTS:
-                    self.deliveries.labels(hook.name, event, result)
+                    self.deliveries.labels(name, event, result)
             for outcome in WEBHOOK_ATTEMPTS:
-                self.attempts.labels(hook.name, outcome)
-            self.delivery_seconds.labels(hook.name)
-            self.pending.labels(hook.name)
+                self.attempts.labels(name, outcome)
+            self.delivery_seconds.labels(name)
+            self.pending.labels(name)
+        if notifications.email is not None:
+            for result in EMAIL_RESULTS:
+                self.emails.labels(result)
 
     def delivery(self, webhook: str, event: str, result: str, seconds: float | None = None) -> None:
         """Count how one delivery ended (WEBHOOK_RESULTS), and how long a delivered one took."""
@@ -63,6 +83,10 @@ class WebhookMetrics:
     def attempt(self, webhook: str, outcome: str) -> None:
         """Count one call to a webhook (WEBHOOK_ATTEMPTS)."""
         self.attempts.labels(webhook, outcome).inc()
+
+    def email(self, result: str) -> None:
+        """Count one approval mail's end (EMAIL_RESULTS)."""
+        self.emails.labels(result).inc()
 
     def queue(self, webhook: str, pending: int) -> None:
         self.pending.labels(webhook).set(pending)

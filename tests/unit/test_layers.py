@@ -76,8 +76,10 @@ MAY_NOT_IMPORT = {
     "approvals": ("edge", "chat", "cluster", "access", "upstream"),
 }
 # Which edge modules may import the approvals room: those that build and hold the object graph
-# (the audit trail, the webhooks) and the approvals API, its HTTP face.
-EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api")
+# (the audit trail, the webhooks, the Slack channel, the mails) and the approvals API, its HTTP face,
+# with its two other faces, which vote through the API's own vote: the Slack presses (edge/slack.py)
+# and the page the mailed decision links open (edge/decision_page.py; the links' tokens are the room's).
+EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api", "edge.slack", "edge.decision_page")
 # What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
 # transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
 # everything else through cluster/router.py; app.py builds the chat service and its registry, and
