@@ -46,7 +46,7 @@ from .state import GATEWAY, Gateway
 from ..ops.stopping import within
 from ..approvals.webhooks import Webhooks
 from ..access.tickets import Tickets
-from . import agui, approvals_api, sse, ws
+from . import agui, approvals_api, grants_api, sse, ws
 from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
@@ -337,6 +337,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.add_routes(ws.routes())
     app.add_routes(agui.routes())
     app.add_routes(approvals_api.routes())
+    app.add_routes(grants_api.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
     if config.demo.page:

@@ -41,7 +41,7 @@ from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
-__all__ = ["routes"]
+__all__ = ["caller", "routes", "store_down"]
 
 log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
@@ -58,7 +58,7 @@ class _Vote(BaseModel):
     reason: str | None = Field(None, max_length=1000)
 
 
-async def _caller(request: web.Request) -> ApproverIdentity:
+async def caller(request: web.Request) -> ApproverIdentity:
     gateway = request.app[GATEWAY]
     try:
         identity = await gateway.approver_auth().identify_approver(request)
@@ -117,7 +117,7 @@ def _name(request: web.Request, key: str) -> str | None:
     return raw
 
 
-def _store_down(exc: StoreDown) -> HttpError:
+def store_down(exc: StoreDown) -> HttpError:
     # An overloaded replica says so (503 gateway_overloaded), not that Redis is down.
     if isinstance(exc, SharedStateBusy):
         return exc.http()
@@ -126,7 +126,7 @@ def _store_down(exc: StoreDown) -> HttpError:
 
 async def list_approvals(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
+    who = await caller(request)
     state, agent, tool = request.query.get("state", "pending"), _name(request, "agent"), _name(request, "tool")
     limit = _limit(request)
     if state == "decided":
@@ -150,7 +150,7 @@ async def list_approvals(request: web.Request) -> web.Response:
     try:
         page = await gateway.cluster.state.page_approvals(query)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     return web.json_response({
         "approvals": [_public(r) for r in page.approvals],
         "next_cursor": encode_cursor(page.next) if page.next is not None else None,
@@ -169,7 +169,7 @@ async def _decided(request: web.Request, who: ApproverIdentity, agent: str | Non
     except InvalidAuditQuery as exc:
         raise HttpError(400, "invalid_query", f"after: {exc}") from None
     except StoreDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 
 
@@ -179,7 +179,7 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
     try:
         record = await gateway.cluster.state.get_approval(approval_id)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     asked = record is not None and who.principal == gateway.approver_auth().requester(record["requester"])
     if record is None or (_refusal(gateway, who, record) is not None and not asked):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
@@ -188,13 +188,13 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
 
 async def get_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
+    who = await caller(request)
     return web.json_response(_public(await _pending(gateway, request.match_info["id"], who)))
 
 
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
+    who = await caller(request)
     # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
     # chatting user whose id happens to equal the key's.
     bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
@@ -220,7 +220,7 @@ async def decide_approval(request: web.Request) -> web.Response:
     try:
         tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), vote.approved, quorum)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     log.info("approval_vote", approval_id=record["id"], approved=vote.approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")

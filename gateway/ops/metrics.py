@@ -176,6 +176,7 @@ class GatewayMetrics(WithExemplars):
             "Gated calls refused because their user had max_pending_approvals_per_user approvals listed, by agent.",
             ["agent"], registry=r,
         )
+        self.grant_decisions = Counter("adk_gateway_grant_decisions_total", "Gated calls a standing grant decided, by agent.", ["agent"], registry=r)
         self.approval_wait = Histogram(
             "adk_gateway_approval_wait_seconds",
             "From an approval request reaching the browser to the decision, by agent, tool and outcome "
@@ -346,10 +347,8 @@ class GatewayMetrics(WithExemplars):
         self._token_models = frozenset(config.metrics.models)
         models = (*config.metrics.models, OTHER_MODEL)
         for name, agent in config.agents.items():
-            for attribute in (
-                "upstream_up", "approvals_pending", "approvals_over_user_cap", "live_sessions", "upstream_first_event",
-                "first_token",
-            ):
+            for attribute in ("upstream_up", "approvals_pending", "approvals_over_user_cap", "live_sessions",
+                              "upstream_first_event", "first_token", "grant_decisions"):
                 getattr(self, attribute).labels(name)
             for model in models:
                 for kind, _ in TOKEN_KINDS:

@@ -43,7 +43,8 @@ CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "con
 # is decided, where it is listed, how votes count, and its ports to the store and to the chat (a
 # Protocol and its value types). Checked as the core is.
 APPROVALS_PURE = (
-    "approvals.decision", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store", "approvals.votes",
+    "approvals.decision", "approvals.grants", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store",
+    "approvals.votes",
 )
 # The seams between the approvals room and the layers around it (docs/architecture.md, "Where an
 # approval is decided"): each module, the port it reaches the other side through, and the modules of
@@ -75,8 +76,8 @@ MAY_NOT_IMPORT = {
     "approvals": ("edge", "chat", "cluster", "access", "upstream"),
 }
 # Which edge modules may import the approvals room: those that build and hold the object graph
-# (the audit trail, the webhooks) and the approvals API, its HTTP face.
-EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api")
+# (the audit trail, the webhooks) and the approvals and grants APIs, its HTTP faces.
+EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api", "edge.grants_api")
 # What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
 # transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
 # everything else through cluster/router.py; app.py builds the chat service and its registry, and
