@@ -142,8 +142,9 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
 def _entry(p: ToolPolicy, confirm: bool) -> dict[str, object]:
     browser = p.runs_in == "browser"
     return {
-        # The gateway decides first (a rule, or who answers: approvers) before any ADK confirmation.
-        "rules": bool(p.rules) or p.approvers is not None,
+        # The gateway decides first (a rule, who answers: approvers, or a standing grant of whoever
+        # would be asked: docs/approvals.md) before any ADK confirmation.
+        "rules": bool(p.rules) or p.approvers is not None or (p.approval and not browser),
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
         # An agent on /run_sse: ask ADK's confirmation (with this hint) instead of blocking.
         "confirm": confirm and not browser, "hint": p.hint,
