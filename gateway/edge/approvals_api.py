@@ -41,7 +41,7 @@ from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
-__all__ = ["caller", "routes", "store_down"]
+__all__ = ["caller", "routes", "spend_rate", "store_down"]
 
 log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
@@ -68,6 +68,19 @@ async def caller(request: web.Request) -> ApproverIdentity:
         raise
     structlog.contextvars.bind_contextvars(user_id=identity.user_id)
     return identity
+
+
+async def spend_rate(request: web.Request, who: ApproverIdentity) -> None:
+    """A write (a vote, a grant) spends the caller's token of the per-user rate (429 without one)."""
+    gateway = request.app[GATEWAY]
+    # A chatting user's writes share their chat bucket; an approver key's has its own, never that
+    # of a chatting user whose id happens to equal the key's.
+    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
+    try:
+        await gateway.admission.check_rate(bucket, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
 
 
 def _spec(record: dict[str, Any]) -> AskSpec | None:
@@ -195,14 +208,7 @@ async def get_approval(request: web.Request) -> web.Response:
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await caller(request)
-    # A chatting user's votes share their chat bucket; an approver key's has its own, never that of a
-    # chatting user whose id happens to equal the key's.
-    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
-    try:
-        await gateway.admission.check_rate(bucket, gateway.clock())
-    except Limited as exc:
-        count_refusal(request, exc.code)
-        raise
+    await spend_rate(request, who)
     raw = await read_body(request)
     try:
         vote = _Vote.model_validate_json(raw)

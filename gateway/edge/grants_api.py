@@ -28,10 +28,9 @@ from ..approvals.grants import USER_AUTHORITY, Grant, asked_of, new_grant_id
 from ..approvals.store import StoreDown
 from ..config.approvers import GROUP_NAME_PATTERN
 from ..config.rules import MAX_CONDITION_CHARS, compile_condition
-from ..core.limits import Limited
 from ..core.refusals import HttpError
-from .admit import count_refusal, preflight, read_body
-from .approvals_api import caller, store_down
+from .admit import preflight, read_body
+from .approvals_api import caller, spend_rate, store_down
 from .state import GATEWAY, Gateway
 
 __all__ = ["routes"]
@@ -56,17 +55,6 @@ class _GrantAsked(BaseModel):
 
 def _invalid(text: str) -> HttpError:
     return HttpError(400, "invalid_request", text)
-
-
-async def _spend(request: web.Request, who: ApproverIdentity) -> None:
-    """A write spends the caller's token (an approver key's bucket is its own, as for a vote)."""
-    gateway = request.app[GATEWAY]
-    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
-    try:
-        await gateway.admission.check_rate(bucket, gateway.clock())
-    except Limited as exc:
-        count_refusal(request, exc.code)
-        raise
 
 
 def _authority(gateway: Gateway, who: ApproverIdentity, asked: _GrantAsked) -> tuple[str, str | None]:
@@ -112,7 +100,7 @@ def _granted(gateway: Gateway, who: ApproverIdentity, asked: _GrantAsked) -> Gra
 async def create_grant(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await caller(request)
-    await _spend(request, who)
+    await spend_rate(request, who)
     try:
         asked = _GrantAsked.model_validate_json(await read_body(request))
     except ValidationError as exc:
@@ -163,7 +151,7 @@ def _shown(grant: Grant) -> dict[str, Any]:
 async def revoke_grant(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     who = await caller(request)
-    await _spend(request, who)
+    await spend_rate(request, who)
     store = gateway.cluster.state.grants
     try:
         grant = await store.get_grant(request.match_info["id"])

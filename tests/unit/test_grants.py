@@ -15,6 +15,7 @@ from gateway.config.approvers import AskSpec
 from gateway.config.schema import ToolPolicy
 from gateway.core.approvals import CONFIRM
 from gateway.core.chat_events import ToolAsked
+from tests.unit.test_gate_decision import PAY, REFUND
 
 NOW = 1000.0
 # The chatting user's own grant, for their calls of `pay` in chat c.
@@ -84,14 +85,6 @@ def test_whom_a_grant_covers(why: str, grant: Grant, asks: AskSpec | None, reque
     assert covers(grant, asks, requester) is covered
 
 
-PAY = ToolPolicy.model_validate({"approval": True, "rules": [
-    {"name": "small", "when": "args.amount < 5", "decide": "approve"},
-    {"name": "too_large", "when": "args.amount >= 10000", "decide": "deny", "reason": "Too much."},
-]})
-REFUND = ToolPolicy.model_validate({"approval": True, "rules": [
-    {"name": "large_refund", "when": "args.amount > 100", "decide": "ask", "approvers": "supervisors",
-     "self_approval": False},
-]})
 COMMITTEE = ToolPolicy.model_validate({"approval": True, "approvers": "supervisors", "quorum": 2})
 LOCATE = ToolPolicy.model_validate({"approval": True, "runs_in": "browser"})
 

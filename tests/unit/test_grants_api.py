@@ -9,11 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from gateway.config.schema import parse_config
-from gateway.edge.app import create_app
-from gateway.edge.state import GATEWAY
+from tests.support.api_client import api_client
 
 CONFIG = """
 internal:
@@ -29,21 +27,11 @@ tools:
       - {name: large_refund, when: args.amount > 100, decide: ask, approvers: supervisors, self_approval: false}
   wire: {approval: true, approvers: leads}
   lookup: {approval: false}
-auth:
-  mode: api_key
-  api_keys:
-    - {id: alice, key: k-alice}
-    - {id: bob, key: k-bob}
+auth: {mode: api_key, api_keys: [{id: alice, key: k-alice}, {id: bob, key: k-bob}]}
 approvers:
-  api_keys:
-    - {id: supervisor, key: k-supervisor}
-    - {id: lead, key: k-lead}
-  groups:
-    supervisors: {users: [supervisor]}
-    leads: {users: [lead]}
-grants:
-  max_ttl: 2h
-  max_per_owner: 2
+  api_keys: [{id: supervisor, key: k-supervisor}, {id: lead, key: k-lead}]
+  groups: {supervisors: {users: [supervisor]}, leads: {users: [lead]}}
+grants: {max_ttl: 2h, max_per_owner: 2}
 """
 ALICE = {"Authorization": "Bearer k-alice"}
 BOB = {"Authorization": "Bearer k-bob"}
@@ -53,13 +41,8 @@ LEAD = {"Authorization": "Bearer k-lead"}
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
-    app = create_app(parse_config(CONFIG, source="gateway.yaml", env={}))
-    test_client = TestClient(TestServer(app))
-    await test_client.start_server()
-    for agent in app[GATEWAY].agents:
-        agent.probe.cancel()  # no ADK: the API does not need one
-    yield test_client
-    await test_client.close()
+    async with api_client(CONFIG) as test_client:
+        yield test_client
 
 
 async def grant(client: TestClient, headers: dict[str, str], **body: Any) -> tuple[int, dict[str, Any]]:
