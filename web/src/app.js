@@ -101,9 +101,35 @@ function setParam(key, value) {
 
 const actions = {
   approve: (part, approved) => void chat.addToolApprovalResponse({ id: part.approval.id, approved }),
+  approveForChat: (part) => void allowInChat(part),
   runsInBrowser: (toolName) => runsInBrowser(agent, toolName),
 };
 const renderMessages = createMessageList(ui.list, actions);
+
+// "Approve and allow for this chat": the person's standing grant for this tool's calls in this chat
+// (POST /api/grants, for as long as the gateway lets a grant stand), then this approval. A grant the
+// gateway refuses leaves the call unanswered, with why in the banner.
+const GRANT_SECONDS = 8 * 3600;
+let grantError = null; // why the last grant was refused, shown in the banner until dismissed
+async function allowInChat(part) {
+  const asked = chat;
+  const body = { agent: agent.name, tool: getToolName(part), chat_id: asked.id, ttl: GRANT_SECONDS };
+  let problem = null;
+  try {
+    const response = await fetch('/api/grants', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json' },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) problem = (await response.json().catch(() => null))?.error?.message ?? `HTTP ${response.status}`;
+  } catch (exc) {
+    problem = exc.message;
+  }
+  grantError = problem && `Not allowed for this chat: ${problem}`;
+  scheduleRender();
+  if (problem) return;
+  void asked.addToolApprovalResponse({ id: part.approval.id, approved: true });
+}
 
 let nowPlayingTimer;
 function showNowPlaying(title, description) {
@@ -141,8 +167,8 @@ function render() {
   ui.status.textContent = statusText();
   ui.send.disabled = busy();
   ui.stop.hidden = !busy();
-  ui.banner.hidden = !chat.error;
-  ui.bannerText.textContent = chat.error?.message ?? '';
+  ui.banner.hidden = !chat.error && !grantError;
+  ui.bannerText.textContent = chat.error?.message ?? grantError ?? '';
   ui.endpoint.textContent = TRANSPORTS[transport].label(agent);
   ui.agent.value = agent.name;
   ui.agent.disabled = busy();
@@ -166,7 +192,11 @@ ui.form.addEventListener('submit', (event) => {
   send(ui.input.value);
 });
 ui.stop.addEventListener('click', () => void chat.stop());
-$('error-dismiss').addEventListener('click', () => chat.clearError());
+$('error-dismiss').addEventListener('click', () => {
+  grantError = null;
+  chat.clearError();
+  scheduleRender();
+});
 $('new-chat').addEventListener('click', () => {
   const old = chat;
   chat = newChat(generateId(), []);
