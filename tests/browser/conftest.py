@@ -21,6 +21,7 @@ import pytest
 from playwright.sync_api import sync_playwright  # the `test` extra: pip install -e '.[test]'
 
 from tests.browser.demopage import DemoPage
+from tests.browser.inboxpage import InboxPage
 from tests.procs import ROOT, GatewayProcess, make_run
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
@@ -77,6 +78,18 @@ def demo(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator
     context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
     try:
         page = DemoPage(context, demo_gateway, artifact)
+        yield page
+        page.screenshot()
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def supervisor(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[InboxPage]:
+    """The approvals inbox in its own browser context (another person); its screenshot is saved beside the chat's."""
+    context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
+    try:
+        page = InboxPage(context, demo_gateway.base, artifact.with_name(artifact.stem + "-inbox.png"), demo_gateway.log_text)
         yield page
         page.screenshot()
     finally:

@@ -6,8 +6,6 @@ lets the customer's next one run without the supervisors (docs/approvals.md "Sta
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,21 +20,15 @@ SUPERVISOR = {"Authorization": f"Bearer {SUPERVISOR_KEY}"}
 
 
 @pytest.fixture
-def supervisor(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[InboxPage]:
-    context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
-    try:
-        page = InboxPage(context, demo_gateway.base, artifact.with_name(artifact.stem + "-inbox.png"), demo_gateway.log_text)
-        yield page
-        page.screenshot()
-    finally:
-        context.close()
-        # The gateway is the package's: what this test granted must not decide another test's calls.
-        for headers in (SUPERVISOR, {}):
-            for grant in request(demo_gateway.base, "GET", "/api/grants", headers=headers).json()["grants"]:
-                request(demo_gateway.base, "DELETE", f"/api/grants/{grant['id']}", headers=headers)
+def revoked(demo_gateway: GatewayProcess) -> Iterator[None]:
+    """The gateway is the package's: what a test granted must not decide another test's calls."""
+    yield
+    for headers in (SUPERVISOR, {}):
+        for grant in request(demo_gateway.base, "GET", "/api/grants", headers=headers).json()["grants"]:
+            request(demo_gateway.base, "DELETE", f"/api/grants/{grant['id']}", headers=headers)
 
 
-def test_approve_and_allow_for_this_chat(demo: DemoPage) -> None:
+def test_approve_and_allow_for_this_chat(demo: DemoPage, revoked: None) -> None:
     demo.open("sse")
     demo.example("pay 50 to Hanako")
     card = demo.tool("process_payment")
@@ -54,7 +46,7 @@ def test_approve_and_allow_for_this_chat(demo: DemoPage) -> None:
     demo.clean_console()
 
 
-def test_approve_and_allow_for_1_hour_in_the_inbox(demo: DemoPage, supervisor: InboxPage) -> None:
+def test_approve_and_allow_for_1_hour_in_the_inbox(demo: DemoPage, supervisor: InboxPage, revoked: None) -> None:
     demo.open("sse")
     demo.choose_agent("support_agent")
     demo.type("refund 250 on order 1234")
