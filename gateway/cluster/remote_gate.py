@@ -239,12 +239,15 @@ class RemoteGate:
         if call is not None:
             log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
         else:
-            opened = calls.open(
-                app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
-                tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
-                approvers=gate.approvers, user_waiting=user_waiting, grants=(grant,) if grant is not None else (),
-            )
-            await self._grant_uses.settle(grant, gate, opened=True)
+            try:
+                opened = calls.open(
+                    app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
+                    tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
+                    approvers=gate.approvers, user_waiting=user_waiting, grants=(grant,) if grant is not None else (),
+                )
+            finally:
+                # Kept if the grant decided the call (its ledger says so), else given back.
+                await self._grant_uses.settle(grant, gate, opened=True)
             if isinstance(opened, Verdict):
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened

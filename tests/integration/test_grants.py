@@ -5,6 +5,7 @@ its uses are spent; a supervisor's grant for their group decides what the group 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,5 +87,15 @@ def test_a_supervisors_grant_decides_what_the_supervisors_are_asked(stack: Plugi
     automatic = _approval(_chat(stack, new_chat(), [user("pay 2000 to Hanako")]))
     assert automatic.get("isAutomatic") is True and automatic["approvalDescriptor"] == {"rule": f"grant:{grant['id']}"}
     assert _decided(stack) == before + 1
+    # The audit trail names the grant as the rule that decided (the supervisor audits in this stack).
+    deadline = time.monotonic() + 10
+    while True:
+        trail = request(stack.gateway.base, "GET", "/api/approvals?state=decided&limit=1000",
+                        headers={"Authorization": f"Bearer {KEY}"}).json()["approvals"]
+        ours = [r for r in trail if r.get("rule") == f"grant:{grant['id']}"]
+        if ours or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [(r["source"], r["outcome"], r["tool"]) for r in ours] == [("rule", "approved", "process_payment")], trail
     revoked = request(stack.gateway.base, "DELETE", f"/api/grants/{grant['id']}", headers={"Authorization": f"Bearer {KEY}"})
     assert revoked.status == 200
