@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config.agent import ToolPolicy
-from ..config.approvers import AskSpec
+from ..config.approvers import ApproversConfig, AskSpec, Principal
 from ..config.rules import compile_condition
 
 __all__ = [
-    "GRANT_RULE_PREFIX", "USER_AUTHORITY", "Grant", "asked_of", "candidates", "covers", "grant_rule", "new_grant_id",
+    "GRANT_RULE_PREFIX", "USER_AUTHORITY", "Grant", "asked_of", "candidates", "covers", "grant_rule", "granter_stands",
+    "new_grant_id",
 ]
 
 # The authority of a grant the chatting user gave; any other value names an approver group.
@@ -56,7 +57,8 @@ class Grant:
     `user_id`: the requester whose calls it covers (None: every user of the agent, an approver's
     grant only); `chat_id`: one chat of theirs (None: any; a chatting user's grant always names
     one); `expires_at` and `created_at`: wall-clock seconds; `uses_left`: None for no count;
-    `granted_by`: {"user", "auth"} as the audit trail names people."""
+    `granted_by`: {"user", "auth"} as the audit trail names people, and "principal" as groups
+    compare them (config/approvers.py `Principal`)."""
 
     id: str
     agent: str
@@ -150,3 +152,17 @@ def asked_of(policy: ToolPolicy, authority: str) -> bool:
         return authority in policy.groups()
     asks_user = policy.approval and policy.approvers is None
     return asks_user or any(rule.decide == "ask" and rule.approvers is None for rule in policy.rules)
+
+
+def granter_stands(grant: Grant, approvers: ApproversConfig) -> bool:
+    """Whether a group's grant still speaks for its group, as the config is now: its granter still
+    listed in it (or let in by its claims, which a reload can only narrow). A reload that takes
+    someone out of a group stops their grants as it stops their votes counting (access/approvers.py
+    `counts`). A chatting user's grant always stands."""
+    if grant.authority == USER_AUTHORITY:
+        return True
+    group = approvers.groups.get(grant.authority)
+    who = Principal.parse(str(grant.granted_by.get("principal", "")))
+    if group is None or who is None:
+        return False
+    return who in approvers.group_members(grant.authority) or (bool(group.jwt_claims) and who.source == "jwt")

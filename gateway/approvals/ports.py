@@ -37,6 +37,7 @@ from typing import Protocol
 from collections.abc import Mapping
 from typing import Any
 
+from ..config.approvers import ApproversConfig
 from ..config.schema import GatewayConfig
 from .grants import Grant
 from ..core.approvals import GatedCall, Verdict
@@ -49,11 +50,13 @@ __all__ = ["ApprovalChats", "ApprovalDecisions", "GatedCalls", "GrantScope", "Wa
 @dataclass(frozen=True)
 class GrantScope:
     """What standing grants (grants.py `candidates`) are matched against for one session's calls:
-    the gateway's name of its agent, the chat id, the chatting user's latest claims."""
+    the gateway's name of its agent, the chat id, the chatting user's latest claims, and the
+    approvers as the config is now (whose group grants still stand)."""
 
     agent: str
     chat_id: str
     claims: Mapping[str, Any]
+    approvers: ApproversConfig
 
 
 class GatedCalls(Protocol):

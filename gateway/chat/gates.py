@@ -150,7 +150,7 @@ class Gates:
         chatting user's claims (None: no chat here has it, and no grant could decide for it)."""
         agent = self._agents.for_app(app_name)
         chat = self._chat_of(agent.name, user_id, session_id) if agent is not None else None
-        return GrantScope(chat.agent, chat.chat_id, chat.claims) if chat is not None else None
+        return GrantScope(chat.agent, chat.chat_id, chat.claims, self._config().approvers) if chat is not None else None
 
     def _chat_of(self, agent: str, user_id: str, session_id: str) -> Chat | None:
         chat = self._registry.find_session(user_id, session_id)

@@ -1,6 +1,7 @@
 """The shell's side of standing grants on the owner of a chat: before the chat's machine decides a
 plugin's ask, read the user's grants from the shared store, keep those that could decide the call
-(approvals/grants.py `candidates`), and reserve a use of one; after, keep the use if the grant
+(approvals/grants.py `candidates`) whose granter still stands for their group, and reserve a
+use of one; after, keep the use if the grant
 decided the call, else give it back (cluster/remote_gate.py `here` calls both).
 
 Reserved before the decision, and in one step with every replica's (the store's atomic take): two
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import structlog
 
-from ..approvals.grants import Grant, candidates, grant_rule
+from ..approvals.grants import Grant, candidates, grant_rule, granter_stands
 from ..approvals.ports import GatedCalls
 from ..approvals.store import GrantStore
 from .messages import Gate
@@ -48,7 +49,8 @@ class GrantUses:
                 kept, agent=scope.agent, tool=gate.tool, user=gate.user, chat=scope.chat_id, args=gate.args,
                 claims=scope.claims, now=self._wall(),
             )
-            for grant in found[:_MAX_TRIES]:
+            standing = [grant for grant in found if granter_stands(grant, scope.approvers)]
+            for grant in standing[:_MAX_TRIES]:
                 if grant.uses_left is None or await self._store.take_grant_use(grant.id):
                     return grant
         except SharedStateDown:

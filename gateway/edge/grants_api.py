@@ -93,7 +93,7 @@ def _granted(gateway: Gateway, who: ApproverIdentity, asked: _GrantAsked) -> Gra
     return Grant(
         id=new_grant_id(), agent=asked.agent, tool=asked.tool, user_id=user, chat_id=asked.chat_id,
         condition=asked.condition, expires_at=now + float(asked.ttl), uses_left=asked.uses,
-        granted_by={"user": who.user_id, "auth": who.auth}, authority=authority, created_at=now,
+        granted_by={"user": who.user_id, "auth": who.auth, "principal": str(who.principal)}, authority=authority, created_at=now,
     )
 
 

@@ -15,8 +15,13 @@ from gateway.cluster.memory import MemoryState
 from gateway.cluster.messages import Gate
 from gateway.cluster.shared import SharedStateDown
 from gateway.core.approvals import GatedCall
-from gateway.config.schema import ToolPolicy
+from gateway.config.schema import ToolPolicy, parse_config
 
+# The supervisors as the config is now: the approver key `boss`, not `gone` (a reload took them out).
+APPROVERS = parse_config(
+    "approvers:\n  api_keys: [{id: boss, key: k-boss}, {id: gone, key: k-gone}]\n  groups: {supervisors: {users: [boss]}}\n",
+    env={},
+).approvers
 GATE = Gate(app="app", user="alice", session="s", tool_call_id="t1", tool="pay", args={"amount": 50})
 
 
@@ -27,7 +32,7 @@ class _Calls:
         self.call: GatedCall | None = None
 
     def grant_scope(self, app_name: str, user_id: str, session_id: str) -> GrantScope | None:
-        return GrantScope("agent", "c", {}) if session_id == "s" else None
+        return GrantScope("agent", "c", {}, APPROVERS) if session_id == "s" else None
 
     def find(self, **_: Any) -> GatedCall | None:
         return self.call
@@ -85,6 +90,19 @@ async def test_the_next_candidate_is_tried_when_one_is_used_up_and_none_outside_
     reserved = await uses.reserve(GATE)
     assert reserved is not None and reserved.id == "gr-2"
     assert await uses.reserve(replace(GATE, session="elsewhere")) is None
+
+
+async def test_a_group_grant_whose_granter_left_the_group_decides_nothing() -> None:
+    state, calls = MemoryState("a"), _Calls()
+    uses = GrantUses(state.grants, calls)  # type: ignore[arg-type]
+    group = {"user_id": None, "chat_id": None, "authority": "supervisors", "uses_left": None}
+    await state.grants.put_grant(_grant("gr-gone", **group, granted_by={
+        "user": "gone", "auth": "approver_key", "principal": "approver_key:gone"}))
+    assert await uses.reserve(GATE) is None
+    await state.grants.put_grant(_grant("gr-boss", **group, granted_by={
+        "user": "boss", "auth": "approver_key", "principal": "approver_key:boss"}))
+    reserved = await uses.reserve(GATE)
+    assert reserved is not None and reserved.id == "gr-boss"
 
 
 class _Down:

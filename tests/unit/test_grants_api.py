@@ -60,7 +60,7 @@ async def test_a_chatting_user_grants_for_their_own_calls_in_one_chat(client: Te
     status, body = await grant(client, ALICE, tool="pay", chat_id="chat-1", uses=3, condition="args.amount < 50")
     assert status == 201, body
     assert (body["user_id"], body["chat_id"], body["authority"], body["uses_left"]) == ("alice", "chat-1", "user", 3)
-    assert body["granted_by"] == {"user": "alice", "auth": "api_key"} and body["id"].startswith("gr-")
+    assert body["granted_by"] == {"user": "alice", "auth": "api_key", "principal": "api_key:alice"} and body["id"].startswith("gr-")
     assert await listed(client, ALICE) == [body["id"]]
     assert await listed(client, BOB) == [] and await listed(client, SUPERVISOR) == []
 
