@@ -9,7 +9,9 @@ and what the chat holds (`ChatView`), and says in one `GateDecided` what happens
 2. no chat here has the session: refused (`no_browser`), nobody could answer;
 3. the plugin asked about this tool call before: the same call (`wait`, `again`);
 4. the tool's rules (config/rules.py `decide`, failing closed): a rule's approve or deny decides
-   (`rule`), else the ask names who answers: the chatting user, or a group of approvers;
+   (`rule`), else the ask names who answers: the chatting user, or a group of approvers; a
+   standing grant (`ToolAsked.grants`) of whoever that is decides it approved (`rule`
+   "grant:<id>", approvals/grants.py `covers`);
 5. who answers, by the upstream mode. On `/run_sse` a person's decision is ADK's confirmation
    (`confirm`), kept in ADK's session; one its approvers make carries the gateway's mark of who
    answers (core/approver_confirmations.py), and a plugin that cannot mark it (before 0.3) is
@@ -45,6 +47,7 @@ from ..core.approver_confirmations import ApproverMark, mark, marked, with_shado
 from ..core.chat_events import ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..core.gate_decider import ChatView, GateDecider
+from .grants import covers, grant_rule
 
 __all__ = ["DECIDER", "OVER_USER_CAP", "REFUSALS", "ChatView", "decide_ask", "may_be_listed", "refuse_ask"]
 
@@ -183,6 +186,13 @@ def _first(ask: ToolAsked, call: GatedCall) -> GateDecided:
     # A plugin that marks confirmations (0.3) asks ADK's with the verdict's payload: the shadow
     # rules' findings go with it, kept in ADK's session for the confirmation's audit record.
     shadow = waits.shadow if ask.approvers else ()
+    # A standing grant decides what its granter could have answered (approvals/grants.py); never a
+    # browser tool's call, which a decision here cannot hand to the browser.
+    grants = ask.grants if policy.runs_in == "server" else ()
+    granted = next((grant for grant in grants if covers(grant, spec, call.user_id)), None)
+    if granted is not None:
+        call.decide_by_rule(True, grant_rule(granted.id), None)
+        return waits
     if spec is None:
         confirmed = replace(CONFIRM, payload=with_shadow(None, shadow))
         return replace(waits, action="confirm", verdict=confirmed, call=None) if confirm else waits

@@ -34,14 +34,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from collections.abc import Mapping
 from typing import Any
 
+from ..config.approvers import ApproversConfig
 from ..config.schema import GatewayConfig
+from .grants import Grant
 from ..core.approvals import GatedCall, Verdict
 from ..core.deadlines import Deadline
 from ..core.native_confirmation import NativeConfirmation
 
-__all__ = ["ApprovalChats", "ApprovalDecisions", "GatedCalls", "WaitingConfirmation"]
+__all__ = ["ApprovalChats", "ApprovalDecisions", "GatedCalls", "GrantScope", "WaitingConfirmation"]
+
+
+@dataclass(frozen=True)
+class GrantScope:
+    """What standing grants (grants.py `candidates`) are matched against for one session's calls:
+    the gateway's name of its agent, the chat id, the chatting user's latest claims, and the
+    approvers as the config is now (whose group grants still stand)."""
+
+    agent: str
+    chat_id: str
+    claims: Mapping[str, Any]
+    approvers: ApproversConfig
 
 
 class GatedCalls(Protocol):
@@ -54,9 +69,16 @@ class GatedCalls(Protocol):
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
         announce: bool = True, confirm: bool = False, approvers: bool = False, user_waiting: int | None = None,
+        grants: tuple[Grant, ...] = (),
     ) -> GatedCall | Verdict:
         """A new ask, decided by its chat's machine: a call that waits, or the verdict at once.
-        `user_waiting`: its user's count of listed approvals (None: not read, or unknown)."""
+        `user_waiting`: its user's count of listed approvals (None: not read, or unknown);
+        `grants`: standing grants that could decide it, a use of each reserved."""
+        ...
+
+    def grant_scope(self, app_name: str, user_id: str, session_id: str) -> GrantScope | None:
+        """The agent, chat and claims a call of this session is judged by for standing grants
+        (None: no chat here has the session)."""
         ...
 
     def may_be_listed(self, app_name: str, tool: str, *, confirm: bool) -> bool:

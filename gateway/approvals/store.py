@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.refusals import Refusal
+from .grants import Grant
 from .index import ApprovalPage, ApprovalQuery
 from .votes import Tally
 
-__all__ = ["AUDIT_CURSOR", "ApprovalStore", "AuditEntry", "AuditQuery", "StoreDown", "audit_position"]
+__all__ = ["AUDIT_CURSOR", "ApprovalStore", "AuditEntry", "AuditQuery", "GrantStore", "StoreDown", "audit_position"]
 
 
 class StoreDown(Refusal):
@@ -76,8 +77,48 @@ class AuditQuery:
         return (self.agent is None or agent == self.agent) and (self.tool is None or tool == self.tool)
 
 
+class GrantStore(Protocol):
+    """Standing grants (approvals/grants.py), kept until they expire or are revoked, their uses
+    counted in one step with every replica's. Every method may raise StoreDown. Kept beside the
+    approvals' store rather than in it: one concept, and the shared state's modules stay small."""
+
+    @abc.abstractmethod
+    async def put_grant(self, grant: Grant) -> None:
+        """Keep `grant` until its `expires_at` (wall-clock seconds), listed under its user (or
+        every user's, without one) and its authority."""
+
+    @abc.abstractmethod
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        """The grant with its uses left now, or None: unknown, expired or revoked."""
+
+    @abc.abstractmethod
+    async def grants_of(self, user_id: str) -> list[Grant]:
+        """The live grants that may cover `user_id`'s calls: theirs, and those over every user."""
+
+    @abc.abstractmethod
+    async def grants_by(self, authority: str) -> list[Grant]:
+        """The live grants of `authority` (an approver group's name)."""
+
+    @abc.abstractmethod
+    async def revoke_grant(self, grant_id: str) -> bool:
+        """Forget the grant: no use of it is taken from now on. False if it was not kept."""
+
+    @abc.abstractmethod
+    async def take_grant_use(self, grant_id: str) -> bool:
+        """Reserve one use of a live grant, in one step with every replica's: False when it is
+        gone (expired, revoked) or has no use left. A grant without a count only needs to be live."""
+
+    @abc.abstractmethod
+    async def give_back_grant_use(self, grant_id: str) -> None:
+        """Return a use `take_grant_use` reserved and the decision did not spend (a grant without
+        a count, or gone meanwhile: nothing)."""
+
+
 class ApprovalStore(Protocol):
     """What the approvals room keeps in the store the replicas share. Every method may raise StoreDown."""
+
+    # The standing grants: a store of their own (above).
+    grants: GrantStore
 
     # ---- the audit trail ---------------------------------------------------------------------
 

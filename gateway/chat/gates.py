@@ -24,6 +24,8 @@ from ..core.approvals import CallState, GatedCall, Verdict
 from ..core.chat_events import ApproversDecided, CallCancelled, GateOpened, ToolAsked
 from ..core.chat_outputs import GateDecided
 from ..approvals.decision import decide_ask, may_be_listed, refuse_ask
+from ..approvals.grants import GRANT_RULE_PREFIX, Grant
+from ..approvals.ports import GrantScope
 from ..approvals.reports import Notices
 from .record import Chat
 from ..config.schema import GatewayConfig
@@ -75,14 +77,15 @@ class Gates:
     def open(
         self, *, app_name: str, user_id: str, session_id: str, tool_call_id: str, tool: str, args: dict[str, Any],
         announce: bool = True, confirm: bool = False, approvers: bool = False, user_waiting: int | None = None,
+        grants: tuple[Grant, ...] = (),
     ) -> GatedCall | Verdict:
         """The plugin of ADK app `app_name` asks about a call: a stored call to wait on, or an immediate verdict.
 
         The chat's machine has the approvals room decide (approvals/decision.py: the tool's rules,
         who answers, the upstream mode); this carries it out. `confirm`: the plugin asks ADK's confirmation in
         confirm mode; `approvers`: it marks that confirmation with who answers (plugin 0.3);
-        `user_waiting`: how many approvals the user has listed (the store's count; None: not read).
-        With `announce` false the browser is not told yet: the caller records the call somewhere
+        `user_waiting`: how many approvals the user has listed (the store's count; None: not read);
+        `grants`: standing grants that could decide it, a use of each reserved by the caller. With `announce` false the browser is not told yet: the caller records the call somewhere
         first, then calls `announce`.
         """
         agent = self._agents.for_app(app_name)
@@ -96,6 +99,7 @@ class Gates:
             claims=chat.claims if chat is not None else {}, confirm=confirm, approvers=approvers,
             mode=agent.config.upstream.mode, max_pending=self._config().max_pending_approvals_per_chat(agent.name),
             user_waiting=user_waiting, max_pending_user=self._config().max_pending_approvals_per_user(agent.name),
+            grants=grants,
         )
         # No chat here, no machine to ask: the decision alone (run, or refused: nobody could answer).
         [decided, *_] = chat.handle(ask) if chat is not None else [decide_ask(ask, None)]
@@ -121,6 +125,8 @@ class Gates:
         if decided.action == "rule":
             assert call is not None and decided.verdict is not None
             log.info("gate_decided_by_rule", approval_id=call.id, tool=call.tool, rule=call.rule, approved=call.approved)
+            if call.rule is not None and call.rule.startswith(GRANT_RULE_PREFIX):
+                self._metrics.grant_decisions.labels(agent).inc()
             return decided.verdict
         if decided.action != "wait":
             assert decided.verdict is not None
@@ -144,6 +150,13 @@ class Gates:
         agent = self._agents.for_app(app_name)
         chat = self._chat_of(agent.name, user_id, session_id) if agent is not None else None
         return chat.ledger.call(tool_call_id) if chat is not None else None
+
+    def grant_scope(self, app_name: str, user_id: str, session_id: str) -> GrantScope | None:
+        """Where a call of this session stands for its standing grants: its agent, its chat and the
+        chatting user's claims (None: no chat here has it, and no grant could decide for it)."""
+        agent = self._agents.for_app(app_name)
+        chat = self._chat_of(agent.name, user_id, session_id) if agent is not None else None
+        return GrantScope(chat.agent, chat.chat_id, chat.claims, self._config().approvers) if chat is not None else None
 
     def _chat_of(self, agent: str, user_id: str, session_id: str) -> Chat | None:
         chat = self._registry.find_session(user_id, session_id)

@@ -33,6 +33,7 @@ from ..core.limits import LeasedLimits
 from ..approvals.index import ApprovalPage, ApprovalQuery
 from ..approvals.votes import Tally
 from .memory_approvals import ApprovalTable
+from .memory_grants import GrantTable, MemoryGrants
 from .shared import (
     DEADLINE_LEASE, AuditEntry, AuditQuery, Claim, Inbox, Reassert, RelayEntry, SharedState, audit_position,
 )
@@ -103,6 +104,8 @@ class MemoryHub:
     wall: Callable[[], float] = time.time
     # The directory of pending approvals.
     approvals: ApprovalTable = field(default_factory=ApprovalTable)
+    # The standing grants (memory_grants.py).
+    grants: GrantTable = field(default_factory=GrantTable)
     # Per-user limits: each user's bucket and stream slots.
     limits: LeasedLimits = field(default_factory=LeasedLimits)
 
@@ -111,6 +114,7 @@ class MemoryState(SharedState):
     def __init__(self, replica_id: str, hub: MemoryHub | None = None) -> None:
         super().__init__(replica_id)
         self.hub = hub if hub is not None else MemoryHub()
+        self.grants = MemoryGrants(self.hub.grants, lambda: self.hub.wall())
 
     async def start(self, inbox: Inbox, reassert: Reassert) -> None:
         self.hub.inboxes[self.replica_id] = inbox

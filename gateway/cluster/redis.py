@@ -48,6 +48,7 @@ from redis.exceptions import RedisError
 from ..ops.stopping import cancel_and_wait
 from ..core.deadlines import Deadline
 from .redis_approvals import RedisApprovals
+from .redis_grants import RedisGrants
 from .redis_audit import RedisAudit
 from .redis_calls import RedisCalls, reason
 from .redis_client import RedisTarget, connect
@@ -145,6 +146,7 @@ class RedisState(SharedState):
         self._records = RedisRecords(self._redis, prefix, seal, replica_id, self._redis_ms)
         self._audit = RedisAudit(self._redis, prefix, seal, self._redis_ms)
         self._approvals = RedisApprovals(self._redis, prefix, seal, replica_id)
+        self.grants = RedisGrants(self._redis, prefix, seal, self._op)
         self._limits = RedisLimits(self._redis, prefix)
         self._directory = RedisDirectory(
             self._redis, prefix, replica_id, owner_timeout=owner_timeout,

@@ -12,11 +12,16 @@ write that depends on it cannot be split by another replica's command.
 - `APPROVAL_PUT`, `APPROVAL_VOTE`: a pending approval kept (its votes and decision left as they
   are) and indexed; a vote counted and the approval decided in the same step (redis_approvals.py);
   `APPROVAL_COUNT`, a requester's approvals kept, as the put counts them for its cap.
+- `GRANT_TAKE`, `GRANT_GIVE_BACK`: one use of a standing grant reserved (none when it is gone or
+  used up), and given back, each in one step with every replica's (redis_grants.py).
 
 Redis Cluster is not supported: CLAIM touches a heartbeat key it is not given.
 """
 
-__all__ = ["APPROVAL_COUNT", "APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "BEAT", "CLAIM", "NEW_EPOCH", "OWNER_SET"]
+__all__ = [
+    "APPROVAL_COUNT", "APPROVAL_PUT", "APPROVAL_VOTE", "AUDIT_APPEND", "BEAT", "CLAIM", "GRANT_GIVE_BACK", "GRANT_TAKE",
+    "NEW_EPOCH", "OWNER_SET",
+]
 
 # ARGV: user, me, ttl_ms, replica key prefix, my epoch, settle_ms, create (1/0), agent, default
 # agent (whose a record without an agent is: written before agents existed).  KEYS: chat, epoch,
@@ -202,4 +207,24 @@ end
 local encoded = cjson.encode(votes)
 redis.call('HSET', KEYS[1], 'votes', encoded, 'state', verdict)
 return {result, encoded, rec[3], verdict}
+"""
+
+# One use of a grant reserved. KEYS: the grant's hash. `uses` is '' for a grant without a count.
+# Returns {} when the grant is gone or used up, else {the sealed record} (the replica opens it and
+# checks its expiry: what Lua cannot check, the replica does after).
+GRANT_TAKE = """
+local rec = redis.call('HMGET', KEYS[1], 'sealed', 'uses')
+if not rec[1] or not rec[2] then return {} end
+if rec[2] ~= '' then
+  if tonumber(rec[2]) == nil or tonumber(rec[2]) <= 0 then return {} end
+  redis.call('HINCRBY', KEYS[1], 'uses', -1)
+end
+return {rec[1]}
+"""
+
+# A reserved use given back, to a grant still kept and counted. KEYS: the grant's hash.
+GRANT_GIVE_BACK = """
+local uses = redis.call('HGET', KEYS[1], 'uses')
+if uses and uses ~= '' and tonumber(uses) ~= nil then redis.call('HINCRBY', KEYS[1], 'uses', 1) end
+return 1
 """

@@ -17,7 +17,8 @@ ask for a call it already holds as the same call (`here`): it re-attaches to the
 never opens, records or shows it twice, and answers a call already released with its verdict.
 
 The owner reaches its chats through the approvals room's port `approvals/ports.py` `GatedCalls`
-(the chat's gates implement it). Before a new ask is decided it reads the user's count of approvals
+(the chat's gates implement it). Before a new ask is decided it reserves a use of a standing grant
+that could decide it (grant_uses.py), and reads the user's count of approvals
 listed for the approvals API from the store, when the ask could be listed: the chat's machine
 refuses it past the user's cap (approvals/decision.py), and the store's capped put of a held call
 stays the guard against asks that passed together.
@@ -39,6 +40,7 @@ from ..core.refusals import HttpError, Refusal
 from ..ops.metrics import GatewayMetrics
 from ..ops.stopping import cancel_and_wait
 from .approval_desk import ApprovalDesk
+from .grant_uses import GrantUses
 from .liveness import Liveness, OwnerDied, OwnerLost, OwnerSilent
 from .messages import Answer, Decided, Forwarded, Gate, Released, Reply, Waiting, Work
 from .shared import SharedState, SharedStateBusy, SharedStateDown
@@ -98,6 +100,8 @@ class RemoteGate:
         self.desk = desk
         # Set when this replica starts to stop: what it holds for other replicas is handed back.
         self._handing_over = asyncio.Event()
+        # Standing grants: a use reserved before the machine decides, given back unless spent.
+        self._grant_uses = GrantUses(state.grants, calls)
 
     # ---- holding the plugin's request -----------------------------------------------------
 
@@ -225,18 +229,25 @@ class RemoteGate:
         calls = self._calls
         # Read before the call is looked up, so that nothing awaits between the look-up and the open.
         user_waiting = await self._user_waiting(gate)
+        grant = await self._grant_uses.reserve(gate)
         call = calls.find(app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id)
         reattached = call is not None
+        if reattached:
+            await self._grant_uses.settle(grant, gate, opened=False)
         listed = False  # in the approvals API's directory: dropped once released
         over_cap = False  # refused by the store for its user's cap on listed approvals
         if call is not None:
             log.info("gate_reattached", approval_id=call.id, tool_call_id=call.tool_call_id, released=call.released)
         else:
-            opened = calls.open(
-                app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
-                tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
-                approvers=gate.approvers, user_waiting=user_waiting,
-            )
+            try:
+                opened = calls.open(
+                    app_name=gate.app, user_id=gate.user, session_id=gate.session, tool_call_id=gate.tool_call_id,
+                    tool=gate.tool, args=gate.args, announce=False, confirm=gate.confirm,
+                    approvers=gate.approvers, user_waiting=user_waiting, grants=(grant,) if grant is not None else (),
+                )
+            finally:
+                # Kept if the grant decided the call (its ledger says so), else given back.
+                await self._grant_uses.settle(grant, gate, opened=True)
             if isinstance(opened, Verdict):
                 return opened, opened.reason or ("not_gated" if opened.run else "respond")
             call = opened

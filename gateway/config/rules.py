@@ -40,7 +40,10 @@ from pydantic import Field, PrivateAttr, model_validator
 from .approvers import GROUP_NAME_PATTERN, MAX_QUORUM, AskSpec
 from .values import Section
 
-__all__ = ["MAX_CONDITION_CHARS", "Asker", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "authority", "decide"]
+__all__ = [
+    "MAX_CONDITION_CHARS", "Asker", "Condition", "Outcome", "RuleDecision", "ToolRule", "asker_problem", "authority",
+    "compile_condition", "decide",
+]
 
 
 Outcome = Literal["approve", "deny", "ask"]
@@ -126,27 +129,14 @@ class ToolRule(Section):
         if problem := asker_problem(self, ask=self.decide == "ask"):
             raise ValueError(f"rule {self.name}: {problem}")
         try:
-            expression = _environment().compile(self.when)
-        except RuntimeError as exc:
-            raise ValueError(f"rule {self.name}: `when` does not compile: {_cel_message(str(exc))}") from None
-        kind = expression.return_type()
-        if kind != cel.Type.BOOL and kind != cel.Type.DYN:
-            raise ValueError(f"rule {self.name}: `when` must be true or false, but it gives {_type_name(kind)}")
-        self._program = _Program(self.when, expression)
+            self._program = _compiled(self.when)
+        except ValueError as exc:
+            raise ValueError(f"rule {self.name}: {exc}") from None
         return self
 
     def matches(self, data: Mapping[str, Any]) -> bool | str:
         """Whether the condition holds for `data` (every variable), or why it cannot be evaluated."""
-        try:
-            value = self._program.expression.eval(data=data)
-        except (RuntimeError, TypeError, ValueError) as exc:  # a value the binding cannot convert
-            return _cel_message(str(exc))
-        kind = value.type()
-        if kind == cel.Type.ERROR:
-            return _cel_message(str(value.plain_value()))
-        if kind != cel.Type.BOOL:
-            return f"the condition gave {_type_name(kind)}, not true or false"
-        return bool(value.plain_value())
+        return _evaluate(self._program.expression, data)
 
 
     @property
@@ -215,10 +205,7 @@ def decide(
     tool itself asks (its own approvers; None: the chatting user). Shadow rules are not in force and
     are skipped, except the one named `trying`, walked as if it were (config/shadow_rules.py)."""
     rules = [rule for rule in rules if not rule.shadow or rule.name == trying]
-    try:
-        data = {"args": _as_read(dict(args)), "tool": tool, "agent": agent, "user": user, "claims": _as_read(dict(claims))}
-    except RecursionError:
-        data = None  # nested past Python's stack: no condition can read it
+    data = _variables(args, tool, agent, user, claims)
     candidates: list[RuleDecision] = []
     errors: list[tuple[str, str]] = []
     for rule in rules:
@@ -233,6 +220,17 @@ def decide(
     else:
         candidates.append(RuleDecision(default, asks=default_asks if default == "ask" else None))
     return replace(_strongest(candidates), errors=tuple(errors))
+
+
+def _variables(
+    args: Mapping[str, Any], tool: str, agent: str, user: str, claims: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """What a condition sees of one call, its values read as a person would; None when nested
+    past Python's stack (no condition can read it)."""
+    try:
+        return {"args": _as_read(dict(args)), "tool": tool, "agent": agent, "user": user, "claims": _as_read(dict(claims))}
+    except RecursionError:
+        return None
 
 
 def _applied(rule: ToolRule, *, unevaluated: bool) -> RuleDecision:
@@ -285,3 +283,55 @@ def _to_double(value: int) -> float:
         return float(value)
     except OverflowError:  # past a double's range too
         return math.inf if value > 0 else -math.inf
+
+
+def _compiled(text: str, what: str = "`when`") -> _Program:
+    """`text` compiled and checked to be true or false; ValueError with CEL's message otherwise
+    (`what`: how the message names it)."""
+    try:
+        expression = _environment().compile(text)
+    except RuntimeError as exc:
+        raise ValueError(f"{what} does not compile: {_cel_message(str(exc))}") from None
+    kind = expression.return_type()
+    if kind != cel.Type.BOOL and kind != cel.Type.DYN:
+        raise ValueError(f"{what} must be true or false, but it gives {_type_name(kind)}")
+    return _Program(text, expression)
+
+
+def _evaluate(expression: cel.Expression, data: Mapping[str, Any] | None) -> bool | str:
+    """Whether a compiled condition holds for `data` (every variable), or why it cannot be evaluated."""
+    if data is None:
+        return "the arguments are nested too deeply to read"
+    try:
+        value = expression.eval(data=data)
+    except (RuntimeError, TypeError, ValueError) as exc:  # a value the binding cannot convert
+        return _cel_message(str(exc))
+    kind = value.type()
+    if kind == cel.Type.ERROR:
+        return _cel_message(str(value.plain_value()))
+    if kind != cel.Type.BOOL:
+        return f"the condition gave {_type_name(kind)}, not true or false"
+    return bool(value.plain_value())
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition outside a tool's rules (a standing grant's, approvals/grants.py): the same CEL
+    environment, the same reading of the values, the same failure as data."""
+
+    text: str
+    _program: _Program
+
+    def holds(self, *, args: Mapping[str, Any], tool: str, agent: str, user: str, claims: Mapping[str, Any]) -> bool | str:
+        """Whether it holds for one call, or why it cannot be evaluated (the caller fails closed)."""
+        return _evaluate(self._program.expression, _variables(args, tool, agent, user, claims))
+
+
+@functools.lru_cache(maxsize=256)
+def compile_condition(text: str) -> Condition:
+    """`text` as a condition (at most MAX_CONDITION_CHARS); ValueError with CEL's message, its
+    position and caret, when it does not compile or is not true or false. Cached by text: a
+    grant's condition is compiled where it is read, once per replica."""
+    if len(text) > MAX_CONDITION_CHARS:
+        raise ValueError(f"the condition has {len(text)} characters, at most {MAX_CONDITION_CHARS} are allowed")
+    return Condition(text, _compiled(text, "the condition"))

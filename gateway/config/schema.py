@@ -27,6 +27,7 @@ from .agent import (
 )
 from .approvers import ApproversConfig, key_digests
 from .audit import AuditConfig
+from .grants import GrantsConfig
 from .auth import AuthConfig
 from .notifications import NotificationsConfig
 from .sections import (
@@ -79,6 +80,8 @@ class GatewayConfig(Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     # Who may answer approvals besides the chatting user, and who may read decided ones (docs/approvals.md#approvers).
     approvers: ApproversConfig = Field(default_factory=ApproversConfig)
+    # Standing grants (docs/approvals.md "Standing grants"): their bounds.
+    grants: GrantsConfig = GrantsConfig()
     # Reloading on a change of the file's content, without a SIGHUP (docs/configuration.md#reloading).
     reload: ReloadConfig = ReloadConfig()
     # The agents served, by name (docs/configuration.md#agents). A config without `agents:` has one,

@@ -210,6 +210,9 @@ class ToolAsked:
     approval_id: str | None = None
     user_waiting: int | None = None
     max_pending_user: int = 64
+    # Standing grants that could decide the call (approvals/grants.py `Grant`s, typed loosely: the
+    # core cannot see the room), each with a use reserved for it by the shell.
+    grants: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

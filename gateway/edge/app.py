@@ -48,7 +48,7 @@ from ..approvals.webhooks import Webhooks
 from ..approvals.slack import SlackChannel
 from ..approvals.email import EmailNotices
 from ..access.tickets import Tickets
-from . import agui, approvals_api, decision_page, slack, sse, ws
+from . import agui, approvals_api, decision_page, grants_api, slack, sse, ws
 from .admit import count_refusal, identify, preflight
 
 __all__ = ["STATIC_DIR", "create_app"]
@@ -353,7 +353,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     )
     app[GATEWAY] = gateway
     app.cleanup_ctx.append(_lifecycle)
-    for face in (sse, ws, agui, approvals_api, slack, decision_page):
+    for face in (sse, ws, agui, approvals_api, grants_api, slack, decision_page):
         app.add_routes(face.routes())
     # Browser-side helpers the gateway ships, such as the ai 6 WebSocket transport module.
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)

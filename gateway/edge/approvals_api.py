@@ -15,7 +15,7 @@ counted atomically, and the chat's machine releases a call once. A query value t
 says is 400 naming it; a vote's body is read within `chat.body_timeout` (408), and spends the
 caller's token of the chat routes' per-user rate (429), as a chat request does.
 
-The vote (`cast_vote`) and its rate (`spend_vote`) are the one path of every channel: the Slack
+The vote (`cast_vote`) and its rate (`spend_rate`) are the one path of every channel: the Slack
 presses (edge/slack.py) and the mailed links' decision page (edge/decision_page.py) vote through them.
 """
 
@@ -44,7 +44,7 @@ from ..core.limits import Limited
 from .admit import count_refusal, preflight, read_body
 from .state import GATEWAY, Gateway
 
-__all__ = ["cast_vote", "may_vote", "read_pending", "routes", "spend_vote"]
+__all__ = ["caller", "cast_vote", "may_vote", "read_pending", "routes", "spend_rate", "store_down"]
 
 log = structlog.get_logger("adk_gateway.edge.approvals_api")
 
@@ -61,7 +61,7 @@ class _Vote(BaseModel):
     reason: str | None = Field(None, max_length=1000)
 
 
-async def _caller(request: web.Request) -> ApproverIdentity:
+async def caller(request: web.Request) -> ApproverIdentity:
     gateway = request.app[GATEWAY]
     try:
         identity = await gateway.approver_auth().identify_approver(request)
@@ -71,6 +71,19 @@ async def _caller(request: web.Request) -> ApproverIdentity:
         raise
     structlog.contextvars.bind_contextvars(user_id=identity.user_id)
     return identity
+
+
+async def spend_rate(request: web.Request, who: ApproverIdentity) -> None:
+    """A write (a vote, a grant) spends the caller's token of the per-user rate (429 without one)."""
+    gateway = request.app[GATEWAY]
+    # A chatting user's writes share their chat bucket; an approver key's has its own, never that
+    # of a chatting user whose id happens to equal the key's.
+    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
+    try:
+        await gateway.admission.check_rate(bucket, gateway.clock())
+    except Limited as exc:
+        count_refusal(request, exc.code)
+        raise
 
 
 def _spec(record: dict[str, Any]) -> AskSpec | None:
@@ -120,7 +133,7 @@ def _name(request: web.Request, key: str) -> str | None:
     return raw
 
 
-def _store_down(exc: StoreDown) -> HttpError:
+def store_down(exc: StoreDown) -> HttpError:
     # An overloaded replica says so (503 gateway_overloaded), not that Redis is down.
     if isinstance(exc, SharedStateBusy):
         return exc.http()
@@ -129,7 +142,7 @@ def _store_down(exc: StoreDown) -> HttpError:
 
 async def list_approvals(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
+    who = await caller(request)
     state, agent, tool = request.query.get("state", "pending"), _name(request, "agent"), _name(request, "tool")
     limit = _limit(request)
     if state == "decided":
@@ -153,7 +166,7 @@ async def list_approvals(request: web.Request) -> web.Response:
     try:
         page = await gateway.cluster.state.page_approvals(query)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     return web.json_response({
         "approvals": [_public(r) for r in page.approvals],
         "next_cursor": encode_cursor(page.next) if page.next is not None else None,
@@ -172,7 +185,7 @@ async def _decided(request: web.Request, who: ApproverIdentity, agent: str | Non
     except InvalidAuditQuery as exc:
         raise HttpError(400, "invalid_query", f"after: {exc}") from None
     except StoreDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     return web.json_response({"approvals": records, "next": records[-1]["cursor"] if len(records) == limit else None})
 
 
@@ -182,7 +195,7 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
     try:
         record = await gateway.cluster.state.get_approval(approval_id)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     asked = record is not None and who.principal == gateway.approver_auth().requester(record["requester"])
     if record is None or (_refusal(gateway, who, record) is not None and not asked):
         raise HttpError(404, "approval_not_found", "no pending approval with this id is yours to see")
@@ -191,14 +204,14 @@ async def _pending(gateway: Gateway, approval_id: str, who: ApproverIdentity) ->
 
 async def get_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
+    who = await caller(request)
     return web.json_response(_public(await _pending(gateway, request.match_info["id"], who)))
 
 
 async def decide_approval(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    who = await _caller(request)
-    await spend_vote(request, who)
+    who = await caller(request)
+    await spend_rate(request, who)
     raw = await read_body(request)
     try:
         ballot = _Vote.model_validate_json(raw)
@@ -209,9 +222,10 @@ async def decide_approval(request: web.Request) -> web.Response:
     return web.json_response(decided, status=status)
 
 
-async def spend_vote(request: web.Request, who: ApproverIdentity) -> None:
-    """Spend the voter's token of the chat routes' per-user rate, or raise 429: the one rate of
-    votes, whichever channel brings them (this API, a Slack press, a mailed link)."""
+async def spend_rate(request: web.Request, who: ApproverIdentity) -> None:
+    """Spend the writer's token of the chat routes' per-user rate, or raise 429: the one rate of
+    votes and grants, whichever channel brings them (this API, a Slack press, a mailed link, the
+    grants API)."""
     gateway = request.app[GATEWAY]
     # By where the voter's id comes from, not by the channel: a person has one bucket whichever way
     # they vote. A chatting user's votes share their chat bucket; an approver key's holder has its
@@ -242,7 +256,7 @@ async def cast_vote(gateway: Gateway, who: ApproverIdentity, approval_id: str, a
     try:
         tally = await gateway.cluster.state.vote_approval(record["id"], str(who.principal), approved, quorum)
     except SharedStateDown as exc:
-        raise _store_down(exc) from None
+        raise store_down(exc) from None
     log.info("approval_vote", approval_id=record["id"], approved=approved, tally=tally.state, auth=who.auth)
     if tally.state == "already":
         raise HttpError(409, "already_voted", "you already answered this approval")

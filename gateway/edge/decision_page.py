@@ -33,7 +33,7 @@ from ..approvals.email_links import LinkRefused, LinkToken, link_key, nonce_key,
 from ..cluster.shared import SharedStateDown
 from ..core.refusals import HttpError, Refusal
 from .admit import read_body
-from .approvals_api import cast_vote, may_vote, read_pending, spend_vote
+from .approvals_api import cast_vote, may_vote, read_pending, spend_rate
 from .state import GATEWAY, Gateway
 
 __all__ = ["ROUTE", "link_deciders", "routes"]
@@ -160,7 +160,7 @@ async def decide(request: web.Request) -> web.Response:
 
 async def _vote(request: web.Request, gateway: Gateway, token: LinkToken, who: ApproverIdentity, approved: bool, reason: str | None) -> web.Response:
     try:
-        await spend_vote(request, who)
+        await spend_rate(request, who)
         kept = await gateway.cluster.state.take_ticket(nonce_key(token.nonce))
     except SharedStateDown:
         return _message(503, "Try again", "The gateway could not take your answer now; nothing was decided. Try again shortly.")

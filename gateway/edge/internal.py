@@ -10,8 +10,9 @@ have to move to the new one before it is dropped).
   the plugin only calls back for gated tools (404 for an app no agent has). A tool of an agent on
   `/run_sse` is marked `confirm` (`confirm_browser` for a browser tool): it waits as ADK's own
   confirmation, which the plugin asks ADK for, not this listener. A tool with rules
-  (config/rules.py) or approvers is marked `rules` too: the plugin asks about each call first (below,
-  with `confirm`), and asks ADK's confirmation only when no rule decided. Without `app_name` (a
+  (config/rules.py) or approvers, or a server tool with `approval` (a standing grant may decide its
+  calls: approvals/grants.py), is marked `rules` too: the plugin asks about each call first (below,
+  with `confirm`), and asks ADK's confirmation only when neither a rule nor a grant decided. Without `app_name` (a
   plugin from before several agents): every agent's policies merged, each tool as gated as any agent
   has it. A plugin that does not say `features=rules` is older than 0.2: it would confirm without
   asking and skip the rules, so it is served no `confirm` at all; it then asks about every gated
@@ -142,8 +143,9 @@ async def require_secret(request: web.Request, handler):  # type: ignore[no-unty
 def _entry(p: ToolPolicy, confirm: bool) -> dict[str, object]:
     browser = p.runs_in == "browser"
     return {
-        # The gateway decides first (a rule, or who answers: approvers) before any ADK confirmation.
-        "rules": bool(p.rules) or p.approvers is not None,
+        # The gateway decides first (a rule, who answers: approvers, or a standing grant of whoever
+        # would be asked: docs/approvals.md) before any ADK confirmation.
+        "rules": bool(p.rules) or p.approvers is not None or (p.approval and not browser),
         "approval": p.approval, "runs_in": p.runs_in, "timeout": p.timeout, "gated": p.gated, "non_blocking": p.non_blocking,
         # An agent on /run_sse: ask ADK's confirmation (with this hint) instead of blocking.
         "confirm": confirm and not browser, "hint": p.hint,

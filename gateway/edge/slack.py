@@ -9,7 +9,7 @@ interaction's JSON; a `block_actions` press carries the approval id as the butto
 (approvals/slack_blocks.py) and the Slack user's id.
 
 The Slack user votes as the approver `notifications.slack.users` maps them to, through the approvals
-API's own vote (edge/approvals_api.py `cast_vote`, after its rate, `spend_vote`): its group, quorum,
+API's own vote (edge/approvals_api.py `cast_vote`, after its rate, `spend_rate`): its group, quorum,
 four-eyes and "first decision wins" hold as for any vote. A user not mapped decides nothing. Slack wants an answer within 3 s and a vote
 can wait for a busy chat, so the route answers 200 at once and the vote runs in the background; what
 came of it is told to the person privately through the press's `response_url` (approvals/slack.py
@@ -34,7 +34,7 @@ from ..approvals.votes import approvals
 from ..core.limits import Limited
 from ..core.refusals import HttpError
 from .admit import count_refusal, read_body
-from .approvals_api import cast_vote, spend_vote
+from .approvals_api import cast_vote, spend_rate
 from .state import GATEWAY, Gateway
 
 __all__ = ["routes", "signature_valid"]
@@ -114,7 +114,7 @@ async def interactions(request: web.Request) -> web.Response:
     who = ApproverIdentity(principal.id, auth=SLACK, source=principal.source)
     structlog.contextvars.bind_contextvars(user_id=who.user_id)
     try:
-        await spend_vote(request, who)
+        await spend_rate(request, who)
     except Limited:
         gateway.spawn(gateway.slack.respond(response_url, "Too many answers at once: press again in a moment."))
         return web.Response(status=200)

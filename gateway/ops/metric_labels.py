@@ -79,7 +79,7 @@ STATUS_CLASSES: frozenset[str] = frozenset({"2xx", "3xx", "4xx", "5xx"})
 AGENT_LABELLED: frozenset[str] = frozenset({
     "upstream_up", "upstream_errors", "upstream_first_event", "runs", "browser_runs", "approvals_pending", "approvals_over_user_cap", "approval_wait",
     "approval_timeouts", "browser_tool_wait", "plugin_requests", "policy_bypassed", "live_sessions",
-    "approval_decisions", "approval_decision_wait", "first_token", "policy_shadow",
+    "approval_decisions", "approval_decision_wait", "first_token", "policy_shadow", "grant_decisions",
 })
 
 # The outcomes of the per-tool histograms, created for each tool of the policy that can have them.

@@ -59,6 +59,7 @@ class GatewayMetrics(WithExemplars):
         self._browser_series(self.registry)
         self._upstream_series(self.registry)
         self._approval_series(self.registry)
+        self._policy_series(self.registry)
         self._gateway_series(self.registry)
         self._gc_series(self.registry)
         # The approval webhooks' (approvals/webhooks.py).
@@ -167,9 +168,7 @@ class GatewayMetrics(WithExemplars):
         )
         self.approvals_over_user_cap = Counter(
             "adk_gateway_approvals_over_user_cap_total",
-            "Gated calls refused because their user had max_pending_approvals_per_user approvals listed, by agent.",
-            ["agent"], registry=r,
-        )
+            "Gated calls refused because their user had max_pending_approvals_per_user approvals listed, by agent.", ["agent"], registry=r)
         self.approval_wait = Histogram(
             "adk_gateway_approval_wait_seconds",
             "From an approval request reaching the browser to the decision, by agent, tool and outcome "
@@ -186,10 +185,8 @@ class GatewayMetrics(WithExemplars):
             "From an approval's start to its decision, by agent and source (a rule's is 0).",
             ["agent", "source"], buckets=APPROVAL_BUCKETS, registry=r,
         )
-        self.approval_timeouts = Counter(
-            "adk_gateway_approval_timeouts_total", "Approvals that reached their deadline unanswered, by agent and tool.",
-            ["agent", "tool"], registry=r,
-        )
+        self.approval_timeouts = Counter("adk_gateway_approval_timeouts_total",
+                                         "Approvals that reached their deadline unanswered, by agent and tool.", ["agent", "tool"], registry=r)
         self.browser_tool_wait = Histogram(
             "adk_gateway_browser_tool_wait_seconds",
             "From a browser tool call being handed to the browser to its output, by agent, tool and outcome "
@@ -208,6 +205,10 @@ class GatewayMetrics(WithExemplars):
             "Gated tools that returned a result without the plugin asking first (plugin not installed?), by agent and tool.",
             ["agent", "tool"], registry=r,
         )
+
+    def _policy_series(self, r: CollectorRegistry) -> None:
+        """What the policy decided besides a person (shadow rules, standing grants), and the audit trail."""
+        self.grant_decisions = Counter("adk_gateway_grant_decisions_total", "Gated calls a standing grant decided, by agent.", ["agent"], registry=r)
         self.policy_shadow = Counter(
             "adk_gateway_policy_shadow_total", "Calls a shadow rule was evaluated for (never enforced), by agent, tool, rule "
             "and how what it would decide compares with what was decided (agree, stricter, looser, different).",
@@ -343,10 +344,8 @@ class GatewayMetrics(WithExemplars):
         self._token_models = frozenset(config.metrics.models)
         models = (*config.metrics.models, OTHER_MODEL)
         for name, agent in config.agents.items():
-            for attribute in (
-                "upstream_up", "approvals_pending", "approvals_over_user_cap", "live_sessions", "upstream_first_event",
-                "first_token",
-            ):
+            for attribute in ("upstream_up", "approvals_pending", "approvals_over_user_cap", "live_sessions",
+                              "upstream_first_event", "first_token", "grant_decisions"):
                 getattr(self, attribute).labels(name)
             for model in models:
                 for kind, _ in TOKEN_KINDS:

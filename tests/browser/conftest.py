@@ -23,6 +23,7 @@ from playwright.sync_api import sync_playwright  # the `test` extra: pip install
 
 from tests.browser.aguipage import AguiPage
 from tests.browser.demopage import DemoPage
+from tests.browser.inboxpage import InboxPage
 from tests.procs import ROOT, GatewayProcess, make_run
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
@@ -101,6 +102,18 @@ def agui(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator
         raise AssertionError(f"{AGUI_BUNDLE.relative_to(ROOT)} is not built: run `cd web && npm ci && node build.mjs`")
     with _fresh_page(browser, AguiPage, demo_gateway, artifact) as page:
         yield page
+
+
+@pytest.fixture
+def supervisor(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[InboxPage]:
+    """The approvals inbox in its own browser context (another person); its screenshot is saved beside the chat's."""
+    context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
+    try:
+        page = InboxPage(context, demo_gateway.base, artifact.with_name(artifact.stem + "-inbox.png"), demo_gateway.log_text)
+        yield page
+        page.screenshot()
+    finally:
+        context.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -97,7 +97,7 @@ class InboxPage(PageChecks):
         return self.page.locator(".inbox-item")
 
     def approve(self, approval_id: str) -> None:
-        self.item(approval_id).get_by_role("button", name="Approve").click()
+        self.item(approval_id).get_by_role("button", name="Approve", exact=True).click()
 
     def deny(self, approval_id: str, reason: str = "") -> None:
         """Deny, then the optional reason, then the second Deny that sends it."""

@@ -5,30 +5,14 @@ streams the outcome. Small refunds stay with the chatting user (test_demo_page.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from tests.browser.demopage import DemoPage
 from tests.browser.inboxpage import InboxPage
-from tests.procs import GatewayProcess
 
 pytestmark = pytest.mark.browser
 
 SUPERVISOR_KEY = "demo-supervisor"  # what `adk-gateway demo` gives the supervisor (docs/demo.md)
-
-
-@pytest.fixture
-def supervisor(browser: Any, demo_gateway: GatewayProcess, artifact: Path) -> Iterator[InboxPage]:
-    context = browser.new_context(viewport={"width": 1000, "height": 760}, locale="en-US")
-    try:
-        page = InboxPage(context, demo_gateway.base, artifact.with_name(artifact.stem + "-inbox.png"), demo_gateway.log_text)
-        yield page
-        page.screenshot()
-    finally:
-        context.close()
 
 
 @pytest.mark.parametrize(("decision", "outcome"), [("approve", "output-available"), ("deny", "output-denied")])

@@ -302,7 +302,7 @@ def test_a_refused_decision_shows_the_gateways_message(
     if stays:
         # A refusal of this approver: the call still waits for someone who may decide it.
         inbox.sees("gw-1", "issue_refund")
-        inbox.expect("Approve enabled again", lambda: expect(inbox.item("gw-1").get_by_role("button", name="Approve")).to_be_enabled())
+        inbox.expect("Approve enabled again", lambda: expect(inbox.item("gw-1").get_by_role("button", name="Approve", exact=True)).to_be_enabled())
         # A refresh later (the page's counter of lists fetched moved on), the message is still there.
         done = inbox.page.evaluate("Number(document.body.dataset.refreshes)")
         inbox.expect("a refresh", lambda: inbox.page.wait_for_function(

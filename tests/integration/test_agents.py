@@ -167,7 +167,8 @@ def test_agents_on_two_adk_servers_behind_one_gateway_and_one_plugin_secret(tmp_
             for result in (pay, refund):
                 ids = [p["approval"]["id"] for m in result["messages"] for p in m["parts"] if p.get("approval")]
                 assert len(ids) == 1 and ids[0].startswith("adk-"), ids
-            # No rule to evaluate first: each plugin asked ADK's confirmation without asking the
-            # gateway, so nothing was held, for either agent.
+            # Each plugin asked the gateway first (a standing grant could have decided the call:
+            # docs/approvals.md), was told to confirm, and asked ADK's confirmation: nothing was held.
             for agent in ("payments", "support"):
-                assert metric_value(gw.base, "adk_gateway_plugin_requests_total", {"agent": agent}) == 0, agent
+                asked = metric_value(gw.base, "adk_gateway_plugin_requests_total", {"agent": agent})
+                assert asked == metric_value(gw.base, "adk_gateway_plugin_requests_total", {"agent": agent, "result": "confirm"}) == 1, agent

@@ -1,6 +1,6 @@
 """The approvers' two channels together (issue 41): Slack and mail are notifications of the one
 approval record, and both vote through the approvals API's own vote (edge/approvals_api.py
-`cast_vote`, after its rate, `spend_vote`): votes from the API, a Slack press and a mailed link add up
+`cast_vote`, after its rate, `spend_rate`): votes from the API, a Slack press and a mailed link add up
 to one quorum, the first decision from any of them wins and a later one is told "already decided",
 and a person's rate is one bucket whichever channel they vote through. A replica's stop gives the
 webhooks, Slack and mail one bound, alongside.

@@ -147,6 +147,9 @@ class _Calls:
     def may_be_listed(self, app_name: str, tool: str, *, confirm: bool) -> bool:
         return self.listed
 
+    def grant_scope(self, app_name: str, user_id: str, session_id: str) -> None:
+        return None
+
     def timeout(self, app_name: str, tool: str) -> float:
         return 30.0
 

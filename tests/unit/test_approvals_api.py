@@ -12,11 +12,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from gateway.config.schema import parse_config
-from gateway.edge.app import create_app
 from gateway.edge.state import GATEWAY
+from tests.support.api_client import api_client
 from tests.unit.test_approvals_directory import TTL, approval
 
 CONFIG = """
@@ -48,13 +47,8 @@ MALLORY = {"Authorization": "Bearer k-mallory"}
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
-    app = create_app(parse_config(CONFIG, source="gateway.yaml", env={}))
-    test_client = TestClient(TestServer(app))
-    await test_client.start_server()
-    for agent in app[GATEWAY].agents:
-        agent.probe.cancel()  # no ADK: the listing does not need one
-    yield test_client
-    await test_client.close()
+    async with api_client(CONFIG) as test_client:
+        yield test_client
 
 
 async def put(client: TestClient, record: dict[str, Any]) -> None:

@@ -43,8 +43,8 @@ CORE = (*sorted(f"core.{p.stem}" for p in (GATEWAY / "core").glob("*.py")), "con
 # is decided, where it is listed, how votes count, and its ports to the store and to the chat (a
 # Protocol and its value types). Checked as the core is.
 APPROVALS_PURE = (
-    "approvals.decision", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store", "approvals.votes",
-    "approvals.replay", "approvals.replay_records",
+    "approvals.decision", "approvals.grants", "approvals.index", "approvals.notice", "approvals.ports", "approvals.store",
+    "approvals.votes", "approvals.replay", "approvals.replay_records",
 )
 # The seams between the approvals room and the layers around it (docs/architecture.md, "Where an
 # approval is decided"): each module, the port it reaches the other side through, and the modules of
@@ -76,10 +76,11 @@ MAY_NOT_IMPORT = {
     "approvals": ("edge", "chat", "cluster", "access", "upstream"),
 }
 # Which edge modules may import the approvals room: those that build and hold the object graph
-# (the audit trail, the webhooks, the Slack channel, the mails) and the approvals API, its HTTP face,
-# with its two other faces, which vote through the API's own vote: the Slack presses (edge/slack.py)
-# and the page the mailed decision links open (edge/decision_page.py; the links' tokens are the room's).
-EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api", "edge.slack", "edge.decision_page")
+# (the audit trail, the webhooks, the Slack channel, the mails) and the approvals and grants APIs, its
+# HTTP faces, with the approvals API's two other faces, which vote through the API's own vote: the
+# Slack presses (edge/slack.py) and the page the mailed decision links open (edge/decision_page.py;
+# the links' tokens are the room's).
+EDGE_SEES_APPROVALS = ("edge.app", "edge.state", "edge.approvals_api", "edge.grants_api", "edge.slack", "edge.decision_page")
 # What of gateway/chat/ the edge may import (docs/architecture.md, "The layers' rules"): the
 # transports follow a run's response (`Attachment`, `Feed`, `Reader`, `FollowerLagged`) and reach
 # everything else through cluster/router.py; app.py builds the chat service and its registry, and

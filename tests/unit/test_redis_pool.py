@@ -210,10 +210,10 @@ async def test_a_slow_check_while_nothing_comes_back_is_redis_down(server: Redis
 def test_an_overload_is_told_as_one_where_a_refusal_names_the_store() -> None:
     """The plugin's refused call and the approvals API say overloaded, not Redis unreachable."""
     from gateway.cluster.remote_gate import store_refused
-    from gateway.edge.approvals_api import _store_down
+    from gateway.edge.approvals_api import store_down
 
     busy, down = SharedStateBusy("overloaded; retry"), SharedStateDown("unreachable")
     assert store_refused(busy)[1] == "gateway_overloaded" and store_refused(down)[1] == "sessions_unavailable"
     assert "overloaded" in store_refused(busy)[0].as_json()["response"]["error"]
-    assert (_store_down(busy).code, _store_down(busy).status) == ("gateway_overloaded", 503)
-    assert _store_down(down).code == "sessions_unavailable"
+    assert (store_down(busy).code, store_down(busy).status) == ("gateway_overloaded", 503)
+    assert store_down(down).code == "sessions_unavailable"

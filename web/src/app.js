@@ -83,9 +83,35 @@ function switchAgent(name) {
 
 const actions = {
   approve: (part, approved) => void chat.addToolApprovalResponse({ id: part.approval.id, approved }),
+  approveForChat: (part) => void allowInChat(part),
   runsInBrowser: (toolName) => runsInBrowser(agent, toolName),
 };
 const renderMessages = createMessageList(ui.list, actions);
+
+// "Approve and allow for this chat": the person's standing grant for this tool's calls in this chat
+// (POST /api/grants, for as long as the gateway lets a grant stand), then this approval. A grant the
+// gateway refuses leaves the call unanswered, with why in the banner.
+const GRANT_SECONDS = 8 * 3600;
+let grantError = null; // why the last grant was refused, shown in the banner until dismissed
+async function allowInChat(part) {
+  const asked = chat;
+  const body = { agent: agent.name, tool: getToolName(part), chat_id: asked.id, ttl: GRANT_SECONDS };
+  let problem = null;
+  try {
+    const response = await fetch('/api/grants', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json' },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) problem = (await response.json().catch(() => null))?.error?.message ?? `HTTP ${response.status}`;
+  } catch (exc) {
+    problem = exc.message;
+  }
+  grantError = problem && `Not allowed for this chat: ${problem}`;
+  scheduleRender();
+  if (problem) return;
+  void asked.addToolApprovalResponse({ id: part.approval.id, approved: true });
+}
 
 // What the chat is waiting for, in words.
 function statusText() {
@@ -106,8 +132,8 @@ function render() {
   ui.empty.hidden = chat.messages.length > 0;
   ui.status.textContent = statusText();
   ui.stop.hidden = !busy();
-  ui.banner.hidden = !chat.error;
-  ui.bannerText.textContent = chat.error?.message ?? '';
+  ui.banner.hidden = !chat.error && !grantError;
+  ui.bannerText.textContent = chat.error?.message ?? grantError ?? '';
   ui.endpoint.textContent = TRANSPORTS[transport].label(agent);
   showControls(ui, { agentName: agent.name, busy: busy() });
   for (const button of ui.toggle) {
@@ -123,7 +149,11 @@ ui.form.addEventListener('submit', (event) => {
   send(ui.input.value);
 });
 ui.stop.addEventListener('click', () => void chat.stop());
-ui.errorDismiss.addEventListener('click', () => chat.clearError());
+ui.errorDismiss.addEventListener('click', () => {
+  grantError = null;
+  chat.clearError();
+  scheduleRender();
+});
 ui.newChat.addEventListener('click', () => {
   const old = chat;
   chat = newChat(generateId(), []);

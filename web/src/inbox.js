@@ -4,6 +4,8 @@
 import { el, json } from './dom.js';
 
 const KEY_STORAGE = 'adk-gateway.approver-key';
+// How long "Approve and allow for 1 hour" grants.
+const GRANT_SECONDS = 3600;
 const REFRESH_MS = 2000;
 // The list is read a page at a time, following the gateway's cursor, up to MAX_PAGES pages: past
 // that, the oldest are shown and a note says more wait.
@@ -222,6 +224,9 @@ function createCard(approval) {
     'div',
     { class: 'approval' },
     el('button', { type: 'button', class: 'approve', onclick: () => void decide(approval.id, true) }, 'Approve'),
+    // A standing grant decides what one approver may: a call of their group with a quorum of 1.
+    approval.approvers && (approval.quorum ?? 1) === 1 &&
+      el('button', { type: 'button', class: 'approve grant', onclick: () => void grantThenApprove(approval.id) }, 'Approve and allow for 1 hour'),
     el('button', { type: 'button', class: 'deny', onclick: () => { actions.hidden = true; denyForm.hidden = false; reason.focus(); } }, 'Deny'),
   );
   const factList = el('dl', { class: 'facts' }, ...facts(approval));
@@ -310,6 +315,35 @@ async function decide(id, approved, reason) {
   } else {
     busy(card, false);
   }
+}
+
+// "Approve and allow for 1 hour": a standing grant for the group over this requester's calls of
+// the tool (POST /api/grants, docs/approvals.md "Standing grants"), then the approval itself. A grant
+// refused leaves the call unanswered, with why.
+async function grantThenApprove(id) {
+  const card = cards.get(id);
+  if (!card) return;
+  const { tool, agent, approvers, requester } = card.approval;
+  busy(card, true);
+  say(`Allowing ${tool} on ${agent} for an hour…`);
+  let answer;
+  try {
+    answer = await api('/api/grants', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ agent, tool, group: approvers, user: requester, ttl: GRANT_SECONDS }),
+    });
+  } catch (exc) {
+    answer = { status: 0, ok: false, body: { error: { message: `The gateway did not answer: ${exc.message}` } } };
+  }
+  if (answer.status === 401) return signOut(messageOf(answer));
+  if (!answer.ok) {
+    busy(card, false);
+    say('');
+    showError(`Not allowed for an hour: ${messageOf(answer)}`, 'action');
+    return;
+  }
+  await decide(id, true);
 }
 
 // ---- countdowns ------------------------------------------------------------------------------

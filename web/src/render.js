@@ -59,6 +59,10 @@ function renderTool(part, actions, superseded) {
         { class: 'approval' },
         el('p', { class: 'approval-question' }, hint ? `${hint} ` : '', `Allow ${name} to run with this input?`),
         el('button', { type: 'button', class: 'approve', onclick: () => actions.approve(part, true) }, 'Approve'),
+        // A standing grant for this tool in this chat, then this approval (docs/approvals.md "Standing
+        // grants"); a browser tool's calls are never a grant's.
+        !inBrowser &&
+          el('button', { type: 'button', class: 'approve grant', onclick: () => actions.approveForChat(part) }, 'Approve and allow for this chat'),
         el('button', { type: 'button', class: 'deny', onclick: () => actions.approve(part, false) }, 'Deny'),
       ),
     part.state === 'output-available' && section('output', json(part.output)),
