@@ -29,7 +29,8 @@ function cardState(call, thread) {
   if (call.result) {
     const output = parseJson(call.result.content);
     if (call.result.error || (output && typeof output === 'object' && 'error' in output)) return 'error';
-    if (output?.denied === true) return 'denied';
+    // A call the person moved on from is denied to the agent; the page says why: cancelled.
+    if (output?.denied === true) return call.decision?.cancelled ? 'cancelled' : 'denied';
     return 'done';
   }
   if (call.interrupt && thread.answered(call.interrupt.id)) return call.decision?.cancelled ? 'cancelled' : 'answered';
