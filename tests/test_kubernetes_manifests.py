@@ -1014,9 +1014,10 @@ def _gateway_paths(tmp_path: Path) -> tuple[list[str], list[str]]:
     _env(objects, GATEWAY, "METRICS_LISTENER", "public")
     config = gateway_config(objects, tmp_path)
     routes = [_concrete(r.canonical) for r in create_app(config).router.resources()]
-    # The browser's routes: both protocols' (AG-UI's default agent at /ag-ui) and the approvals API.
-    browser = [r for r in routes if r.startswith(("/api/", "/agents/")) or r == "/ag-ui"]
-    assert "/ag-ui" in browser
+    # The browser's routes: both protocols' (AG-UI's default agent at /ag-ui), the approvals and
+    # grants APIs, Slack's presses, and the page a mailed approval link opens (/approve/...).
+    browser = [r for r in routes if r.startswith(("/api/", "/agents/", "/approve/")) or r == "/ag-ui"]
+    assert "/ag-ui" in browser and any(r.startswith("/approve/") for r in browser), browser
     return browser, [config.metrics.path, "/internal/v1/reload", "/internal/v1/tool-calls"]
 
 
