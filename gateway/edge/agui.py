@@ -31,6 +31,7 @@ from ..core.limits import Limited
 from ..core.refusals import HttpError, refusal
 from .admit import Caller, admit_stream, count_refusal, preflight, read_body, route_agent
 from .aiohttp_raw import forget_body
+from .sse import stream_ended
 from .state import GATEWAY
 
 __all__ = ["routes"]
@@ -173,11 +174,7 @@ async def _stream(
         gauge.dec()
         outcome = stream.outcome or "disconnected"
         gateway.metrics.browser_runs.labels(caller.agent, _PROTOCOL, outcome).inc()
-        try:
-            if not completed and gateway.config.chat.on_disconnect == "cancel":
-                await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
-        finally:
-            feed.close()
+        await stream_ended(request, caller, chat_id, feed, completed=completed)
     return response
 
 

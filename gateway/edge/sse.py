@@ -35,7 +35,7 @@ from .admit import Caller, admit, admit_stream, count_refusal, preflight, read_b
 from .limiter import Slot
 from .aiohttp_raw import chunk_writer, forget_body, headers_with_first_write
 
-__all__ = ["routes"]
+__all__ = ["routes", "stream_ended"]
 
 log = structlog.get_logger("adk_gateway.edge.sse")
 
@@ -198,12 +198,20 @@ async def _stream(request: web.Request, attachment: Attachment, caller: Caller, 
     finally:
         gauge.dec()
         gateway.metrics.browser_runs.labels(caller.agent, _PROTOCOL, outcome).inc()
-        try:
-            if not completed and gateway.config.chat.on_disconnect == "cancel":
-                await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
-        finally:
-            feed.close()
+        await stream_ended(request, caller, chat_id, feed, completed=completed)
     return response
+
+
+async def stream_ended(request: web.Request, caller: Caller, chat_id: str, feed: Feed, *, completed: bool) -> None:
+    """What an HTTP stream of a chat's response does when it stops (this one, and AG-UI's): a
+    response the browser did not read to its end is aborted under `chat.on_disconnect: cancel`,
+    and the feed is closed whatever happened."""
+    gateway = request.app[GATEWAY]
+    try:
+        if not completed and gateway.config.chat.on_disconnect == "cancel":
+            await gateway.cluster.abort(caller.agent, caller.user_id, chat_id)
+    finally:
+        feed.close()
 
 
 def routes() -> list[web.RouteDef]:
