@@ -79,6 +79,9 @@ def _granted(gateway: Gateway, who: ApproverIdentity, asked: _GrantAsked) -> Gra
     if agent is None:
         raise _invalid(f"agent: the gateway serves no agent {asked.agent!r}")
     authority, user = _authority(gateway, who, asked)
+    if authority == USER_AUTHORITY and not gateway.auth.may_use(who, agent.access):
+        # Its calls could never come from this user: refused as the chat routes refuse the agent.
+        raise HttpError(403, "agent_not_allowed", "this credential may not use this agent")
     if not asked_of(agent.tool_policy(asked.tool), authority):
         whom = "you" if authority == USER_AUTHORITY else f"the group {authority}"
         raise _invalid(f"tool: no call of {asked.tool} is asked of {whom}, so there is nothing to grant")

@@ -132,3 +132,25 @@ async def test_unauthenticated_is_refused(client: TestClient) -> None:
     answer = await client.post("/api/grants", json={"agent": "support_agent", "tool": "pay", "ttl": 60, "chat_id": "c"})
     assert answer.status == 401
     assert (await client.get("/api/grants")).status == 401
+
+
+STAFF_ONLY = """
+internal:
+  secret: s3cret
+auth: {mode: api_key, api_keys: [{id: alice, key: k-alice}, {id: staff, key: k-staff}]}
+agents:
+  support_agent:
+    upstream: {url: http://adk.invalid:8000, app_name: support_agent}
+    tools: {pay: {approval: true}}
+    access: {api_keys: [staff]}
+"""
+
+
+async def test_a_user_cannot_grant_on_an_agent_they_may_not_use() -> None:
+    # Their calls could never come from that agent: refused as the chat routes refuse it, nothing kept.
+    async with api_client(STAFF_ONLY) as client:
+        status, answer = await grant(client, ALICE, tool="pay", chat_id="c")
+        assert (status, answer["error"]["code"]) == (403, "agent_not_allowed"), answer
+        assert await listed(client, ALICE) == []
+        status, answer = await grant(client, {"Authorization": "Bearer k-staff"}, tool="pay", chat_id="c")
+        assert status == 201, answer
