@@ -73,19 +73,6 @@ async def caller(request: web.Request) -> ApproverIdentity:
     return identity
 
 
-async def spend_rate(request: web.Request, who: ApproverIdentity) -> None:
-    """A write (a vote, a grant) spends the caller's token of the per-user rate (429 without one)."""
-    gateway = request.app[GATEWAY]
-    # A chatting user's writes share their chat bucket; an approver key's has its own, never that
-    # of a chatting user whose id happens to equal the key's.
-    bucket = str(who.principal) if who.auth == APPROVER_KEY else who.user_id
-    try:
-        await gateway.admission.check_rate(bucket, gateway.clock())
-    except Limited as exc:
-        count_refusal(request, exc.code)
-        raise
-
-
 def _spec(record: dict[str, Any]) -> AskSpec | None:
     group = record.get("approvers")
     return None if group is None else AskSpec(group, bool(record.get("self_approval", True)), int(record.get("quorum", 1)))
